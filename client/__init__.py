@@ -1,0 +1,32 @@
+"""The tectofs client library.
+
+    import tectofs.client
+    fs = tectofs.client.connect("127.0.0.1:7420")
+    with fs.open("/ckpt/step-100/model.bin", "wb") as f:   # striped, erasure coded
+        f.write(data)                                     # visible to others at close
+    fs.read_bytes("/ckpt/step-100/model.bin")
+
+Metadata goes to the metadata service; data goes straight to chunk servers, in parallel.
+:class:`AsyncFileSystem` is the async core; :class:`FileSystem` is its blocking facade.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .core import AsyncFileSystem, Stat
+from .files import AsyncFile
+from .sync import FileSystem, RawFile
+
+DEFAULT_ADDRESS_ENV = "TECTOFS_META"
+
+
+def connect(address: str | None = None) -> FileSystem:
+    """Connect to the metadata service at ``HOST:PORT`` (default: ``$TECTOFS_META``)."""
+    address = address or os.environ.get(DEFAULT_ADDRESS_ENV)
+    if not address:
+        raise ValueError(f"no metadata service address: pass HOST:PORT or set {DEFAULT_ADDRESS_ENV}")
+    return FileSystem(address)
+
+
+__all__ = ["AsyncFile", "AsyncFileSystem", "FileSystem", "RawFile", "Stat", "connect"]

@@ -1,0 +1,222 @@
+"""The async client: namespace calls to the metadata service, data straight to chunk servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from typing import Any
+
+from tectofs import paths
+from tectofs.errors import InvalidArgument, IsADirectory, NotFound
+from tectofs.rpc import RpcClient, parse_address
+
+from .blocks import BlockIO
+from .files import AsyncFile
+
+_MODES = {
+    # mode: (readable, writable, create, truncate, exclusive, append)
+    "rb": (True, False, False, False, False, False),
+    "r+b": (True, True, False, False, False, False),
+    "wb": (False, True, True, True, False, False),
+    "w+b": (True, True, True, True, False, False),
+    "xb": (False, True, True, True, True, False),
+    "ab": (False, True, True, False, False, True),
+    "a+b": (True, True, True, False, False, True),
+}
+
+
+@dataclass(frozen=True)
+class Stat:
+    ino: int
+    kind: str  # "file", "dir" or "symlink"
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    atime: float
+    mtime: float
+    ctime: float
+    nlink: int
+    policy: str
+    block_size: int
+    target: str | None
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> "Stat":
+        return cls(**{f.name: attrs[f.name] for f in fields(cls)})
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+
+def normalize_mode(mode: str) -> str:
+    canonical = "".join(sorted(mode.replace("t", ""), key="rwxa+b".index)) if mode else mode
+    if "b" not in canonical:
+        canonical += "b"
+    canonical = canonical.replace("+b", "b+").replace("b+", "+b")
+    if canonical not in _MODES:
+        raise InvalidArgument(f"unsupported open mode {mode!r}: use one of {', '.join(_MODES)}")
+    return canonical
+
+
+class AsyncFileSystem:
+    """A connection to one tectofs cluster. All methods are coroutines on one event loop.
+
+    Paths are absolute; every call that changes the namespace is one metadata transaction."""
+
+    def __init__(self, meta_address: str, io_threads: int = 2) -> None:
+        parse_address(meta_address)
+        self.meta_address = meta_address
+        self.rpc = RpcClient()
+        self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="tectofs-codec")
+        self.blocks = BlockIO(self.rpc, meta_address, self._executor)
+
+    async def meta(self, op: str, **header: Any) -> tuple[dict[str, Any], Any]:
+        """One call to the metadata service (retried only when nothing reached it)."""
+        idempotent = op in ("lookup", "getattr", "readdir", "layout", "statfs", "servers", "stats", "ping", "heartbeat")
+        return await self.rpc.call(self.meta_address, op, header, idempotent=idempotent)
+
+    async def close(self) -> None:
+        await self.rpc.close()
+        self._executor.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ namespace
+
+    async def stat(self, path: str) -> Stat:
+        reply, _ = await self.meta("lookup", path=path)
+        return Stat.from_attrs(reply["attrs"])
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    async def scandir(self, path: str) -> list[tuple[str, Stat]]:
+        reply, _ = await self.meta("readdir", path=path)
+        return [(name, Stat.from_attrs(attrs)) for name, attrs in reply["entries"]]
+
+    async def listdir(self, path: str) -> list[str]:
+        return [name for name, _ in await self.scandir(path)]
+
+    async def mkdir(
+        self, path: str, mode: int = 0o755, policy: str | None = None, block_size: int | None = None,
+        parents: bool = False, exist_ok: bool = False,
+    ) -> Stat:
+        op = "makedirs" if parents else "mkdir"
+        reply, _ = await self.meta(op, path=path, mode=mode, policy=policy, block_size=block_size, exist_ok=exist_ok,
+                                   uid=os.getuid(), gid=os.getgid())
+        return Stat.from_attrs(reply["attrs"])
+
+    async def set_policy(self, path: str, policy: str | None = None, block_size: int | None = None) -> Stat:
+        reply, _ = await self.meta("set_policy", path=path, policy=policy, block_size=block_size)
+        return Stat.from_attrs(reply["attrs"])
+
+    async def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
+        await self.meta("rename", src=src, dst=dst, noreplace=noreplace)
+
+    async def remove(self, path: str) -> None:
+        await self.meta("unlink", path=path)
+
+    async def rmdir(self, path: str) -> None:
+        await self.meta("rmdir", path=path)
+
+    async def rmtree(self, path: str) -> None:
+        for name, st in await self.scandir(path):
+            child = paths.join(path, name)
+            if st.is_dir:
+                await self.rmtree(child)
+            else:
+                await self.remove(child)
+        await self.rmdir(path)
+
+    async def truncate(self, path: str, size: int) -> None:
+        """Set a file's size. Shrinking inside a block rewrites that block (copy-on-write)."""
+        st = await self.stat(path)
+        if st.kind == "dir":
+            raise IsADirectory(f"{path} is a directory")
+        if size >= st.size or size % st.block_size == 0:
+            await self.meta("truncate", path=path, size=size)
+            return
+        handle = await self.open(path, "r+b")
+        try:
+            await handle.truncate(size)
+        finally:
+            await handle.close()
+
+    async def setattr(
+        self, path: str, mode: int | None = None, uid: int | None = None, gid: int | None = None,
+        atime: float | None = None, mtime: float | None = None,
+    ) -> Stat:
+        reply, _ = await self.meta("setattr", path=path, mode=mode, uid=uid, gid=gid, atime=atime, mtime=mtime)
+        return Stat.from_attrs(reply["attrs"])
+
+    async def symlink(self, target: str, path: str) -> Stat:
+        reply, _ = await self.meta("symlink", path=path, target=target, uid=os.getuid(), gid=os.getgid())
+        return Stat.from_attrs(reply["attrs"])
+
+    async def readlink(self, path: str) -> str:
+        st = await self.stat(path)
+        if st.kind != "symlink" or st.target is None:
+            raise InvalidArgument(f"{path} is not a symbolic link")
+        return st.target
+
+    async def statfs(self) -> dict[str, Any]:
+        reply, _ = await self.meta("statfs")
+        return reply
+
+    async def servers(self) -> list[dict[str, Any]]:
+        reply, _ = await self.meta("servers")
+        return list(reply["servers"])
+
+    # ------------------------------------------------------------------ files
+
+    async def open(self, path: str, mode: str = "rb", file_mode: int = 0o644) -> AsyncFile:
+        """Open a file. ``wb`` creates the name at once (empty if new) but replaces an existing
+        file's content only when the handle commits, so readers never see a partial file."""
+        readable, writable, create, truncate, exclusive, append = _MODES[normalize_mode(mode)]
+        if create:
+            reply, _ = await self.meta(
+                "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid()
+            )
+            attrs = reply["attrs"]
+            layout = {"attrs": attrs, "blocks": []} if truncate else (await self.meta("layout", ino=attrs["ino"]))[0]
+        else:
+            layout, _ = await self.meta("layout", path=path)
+        handle = AsyncFile(self, path, layout, readable, writable, truncate)
+        handle.append = append  # type: ignore[attr-defined]
+        return handle
+
+    async def read_bytes(self, path: str) -> bytes:
+        handle = await self.open(path, "rb")
+        try:
+            return await handle.read(0, handle.size)
+        finally:
+            await handle.close()
+
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        handle = await self.open(path, "rb")
+        try:
+            return await handle.read(offset, length)
+        finally:
+            await handle.close()
+
+    async def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        handle = await self.open(path, "wb")
+        try:
+            await handle.write(0, data)
+            await handle.close()
+        except BaseException:
+            await handle.abort()
+            raise
+
+    async def gather(self, *coros: Any) -> list[Any]:
+        return list(await asyncio.gather(*coros))

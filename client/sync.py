@@ -1,0 +1,235 @@
+"""Synchronous facade: a dedicated event-loop thread runs the async client.
+
+Like zarr's ``sync`` and fsspec's ``asyn``: every blocking call is submitted to the loop
+thread and waited for; calling from inside that loop would deadlock, so it is refused.
+Safe to use from many threads at once (calls interleave on the loop; each open file
+serializes its own calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+from typing import Any, Awaitable, TypeVar
+
+from tectofs.errors import InvalidArgument
+
+from .core import AsyncFileSystem, Stat, normalize_mode
+from .files import AsyncFile
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="tectofs-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("a tectofs sync call from its own event loop would deadlock: use the async API")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class RawFile(io.RawIOBase):
+    """``io.RawIOBase`` over an :class:`AsyncFile`; wrap in ``io.Buffered*`` (``FileSystem.open`` does)."""
+
+    def __init__(self, fs: "FileSystem", handle: AsyncFile, append: bool) -> None:
+        self._fs = fs
+        self.handle = handle
+        self._position = handle.size if append else 0
+        self._append = append
+        self.name = handle.path
+        self._lock = threading.Lock()
+
+    def readable(self) -> bool:
+        return self.handle.readable
+
+    def writable(self) -> bool:
+        return self.handle.writable
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        with self._lock:
+            n = self._fs.run(self.handle.readinto(self._position, buffer))
+            self._position += n
+            return n
+
+    def readall(self) -> bytes:
+        with self._lock:
+            data = self._fs.run(self.handle.read(self._position, max(0, self.handle.size - self._position)))
+            self._position += len(data)
+            return data
+
+    def write(self, data: Any) -> int:
+        with self._lock:
+            if self._append:
+                self._position = self.handle.size
+            n = self._fs.run(self.handle.write(self._position, data))
+            self._position += n
+            return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with self._lock:
+            if whence == io.SEEK_SET:
+                position = offset
+            elif whence == io.SEEK_CUR:
+                position = self._position + offset
+            elif whence == io.SEEK_END:
+                position = self.handle.size + offset
+            else:
+                raise InvalidArgument(f"bad whence {whence}")
+            if position < 0:
+                raise InvalidArgument("negative seek position")
+            self._position = position
+            return position
+
+    def tell(self) -> int:
+        return self._position
+
+    def truncate(self, size: int | None = None) -> int:
+        with self._lock:
+            size = self._position if size is None else size
+            self._fs.run(self.handle.truncate(size))
+            return size
+
+    def fsync(self) -> None:
+        """Commit what was written so far (other clients that open the file see it)."""
+        with self._lock:
+            self._fs.run(self.handle.flush())
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            with self._lock:
+                self._fs.run(self.handle.close())
+        finally:
+            super().close()
+
+
+class FileSystem:
+    """Blocking client for one tectofs cluster (``tectofs.client.connect`` returns one).
+
+    Methods mirror :class:`AsyncFileSystem`; ``open`` returns ordinary Python binary file
+    objects. ``fs.aio`` is the async client and ``fs.run(coro)`` runs a coroutine on it."""
+
+    def __init__(self, meta_address: str) -> None:
+        self._loop = _LoopThread()
+        try:
+            self.aio = self._loop.run(_make_async(meta_address))
+        except BaseException:
+            self._loop.stop()
+            raise
+        self.meta_address = meta_address
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return self._loop.run(coro)
+
+    def open(self, path: str, mode: str = "rb", buffering: int = -1) -> Any:
+        canonical = normalize_mode(mode)
+        handle = self.run(self.aio.open(path, canonical))
+        raw = RawFile(self, handle, append="a" in canonical)
+        if buffering == 0:
+            return raw
+        size = buffering if buffering > 1 else 1 << 20
+        if handle.readable and handle.writable:
+            return io.BufferedRandom(raw, size)
+        if handle.writable:
+            return io.BufferedWriter(raw, size)
+        return io.BufferedReader(raw, size)
+
+    def stat(self, path: str) -> Stat:
+        return self.run(self.aio.stat(path))
+
+    def exists(self, path: str) -> bool:
+        return self.run(self.aio.exists(path))
+
+    def listdir(self, path: str) -> list[str]:
+        return self.run(self.aio.listdir(path))
+
+    def scandir(self, path: str) -> list[tuple[str, Stat]]:
+        return self.run(self.aio.scandir(path))
+
+    def mkdir(self, path: str, mode: int = 0o755, policy: str | None = None, block_size: int | None = None,
+              parents: bool = False, exist_ok: bool = False) -> Stat:
+        return self.run(self.aio.mkdir(path, mode, policy, block_size, parents, exist_ok))
+
+    def makedirs(self, path: str, exist_ok: bool = True, **kwargs: Any) -> Stat:
+        return self.mkdir(path, parents=True, exist_ok=exist_ok, **kwargs)
+
+    def set_policy(self, path: str, policy: str | None = None, block_size: int | None = None) -> Stat:
+        return self.run(self.aio.set_policy(path, policy, block_size))
+
+    def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
+        self.run(self.aio.rename(src, dst, noreplace))
+
+    def remove(self, path: str) -> None:
+        self.run(self.aio.remove(path))
+
+    def rmdir(self, path: str) -> None:
+        self.run(self.aio.rmdir(path))
+
+    def rmtree(self, path: str) -> None:
+        self.run(self.aio.rmtree(path))
+
+    def truncate(self, path: str, size: int) -> None:
+        self.run(self.aio.truncate(path, size))
+
+    def chmod(self, path: str, mode: int) -> Stat:
+        return self.run(self.aio.setattr(path, mode=mode))
+
+    def chown(self, path: str, uid: int, gid: int) -> Stat:
+        return self.run(self.aio.setattr(path, uid=uid, gid=gid))
+
+    def utime(self, path: str, times: tuple[float, float]) -> Stat:
+        return self.run(self.aio.setattr(path, atime=times[0], mtime=times[1]))
+
+    def symlink(self, target: str, path: str) -> Stat:
+        return self.run(self.aio.symlink(target, path))
+
+    def readlink(self, path: str) -> str:
+        return self.run(self.aio.readlink(path))
+
+    def read_bytes(self, path: str) -> bytes:
+        return self.run(self.aio.read_bytes(path))
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        return self.run(self.aio.read_range(path, offset, length))
+
+    def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        self.run(self.aio.write_bytes(path, data))
+
+    def statfs(self) -> dict[str, Any]:
+        return self.run(self.aio.statfs())
+
+    def servers(self) -> list[dict[str, Any]]:
+        return self.run(self.aio.servers())
+
+    def close(self) -> None:
+        try:
+            self.run(self.aio.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> "FileSystem":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+async def _make_async(meta_address: str) -> AsyncFileSystem:
+    fs = AsyncFileSystem(meta_address)
+    await fs.meta("ping")
+    return fs

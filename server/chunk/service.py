@@ -1,0 +1,188 @@
+"""The chunk server: stores chunks for clients, registers and heartbeats with the MDS.
+
+RPC operations (``rpc_<op>``):
+
+- ``put_chunk {block_id, position, crcs, crc, overwrite?}`` + payload: verified, stored
+  durably, then acknowledged. Answered BUSY, before the payload is buffered, while
+  ``inflight_bytes_max`` is reached.
+- ``get_chunk {block_id, offset?, length?}`` -> ``{crcs, chunk_length, position, crc}`` +
+  payload; every piece returned was verified against its stored crc.
+- ``delete_chunks {block_ids}``, ``stat``, ``ping``.
+
+Heartbeats carry capacity and load; their replies carry garbage-collection orders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tectofs import limits
+from tectofs.errors import NotFound, TectofsError
+from tectofs.rpc import RpcClient, RpcServer
+
+from .storage import ChunkStore
+
+log = logging.getLogger("tectofs.chunk")
+
+
+class ChunkServer:
+    def __init__(
+        self,
+        data_dir: str,
+        meta_address: str,
+        inflight_bytes_max: int = limits.chunk_inflight_bytes_max,
+        heartbeat_interval_s: float = limits.heartbeat_interval_s,
+        sync: bool = True,
+        io_threads: int = 4,
+    ) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.meta_address = meta_address
+        self.inflight_bytes_max = inflight_bytes_max
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.store = ChunkStore(self.data_dir, sync=sync)
+        self.uuid = self._identity()
+        self.inflight_bytes = 0
+        self.server_id: int | None = None
+        self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0}
+        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")
+        self.rpc = RpcServer(self, "chunk server", allocate_payload=self._admit)
+        self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1)
+        self._heartbeat_task: asyncio.Task[None] | None = None
+
+    def _identity(self) -> str:
+        """A stable identity for this data directory, so a restart keeps its server id."""
+        path = os.path.join(self.data_dir, "server.json")
+        try:
+            with open(path) as f:
+                return str(json.load(f)["uuid"])
+        except FileNotFoundError:
+            ident = str(uuid.uuid4())
+            with open(path + ".tmp", "w") as f:
+                json.dump({"uuid": ident}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(path + ".tmp", path)
+            return ident
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        address = await self.rpc.start(host, port)
+        await self._register()
+        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        return address
+
+    async def close(self) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+        await self.rpc.close()
+        await self.meta.close()
+        self._io.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit(self, header: dict[str, Any], length: int) -> bytearray | None:
+        """Reserve memory for an incoming payload, or refuse it (drained, answered BUSY)."""
+        if header.get("op") != "put_chunk":
+            return None
+        if self.inflight_bytes + length > self.inflight_bytes_max and self.inflight_bytes > 0:
+            self.stats["busy"] += 1
+            return None
+        self.inflight_bytes += length
+        return bytearray(length)
+
+    def payload_abandoned(self, length: int) -> None:
+        """A connection died mid-payload: give its reservation back."""
+        self.inflight_bytes -= length
+
+    # ------------------------------------------------------------------ RPC handlers
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    async def rpc_put_chunk(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytes]:
+        try:
+            await self._in_thread(
+                self.store.write,
+                int(header["block_id"]), int(header["position"]), payload, list(header["crcs"]),
+                int(header["crc"]), bool(header.get("overwrite", False)),
+            )
+        except TectofsError as exc:
+            if exc.code == "checksum":
+                self.stats["checksum_errors"] += 1
+            raise
+        finally:
+            self.inflight_bytes -= len(payload)
+        self.stats["puts"] += 1
+        return {"ok": True}, b""
+
+    async def rpc_get_chunk(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytearray]:
+        block_id = int(header["block_id"])
+        try:
+            data, crcs, info = await self._in_thread(
+                self.store.read, block_id, int(header.get("offset", 0)), int(header.get("length", -1))
+            )
+        except TectofsError as exc:
+            if exc.code == "checksum":
+                self.stats["checksum_errors"] += 1
+                log.error("chunk %x failed its checksum on read: %s", block_id, exc)
+            raise
+        self.stats["gets"] += 1
+        return {"crcs": crcs, "chunk_length": info.length, "position": info.position, "crc": info.whole_crc}, data
+
+    async def rpc_delete_chunks(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytes]:
+        deleted = await self._in_thread(self._delete, [int(b) for b in header["block_ids"]])
+        return {"deleted": deleted}, b""
+
+    def _delete(self, block_ids: list[int]) -> int:
+        count = sum(1 for block_id in block_ids if self.store.delete(block_id))
+        self.stats["deleted"] += count
+        return count
+
+    async def rpc_stat(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytes]:
+        return {**self._load(), "server_id": self.server_id, "uuid": self.uuid, "stats": self.stats}, b""
+
+    async def rpc_ping(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytes]:
+        return {"ok": True}, b""
+
+    # ------------------------------------------------------------------ MDS
+
+    def _load(self) -> dict[str, int]:
+        used = self.store.used_bytes
+        return {
+            "capacity": used + self.store.disk_free_bytes(),
+            "used": used,
+            "inflight": self.inflight_bytes,
+            "chunks": self.store.chunk_count,
+        }
+
+    async def _register(self) -> None:
+        load = self._load()
+        reply, _ = await self.meta.call(
+            self.meta_address, "register_server",
+            {"uuid": self.uuid, "address": self.rpc.address, "capacity": load["capacity"], "used": load["used"]},
+            idempotent=True, retries_max=limits.rpc_retries_max,
+        )
+        self.server_id = int(reply["server_id"])
+        log.info("registered with %s as chunk server %d", self.meta_address, self.server_id)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            try:
+                reply, _ = await self.meta.call(
+                    self.meta_address, "heartbeat", {"server_id": self.server_id, **self._load()}, idempotent=True
+                )
+                if reply.get("delete"):
+                    await self._in_thread(self._delete, [int(b) for b in reply["delete"]])
+            except NotFound:
+                await self._register()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the MDS may be restarting; keep serving clients
+                log.warning("heartbeat to %s failed: %s", self.meta_address, exc)

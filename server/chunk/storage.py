@@ -1,0 +1,215 @@
+"""Chunk files on local flash: format, durable writes, verified reads. Blocking I/O; the
+service calls it from worker threads.
+
+One file per chunk, named after its block (a server holds at most one chunk of a block)::
+
+    chunks/<last 2 hex digits>/<block_id as 16 hex digits>.chunk
+        data          length bytes
+        piece crcs    uint32 little endian, one per 64 KiB piece of data
+        footer        magic "TFSCHNK1", block_id u64, length u64, position u32,
+                      whole crc32c u32, crc32c of the footer so far u32
+
+A chunk is written to ``<name>.tmp``, fdatasync'ed, renamed into place and its directory
+fsync'ed before the write is acknowledged; a crash leaves either no chunk or a complete
+one (``.tmp`` leftovers are removed at start). Every read verifies the crc of each piece it
+returns, so a flipped bit on disk is reported and never served.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from dataclasses import dataclass
+
+from tectofs import checksum
+from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, InvalidArgument, NoSpace
+
+FOOTER = struct.Struct("<8sQQIII")
+MAGIC = b"TFSCHNK1"
+PIECE = checksum.PIECE
+
+
+@dataclass
+class ChunkInfo:
+    block_id: int
+    position: int
+    length: int
+    whole_crc: int
+    piece_crcs: list[int]
+
+
+class ChunkStore:
+    """The chunk files under one data directory."""
+
+    def __init__(self, data_dir: str, sync: bool = True) -> None:
+        self.root = os.path.join(data_dir, "chunks")
+        self.sync = sync
+        os.makedirs(self.root, exist_ok=True)
+        self.used_bytes = 0
+        self.chunk_count = 0
+        self._scan()
+
+    def _scan(self) -> None:
+        """Remove half-written leftovers and count what is stored."""
+        for sub in os.listdir(self.root):
+            directory = os.path.join(self.root, sub)
+            if not os.path.isdir(directory):
+                continue
+            for name in os.listdir(directory):
+                path = os.path.join(directory, name)
+                if name.endswith(".tmp"):
+                    os.unlink(path)
+                elif name.endswith(".chunk"):
+                    self.used_bytes += os.path.getsize(path)
+                    self.chunk_count += 1
+
+    def path(self, block_id: int) -> str:
+        name = f"{block_id:016x}"
+        return os.path.join(self.root, name[-2:], name + ".chunk")
+
+    def exists(self, block_id: int) -> bool:
+        return os.path.exists(self.path(block_id))
+
+    def write(
+        self, block_id: int, position: int, data: memoryview, piece_crcs: list[int], whole_crc: int, overwrite: bool = False
+    ) -> None:
+        """Verify ``data`` against the writer's checksums, then store it durably.
+
+        Idempotent: writing the same chunk again succeeds. A different chunk under the same
+        block id is refused unless ``overwrite`` (repair of a chunk found corrupt)."""
+        checksum.verify_pieces(data, piece_crcs, f"chunk {block_id:x} as received")
+        if checksum.crc(data) != whole_crc:
+            raise ChecksumMismatch(f"chunk {block_id:x} as received: whole-chunk checksum mismatch")
+        final = self.path(block_id)
+        if os.path.exists(final) and not overwrite:
+            existing = self.info(block_id)
+            if existing.whole_crc == whole_crc and existing.length == len(data) and existing.position == position:
+                return
+            raise AlreadyExists(f"chunk {block_id:x} already stored with other content")
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        crc_bytes = struct.pack(f"<{len(piece_crcs)}I", *piece_crcs)
+        head = FOOTER.pack(MAGIC, block_id, len(data), position, whole_crc, 0)[:-4]
+        footer = head + struct.pack("<I", checksum.crc(head))
+        tmp = final + ".tmp"
+        replaced = os.path.getsize(final) if os.path.exists(final) else 0
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, [data, crc_bytes, footer])
+                if self.sync:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, final)
+            if self.sync:
+                _fsync_dir(os.path.dirname(final))
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise NoSpace(f"chunk server disk is full ({self.root})") from None
+            raise
+        self.used_bytes += len(data) + len(crc_bytes) + FOOTER.size - replaced
+        if not replaced:
+            self.chunk_count += 1
+
+    def info(self, block_id: int) -> ChunkInfo:
+        """Read and check the footer and piece checksums of a stored chunk."""
+        path = self.path(block_id)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
+        try:
+            return self._info(fd, block_id)
+        finally:
+            os.close(fd)
+
+    def _info(self, fd: int, block_id: int) -> ChunkInfo:
+        size = os.fstat(fd).st_size
+        if size < FOOTER.size:
+            raise ChecksumMismatch(f"chunk {block_id:x}: file truncated to {size} bytes")
+        footer = os.pread(fd, FOOTER.size, size - FOOTER.size)
+        magic, stored_id, length, position, whole_crc, footer_crc = FOOTER.unpack(footer)
+        if magic != MAGIC or checksum.crc(footer[:-4]) != footer_crc or stored_id != block_id:
+            raise ChecksumMismatch(f"chunk {block_id:x}: footer damaged")
+        pieces = (length + PIECE - 1) // PIECE
+        if size != length + 4 * pieces + FOOTER.size:
+            raise ChecksumMismatch(f"chunk {block_id:x}: file size {size} does not match its footer")
+        crcs = list(struct.unpack(f"<{pieces}I", os.pread(fd, 4 * pieces, length)))
+        return ChunkInfo(block_id, position, length, whole_crc, crcs)
+
+    def read(self, block_id: int, offset: int = 0, length: int = -1) -> tuple[bytearray, list[int], ChunkInfo]:
+        """Return ``(data, piece_crcs, info)`` for a piece-aligned range, verified.
+
+        ``offset`` must be a multiple of 64 KiB; ``length=-1`` reads to the end. Raises
+        ChecksumMismatch (never returns data) if any returned piece is damaged."""
+        if offset % PIECE:
+            raise InvalidArgument(f"read offset {offset} is not a multiple of {PIECE}")
+        path = self.path(block_id)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
+        try:
+            info = self._info(fd, block_id)
+            if offset > info.length:
+                raise InvalidArgument(f"read offset {offset} past the chunk's {info.length} bytes")
+            end = info.length if length < 0 else min(info.length, offset + length)
+            buffer = bytearray(end - offset)
+            view = memoryview(buffer)
+            done = 0
+            while done < len(buffer):
+                n = os.preadv(fd, [view[done:]], offset + done)
+                if n == 0:
+                    raise ChecksumMismatch(f"chunk {block_id:x}: short read")
+                done += n
+        finally:
+            os.close(fd)
+        first = offset // PIECE
+        crcs = info.piece_crcs[first : first + (len(buffer) + PIECE - 1) // PIECE]
+        checksum.verify_pieces(buffer, info.piece_crcs, f"chunk {block_id:x} on disk", first_piece=first)
+        return buffer, crcs, info
+
+    def delete(self, block_id: int) -> bool:
+        path = self.path(block_id)
+        try:
+            size = os.path.getsize(path)
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        self.used_bytes -= size
+        self.chunk_count -= 1
+        return True
+
+    def disk_free_bytes(self) -> int:
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+
+def _write_all(fd: int, buffers: list[bytes | bytearray | memoryview]) -> None:
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        n = os.writev(fd, views)
+        while n and views:
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

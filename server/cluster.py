@@ -1,0 +1,163 @@
+"""A whole cluster on one machine: one metadata service and N chunk servers, each a real
+process, all state under one root directory. Used by ``tectofs up``, the tests and the
+benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from tectofs import limits
+from tectofs.errors import TectofsError, Timeout
+
+
+def _python_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tectofs.cli", *args]
+
+
+def wait_for_file(path: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> str:
+    """Wait until ``path`` exists and is non-empty; return its content."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise TectofsError(f"process {' '.join(process.args)} exited with code {process.returncode}")  # type: ignore[arg-type]
+        try:
+            with open(path) as f:
+                content = f.read().strip()
+            if content:
+                return content
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    raise Timeout(f"{path} did not appear within {timeout_s:.0f}s")
+
+
+class LocalCluster:
+    """Start, inspect, kill and stop a local cluster. Usable as a context manager."""
+
+    def __init__(
+        self,
+        root: str,
+        servers: int = 6,
+        port: int = 0,
+        policy: str = "rs(4,2)",
+        block_size: int = limits.block_size_default_bytes,
+        host: str = "127.0.0.1",
+        server_dead_after_s: float = limits.server_dead_after_s,
+        heartbeat_interval_s: float = limits.heartbeat_interval_s,
+        gc_delay_s: float = 30.0,
+        sync: bool = True,
+        log_to_files: bool = True,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.root = os.path.abspath(root)
+        self.server_count = servers
+        self.port = port
+        self.policy = policy
+        self.block_size = block_size
+        self.host = host
+        self.server_dead_after_s = server_dead_after_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.gc_delay_s = gc_delay_s
+        self.sync = sync
+        self.log_to_files = log_to_files
+        self.env = {**os.environ, **(extra_env or {})}
+        self.meta_process: subprocess.Popen[bytes] | None = None
+        self.chunk_processes: list[subprocess.Popen[bytes] | None] = []
+        self.address = ""
+
+    @property
+    def chunk_data_dirs(self) -> list[str]:
+        return [os.path.join(self.root, f"chunk-{i}") for i in range(self.server_count)]
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        os.makedirs(os.path.join(self.root, "logs"), exist_ok=True)
+        if self.log_to_files:
+            out: Any = open(os.path.join(self.root, "logs", log_name), "ab")
+        else:
+            out = None
+        try:
+            return subprocess.Popen(_python_command(*args), stdout=out, stderr=subprocess.STDOUT if out else None,
+                                    env=self.env, start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()
+
+    def start(self, timeout_s: float = 60.0) -> str:
+        os.makedirs(self.root, exist_ok=True)
+        ready = os.path.join(self.root, "meta.address")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        self.meta_process = self._spawn(
+            ["meta", "--store", os.path.join(self.root, "meta.db"), "--host", self.host, "--port", str(self.port),
+             "--policy", self.policy, "--block-size", str(self.block_size), "--ready-file", ready,
+             "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s)],
+            "meta.log",
+        )
+        self.address = wait_for_file(ready, timeout_s, self.meta_process)
+        self.chunk_processes = [self._start_chunk(i) for i in range(self.server_count)]
+        self.wait_live(self.server_count, timeout_s)
+        return self.address
+
+    def _start_chunk(self, i: int) -> subprocess.Popen[bytes]:
+        args = ["chunk", "--data", self.chunk_data_dirs[i], "--meta", self.address, "--host", self.host,
+                "--heartbeat", str(self.heartbeat_interval_s)]
+        if not self.sync:
+            args.append("--no-sync")
+        return self._spawn(args, f"chunk-{i}.log")
+
+    def restart_chunk(self, i: int, timeout_s: float = 30.0) -> None:
+        self.chunk_processes[i] = self._start_chunk(i)
+        self.wait_live(sum(1 for p in self.chunk_processes if p is not None and p.poll() is None), timeout_s)
+
+    def servers(self) -> list[dict[str, Any]]:
+        from tectofs.client import connect
+
+        with connect(self.address) as fs:
+            return fs.servers()
+
+    def wait_live(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        live = 0
+        while time.monotonic() < deadline:
+            for process in self.chunk_processes:
+                if process is not None and process.poll() is not None and process.returncode not in (0, -9, -15):
+                    raise TectofsError(f"a chunk server exited with code {process.returncode}; see {self.root}/logs")
+            try:
+                live = sum(1 for s in self.servers() if s["live"])
+            except (TectofsError, OSError):
+                live = 0
+            if live >= count:
+                return
+            time.sleep(0.1)
+        raise Timeout(f"only {live} of {count} chunk servers became live within {timeout_s:.0f}s; see {self.root}/logs")
+
+    def kill_chunk_server(self, i: int, sig: int = signal.SIGKILL) -> None:
+        process = self.chunk_processes[i]
+        if process is not None and process.poll() is None:
+            process.send_signal(sig)
+            process.wait(timeout=10)
+
+    def stop(self) -> None:
+        processes = [p for p in self.chunk_processes if p is not None] + ([self.meta_process] if self.meta_process else [])
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,44 @@
+"""Every limit in one place, units last in names.
+
+These are defaults; servers and clients take overrides through their constructors or CLI
+flags. Nothing in tectofs queues, buffers or retries without one of these bounding it.
+"""
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+# Data model
+block_size_default_bytes = 64 * MiB
+block_size_max_bytes = 64 * MiB
+block_size_min_bytes = 64 * KiB
+checksum_piece_bytes = 64 * KiB          # crc32c granularity inside a chunk
+name_length_max_bytes = 255
+path_length_max_bytes = 4096
+symlink_target_max_bytes = 4096
+
+# Wire protocol
+frame_header_max_bytes = 1 * MiB          # msgpack header of one frame
+frame_payload_max_bytes = block_size_max_bytes + 1 * MiB
+rpc_timeout_s = 60.0
+rpc_connect_timeout_s = 5.0
+rpc_retries_max = 4
+rpc_backoff_initial_s = 0.05
+rpc_backoff_max_s = 2.0
+connections_per_server = 2
+
+# Chunk server
+chunk_inflight_bytes_max = 512 * MiB      # admission: above this new puts are answered BUSY
+heartbeat_interval_s = 1.0
+server_dead_after_s = 5.0
+
+# Metadata service
+group_commit_batch_max = 256              # operations folded into one store transaction
+allocation_grace_s = 600.0                # uncommitted blocks older than this are garbage
+gc_orders_per_heartbeat_max = 1024
+readdir_entries_max = 100_000
+
+# Client
+write_blocks_inflight_max = 2             # blocks encoded/sent concurrently per open file
+read_prefetch_blocks = 1
+spare_servers_per_block = 2               # extra placements handed out for hedged writes

@@ -1,0 +1,225 @@
+"""Sans-I/O codec for the tectofs wire protocol.
+
+A frame is::
+
+    fixed header (32 bytes, big endian)
+        magic          u32   0x54465331 ("TFS1")
+        version        u8    PROTOCOL_VERSION
+        kind           u8    FrameKind (REQUEST, RESPONSE, ERROR)
+        flags          u16   reserved, must be 0
+        request_id     u64   chosen by the requester, echoed in the reply
+        header_length  u32   bytes of the msgpack header that follows
+        payload_length u64   bytes of raw payload after the header
+    header_crc     u32   crc32c of the 28 bytes above and of the msgpack header
+    msgpack header (a map; requests carry "op")
+    raw payload    (chunk bytes; integrity is covered end to end by chunk checksums)
+
+No sockets here: :class:`FrameDecoder` hands out the buffer the next bytes must be received
+into (``get_buffer``), is told how many arrived (``advance``), and returns complete
+:class:`Frame` objects. That fits ``asyncio.BufferedProtocol`` and ``socket.recv_into``
+alike, so payloads land in their final buffer without intermediate copies, and the codec can
+be tested and fuzzed in memory.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import crc32c
+import msgpack
+
+from . import limits
+from .errors import ProtocolError
+
+MAGIC = 0x54465331
+PROTOCOL_VERSION = 1
+_FIXED = struct.Struct(">IBBHQIQ")
+_CRC = struct.Struct(">I")
+FIXED_HEADER_BYTES = _FIXED.size + _CRC.size  # 32
+
+
+class FrameKind(enum.IntEnum):
+    REQUEST = 1
+    RESPONSE = 2
+    ERROR = 3
+
+
+@dataclass
+class Frame:
+    kind: FrameKind
+    request_id: int
+    header: dict[str, Any]
+    payload: memoryview = field(default_factory=lambda: memoryview(b""))
+
+
+def encode_frame(
+    kind: FrameKind, request_id: int, header: dict[str, Any], payload_length: int = 0
+) -> bytes:
+    """Encode everything but the payload; the caller sends ``payload_length`` bytes after it."""
+    body = msgpack.packb(header, use_bin_type=True)
+    if len(body) > limits.frame_header_max_bytes:
+        raise ProtocolError(f"frame header of {len(body)} bytes exceeds the limit")
+    if payload_length > limits.frame_payload_max_bytes:
+        raise ProtocolError(f"payload of {payload_length} bytes exceeds the frame limit")
+    fixed = _FIXED.pack(MAGIC, PROTOCOL_VERSION, int(kind), 0, request_id, len(body), payload_length)
+    crc = crc32c.crc32c(body, crc32c.crc32c(fixed))
+    return fixed + _CRC.pack(crc) + body
+
+
+PayloadAllocator = Callable[[dict[str, Any], int], "bytearray | memoryview | None"]
+"""Given a frame's header and payload length, return the buffer to receive it into, or None
+to receive and discard it (the frame is then delivered with ``payload`` = None-equivalent
+empty view and ``header['_discarded'] = True``)."""
+
+
+def _default_allocator(header: dict[str, Any], length: int) -> bytearray:
+    return bytearray(length)
+
+
+class FrameDecoder:
+    """Incremental frame parser. Feed it with ``get_buffer`` + ``advance`` (zero copy) or
+    ``feed`` (convenience, copies). Raises :class:`ProtocolError` on the first invalid byte
+    sequence; after that the decoder is dead and the connection must be closed."""
+
+    _DISCARD_CHUNK = 1 << 20
+
+    def __init__(
+        self,
+        allocate_payload: PayloadAllocator = _default_allocator,
+        payload_max_bytes: int = limits.frame_payload_max_bytes,
+        header_max_bytes: int = limits.frame_header_max_bytes,
+    ) -> None:
+        self._allocate = allocate_payload
+        self._payload_max = payload_max_bytes
+        self._header_max = header_max_bytes
+        self._fixed = bytearray(FIXED_HEADER_BYTES)
+        self._reset()
+        self.dead = False
+
+    def _reset(self) -> None:
+        self._state = "fixed"
+        self._buf: bytearray | memoryview = self._fixed
+        self._filled = 0
+        self._kind = FrameKind.REQUEST
+        self._request_id = 0
+        self._payload_length = 0
+        self._header: dict[str, Any] = {}
+        self._expected_crc = 0
+        self._fixed_crc = 0
+        self._discard_left = 0
+
+    @property
+    def receiving_payload_bytes(self) -> int:
+        """Size of the payload buffer being filled (0 between payloads): what a connection
+        lost now leaves allocated but never delivered."""
+        return len(self._buf) if self._state == "payload" else 0
+
+    def get_buffer(self) -> memoryview:
+        """The writable region the next received bytes must go into (never empty)."""
+        if self.dead:
+            raise ProtocolError("decoder used after a protocol error")
+        if self._state == "discard":
+            scratch = self._scratch()
+            return memoryview(scratch)[: min(len(scratch), self._discard_left)]
+        return memoryview(self._buf)[self._filled :]
+
+    def _scratch(self) -> bytearray:
+        if not hasattr(self, "_scratch_buf"):
+            self._scratch_buf = bytearray(self._DISCARD_CHUNK)
+        return self._scratch_buf
+
+    def advance(self, nbytes: int) -> list[Frame]:
+        """Record that ``nbytes`` were written into the last buffer; return finished frames."""
+        frames: list[Frame] = []
+        if self._state == "discard":
+            self._discard_left -= nbytes
+            if self._discard_left == 0:
+                frames.append(self._finish(memoryview(b"")))
+            return frames
+        self._filled += nbytes
+        if self._filled < len(self._buf):
+            return frames
+        try:
+            frame = self._step()
+            if frame is not None:
+                frames.append(frame)
+            # A state with nothing to read (empty header or payload) completes at once.
+            while self._state in ("header", "payload") and len(self._buf) == 0:
+                frame = self._step()
+                if frame is not None:
+                    frames.append(frame)
+        except ProtocolError:
+            self.dead = True
+            raise
+        return frames
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Copying convenience for tests and fuzzers: consume all of ``data``."""
+        frames: list[Frame] = []
+        view = memoryview(data)
+        while view:
+            target = self.get_buffer()
+            n = min(len(target), len(view))
+            target[:n] = view[:n]
+            view = view[n:]
+            frames.extend(self.advance(n))
+        return frames
+
+    def _step(self) -> Frame | None:
+        if self._state == "fixed":
+            magic, version, kind, flags, request_id, header_length, payload_length = _FIXED.unpack_from(
+                self._fixed
+            )
+            if magic != MAGIC:
+                raise ProtocolError(f"bad magic 0x{magic:08x}")
+            if version != PROTOCOL_VERSION:
+                raise ProtocolError(f"unsupported protocol version {version}")
+            if kind not in FrameKind._value2member_map_:
+                raise ProtocolError(f"unknown frame kind {kind}")
+            if flags != 0:
+                raise ProtocolError(f"unknown frame flags 0x{flags:04x}")
+            if header_length > self._header_max:
+                raise ProtocolError(f"frame header of {header_length} bytes exceeds the limit")
+            if payload_length > self._payload_max:
+                raise ProtocolError(f"frame payload of {payload_length} bytes exceeds the limit")
+            self._kind = FrameKind(kind)
+            self._request_id = request_id
+            self._payload_length = payload_length
+            (self._expected_crc,) = _CRC.unpack_from(self._fixed, _FIXED.size)
+            self._fixed_crc = crc32c.crc32c(memoryview(self._fixed)[: _FIXED.size])
+            self._state = "header"
+            self._buf = bytearray(header_length)
+            self._filled = 0
+            return None
+        if self._state == "header":
+            if crc32c.crc32c(self._buf, self._fixed_crc) != self._expected_crc:
+                raise ProtocolError("frame header checksum mismatch")
+            try:
+                header = msgpack.unpackb(bytes(self._buf), raw=False, strict_map_key=False)
+            except Exception as exc:  # msgpack raises several unrelated types
+                raise ProtocolError(f"undecodable frame header: {exc}") from None
+            if not isinstance(header, dict):
+                raise ProtocolError("frame header is not a map")
+            self._header = header
+            buffer = self._allocate(header, self._payload_length) if self._payload_length else bytearray()
+            if buffer is None:
+                self._header["_discarded"] = True
+                self._state = "discard"
+                self._discard_left = self._payload_length
+                return None
+            if len(buffer) != self._payload_length:
+                raise ProtocolError("payload buffer of the wrong size")  # our bug, not the peer's
+            self._state = "payload"
+            self._buf = buffer
+            self._filled = 0
+            return None
+        # payload complete
+        return self._finish(memoryview(self._buf))
+
+    def _finish(self, payload: memoryview) -> Frame:
+        frame = Frame(self._kind, self._request_id, self._header, payload)
+        self._reset()
+        return frame

@@ -1,0 +1,370 @@
+"""asyncio transports for the frame codec: a request/response server and a client pool.
+
+Both sides use ``asyncio.BufferedProtocol`` so payloads are received straight into their
+final buffers (``FrameDecoder.get_buffer``). A peer that sends an invalid frame gets one
+ERROR frame and its connection closed; every other connection keeps being served.
+
+Server handlers are objects with ``async def rpc_<op>(header, payload) -> (header, payload)``
+methods. A handler raising a :class:`~tectofs.errors.TectofsError` sends that error to the
+caller, who gets the same class re-raised by :meth:`RpcClient.call`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from typing import Any, Awaitable, Callable
+
+from . import limits
+from .errors import (
+    Busy,
+    ConnectionLost,
+    InvalidArgument,
+    ProtocolError,
+    TectofsError,
+    Timeout,
+    from_wire,
+    to_wire,
+)
+from .protocol import Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
+
+log = logging.getLogger(__name__)
+
+Payload = bytes | bytearray | memoryview
+Reply = tuple[dict[str, Any], Payload]
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> ``(host, port)``; raises InvalidArgument with the bad text."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"bad address {address!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class _FramedProtocol(asyncio.BufferedProtocol):
+    """Shared plumbing: decoder, write flow control, close handling."""
+
+    def __init__(self, allocate_payload: PayloadAllocator | None = None) -> None:
+        self.decoder = FrameDecoder(allocate_payload) if allocate_payload else FrameDecoder()
+        self.transport: asyncio.Transport | None = None
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._can_write.set()
+        if not self.closed.done():
+            self.closed.set_result(exc)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self.decoder.advance(nbytes)
+        except ProtocolError as exc:
+            self.protocol_failed(exc)
+            return
+        for frame in frames:
+            self.frame_received(frame)
+
+    def frame_received(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    def protocol_failed(self, exc: ProtocolError) -> None:
+        raise NotImplementedError
+
+    async def send(self, kind: FrameKind, request_id: int, header: dict[str, Any], payload: Payload = b"") -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionLost("connection closed")
+        head = encode_frame(kind, request_id, header, len(payload))
+        await self._can_write.wait()
+        if transport.is_closing():
+            raise ConnectionLost("connection closed")
+        if payload:
+            transport.writelines((head, payload))
+        else:
+            transport.write(head)
+
+
+# --------------------------------------------------------------------------- server
+
+
+class _ServerConnection(_FramedProtocol):
+    def __init__(self, server: "RpcServer") -> None:
+        super().__init__(server.allocate_payload)
+        self.server = server
+        self.inflight = 0
+        self._reading_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.server.connections.discard(self)
+        abandoned = self.decoder.receiving_payload_bytes
+        release = getattr(self.server.handler, "payload_abandoned", None)
+        if abandoned and release is not None:
+            release(abandoned)
+
+    def protocol_failed(self, exc: ProtocolError) -> None:
+        log.warning("%s: closing connection after protocol error: %s", self.server.name, exc)
+        assert self.transport is not None
+        code, message = to_wire(exc)
+        try:
+            self.transport.write(encode_frame(FrameKind.ERROR, 0, {"code": code, "message": message}))
+        finally:
+            self.transport.close()
+
+    def frame_received(self, frame: Frame) -> None:
+        if frame.kind != FrameKind.REQUEST:
+            self.protocol_failed(ProtocolError(f"server received a {frame.kind.name} frame"))
+            return
+        self.inflight += 1
+        if self.inflight >= self.server.requests_per_connection_max and not self._reading_paused:
+            assert self.transport is not None
+            self.transport.pause_reading()
+            self._reading_paused = True
+        task = asyncio.get_running_loop().create_task(self._serve(frame))
+        self.server.tasks.add(task)
+        task.add_done_callback(self.server.tasks.discard)
+
+    async def _serve(self, frame: Frame) -> None:
+        try:
+            try:
+                header, payload = await self.server.dispatch(frame)
+                kind = FrameKind.RESPONSE
+            except TectofsError as exc:
+                code, message = to_wire(exc)
+                header, payload, kind = {"code": code, "message": message}, b"", FrameKind.ERROR
+            except Exception as exc:  # a handler bug must not take the server down
+                log.exception("%s: handler for %r failed", self.server.name, frame.header.get("op"))
+                code, message = to_wire(exc)
+                header, payload, kind = {"code": code, "message": message}, b"", FrameKind.ERROR
+            try:
+                await self.send(kind, frame.request_id, header, payload)
+            except ConnectionLost:
+                pass
+        finally:
+            self.inflight -= 1
+            if self._reading_paused and self.inflight < self.server.requests_per_connection_max // 2:
+                self._reading_paused = False
+                if self.transport is not None and not self.transport.is_closing():
+                    self.transport.resume_reading()
+
+
+class RpcServer:
+    """Serves ``handler.rpc_<op>`` methods over TCP.
+
+    ``allocate_payload(header, length)`` chooses where request payloads are received; it may
+    return None to have the payload drained and the request rejected as BUSY (admission
+    control before the bytes are buffered)."""
+
+    requests_per_connection_max = 64
+
+    def __init__(
+        self,
+        handler: object,
+        name: str,
+        allocate_payload: PayloadAllocator | None = None,
+    ) -> None:
+        self.handler = handler
+        self.name = name
+        self.allocate_payload = allocate_payload
+        self.connections: set[_ServerConnection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self.address = ""
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen on ``host:port`` (port 0 picks a free one); returns ``"HOST:PORT"``."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _ServerConnection(self), host, port, reuse_address=True)
+        sock_host, sock_port = self._server.sockets[0].getsockname()[:2]
+        self.address = f"{sock_host}:{sock_port}"
+        return self.address
+
+    async def dispatch(self, frame: Frame) -> Reply:
+        op = frame.header.get("op")
+        if frame.header.get("_discarded"):
+            raise Busy(f"{self.name} is at its in-flight limit; retry later")
+        method: Callable[[dict[str, Any], memoryview], Awaitable[Reply]] | None = (
+            getattr(self.handler, f"rpc_{op}", None) if isinstance(op, str) and op.isidentifier() else None
+        )
+        if method is None:
+            raise InvalidArgument(f"{self.name}: unknown operation {op!r}")
+        return await method(frame.header, frame.payload)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        for task in list(self.tasks):
+            task.cancel()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+# --------------------------------------------------------------------------- client
+
+
+class _ClientConnection(_FramedProtocol):
+    def __init__(self, address: str) -> None:
+        super().__init__()
+        self.address = address
+        self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self._ids = itertools.count(1)
+        self.failure: BaseException | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._fail_all(ConnectionLost(f"connection to {self.address} lost" + (f": {exc}" if exc else "")))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.failure = exc
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self.pending.clear()
+
+    def protocol_failed(self, exc: ProtocolError) -> None:
+        self._fail_all(ProtocolError(f"{self.address} sent an invalid frame: {exc}"))
+        if self.transport is not None:
+            self.transport.close()
+
+    def frame_received(self, frame: Frame) -> None:
+        if frame.request_id == 0 and frame.kind == FrameKind.ERROR:
+            # The server rejected our stream as a whole and is closing the connection.
+            self._fail_all(from_wire(str(frame.header.get("code")), str(frame.header.get("message"))))
+            return
+        fut = self.pending.pop(frame.request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(frame)
+
+    @property
+    def usable(self) -> bool:
+        return self.failure is None and self.transport is not None and not self.transport.is_closing()
+
+    async def call(self, header: dict[str, Any], payload: Payload, timeout_s: float) -> Reply:
+        request_id = next(self._ids)
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self.pending[request_id] = fut
+        try:
+            await self.send(FrameKind.REQUEST, request_id, header, payload)
+            frame = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            raise Timeout(f"{header.get('op')} to {self.address} timed out after {timeout_s:.0f}s") from None
+        finally:
+            self.pending.pop(request_id, None)
+        if frame.kind == FrameKind.ERROR:
+            raise from_wire(str(frame.header.get("code")), str(frame.header.get("message")))
+        return frame.header, frame.payload
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class RpcClient:
+    """A pool of connections to many servers, owned by one event loop.
+
+    ``call`` retries only what is safe to retry: connection failures before a reply and BUSY
+    answers, with bounded exponential backoff; requests marked ``idempotent`` are also retried
+    after a lost connection or a timeout."""
+
+    def __init__(
+        self,
+        connections_per_server: int = limits.connections_per_server,
+        timeout_s: float = limits.rpc_timeout_s,
+        retries_max: int = limits.rpc_retries_max,
+    ) -> None:
+        self.connections_per_server = connections_per_server
+        self.timeout_s = timeout_s
+        self.retries_max = retries_max
+        self._pools: dict[str, list[_ClientConnection]] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._rr = itertools.count()
+
+    async def _connect(self, address: str) -> _ClientConnection:
+        host, port = parse_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientConnection(address), host, port),
+                limits.rpc_connect_timeout_s,
+            )
+        except asyncio.TimeoutError:
+            raise Timeout(f"connecting to {address} timed out") from None
+        except OSError as exc:
+            raise ConnectionLost(f"cannot connect to {address}: {exc.strerror or exc}") from None
+        return proto
+
+    async def _connection(self, address: str) -> _ClientConnection:
+        pool = [c for c in self._pools.get(address, []) if c.usable]
+        self._pools[address] = pool
+        if len(pool) < self.connections_per_server:
+            lock = self._connecting.setdefault(address, asyncio.Lock())
+            async with lock:
+                pool = [c for c in self._pools.get(address, []) if c.usable]
+                if len(pool) < self.connections_per_server:
+                    pool.append(await self._connect(address))
+                    self._pools[address] = pool
+        return pool[next(self._rr) % len(pool)]
+
+    async def call(
+        self,
+        address: str,
+        op: str,
+        header: dict[str, Any] | None = None,
+        payload: Payload = b"",
+        *,
+        idempotent: bool = False,
+        timeout_s: float | None = None,
+        retries_max: int | None = None,
+    ) -> Reply:
+        request = {"op": op, **(header or {})}
+        retries = self.retries_max if retries_max is None else retries_max
+        backoff = limits.rpc_backoff_initial_s
+        attempt = 0
+        while True:
+            sent = False
+            try:
+                conn = await self._connection(address)
+                sent = True
+                return await conn.call(request, payload, timeout_s or self.timeout_s)
+            except Busy:
+                retryable = True
+            except (ConnectionLost, Timeout):
+                retryable = idempotent or not sent
+            if not retryable or attempt >= retries:
+                raise
+            attempt += 1
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, limits.rpc_backoff_max_s)
+
+    def forget(self, address: str) -> None:
+        """Drop pooled connections to ``address`` (e.g. a server known to be dead)."""
+        for conn in self._pools.pop(address, []):
+            conn.close()
+
+    async def close(self) -> None:
+        for address in list(self._pools):
+            self.forget(address)
+        await asyncio.sleep(0)

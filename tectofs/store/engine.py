@@ -1,0 +1,611 @@
+"""The SQL engine: every metadata operation, written once.
+
+Calling contract: every public method runs inside a transaction opened by the caller
+(:class:`~tectofs.store.runner.StoreRunner` wraps each operation in a savepoint and many
+operations in one commit). Methods raise :mod:`tectofs.errors` classes for user errors; the
+savepoint of a failed operation is rolled back without touching the others in its batch.
+
+Attributes travel as plain dicts (msgpack-friendly)::
+
+    {"ino", "kind" ("file" | "dir" | "symlink"), "mode", "uid", "gid", "size", "atime",
+     "mtime", "ctime", "nlink", "policy", "block_size", "target"}
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import stat as statmod
+import time
+from typing import Any, Iterable
+
+from .. import limits
+from ..errors import (
+    AlreadyExists,
+    DirectoryNotEmpty,
+    InvalidArgument,
+    InvalidPath,
+    IsADirectory,
+    NoSpace,
+    NotADirectory,
+    NotFound,
+    StaleFile,
+)
+from ..paths import check_name
+from ..policy import DEFAULT_POLICY, parse as parse_policy
+from .dialect import Dialect
+
+ROOT_INO = 1
+_KINDS = {"f": "file", "d": "dir", "l": "symlink"}
+_ATTR_COLUMNS = "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent"
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS inodes (
+        ino INTEGER PRIMARY KEY, kind TEXT NOT NULL, mode INTEGER NOT NULL,
+        uid INTEGER NOT NULL, gid INTEGER NOT NULL, size BIGINT NOT NULL DEFAULT 0,
+        atime DOUBLE PRECISION NOT NULL, mtime DOUBLE PRECISION NOT NULL, ctime DOUBLE PRECISION NOT NULL,
+        nlink INTEGER NOT NULL DEFAULT 1, policy TEXT NOT NULL, block_size BIGINT NOT NULL,
+        target TEXT, parent BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS names (
+        parent BIGINT NOT NULL, name TEXT NOT NULL, ino BIGINT NOT NULL, PRIMARY KEY (parent, name))""",
+    """CREATE TABLE IF NOT EXISTS blocks (
+        ino BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT NOT NULL, policy TEXT NOT NULL,
+        length BIGINT NOT NULL, valid BIGINT NOT NULL, PRIMARY KEY (ino, idx))""",
+    """CREATE TABLE IF NOT EXISTS chunks (
+        block_id BIGINT NOT NULL, position INTEGER NOT NULL, server_id INTEGER NOT NULL,
+        length BIGINT NOT NULL, crc BIGINT NOT NULL, PRIMARY KEY (block_id, position))""",
+    """CREATE TABLE IF NOT EXISTS allocations (
+        block_id BIGINT PRIMARY KEY, ino BIGINT NOT NULL, created DOUBLE PRECISION NOT NULL,
+        servers TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS servers (
+        server_id INTEGER PRIMARY KEY, uuid TEXT UNIQUE NOT NULL, address TEXT NOT NULL,
+        capacity BIGINT NOT NULL DEFAULT 0, used BIGINT NOT NULL DEFAULT 0,
+        inflight BIGINT NOT NULL DEFAULT 0, chunks BIGINT NOT NULL DEFAULT 0,
+        last_heartbeat DOUBLE PRECISION NOT NULL, registered DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS gc_queue (
+        server_id INTEGER NOT NULL, block_id BIGINT NOT NULL, due DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (server_id, block_id))""",
+    """CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)""",
+]
+
+
+def _attrs(row: Iterable[Any]) -> dict[str, Any]:
+    ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent = row
+    return {
+        "ino": ino, "kind": _KINDS[kind], "mode": mode, "uid": uid, "gid": gid, "size": size,
+        "atime": atime, "mtime": mtime, "ctime": ctime, "nlink": nlink, "policy": policy,
+        "block_size": block_size, "target": target, "parent": parent,
+    }
+
+
+class SqlStore:
+    """All metadata operations over one DB-API connection. Not thread-safe: one thread
+    (the runner's) owns it."""
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        default_policy: str = DEFAULT_POLICY,
+        default_block_size: int = limits.block_size_default_bytes,
+        gc_delay_s: float = 30.0,
+    ) -> None:
+        self.dialect = dialect
+        self.conn = dialect.connect()
+        self.gc_delay_s = gc_delay_s
+        parse_policy(default_policy)
+        self._check_block_size(default_block_size)
+        self._init_schema(default_policy, default_block_size)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _x(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        return self.conn.execute(self.dialect.sql(sql), tuple(params))
+
+    def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        return self._x(sql, params).fetchone()
+
+    def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        return self._x(sql, params).fetchall()
+
+    def tx_begin(self) -> None:
+        self._x("BEGIN")
+
+    def tx_commit(self) -> None:
+        self._x("COMMIT")
+
+    def tx_rollback(self) -> None:
+        self._x("ROLLBACK")
+
+    def tx_savepoint(self, name: str) -> None:
+        self._x(f"SAVEPOINT {name}")
+
+    def tx_release(self, name: str) -> None:
+        self._x(f"RELEASE SAVEPOINT {name}")
+
+    def tx_rollback_to(self, name: str) -> None:
+        self._x(f"ROLLBACK TO SAVEPOINT {name}")
+
+    def _init_schema(self, default_policy: str, default_block_size: int) -> None:
+        self.tx_begin()
+        for statement in SCHEMA:
+            self._x(statement)
+        if self._one("SELECT 1 FROM inodes WHERE ino = ?", (ROOT_INO,)) is None:
+            now = time.time()
+            self._x(
+                "INSERT INTO inodes (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy,"
+                " block_size, target, parent) VALUES (?, 'd', ?, 0, 0, 0, ?, ?, ?, 2, ?, ?, NULL, ?)",
+                (ROOT_INO, statmod.S_IFDIR | 0o755, now, now, now, default_policy, default_block_size, ROOT_INO),
+            )
+            for name, value in (("ino", ROOT_INO), ("block_id", 0)):
+                self._x("INSERT INTO counters (name, value) VALUES (?, ?)", (name, value))
+        self.tx_commit()
+
+    def _next(self, counter: str, count: int = 1) -> int:
+        """Reserve ``count`` consecutive ids; returns the first."""
+        (value,) = self._one("SELECT value FROM counters WHERE name = ?", (counter,))
+        self._x("UPDATE counters SET value = ? WHERE name = ?", (value + count, counter))
+        return int(value) + 1
+
+    @staticmethod
+    def _check_block_size(block_size: int) -> None:
+        if not limits.block_size_min_bytes <= block_size <= limits.block_size_max_bytes:
+            raise InvalidArgument(
+                f"block size {block_size} outside [{limits.block_size_min_bytes}, {limits.block_size_max_bytes}]"
+            )
+
+    # ------------------------------------------------------------------ resolution
+
+    def _get(self, ino: int) -> dict[str, Any]:
+        row = self._one(f"SELECT {_ATTR_COLUMNS} FROM inodes WHERE ino = ?", (ino,))
+        if row is None:
+            raise StaleFile(f"inode {ino} no longer exists")
+        return _attrs(row)
+
+    def _child(self, parent: int, name: str) -> int | None:
+        row = self._one("SELECT ino FROM names WHERE parent = ? AND name = ?", (parent, name))
+        return None if row is None else int(row[0])
+
+    def _resolve(self, parts: list[str]) -> dict[str, Any]:
+        attrs = self._get(ROOT_INO)
+        walked = ""
+        for name in parts:
+            if attrs["kind"] != "dir":
+                raise NotADirectory(f"{walked or '/'} is not a directory")
+            walked += "/" + name
+            ino = self._child(attrs["ino"], name)
+            if ino is None:
+                raise NotFound(f"{walked}: no such file or directory")
+            attrs = self._get(ino)
+        return attrs
+
+    def _resolve_dir(self, parts: list[str]) -> dict[str, Any]:
+        attrs = self._resolve(parts)
+        if attrs["kind"] != "dir":
+            raise NotADirectory(f"/{'/'.join(parts)} is not a directory")
+        return attrs
+
+    # ------------------------------------------------------------------ namespace
+
+    def lookup(self, parts: list[str]) -> dict[str, Any]:
+        return self._resolve(parts)
+
+    def getattr_ino(self, ino: int) -> dict[str, Any]:
+        return self._get(ino)
+
+    def _insert_inode(
+        self, parent: dict[str, Any], name: str, kind: str, mode: int, uid: int, gid: int,
+        policy: str | None = None, block_size: int | None = None, target: str | None = None,
+    ) -> dict[str, Any]:
+        check_name(name)
+        if self._child(parent["ino"], name) is not None:
+            raise AlreadyExists(f"{name!r} already exists")
+        ino = self._next("ino")
+        now = time.time()
+        self._x(
+            "INSERT INTO inodes (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy,"
+            " block_size, target, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                ino, kind, mode, uid, gid, len(target.encode()) if target else 0, now, now, now,
+                2 if kind == "d" else 1, policy or parent["policy"], block_size or parent["block_size"],
+                target, parent["ino"],
+            ),
+        )
+        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent["ino"], name, ino))
+        self._touch(parent["ino"], now, nlink_delta=1 if kind == "d" else 0)
+        return self._get(ino)
+
+    def _touch(self, ino: int, now: float, nlink_delta: int = 0) -> None:
+        self._x("UPDATE inodes SET mtime = ?, ctime = ?, nlink = nlink + ? WHERE ino = ?", (now, now, nlink_delta, ino))
+
+    def mkdir(
+        self, parts: list[str], mode: int = 0o755, uid: int = 0, gid: int = 0,
+        policy: str | None = None, block_size: int | None = None, exist_ok: bool = False,
+    ) -> dict[str, Any]:
+        if not parts:
+            if exist_ok:
+                return self._get(ROOT_INO)
+            raise AlreadyExists("/ already exists")
+        if policy is not None:
+            policy = str(parse_policy(policy))
+        if block_size is not None:
+            self._check_block_size(block_size)
+        parent = self._resolve_dir(parts[:-1])
+        existing = self._child(parent["ino"], parts[-1])
+        if existing is not None and exist_ok:
+            attrs = self._get(existing)
+            if attrs["kind"] != "dir":
+                raise NotADirectory(f"/{'/'.join(parts)} exists and is not a directory")
+            return attrs
+        return self._insert_inode(
+            parent, parts[-1], "d", statmod.S_IFDIR | (mode & 0o7777), uid, gid, policy, block_size
+        )
+
+    def create(
+        self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False
+    ) -> dict[str, Any]:
+        """Create an empty file, or return the existing one (unless ``exclusive``)."""
+        if not parts:
+            raise IsADirectory("/ is a directory")
+        parent = self._resolve_dir(parts[:-1])
+        existing = self._child(parent["ino"], parts[-1])
+        if existing is not None:
+            if exclusive:
+                raise AlreadyExists(f"/{'/'.join(parts)} already exists")
+            attrs = self._get(existing)
+            if attrs["kind"] == "dir":
+                raise IsADirectory(f"/{'/'.join(parts)} is a directory")
+            return attrs
+        return self._insert_inode(parent, parts[-1], "f", statmod.S_IFREG | (mode & 0o7777), uid, gid)
+
+    def symlink(self, parts: list[str], target: str, uid: int = 0, gid: int = 0) -> dict[str, Any]:
+        if not parts:
+            raise AlreadyExists("/ already exists")
+        if not target or "\x00" in target or len(target.encode()) > limits.symlink_target_max_bytes:
+            raise InvalidPath(f"invalid symlink target {target[:60]!r}")
+        parent = self._resolve_dir(parts[:-1])
+        return self._insert_inode(parent, parts[-1], "l", statmod.S_IFLNK | 0o777, uid, gid, target=target)
+
+    def readdir(self, parts: list[str]) -> list[tuple[str, dict[str, Any]]]:
+        directory = self._resolve_dir(parts)
+        rows = self._all(
+            f"SELECT n.name, {', '.join('i.' + c.strip() for c in _ATTR_COLUMNS.split(','))}"
+            " FROM names n JOIN inodes i ON i.ino = n.ino WHERE n.parent = ? ORDER BY n.name LIMIT ?",
+            (directory["ino"], limits.readdir_entries_max),
+        )
+        return [(row[0], _attrs(row[1:])) for row in rows]
+
+    def setattr(
+        self, parts: list[str], mode: int | None = None, uid: int | None = None, gid: int | None = None,
+        atime: float | None = None, mtime: float | None = None,
+    ) -> dict[str, Any]:
+        attrs = self._resolve(parts)
+        now = time.time()
+        if mode is not None:
+            mode = (attrs["mode"] & ~0o7777) | (mode & 0o7777)
+        self._x(
+            "UPDATE inodes SET mode = COALESCE(?, mode), uid = COALESCE(?, uid), gid = COALESCE(?, gid),"
+            " atime = COALESCE(?, atime), mtime = COALESCE(?, mtime), ctime = ? WHERE ino = ?",
+            (mode, uid, gid, atime, mtime, now, attrs["ino"]),
+        )
+        return self._get(attrs["ino"])
+
+    def set_policy(self, parts: list[str], policy: str | None, block_size: int | None) -> dict[str, Any]:
+        """Change the policy/block size that new files below this directory inherit."""
+        directory = self._resolve_dir(parts)
+        if policy is not None:
+            policy = str(parse_policy(policy))
+        if block_size is not None:
+            self._check_block_size(block_size)
+        self._x(
+            "UPDATE inodes SET policy = COALESCE(?, policy), block_size = COALESCE(?, block_size) WHERE ino = ?",
+            (policy, block_size, directory["ino"]),
+        )
+        return self._get(directory["ino"])
+
+    def _drop_blocks(self, ino: int, from_idx: int = 0, only_idx: int | None = None) -> None:
+        """Queue the chunks of blocks ``idx >= from_idx`` (or just ``only_idx``) for deletion
+        after the GC delay (readers holding an older layout may still be reading them)."""
+        where = "ino = ? AND idx = ?" if only_idx is not None else "ino = ? AND idx >= ?"
+        params = (ino, from_idx if only_idx is None else only_idx)
+        self._x(
+            "INSERT INTO gc_queue (server_id, block_id, due) SELECT c.server_id, c.block_id, ? FROM chunks c"
+            f" WHERE c.block_id IN (SELECT block_id FROM blocks WHERE {where}) ON CONFLICT DO NOTHING",
+            (time.time() + self.gc_delay_s, *params),
+        )
+        self._x(f"DELETE FROM chunks WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
+        self._x(f"DELETE FROM blocks WHERE {where}", params)
+
+    def _remove_inode(self, attrs: dict[str, Any]) -> None:
+        self._drop_blocks(attrs["ino"])
+        self._x("DELETE FROM allocations WHERE ino = ?", (attrs["ino"],))
+        self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
+
+    def unlink(self, parts: list[str]) -> None:
+        if not parts:
+            raise IsADirectory("/ is a directory")
+        attrs = self._resolve(parts)
+        if attrs["kind"] == "dir":
+            raise IsADirectory(f"/{'/'.join(parts)} is a directory (use rmdir)")
+        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
+        self._touch(attrs["parent"], time.time())
+        self._remove_inode(attrs)
+
+    def rmdir(self, parts: list[str]) -> None:
+        if not parts:
+            raise InvalidPath("cannot remove the root directory")
+        attrs = self._resolve_dir(parts)
+        if self._one("SELECT 1 FROM names WHERE parent = ? LIMIT 1", (attrs["ino"],)) is not None:
+            raise DirectoryNotEmpty(f"/{'/'.join(parts)} is not empty")
+        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
+        self._touch(attrs["parent"], time.time(), nlink_delta=-1)
+        self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
+
+    def rename(self, src: list[str], dst: list[str], noreplace: bool = False) -> dict[str, Any]:
+        """Atomically move ``src`` to ``dst``, replacing a file or an empty directory there."""
+        if not src or not dst:
+            raise InvalidPath("cannot rename the root directory")
+        moving = self._resolve(src)
+        dst_parent = self._resolve_dir(dst[:-1])
+        check_name(dst[-1])
+        if src == dst:
+            return moving
+        if moving["kind"] == "dir":
+            ancestor = dst_parent
+            while True:
+                if ancestor["ino"] == moving["ino"]:
+                    raise InvalidArgument(f"cannot move /{'/'.join(src)} into its own subtree")
+                if ancestor["ino"] == ROOT_INO:
+                    break
+                ancestor = self._get(ancestor["parent"])
+        replaced_ino = self._child(dst_parent["ino"], dst[-1])
+        now = time.time()
+        if replaced_ino is not None:
+            if noreplace:
+                raise AlreadyExists(f"/{'/'.join(dst)} already exists")
+            replaced = self._get(replaced_ino)
+            if replaced["ino"] == moving["ino"]:
+                return moving
+            if moving["kind"] == "dir" and replaced["kind"] != "dir":
+                raise NotADirectory(f"/{'/'.join(dst)} is not a directory")
+            if moving["kind"] != "dir" and replaced["kind"] == "dir":
+                raise IsADirectory(f"/{'/'.join(dst)} is a directory")
+            if replaced["kind"] == "dir":
+                if self._one("SELECT 1 FROM names WHERE parent = ? LIMIT 1", (replaced["ino"],)) is not None:
+                    raise DirectoryNotEmpty(f"/{'/'.join(dst)} is not empty")
+                self._touch(dst_parent["ino"], now, nlink_delta=-1)
+            self._x("DELETE FROM names WHERE parent = ? AND name = ?", (dst_parent["ino"], dst[-1]))
+            self._remove_inode(replaced)
+        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (moving["parent"], src[-1]))
+        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (dst_parent["ino"], dst[-1], moving["ino"]))
+        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (dst_parent["ino"], now, moving["ino"]))
+        is_dir = 1 if moving["kind"] == "dir" else 0
+        self._touch(moving["parent"], now, nlink_delta=-is_dir)
+        self._touch(dst_parent["ino"], now, nlink_delta=is_dir)
+        return self._get(moving["ino"])
+
+    def statfs(self) -> dict[str, Any]:
+        files, = self._one("SELECT COUNT(*) FROM inodes")
+        live_after = time.time() - self.server_dead_after_s
+        capacity, used = self._one(
+            "SELECT COALESCE(SUM(capacity), 0), COALESCE(SUM(used), 0) FROM servers WHERE last_heartbeat >= ?",
+            (live_after,),
+        )
+        return {"files": files, "capacity": capacity, "used": used, "name_max": limits.name_length_max_bytes}
+
+    # ------------------------------------------------------------------ block maps
+
+    server_dead_after_s = limits.server_dead_after_s
+
+    def layout(self, parts: list[str] | None = None, ino: int | None = None) -> dict[str, Any]:
+        """The file's attributes and block list with, per block, its chunks and their servers."""
+        attrs = self._resolve(parts) if ino is None else self._get(ino)
+        if attrs["kind"] == "dir":
+            raise IsADirectory(f"/{'/'.join(parts or [])} is a directory")
+        rows = self._all(
+            "SELECT b.idx, b.block_id, b.policy, b.length, b.valid, c.position, c.server_id, s.address,"
+            " c.length, c.crc FROM blocks b JOIN chunks c ON c.block_id = b.block_id"
+            " LEFT JOIN servers s ON s.server_id = c.server_id WHERE b.ino = ? ORDER BY b.idx, c.position",
+            (attrs["ino"],),
+        )
+        blocks: dict[int, dict[str, Any]] = {}
+        for idx, block_id, policy, length, valid, position, server_id, address, clen, crc in rows:
+            block = blocks.setdefault(
+                idx, {"idx": idx, "block_id": block_id, "policy": policy, "length": length, "valid": valid, "chunks": []}
+            )
+            block["chunks"].append(
+                {"position": position, "server_id": server_id, "address": address, "length": clen, "crc": crc}
+            )
+        return {"attrs": attrs, "blocks": list(blocks.values())}
+
+    def allocate(self, ino: int, count: int, spares: int = limits.spare_servers_per_block) -> list[dict[str, Any]]:
+        """Reserve ``count`` block ids for file ``ino`` and choose, per block, ``width`` distinct
+        live servers (least loaded first) plus up to ``spares`` spare ones."""
+        if not 1 <= count <= 1024:
+            raise InvalidArgument(f"allocate count {count} outside [1, 1024]")
+        attrs = self._get(ino)
+        if attrs["kind"] != "file":
+            raise IsADirectory(f"inode {ino} is not a file")
+        policy = parse_policy(attrs["policy"])
+        live = self.live_servers()
+        if len(live) < policy.width:
+            raise NoSpace(
+                f"{policy} needs {policy.width} live chunk servers, {len(live)} are live"
+                + ("" if live else ": start chunk servers (tectofs chunk) or check their heartbeats")
+            )
+        # Pending allocations weigh like data already stored, so one call spreads its blocks.
+        load = {s["server_id"]: s["used"] + s["inflight"] for s in live}
+        free = {s["server_id"]: s["capacity"] - s["used"] for s in live}
+        chunk_estimate = attrs["block_size"] // policy.data
+        first = self._next("block_id", count)
+        now = time.time()
+        out = []
+        for n in range(count):
+            candidates = [sid for sid in load if free[sid] >= chunk_estimate] or list(load)
+            random.shuffle(candidates)  # tie-break so equal servers share the load
+            candidates.sort(key=load.__getitem__)
+            chosen = candidates[: policy.width + spares]
+            if len([sid for sid in chosen if free[sid] >= chunk_estimate]) < policy.width:
+                raise NoSpace(f"fewer than {policy.width} live chunk servers have room for a {chunk_estimate}-byte chunk")
+            for sid in chosen[: policy.width]:
+                load[sid] += chunk_estimate
+                free[sid] -= chunk_estimate
+            block_id = first + n
+            self._x(
+                "INSERT INTO allocations (block_id, ino, created, servers) VALUES (?, ?, ?, ?)",
+                (block_id, ino, now, json.dumps(chosen)),
+            )
+            addresses = {s["server_id"]: s["address"] for s in live}
+            out.append({
+                "block_id": block_id, "policy": str(policy),
+                "servers": [{"server_id": sid, "address": addresses[sid]} for sid in chosen],
+            })
+        return out
+
+    def commit(
+        self, ino: int, size: int, blocks: list[dict[str, Any]], replace: bool, mtime: float | None = None
+    ) -> dict[str, Any]:
+        """Publish written blocks and the new size in one step.
+
+        ``blocks``: ``[{"idx", "block_id", "length", "chunks": [{"position", "server_id", "length",
+        "crc"}]}]``, each block allocated to this file and not committed before. ``replace``
+        drops every block not in ``blocks`` first (a whole-file rewrite); otherwise the listed
+        indexes replace the old ones (copy-on-write) and blocks past ``size`` are dropped."""
+        attrs = self._get(ino)
+        if attrs["kind"] != "file":
+            raise IsADirectory(f"inode {ino} is not a file")
+        if size < 0:
+            raise InvalidArgument("negative size")
+        block_size = attrs["block_size"]
+        for block in blocks:
+            row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block["block_id"],))
+            if row is None or row[0] != ino:
+                raise InvalidArgument(f"block {block['block_id']} was not allocated to inode {ino} or is committed")
+            if not 0 <= block["idx"] * block_size < max(size, 1):
+                raise InvalidArgument(f"block index {block['idx']} lies beyond the committed size {size}")
+            policy = parse_policy(attrs["policy"])
+            positions = {c["position"] for c in block["chunks"]}
+            if positions != set(range(policy.width)):
+                raise InvalidArgument(f"block {block['block_id']} has chunks {sorted(positions)}, {policy} needs all")
+        if replace:
+            self._drop_blocks(ino)
+        else:
+            for block in blocks:
+                self._drop_blocks(ino, only_idx=block["idx"])
+            self._shrink(ino, size, block_size)
+        for block in blocks:
+            valid = min(block["length"], size - block["idx"] * block_size)
+            self._x(
+                "INSERT INTO blocks (ino, idx, block_id, policy, length, valid) VALUES (?, ?, ?, ?, ?, ?)",
+                (ino, block["idx"], block["block_id"], attrs["policy"], block["length"], valid),
+            )
+            for chunk in block["chunks"]:
+                self._x(
+                    "INSERT INTO chunks (block_id, position, server_id, length, crc) VALUES (?, ?, ?, ?, ?)",
+                    (block["block_id"], chunk["position"], chunk["server_id"], chunk["length"], chunk["crc"]),
+                )
+            self._x("DELETE FROM allocations WHERE block_id = ?", (block["block_id"],))
+        now = time.time()
+        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, mtime or now, now, ino))
+        return self._get(ino)
+
+    def _shrink(self, ino: int, size: int, block_size: int) -> None:
+        """Forget blocks wholly past ``size`` and clip the valid length of the last one, so a
+        later extension reads zeros there, as POSIX requires."""
+        self._drop_blocks(ino, from_idx=(size + block_size - 1) // block_size)
+        if size % block_size:
+            last = size // block_size
+            self._x("UPDATE blocks SET valid = ? WHERE ino = ? AND idx = ? AND valid > ?",
+                (size % block_size, ino, last, size % block_size),)
+
+    def truncate(self, parts: list[str], size: int) -> dict[str, Any]:
+        """Set the size of a file: shrinking drops data past ``size``; growing reads as zeros."""
+        attrs = self._resolve(parts)
+        if attrs["kind"] == "dir":
+            raise IsADirectory(f"/{'/'.join(parts)} is a directory")
+        if attrs["kind"] != "file":
+            raise InvalidArgument(f"/{'/'.join(parts)} is not a regular file")
+        if size < 0:
+            raise InvalidArgument("negative size")
+        if size < attrs["size"]:
+            self._shrink(attrs["ino"], size, attrs["block_size"])
+        now = time.time()
+        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, now, now, attrs["ino"]))
+        return self._get(attrs["ino"])
+
+    # ------------------------------------------------------------------ chunk servers
+
+    def register_server(self, uuid: str, address: str, capacity: int, used: int) -> int:
+        now = time.time()
+        row = self._one("SELECT server_id FROM servers WHERE uuid = ?", (uuid,))
+        if row is not None:
+            self._x(
+                "UPDATE servers SET address = ?, capacity = ?, used = ?, last_heartbeat = ? WHERE server_id = ?",
+                (address, capacity, used, now, row[0]),
+            )
+            return int(row[0])
+        (server_id,) = self._one("SELECT COALESCE(MAX(server_id), 0) + 1 FROM servers")
+        self._x(
+            "INSERT INTO servers (server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat,"
+            " registered) VALUES (?, ?, ?, ?, ?, 0, 0, ?, ?)",
+            (server_id, uuid, address, capacity, used, now, now),
+        )
+        return int(server_id)
+
+    def heartbeat(
+        self, server_id: int, capacity: int, used: int, inflight: int, chunks: int,
+        orders_max: int = limits.gc_orders_per_heartbeat_max,
+    ) -> list[int]:
+        """Record a server's load; return (and forget) block ids whose chunk it must delete."""
+        cur = self._x(
+            "UPDATE servers SET capacity = ?, used = ?, inflight = ?, chunks = ?, last_heartbeat = ? WHERE server_id = ?",
+            (capacity, used, inflight, chunks, time.time(), server_id),
+        )
+        if cur.rowcount == 0:
+            raise NotFound(f"chunk server {server_id} is not registered; register again")
+        rows = self._all(
+            "SELECT block_id FROM gc_queue WHERE server_id = ? AND due <= ? LIMIT ?", (server_id, time.time(), orders_max)
+        )
+        ids = [int(r[0]) for r in rows]
+        for block_id in ids:
+            self._x("DELETE FROM gc_queue WHERE server_id = ? AND block_id = ?", (server_id, block_id))
+        return ids
+
+    def servers(self) -> list[dict[str, Any]]:
+        now = time.time()
+        rows = self._all(
+            "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat FROM servers ORDER BY server_id"
+        )
+        return [
+            {
+                "server_id": r[0], "uuid": r[1], "address": r[2], "capacity": r[3], "used": r[4],
+                "inflight": r[5], "chunks": r[6], "last_heartbeat": r[7],
+                "live": now - r[7] <= self.server_dead_after_s,
+            }
+            for r in rows
+        ]
+
+    def live_servers(self) -> list[dict[str, Any]]:
+        return [s for s in self.servers() if s["live"]]
+
+    def expire_allocations(self, older_than_s: float = limits.allocation_grace_s) -> int:
+        """Queue chunks of blocks allocated but never committed (a writer that crashed)."""
+        cutoff = time.time() - older_than_s
+        rows = self._all("SELECT block_id, servers FROM allocations WHERE created < ?", (cutoff,))
+        now = time.time()
+        for block_id, servers in rows:
+            for server_id in json.loads(servers):
+                self._x(
+                    "INSERT INTO gc_queue (server_id, block_id, due) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                    (server_id, block_id, now),
+                )
+            self._x("DELETE FROM allocations WHERE block_id = ?", (block_id,))
+        return len(rows)
+
+    def counts(self) -> dict[str, int]:
+        out = {}
+        for table in ("inodes", "blocks", "chunks", "allocations", "gc_queue", "servers"):
+            (out[table],) = self._one(f"SELECT COUNT(*) FROM {table}")
+        return out
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,148 @@
+"""Group commit: one thread owns the store and folds many operations into one transaction.
+
+Single-row transactions cap SQLite at ~16k commits/s here; folding up to
+``group_commit_batch_max`` operations into one commit reaches ~190k rows/s. Every operation
+runs in its own savepoint, so one caller's error (say, ``NotFound``) rolls back only its own
+changes. Results are handed back only after the batch's COMMIT returned: nothing a caller
+is told happened can be lost to a crash of the metadata service.
+
+Because all operations pass through one thread in order, the store is linearizable: an
+operation sees every operation whose result was delivered before it was submitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from .. import limits
+from ..errors import TectofsError
+from .engine import SqlStore
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class StoreRunner:
+    """Runs ``SqlStore`` methods for asyncio callers, batching them into group commits."""
+
+    def __init__(self, open_store: Callable[[], SqlStore], batch_max: int = limits.group_commit_batch_max) -> None:
+        self.batch_max = batch_max
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._open_store = open_store
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="tectofs-store", daemon=True)
+        self.stats = {"operations": 0, "commits": 0, "largest_batch": 0}
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            raise self._startup_error
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``store.<method>(*args, **kwargs)`` in the next group commit; return its result
+        (or raise its error) once that commit is durable."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.put((method, args, kwargs, loop, future))
+        return await future
+
+    def call_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Blocking variant for tools and tests without an event loop."""
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def deliver(result: Any, error: BaseException | None) -> None:
+            box["result"], box["error"] = result, error
+            done.set()
+
+        self._queue.put((method, args, kwargs, None, deliver))
+        done.wait()
+        if box["error"] is not None:
+            raise box["error"]
+        return box["result"]
+
+    def close(self) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ store thread
+
+    def _main(self) -> None:
+        try:
+            store = self._open_store()
+        except BaseException as exc:  # report to the constructor instead of dying silently
+            self._startup_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while True:
+                first = self._queue.get()
+                if first is _STOP:
+                    return
+                batch = [first]
+                while len(batch) < self.batch_max:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        self._queue.put(_STOP)
+                        break
+                    batch.append(item)
+                self._run_batch(store, batch)
+        finally:
+            store.close()
+
+    def _run_batch(self, store: SqlStore, batch: list[Any]) -> None:
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        for attempt in range(5):
+            outcomes = []
+            try:
+                store.tx_begin()
+                for method, args, kwargs, _loop, _future in batch:
+                    store.tx_savepoint("op")
+                    try:
+                        result = getattr(store, method)(*args, **kwargs)
+                        store.tx_release("op")
+                        outcomes.append((result, None))
+                    except TectofsError as exc:
+                        store.tx_rollback_to("op")
+                        store.tx_release("op")
+                        outcomes.append((None, exc))
+                store.tx_commit()
+                break
+            except Exception as exc:
+                try:
+                    store.tx_rollback()
+                except Exception:
+                    pass
+                if store.dialect.is_retryable(exc) and attempt < 4:
+                    time.sleep(0.01 * (attempt + 1))
+                    continue
+                log.exception("metadata batch of %d operations failed", len(batch))
+                outcomes = [(None, exc)] * len(batch)
+                break
+        self.stats["operations"] += len(batch)
+        self.stats["commits"] += 1
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
+        for (_method, _args, _kwargs, loop, future), (result, error) in zip(batch, outcomes):
+            if loop is None:
+                future(result, error)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
