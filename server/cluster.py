@@ -104,15 +104,21 @@ class LocalCluster:
         return self.address
 
     def _start_chunk(self, i: int) -> subprocess.Popen[bytes]:
+        ready = os.path.join(self.root, f"chunk-{i}.address")
+        if os.path.exists(ready):
+            os.unlink(ready)
         args = ["chunk", "--data", self.chunk_data_dirs[i], "--meta", self.address, "--host", self.host,
-                "--heartbeat", str(self.heartbeat_interval_s)]
+                "--heartbeat", str(self.heartbeat_interval_s), "--ready-file", ready]
         if not self.sync:
             args.append("--no-sync")
         return self._spawn(args, f"chunk-{i}.log")
 
     def restart_chunk(self, i: int, timeout_s: float = 30.0) -> None:
-        self.chunk_processes[i] = self._start_chunk(i)
-        self.wait_live(sum(1 for p in self.chunk_processes if p is not None and p.poll() is None), timeout_s)
+        """Start chunk server ``i`` again on its data directory; returns once it has
+        registered its (new) address with the metadata service."""
+        process = self._start_chunk(i)
+        self.chunk_processes[i] = process
+        wait_for_file(os.path.join(self.root, f"chunk-{i}.address"), timeout_s, process)
 
     def servers(self) -> list[dict[str, Any]]:
         from tectofs.client import connect

@@ -350,11 +350,12 @@ class RpcClient:
                 sent = True
                 return await conn.call(request, payload, timeout_s or self.timeout_s)
             except Busy:
-                retryable = True
+                if attempt >= retries:
+                    raise
             except (ConnectionLost, Timeout):
-                retryable = idempotent or not sent
-            if not retryable or attempt >= retries:
-                raise
+                if not (idempotent or not sent) or attempt >= retries:
+                    raise
+                self.forget(address)
             attempt += 1
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, limits.rpc_backoff_max_s)

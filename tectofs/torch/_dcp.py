@@ -1,0 +1,684 @@
+"""DCP ``StorageWriter`` / ``StorageReader`` over the native tectofs client.
+
+Layout of a checkpoint ``/run/step_100``::
+
+    /run/.step_100.pending-<token>/     while ranks write (hidden; never read by loaders)
+        __0_0.distcp __0_1.distcp ...   rank 0's items, packed into a few large files
+        __1_0.distcp ...
+        .metadata                       written last, by the coordinator
+    /run/step_100/                      after the commit: one atomic rename of the above
+
+Commit protocol
+  * ``prepare_global_plan`` (coordinator) draws a random token, creates the pending
+    directory ``<parent>/.<name>.pending-<token>`` and sends its path to every rank inside
+    the plan's ``storage_data`` (with the rank's file prefix). Every rank therefore writes
+    into the same directory, and two attempts at the same step never share one.
+  * ``write_data`` (all ranks) writes ``__<rank>_<i>.distcp`` files in parallel; each item
+    is recorded with its file, offset, length, format and crc32c.
+  * ``finish`` (coordinator) writes ``.metadata`` into the pending directory, then renames
+    the directory onto the final name: one metadata transaction. Until that rename the
+    checkpoint does not exist; after it, it is complete. A crash anywhere leaves a hidden
+    ``.pending-`` directory that :func:`tectofs.torch.gc_pending` removes.
+  * An existing non-empty checkpoint at the final path is an error unless the writer was
+    built with ``overwrite=True``; then the old one is renamed aside to
+    ``.<name>.replaced-<token>``, the new one renamed in, and the old one deleted. (A crash
+    between those two renames leaves the step absent, the old data intact under the
+    hidden name, and the new data complete under its ``.pending-`` name.)
+
+Tensors are written as their raw bytes (no pickle) whenever they are plain strided CPU
+tensors after ``.cpu()``; anything else falls back to ``torch.save`` bytes. Non-tensor
+objects are the planner's pickled ``BytesIO``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import io
+import os
+import pickle
+import threading
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from .. import errors
+from ..checksum import crc
+from . import _uri
+from ._staging import StagingPool
+
+METADATA_NAME = ".metadata"
+DATA_SUFFIX = ".distcp"
+PENDING_MARK = ".pending-"
+REPLACED_MARK = ".replaced-"
+FORMAT_VERSION = 1
+
+MiB = 1024 * 1024
+
+
+def pending_name(name: str, token: str) -> str:
+    return f".{name}{PENDING_MARK}{token}"
+
+
+@dataclass
+class _ItemInfo:
+    """Where one saved item lives, and how to check and decode it (``storage_data``)."""
+
+    relative_path: str
+    offset: int
+    length: int
+    crc32c: int
+    fmt: str  # "raw" (tensor bytes), "torch" (torch.save of a tensor), "bytes" (planner BytesIO)
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+@dataclass
+class _PlanData:
+    """What the coordinator tells each rank: its file prefix and the pending directory."""
+
+    prefix: str
+    pending: str
+    token: str
+
+
+def _item_nbytes(item: WriteItem) -> int:
+    if item.type == WriteItemType.BYTE_IO:
+        return item.bytes_io_data.nbytes if item.bytes_io_data is not None else 0
+    return item.tensor_storage_size() or 0
+
+
+def _split_items(items: list[WriteItem], bins: int, max_file_bytes: int | None) -> list[list[WriteItem]]:
+    """Pack items into at most ``bins`` files of balanced size (largest first), opening
+    more files only when ``max_file_bytes`` would be exceeded."""
+    if not items:
+        return []
+    ordered = sorted(items, key=_item_nbytes, reverse=True)
+    total = sum(_item_nbytes(i) for i in ordered)
+    count = max(1, min(bins, len(ordered)))
+    if max_file_bytes:
+        count = max(count, -(-total // max_file_bytes))
+    buckets: list[list[WriteItem]] = [[] for _ in range(count)]
+    sizes = [0] * count
+    for item in ordered:
+        i = min(range(count), key=sizes.__getitem__)
+        buckets[i].append(item)
+        sizes[i] += _item_nbytes(item)
+    return [b for b in buckets if b]
+
+
+def _raw_view(t: torch.Tensor) -> memoryview | None:
+    """The bytes of ``t`` (a CPU tensor) without a pickle; None if it has no plain layout."""
+    if t.layout != torch.strided or t.is_quantized or t.is_nested or type(t) not in (torch.Tensor, torch.nn.Parameter):
+        return None
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = t.contiguous()
+    if t.numel() == 0:
+        return memoryview(b"")
+    try:
+        return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _minimal(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with a storage no bigger than itself (torch.save writes whole storages)."""
+    try:
+        if t.layout == torch.strided and t.untyped_storage().nbytes() != t.nbytes:
+            return t.clone()
+    except (RuntimeError, NotImplementedError):
+        pass
+    return t
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise errors.CheckpointError(f"checkpoint uses dtype {name!r}, unknown to this torch {torch.__version__}")
+    return dtype
+
+
+class _CountingWriter:
+    """Tracks the offset of a write-only stream (``tell`` without asking the server)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.offset = 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        if n:
+            self.raw.write(data)
+            self.offset += n
+        return n
+
+
+def _describe(index: MetadataIndex) -> str:
+    s = index.fqn
+    if index.offset is not None and any(index.offset):
+        s += f" (chunk at offset {list(index.offset)})"
+    return s
+
+
+class CheckpointWriter(StorageWriter, AsyncStager):
+    """DCP storage writer for ``tectofs://HOST:PORT/path/to/step``.
+
+    Args:
+        checkpoint_id: ``tectofs://HOST:PORT/path`` (may be given later through
+            ``dcp.save(checkpoint_id=...)``).
+        thread_count: files written in parallel per rank (and files per rank, unless
+            ``max_file_bytes`` asks for more).
+        max_file_bytes: optional cap on the size of one data file.
+        overwrite: replace an existing checkpoint at the same path (see module docs);
+            by default saving onto an existing non-empty checkpoint fails.
+        staging_max_bytes: optional hard cap on the staging buffers used by
+            ``dcp.async_save`` (a bigger state dict is refused instead of staged).
+        staging_timeout_s: how long ``async_save`` may wait for the previous upload
+            to release the staging buffers (None: forever).
+    """
+
+    # dcp.async_save: staging is synchronous (the copy is done when stage() returns).
+    _synchronize_after_execute: bool = False
+
+    def __init__(
+        self,
+        checkpoint_id: str | os.PathLike | None = None,
+        *,
+        thread_count: int = 4,
+        max_file_bytes: int | None = None,
+        overwrite: bool = False,
+        staging_max_bytes: int | None = None,
+        staging_timeout_s: float | None = None,
+    ) -> None:
+        super().__init__()
+        if thread_count < 1:
+            raise ValueError("thread_count must be >= 1")
+        self.thread_count = thread_count
+        self.max_file_bytes = max_file_bytes
+        self.overwrite = overwrite
+        self.staging_max_bytes = staging_max_bytes
+        self.staging_timeout_s = staging_timeout_s
+        self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
+        self.save_id = uuid.uuid4().hex
+        self.rank = 0
+        self.is_coordinator = True
+        self._plan_data: _PlanData | None = None
+        self._pool: StagingPool | None = None
+        self._pool_lock = threading.Lock()
+        self._unclaimed_lease: Any = None
+
+    # -- pickling (AsyncCheckpointerType.PROCESS ships the writer to a subprocess) -------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        state["_pool_lock"] = None
+        state["_unclaimed_lease"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pool_lock = threading.Lock()
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def checkpoint_id(self) -> str | None:
+        return self._loc.uri() if self._loc else None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        try:
+            _uri.parse(checkpoint_id)
+        except (errors.TectofsError, TypeError, ValueError):
+            return False
+        return True
+
+    def _location(self) -> _uri.Location:
+        if self._loc is None:
+            raise errors.CheckpointError("no checkpoint_id: pass tectofs://HOST:PORT/path to the writer or to dcp.save")
+        if not self._loc.name:
+            raise errors.CheckpointError("a checkpoint cannot be the root directory")
+        return self._loc
+
+    def _fs(self) -> Any:
+        return _uri.filesystem(self._location().address)
+
+    # -- StorageWriter --------------------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        self._claim_lease()
+        if checkpoint_id:
+            self._loc = _uri.parse(checkpoint_id)
+        self.save_id = uuid.uuid4().hex
+        self._plan_data = None
+
+    def storage_meta(self) -> StorageMeta | None:
+        self._claim_lease()
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._claim_lease()
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank") or 0
+        if not kwargs.get("use_collectives", True):
+            raise errors.CheckpointError(
+                "tectofs CheckpointWriter needs use_collectives=True: the atomic commit is done by the coordinator"
+            )
+        self._plan_data = None
+        self._location()
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        loc = self._location()
+        fs = self._fs()
+        if not self.overwrite and self._nonempty(fs, loc.path):
+            raise errors.AlreadyExists(
+                f"checkpoint {loc.uri()} already exists; use another path or CheckpointWriter(..., overwrite=True)"
+            )
+        token = f"{uuid.uuid4().hex[:16]}"
+        pending = _uri.Location(loc.address, loc.parent).child(pending_name(loc.name, token)).path
+        fs.mkdir(loc.parent, parents=True, exist_ok=True)
+        fs.mkdir(pending)
+        return [
+            dataclasses.replace(plan, storage_data=_PlanData(prefix=f"__{i}_", pending=pending, token=token))
+            for i, plan in enumerate(plans)
+        ]
+
+    @staticmethod
+    def _nonempty(fs: Any, path: str) -> bool:
+        try:
+            st = fs.stat(path)
+        except FileNotFoundError:
+            return False
+        return st.kind != "dir" or bool(fs.listdir(path))
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        fut: Future[list[WriteResult]] = Future()
+        try:
+            fut.set_result(self._write_all(plan, planner))
+        except BaseException as exc:  # surfaces through DCP on every rank
+            fut.set_exception(exc)
+        return fut
+
+    def _write_all(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
+        if getattr(planner, "_enable_plan_caching", False):
+            raise errors.CheckpointError(
+                "DefaultSavePlanner(enable_plan_caching=True) is not supported by the tectofs writer: "
+                "cached plans would reuse an old pending directory"
+            )
+        data = plan.storage_data
+        if not isinstance(data, _PlanData):
+            raise errors.CheckpointError(f"plan carries no tectofs storage data (got {type(data).__name__})")
+        self._plan_data = data
+        fs = self._fs()
+        buckets = _split_items(plan.items, self.thread_count, self.max_file_bytes)
+        jobs = [(f"{data.prefix}{i}{DATA_SUFFIX}", bucket) for i, bucket in enumerate(buckets)]
+        if len(jobs) <= 1:
+            return [r for name, bucket in jobs for r in self._write_file(fs, data.pending, name, bucket, planner)]
+        results: list[WriteResult] = []
+        with cf.ThreadPoolExecutor(max_workers=min(self.thread_count, len(jobs)), thread_name_prefix="tectofs-ckpt") as pool:
+            futures = [pool.submit(self._write_file, fs, data.pending, name, bucket, planner) for name, bucket in jobs]
+            for f in futures:
+                results.extend(f.result())
+        return results
+
+    def _write_file(
+        self, fs: Any, pending: str, name: str, items: list[WriteItem], planner: SavePlanner
+    ) -> list[WriteResult]:
+        results = []
+        # Small objects first, then tensors (like FileSystemWriter): cheap items never wait.
+        items = sorted(items, key=lambda it: it.type != WriteItemType.BYTE_IO)
+        with fs.open(f"{pending}/{name}", "wb") as raw:
+            out = _CountingWriter(raw)
+            for item in items:
+                data = planner.resolve_data(item)
+                offset = out.offset
+                dtype = shape = None
+                if item.type == WriteItemType.BYTE_IO:
+                    if not isinstance(data, io.BytesIO):
+                        raise errors.CheckpointError(f"item {_describe(item.index)}: expected BytesIO, got {type(data)}")
+                    view = data.getbuffer()
+                    fmt = "bytes"
+                else:
+                    tensor = data.detach()
+                    if tensor.device.type != "cpu":
+                        tensor = tensor.cpu()
+                    view = _raw_view(tensor)
+                    if view is not None:
+                        fmt, dtype, shape = "raw", _dtype_name(tensor.dtype), tuple(tensor.shape)
+                    else:
+                        buf = io.BytesIO()
+                        torch.save(_minimal(tensor), buf)
+                        view, fmt = buf.getbuffer(), "torch"
+                checksum = crc(view)
+                out.write(view)
+                length = out.offset - offset
+                del view
+                results.append(
+                    WriteResult(
+                        index=item.index,
+                        size_in_bytes=length,
+                        storage_data=_ItemInfo(name, offset, length, checksum, fmt, dtype, shape),
+                    )
+                )
+        return results
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        loc = self._location()
+        data = self._plan_data
+        if data is None:
+            raise errors.CheckpointError("finish() called before write_data()")
+        fs = self._fs()
+        storage_md = {}
+        for per_rank in results:
+            for wr in per_rank:
+                storage_md[wr.index] = wr.storage_data
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        if metadata.version is None:
+            from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+
+            metadata.version = CURRENT_DCP_VERSION
+        fs.write_bytes(f"{data.pending}/{METADATA_NAME}", pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
+        self._commit(fs, data.pending, loc, data.token)
+
+    def _commit(self, fs: Any, pending: str, loc: _uri.Location, token: str) -> None:
+        final = loc.path
+        try:
+            fs.rename(pending, final)  # atomic; replaces nothing or an empty directory
+            return
+        except (FileExistsError, errors.DirectoryNotEmpty, NotADirectoryError, IsADirectoryError) as exc:
+            if not self.overwrite:
+                raise errors.AlreadyExists(
+                    f"checkpoint {loc.uri()} appeared while saving; the new one is left at "
+                    f"{loc.uri(pending)} (use overwrite=True to replace)"
+                ) from exc
+        aside = _uri.Location(loc.address, loc.parent).child(f".{loc.name}{REPLACED_MARK}{token}").path
+        fs.rename(final, aside)
+        fs.rename(pending, final)
+        try:
+            if fs.stat(aside).kind == "dir":
+                fs.rmtree(aside)
+            else:
+                fs.remove(aside)
+        except Exception as exc:  # the new checkpoint is in place; leftovers are gc'd later
+            warnings.warn(f"tectofs: could not delete replaced checkpoint {aside}: {exc}", stacklevel=2)
+
+    # -- AsyncStager ----------------------------------------------------------------------
+    def _staging_pool(self) -> StagingPool:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = StagingPool(self.staging_max_bytes)
+            return self._pool
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Copy ``state_dict`` into this writer's reusable staging buffers (blocking).
+
+        Waits first for the previous ``async_save`` through this writer to finish: one
+        staged checkpoint in flight per writer, so memory stays bounded and DCP's
+        collectives of two saves never interleave."""
+        staged, lease = self._staging_pool().stage(state_dict, timeout=self.staging_timeout_s)
+        self._unclaimed_lease = lease
+        return staged
+
+    def _claim_lease(self) -> None:
+        lease = self._unclaimed_lease
+        if lease is not None and threading.current_thread() is not lease.stage_thread:
+            lease.owner = threading.current_thread()
+            self._unclaimed_lease = None
+
+    def synchronize_staging(self) -> None:
+        """No-op: :meth:`stage` returns only once the copy is complete."""
+
+    def wait_staging_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the staging buffers are free (the last async upload ended)."""
+        return self._pool.wait_idle(timeout) if self._pool is not None else True
+
+    def close(self) -> None:
+        """Drop the staging buffers (call after the last ``async_save``)."""
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+
+class CheckpointReader(StorageReader):
+    """DCP storage reader for ``tectofs://HOST:PORT/path/to/step``.
+
+    Reads are coalesced (neighbouring items of one file fetched by one ranged read), run
+    on ``thread_count`` threads with at most ``inflight_bytes`` in flight, and every item
+    is checked against the crc32c recorded at save before it reaches the planner.
+    """
+
+    def __init__(
+        self,
+        checkpoint_id: str | os.PathLike | None = None,
+        *,
+        thread_count: int = 8,
+        inflight_bytes: int = 256 * MiB,
+        coalesce_gap_bytes: int = 1 * MiB,
+        max_read_bytes: int = 64 * MiB,
+    ) -> None:
+        super().__init__()
+        self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
+        self.thread_count = thread_count
+        self.inflight_bytes = inflight_bytes
+        self.coalesce_gap_bytes = coalesce_gap_bytes
+        self.max_read_bytes = max_read_bytes
+        self.storage_data: dict[MetadataIndex, _ItemInfo] = {}
+        self.load_id = uuid.uuid4().hex
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        return self._loc.uri() if self._loc else None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return CheckpointWriter.validate_checkpoint_id(checkpoint_id)
+
+    def _location(self) -> _uri.Location:
+        if self._loc is None:
+            raise errors.CheckpointError("no checkpoint_id: pass tectofs://HOST:PORT/path to the reader or to dcp.load")
+        return self._loc
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        self.storage_data = {}
+        if checkpoint_id:
+            self._loc = _uri.parse(checkpoint_id)
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        loc = self._location()
+        if kwargs.get("rank") is not None:
+            raise errors.CheckpointError("tectofs checkpoints have no per-rank metadata")
+        fs = _uri.filesystem(loc.address)
+        try:
+            blob = fs.read_bytes(f"{loc.path}/{METADATA_NAME}")
+        except FileNotFoundError:
+            raise errors.NotFound(
+                f"no complete checkpoint at {loc.uri()} (no {METADATA_NAME}; an interrupted save leaves nothing here)"
+            ) from None
+        metadata = pickle.loads(blob)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if not metadata.storage_data:
+            self.storage_data = {}
+        else:
+            self.storage_data = metadata.storage_data
+        for info in list(self.storage_data.values())[:1]:
+            if not isinstance(info, _ItemInfo):
+                raise errors.CheckpointError(
+                    f"{self.checkpoint_id} was not written by tectofs.torch.CheckpointWriter "
+                    f"(storage data is {type(info).__name__})"
+                )
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        fut: Future[None] = Future()
+        try:
+            self._read_all(plan, planner)
+            fut.set_result(None)
+        except BaseException as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def _ranges(self, plan: LoadPlan) -> list[tuple[str, int, int, list[MetadataIndex]]]:
+        """Group the needed items into coalesced ranged reads: (file, offset, length, items)."""
+        indices: dict[MetadataIndex, _ItemInfo] = {}
+        for req in plan.items:
+            info = self.storage_data.get(req.storage_index)
+            if info is None:
+                raise errors.CheckpointError(f"{self.checkpoint_id}: no stored data for {_describe(req.storage_index)}")
+            indices[req.storage_index] = info
+        ordered = sorted(indices.items(), key=lambda kv: (kv[1].relative_path, kv[1].offset))
+        ranges: list[list[Any]] = []
+        for index, info in ordered:
+            last = ranges[-1] if ranges else None
+            if (
+                last is not None
+                and last[0] == info.relative_path
+                and info.offset - (last[1] + last[2]) <= self.coalesce_gap_bytes
+                and info.offset + info.length - last[1] <= self.max_read_bytes
+            ):
+                last[2] = max(last[2], info.offset + info.length - last[1])
+                last[3].append(index)
+            else:
+                ranges.append([info.relative_path, info.offset, info.length, [index]])
+        return [tuple(r) for r in ranges]  # type: ignore[misc]
+
+    def _read_all(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        loc = self._location()
+        fs = _uri.filesystem(loc.address)
+        by_index: dict[MetadataIndex, list[ReadItem]] = {}
+        for req in plan.items:
+            by_index.setdefault(req.storage_index, []).append(req)
+        ranges = self._ranges(plan)
+
+        def fetch(path: str, offset: int, length: int) -> bytes:
+            return fs.read_range(f"{loc.path}/{path}", offset, length) if length else b""
+
+        with cf.ThreadPoolExecutor(max_workers=max(1, self.thread_count), thread_name_prefix="tectofs-load") as pool:
+            pending: dict[cf.Future, tuple] = {}
+            inflight = 0
+            it = iter(ranges)
+            exhausted = False
+            while True:
+                while not exhausted and (not pending or inflight < self.inflight_bytes):
+                    r = next(it, None)
+                    if r is None:
+                        exhausted = True
+                        break
+                    pending[pool.submit(fetch, r[0], r[1], r[2])] = r
+                    inflight += r[2]
+                if not pending:
+                    break
+                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for f in done:
+                    path, offset, length, indices = pending.pop(f)
+                    inflight -= length
+                    blob = f.result()
+                    if len(blob) != length:
+                        raise errors.CheckpointError(
+                            f"{loc.uri()}: file {path} is shorter than recorded "
+                            f"(read {len(blob)} of {length} bytes at offset {offset})"
+                        )
+                    view = memoryview(blob)
+                    for index in indices:
+                        info = self.storage_data[index]
+                        item = view[info.offset - offset : info.offset - offset + info.length]
+                        self._check(loc, index, info, item)
+                        for req in by_index[index]:
+                            self._apply(req, info, item, planner)
+                    del view, blob
+
+    def _check(self, loc: _uri.Location, index: MetadataIndex, info: _ItemInfo, item: memoryview) -> None:
+        got = crc(item)
+        if got != info.crc32c:
+            raise errors.ChecksumMismatch(
+                f"checkpoint {loc.uri()}: item {_describe(index)} in file {info.relative_path} "
+                f"(offset {info.offset}, {info.length} bytes) fails its crc32c check: "
+                f"recorded {info.crc32c:#010x}, read {got:#010x}"
+            )
+
+    @staticmethod
+    def _apply(req: ReadItem, info: _ItemInfo, item: memoryview, planner: LoadPlanner) -> None:
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(item))
+            return
+        target = planner.resolve_tensor(req).detach()
+        if info.fmt == "raw":
+            shape = tuple(info.shape or ())
+            dtype = _dtype_from_name(info.dtype or "")
+            whole = all(o == 0 for o in req.storage_offsets) and tuple(req.lengths) == shape
+            if (
+                whole
+                and tuple(target.shape) == shape
+                and target.dtype == dtype
+                and target.device.type == "cpu"
+                and target.is_contiguous()
+                and type(target) is torch.Tensor
+                and target.layout == torch.strided
+            ):
+                if item.nbytes:
+                    _bytes_of(target)[:] = item  # one copy, straight into the destination
+            else:
+                tensor = torch.empty(shape, dtype=dtype)
+                if item.nbytes:
+                    _bytes_of(tensor)[:] = item
+                tensor = _narrow(tensor, req.storage_offsets, req.lengths)
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise errors.CheckpointError(
+                        f"item {_describe(req.storage_index)}: size mismatch {tuple(target.shape)} vs {tuple(tensor.shape)}"
+                    )
+                target.copy_(tensor)
+        elif info.fmt == "torch":
+            tensor = torch.load(io.BytesIO(item), map_location="cpu", weights_only=True)
+            tensor = _narrow(tensor, req.storage_offsets, req.lengths)
+            target.copy_(tensor)
+        else:
+            raise errors.CheckpointError(f"item {_describe(req.storage_index)}: unknown format {info.fmt!r}")
+        planner.commit_tensor(req, target)
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
+    for dim, (start, length) in enumerate(zip(offsets, lengths)):
+        if start != 0 or length != tensor.size(dim):
+            tensor = torch.narrow(tensor, dim, start, length)
+    return tensor

@@ -1,0 +1,79 @@
+"""Shared fixtures: real local clusters (separate processes on 127.0.0.1, ephemeral ports).
+
+``cluster``: one cluster per test module (6 chunk servers, rs(4,2), 1 MiB blocks so that
+multi-block files stay small). ``make_cluster``: a factory for tests that kill or corrupt
+servers and need a cluster of their own. Every cluster is stopped and its processes reaped
+at teardown; every wait inside has a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tectofs.client import FileSystem, connect
+from tectofs.server.cluster import LocalCluster
+
+MiB = 1 << 20
+
+
+class TestCluster(LocalCluster):
+    """A LocalCluster with a connected client at ``.fs``."""
+
+    fs: FileSystem
+
+    def start(self, timeout_s: float = 60.0) -> str:
+        address = super().start(timeout_s)
+        self.fs = connect(address)
+        return address
+
+    def stop(self) -> None:
+        fs = getattr(self, "fs", None)
+        if fs is not None:
+            fs.close()
+        super().stop()
+
+
+def _new_cluster(root: str, **kwargs: Any) -> TestCluster:
+    options = dict(servers=6, policy="rs(4,2)", block_size=1 * MiB, server_dead_after_s=2.0,
+                   heartbeat_interval_s=0.3, gc_delay_s=1.0)
+    options.update(kwargs)
+    cluster = TestCluster(root, **options)
+    cluster.start()
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    c = _new_cluster(str(tmp_path_factory.mktemp("cluster")))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., TestCluster]]:
+    made: list[TestCluster] = []
+
+    def make(**kwargs: Any) -> TestCluster:
+        c = _new_cluster(str(tmp_path_factory.mktemp("cluster")), **kwargs)
+        made.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.stop()
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> random.Random:
+    """A seeded RNG; the seed is printed so a failure can be replayed (TECTOFS_SEED=...)."""
+    seed = int(os.environ.get("TECTOFS_SEED", random.randrange(1 << 32)))
+    print(f"{request.node.nodeid}: seed {seed}")
+    return random.Random(seed)
