@@ -15,6 +15,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from tectofs import checksum, erasure
+from tectofs.buffers import BufferPool
 from tectofs.errors import (
     Busy,
     ChecksumMismatch,
@@ -36,7 +37,10 @@ _SERVER_FAILURES = (ConnectionLost, Timeout, Busy, NoSpace, ChecksumMismatch)
 class BlockIO:
     """Block-level data path shared by every open file of one client."""
 
-    def __init__(self, rpc: RpcClient, meta_address: str, executor: Executor) -> None:
+    def __init__(self, rpc: RpcClient, meta_address: str, executor: Executor, buffers: BufferPool) -> None:
+        """``buffers`` backs block buffers, encoded chunks and received chunks; ``rpc`` must
+        receive reply payloads into it."""
+        self.buffers = buffers
         self.rpc = rpc
         self.meta_address = meta_address
         self.executor = executor
@@ -52,7 +56,17 @@ class BlockIO:
         server, falling back to the allocation's spare servers; returns the block descriptor
         to commit. Raises NoSpace if fewer servers than chunks accepted the block."""
         policy = parse_policy(allocation["policy"])
-        chunks, crcs = await self._in_thread(_encode_and_checksum, policy, data)
+        chunks, crcs = await self._in_thread(_encode_and_checksum, policy, data, self.buffers.get)
+        try:
+            return await self._place(idx, data, allocation, policy, chunks, crcs)
+        finally:
+            if policy.kind == "rs":
+                for chunk in chunks:
+                    self.buffers.put(chunk)
+
+    async def _place(
+        self, idx: int, data: memoryview, allocation: dict[str, Any], policy: Any, chunks: list[Any], crcs: list[Any]
+    ) -> dict[str, Any]:
         servers = list(allocation["servers"])
         primaries, spares = servers[: policy.width], servers[policy.width :]
         block_id = allocation["block_id"]
@@ -94,10 +108,12 @@ class BlockIO:
 
     # ------------------------------------------------------------------ read
 
-    async def read_block(self, block: dict[str, Any]) -> bytes | bytearray | memoryview:
+    async def read_block(self, block: dict[str, Any]) -> memoryview:
         """Return the block's ``length`` bytes, reading any ``needed`` chunks in parallel,
         data chunks first; parity (or other replicas) stand in for chunks that are missing,
-        unreachable or fail their checksum, and such chunks are repaired in the background."""
+        unreachable or fail their checksum, and such chunks are repaired in the background.
+
+        The result is a buffer of the pool: give it back with ``self.buffers.put`` when done."""
         policy = parse_policy(block["policy"])
         by_position = {c["position"]: c for c in block["chunks"]}
         order = sorted(by_position)
@@ -130,10 +146,18 @@ class BlockIO:
             self.stats["degraded_reads"] += 1
             for position in failed:
                 await self._report(block, by_position[position], failed[position])
-        data = await self._in_thread(erasure.decode, policy, got, block["length"])
+        out = self.buffers.get(block["length"])
+        try:
+            await self._in_thread(erasure.decode_into, policy, got, out)
+        except BaseException:
+            self.buffers.put(out)
+            raise
         if corrupt:
             asyncio.get_running_loop().create_task(self._repair(block, policy, got, corrupt))
-        return data
+        else:
+            for payload in got.values():
+                self.buffers.put(payload)
+        return out
 
     async def _get(self, block_id: int, chunk: dict[str, Any]) -> Any:
         if not chunk.get("address"):
@@ -142,9 +166,11 @@ class BlockIO:
             chunk["address"], "get_chunk", {"block_id": block_id}, idempotent=True, retries_max=1
         )
         if len(payload) != chunk["length"]:
+            self.buffers.put(payload)
             raise ChecksumMismatch(f"chunk of {len(payload)} bytes where {chunk['length']} were written")
         whole = await self._in_thread(checksum.crc, payload)
         if whole != chunk["crc"]:
+            self.buffers.put(payload)
             raise ChecksumMismatch(f"chunk from {chunk['address']} does not match the checksum recorded at write")
         return payload
 
@@ -163,7 +189,7 @@ class BlockIO:
     async def _repair(self, block: dict[str, Any], policy: Any, available: dict[int, Any], positions: list[int]) -> None:
         """Rewrite chunks that failed their checksum from the ones that did not."""
         try:
-            rebuilt = await self._in_thread(erasure.reconstruct, policy, available, positions)
+            rebuilt = await self._in_thread(erasure.reconstruct, policy, available, positions, block["length"])
             for position, data in rebuilt.items():
                 chunk = next(c for c in block["chunks"] if c["position"] == position)
                 crcs = await self._in_thread(_checksums, data)
@@ -175,14 +201,19 @@ class BlockIO:
                 log.info("repaired chunk %d of block %d on %s", position, block["block_id"], chunk["address"])
         except Exception as exc:  # best effort: the read already succeeded
             log.warning("repair of block %d failed: %s", block["block_id"], exc)
+        finally:
+            for payload in available.values():
+                self.buffers.put(payload)
 
 
 def _checksums(data: Any) -> tuple[list[int], int]:
     return checksum.piece_crcs(data), checksum.crc(data)
 
 
-def _encode_and_checksum(policy: Any, data: memoryview) -> tuple[list[Any], list[tuple[list[int], int]]]:
-    chunks = erasure.encode(policy, data)
+def _encode_and_checksum(
+    policy: Any, data: memoryview, allocate: Any
+) -> tuple[list[Any], list[tuple[list[int], int]]]:
+    chunks = erasure.encode(policy, data, allocate)
     if policy.kind == "rep":
         sums = _checksums(data)
         return chunks, [sums] * len(chunks)

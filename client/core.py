@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tectofs import paths
+from tectofs import limits, paths
+from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound
 from tectofs.rpc import RpcClient, parse_address
 
@@ -74,9 +75,10 @@ class AsyncFileSystem:
     def __init__(self, meta_address: str, io_threads: int = 2) -> None:
         parse_address(meta_address)
         self.meta_address = meta_address
-        self.rpc = RpcClient()
+        self.buffers = BufferPool(limits.client_buffer_pool_bytes)
+        self.rpc = RpcClient(allocate_payload=lambda header, n: self.buffers.get(n))
         self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="tectofs-codec")
-        self.blocks = BlockIO(self.rpc, meta_address, self._executor)
+        self.blocks = BlockIO(self.rpc, meta_address, self._executor, self.buffers)
 
     async def meta(self, op: str, **header: Any) -> tuple[dict[str, Any], Any]:
         """One call to the metadata service (retried only when nothing reached it)."""

@@ -39,7 +39,7 @@ class AsyncFile:
         self.replace = truncate  # the next commit replaces every block
         self.size = 0 if truncate else self.attrs["size"]
         self.closed = False
-        self._dirty: OrderedDict[int, tuple[bytearray, int]] = OrderedDict()  # idx -> (buffer, valid bytes)
+        self._dirty: OrderedDict[int, tuple[memoryview, int]] = OrderedDict()  # idx -> (buffer, valid bytes)
         self._inflight: dict[int, asyncio.Task[dict[str, Any]]] = {}
         self._written: dict[int, dict[str, Any]] = {}  # idx -> block descriptor, not yet committed
         self._allocations: list[dict[str, Any]] = []
@@ -69,6 +69,8 @@ class AsyncFile:
             idx, within = divmod(position, self.block_size)
             n = min(len(view) - written, self.block_size - within)
             buffer, valid = await self._block_buffer(idx)
+            if within > valid:  # a gap inside the block reads as zeros
+                buffer[valid:within] = bytes(within - valid)
             buffer[within : within + n] = view[written : written + n]
             valid = max(valid, within + n)
             self._dirty[idx] = (buffer, valid)
@@ -80,26 +82,30 @@ class AsyncFile:
         await self._bound_dirty()
         return written
 
-    async def _block_buffer(self, idx: int) -> tuple[bytearray, int]:
+    async def _block_buffer(self, idx: int) -> tuple[memoryview, int]:
+        """The buffer holding block ``idx`` for writing, filled with its current content."""
         if idx in self._dirty:
             return self._dirty[idx]
+        buffer = self.fs.buffers.get(self.block_size)
         if idx in self._inflight or idx in self._written:
-            # Rewriting a block already sent in this session: start again from its content.
-            content = await self._current_block(idx)
+            # Rewriting a block already sent by this handle: start again from its content.
+            if idx in self._inflight:
+                await self._reap_one(idx)
+            block = self._written.pop(idx)
+            data = await self.fs.blocks.read_block(block)
+            valid = min(block["length"], max(0, self.size - idx * self.block_size))
+            buffer[:valid] = data[:valid]
+            self.fs.buffers.put(data)
         elif not self.replace and idx in self.blocks:
             content = await self._committed_block(idx)
+            valid = len(content)
+            buffer[:valid] = content
         else:
-            content = b""
-        buffer = bytearray(self.block_size)
-        buffer[: len(content)] = content
-        return buffer, len(content)
+            valid = 0
+        return buffer, valid
 
-    async def _current_block(self, idx: int) -> Buffer:
-        if idx in self._inflight:
-            await self._inflight.pop(idx)
-        block = self._written.pop(idx)
-        data = await self.fs.blocks.read_block(block)
-        return memoryview(data)[: min(block["length"], max(0, self.size - idx * self.block_size))]
+    async def _reap_one(self, idx: int) -> None:
+        self._written[idx] = await self._inflight.pop(idx)
 
     async def _send(self, idx: int) -> None:
         """Start writing block ``idx``; wait while too many blocks are in flight."""
@@ -107,10 +113,14 @@ class AsyncFile:
         while len(self._inflight) >= limits.write_blocks_inflight_max:
             await self._reap(wait=True)
         allocation = await self._allocation()
-        self._inflight[idx] = asyncio.get_running_loop().create_task(
-            self.fs.blocks.write_block(idx, memoryview(buffer)[:valid], allocation)
-        )
+        self._inflight[idx] = asyncio.get_running_loop().create_task(self._write_block(idx, buffer, valid, allocation))
         await self._reap(wait=False)
+
+    async def _write_block(self, idx: int, buffer: memoryview, valid: int, allocation: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self.fs.blocks.write_block(idx, buffer[:valid], allocation)
+        finally:
+            self.fs.buffers.put(buffer)
 
     async def _reap(self, wait: bool) -> None:
         if not self._inflight:
@@ -176,7 +186,7 @@ class AsyncFile:
         self.replace = False
         self._written.clear()
         self._changed = False
-        self._cache.clear()
+        self._drop_cache()
         layout, _ = await self.fs.meta("layout", ino=self.ino)
         self._set_layout(layout)
 
@@ -190,7 +200,7 @@ class AsyncFile:
             for task in list(self._inflight.values()) + list(self._prefetch.values()):
                 task.cancel()
             self._dirty.clear()
-            self._cache.clear()
+            self._drop_cache()
 
     async def abort(self) -> None:
         """Close without committing anything written since the last flush."""
@@ -241,7 +251,7 @@ class AsyncFile:
             data = await task if task is not None else await self.fs.blocks.read_block(block)
             self._cache[idx] = data
             while len(self._cache) > 2:
-                self._cache.popitem(last=False)
+                self.fs.buffers.put(self._cache.popitem(last=False)[1])
         if idx == self._last_read_block + 1:
             self._start_prefetch(idx + 1)
         self._last_read_block = idx
@@ -255,6 +265,11 @@ class AsyncFile:
             if idx < first - 1:
                 task.cancel()
                 del self._prefetch[idx]
+
+    def _drop_cache(self) -> None:
+        for data in self._cache.values():
+            self.fs.buffers.put(data)
+        self._cache.clear()
 
     def _check_open(self, write: bool) -> None:
         if self.closed:

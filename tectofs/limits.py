@@ -41,4 +41,5 @@ readdir_entries_max = 100_000
 # Client
 write_blocks_inflight_max = 2             # blocks encoded/sent concurrently per open file
 read_prefetch_blocks = 1
+client_buffer_pool_bytes = 1 * GiB        # idle buffers kept for reuse per client
 spare_servers_per_block = 2               # extra placements handed out for hedged writes

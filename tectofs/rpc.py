@@ -94,10 +94,10 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         await self._can_write.wait()
         if transport.is_closing():
             raise ConnectionLost("connection closed")
+        # Two writes, not writelines: on Python 3.11 writelines joins (copies) the payload.
+        transport.write(head)
         if payload:
-            transport.writelines((head, payload))
-        else:
-            transport.write(head)
+            transport.write(payload)
 
 
 # --------------------------------------------------------------------------- server
@@ -226,8 +226,8 @@ class RpcServer:
 
 
 class _ClientConnection(_FramedProtocol):
-    def __init__(self, address: str) -> None:
-        super().__init__()
+    def __init__(self, address: str, allocate_payload: PayloadAllocator | None = None) -> None:
+        super().__init__(allocate_payload)
         self.address = address
         self.pending: dict[int, asyncio.Future[Frame]] = {}
         self._ids = itertools.count(1)
@@ -294,7 +294,11 @@ class RpcClient:
         connections_per_server: int = limits.connections_per_server,
         timeout_s: float = limits.rpc_timeout_s,
         retries_max: int = limits.rpc_retries_max,
+        allocate_payload: PayloadAllocator | None = None,
     ) -> None:
+        """``allocate_payload`` chooses where reply payloads are received (e.g. a buffer
+        pool); whoever takes a reply's payload then owns that buffer."""
+        self.allocate_payload = allocate_payload
         self.connections_per_server = connections_per_server
         self.timeout_s = timeout_s
         self.retries_max = retries_max
@@ -307,7 +311,7 @@ class RpcClient:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(address), host, port),
+                loop.create_connection(lambda: _ClientConnection(address, self.allocate_payload), host, port),
                 limits.rpc_connect_timeout_s,
             )
         except asyncio.TimeoutError:

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tectofs import limits
+from tectofs.buffers import BufferPool
 from tectofs.errors import NotFound, TectofsError
 from tectofs.rpc import RpcClient, RpcServer
 
@@ -49,6 +50,7 @@ class ChunkServer:
         self.store = ChunkStore(self.data_dir, sync=sync)
         self.uuid = self._identity()
         self.inflight_bytes = 0
+        self.buffers = BufferPool(inflight_bytes_max)
         self.server_id: int | None = None
         self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0}
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")
@@ -94,7 +96,7 @@ class ChunkServer:
             self.stats["busy"] += 1
             return None
         self.inflight_bytes += length
-        return bytearray(length)
+        return self.buffers.get(length)
 
     def payload_abandoned(self, length: int) -> None:
         """A connection died mid-payload: give its reservation back."""
@@ -118,6 +120,7 @@ class ChunkServer:
             raise
         finally:
             self.inflight_bytes -= len(payload)
+            self.buffers.put(payload)
         self.stats["puts"] += 1
         return {"ok": True}, b""
 

@@ -367,6 +367,11 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                     tensor = data.detach()
                     if tensor.device.type != "cpu":
                         tensor = tensor.cpu()
+                    if tensor.layout != torch.strided:
+                        raise errors.CheckpointError(
+                            f"item {_describe(item.index)}: {tensor.layout} tensors cannot be checkpointed "
+                            "through DCP (its load planner narrows them into copies); save them dense"
+                        )
                     view = _raw_view(tensor)
                     if view is not None:
                         fmt, dtype, shape = "raw", _dtype_name(tensor.dtype), tuple(tensor.shape)

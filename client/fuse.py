@@ -1,0 +1,682 @@
+"""The FUSE mount: a thin adapter from kernel calls to client-library calls and errno.
+
+    tectofs mount --meta HOST:PORT /mnt/tectofs          # or tectofs.client.fuse.mount(...)
+
+Every kernel request becomes one call on the blocking client (:class:`FileSystem`), whose
+event-loop thread moves the data; every tectofs error leaves as its one ``errno``. Nothing
+here caches or buffers data: open files are :class:`AsyncFile` handles, which buffer writes
+per block, send full blocks in parallel, prefetch on sequential reads and commit at
+``flush``/``fsync``/``release`` (close-to-open consistency: what a ``close`` returned from is
+what any later ``open``, on any mount, sees).
+
+Threads: libfuse serves requests from several threads (``threads=True``); the client is
+thread-safe and each open file serializes its own calls with a lock, so one slow request
+stalls only callers of the same file.
+
+Kernel settings (``init_with_config``): 1 MiB writes (``conn.max_write``; ``-o max_write``
+is rejected by libfuse3), attribute and entry timeouts of ``attr_timeout_s``, no negative
+cache (a name created on another mount is visible at once), ``use_ino`` (tectofs inode
+numbers), ``hard_remove`` (libfuse must not rename open files to ``.fuse_hidden*`` on
+unlink: the kernel releases files asynchronously, so a ``rm`` right after ``close`` would
+leave such names behind and make ``rmdir`` fail) and no page cache kept across opens.
+
+Limits of the mapping: no hard links (``EPERM``), no special files, no xattrs; an unlinked
+file stays readable/writable through handles already open but its data is gone at the next
+commit (``ESTALE``), since tectofs removes an inode with its last name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import itertools
+import logging
+import os
+import select
+import signal
+import stat as statmod
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, TypeVar
+
+import mfusepy
+
+from tectofs import limits
+from tectofs.errors import TectofsError, Timeout
+
+from . import connect
+from .core import Stat
+from .files import AsyncFile
+from .sync import FileSystem
+
+log = logging.getLogger("tectofs.fuse")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+max_write_bytes = 1 * limits.MiB          # largest kernel write request (libfuse3's buffer limit)
+max_readahead_bytes = 8 * limits.MiB      # the kernel caps it at the device's read-ahead setting
+io_size_hint_bytes = 1 * limits.MiB       # st_blksize: buffer size that cp, dd conv=... pick
+reported_attrs_max = 65_536               # remembered per-inode attributes (for close-to-open)
+mount_wait_s = 30.0                       # start_mount_process: time for the mount to appear
+unmount_wait_s = 30.0                     # MountProcess.stop: time for the daemon to exit
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+_ACCESS_MODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
+_KIND_BITS = {"file": statmod.S_IFREG, "dir": statmod.S_IFDIR, "symlink": statmod.S_IFLNK}
+
+
+def _errno(method: F) -> F:
+    """Turn tectofs errors into ``FuseOSError(errno)``; anything unexpected is EIO, logged."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except TectofsError as exc:
+            log.debug("%s%r: %s", method.__name__, args[1:3], exc)
+            raise mfusepy.FuseOSError(exc.errno) from None
+        except OSError:
+            raise
+        except Exception:
+            log.exception("FUSE %s%r failed unexpectedly", method.__name__, args[1:3])
+            raise mfusepy.FuseOSError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _OpenFile:
+    """One kernel file handle: the client handle, its lock, and what the kernel asked for."""
+
+    __slots__ = ("file", "lock", "append", "dirty")
+
+    def __init__(self, file: AsyncFile, append: bool, dirty: bool) -> None:
+        self.file = file
+        self.lock = threading.Lock()
+        self.append = append
+        self.dirty = dirty  # written or truncated since the last commit
+
+
+class TectofsOperations(mfusepy.Operations):
+    """The operations table libfuse calls (paths are absolute, as tectofs paths are).
+
+    Serve it with :class:`TectofsFuse`, which adds in-place reads and writes and rename flags."""
+
+    use_ns = True  # times cross the boundary as integer nanoseconds
+
+    def __init__(self, fs: FileSystem, attr_timeout_s: float = 1.0, on_ready: Callable[[], None] | None = None) -> None:
+        assert attr_timeout_s >= 0
+        self.fs = fs
+        self.attr_timeout_s = attr_timeout_s
+        self._on_ready = on_ready
+        self._handles: dict[int, _OpenFile] = {}
+        self._by_ino: dict[int, set[_OpenFile]] = {}
+        self._registry_lock = threading.Lock()
+        self._next_fh = itertools.count(1)
+        # (size, mtime) last returned to the kernel per inode; an open that finds the file
+        # changed since then tells the kernel to drop its cached attributes.
+        self._reported: OrderedDict[int, tuple[int, float]] = OrderedDict()
+        self._reported_lock = threading.Lock()
+        self._uid = os.getuid()
+        self._gid = os.getgid()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _run(self, coro: Any) -> Any:
+        return self.fs.run(coro)
+
+    def _handle(self, fh: int) -> _OpenFile:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        return handle
+
+    def _register(self, file: AsyncFile, flags: int, dirty: bool) -> int:
+        handle = _OpenFile(file, append=bool(flags & os.O_APPEND), dirty=dirty)
+        with self._registry_lock:
+            fh = next(self._next_fh)
+            self._handles[fh] = handle
+            self._by_ino.setdefault(file.ino, set()).add(handle)
+        return fh
+
+    def _unregister(self, fh: int) -> _OpenFile | None:
+        with self._registry_lock:
+            handle = self._handles.pop(fh, None)
+            if handle is not None:
+                peers = self._by_ino.get(handle.file.ino, set())
+                peers.discard(handle)
+                if not peers:
+                    self._by_ino.pop(handle.file.ino, None)
+        return handle
+
+    def _writers(self, ino: int) -> list[_OpenFile]:
+        with self._registry_lock:
+            return [h for h in self._by_ino.get(ino, ()) if h.file.writable]
+
+    def _remember(self, ino: int, size: int, mtime: float) -> None:
+        with self._reported_lock:
+            self._reported[ino] = (size, mtime)
+            self._reported.move_to_end(ino)
+            while len(self._reported) > reported_attrs_max:
+                self._reported.popitem(last=False)
+
+    def _stat_dict(self, st: Stat, size: int | None = None) -> dict[str, Any]:
+        size = st.size if size is None else size
+        self._remember(st.ino, size, st.mtime)
+        return {
+            "st_ino": st.ino,
+            "st_mode": _KIND_BITS[st.kind] | (st.mode & 0o7777),
+            "st_nlink": st.nlink,
+            "st_uid": st.uid,
+            "st_gid": st.gid,
+            "st_size": size,
+            "st_blocks": (size + 511) // 512,
+            "st_blksize": io_size_hint_bytes,
+            "st_atime": int(st.atime * 1e9),
+            "st_mtime": int(st.mtime * 1e9),
+            "st_ctime": int(st.ctime * 1e9),
+        }
+
+    def _size_seen_by_writers(self, ino: int) -> int | None:
+        """The size an open writer made (uncommitted), which the kernel already believes."""
+        sizes = [h.file.size for h in self._writers(ino) if h.dirty]
+        return max(sizes) if sizes else None
+
+    def _give_ownership(self, path: str) -> None:
+        """New names belong to the calling process's user, as on a local file system."""
+        uid, gid, _ = mfusepy.fuse_get_context()
+        if (uid, gid) != (self._uid, self._gid):
+            self._run(self.fs.aio.setattr(path, uid=uid, gid=gid))
+
+    def _invalidate_if_changed(self, path: str, file: AsyncFile) -> None:
+        """Close-to-open across mounts: the kernel may still hold attributes (size!) from
+        before another client's commit; tell it to fetch them again."""
+        with self._reported_lock:
+            reported = self._reported.get(file.ino)
+        if reported is None or reported == (file.attrs["size"], file.attrs["mtime"]):
+            return
+        try:
+            fuse = ctypes.c_void_p(mfusepy._libfuse.fuse_get_context().contents.fuse)
+            mfusepy._libfuse.fuse_invalidate_path(fuse, path.encode("utf-8", "surrogateescape"))
+        except Exception as exc:  # best effort: attributes expire after attr_timeout_s anyway
+            log.debug("could not invalidate cached attributes of %s: %s", path, exc)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        if conn is not None:
+            conn.max_write = max_write_bytes
+            conn.max_readahead = max_readahead_bytes
+            # conn.max_read stays 0 (unlimited): libfuse3 refuses an init() whose max_read
+            # differs from the -o max_read mount option.
+        if config is not None:
+            config.attr_timeout = self.attr_timeout_s
+            config.entry_timeout = self.attr_timeout_s
+            config.negative_timeout = 0.0
+            config.use_ino = 1
+            config.hard_remove = 1
+            config.kernel_cache = 0
+            config.auto_cache = 0
+        if self._on_ready is not None:
+            self._on_ready()
+
+    def destroy(self, path: str) -> None:
+        for fh in list(self._handles):
+            handle = self._unregister(fh)
+            if handle is not None:
+                try:
+                    self._run(handle.file.close())
+                except TectofsError as exc:
+                    log.warning("commit of %s at unmount failed: %s", handle.file.path, exc)
+
+    # ------------------------------------------------------------------ attributes
+
+    @_errno
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        if fh is not None and fh in self._handles:
+            st = Stat.from_attrs(self._run(self.fs.aio.meta("getattr", ino=self._handles[fh].file.ino))[0]["attrs"])
+        elif path is None:
+            raise mfusepy.FuseOSError(errno.ESTALE)
+        else:
+            st = self._run(self.fs.aio.stat(path))
+        return self._stat_dict(st, self._size_seen_by_writers(st.ino))
+
+    @_errno
+    def chmod(self, path: str, mode: int) -> int:
+        self._run(self.fs.aio.setattr(path, mode=mode & 0o7777))
+        return 0
+
+    @_errno
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        self._run(self.fs.aio.setattr(path, uid=None if uid == -1 else uid, gid=None if gid == -1 else gid))
+        return 0
+
+    @_errno
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        now = time.time()
+        if times is None:
+            atime: float | None = now
+            mtime: float | None = now
+        else:
+            atime, mtime = (None if t == UTIME_OMIT else now if t == UTIME_NOW else t / 1e9 for t in times)
+        if atime is not None or mtime is not None:
+            self._run(self.fs.aio.setattr(path, atime=atime, mtime=mtime))
+        return 0
+
+    @_errno
+    def statfs(self, path: str) -> dict[str, int]:
+        reply = self._run(self.fs.aio.statfs())
+        fragment = 4096
+        capacity, used = int(reply.get("capacity", 0)), int(reply.get("used", 0))
+        files = int(reply.get("files", 0))
+        return {
+            "f_bsize": io_size_hint_bytes,
+            "f_frsize": fragment,
+            "f_blocks": capacity // fragment,
+            "f_bfree": max(0, capacity - used) // fragment,
+            "f_bavail": max(0, capacity - used) // fragment,
+            "f_files": files + 1_000_000,
+            "f_ffree": 1_000_000,
+            "f_favail": 1_000_000,
+            "f_namemax": int(reply.get("name_max", limits.name_length_max_bytes)),
+        }
+
+    # ------------------------------------------------------------------ namespace
+
+    @_errno
+    def readdir(self, path: str, fh: int) -> Iterator[Any]:
+        directory, _ = self._run(self.fs.aio.meta("lookup", path=path))
+        entries = self._run(self.fs.aio.scandir(path))
+        # "." and ".." need inode numbers: readdir(3) hides entries whose d_ino is 0.
+        listing: list[Any] = [
+            (".", {"st_ino": directory["attrs"]["ino"], "st_mode": statmod.S_IFDIR}, 0),
+            ("..", {"st_ino": directory["attrs"]["parent"], "st_mode": statmod.S_IFDIR}, 0),
+        ]
+        listing.extend((name, {"st_ino": st.ino, "st_mode": _KIND_BITS[st.kind]}, 0) for name, st in entries)
+        return iter(listing)
+
+    @_errno
+    def mkdir(self, path: str, mode: int) -> int:
+        self._run(self.fs.aio.mkdir(path, mode & 0o7777))
+        self._give_ownership(path)
+        return 0
+
+    @_errno
+    def rmdir(self, path: str) -> int:
+        self._run(self.fs.aio.rmdir(path))
+        return 0
+
+    @_errno
+    def unlink(self, path: str) -> int:
+        self._run(self.fs.aio.remove(path))
+        return 0
+
+    @_errno
+    def rename(self, old: str, new: str, flags: int = 0) -> int:
+        if flags & ~RENAME_NOREPLACE:
+            raise mfusepy.FuseOSError(errno.EINVAL)  # RENAME_EXCHANGE, RENAME_WHITEOUT
+        self._run(self.fs.aio.rename(old, new, noreplace=bool(flags & RENAME_NOREPLACE)))
+        return 0
+
+    @_errno
+    def symlink(self, path: str, target: str) -> int:
+        self._run(self.fs.aio.symlink(target, path))
+        self._give_ownership(path)
+        return 0
+
+    @_errno
+    def readlink(self, path: str) -> str:
+        return str(self._run(self.fs.aio.readlink(path)))
+
+    def link(self, target: str, source: str) -> int:
+        raise mfusepy.FuseOSError(errno.EPERM)  # tectofs has no hard links
+
+    @_errno
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        if not statmod.S_ISREG(mode):
+            raise mfusepy.FuseOSError(errno.EPERM)  # no devices, fifos or sockets
+        file = self._run(self.fs.aio.open(path, "xb", file_mode=mode & 0o7777))
+        self._run(file.close())
+        self._give_ownership(path)
+        return 0
+
+    # ------------------------------------------------------------------ files
+
+    @_errno
+    def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
+        if flags & os.O_EXCL:
+            client_mode = "xb"
+        elif flags & os.O_TRUNC:
+            client_mode = "w+b"
+        else:
+            client_mode = "a+b"  # create if missing, keep content if another client just made it
+        file = self._run(self.fs.aio.open(path, client_mode, file_mode=mode & 0o7777))
+        file.readable = True  # the kernel enforces the access mode of each descriptor
+        self._give_ownership(path)
+        return self._register(file, flags, dirty=True)
+
+    @_errno
+    def open(self, path: str, flags: int) -> int:
+        access = flags & _ACCESS_MODE
+        if access == os.O_RDONLY:
+            client_mode = "rb"
+        elif flags & os.O_TRUNC:
+            client_mode = "w+b"  # new content replaces the old at the first commit
+        else:
+            client_mode = "r+b"
+        file = self._run(self.fs.aio.open(path, client_mode))
+        file.readable = True
+        self._invalidate_if_changed(path, file)
+        return self._register(file, flags, dirty=client_mode == "w+b")
+
+    @_errno
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        handle = self._handle(fh)
+        with handle.lock:
+            return bytes(self._run(handle.file.read(offset, size)))
+
+    @_errno
+    def readinto(self, path: str, target: Any, offset: int, fh: int) -> int:
+        """Fill ``target`` (the kernel's buffer) with bytes at ``offset``; returns the count."""
+        handle = self._handle(fh)
+        with handle.lock:
+            return int(self._run(handle.file.readinto(offset, target)))
+
+    @_errno
+    def write(self, path: str, data: Any, offset: int, fh: int) -> int:
+        handle = self._handle(fh)
+        with handle.lock:
+            if handle.append:
+                offset = handle.file.size
+            written = int(self._run(handle.file.write(offset, data)))
+            handle.dirty = True
+            return written
+
+    @_errno
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        if fh is not None and fh in self._handles:
+            handle = self._handles[fh]
+            with handle.lock:
+                self._run(handle.file.truncate(length))
+                handle.dirty = True
+            return 0
+        if path is None:
+            raise mfusepy.FuseOSError(errno.ESTALE)
+        st = self._run(self.fs.aio.stat(path))
+        writers = self._writers(st.ino)
+        if not writers:
+            self._run(self.fs.aio.truncate(path, length))
+            return 0
+        for handle in writers:  # so that their next commits keep the new size
+            with handle.lock:
+                self._run(handle.file.truncate(length))
+                self._run(handle.file.flush())
+                handle.dirty = False
+        return 0
+
+    def _commit(self, fh: int) -> int:
+        handle = self._handle(fh)
+        with handle.lock:
+            self._run(handle.file.flush())
+            handle.dirty = False
+        return 0
+
+    @_errno
+    def flush(self, path: str, fh: int) -> int:
+        """Called at every ``close`` of a descriptor: commit, so the close reports errors."""
+        return self._commit(fh)
+
+    @_errno
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        return self._commit(fh)
+
+    @_errno
+    def release(self, path: str, fh: int) -> int:
+        handle = self._unregister(fh)
+        if handle is not None:
+            with handle.lock:
+                self._run(handle.file.close())
+        return 0
+
+
+class TectofsFuse(mfusepy.FUSE):
+    """``mfusepy.FUSE`` with four changes: ``rename`` receives the kernel's flags
+    (``RENAME_NOREPLACE``; mfusepy drops them), ``truncate`` receives the file handle of an
+    ``ftruncate`` (mfusepy drops it), ``read`` fills the kernel's buffer in place and
+    ``write`` hands the kernel's buffer to the client without a copy (the client copies it
+    into its block buffer before the call returns)."""
+
+    def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
+        return self.operations.rename(
+            old.decode(self.encoding, self.errors), new.decode(self.encoding, self.errors), flags
+        )
+
+    def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+        return self.operations.truncate(
+            None if path is None else path.decode(self.encoding, self.errors), length, fip.contents.fh if fip else None
+        )
+
+    def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+        target = (ctypes.c_ubyte * size).from_address(ctypes.addressof(buf.contents))
+        return self.operations.readinto(
+            None if path is None else path.decode(self.encoding, self.errors), target, offset, fip.contents.fh
+        )
+
+    def write(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+        data = (ctypes.c_ubyte * size).from_address(ctypes.addressof(buf.contents))
+        return self.operations.write(
+            None if path is None else path.decode(self.encoding, self.errors), data, offset, fip.contents.fh
+        )
+
+
+# ---------------------------------------------------------------------- mounting
+
+
+def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
+           on_ready: Callable[[], None] | None = None) -> None:
+    fs = connect(address)  # fails here, before anything is mounted, if the cluster is unreachable
+    try:
+        operations = TectofsOperations(fs, attr_timeout_s, on_ready)
+        try:
+            TectofsFuse(
+                operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
+                fsname=f"tectofs:{address}", subtype="tectofs",
+            )
+        except RuntimeError as exc:  # libfuse printed why (mountpoint busy, no /dev/fuse, ...)
+            raise SystemExit(f"tectofs mount: libfuse could not mount {mountpoint} (code {exc})") from None
+    finally:
+        fs.close()
+
+
+def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
+          attr_timeout_s: float = 1.0, debug: bool = False) -> None:
+    """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
+
+    Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
+    Background (``foreground=False``): returns once the mount is serving, leaving a detached
+    daemon behind; raises ``SystemExit`` with the daemon's reason if it could not mount."""
+    mountpoint = os.path.abspath(mountpoint)
+    if not os.path.isdir(mountpoint):
+        raise SystemExit(f"tectofs mount: {mountpoint} is not a directory")
+    if foreground:
+        _serve(address, mountpoint, threads, attr_timeout_s, debug)
+        return
+    _daemonize(lambda ready: _serve(address, mountpoint, threads, attr_timeout_s, debug, ready), mountpoint)
+
+
+def _daemonize(serve: Callable[[Callable[[], None]], None], mountpoint: str) -> None:
+    """Fork before any thread exists; the child detaches and serves, the parent waits until
+    the kernel has initialized the mount (or the child failed) and returns."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_fd)
+        status = _read_status(read_fd, mount_wait_s)
+        os.close(read_fd)
+        if status != "ok":
+            raise SystemExit(f"tectofs mount: {mountpoint}: {status or 'the daemon exited without mounting'}")
+        return
+    code = 1
+    try:
+        os.close(read_fd)
+        os.setsid()
+        os.chdir("/")
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+
+        def ready() -> None:
+            os.write(write_fd, b"ok\n")
+
+        serve(ready)
+        code = 0
+    except BaseException as exc:  # report to the waiting parent, never return into its code
+        try:
+            os.write(write_fd, f"{type(exc).__name__}: {exc}\n".encode()[:4000])
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def _read_status(fd: int, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    text = b""
+    while b"\n" not in text:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return f"no answer from the mount daemon within {timeout_s:.0f}s"
+        readable, _, _ = select.select([fd], [], [], remaining)
+        if readable:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            text += chunk
+    return text.decode(errors="replace").strip()
+
+
+# ---------------------------------------------------------------------- mount as a subprocess
+
+
+def is_mounted(mountpoint: str) -> bool:
+    """Whether ``mountpoint`` appears in /proc/self/mounts (never touches the mount itself,
+    so a dead or uninitialized FUSE daemon cannot make it block)."""
+    mountpoint = os.path.abspath(mountpoint)
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 1 and _unescape_mount_path(fields[1]) == mountpoint:
+                    return True
+    except OSError:
+        return os.path.ismount(mountpoint)
+    return False
+
+
+def _unescape_mount_path(text: str) -> str:
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        text = text.replace(code, char)
+    return text
+
+
+class MountProcess:
+    """A ``tectofs mount`` child process serving one mountpoint; :meth:`stop` unmounts it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], mountpoint: str, log_path: str) -> None:
+        self.process = process
+        self.mountpoint = mountpoint
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - max_bytes))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = unmount_wait_s) -> None:
+        """Unmount (``fusermount3 -u``, lazily if the mount is busy) and reap the daemon;
+        escalates to SIGTERM, then SIGKILL, if it does not exit in time. Idempotent."""
+        deadline = time.monotonic() + timeout_s
+        if is_mounted(self.mountpoint):
+            for attempt in range(10):
+                if _fusermount(["-u", self.mountpoint]) == 0 or not is_mounted(self.mountpoint):
+                    break
+                time.sleep(0.1 * (attempt + 1))
+            else:
+                log.warning("%s is busy; unmounting lazily", self.mountpoint)
+                _fusermount(["-u", "-z", self.mountpoint])
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None and self.process.poll() is None:
+                log.warning("mount daemon %d did not exit; sending %s", self.process.pid, sig.name)
+                self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=max(1.0, deadline - time.monotonic()) if sig is None else 10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if is_mounted(self.mountpoint):  # the daemon died under a mount: clear the dead endpoint
+            _fusermount(["-u", "-z", self.mountpoint])
+
+    def __enter__(self) -> "MountProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _fusermount(args: list[str]) -> int:
+    try:
+        return subprocess.run(["fusermount3", *args], capture_output=True, timeout=30).returncode
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("fusermount3 %s failed: %s", " ".join(args), exc)
+        return -1
+
+
+def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = False,
+                        attr_timeout_s: float | None = None, timeout_s: float = mount_wait_s,
+                        log_path: str | None = None, debug: bool = False) -> MountProcess:
+    """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
+    return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
+    if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount."""
+    mountpoint = os.path.abspath(mountpoint)
+    os.makedirs(mountpoint, exist_ok=True)
+    if is_mounted(mountpoint):
+        raise TectofsError(f"{mountpoint} is already a mount point: unmount it first (fusermount3 -u {mountpoint})")
+    if log_path is None:
+        descriptor, log_path = tempfile.mkstemp(prefix="tectofs-mount-", suffix=".log")
+        os.close(descriptor)
+    command = [sys.executable, "-m", "tectofs.cli", "mount", "--meta", address, mountpoint]
+    if single_thread:
+        command.append("--single-thread")
+    if attr_timeout_s is not None:
+        command += ["--attr-timeout", str(attr_timeout_s)]
+    if debug:
+        command.append("--debug")
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    handle = MountProcess(process, mountpoint, log_path)
+    deadline = time.monotonic() + timeout_s
+    while not is_mounted(mountpoint):
+        if process.poll() is not None:
+            raise TectofsError(
+                f"tectofs mount of {address} on {mountpoint} exited with code {process.returncode}:\n{handle.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            handle.stop()
+            raise Timeout(f"{mountpoint} was not mounted within {timeout_s:.0f}s; daemon log:\n{handle.log_tail()}")
+        time.sleep(0.05)
+    return handle

@@ -1,0 +1,41 @@
+"""PyTorch integration: DCP storage over the native tectofs client.
+
+    import torch.distributed.checkpoint as dcp
+    import tectofs.torch
+
+    dcp.save(state_dict, checkpoint_id="tectofs://10.0.0.1:7420/runs/a/step_100")
+    dcp.load(state_dict, checkpoint_id=tectofs.torch.latest("tectofs://10.0.0.1:7420/runs/a"))
+
+    writer = tectofs.torch.CheckpointWriter()          # keep it: its staging buffers are reused
+    fut = dcp.async_save(state_dict, checkpoint_id="tectofs://.../step_200", storage_writer=writer)
+
+Saving is atomic (ranks write into a hidden pending directory that the coordinator renames
+into place), every item carries a crc32c checked at load, tensors are stored as raw bytes.
+``save``/``load`` are the single-file ``torch.save``/``torch.load`` equivalents.
+"""
+
+from __future__ import annotations
+
+from . import _hook
+from ._dcp import CheckpointReader, CheckpointWriter
+from ._manage import checkpoints, gc_pending, latest, load, save
+from ._staging import StagingPool
+from ._uri import Location, close_all, filesystem, is_uri, parse
+
+_hook.install()
+
+__all__ = [
+    "CheckpointReader",
+    "CheckpointWriter",
+    "Location",
+    "StagingPool",
+    "checkpoints",
+    "close_all",
+    "filesystem",
+    "gc_pending",
+    "is_uri",
+    "latest",
+    "load",
+    "parse",
+    "save",
+]
