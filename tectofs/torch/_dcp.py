@@ -591,11 +591,15 @@ class CheckpointReader(StorageReader):
         for req in plan.items:
             by_index.setdefault(req.storage_index, []).append(req)
         ranges = self._ranges(plan)
+        big = [r for r in ranges if r[2] > self.max_read_bytes]  # one item each, read in pieces
+        ranges = [r for r in ranges if r[2] <= self.max_read_bytes]
 
         def fetch(path: str, offset: int, length: int) -> bytes:
             return fs.read_range(f"{loc.path}/{path}", offset, length) if length else b""
 
         with cf.ThreadPoolExecutor(max_workers=max(1, self.thread_count), thread_name_prefix="tectofs-load") as pool:
+            for _, _, _, (index,) in big:
+                self._read_big(pool, fetch, loc, index, by_index[index], planner)
             pending: dict[cf.Future, tuple] = {}
             inflight = 0
             it = iter(ranges)
@@ -629,6 +633,43 @@ class CheckpointReader(StorageReader):
                             self._apply(req, info, item, planner)
                     del view, blob
 
+    def _read_big(
+        self, pool: cf.ThreadPoolExecutor, fetch: Any, loc: _uri.Location, index: MetadataIndex,
+        reqs: list[ReadItem], planner: LoadPlanner,
+    ) -> None:
+        """An item larger than ``max_read_bytes``: fetched in parallel pieces straight into
+        its destination tensor when it fits whole, else into one buffer; then checked."""
+        info = self.storage_data[index]
+        direct = None
+        if info.fmt == "raw" and len(reqs) == 1 and reqs[0].type == LoadItemType.TENSOR:
+            target = planner.resolve_tensor(reqs[0]).detach()
+            if _fits_whole(reqs[0], info, target):
+                direct = target
+        buf = _bytes_of(direct) if direct is not None else memoryview(bytearray(info.length))
+        step = self.max_read_bytes
+
+        def fetch_into(start: int) -> None:
+            n = min(step, info.length - start)
+            data = fetch(info.relative_path, info.offset + start, n)
+            if len(data) != n:
+                raise errors.CheckpointError(
+                    f"{loc.uri()}: file {info.relative_path} is shorter than recorded "
+                    f"(read {len(data)} of {n} bytes at offset {info.offset + start})"
+                )
+            buf[start : start + n] = data
+
+        window = max(1, self.inflight_bytes // step)
+        starts = list(range(0, info.length, step))
+        for i in range(0, len(starts), window):
+            for f in [pool.submit(fetch_into, s) for s in starts[i : i + window]]:
+                f.result()
+        self._check(loc, index, info, buf)
+        if direct is not None:
+            planner.commit_tensor(reqs[0], direct)
+        else:
+            for req in reqs:
+                self._apply(req, info, buf, planner)
+
     def _check(self, loc: _uri.Location, index: MetadataIndex, info: _ItemInfo, item: memoryview) -> None:
         got = crc(item)
         if got != info.crc32c:
@@ -647,16 +688,7 @@ class CheckpointReader(StorageReader):
         if info.fmt == "raw":
             shape = tuple(info.shape or ())
             dtype = _dtype_from_name(info.dtype or "")
-            whole = all(o == 0 for o in req.storage_offsets) and tuple(req.lengths) == shape
-            if (
-                whole
-                and tuple(target.shape) == shape
-                and target.dtype == dtype
-                and target.device.type == "cpu"
-                and target.is_contiguous()
-                and type(target) is torch.Tensor
-                and target.layout == torch.strided
-            ):
+            if _fits_whole(req, info, target):
                 if item.nbytes:
                     _bytes_of(target)[:] = item  # one copy, straight into the destination
             else:
@@ -676,6 +708,22 @@ class CheckpointReader(StorageReader):
         else:
             raise errors.CheckpointError(f"item {_describe(req.storage_index)}: unknown format {info.fmt!r}")
         planner.commit_tensor(req, target)
+
+
+def _fits_whole(req: ReadItem, info: _ItemInfo, target: torch.Tensor) -> bool:
+    """Can the stored raw bytes of ``info`` be copied as-is into ``target``?"""
+    shape = tuple(info.shape or ())
+    return (
+        info.fmt == "raw"
+        and all(o == 0 for o in req.storage_offsets)
+        and tuple(req.lengths) == shape
+        and tuple(target.shape) == shape
+        and _dtype_name(target.dtype) == info.dtype
+        and target.device.type == "cpu"
+        and type(target) is torch.Tensor
+        and target.layout == torch.strided
+        and target.is_contiguous()
+    )
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
