@@ -111,9 +111,11 @@ class TectofsOperations(mfusepy.Operations):
 
     use_ns = True  # times cross the boundary as integer nanoseconds
 
-    def __init__(self, fs: FileSystem, attr_timeout_s: float = 1.0, on_ready: Callable[[], None] | None = None) -> None:
+    def __init__(self, fs: FileSystem, mountpoint: str, attr_timeout_s: float = 1.0,
+                 on_ready: Callable[[], None] | None = None) -> None:
         assert attr_timeout_s >= 0
         self.fs = fs
+        self.mountpoint = os.path.abspath(mountpoint)
         self.attr_timeout_s = attr_timeout_s
         self._on_ready = on_ready
         self._handles: dict[int, _OpenFile] = {}
@@ -224,6 +226,7 @@ class TectofsOperations(mfusepy.Operations):
             config.hard_remove = 1
             config.kernel_cache = 0
             config.auto_cache = 0
+        _raise_read_ahead(self.mountpoint, max_readahead_bytes)
         if self._on_ready is not None:
             self._on_ready()
 
@@ -446,6 +449,26 @@ class TectofsOperations(mfusepy.Operations):
         return 0
 
 
+def _raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
+    """Let the kernel read ahead ``read_ahead_bytes`` on this mount.
+
+    The kernel caps a FUSE mount's read-ahead at its device's setting (128 KiB by default)
+    whatever ``conn.max_readahead`` says, so sequential reads would arrive as 128 KiB
+    requests, each a round trip through this process. Raising the device setting while
+    the kernel waits for our init reply makes them 1 MiB requests, several in flight. Reads
+    /proc/self/mountinfo rather than stat()ing the mount, which would wait for this very
+    init to finish. Needs root; without it reads are just slower."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            devices = [line.split()[2] for line in f if _unescape_mount_path(line.split()[4]) == mountpoint]
+        if not devices:
+            return
+        with open(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb", "w") as f:
+            f.write(str(read_ahead_bytes // 1024))
+    except (OSError, IndexError) as exc:
+        log.info("read-ahead of %s stays at the kernel default: %s", mountpoint, exc)
+
+
 class TectofsFuse(mfusepy.FUSE):
     """``mfusepy.FUSE`` with four changes: ``rename`` receives the kernel's flags
     (``RENAME_NOREPLACE``; mfusepy drops them), ``truncate`` receives the file handle of an
@@ -483,7 +506,7 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
            on_ready: Callable[[], None] | None = None) -> None:
     fs = connect(address)  # fails here, before anything is mounted, if the cluster is unreachable
     try:
-        operations = TectofsOperations(fs, attr_timeout_s, on_ready)
+        operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready)
         try:
             TectofsFuse(
                 operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,

@@ -3,7 +3,9 @@
 Fresh memory is slow in this kind of VM (first-touch page faults cost 4-7x a copy into a
 warm buffer), and the data path allocates the same large sizes over and over: block
 buffers, encoded chunks, received payloads. Buffers are kept by size class (the size rounded
-up to a power of two, at least 64 KiB) and handed out as exact-size memoryviews.
+up to a power of two below 1 MiB, to a whole MiB above: the big sizes repeat exactly, and
+rounding a 16 MiB chunk up to 32 MiB would double the memory touched) and handed out as
+exact-size memoryviews.
 
 Contract: ``get(n)`` returns a writable memoryview of exactly ``n`` bytes whose content is
 undefined; ``put(view)`` gives it back (once, and only after nothing uses it any more).
@@ -17,7 +19,12 @@ import threading
 _MIN_CLASS = 1 << 16
 
 
+_MiB = 1 << 20
+
+
 def _size_class(n: int) -> int:
+    if n > _MiB:
+        return -(-n // _MiB) * _MiB
     return max(_MIN_CLASS, 1 << (max(n, 1) - 1).bit_length())
 
 

@@ -1,0 +1,722 @@
+"""Checkpoint burst: N ranks save a shard each at the same moment, commit one checkpoint
+together, then all load it back and verify it.
+
+    python bench/burst.py --ranks 1024 --shard 1M --processes 4
+
+What one run does, on a local cluster of its own (or ``--meta HOST:PORT``):
+
+1. **Baseline**: one client writes (then reads) ``--baseline`` bytes as one large file. The
+   burst's aggregate throughput is reported as a ratio against it, from the same run.
+2. **Setup**: ``--processes`` worker processes each run one asyncio loop with ``ranks /
+   processes`` simulated ranks; every rank has its own client (its own
+   ``AsyncFileSystem``: connections, buffer pool, codec thread), as a real rank would.
+3. **Save** (barrier): the coordinator creates ``/burst/.pending-<id>`` and gives every worker
+   the same start time; at that moment every rank writes ``rank-<r>.bin`` there and closes
+   it (close = upload the data, then commit the block list in one metadata call).
+4. **Commit**: the coordinator writes ``.metadata`` (every rank's SHA-256) and renames the
+   pending directory to ``/burst/step-<id>`` (one atomic metadata transaction).
+5. **Load** (barrier): every rank reads its own digest from ``.metadata`` and its shard, and
+   checks both against what it wrote.
+
+Reported: per-rank and aggregate GB/s, p50/p99/max of save, close (commit) and load
+latency, the slowest rank, metadata operations per second (MDS ``stats`` delta over each
+phase), chunk-server BUSY answers, worker memory, errors (must be zero) and whether every
+server survived. Nothing waits without a deadline: a phase that overruns
+``--phase-timeout`` ends the run with an error naming the phase and the ranks missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import resource
+import selectors
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import parse_size, print_table, write_results  # noqa: E402
+
+MiB = 1 << 20
+METADATA_HEADER_BYTES = 4096  # .metadata: a JSON header padded to this, then 32 bytes per rank
+READ_PIECE_BYTES = 8 * MiB
+PROGRESS_STEPS = 5  # baseline, setup, save, commit, load
+
+
+class BurstError(Exception):
+    """The run could not go on (a worker died or a phase overran); the message says where."""
+
+
+# =========================================================================== worker side
+
+
+def _rank_rotation(rank: int, shard_bytes: int) -> int:
+    """Each rank's shard is the process's random base rotated by this many bytes, so shards
+    differ without holding one copy per rank."""
+    return (rank * 4099 * 64) % shard_bytes if shard_bytes else 0
+
+
+class _Rank:
+    def __init__(self, rank: int, fs: Any) -> None:
+        self.rank = rank
+        self.fs = fs
+        self.digest = b""
+
+
+class _Worker:
+    """One process's ranks. Commands arrive as JSON lines on stdin, replies leave on stdout."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.shard_bytes = int(config["shard_bytes"])
+        rng = random.Random(f"{config['seed']}-{config['worker']}")
+        self.base = memoryview(rng.randbytes(self.shard_bytes))
+        self.ranks: list[_Rank] = []
+
+    def _pieces(self, rank: int) -> tuple[memoryview, memoryview]:
+        k = _rank_rotation(rank, self.shard_bytes)
+        return self.base[k:], self.base[:k]
+
+    async def setup(self) -> dict[str, Any]:
+        from tectofs.client import AsyncFileSystem
+
+        class TimedFileSystem(AsyncFileSystem):
+            """Records the time spent in each metadata operation (e.g. ``commit``)."""
+
+            def __init__(self, address: str, io_threads: int) -> None:
+                super().__init__(address, io_threads=io_threads)
+                self.op_seconds: dict[str, float] = {}
+
+            async def meta(self, op: str, **header: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await super().meta(op, **header)
+                finally:
+                    self.op_seconds[op] = self.op_seconds.get(op, 0.0) + time.perf_counter() - started
+
+        address, threads = self.config["address"], int(self.config["io_threads"])
+        for rank in self.config["ranks"]:
+            state = _Rank(rank, TimedFileSystem(address, threads))
+            first, second = self._pieces(rank)
+            digest = hashlib.sha256(first)
+            digest.update(second)
+            state.digest = digest.digest()
+            self.ranks.append(state)
+        # Like a real job: every rank connects before the first checkpoint.
+        results = await asyncio.gather(*(r.fs.meta("ping") for r in self.ranks), return_exceptions=True)
+        errors = [f"rank {r.rank}: connect: {_describe(x)}" for r, x in zip(self.ranks, results) if isinstance(x, BaseException)]
+        return {"event": "ready", "errors": errors[:20], "error_count": len(errors)}
+
+    async def _run_ranks(self, command: dict[str, Any], one: Callable[[_Rank, dict[str, Any]], Any]) -> dict[str, Any]:
+        timeout_s = float(command["timeout_s"])
+        await asyncio.sleep(max(0.0, float(command["start_at"]) - time.time()))  # the barrier
+
+        async def bounded(state: _Rank) -> list[Any]:
+            started = time.time()
+            state.fs.op_seconds.clear()
+            try:
+                timings = await asyncio.wait_for(one(state, command), timeout_s)
+                error = None
+            except asyncio.TimeoutError:
+                timings, error = {}, f"did not finish within {timeout_s:.0f}s"
+            except Exception as exc:
+                timings, error = {}, _describe(exc)
+            return [state.rank, started, time.time(), timings, dict(state.fs.op_seconds), error]
+
+        rows = await asyncio.gather(*(bounded(r) for r in self.ranks))
+        return {"event": command["op"], "rows": rows, "max_rss_bytes": _max_rss_bytes()}
+
+    async def _save_one(self, state: _Rank, command: dict[str, Any]) -> dict[str, Any]:
+        path = f"{command['dir']}/rank-{state.rank}.bin"
+        t0 = time.perf_counter()
+        handle = await state.fs.open(path, "wb")
+        t1 = time.perf_counter()
+        try:
+            first, second = self._pieces(state.rank)
+            await handle.write(0, first)
+            if len(second):
+                await handle.write(len(first), second)
+            t2 = time.perf_counter()
+            await handle.close()
+        except BaseException:
+            await handle.abort()
+            raise
+        t3 = time.perf_counter()
+        return {"open_s": t1 - t0, "write_s": t2 - t1, "close_s": t3 - t2, "digest": state.digest.hex(),
+                "spare_writes": state.fs.blocks.stats["spare_writes"]}
+
+    async def _load_one(self, state: _Rank, command: dict[str, Any]) -> dict[str, Any]:
+        directory = command["dir"]
+        t0 = time.perf_counter()
+        recorded = await state.fs.read_range(f"{directory}/.metadata", METADATA_HEADER_BYTES + 32 * state.rank, 32)
+        t1 = time.perf_counter()
+        handle = await state.fs.open(f"{directory}/rank-{state.rank}.bin", "rb")
+        try:
+            if handle.size != self.shard_bytes:
+                raise BurstError(f"shard has {handle.size} bytes, {self.shard_bytes} were written")
+            digest = hashlib.sha256()
+            buffer = bytearray(min(READ_PIECE_BYTES, max(1, self.shard_bytes)))
+            offset = 0
+            while offset < handle.size:
+                n = await handle.readinto(offset, buffer)
+                if n <= 0:
+                    raise BurstError(f"short read at offset {offset}")
+                digest.update(memoryview(buffer)[:n])
+                offset += n
+        finally:
+            await handle.close()
+        t2 = time.perf_counter()
+        if recorded != state.digest:
+            raise BurstError(f"digest in .metadata is {recorded.hex()[:16]}..., this rank wrote {state.digest.hex()[:16]}...")
+        if digest.digest() != state.digest:
+            raise BurstError(f"read back digest {digest.hexdigest()[:16]}... differs from the one written")
+        return {"metadata_s": t1 - t0, "read_s": t2 - t1, "verified": True}
+
+    async def close(self) -> None:
+        await asyncio.gather(*(r.fs.close() for r in self.ranks), return_exceptions=True)
+
+    async def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        if command["op"] == "save":
+            return await self._run_ranks(command, self._save_one)
+        if command["op"] == "load":
+            return await self._run_ranks(command, self._load_one)
+        raise BurstError(f"unknown command {command['op']!r}")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def _max_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def worker_main(config_json: str) -> None:
+    """Entry of one worker process (``burst.py --worker CONFIG``)."""
+    config = json.loads(config_json)
+    loop = asyncio.new_event_loop()
+    worker = _Worker(config)
+
+    def reply(message: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+    try:
+        try:
+            reply(loop.run_until_complete(asyncio.wait_for(worker.setup(), float(config["setup_timeout_s"]))))
+        except Exception as exc:
+            reply({"event": "ready", "errors": [f"worker {config['worker']} setup: {_describe(exc)}"], "error_count": 1})
+        for line in sys.stdin:  # EOF (the coordinator died) ends the worker
+            command = json.loads(line)
+            if command["op"] == "exit":
+                break
+            try:
+                reply(loop.run_until_complete(worker.handle(command)))
+            except Exception as exc:
+                reply({"event": command["op"], "fatal": _describe(exc)})
+    finally:
+        try:
+            loop.run_until_complete(asyncio.wait_for(worker.close(), 30))
+        finally:
+            loop.close()
+
+
+# =========================================================================== coordinator side
+
+
+class _WorkerProcess:
+    def __init__(self, index: int, config: dict[str, Any], log_path: str) -> None:
+        self.index = index
+        self.ranks = list(config["ranks"])
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(config)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+            )
+        os.set_blocking(self.process.stdout.fileno(), False)  # type: ignore[union-attr]
+        self.pending = b""
+
+    def send(self, command: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write((json.dumps(command) + "\n").encode())
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            raise BurstError(f"worker {self.index} exited ({self.tail_of_log()})") from None
+
+    def tail_of_log(self, lines: int = 5) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                tail = f.read().strip().splitlines()[-lines:]
+        except OSError:
+            tail = []
+        return f"exit code {self.process.poll()}; log {self.log_path}: " + (" | ".join(tail) or "empty")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask to exit, then kill this worker's own process group if it does not."""
+        try:
+            if self.process.poll() is None:
+                self.send({"op": "exit"})
+                self.process.stdin.close()  # type: ignore[union-attr]
+        except (BurstError, OSError):
+            pass
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, 9)
+            self.process.wait(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def _collect(workers: list[_WorkerProcess], event: str, timeout_s: float) -> dict[int, dict[str, Any]]:
+    """One ``event`` reply per worker, or BurstError naming who is missing at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    replies: dict[int, dict[str, Any]] = {}
+    with selectors.DefaultSelector() as selector:
+        for w in workers:
+            selector.register(w.process.stdout, selectors.EVENT_READ, w)  # type: ignore[arg-type]
+        while len(replies) < len(workers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [w for w in workers if w.index not in replies]
+                ranks = sum(len(w.ranks) for w in missing)
+                raise BurstError(
+                    f"{event}: {len(missing)} worker(s) holding {ranks} ranks did not answer within {timeout_s:.0f}s "
+                    f"(workers {[w.index for w in missing][:10]}; see {missing[0].log_path})"
+                )
+            for key, _ in selector.select(min(left, 1.0)):
+                w = key.data
+                chunk = os.read(w.process.stdout.fileno(), 1 << 20)  # type: ignore[union-attr]
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    if w.index not in replies:
+                        w.process.wait(timeout=10)
+                        raise BurstError(f"{event}: worker {w.index} exited before answering ({w.tail_of_log()})")
+                    continue
+                w.pending += chunk
+                while b"\n" in w.pending and w.index not in replies:
+                    line, w.pending = w.pending.split(b"\n", 1)
+                    message = json.loads(line)
+                    if message.get("event") == event:
+                        replies[w.index] = message
+    return replies
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))]
+
+    return {"p50": at(0.50), "p99": at(0.99), "max": ordered[-1]}
+
+
+def _mds_stats(fs: Any) -> dict[str, Any]:
+    reply, _ = fs.run(fs.aio.meta("stats"))
+    return reply
+
+
+def _chunk_stats(fs: Any) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for server in fs.servers():
+        if not server.get("live") or not server.get("address"):
+            continue
+        try:
+            reply, _ = fs.run(fs.aio.rpc.call(server["address"], "stat", {}, idempotent=True, timeout_s=10))
+            out[server["address"]] = dict(reply.get("stats", {}))
+        except Exception as exc:  # a dead server is reported by the survival check
+            out[server["address"]] = {"error": _describe(exc)}  # type: ignore[dict-item]
+    return out
+
+
+def _baseline(fs: Any, size_bytes: int) -> dict[str, float]:
+    """One client, one large file: write then read ``size_bytes`` (GB/s each)."""
+    piece = 8 * MiB
+    data = memoryview(os.urandom(min(size_bytes, piece)))
+    started = time.perf_counter()
+    with fs.open("/burst-baseline.bin", "wb") as f:
+        written = 0
+        while written < size_bytes:
+            n = min(len(data), size_bytes - written)
+            f.write(data[:n])
+            written += n
+    write_s = time.perf_counter() - started
+    buffer = bytearray(piece)
+    started = time.perf_counter()
+    with fs.open("/burst-baseline.bin", "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
+    read_s = time.perf_counter() - started
+    fs.remove("/burst-baseline.bin")
+    return {"bytes": size_bytes, "write_s": write_s, "read_s": read_s,
+            "write_GBps": size_bytes / write_s / 1e9, "read_GBps": size_bytes / read_s / 1e9}
+
+
+def _phase_summary(name: str, replies: dict[int, dict[str, Any]], start_at: float, shard_bytes: int,
+                   mds_before: dict[str, Any], mds_after: dict[str, Any]) -> dict[str, Any]:
+    rows = [row for reply in replies.values() for row in reply.get("rows", [])]
+    fatal = [f"worker {i}: {r['fatal']}" for i, r in replies.items() if r.get("fatal")]
+    ok = [r for r in rows if r[5] is None]
+    errors = [f"rank {r[0]}: {r[5]}" for r in rows if r[5] is not None]
+    ends = [r[2] for r in ok]
+    wall_s = (max(ends) - start_at) if ends else float("nan")
+    total_s = [r[2] - start_at for r in ok]  # latency from the barrier, as the job sees it
+    slowest = max(ok, key=lambda r: r[2]) if ok else None
+    ops = mds_after["store"]["operations"] - mds_before["store"]["operations"]
+    commits = mds_after["store"]["commits"] - mds_before["store"]["commits"]
+    per_rank_gbps = [shard_bytes / max(r[2] - r[1], 1e-9) / 1e9 for r in ok]
+    summary: dict[str, Any] = {
+        "phase": name,
+        "ranks_ok": len(ok),
+        "ranks": len(rows),
+        "wall_s": wall_s,
+        "aggregate_GBps": len(ok) * shard_bytes / wall_s / 1e9 if ok else 0.0,
+        "per_rank_GBps": {"p50": statistics.median(per_rank_gbps) if ok else float("nan"),
+                          "min": min(per_rank_gbps) if ok else float("nan")},
+        "latency_s": _percentiles(total_s),
+        "start_lag_s": _percentiles([r[1] - start_at for r in ok]),
+        "slowest_rank": {"rank": slowest[0], "seconds": slowest[2] - start_at,
+                         **{k: v for k, v in slowest[3].items() if k != "digest"}, "rpc_s": slowest[4]} if slowest else None,
+        "mds_operations": ops,
+        "mds_transactions": commits,
+        "mds_ops_per_s": ops / wall_s if ok and wall_s > 0 else 0.0,
+        "mds_largest_batch": mds_after["store"]["largest_batch"],
+        "errors": fatal + errors,
+        "error_count": len(fatal) + len(errors),
+        "worker_max_rss_bytes": max((r.get("max_rss_bytes", 0) for r in replies.values()), default=0),
+    }
+    for key in ("open_s", "write_s", "close_s", "metadata_s", "read_s"):
+        values = [r[3][key] for r in ok if key in r[3]]
+        if values:
+            summary[f"{key[:-2]}_latency_s"] = _percentiles(values)
+    for op in ("create", "allocate", "commit", "layout"):
+        values = [r[4][op] for r in ok if op in r[4]]
+        if values:
+            summary[f"rpc_{op}_s"] = _percentiles(values)
+    summary["spare_writes"] = sum(r[3].get("spare_writes", 0) for r in ok)
+    summary["_digests"] = {r[0]: r[3]["digest"] for r in ok if "digest" in r[3]}
+    return summary
+
+
+def _check_memory(ranks: int, processes: int, shard_bytes: int, block_size: int, memory_limit_bytes: int | None) -> None:
+    """Refuse up front a run that cannot fit in memory, with the reason and the way out.
+
+    Assumes what the client does today: an open file holds a whole block buffer while it is
+    written (even for a shard much smaller than a block), the shard's chunks (1.5x for
+    rs(4,2)) while they are sent, and each worker keeps one random base shard."""
+    need = ranks * (block_size + 2 * shard_bytes) + processes * shard_bytes
+    available = memory_limit_bytes
+    if available is None:
+        try:
+            with open("/proc/meminfo") as f:
+                info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+            available = int(info["MemAvailable"] * 0.8)
+        except (OSError, KeyError, ValueError):
+            return
+    if need > available:
+        raise BurstError(
+            f"{ranks} ranks would need ~{need / 2**30:.1f} GiB of client memory but ~{available / 2**30:.1f} GiB is "
+            f"available: each open file holds a whole {block_size / MiB:g} MiB block buffer while it is written, even "
+            f"for a {shard_bytes / MiB:g} MiB shard. Use --block-size (cluster) or --dir-block-size (the /burst "
+            f"directory) close to the shard size, fewer ranks, or --no-memory-check"
+        )
+
+
+def run(
+    out_dir: str,
+    ranks: int = 1024,
+    shard_bytes: int = 1 * MiB,
+    processes: int = 4,
+    *,
+    block_size: int = 64 * MiB,
+    dir_block_size: int | None = None,
+    servers: int = 6,
+    policy: str = "rs(4,2)",
+    baseline_bytes: int = 256 * MiB,
+    meta_address: str | None = None,
+    work_dir: str | None = None,
+    phase_timeout_s: float = 300.0,
+    setup_timeout_s: float | None = None,
+    io_threads: int = 1,
+    seed: int | None = None,
+    memory_limit_bytes: int | None = None,
+    memory_check: bool = True,
+    progress: Callable[[int], None] | None = None,
+    name: str = "burst",
+) -> dict[str, Any]:
+    """Run one burst and return its results (also written to ``<out_dir>/<name>.json``).
+
+    Starts its own cluster (``servers`` chunk servers, ``policy``, ``block_size``) unless
+    ``meta_address`` is given. ``dir_block_size`` sets the block size of ``/burst`` only.
+    Never blocks past its deadlines: a phase that overruns ``phase_timeout_s`` ends the run
+    with ``errors`` saying which phase and how many ranks. ``progress(n)`` is called as
+    phases finish (``PROGRESS_STEPS`` in all)."""
+    assert ranks >= 1
+    assert 1 <= processes <= ranks
+    assert shard_bytes >= 1
+    seed = random.randrange(1 << 31) if seed is None else seed
+    setup_timeout_s = setup_timeout_s if setup_timeout_s is not None else 60.0 + 0.05 * ranks
+    tick = progress or (lambda n: None)
+    from tectofs.client import connect
+    from tectofs.server.cluster import LocalCluster
+
+    result: dict[str, Any] = {
+        "benchmark": "burst", "ranks": ranks, "shard_bytes": shard_bytes, "processes": processes,
+        "block_size": block_size, "dir_block_size": dir_block_size, "servers": servers, "policy": policy,
+        "seed": seed, "errors": [], "phases": {},
+    }
+    errors: list[str] = result["errors"]
+    if memory_check:
+        try:
+            _check_memory(ranks, processes, shard_bytes, dir_block_size or block_size, memory_limit_bytes)
+        except BurstError as exc:
+            return _finish(out_dir, name, {**result, "errors": [str(exc)], "servers_alive": {"ok": True}})
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix="tectofs-burst-") as tmp:
+        cluster = None
+        if meta_address is None:
+            cluster = LocalCluster(os.path.join(tmp, "cluster"), servers=servers, policy=policy, block_size=block_size,
+                                   log_to_files=True)
+            cluster.start()
+            meta_address = cluster.address
+        workers: list[_WorkerProcess] = []
+        fs = connect(meta_address)
+        try:
+            result["baseline"] = _baseline(fs, baseline_bytes)
+            tick(1)
+            fs.mkdir("/burst", block_size=dir_block_size, exist_ok=True)
+            step = f"{int(time.time())}-{seed}"
+            pending, final = f"/burst/.pending-{step}", f"/burst/step-{step}"
+            fs.mkdir(pending)
+            chunk_before = _chunk_stats(fs)
+
+            # Setup: workers start, every rank connects.
+            started = time.perf_counter()
+            per_worker = [list(range(ranks))[i::processes] for i in range(processes)]
+            for i, own in enumerate(per_worker):
+                config = {"worker": i, "ranks": own, "address": meta_address, "shard_bytes": shard_bytes,
+                          "seed": seed, "io_threads": io_threads, "setup_timeout_s": setup_timeout_s}
+                workers.append(_WorkerProcess(i, config, os.path.join(tmp, f"worker-{i}.log")))
+            ready = _collect(workers, "ready", setup_timeout_s + 30)
+            setup_errors = [e for r in ready.values() for e in r["errors"]]
+            result["setup_s"] = time.perf_counter() - started
+            if setup_errors:
+                raise BurstError(f"setup: {sum(r['error_count'] for r in ready.values())} ranks failed to connect; "
+                                 f"first: {setup_errors[0]}")
+            tick(1)
+
+            # Save: every rank at the same moment.
+            mds_before = _mds_stats(fs)
+            start_at = time.time() + 0.5 + 0.0005 * ranks
+            for w in workers:
+                w.send({"op": "save", "dir": pending, "start_at": start_at, "timeout_s": phase_timeout_s})
+            replies = _collect(workers, "save", phase_timeout_s + 60 + (start_at - time.time()))
+            save = _phase_summary("save", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
+            digests = save.pop("_digests")
+            result["phases"]["save"] = save
+            errors.extend(save["errors"][:50])
+            tick(1)
+            if save["error_count"]:
+                raise BurstError(f"save: {save['error_count']} ranks failed; checkpoint not committed "
+                                 f"(first: {save['errors'][0]})")
+
+            # Commit: the coordinator records every digest and renames the directory into place.
+            mds_before = _mds_stats(fs)
+            started = time.perf_counter()
+            header = json.dumps({"format": "tectofs-burst-1", "ranks": ranks, "shard_bytes": shard_bytes,
+                                 "step": step}).encode()
+            assert len(header) < METADATA_HEADER_BYTES
+            metadata = bytearray(header.ljust(METADATA_HEADER_BYTES, b" "))
+            for rank in range(ranks):
+                metadata += bytes.fromhex(digests[rank])
+            fs.write_bytes(f"{pending}/.metadata", metadata)
+            metadata_s = time.perf_counter() - started
+            fs.rename(pending, final)
+            commit_s = time.perf_counter() - started
+            mds_after = _mds_stats(fs)
+            result["phases"]["commit"] = {
+                "phase": "commit", "metadata_write_s": metadata_s, "rename_s": commit_s - metadata_s,
+                "wall_s": commit_s, "mds_operations": mds_after["store"]["operations"] - mds_before["store"]["operations"],
+                "checkpoint_s": save["wall_s"] + commit_s,
+            }
+            tick(1)
+
+            # Load: every rank at the same moment, then verify.
+            mds_before = _mds_stats(fs)
+            start_at = time.time() + 0.5 + 0.0005 * ranks
+            for w in workers:
+                w.send({"op": "load", "dir": final, "start_at": start_at, "timeout_s": phase_timeout_s})
+            replies = _collect(workers, "load", phase_timeout_s + 60 + (start_at - time.time()))
+            load = _phase_summary("load", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
+            load.pop("_digests")
+            load["verified"] = sum(1 for reply in replies.values() for row in reply.get("rows", [])
+                                   if row[5] is None and row[3].get("verified"))
+            result["phases"]["load"] = load
+            errors.extend(load["errors"][:50])
+            tick(1)
+            result["chunk_servers"] = _chunk_delta(chunk_before, _chunk_stats(fs))
+        except BurstError as exc:
+            errors.append(str(exc))
+        finally:
+            for w in workers:
+                w.stop()
+            result["servers_alive"] = _survivors(fs, cluster)
+            fs.close()
+            if cluster is not None:
+                cluster.stop()
+    if not result["servers_alive"]["ok"]:
+        errors.append(f"servers did not survive: {result['servers_alive']}")
+    return _finish(out_dir, name, result)
+
+
+def _finish(out_dir: str, name: str, result: dict[str, Any]) -> dict[str, Any]:
+    result["error_count"] = len(result["errors"])
+    result["rows"] = _rows(result)
+    result["ratios"] = _ratios(result)
+    write_results(out_dir, name, result)
+    return result
+
+
+def _chunk_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, Any]:
+    keys = ("puts", "gets", "busy", "checksum_errors")
+    per_server = {a: {k: int(s.get(k, 0)) - int(before.get(a, {}).get(k, 0)) for k in keys}
+                  for a, s in after.items() if "error" not in s}
+    return {"per_server": per_server, **{f"total_{k}": sum(s[k] for s in per_server.values()) for k in keys}}
+
+
+def _survivors(fs: Any, cluster: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": True}
+    if cluster is not None:
+        dead = []
+        if cluster.meta_process is None or cluster.meta_process.poll() is not None:
+            dead.append("metadata service")
+        dead += [f"chunk server {i}" for i, p in enumerate(cluster.chunk_processes) if p is None or p.poll() is not None]
+        out["exited"] = dead
+        out["ok"] = not dead
+    try:
+        live = [s for s in fs.servers() if s.get("live")]
+        out["live_chunk_servers"] = len(live)
+        if cluster is not None and len(live) < cluster.server_count:
+            out["ok"] = False
+    except Exception as exc:
+        out["ok"] = False
+        out["metadata_service"] = _describe(exc)
+    return out
+
+
+def _row(what: str, phase: dict[str, Any] | None, latency_key: str = "latency_s", gbps: float | None = None) -> dict[str, Any]:
+    lat = (phase or {}).get(latency_key) or {}
+
+    def fmt(value: Any) -> Any:
+        return "-" if value is None or value != value else round(value, 3)
+
+    return {
+        "what": what,
+        "ok": f"{phase['ranks_ok']}/{phase['ranks']}" if phase and "ranks" in phase else "-",
+        "GB/s": fmt(gbps if gbps is not None else (phase or {}).get("aggregate_GBps")),
+        "p50 s": fmt(lat.get("p50")), "p99 s": fmt(lat.get("p99")), "max s": fmt(lat.get("max")),
+        "MDS ops/s": fmt((phase or {}).get("mds_ops_per_s")) if phase and "mds_ops_per_s" in phase else "-",
+        "slowest rank": (phase or {}).get("slowest_rank", {}).get("rank", "-") if phase and phase.get("slowest_rank") else "-",
+    }
+
+
+def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    base = result.get("baseline")
+    if base:
+        rows.append(_row(f"baseline: 1 client writes {base['bytes'] >> 20} MiB", None, gbps=base["write_GBps"]))
+        rows.append(_row(f"baseline: 1 client reads {base['bytes'] >> 20} MiB", None, gbps=base["read_GBps"]))
+    phases = result["phases"]
+    n, shard = result["ranks"], result["shard_bytes"]
+    if "save" in phases:
+        save = phases["save"]
+        rows.append(_row(f"save: {n} ranks x {shard / MiB:g} MiB (barrier -> closed)", save))
+        rows.append(_row("  close (upload + metadata commit)", save, "close_latency_s", gbps=float("nan")))
+        rows.append(_row("  commit RPC alone", save, "rpc_commit_s", gbps=float("nan")))
+    if "commit" in phases:
+        commit = phases["commit"]
+        rows.append({**_row("checkpoint commit (.metadata + rename)", None, gbps=float("nan")),
+                     "p50 s": round(commit["wall_s"], 3)})
+    if "load" in phases:
+        rows.append(_row(f"load + verify: {n} ranks", phases["load"]))
+    return rows
+
+
+def _ratios(result: dict[str, Any]) -> dict[str, float]:
+    base = result.get("baseline")
+    phases = result["phases"]
+    out: dict[str, float] = {}
+    if base and "save" in phases and phases["save"]["ranks_ok"]:
+        out["burst save / single writer"] = round(phases["save"]["aggregate_GBps"] / base["write_GBps"], 3)
+    if base and "load" in phases and phases["load"]["ranks_ok"]:
+        out["burst load / single reader"] = round(phases["load"]["aggregate_GBps"] / base["read_GBps"], 3)
+    return out
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    if result["rows"]:
+        print_table(result)
+    for name in ("save", "load"):
+        phase = result["phases"].get(name)
+        if not phase:
+            continue
+        slow = phase.get("slowest_rank") or {}
+        print(f"{name}: wall {phase['wall_s']:.2f}s, per-rank MB/s p50 {phase['per_rank_GBps']['p50'] * 1e3:.2f} "
+              f"min {phase['per_rank_GBps']['min'] * 1e3:.2f}, slowest rank {slow.get('rank')} "
+              f"({slow.get('seconds', float('nan')):.2f}s), start lag p99 {phase['start_lag_s']['p99']:.3f}s, "
+              f"MDS {phase['mds_operations']} ops in {phase['mds_transactions']} transactions, "
+              f"worker max RSS {phase['worker_max_rss_bytes'] / 2**30:.2f} GiB")
+    chunk = result.get("chunk_servers")
+    if chunk:
+        print(f"chunk servers: {chunk['total_puts']} puts, {chunk['total_gets']} gets, "
+              f"{chunk['total_busy']} BUSY, {chunk['total_checksum_errors']} checksum errors")
+    print(f"servers alive: {result['servers_alive']}")
+    print(f"errors: {result['error_count']}")
+    for error in result["errors"][:10]:
+        print(f"  {error}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        worker_main(argv[1])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--shard", type=parse_size, default=1 * MiB, help="bytes each rank saves (default 1M)")
+    parser.add_argument("--processes", type=int, default=4, help="worker processes the ranks are spread over")
+    parser.add_argument("--block-size", type=parse_size, default=64 * MiB, help="cluster block size (default 64M)")
+    parser.add_argument("--dir-block-size", type=parse_size, default=None,
+                        help="block size of the /burst directory only (default: the cluster's)")
+    parser.add_argument("--servers", type=int, default=6)
+    parser.add_argument("--policy", default="rs(4,2)")
+    parser.add_argument("--baseline", type=parse_size, default=256 * MiB, help="bytes the single large writer writes")
+    parser.add_argument("--meta", default=None, help="use this running cluster instead of starting one")
+    parser.add_argument("--phase-timeout", type=float, default=300.0, help="seconds each phase may take")
+    parser.add_argument("--io-threads", type=int, default=1, help="codec threads per rank client")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-memory-check", action="store_true", help="skip the up-front client memory estimate")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    result = run(args.out, args.ranks, args.shard, args.processes, block_size=args.block_size,
+                 dir_block_size=args.dir_block_size, servers=args.servers, policy=args.policy,
+                 baseline_bytes=args.baseline, meta_address=args.meta, phase_timeout_s=args.phase_timeout,
+                 io_threads=args.io_threads, seed=args.seed,
+                 memory_check=not args.no_memory_check)
+    print_summary(result)
+    return 1 if result["error_count"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
