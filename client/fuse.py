@@ -270,8 +270,21 @@ class TectofsOperations(mfusepy.Operations):
         else:
             atime, mtime = (None if t == UTIME_OMIT else now if t == UTIME_NOW else t / 1e9 for t in times)
         if atime is not None or mtime is not None:
+            # cp -p and tar set times on the open file before closing it; commit its data
+            # first so that the commit at close does not stamp the current time over them.
+            self._commit_writers_of(path)
             self._run(self.fs.aio.setattr(path, atime=atime, mtime=mtime))
         return 0
+
+    def _commit_writers_of(self, path: str) -> None:
+        with self._registry_lock:
+            if not any(h.dirty for h in self._handles.values()):
+                return
+        for handle in self._writers(self._run(self.fs.aio.stat(path)).ino):
+            with handle.lock:
+                if handle.dirty:
+                    self._run(handle.file.flush())
+                    handle.dirty = False
 
     @_errno
     def statfs(self, path: str) -> dict[str, int]:

@@ -50,7 +50,9 @@ class LocalCluster:
         server_dead_after_s: float = limits.server_dead_after_s,
         heartbeat_interval_s: float = limits.heartbeat_interval_s,
         gc_delay_s: float = 30.0,
+        allocation_grace_s: float = limits.allocation_grace_s,
         sync: bool = True,
+        chunk_inflight_bytes_max: int = limits.chunk_inflight_bytes_max,
         log_to_files: bool = True,
         extra_env: dict[str, str] | None = None,
     ) -> None:
@@ -63,7 +65,9 @@ class LocalCluster:
         self.server_dead_after_s = server_dead_after_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.gc_delay_s = gc_delay_s
+        self.allocation_grace_s = allocation_grace_s
         self.sync = sync
+        self.chunk_inflight_bytes_max = chunk_inflight_bytes_max
         self.log_to_files = log_to_files
         self.env = {**os.environ, **(extra_env or {})}
         self.meta_process: subprocess.Popen[bytes] | None = None
@@ -89,26 +93,49 @@ class LocalCluster:
 
     def start(self, timeout_s: float = 60.0) -> str:
         os.makedirs(self.root, exist_ok=True)
+        self.address = self._start_meta(self.port, timeout_s)
+        self.chunk_processes = [self._start_chunk(i) for i in range(self.server_count)]
+        self.wait_live(self.server_count, timeout_s)
+        return self.address
+
+    def _start_meta(self, port: int, timeout_s: float) -> str:
         ready = os.path.join(self.root, "meta.address")
         if os.path.exists(ready):
             os.unlink(ready)
         self.meta_process = self._spawn(
-            ["meta", "--store", os.path.join(self.root, "meta.db"), "--host", self.host, "--port", str(self.port),
+            ["meta", "--store", os.path.join(self.root, "meta.db"), "--host", self.host, "--port", str(port),
              "--policy", self.policy, "--block-size", str(self.block_size), "--ready-file", ready,
-             "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s)],
+             "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s),
+             "--allocation-grace", str(self.allocation_grace_s)],
             "meta.log",
         )
-        self.address = wait_for_file(ready, timeout_s, self.meta_process)
-        self.chunk_processes = [self._start_chunk(i) for i in range(self.server_count)]
-        self.wait_live(self.server_count, timeout_s)
-        return self.address
+        return wait_for_file(ready, timeout_s, self.meta_process)
+
+    def kill_meta(self, sig: int = signal.SIGKILL) -> None:
+        if self.meta_process is not None and self.meta_process.poll() is None:
+            self.meta_process.send_signal(sig)
+            self.meta_process.wait(timeout=10)
+
+    def restart_meta(self, timeout_s: float = 30.0) -> None:
+        """Start the metadata service again on the same store and port."""
+        port = int(self.address.rsplit(":", 1)[1])
+        deadline = time.monotonic() + timeout_s
+        while True:  # the port may linger briefly after a kill
+            try:
+                self._start_meta(port, timeout_s)
+                return
+            except TectofsError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _start_chunk(self, i: int) -> subprocess.Popen[bytes]:
         ready = os.path.join(self.root, f"chunk-{i}.address")
         if os.path.exists(ready):
             os.unlink(ready)
         args = ["chunk", "--data", self.chunk_data_dirs[i], "--meta", self.address, "--host", self.host,
-                "--heartbeat", str(self.heartbeat_interval_s), "--ready-file", ready]
+                "--heartbeat", str(self.heartbeat_interval_s), "--ready-file", ready,
+                "--inflight-max", str(self.chunk_inflight_bytes_max)]
         if not self.sync:
             args.append("--no-sync")
         return self._spawn(args, f"chunk-{i}.log")

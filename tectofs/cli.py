@@ -48,7 +48,8 @@ def cmd_meta(args: argparse.Namespace) -> None:
 
     def start() -> MetadataService:
         return MetadataService(
-            args.store, args.policy, args.block_size, server_dead_after_s=args.dead_after, gc_delay_s=args.gc_delay
+            args.store, args.policy, args.block_size, server_dead_after_s=args.dead_after, gc_delay_s=args.gc_delay,
+            allocation_grace_s=args.allocation_grace,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {args.store})")
@@ -318,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dead-after", type=float, default=limits.server_dead_after_s,
                    help="seconds without heartbeat before a chunk server counts as dead")
     p.add_argument("--gc-delay", type=float, default=30.0, help="seconds before deleted chunks are removed")
+    p.add_argument("--allocation-grace", type=float, default=limits.allocation_grace_s,
+                   help="seconds before blocks allocated but never committed (a crashed writer) are collected")
     p.add_argument("--ready-file", help="write the listening address here once serving")
     p.set_defaults(fn=cmd_meta)
 

@@ -199,6 +199,12 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             ``dcp.async_save`` (a bigger state dict is refused instead of staged).
         staging_timeout_s: how long ``async_save`` may wait for the previous upload
             to release the staging buffers (None: forever).
+
+    One writer runs one save at a time. Keep one writer for all ``dcp.async_save`` calls of
+    a job: its staging buffers are reused, and a second ``async_save`` blocks in staging
+    until the first upload has finished (successfully or not: failures surface in the
+    future ``async_save`` returned). ``dcp.save(checkpoint_id="tectofs://...")`` without a
+    writer works too (``import tectofs.torch`` teaches DCP the scheme).
     """
 
     # dcp.async_save: staging is synchronous (the copy is done when stage() returns).

@@ -1,0 +1,564 @@
+"""The FUSE mount, driven the way people use it: coreutils, tar, dd, Python file objects,
+torch.save/torch.load, a second mount, and a model-based comparison with a local directory.
+
+Every mount is a real ``tectofs mount`` child process (``start_mount_process``) on a real
+local cluster (1 MiB blocks, so small files span blocks); every mount is unmounted in a
+``finally`` and every subprocess has a timeout, so a broken daemon fails a test instead of
+hanging the suite.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import random
+import shutil
+import stat
+import subprocess
+import threading
+import uuid
+from typing import Any, Callable, Iterator
+
+import pytest
+
+MiB = 1 << 20
+COMMAND_TIMEOUT_S = 120
+
+
+def _fuse_unavailable() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (apt-get install fuse3)"
+    try:
+        import mfusepy  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError when libfuse3 cannot be loaded
+        return f"mfusepy/libfuse3 unavailable: {exc}"
+    return None
+
+
+_REASON = _fuse_unavailable()
+pytestmark = [pytest.mark.fuse, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+
+if _REASON is None:
+    from tectofs.client.fuse import MountProcess, is_mounted, start_mount_process
+
+
+def sh(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(list(args), check=True, capture_output=True, timeout=COMMAND_TIMEOUT_S, **kwargs)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Mounted:
+    """A mount of the module's cluster plus the client library over the same cluster."""
+
+    def __init__(self, process: "MountProcess", fs: Any) -> None:
+        self.process = process
+        self.root = process.mountpoint
+        self.fs = fs
+
+    def fresh_dir(self, prefix: str) -> tuple[str, str]:
+        """A new empty directory: (path through the mount, tectofs path)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        os.mkdir(os.path.join(self.root, name))
+        return os.path.join(self.root, name), "/" + name
+
+
+@pytest.fixture(scope="module")
+def mounted(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted]:
+    mountpoint = str(tmp_path_factory.mktemp("mnt"))
+    process = start_mount_process(cluster.address, mountpoint,
+                                  log_path=str(tmp_path_factory.mktemp("mount-log") / "mount.log"))
+    try:
+        yield Mounted(process, cluster.fs)
+    finally:
+        process.stop()
+        assert not is_mounted(mountpoint), f"{mountpoint} is still mounted"
+
+
+def _tree(root: str) -> dict[str, Any]:
+    """Relative path -> ("dir",) / ("file", sha, mode) / ("symlink", target), for comparisons."""
+    found: dict[str, Any] = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            relative = os.path.relpath(path, root)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                found[relative] = ("symlink", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                found[relative] = ("dir",)
+            else:
+                with open(path, "rb") as f:
+                    found[relative] = ("file", sha(f.read()), stat.S_IMODE(st.st_mode))
+    return found
+
+
+def _make_source_tree(root: str, rng: random.Random) -> None:
+    os.makedirs(os.path.join(root, "a", "b", "c"))
+    os.makedirs(os.path.join(root, "empty-dir"))
+    files = {
+        "empty": b"",
+        "small.txt": b"hello tectofs\n" * 10,
+        "a/one-block": rng.randbytes(MiB),
+        "a/b/multi-block": rng.randbytes(2 * MiB + 12345),
+        "a/b/c/odd": rng.randbytes(777_777),
+        "a/b/c/exec.sh": b"#!/bin/sh\necho hi\n",
+    }
+    for relative, data in files.items():
+        with open(os.path.join(root, relative), "wb") as f:
+            f.write(data)
+    os.chmod(os.path.join(root, "a/b/c/exec.sh"), 0o755)
+    os.chmod(os.path.join(root, "small.txt"), 0o600)
+    os.symlink("b/multi-block", os.path.join(root, "a", "link"))
+
+
+# ---------------------------------------------------------------------- tools
+
+
+def test_cp_r_copies_a_tree_both_ways(mounted: Mounted, tmp_path: Any, rng: random.Random) -> None:
+    source = str(tmp_path / "src")
+    _make_source_tree(source, rng)
+    where, tectofs_dir = mounted.fresh_dir("cp")
+    sh("cp", "-a", source, os.path.join(where, "copy"))
+    assert _tree(os.path.join(where, "copy")) == _tree(source)
+    sh("diff", "-r", source, os.path.join(where, "copy"))
+    # What cp wrote through the mount is what the client library reads, bit for bit.
+    with open(os.path.join(source, "a/b/multi-block"), "rb") as f:
+        assert mounted.fs.read_bytes(f"{tectofs_dir}/copy/a/b/multi-block") == f.read()
+    sh("cp", "-r", os.path.join(where, "copy"), str(tmp_path / "back"))
+    assert _tree(str(tmp_path / "back")) == _tree(source)
+
+
+def test_tar_create_and_extract(mounted: Mounted, tmp_path: Any, rng: random.Random) -> None:
+    source = str(tmp_path / "src")
+    _make_source_tree(source, rng)
+    where, _ = mounted.fresh_dir("tar")
+    archive = os.path.join(where, "tree.tar")
+    sh("tar", "-C", source, "-cf", archive, ".")
+    os.mkdir(os.path.join(where, "out"))
+    sh("tar", "-C", os.path.join(where, "out"), "-xf", archive)
+    assert _tree(os.path.join(where, "out")) == _tree(source)
+    # mtimes survive extraction (tar sets them with utimensat)
+    expected = os.lstat(os.path.join(source, "a/b/c/odd")).st_mtime
+    assert abs(os.lstat(os.path.join(where, "out/a/b/c/odd")).st_mtime - expected) < 1e-3
+    # and an archive made from the mount extracts locally to the same tree
+    sh("tar", "-C", os.path.join(where, "out"), "-czf", str(tmp_path / "again.tgz"), ".")
+    os.mkdir(tmp_path / "local-out")
+    sh("tar", "-C", str(tmp_path / "local-out"), "-xzf", str(tmp_path / "again.tgz"))
+    assert _tree(str(tmp_path / "local-out")) == _tree(source)
+
+
+def test_dd_large_file_round_trip(mounted: Mounted, tmp_path: Any) -> None:
+    local = str(tmp_path / "big")
+    sh("dd", "if=/dev/urandom", f"of={local}", "bs=1M", "count=32", "status=none")
+    where, tectofs_dir = mounted.fresh_dir("dd")
+    sh("dd", f"if={local}", f"of={where}/big", "bs=1M", "conv=fsync", "status=none")
+    assert os.stat(f"{where}/big").st_size == 32 * MiB
+    sh("dd", f"if={where}/big", f"of={tmp_path}/back", "bs=1M", "status=none")
+    sh("cmp", local, f"{tmp_path}/back")
+    with open(local, "rb") as f:
+        assert sha(mounted.fs.read_bytes(f"{tectofs_dir}/big")) == sha(f.read())
+    # odd block sizes and an offset write into the middle (copy-on-write of two blocks)
+    sh("dd", "if=/dev/zero", f"of={where}/big", "bs=12345", "count=100", f"seek={(5 * MiB) // 12345}",
+       "conv=notrunc", "status=none")
+    with open(local, "r+b") as f:
+        f.seek(((5 * MiB) // 12345) * 12345)
+        f.write(bytes(12345 * 100))
+    sh("cmp", local, f"{where}/big")
+
+
+# ---------------------------------------------------------------------- Python file API
+
+
+def test_python_open_seek_read_write(mounted: Mounted, tmp_path: Any, rng: random.Random) -> None:
+    where, tectofs_dir = mounted.fresh_dir("py")
+    path, model_path = f"{where}/f", str(tmp_path / "model")
+    data = rng.randbytes(3 * MiB + 100)
+    for p in (path, model_path):
+        with open(p, "wb") as f:
+            f.write(data)
+    with open(path, "r+b") as f, open(model_path, "r+b") as model:
+        for _ in range(40):
+            offset = rng.randrange(4 * MiB)
+            if rng.random() < 0.5:
+                chunk = rng.randbytes(rng.randrange(1, 300_000))
+                for g in (f, model):
+                    g.seek(offset)
+                    g.write(chunk)
+            else:
+                length = rng.randrange(2 * MiB)
+                for g in (f, model):
+                    g.seek(offset)
+                assert f.read(length) == model.read(length)
+            assert f.tell() == model.tell()
+        f.seek(0, os.SEEK_END)
+        model.seek(0, os.SEEK_END)
+        assert f.tell() == model.tell()
+    with open(model_path, "rb") as model:
+        expected = model.read()
+    with open(path, "rb") as f:
+        assert f.read() == expected
+    assert mounted.fs.read_bytes(f"{tectofs_dir}/f") == expected
+
+
+def test_client_and_mount_see_the_same_bytes(mounted: Mounted, rng: random.Random) -> None:
+    where, tectofs_dir = mounted.fresh_dir("xchg")
+    through_mount = rng.randbytes(2 * MiB + 4321)
+    with open(f"{where}/from-mount", "wb") as f:
+        f.write(through_mount)
+    assert mounted.fs.read_bytes(f"{tectofs_dir}/from-mount") == through_mount
+    through_client = rng.randbytes(3 * MiB - 1)
+    mounted.fs.write_bytes(f"{tectofs_dir}/from-client", through_client)
+    with open(f"{where}/from-client", "rb") as f:
+        assert f.read() == through_client
+    mounted.fs.write_bytes(f"{tectofs_dir}/from-client", b"rewritten")  # same mount, file changed under it
+    with open(f"{where}/from-client", "rb") as f:
+        assert f.read() == b"rewritten"
+
+
+def test_append(mounted: Mounted) -> None:
+    where, tectofs_dir = mounted.fresh_dir("append")
+    path = f"{where}/log"
+    expected = b""
+    for i in range(5):
+        line = f"line {i}\n".encode() * (i * 50_000 + 1)
+        with open(path, "ab") as f:
+            f.write(line)
+            expected += line
+            assert f.tell() == len(expected)
+    sh("sh", "-c", f"echo shell >> '{path}'")
+    expected += b"shell\n"
+    with open(path, "rb") as f:
+        assert f.read() == expected
+    assert mounted.fs.read_bytes(f"{tectofs_dir}/log") == expected
+
+
+def test_truncate_by_path_and_handle(mounted: Mounted, rng: random.Random) -> None:
+    where, _ = mounted.fresh_dir("trunc")
+    path = f"{where}/f"
+    data = rng.randbytes(3 * MiB)
+    with open(path, "wb") as f:
+        f.write(data)
+    os.truncate(path, MiB + 10)  # inside the second block: that block is rewritten
+    assert os.stat(path).st_size == MiB + 10
+    os.truncate(path, 2 * MiB)  # growing: the tail reads as zeros
+    with open(path, "rb") as f:
+        assert f.read() == data[: MiB + 10] + bytes(MiB - 10)
+    with open(path, "r+b") as f:
+        f.truncate(100)
+        assert os.fstat(f.fileno()).st_size == 100
+        f.seek(0, os.SEEK_END)
+        f.write(b"end")
+    with open(path, "rb") as f:
+        assert f.read() == data[:100] + b"end"
+    with open(path, "wb"):  # O_TRUNC
+        pass
+    assert os.stat(path).st_size == 0
+
+
+def test_rename_replace_and_noreplace(mounted: Mounted) -> None:
+    where, _ = mounted.fresh_dir("rename")
+    for name, content in (("a", b"new"), ("b", b"old")):
+        with open(f"{where}/{name}", "wb") as f:
+            f.write(content)
+    os.replace(f"{where}/a", f"{where}/b")  # the checkpoint commit pattern
+    assert not os.path.exists(f"{where}/a")
+    with open(f"{where}/b", "rb") as f:
+        assert f.read() == b"new"
+    os.mkdir(f"{where}/d1")
+    os.mkdir(f"{where}/d2")
+    with open(f"{where}/d1/inner", "wb") as f:
+        f.write(b"x")
+    os.rename(f"{where}/d1", f"{where}/d2")  # a directory replaces an empty one
+    assert os.listdir(f"{where}/d2") == ["inner"]
+    os.mkdir(f"{where}/d3")
+    with pytest.raises(OSError) as raised:
+        os.rename(f"{where}/d3", f"{where}/d2")
+    assert raised.value.errno == errno.ENOTEMPTY
+    with open(f"{where}/c", "wb") as f:
+        f.write(b"c")
+    libc = ctypes.CDLL(None, use_errno=True)
+    AT_FDCWD, RENAME_NOREPLACE = -100, 1
+    result = libc.renameat2(AT_FDCWD, f"{where}/c".encode(), AT_FDCWD, f"{where}/b".encode(), RENAME_NOREPLACE)
+    assert result == -1
+    assert ctypes.get_errno() == errno.EEXIST
+    with open(f"{where}/b", "rb") as f:
+        assert f.read() == b"new"
+    assert libc.renameat2(AT_FDCWD, f"{where}/c".encode(), AT_FDCWD, f"{where}/e".encode(), RENAME_NOREPLACE) == 0
+    sh("mv", f"{where}/e", f"{where}/d2/e")
+    assert sorted(os.listdir(f"{where}/d2")) == ["e", "inner"]
+
+
+def test_ls_l_attributes(mounted: Mounted) -> None:
+    where, tectofs_dir = mounted.fresh_dir("attrs")
+    with open(f"{where}/f", "wb") as f:
+        f.write(b"z" * 12345)
+    os.chmod(f"{where}/f", 0o640)
+    os.mkdir(f"{where}/d", 0o750)
+    os.symlink("f", f"{where}/l")
+    os.utime(f"{where}/f", ns=(1_000_000_000, 1_600_000_000_123_456_000))
+    st = os.stat(f"{where}/f")
+    assert st.st_size == 12345
+    assert stat.S_ISREG(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o640
+    assert abs(st.st_mtime_ns - 1_600_000_000_123_456_000) < 1000
+    assert st.st_ino == mounted.fs.stat(f"{tectofs_dir}/f").ino
+    assert st.st_uid == os.getuid()
+    listing = {line.split()[-1] if "->" not in line else line.split()[-3]: line.split()
+               for line in sh("ls", "-l", where).stdout.decode().splitlines()[1:]}
+    assert listing["f"][0] == "-rw-r-----"
+    assert listing["f"][4] == "12345"
+    assert listing["d"][0].startswith("drwxr-x---")
+    assert listing["l"][0].startswith("l")
+    assert os.readlink(f"{where}/l") == "f"
+    with open(f"{where}/l", "rb") as f:
+        assert f.read() == b"z" * 12345
+    assert sorted(os.listdir(where)) == ["d", "f", "l"]
+    names = sh("ls", "-a", where).stdout.decode().split()
+    assert "." in names
+    assert ".." in names
+    vfs = os.statvfs(where)
+    assert vfs.f_namemax == 255
+    assert vfs.f_blocks > 0
+
+
+def test_errors_reach_callers_as_errno(mounted: Mounted) -> None:
+    where, _ = mounted.fresh_dir("errors")
+    os.mkdir(f"{where}/d")
+    with open(f"{where}/d/f", "wb") as f:
+        f.write(b"x")
+    cases: list[tuple[int, Callable[[], Any]]] = [
+        (errno.ENOENT, lambda: open(f"{where}/missing", "rb")),
+        (errno.ENOENT, lambda: os.stat(f"{where}/missing/x")),
+        (errno.EEXIST, lambda: os.mkdir(f"{where}/d")),
+        (errno.EEXIST, lambda: open(f"{where}/d/f", "xb")),
+        (errno.ENOTEMPTY, lambda: os.rmdir(f"{where}/d")),
+        (errno.EISDIR, lambda: open(f"{where}/d", "wb")),
+        (errno.EISDIR, lambda: os.unlink(f"{where}/d")),
+        (errno.ENOTDIR, lambda: os.rmdir(f"{where}/d/f")),
+        (errno.ENOTDIR, lambda: open(f"{where}/d/f/x", "wb")),
+        (errno.EINVAL, lambda: os.rename(f"{where}/d", f"{where}/d/sub")),
+        (errno.EPERM, lambda: os.link(f"{where}/d/f", f"{where}/hard")),
+    ]
+    for expected, action in cases:
+        with pytest.raises(OSError) as raised:
+            action()
+        assert raised.value.errno == expected, (action, raised.value)
+
+
+def test_torch_save_and_load(mounted: Mounted) -> None:
+    torch = pytest.importorskip("torch")
+    import io
+
+    where, tectofs_dir = mounted.fresh_dir("torch")
+    state = {"weight": torch.randn(512, 1024), "bias": torch.arange(1000, dtype=torch.int64),
+             "half": torch.randn(300, 300).to(torch.bfloat16), "step": 7}
+    torch.save(state, f"{where}/model.pt")
+    loaded = torch.load(f"{where}/model.pt")
+    assert loaded["step"] == 7
+    for key in ("weight", "bias", "half"):
+        assert torch.equal(loaded[key], state[key])
+    mapped = torch.load(f"{where}/model.pt", mmap=True)
+    assert torch.equal(mapped["weight"], state["weight"])
+    via_client = torch.load(io.BytesIO(mounted.fs.read_bytes(f"{tectofs_dir}/model.pt")))
+    assert torch.equal(via_client["weight"], state["weight"])
+
+
+def test_parallel_writers_and_readers(mounted: Mounted) -> None:
+    """Several threads write and read different files at once (multi-threaded serving)."""
+    where, _ = mounted.fresh_dir("parallel")
+    payloads = {i: random.Random(i).randbytes(2 * MiB + i * 1000) for i in range(4)}
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(2):
+                with open(f"{where}/f{i}", "wb") as f:
+                    f.write(payloads[i])
+                with open(f"{where}/f{i}", "rb") as f:
+                    assert f.read() == payloads[i]
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    def lister() -> None:
+        while not stop.is_set():
+            os.listdir(where)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in payloads]
+    watcher = threading.Thread(target=lister)
+    watcher.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=COMMAND_TIMEOUT_S)
+    stop.set()
+    watcher.join(timeout=10)
+    assert not failures, failures
+    assert sorted(os.listdir(where)) == [f"f{i}" for i in payloads]
+
+
+# ---------------------------------------------------------------------- two mounts, faults
+
+
+def test_close_to_open_across_two_mounts(mounted: Mounted, cluster: Any, tmp_path: Any) -> None:
+    second = start_mount_process(cluster.address, str(tmp_path / "second"), log_path=str(tmp_path / "second.log"))
+    try:
+        where, _ = mounted.fresh_dir("c2o")
+        other = os.path.join(second.mountpoint, os.path.basename(where))
+        for i in range(4):
+            data = os.urandom(10 + 700_000 * i)
+            if i:
+                os.stat(f"{other}/f")  # the second kernel now caches the old size ...
+            with open(f"{where}/f", "wb") as f:
+                f.write(data)
+            with open(f"{other}/f", "rb") as f:  # ... and must not use it after this open
+                assert f.read() == data
+        with open(f"{where}/f.tmp", "wb") as f:
+            f.write(b"committed by rename")
+        os.replace(f"{where}/f.tmp", f"{where}/f")
+        with open(f"{other}/f", "rb") as f:
+            assert f.read() == b"committed by rename"
+    finally:
+        second.stop()
+
+
+def test_chunk_server_loss_is_invisible_to_readers_and_writes_fail_cleanly(
+    make_cluster: Callable[..., Any], tmp_path: Any
+) -> None:
+    own = make_cluster()
+    process = start_mount_process(own.address, str(tmp_path / "mnt"), log_path=str(tmp_path / "mount.log"))
+    try:
+        root = process.mountpoint
+        data = os.urandom(6 * MiB + 1)
+        with open(f"{root}/f", "wb") as f:
+            f.write(data)
+        own.kill_chunk_server(0)
+        own.kill_chunk_server(3)
+        with open(f"{root}/f", "rb") as f:  # rs(4,2): any 4 of 6 chunks rebuild each block
+            assert f.read() == data
+        # Four of six servers left: a new rs(4,2) block cannot be placed.
+        with pytest.raises(OSError) as raised:
+            with open(f"{root}/g", "wb") as f:
+                f.write(os.urandom(3 * MiB))
+        assert raised.value.errno == errno.ENOSPC
+    finally:
+        process.stop()
+
+
+# ---------------------------------------------------------------------- model-based
+
+
+def test_mount_behaves_like_a_local_directory(mounted: Mounted, tmp_path: Any) -> None:
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+
+    paths = st.sampled_from(["a", "b", "c", "a/a", "a/b", "b/a", "b/c", "a/a/b"])
+    offsets = st.integers(0, 3 * MiB)
+    lengths = st.integers(0, 200_000)
+    seeds = st.integers(0, 2**32 - 1)
+
+    class MountVsLocal(RuleBasedStateMachine):
+        """Each rule does the same thing under the mount and under a local directory; the
+        results (value, or errno name) must agree."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.mount_root, _ = mounted.fresh_dir("model")
+            self.local_root = str(tmp_path / uuid.uuid4().hex[:8])
+            os.mkdir(self.local_root)
+
+        def both(self, action: Callable[[str], Any]) -> Any:
+            results = []
+            for root in (self.local_root, self.mount_root):
+                try:
+                    results.append(("ok", action(root)))
+                except OSError as exc:
+                    results.append(("error", errno.errorcode.get(exc.errno or 0, exc.errno)))
+            assert results[1] == results[0], f"mount gave {results[1]!r}, local disk {results[0]!r}"
+            return results[0]
+
+        @rule(path=paths)
+        def create(self, path: str) -> None:
+            self.both(lambda root: open(os.path.join(root, path), "xb").close())
+
+        @rule(path=paths, offset=offsets, length=lengths, seed=seeds)
+        def write(self, path: str, offset: int, length: int, seed: int) -> None:
+            data = random.Random(seed).randbytes(length)
+
+            def action(root: str) -> int:
+                fd = os.open(os.path.join(root, path), os.O_WRONLY)
+                try:
+                    return os.pwrite(fd, data, offset)
+                finally:
+                    os.close(fd)
+
+            self.both(action)
+
+        @rule(path=paths, length=lengths, seed=seeds)
+        def append(self, path: str, length: int, seed: int) -> None:
+            data = random.Random(seed).randbytes(length)
+
+            def action(root: str) -> int:
+                with open(os.path.join(root, path), "ab") as f:
+                    f.write(data)
+                    return f.tell()
+
+            self.both(action)
+
+        @rule(path=paths, size=offsets)
+        def truncate(self, path: str, size: int) -> None:
+            self.both(lambda root: os.truncate(os.path.join(root, path), size))
+
+        @rule(source=paths, target=paths)
+        def rename(self, source: str, target: str) -> None:
+            self.both(lambda root: os.rename(os.path.join(root, source), os.path.join(root, target)))
+
+        @rule(path=paths)
+        def unlink(self, path: str) -> None:
+            self.both(lambda root: os.unlink(os.path.join(root, path)))
+
+        @rule(path=paths)
+        def mkdir(self, path: str) -> None:
+            self.both(lambda root: os.mkdir(os.path.join(root, path)))
+
+        @rule(path=paths)
+        def rmdir(self, path: str) -> None:
+            self.both(lambda root: os.rmdir(os.path.join(root, path)))
+
+        @rule(path=paths)
+        def read(self, path: str) -> None:
+            def action(root: str) -> str:
+                with open(os.path.join(root, path), "rb") as f:
+                    return sha(f.read())
+
+            self.both(action)
+
+        @rule(path=st.sampled_from(["", "a", "b", "a/a", "c"]))
+        def listdir(self, path: str) -> None:
+            self.both(lambda root: sorted(os.listdir(os.path.join(root, path))))
+
+        @rule(path=paths)
+        def stat(self, path: str) -> None:
+            def action(root: str) -> tuple[int, int]:
+                st_ = os.stat(os.path.join(root, path))
+                return stat.S_IFMT(st_.st_mode), st_.st_size if stat.S_ISREG(st_.st_mode) else 0
+
+            self.both(action)
+
+        def teardown(self) -> None:
+            shutil.rmtree(self.local_root, ignore_errors=True)
+            shutil.rmtree(self.mount_root, ignore_errors=True)
+
+    run_state_machine_as_test(
+        MountVsLocal,
+        settings=settings(max_examples=30, stateful_step_count=20, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
+    )
