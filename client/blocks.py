@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 from concurrent.futures import Executor
 from typing import Any
 
-from tectofs import checksum, erasure
+from tectofs import checksum, erasure, limits
 from tectofs.buffers import BufferPool
 from tectofs.errors import (
     Busy,
@@ -44,7 +45,8 @@ class BlockIO:
         self.rpc = rpc
         self.meta_address = meta_address
         self.executor = executor
-        self.stats = {"degraded_reads": 0, "repaired_chunks": 0, "spare_writes": 0, "bad_chunks": 0}
+        self.stats = {"degraded_reads": 0, "repaired_chunks": 0, "spare_writes": 0, "hedged_writes": 0,
+                      "bad_chunks": 0}
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -67,31 +69,68 @@ class BlockIO:
     async def _place(
         self, idx: int, data: memoryview, allocation: dict[str, Any], policy: Any, chunks: list[Any], crcs: list[Any]
     ) -> dict[str, Any]:
+        """Put chunk ``p`` on primary server ``p``. A put that fails moves to a spare; a put
+        that is much slower than its siblings is *hedged*: the same chunk also goes to a spare
+        and the first to succeed wins (Tectonic's hedged writes). Losers' copies are deleted by
+        the MDS's GC after commit."""
         servers = list(allocation["servers"])
         primaries, spares = servers[: policy.width], servers[policy.width :]
         block_id = allocation["block_id"]
-        spare_lock = asyncio.Lock()
+        finished_s: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        async def attempt(position: int, server: dict[str, Any]) -> dict[str, Any]:
+            started = loop.time()
+            await self._put(server["address"], block_id, position, chunks[position], crcs[position])
+            finished_s.append(loop.time() - started)
+            return {
+                "position": position, "server_id": server["server_id"], "address": server["address"],
+                "length": len(chunks[position]), "crc": crcs[position][1],
+            }
+
+        def hedge_delay(started: float) -> float | None:
+            if not spares or len(finished_s) < max(1, policy.width // 2):
+                return None
+            threshold = max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(finished_s))
+            return max(0.0, started + threshold - loop.time())
 
         async def place(position: int) -> dict[str, Any]:
-            server = primaries[position]
-            errors = []
-            while True:
-                try:
-                    await self._put(server["address"], block_id, position, chunks[position], crcs[position])
-                    return {
-                        "position": position, "server_id": server["server_id"], "address": server["address"],
-                        "length": len(chunks[position]), "crc": crcs[position][1],
-                    }
-                except _SERVER_FAILURES as exc:
-                    errors.append(f"{server['address']}: {exc}")
-                    async with spare_lock:
+            started = loop.time()
+            pending = {loop.create_task(attempt(position, primaries[position]))}
+            hedged = False
+            errors: list[str] = []
+            try:
+                while True:
+                    delay = None if hedged else hedge_delay(started)
+                    done, pending = await asyncio.wait(
+                        pending, timeout=delay if delay is not None else limits.hedge_check_interval_s,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    for task in done:
+                        if task.exception() is None:
+                            return task.result()
+                        exc = task.exception()
+                        if not isinstance(exc, _SERVER_FAILURES):
+                            raise exc  # type: ignore[misc]
+                        errors.append(str(exc))
+                    if not done and (delay is None or hedged):
+                        continue  # re-check the hedge threshold as siblings finish
+                    if not done or not pending:
                         if not spares:
-                            raise NoSpace(
-                                f"block {block_id} chunk {position}: no chunk server accepted it ({'; '.join(errors)})"
-                            ) from None
-                        server = spares.pop(0)
-                    self.stats["spare_writes"] += 1
-                    log.info("chunk %d of block %d goes to spare %s", position, block_id, server["address"])
+                            if pending:
+                                continue
+                            raise NoSpace(f"block {block_id} chunk {position}: no chunk server accepted it ({'; '.join(errors)})")
+                        spare = spares.pop(0)
+                        if done:
+                            self.stats["spare_writes"] += 1
+                        else:
+                            hedged = True
+                            self.stats["hedged_writes"] += 1
+                        log.info("chunk %d of block %d also goes to spare %s", position, block_id, spare["address"])
+                        pending.add(loop.create_task(attempt(position, spare)))
+            finally:
+                for task in pending:
+                    task.cancel()
 
         placed = await asyncio.gather(*(place(p) for p in range(policy.width)))
         return {"idx": idx, "block_id": block_id, "policy": str(policy), "length": len(data), "chunks": placed}

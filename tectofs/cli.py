@@ -258,13 +258,15 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 
 def cmd_gc(args: argparse.Namespace) -> None:
-    from .torch_gc import collect_pending
+    from .torch import gc_pending
 
-    with _client(args) as fs:
-        removed = collect_pending(fs, args.path, args.older_than)
-    for path in removed:
-        print(f"removed {path}")
-    print(f"{len(removed)} pending checkpoint directories removed")
+    address = args.meta or os.environ.get("TECTOFS_META")
+    if not address:
+        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT or set TECTOFS_META")
+    removed = gc_pending(f"tectofs://{address}{args.path}", args.older_than, recursive=True, dry_run=args.dry_run)
+    for uri in removed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
+    print(f"{len(removed)} leftovers of interrupted checkpoint saves {'found' if args.dry_run else 'removed'}")
 
 
 def cmd_mount(args: argparse.Namespace) -> None:
@@ -360,9 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+")
     p.add_argument("-r", "--recursive", action="store_true")
     client_command("status", cmd_status, "show chunk servers, liveness, capacity and use")
-    p = client_command("gc", cmd_gc, "remove pending (never committed) checkpoint directories")
-    p.add_argument("path", nargs="?", default="/")
-    p.add_argument("--older-than", type=float, default=3600.0, help="seconds (default 3600)")
+    p = client_command("gc", cmd_gc, "remove leftovers of interrupted checkpoint saves (pending directories)")
+    p.add_argument("path", nargs="?", default="/", help="where to look, recursively (default /)")
+    p.add_argument("--older-than", type=float, default=3600.0,
+                   help="only leftovers untouched for this many seconds (default 3600)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed")
     p = client_command("mount", cmd_mount, "mount tectofs with FUSE (unmount with fusermount3 -u or Ctrl-C)")
     p.add_argument("mountpoint")
     p.add_argument("--daemon", action="store_true", help="detach into the background")

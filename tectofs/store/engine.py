@@ -503,10 +503,22 @@ class SqlStore:
                     "INSERT INTO chunks (block_id, position, server_id, length, crc) VALUES (?, ?, ?, ?, ?)",
                     (block["block_id"], chunk["position"], chunk["server_id"], chunk["length"], chunk["crc"]),
                 )
-            self._x("DELETE FROM allocations WHERE block_id = ?", (block["block_id"],))
+            self._release_allocation(block["block_id"], {c["server_id"] for c in block["chunks"]})
         now = time.time()
         self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, mtime or now, now, ino))
         return self._get(ino)
+
+    def _release_allocation(self, block_id: int, used: set[int]) -> None:
+        """Forget a committed block's allocation. Spare servers it did not end up on may hold
+        a copy from a hedged or retried write that lost the race: queue those for deletion."""
+        (servers,) = self._one("SELECT servers FROM allocations WHERE block_id = ?", (block_id,))
+        due = time.time() + self.gc_delay_s
+        for server_id in set(json.loads(servers)) - used:
+            self._x(
+                "INSERT INTO gc_queue (server_id, block_id, due) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (server_id, block_id, due),
+            )
+        self._x("DELETE FROM allocations WHERE block_id = ?", (block_id,))
 
     def _shrink(self, ino: int, size: int, block_size: int) -> None:
         """Forget blocks wholly past ``size`` and clip the valid length of the last one, so a
