@@ -13,7 +13,7 @@ import asyncio
 import logging
 import statistics
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from tectofs import checksum, erasure, limits
 from tectofs.buffers import BufferPool
@@ -30,6 +30,8 @@ from tectofs.policy import parse as parse_policy
 from tectofs.rpc import RpcClient
 
 log = logging.getLogger("tectofs.client")
+
+Reallocate = Callable[[set[int]], Awaitable[dict[str, Any]]]
 
 # Errors after which another server should be tried for the same chunk.
 _SERVER_FAILURES = (ConnectionLost, Timeout, Busy, NoSpace, ChecksumMismatch)
@@ -53,21 +55,35 @@ class BlockIO:
 
     # ------------------------------------------------------------------ write
 
-    async def write_block(self, idx: int, data: memoryview, allocation: dict[str, Any]) -> dict[str, Any]:
+    async def write_block(
+        self, idx: int, data: memoryview, allocation: dict[str, Any], reallocate: Reallocate | None = None
+    ) -> dict[str, Any]:
         """Encode ``data`` under the allocation's policy and store every chunk on a distinct
         server, falling back to the allocation's spare servers; returns the block descriptor
-        to commit. Raises NoSpace if fewer servers than chunks accepted the block."""
+        to commit. If the servers run out, ``reallocate(failed_server_ids)`` is asked for a
+        fresh placement (at most ``limits.placement_attempts_max`` times in all) before NoSpace
+        is raised."""
         policy = parse_policy(allocation["policy"])
         chunks, crcs = await self._in_thread(_encode_and_checksum, policy, data, self.buffers.get)
+        failed: set[int] = set()
         try:
-            return await self._place(idx, data, allocation, policy, chunks, crcs)
+            for attempt in range(limits.placement_attempts_max):
+                try:
+                    return await self._place(idx, data, allocation, policy, chunks, crcs, failed)
+                except NoSpace:
+                    if reallocate is None or not failed or attempt + 1 == limits.placement_attempts_max:
+                        raise
+                    log.info("block %d: servers %s failed; asking for a new placement", idx, sorted(failed))
+                    allocation = await reallocate(failed)
+            raise AssertionError("unreachable")
         finally:
             if policy.kind == "rs":
                 for chunk in chunks:
                     self.buffers.put(chunk)
 
     async def _place(
-        self, idx: int, data: memoryview, allocation: dict[str, Any], policy: Any, chunks: list[Any], crcs: list[Any]
+        self, idx: int, data: memoryview, allocation: dict[str, Any], policy: Any, chunks: list[Any], crcs: list[Any],
+        failed: set[int],
     ) -> dict[str, Any]:
         """Put chunk ``p`` on primary server ``p``. A put that fails moves to a spare; a put
         that is much slower than its siblings is *hedged*: the same chunk also goes to a spare
@@ -81,7 +97,11 @@ class BlockIO:
 
         async def attempt(position: int, server: dict[str, Any]) -> dict[str, Any]:
             started = loop.time()
-            await self._put(server["address"], block_id, position, chunks[position], crcs[position])
+            try:
+                await self._put(server["address"], block_id, position, chunks[position], crcs[position])
+            except _SERVER_FAILURES:
+                failed.add(server["server_id"])
+                raise
             finished_s.append(loop.time() - started)
             return {
                 "position": position, "server_id": server["server_id"], "address": server["address"],

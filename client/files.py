@@ -118,7 +118,7 @@ class AsyncFile:
 
     async def _write_block(self, idx: int, buffer: memoryview, valid: int, allocation: dict[str, Any]) -> dict[str, Any]:
         try:
-            return await self.fs.blocks.write_block(idx, buffer[:valid], allocation)
+            return await self.fs.blocks.write_block(idx, buffer[:valid], allocation, self._reallocate)
         finally:
             self.fs.buffers.put(buffer)
 
@@ -138,6 +138,10 @@ class AsyncFile:
             self._allocations = reply["blocks"]
             self._allocation_batch = min(self._allocation_batch * 2, 8)
         return self._allocations.pop(0)
+
+    async def _reallocate(self, failed_servers: set[int]) -> dict[str, Any]:
+        reply, _ = await self.fs.meta("allocate", ino=self.ino, count=1, exclude=sorted(failed_servers))
+        return reply["blocks"][0]
 
     async def _bound_dirty(self) -> None:
         """Random writes may dirty many partial blocks; send the oldest past the limit."""
@@ -187,6 +191,9 @@ class AsyncFile:
         self._written.clear()
         self._changed = False
         self._drop_cache()
+        for task in self._prefetch.values():  # prefetched before this commit: stale blocks
+            task.cancel()
+        self._prefetch.clear()
         layout, _ = await self.fs.meta("layout", ino=self.ino)
         self._set_layout(layout)
 

@@ -62,9 +62,11 @@ max_write_bytes = 1 * limits.MiB          # largest kernel write request (libfus
 max_readahead_bytes = 8 * limits.MiB      # the kernel caps it at the device's read-ahead setting
 io_size_hint_bytes = 1 * limits.MiB       # st_blksize: buffer size that cp, dd conv=... pick
 reported_attrs_max = 65_536               # remembered per-inode attributes (for close-to-open)
+threads_max = 16                          # libfuse worker threads (-o max_threads)
 mount_wait_s = 30.0                       # start_mount_process: time for the mount to appear
 unmount_wait_s = 30.0                     # MountProcess.stop: time for the daemon to exit
 
+_FUSE_MAIN_STOPPED = 8  # fuse_main's code after the loop ended by a signal (codes 1-7: could not mount)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 UTIME_NOW = (1 << 30) - 1
@@ -524,9 +526,15 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
             TectofsFuse(
                 operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
                 fsname=f"tectofs:{address}", subtype="tectofs",
+                max_threads=threads_max, max_idle_threads=threads_max,
             )
-        except RuntimeError as exc:  # libfuse printed why (mountpoint busy, no /dev/fuse, ...)
-            raise SystemExit(f"tectofs mount: libfuse could not mount {mountpoint} (code {exc})") from None
+        except RuntimeError as exc:
+            code = exc.args[0] if exc.args else None
+            if code == _FUSE_MAIN_STOPPED:  # SIGINT/SIGTERM: libfuse unmounted and stopped serving
+                log.info("%s unmounted by a signal", mountpoint)
+                return
+            # libfuse printed why (mountpoint busy, no /dev/fuse, bad option, ...)
+            raise SystemExit(f"tectofs mount: libfuse could not mount {mountpoint} (fuse_main code {code})") from None
     finally:
         fs.close()
 
@@ -539,6 +547,8 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     Background (``foreground=False``): returns once the mount is serving, leaving a detached
     daemon behind; raises ``SystemExit`` with the daemon's reason if it could not mount."""
     mountpoint = os.path.abspath(mountpoint)
+    if is_mounted(mountpoint):
+        raise SystemExit(f"tectofs mount: {mountpoint} is already a mount point: fusermount3 -u {mountpoint} first")
     if not os.path.isdir(mountpoint):
         raise SystemExit(f"tectofs mount: {mountpoint} is not a directory")
     if foreground:
@@ -708,9 +718,8 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
     deadline = time.monotonic() + timeout_s
     while not is_mounted(mountpoint):
         if process.poll() is not None:
-            raise TectofsError(
-                f"tectofs mount of {address} on {mountpoint} exited with code {process.returncode}:\n{handle.log_tail()}"
-            )
+            raise TectofsError(f"tectofs mount of {address} on {mountpoint} exited with code "
+                               f"{process.returncode}:\n{handle.log_tail()}")
         if time.monotonic() > deadline:
             handle.stop()
             raise Timeout(f"{mountpoint} was not mounted within {timeout_s:.0f}s; daemon log:\n{handle.log_tail()}")

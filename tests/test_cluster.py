@@ -243,9 +243,7 @@ def test_flipped_byte_is_detected_and_repaired(make_cluster):
     c = make_cluster()
     data = os.urandom(2 * MiB + 1)
     c.fs.write_bytes("/flip", data)
-    chunk_files = sorted(glob.glob(os.path.join(c.root, "chunk-*", "chunks", "*", "*.chunk")))
-    assert chunk_files
-    victim = chunk_files[0]
+    victim = c.chunk_file("/flip", block_index=1, position=2)  # a data chunk: read on every read
     with open(victim, "r+b") as f:
         f.seek(100)
         byte = f.read(1)

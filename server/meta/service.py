@@ -170,7 +170,12 @@ class MetadataService:
         return await self._call("layout", paths.split(h.get("path"))), b""
 
     async def rpc_allocate(self, h: dict[str, Any], _: memoryview) -> Reply:
-        blocks = await self._call("allocate", _int(h, "ino"), _int(h, "count", 1), _int(h, "spares", limits.spare_servers_per_block))
+        exclude = h.get("exclude") or []
+        if not isinstance(exclude, list) or not all(isinstance(x, int) for x in exclude):
+            raise InvalidArgument("exclude must be a list of server ids")
+        blocks = await self._call(
+            "allocate", _int(h, "ino"), _int(h, "count", 1), _int(h, "spares", limits.spare_servers_per_block), exclude
+        )
         return {"blocks": blocks}, b""
 
     async def rpc_commit(self, h: dict[str, Any], _: memoryview) -> Reply:

@@ -417,16 +417,20 @@ class SqlStore:
             )
         return {"attrs": attrs, "blocks": list(blocks.values())}
 
-    def allocate(self, ino: int, count: int, spares: int = limits.spare_servers_per_block) -> list[dict[str, Any]]:
+    def allocate(
+        self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = ()
+    ) -> list[dict[str, Any]]:
         """Reserve ``count`` block ids for file ``ino`` and choose, per block, ``width`` distinct
-        live servers (least loaded first) plus up to ``spares`` spare ones."""
+        live servers (least loaded first) plus up to ``spares`` spare ones, never one of
+        ``exclude`` (servers the client just failed to reach)."""
         if not 1 <= count <= 1024:
             raise InvalidArgument(f"allocate count {count} outside [1, 1024]")
         attrs = self._get(ino)
         if attrs["kind"] != "file":
             raise IsADirectory(f"inode {ino} is not a file")
         policy = parse_policy(attrs["policy"])
-        live = self.live_servers()
+        excluded = set(exclude)
+        live = [s for s in self.live_servers() if s["server_id"] not in excluded]
         if len(live) < policy.width:
             raise NoSpace(
                 f"{policy} needs {policy.width} live chunk servers, {len(live)} are live"
