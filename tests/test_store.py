@@ -1,0 +1,174 @@
+"""The metadata store alone: namespace rules, block maps, placement and group commit.
+
+Written against the store interface so that another dialect (PostgreSQL) can run the same
+suite: subclass ``StoreContract`` and override ``make_store``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tectofs import errors
+from tectofs.store import SqlStore, StoreRunner
+from tectofs.store.dialect import SqliteDialect
+
+
+class StoreContract:
+    def make_store(self, tmp_path) -> SqlStore:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def store(self, tmp_path):
+        s = self.make_store(tmp_path)
+        yield s
+        s.close()
+
+    def _servers(self, store, n, capacity=1 << 40):
+        return [store.register_server(f"uuid-{i}", f"127.0.0.1:{1000 + i}", capacity, 0) for i in range(n)]
+
+    def test_namespace_errors(self, store):
+        store.mkdir(["a"])
+        store.create(["a", "f"])
+        with pytest.raises(errors.AlreadyExists):
+            store.mkdir(["a"])
+        with pytest.raises(errors.AlreadyExists):
+            store.create(["a", "f"], exclusive=True)
+        with pytest.raises(errors.NotADirectory):
+            store.create(["a", "f", "g"])
+        with pytest.raises(errors.NotFound):
+            store.lookup(["nope"])
+        with pytest.raises(errors.DirectoryNotEmpty):
+            store.rmdir(["a"])
+        with pytest.raises(errors.IsADirectory):
+            store.unlink(["a"])
+        with pytest.raises(errors.InvalidPath):
+            store.mkdir(["a", ".."])
+
+    def test_rename_rules(self, store):
+        store.mkdir(["d"])
+        store.mkdir(["d", "e"])
+        store.create(["f"])
+        store.create(["g"])
+        with pytest.raises(errors.InvalidArgument):
+            store.rename(["d"], ["d", "e", "x"])
+        with pytest.raises(errors.IsADirectory):
+            store.rename(["f"], ["d"])
+        with pytest.raises(errors.NotADirectory):
+            store.rename(["d"], ["f"])
+        store.mkdir(["empty"])
+        with pytest.raises(errors.DirectoryNotEmpty):
+            store.rename(["empty"], ["d"])
+        g = store.lookup(["g"])
+        store.rename(["g"], ["f"])  # replace a file
+        assert store.lookup(["f"])["ino"] == g["ino"]
+        with pytest.raises(errors.NotFound):
+            store.lookup(["g"])
+        store.mkdir(["empty2"])
+        store.rename(["d", "e"], ["empty2"])  # replace an empty directory
+        assert store.lookup(["empty2"])["kind"] == "dir"
+        assert store.lookup([])["nlink"] == 2 + 3  # ".", "..", d, empty, empty2
+
+    def test_policy_inheritance(self, store):
+        store.mkdir(["rep"], policy="rep(3)", block_size=1 << 20)
+        store.mkdir(["rep", "sub"])
+        attrs = store.create(["rep", "sub", "f"])
+        assert attrs["policy"] == "rep(3)" and attrs["block_size"] == 1 << 20
+        with pytest.raises(errors.InvalidArgument):
+            store.mkdir(["bad"], policy="raid5")
+
+    def test_allocation_spreads_and_commit_publishes(self, store):
+        ids = self._servers(store, 8)
+        f = store.create(["f"])
+        blocks = store.allocate(f["ino"], 4)
+        assert len(blocks) == 4
+        counts = {sid: 0 for sid in ids}
+        for b in blocks:
+            chosen = [s["server_id"] for s in b["servers"][:6]]
+            assert len(set(chosen)) == 6
+            for sid in chosen:
+                counts[sid] += 1
+        assert max(counts.values()) - min(counts.values()) <= 1  # least loaded first, within one call
+        committed = [
+            {"idx": i, "block_id": b["block_id"], "length": 10,
+             "chunks": [{"position": p, "server_id": s["server_id"], "length": 5, "crc": 1}
+                        for p, s in enumerate(b["servers"][:6])]}
+            for i, b in enumerate(blocks[:2])
+        ]
+        assert store.lookup(["f"])["size"] == 0  # nothing visible before the commit
+        block_size = f["block_size"]
+        store.commit(f["ino"], block_size + 10, committed, replace=True)
+        layout = store.layout(["f"])
+        assert layout["attrs"]["size"] == block_size + 10
+        assert [b["idx"] for b in layout["blocks"]] == [0, 1]
+        with pytest.raises(errors.InvalidArgument):
+            store.commit(f["ino"], 10, committed[:1], replace=True)  # already committed
+
+    def test_no_space_without_enough_servers(self, store):
+        self._servers(store, 3)
+        f = store.create(["f"])
+        with pytest.raises(errors.NoSpace, match="6 live chunk servers, 3 are live"):
+            store.allocate(f["ino"], 1)
+
+    def test_unlink_queues_chunks_for_gc(self, store):
+        store.gc_delay_s = 0
+        ids = self._servers(store, 6)
+        f = store.create(["f"])
+        (b,) = store.allocate(f["ino"], 1)
+        store.commit(f["ino"], 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": [
+            {"position": p, "server_id": s["server_id"], "length": 5, "crc": 1} for p, s in enumerate(b["servers"])]}],
+            replace=True)
+        store.unlink(["f"])
+        orders = [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids]
+        assert sorted(o for order in orders for o in order) == [b["block_id"]] * 6
+
+    def test_expired_allocations_are_collected(self, store):
+        ids = self._servers(store, 6)
+        f = store.create(["f"])
+        (b,) = store.allocate(f["ino"], 1)
+        assert store.expire_allocations(older_than_s=3600) == 0
+        assert store.expire_allocations(older_than_s=-1) == 1
+        orders = [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids]
+        assert all(order == [b["block_id"]] for order in orders)
+
+
+class TestSqliteStore(StoreContract):
+    def make_store(self, tmp_path) -> SqlStore:
+        return SqlStore(SqliteDialect(str(tmp_path / "meta.db")))
+
+
+def test_group_commit_batches_concurrent_operations(tmp_path):
+    runner = StoreRunner(lambda: SqlStore(SqliteDialect(str(tmp_path / "meta.db"))))
+    try:
+        async def main() -> float:
+            started = time.perf_counter()
+            await asyncio.gather(*(runner.call("mkdir", [f"d{i}"]) for i in range(2000)))
+            return time.perf_counter() - started
+
+        elapsed = asyncio.run(main())
+        assert runner.stats["operations"] >= 2000
+        assert runner.stats["largest_batch"] > 1
+        assert runner.stats["commits"] < runner.stats["operations"] / 4
+        assert len(runner.call_sync("readdir", [])) == 2000
+        print(f"2000 mkdirs in {elapsed:.2f}s, {runner.stats['commits']} commits")
+    finally:
+        runner.close()
+
+
+def test_one_failing_operation_does_not_abort_its_batch(tmp_path):
+    runner = StoreRunner(lambda: SqlStore(SqliteDialect(str(tmp_path / "meta.db"))))
+    try:
+        async def main():
+            return await asyncio.gather(
+                runner.call("mkdir", ["x"]), runner.call("mkdir", ["x"]), runner.call("mkdir", ["y"]),
+                return_exceptions=True,
+            )
+
+        results = asyncio.run(main())
+        assert isinstance(results[1], errors.AlreadyExists)
+        assert results[0]["kind"] == "dir" and results[2]["kind"] == "dir"
+        assert [name for name, _ in runner.call_sync("readdir", [])] == ["x", "y"]
+    finally:
+        runner.close()
