@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any
@@ -57,6 +58,23 @@ class Stat:
         return self.kind == "file"
 
 
+_shared: tuple[BufferPool, ThreadPoolExecutor] | None = None
+_shared_lock = threading.Lock()
+
+
+def _process_resources() -> tuple[BufferPool, ThreadPoolExecutor]:
+    """One buffer pool and one codec thread pool per process, shared by every client in it
+    (a load generator may run a thousand clients in one process)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = (
+                BufferPool(limits.client_buffer_pool_bytes),
+                ThreadPoolExecutor(limits.client_codec_threads, thread_name_prefix="tectofs-codec"),
+            )
+        return _shared
+
+
 def normalize_mode(mode: str) -> str:
     canonical = "".join(sorted(mode.replace("t", ""), key="rwxa+b".index)) if mode else mode
     if "b" not in canonical:
@@ -72,13 +90,12 @@ class AsyncFileSystem:
 
     Paths are absolute; every call that changes the namespace is one metadata transaction."""
 
-    def __init__(self, meta_address: str, io_threads: int = 2) -> None:
+    def __init__(self, meta_address: str) -> None:
         parse_address(meta_address)
         self.meta_address = meta_address
-        self.buffers = BufferPool(limits.client_buffer_pool_bytes)
+        self.buffers, executor = _process_resources()
         self.rpc = RpcClient(allocate_payload=lambda header, n: self.buffers.get(n))
-        self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="tectofs-codec")
-        self.blocks = BlockIO(self.rpc, meta_address, self._executor, self.buffers)
+        self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers)
 
     async def meta(self, op: str, **header: Any) -> tuple[dict[str, Any], Any]:
         """One call to the metadata service (retried only when nothing reached it)."""
@@ -87,7 +104,6 @@ class AsyncFileSystem:
 
     async def close(self) -> None:
         await self.rpc.close()
-        self._executor.shutdown(wait=False)
 
     # ------------------------------------------------------------------ namespace
 

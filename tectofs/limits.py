@@ -41,7 +41,8 @@ readdir_entries_max = 100_000
 # Client
 write_blocks_inflight_max = 2             # blocks encoded/sent concurrently per open file
 read_prefetch_blocks = 1
-client_buffer_pool_bytes = 1 * GiB        # idle buffers kept for reuse per client
+client_buffer_pool_bytes = 1 * GiB        # idle buffers kept for reuse, per process
+client_codec_threads = 2                  # encode/decode/checksum threads, per process
 spare_servers_per_block = 2               # extra placements handed out for hedged writes
 hedge_after_min_s = 1.0                   # never hedge a chunk put younger than this
 hedge_slowdown_factor = 4.0               # hedge when a put runs this many times the median of its block

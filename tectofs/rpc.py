@@ -33,6 +33,7 @@ from .protocol import Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_f
 log = logging.getLogger(__name__)
 
 Payload = bytes | bytearray | memoryview
+_SEND_SLICE_BYTES = 1 << 20
 Reply = tuple[dict[str, Any], Payload]
 
 
@@ -52,6 +53,7 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._can_write = asyncio.Event()
         self._can_write.set()
+        self._send_lock = asyncio.Lock()
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,13 +93,25 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             raise ConnectionLost("connection closed")
         head = encode_frame(kind, request_id, header, len(payload))
+        view = memoryview(payload).cast("B") if payload else None
+        # The transport copies what the socket does not take at once into a bytearray and
+        # memmoves it forward after every send: handing it a 16 MiB payload costs far more
+        # than the payload itself. So payloads go in slices, each once the buffer drained,
+        # and a lock keeps concurrent frames from interleaving.
+        async with self._send_lock:
+            await self._writable(transport)
+            transport.write(head)
+            if view is None:
+                return
+            for offset in range(0, len(view), _SEND_SLICE_BYTES):
+                if offset:
+                    await self._writable(transport)
+                transport.write(view[offset : offset + _SEND_SLICE_BYTES])
+
+    async def _writable(self, transport: asyncio.Transport) -> None:
         await self._can_write.wait()
         if transport.is_closing():
             raise ConnectionLost("connection closed")
-        # Two writes, not writelines: on Python 3.11 writelines joins (copies) the payload.
-        transport.write(head)
-        if payload:
-            transport.write(payload)
 
 
 # --------------------------------------------------------------------------- server
