@@ -210,7 +210,6 @@ class AsyncFileSystem:
         else:
             layout, _ = await self.meta("layout", path=path)
         handle = AsyncFile(self, path, layout, readable, writable, truncate)
-        handle.append = append  # type: ignore[attr-defined]
         return handle
 
     async def read_bytes(self, path: str) -> bytes:

@@ -115,15 +115,17 @@ class ChunkStore:
 
     def info(self, block_id: int) -> ChunkInfo:
         """Read and check the footer and piece checksums of a stored chunk."""
-        path = self.path(block_id)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
+        fd = self._open(block_id)
         try:
             return self._info(fd, block_id)
         finally:
             os.close(fd)
+
+    def _open(self, block_id: int) -> int:
+        try:
+            return os.open(self.path(block_id), os.O_RDONLY)
+        except FileNotFoundError:
+            raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
 
     def _info(self, fd: int, block_id: int) -> ChunkInfo:
         size = os.fstat(fd).st_size
@@ -146,11 +148,7 @@ class ChunkStore:
         ChecksumMismatch (never returns data) if any returned piece is damaged."""
         if offset % PIECE:
             raise InvalidArgument(f"read offset {offset} is not a multiple of {PIECE}")
-        path = self.path(block_id)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
+        fd = self._open(block_id)
         try:
             info = self._info(fd, block_id)
             if offset > info.length:
