@@ -49,6 +49,8 @@ class BufferPool:
         return memoryview(buffer)[:n]
 
     def put(self, view: memoryview) -> None:
+        if not isinstance(view, memoryview):
+            return
         buffer = view.obj
         if not isinstance(buffer, bytearray):
             return

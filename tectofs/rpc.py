@@ -174,6 +174,9 @@ class _ServerConnection(_FramedProtocol):
                 await self.send(kind, frame.request_id, header, payload)
             except ConnectionLost:
                 pass
+            finally:
+                if payload and self.server.payload_sent is not None:
+                    self.server.payload_sent(payload)
         finally:
             self.inflight -= 1
             if self._reading_paused and self.inflight < self.server.requests_per_connection_max // 2:
@@ -199,6 +202,8 @@ class RpcServer:
     ) -> None:
         self.handler = handler
         self.name = name
+        # Called with each reply payload once the transport no longer needs it (buffer reuse).
+        self.payload_sent: Callable[[Payload], None] | None = getattr(handler, "payload_sent", None)
         self.allocate_payload = allocate_payload
         self.connections: set[_ServerConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()

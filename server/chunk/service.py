@@ -98,6 +98,10 @@ class ChunkServer:
         self.inflight_bytes += length
         return self.buffers.get(length)
 
+    def payload_sent(self, payload: Any) -> None:
+        """A reply payload went out: its buffer can serve the next request."""
+        self.buffers.put(payload)
+
     def payload_abandoned(self, length: int) -> None:
         """A connection died mid-payload: give its reservation back."""
         self.inflight_bytes -= length
@@ -128,7 +132,7 @@ class ChunkServer:
         block_id = int(header["block_id"])
         try:
             data, crcs, info = await self._in_thread(
-                self.store.read, block_id, int(header.get("offset", 0)), int(header.get("length", -1))
+                self.store.read, block_id, int(header.get("offset", 0)), int(header.get("length", -1)), self.buffers.get
             )
         except TectofsError as exc:
             if exc.code == "checksum":

@@ -21,6 +21,7 @@ import errno
 import os
 import struct
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from tectofs import checksum
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, InvalidArgument, NoSpace
@@ -141,8 +142,11 @@ class ChunkStore:
         crcs = list(struct.unpack(f"<{pieces}I", os.pread(fd, 4 * pieces, length)))
         return ChunkInfo(block_id, position, length, whole_crc, crcs)
 
-    def read(self, block_id: int, offset: int = 0, length: int = -1) -> tuple[bytearray, list[int], ChunkInfo]:
-        """Return ``(data, piece_crcs, info)`` for a piece-aligned range, verified.
+    def read(
+        self, block_id: int, offset: int = 0, length: int = -1, allocate: Callable[[int], Any] = bytearray
+    ) -> tuple[Any, list[int], ChunkInfo]:
+        """Return ``(data, piece_crcs, info)`` for a piece-aligned range, verified; ``data``
+        comes from ``allocate(n)``.
 
         ``offset`` must be a multiple of 64 KiB; ``length=-1`` reads to the end. Raises
         ChecksumMismatch (never returns data) if any returned piece is damaged."""
@@ -154,7 +158,7 @@ class ChunkStore:
             if offset > info.length:
                 raise InvalidArgument(f"read offset {offset} past the chunk's {info.length} bytes")
             end = info.length if length < 0 else min(info.length, offset + length)
-            buffer = bytearray(end - offset)
+            buffer = allocate(end - offset)
             view = memoryview(buffer)
             done = 0
             while done < len(buffer):
