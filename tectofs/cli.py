@@ -269,6 +269,12 @@ def cmd_gc(args: argparse.Namespace) -> None:
     print(f"{len(removed)} leftovers of interrupted checkpoint saves {'found' if args.dry_run else 'removed'}")
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    from .bench import main as bench_main
+
+    bench_main(args.bench_args)
+
+
 def cmd_mount(args: argparse.Namespace) -> None:
     from .client.fuse import mount
 
@@ -373,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--single-thread", action="store_true", help="serve one kernel request at a time")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="attribute/entry cache seconds (default 1)")
     p.add_argument("--debug", action="store_true")
+    p = sub.add_parser("bench", help="run benchmarks (client-io, checkpoint, fuse, burst, all); 'tectofs bench --help'",
+                       add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_bench)
     return parser
 
 
