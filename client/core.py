@@ -141,6 +141,10 @@ class AsyncFileSystem:
     async def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
         await self.meta("rename", src=src, dst=dst, noreplace=noreplace)
 
+    async def exchange(self, a: str, b: str) -> None:
+        """Atomically swap two entries (files or directories, empty or not)."""
+        await self.meta("exchange", a=a, b=b)
+
     async def remove(self, path: str) -> None:
         await self.meta("unlink", path=path)
 

@@ -174,6 +174,9 @@ class FileSystem:
     def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
         self.run(self.aio.rename(src, dst, noreplace))
 
+    def exchange(self, a: str, b: str) -> None:
+        self.run(self.aio.exchange(a, b))
+
     def remove(self, path: str) -> None:
         self.run(self.aio.remove(path))
 

@@ -71,6 +71,21 @@ class StoreContract:
         assert store.lookup(["empty2"])["kind"] == "dir"
         assert store.lookup([])["nlink"] == 2 + 3  # ".", "..", d, empty, empty2
 
+    def test_exchange_swaps_non_empty_directories(self, store):
+        store.mkdir(["old"])
+        store.create(["old", "a"])
+        store.mkdir(["x"])
+        store.mkdir(["x", "new"])
+        store.create(["x", "new", "b"])
+        store.exchange(["old"], ["x", "new"])
+        assert [n for n, _ in store.readdir(["old"])] == ["b"]
+        assert [n for n, _ in store.readdir(["x", "new"])] == ["a"]
+        assert store.lookup(["old"])["parent"] == 1
+        with pytest.raises(errors.InvalidArgument):
+            store.exchange(["x"], ["x", "new", "a"])  # x would move into its own subtree
+        with pytest.raises(errors.NotFound):
+            store.exchange(["old"], ["missing"])
+
     def test_policy_inheritance(self, store):
         store.mkdir(["rep"], policy="rep(3)", block_size=1 << 20)
         store.mkdir(["rep", "sub"])

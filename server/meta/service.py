@@ -151,6 +151,10 @@ class MetadataService:
         )
         return {"attrs": attrs}, b""
 
+    async def rpc_exchange(self, h: dict[str, Any], _: memoryview) -> Reply:
+        await self._call("exchange", paths.split(h.get("a")), paths.split(h.get("b")))
+        return {}, b""
+
     async def rpc_unlink(self, h: dict[str, Any], _: memoryview) -> Reply:
         await self._call("unlink", paths.split(h.get("path")))
         return {}, b""

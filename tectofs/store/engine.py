@@ -340,6 +340,37 @@ class SqlStore:
         self._touch(attrs["parent"], time.time(), nlink_delta=-1)
         self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
 
+    def _check_not_into_itself(self, moving: dict[str, Any], new_parent: dict[str, Any], src: list[str]) -> None:
+        if moving["kind"] != "dir":
+            return
+        ancestor = new_parent
+        while True:
+            if ancestor["ino"] == moving["ino"]:
+                raise InvalidArgument(f"cannot move /{'/'.join(src)} into its own subtree")
+            if ancestor["ino"] == ROOT_INO:
+                return
+            ancestor = self._get(ancestor["parent"])
+
+    def exchange(self, a: list[str], b: list[str]) -> None:
+        """Atomically swap two existing entries (``renameat2(RENAME_EXCHANGE)``): the way to
+        replace a non-empty directory (a checkpoint) without a moment where neither exists."""
+        if not a or not b:
+            raise InvalidPath("cannot exchange the root directory")
+        first, second = self._resolve(a), self._resolve(b)
+        if first["ino"] == second["ino"]:
+            return
+        self._check_not_into_itself(first, self._get(second["parent"]), a)
+        self._check_not_into_itself(second, self._get(first["parent"]), b)
+        now = time.time()
+        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (second["ino"], first["parent"], a[-1]))
+        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (first["ino"], second["parent"], b[-1]))
+        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (second["parent"], now, first["ino"]))
+        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (first["parent"], now, second["ino"]))
+        if first["parent"] != second["parent"]:
+            delta = (1 if first["kind"] == "dir" else 0) - (1 if second["kind"] == "dir" else 0)
+            self._touch(first["parent"], now, nlink_delta=-delta)
+            self._touch(second["parent"], now, nlink_delta=delta)
+
     def rename(self, src: list[str], dst: list[str], noreplace: bool = False) -> dict[str, Any]:
         """Atomically move ``src`` to ``dst``, replacing a file or an empty directory there."""
         if not src or not dst:
@@ -349,14 +380,7 @@ class SqlStore:
         check_name(dst[-1])
         if src == dst:
             return moving
-        if moving["kind"] == "dir":
-            ancestor = dst_parent
-            while True:
-                if ancestor["ino"] == moving["ino"]:
-                    raise InvalidArgument(f"cannot move /{'/'.join(src)} into its own subtree")
-                if ancestor["ino"] == ROOT_INO:
-                    break
-                ancestor = self._get(ancestor["parent"])
+        self._check_not_into_itself(moving, dst_parent, src)
         replaced_ino = self._child(dst_parent["ino"], dst[-1])
         now = time.time()
         if replaced_ino is not None:
