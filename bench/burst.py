@@ -1,15 +1,15 @@
 """Checkpoint burst: N ranks save a shard each at the same moment, commit one checkpoint
 together, then all load it back and verify it.
 
-    python bench/burst.py --ranks 1024 --shard 1M --processes 4
+    python bench/burst.py --ranks 1024 --shard 1M --processes 4 --dir-block-size 1M
 
 What one run does, on a local cluster of its own (or ``--meta HOST:PORT``):
 
 1. **Baseline**: one client writes (then reads) ``--baseline`` bytes as one large file. The
    burst's aggregate throughput is reported as a ratio against it, from the same run.
 2. **Setup**: ``--processes`` worker processes each run one asyncio loop with ``ranks /
-   processes`` simulated ranks; every rank has its own client (its own
-   ``AsyncFileSystem``: connections, buffer pool, codec thread), as a real rank would.
+   processes`` simulated ranks; every rank has its own client (``AsyncFileSystem``: its own
+   connections; buffer pool and codec threads are per process, as the client shares them).
 3. **Save** (barrier): the coordinator creates ``/burst/.pending-<id>`` and gives every worker
    the same start time; at that moment every rank writes ``rank-<r>.bin`` there and closes
    it (close = upload the data, then commit the block list in one metadata call).
@@ -17,18 +17,27 @@ What one run does, on a local cluster of its own (or ``--meta HOST:PORT``):
    pending directory to ``/burst/step-<id>`` (one atomic metadata transaction).
 5. **Load** (barrier): every rank reads its own digest from ``.metadata`` and its shard, and
    checks both against what it wrote.
+6. **Metadata storm** (barrier): every rank creates and closes ``--metadata-files`` empty
+   files: what the MDS sustains without data.
 
 Reported: per-rank and aggregate GB/s, p50/p99/max of save, close (commit) and load
 latency, the slowest rank, metadata operations per second (MDS ``stats`` delta over each
-phase), chunk-server BUSY answers, worker memory, errors (must be zero) and whether every
-server survived. Nothing waits without a deadline: a phase that overruns
-``--phase-timeout`` ends the run with an error naming the phase and the ranks missing.
+phase), MDS and chunk-server CPU seconds per phase, the MDS's view of chunk-server liveness
+and its response time during each phase, host-wide TCP listen overflows, chunk-server BUSY
+answers, worker memory, errors (must be zero) and whether every server survived.
+
+Nothing waits without a deadline: a phase that overruns ``--phase-timeout`` ends the run
+with an error naming the phase and the ranks missing; a run that cannot fit in memory is
+refused up front. On 2 cores, all ranks of a worker share its event loop and codec threads,
+so client-side latencies include that queueing; ratios against the baseline hold better
+than absolute figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -39,8 +48,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import parse_size, print_table, write_results  # noqa: E402
@@ -48,7 +58,7 @@ from common import parse_size, print_table, write_results  # noqa: E402
 MiB = 1 << 20
 METADATA_HEADER_BYTES = 4096  # .metadata: a JSON header padded to this, then 32 bytes per rank
 READ_PIECE_BYTES = 8 * MiB
-PROGRESS_STEPS = 5  # baseline, setup, save, commit, load
+PROGRESS_STEPS = 6  # baseline, setup, save, commit, load, metadata storm
 
 
 class BurstError(Exception):
@@ -91,8 +101,8 @@ class _Worker:
         class TimedFileSystem(AsyncFileSystem):
             """Records the time spent in each metadata operation (e.g. ``commit``)."""
 
-            def __init__(self, address: str, io_threads: int) -> None:
-                super().__init__(address, io_threads=io_threads)
+            def __init__(self, address: str) -> None:
+                super().__init__(address)
                 self.op_seconds: dict[str, float] = {}
 
             async def meta(self, op: str, **header: Any) -> Any:
@@ -102,9 +112,9 @@ class _Worker:
                 finally:
                     self.op_seconds[op] = self.op_seconds.get(op, 0.0) + time.perf_counter() - started
 
-        address, threads = self.config["address"], int(self.config["io_threads"])
+        address = self.config["address"]
         for rank in self.config["ranks"]:
-            state = _Rank(rank, TimedFileSystem(address, threads))
+            state = _Rank(rank, TimedFileSystem(address))
             first, second = self._pieces(rank)
             digest = hashlib.sha256(first)
             digest.update(second)
@@ -151,7 +161,8 @@ class _Worker:
             raise
         t3 = time.perf_counter()
         return {"open_s": t1 - t0, "write_s": t2 - t1, "close_s": t3 - t2, "digest": state.digest.hex(),
-                "spare_writes": state.fs.blocks.stats["spare_writes"]}
+                "spare_writes": state.fs.blocks.stats.get("spare_writes", 0),
+                "hedged_writes": state.fs.blocks.stats.get("hedged_writes", 0)}
 
     async def _load_one(self, state: _Rank, command: dict[str, Any]) -> dict[str, Any]:
         directory = command["dir"]
@@ -180,6 +191,14 @@ class _Worker:
             raise BurstError(f"read back digest {digest.hexdigest()[:16]}... differs from the one written")
         return {"metadata_s": t1 - t0, "read_s": t2 - t1, "verified": True}
 
+    async def _metadata_one(self, state: _Rank, command: dict[str, Any]) -> dict[str, Any]:
+        """Create and close empty files: create + commit + layout each, no data."""
+        t0 = time.perf_counter()
+        for i in range(int(command["files_per_rank"])):
+            handle = await state.fs.open(f"{command['dir']}/r{state.rank}-{i}", "wb")
+            await handle.close()
+        return {"files_s": time.perf_counter() - t0}
+
     async def close(self) -> None:
         await asyncio.gather(*(r.fs.close() for r in self.ranks), return_exceptions=True)
 
@@ -188,6 +207,8 @@ class _Worker:
             return await self._run_ranks(command, self._save_one)
         if command["op"] == "load":
             return await self._run_ranks(command, self._load_one)
+        if command["op"] == "metadata":
+            return await self._run_ranks(command, self._metadata_one)
         raise BurstError(f"unknown command {command['op']!r}")
 
 
@@ -306,7 +327,10 @@ def _collect(workers: list[_WorkerProcess], event: str, timeout_s: float) -> dic
                 w.pending += chunk
                 while b"\n" in w.pending and w.index not in replies:
                     line, w.pending = w.pending.split(b"\n", 1)
-                    message = json.loads(line)
+                    try:
+                        message = json.loads(line)
+                    except ValueError:  # something else wrote to the worker's stdout
+                        continue
                     if message.get("event") == event:
                         replies[w.index] = message
     return replies
@@ -341,10 +365,123 @@ def _chunk_stats(fs: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def _baseline(fs: Any, size_bytes: int) -> dict[str, float]:
-    """One client, one large file: write then read ``size_bytes`` (GB/s each)."""
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class _CpuMeter:
+    """CPU seconds spent by the cluster's own processes (MDS, chunk servers) over a phase;
+    empty when the cluster is not ours (``--meta``)."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.pids: dict[str, list[int]] = {"mds": [], "chunk_servers": []}
+        if cluster is not None:
+            self.pids["mds"] = [cluster.meta_process.pid]
+            self.pids["chunk_servers"] = [p.pid for p in cluster.chunk_processes if p is not None]
+        self.started: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {role: sum(_cpu_seconds(pid) for pid in pids) for role, pids in self.pids.items()}
+
+    def start(self) -> None:
+        self.started = self._now()
+
+    def stop(self) -> dict[str, float]:
+        now = self._now()
+        return {role: round(now[role] - self.started.get(role, 0.0), 3) for role in now} if self.pids["mds"] else {}
+
+
+_TCP_COUNTERS = ("ListenOverflows", "ListenDrops", "TCPSynRetrans", "TCPTimeouts")
+
+
+def _tcp_counters() -> dict[str, int]:
+    """Host-wide TCP counters (``/proc/net/netstat``): listen-queue overflows and SYN
+    retransmissions show connection storms that a server's accept backlog did not absorb."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for names, values in zip(lines[::2], lines[1::2]):
+        for name, value in zip(names.split()[1:], values.split()[1:]):
+            if name in _TCP_COUNTERS:
+                out[name] = int(value)
+    return out
+
+
+class _LivenessMonitor:
+    """Samples the MDS's view of the chunk servers every ``interval_s`` during a phase: the
+    fewest servers it considered live, the oldest heartbeat it held, and how long the
+    ``servers`` call itself took (the MDS's responsiveness under the burst)."""
+
+    def __init__(self, fs: Any, interval_s: float = 0.5) -> None:
+        self.fs = fs
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.samples: list[tuple[float, int, float, float, float]] = []
+        self.tcp_before: dict[str, int] = {}
+        # (time, live servers, oldest heartbeat age s, MDS `servers` call s, slowest chunk-server ping s)
+
+    def _ping(self, address: str) -> float:
+        started = time.perf_counter()
+        try:
+            self.fs.run(asyncio.wait_for(self.fs.aio.rpc.call(address, "ping", {}, idempotent=True, timeout_s=30), 35))
+        except Exception:
+            pass
+        return time.perf_counter() - started
+
+    def _main(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            started = time.perf_counter()
+            try:
+                servers = self.fs.servers()
+            except Exception:
+                continue
+            call_s = time.perf_counter() - started
+            now = time.time()
+            ages = [now - s["last_heartbeat"] for s in servers]
+            pings = [self._ping(s["address"]) for s in servers if s.get("address")]
+            self.samples.append((now, sum(1 for s in servers if s["live"]), max(ages, default=0.0), call_s,
+                                 max(pings, default=0.0)))
+
+    def start(self) -> None:
+        self.samples = []
+        self.tcp_before = _tcp_counters()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._main, name="burst-liveness", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if not self.samples:
+            return {}
+        tcp = _tcp_counters()
+        return {
+            "tcp_host_wide": {k: tcp[k] - self.tcp_before.get(k, 0) for k in tcp},
+            "samples": len(self.samples),
+            "min_live_chunk_servers": min(s[1] for s in self.samples),
+            "max_heartbeat_age_s": round(max(s[2] for s in self.samples), 2),
+            "servers_call_s": {k: round(v, 3) for k, v in _percentiles([s[3] for s in self.samples]).items()},
+            "chunk_ping_s": {k: round(v, 3) for k, v in _percentiles([s[4] for s in self.samples]).items()},
+        }
+
+
+def _baseline(fs: Any, size_bytes: int, cpu: _CpuMeter) -> dict[str, Any]:
+    """One client, one large file (the cluster's block size): write then read ``size_bytes``.
+    GB/s each, and the servers' CPU seconds for each (large-chunk cost per GB)."""
     piece = 8 * MiB
     data = memoryview(os.urandom(min(size_bytes, piece)))
+    cpu.start()
     started = time.perf_counter()
     with fs.open("/burst-baseline.bin", "wb") as f:
         written = 0
@@ -353,15 +490,20 @@ def _baseline(fs: Any, size_bytes: int) -> dict[str, float]:
             f.write(data[:n])
             written += n
     write_s = time.perf_counter() - started
+    write_cpu = cpu.stop()
+    blocks = len(fs.run(fs.aio.meta("layout", path="/burst-baseline.bin"))[0]["blocks"])
     buffer = bytearray(piece)
+    cpu.start()
     started = time.perf_counter()
     with fs.open("/burst-baseline.bin", "rb", buffering=0) as f:
         while f.readinto(buffer):
             pass
     read_s = time.perf_counter() - started
+    read_cpu = cpu.stop()
     fs.remove("/burst-baseline.bin")
-    return {"bytes": size_bytes, "write_s": write_s, "read_s": read_s,
-            "write_GBps": size_bytes / write_s / 1e9, "read_GBps": size_bytes / read_s / 1e9}
+    return {"bytes": size_bytes, "blocks": blocks, "write_s": write_s, "read_s": read_s,
+            "write_GBps": size_bytes / write_s / 1e9, "read_GBps": size_bytes / read_s / 1e9,
+            "write_cpu_s": write_cpu, "read_cpu_s": read_cpu}
 
 
 def _phase_summary(name: str, replies: dict[int, dict[str, Any]], start_at: float, shard_bytes: int,
@@ -406,6 +548,7 @@ def _phase_summary(name: str, replies: dict[int, dict[str, Any]], start_at: floa
         if values:
             summary[f"rpc_{op}_s"] = _percentiles(values)
     summary["spare_writes"] = sum(r[3].get("spare_writes", 0) for r in ok)
+    summary["hedged_writes"] = sum(r[3].get("hedged_writes", 0) for r in ok)
     summary["_digests"] = {r[0]: r[3]["digest"] for r in ok if "digest" in r[3]}
     return summary
 
@@ -413,10 +556,12 @@ def _phase_summary(name: str, replies: dict[int, dict[str, Any]], start_at: floa
 def _check_memory(ranks: int, processes: int, shard_bytes: int, block_size: int, memory_limit_bytes: int | None) -> None:
     """Refuse up front a run that cannot fit in memory, with the reason and the way out.
 
-    Assumes what the client does today: an open file holds a whole block buffer while it is
-    written (even for a shard much smaller than a block), the shard's chunks (1.5x for
-    rs(4,2)) while they are sent, and each worker keeps one random base shard."""
-    need = ranks * (block_size + 2 * shard_bytes) + processes * shard_bytes
+    Per rank, measured here (1024 ranks x 1 MiB, 512 x 256 KiB): a whole block buffer while
+    its file is open for writing (even for a shard much smaller than a block), then about
+    four shards' worth of chunk, block and read buffers kept in its client's buffer pool,
+    and ~0.5 MiB of connections and state; each worker process adds ~100 MiB."""
+    per_rank = block_size + 4 * shard_bytes + MiB // 2
+    need = ranks * per_rank + processes * (shard_bytes + 100 * MiB)
     available = memory_limit_bytes
     if available is None:
         try:
@@ -428,9 +573,10 @@ def _check_memory(ranks: int, processes: int, shard_bytes: int, block_size: int,
     if need > available:
         raise BurstError(
             f"{ranks} ranks would need ~{need / 2**30:.1f} GiB of client memory but ~{available / 2**30:.1f} GiB is "
-            f"available: each open file holds a whole {block_size / MiB:g} MiB block buffer while it is written, even "
-            f"for a {shard_bytes / MiB:g} MiB shard. Use --block-size (cluster) or --dir-block-size (the /burst "
-            f"directory) close to the shard size, fewer ranks, or --no-memory-check"
+            f"available: each rank's client holds ~{per_rank / MiB:.1f} MiB (a whole {block_size / MiB:g} MiB block "
+            f"buffer while its file is open for writing, even for a {shard_bytes / MiB:g} MiB shard, plus chunk and "
+            f"read buffers kept in its pool). Use --block-size (cluster) or --dir-block-size (the /burst directory) "
+            f"close to the shard size, smaller shards, fewer ranks, or --no-memory-check"
         )
 
 
@@ -449,10 +595,13 @@ def run(
     work_dir: str | None = None,
     phase_timeout_s: float = 300.0,
     setup_timeout_s: float | None = None,
-    io_threads: int = 1,
     seed: int | None = None,
     memory_limit_bytes: int | None = None,
     memory_check: bool = True,
+    metadata_files_per_rank: int = 2,
+    gc_delay_s: float = 30.0,
+    delete_previous_bytes: int = 0,
+    keep_work_dir: bool = False,
     progress: Callable[[int], None] | None = None,
     name: str = "burst",
 ) -> dict[str, Any]:
@@ -462,7 +611,13 @@ def run(
     ``meta_address`` is given. ``dir_block_size`` sets the block size of ``/burst`` only.
     Never blocks past its deadlines: a phase that overruns ``phase_timeout_s`` ends the run
     with ``errors`` saying which phase and how many ranks. ``progress(n)`` is called as
-    phases finish (``PROGRESS_STEPS`` in all)."""
+    phases finish (``PROGRESS_STEPS`` in all). After the load, a metadata storm has every rank
+    create and close ``metadata_files_per_rank`` empty files (0 skips it): metadata only, to
+    measure what the MDS sustains. ``delete_previous_bytes`` > 0 writes a "previous
+    checkpoint" of that size before the burst and deletes it at the barrier, as a retention
+    policy would: its chunks' deletion orders reach the chunk servers ``gc_delay_s`` later,
+    during the save if that is shorter than the save. ``keep_work_dir`` keeps the cluster's
+    logs and data."""
     assert ranks >= 1
     assert 1 <= processes <= ranks
     assert shard_bytes >= 1
@@ -483,22 +638,29 @@ def run(
             _check_memory(ranks, processes, shard_bytes, dir_block_size or block_size, memory_limit_bytes)
         except BurstError as exc:
             return _finish(out_dir, name, {**result, "errors": [str(exc)], "servers_alive": {"ok": True}})
-    with tempfile.TemporaryDirectory(dir=work_dir, prefix="tectofs-burst-") as tmp:
+    with _work_directory(work_dir, keep_work_dir) as tmp:
+        result["work_dir"] = tmp if keep_work_dir else None
         cluster = None
         if meta_address is None:
             cluster = LocalCluster(os.path.join(tmp, "cluster"), servers=servers, policy=policy, block_size=block_size,
-                                   log_to_files=True)
+                                   gc_delay_s=gc_delay_s, log_to_files=True)
             cluster.start()
             meta_address = cluster.address
         workers: list[_WorkerProcess] = []
+        cpu = _CpuMeter(cluster)
         fs = connect(meta_address)
+        monitor = _LivenessMonitor(fs)
+        chunk_before: dict[str, dict[str, int]] | None = None
         try:
-            result["baseline"] = _baseline(fs, baseline_bytes)
+            result["baseline"] = _baseline(fs, baseline_bytes, cpu)
             tick(1)
             fs.mkdir("/burst", block_size=dir_block_size, exist_ok=True)
             step = f"{int(time.time())}-{seed}"
             pending, final = f"/burst/.pending-{step}", f"/burst/step-{step}"
             fs.mkdir(pending)
+            if delete_previous_bytes:
+                with fs.open("/burst/previous.bin", "wb") as f:
+                    f.write(os.urandom(min(delete_previous_bytes, 8 * MiB)) * max(1, delete_previous_bytes // (8 * MiB)))
             chunk_before = _chunk_stats(fs)
 
             # Setup: workers start, every rank connects.
@@ -506,7 +668,7 @@ def run(
             per_worker = [list(range(ranks))[i::processes] for i in range(processes)]
             for i, own in enumerate(per_worker):
                 config = {"worker": i, "ranks": own, "address": meta_address, "shard_bytes": shard_bytes,
-                          "seed": seed, "io_threads": io_threads, "setup_timeout_s": setup_timeout_s}
+                          "seed": seed, "setup_timeout_s": setup_timeout_s}
                 workers.append(_WorkerProcess(i, config, os.path.join(tmp, f"worker-{i}.log")))
             ready = _collect(workers, "ready", setup_timeout_s + 30)
             setup_errors = [e for r in ready.values() for e in r["errors"]]
@@ -518,11 +680,18 @@ def run(
 
             # Save: every rank at the same moment.
             mds_before = _mds_stats(fs)
+            cpu.start()
+            monitor.start()
             start_at = time.time() + 0.5 + 0.0005 * ranks
             for w in workers:
                 w.send({"op": "save", "dir": pending, "start_at": start_at, "timeout_s": phase_timeout_s})
+            if delete_previous_bytes:
+                time.sleep(max(0.0, start_at - time.time()))
+                fs.remove("/burst/previous.bin")
             replies = _collect(workers, "save", phase_timeout_s + 60 + (start_at - time.time()))
             save = _phase_summary("save", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
+            save["cpu_s"] = cpu.stop()
+            save["liveness"] = monitor.stop()
             digests = save.pop("_digests")
             result["phases"]["save"] = save
             errors.extend(save["errors"][:50])
@@ -554,21 +723,51 @@ def run(
 
             # Load: every rank at the same moment, then verify.
             mds_before = _mds_stats(fs)
+            cpu.start()
+            monitor.start()
             start_at = time.time() + 0.5 + 0.0005 * ranks
             for w in workers:
                 w.send({"op": "load", "dir": final, "start_at": start_at, "timeout_s": phase_timeout_s})
             replies = _collect(workers, "load", phase_timeout_s + 60 + (start_at - time.time()))
             load = _phase_summary("load", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
+            load["cpu_s"] = cpu.stop()
+            load["liveness"] = monitor.stop()
             load.pop("_digests")
             load["verified"] = sum(1 for reply in replies.values() for row in reply.get("rows", [])
                                    if row[5] is None and row[3].get("verified"))
             result["phases"]["load"] = load
             errors.extend(load["errors"][:50])
             tick(1)
-            result["chunk_servers"] = _chunk_delta(chunk_before, _chunk_stats(fs))
+
+            # Metadata storm: every rank creates and closes empty files, no data.
+            if metadata_files_per_rank > 0:
+                storm_dir = f"/burst/metadata-{step}"
+                fs.mkdir(storm_dir)
+                mds_before = _mds_stats(fs)
+                cpu.start()
+                monitor.start()
+                start_at = time.time() + 0.5 + 0.0005 * ranks
+                for w in workers:
+                    w.send({"op": "metadata", "dir": storm_dir, "files_per_rank": metadata_files_per_rank,
+                            "start_at": start_at, "timeout_s": phase_timeout_s})
+                replies = _collect(workers, "metadata", phase_timeout_s + 60 + (start_at - time.time()))
+                storm = _phase_summary("metadata", replies, start_at, 0, mds_before, _mds_stats(fs))
+                storm["cpu_s"] = cpu.stop()
+                storm["liveness"] = monitor.stop()
+                storm["files"] = storm["ranks_ok"] * metadata_files_per_rank
+                storm.pop("_digests")
+                result["phases"]["metadata"] = storm
+                errors.extend(storm["errors"][:50])
+            tick(1)
         except BurstError as exc:
             errors.append(str(exc))
         finally:
+            monitor.stop()
+            if chunk_before is not None:
+                try:
+                    result["chunk_servers"] = _chunk_delta(chunk_before, _chunk_stats(fs))
+                except Exception as exc:
+                    errors.append(f"chunk-server stats: {_describe(exc)}")
             for w in workers:
                 w.stop()
             result["servers_alive"] = _survivors(fs, cluster)
@@ -580,6 +779,15 @@ def run(
     return _finish(out_dir, name, result)
 
 
+@contextlib.contextmanager
+def _work_directory(parent: str | None, keep: bool) -> Iterator[str]:
+    if keep:
+        yield tempfile.mkdtemp(dir=parent, prefix="tectofs-burst-")
+    else:
+        with tempfile.TemporaryDirectory(dir=parent, prefix="tectofs-burst-") as tmp:
+            yield tmp
+
+
 def _finish(out_dir: str, name: str, result: dict[str, Any]) -> dict[str, Any]:
     result["error_count"] = len(result["errors"])
     result["rows"] = _rows(result)
@@ -589,7 +797,7 @@ def _finish(out_dir: str, name: str, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chunk_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, Any]:
-    keys = ("puts", "gets", "busy", "checksum_errors")
+    keys = ("puts", "gets", "busy", "checksum_errors", "deleted")
     per_server = {a: {k: int(s.get(k, 0)) - int(before.get(a, {}).get(k, 0)) for k in keys}
                   for a, s in after.items() if "error" not in s}
     return {"per_server": per_server, **{f"total_{k}": sum(s[k] for s in per_server.values()) for k in keys}}
@@ -650,6 +858,9 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                      "p50 s": round(commit["wall_s"], 3)})
     if "load" in phases:
         rows.append(_row(f"load + verify: {n} ranks", phases["load"]))
+    if "metadata" in phases:
+        storm = phases["metadata"]
+        rows.append(_row(f"metadata storm: {storm['files']} empty files", storm, gbps=float("nan")))
     return rows
 
 
@@ -667,7 +878,7 @@ def _ratios(result: dict[str, Any]) -> dict[str, float]:
 def print_summary(result: dict[str, Any]) -> None:
     if result["rows"]:
         print_table(result)
-    for name in ("save", "load"):
+    for name in ("save", "load", "metadata"):
         phase = result["phases"].get(name)
         if not phase:
             continue
@@ -676,11 +887,13 @@ def print_summary(result: dict[str, Any]) -> None:
               f"min {phase['per_rank_GBps']['min'] * 1e3:.2f}, slowest rank {slow.get('rank')} "
               f"({slow.get('seconds', float('nan')):.2f}s), start lag p99 {phase['start_lag_s']['p99']:.3f}s, "
               f"MDS {phase['mds_operations']} ops in {phase['mds_transactions']} transactions, "
-              f"worker max RSS {phase['worker_max_rss_bytes'] / 2**30:.2f} GiB")
+              f"worker max RSS {phase['worker_max_rss_bytes'] / 2**30:.2f} GiB, server CPU s {phase.get('cpu_s')}, "
+              f"MDS view of chunk servers {phase.get('liveness')}")
     chunk = result.get("chunk_servers")
     if chunk:
         print(f"chunk servers: {chunk['total_puts']} puts, {chunk['total_gets']} gets, "
-              f"{chunk['total_busy']} BUSY, {chunk['total_checksum_errors']} checksum errors")
+              f"{chunk['total_busy']} BUSY, {chunk['total_checksum_errors']} checksum errors, "
+              f"{chunk['total_deleted']} chunks deleted by GC orders")
     print(f"servers alive: {result['servers_alive']}")
     print(f"errors: {result['error_count']}")
     for error in result["errors"][:10]:
@@ -704,16 +917,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=parse_size, default=256 * MiB, help="bytes the single large writer writes")
     parser.add_argument("--meta", default=None, help="use this running cluster instead of starting one")
     parser.add_argument("--phase-timeout", type=float, default=300.0, help="seconds each phase may take")
-    parser.add_argument("--io-threads", type=int, default=1, help="codec threads per rank client")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-memory-check", action="store_true", help="skip the up-front client memory estimate")
+    parser.add_argument("--metadata-files", type=int, default=2,
+                        help="empty files each rank creates in the metadata storm (0: skip it)")
+    parser.add_argument("--gc-delay", type=float, default=30.0,
+                        help="seconds before the MDS orders unused chunks deleted (LocalCluster's default: 30)")
+    parser.add_argument("--delete-previous", type=parse_size, default=0,
+                        help="write a previous checkpoint of this size and delete it at the barrier (GC during the save)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (cluster logs, worker logs)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
     result = run(args.out, args.ranks, args.shard, args.processes, block_size=args.block_size,
                  dir_block_size=args.dir_block_size, servers=args.servers, policy=args.policy,
                  baseline_bytes=args.baseline, meta_address=args.meta, phase_timeout_s=args.phase_timeout,
-                 io_threads=args.io_threads, seed=args.seed,
-                 memory_check=not args.no_memory_check)
+                 seed=args.seed,
+                 memory_check=not args.no_memory_check, metadata_files_per_rank=args.metadata_files,
+                 gc_delay_s=args.gc_delay, delete_previous_bytes=args.delete_previous, keep_work_dir=args.keep)
     print_summary(result)
     return 1 if result["error_count"] else 0
 

@@ -116,14 +116,16 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
     times: dict[str, list[float]] = {name: [] for name in names}
     daemon_cpu: dict[str, list[float]] = {f"{mode} {op}": [] for mode in modes for op in ("write", "read")}
     caches_dropped = drop_caches()
+    os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         with LocalCluster(os.path.join(tmp, "cluster")) as cluster, connect(cluster.address) as fs:
             mounts = {}
             try:
                 for mode in modes:
                     mountpoint = os.path.join(tmp, mode.replace(" ", "-"))
+                    log_path = os.path.join(out_dir, f"fuse_bench-{mode.replace(' ', '-')}.log")
                     mounts[mode] = start_mount_process(cluster.address, mountpoint, single_thread=MODES[mode],
-                                                       log_path=os.path.join(tmp, f"{mode.replace(' ', '-')}.log"))
+                                                       log_path=log_path)
                 local = os.path.join(tmp, "local.bin")
                 for i in range(repeats):
                     times["local write+fsync"].append(_write_file(local, pattern, size_bytes))
@@ -133,7 +135,8 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
                     times["client read"].append(_client_read(fs, f"/client-{i}.bin", size_bytes))
                     fs.remove(f"/client-{i}.bin")
                     for mode, mounted in mounts.items():
-                        path = os.path.join(mounted.mountpoint, f"mount-{i}.bin")
+                        # every mount shows the same namespace: one name per mode and run
+                        path = os.path.join(mounted.mountpoint, f"{mode.replace(' ', '-')}-{i}.bin")
                         for op, measure in (("write", lambda: _write_file(path, pattern, size_bytes)),
                                             ("read", lambda: _read_file(path, size_bytes))):
                             cpu = _cpu_s(mounted.pid)

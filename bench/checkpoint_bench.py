@@ -1,0 +1,296 @@
+"""DCP checkpoints through the tectofs plugin vs. DCP on a local disk vs. torch.save.
+
+    python bench/checkpoint_bench.py --size 1G --repeats 3 --out bench/results
+
+One run, one state dict of ``--size`` bytes shaped like mixed-precision Adam training
+(bf16 weights plus fp32 master copy, exp_avg and exp_avg_sq: 2 + 4 + 4 + 4 bytes per
+parameter, in a few large tensors, plus small biases and the optimizer's scalars):
+
+  (a) ``dcp.save``/``dcp.load`` with ``tectofs.torch.CheckpointWriter/Reader`` against a local
+      cluster started here (6 chunk servers, ``rs(4,2)``: survives the loss of any two);
+  (b) ``dcp.save``/``dcp.load`` with ``FileSystemWriter(sync_files=True)``/``FileSystemReader``
+      on a local directory of the same disk (DCP's defaults otherwise);
+  (c) ``torch.save`` to a local file + fsync / ``torch.load``;
+  (d) ``dcp.async_save`` with a ``CheckpointWriter`` reused across saves: the time until
+      ``async_save`` returns (staging into warm buffers), measured on warm saves only,
+      against the synchronous plugin save of (a).
+
+Medians of ``--repeats`` runs; the page cache is dropped before every load (root only) so
+loads come from disk (from the chunk servers' files for the plugin). At the end the plugin
+load is repeated once with two chunk servers killed (degraded read from parity). Ratios are
+against DCP-local from the same run: this machine is shared, absolute figures drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import drop_caches, parse_size, print_table, write_results  # noqa: E402
+
+MiB = 1 << 20
+LAYERS = 8
+
+
+def make_state_dict(size_bytes: int, seed: int = 0) -> dict[str, Any]:
+    """A model + AdamW state dict of about ``size_bytes`` (14 bytes per parameter)."""
+    import torch
+
+    params = max(LAYERS * 1024, size_bytes // 14)
+    cols = 4096
+    rows = max(1, params // LAYERS // cols)
+    gen = torch.Generator().manual_seed(seed)
+    model: dict[str, Any] = {}
+    state: dict[int, Any] = {}
+    for i in range(LAYERS):
+        master = torch.randn(rows, cols, generator=gen)
+        model[f"layers.{i}.weight"] = master.to(torch.bfloat16)
+        model[f"layers.{i}.bias"] = torch.randn(cols, generator=gen).to(torch.bfloat16)
+        state[i] = {
+            "step": torch.tensor(1000.0),
+            "master": master,
+            "exp_avg": torch.randn(rows, cols, generator=gen) * 1e-3,
+            "exp_avg_sq": torch.rand(rows, cols, generator=gen) * 1e-6,
+        }
+    groups = [{"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "params": list(range(LAYERS))}]
+    return {"model": model, "optim": {"state": state, "param_groups": groups}, "step": 1000}
+
+
+def empty_like_state(sd: Any) -> Any:
+    import torch
+
+    if isinstance(sd, torch.Tensor):
+        return torch.empty_like(sd)
+    if isinstance(sd, dict):
+        return {k: empty_like_state(v) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [empty_like_state(v) for v in sd]
+    return sd
+
+
+def tensor_bytes(sd: Any) -> int:
+    import torch
+
+    if isinstance(sd, torch.Tensor):
+        return sd.numel() * sd.element_size()
+    if isinstance(sd, dict):
+        return sum(tensor_bytes(v) for v in sd.values())
+    if isinstance(sd, (list, tuple)):
+        return sum(tensor_bytes(v) for v in sd)
+    return 0
+
+
+def same_state(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    gc.collect()
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Callable[[int], Any] | None = None,
+        work_dir: str | None = None, quick: bool = False, degraded: bool = True) -> dict[str, Any]:
+    """Measure (a)-(d) above; returns ``{"rows": [...], "ratios": {...}, ...}`` and writes
+    ``<out_dir>/checkpoint_bench.json``. ``progress(1)`` is called after every measured step."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+    import tectofs.torch as tt
+    from tectofs.server.cluster import LocalCluster
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    if quick and size_bytes == 1 << 30:
+        size_bytes = 256 * MiB
+    repeats = max(1, repeats)
+    tick = progress or (lambda n: None)
+
+    sd = make_state_dict(size_bytes)
+    nbytes = tensor_bytes(sd)
+    target = empty_like_state(sd)
+    times: dict[str, list[float]] = {}
+    checks: dict[str, bool] = {}
+    cache_dropped = True
+
+    def record(name: str, seconds: float) -> None:
+        times.setdefault(name, []).append(seconds)
+        tick(1)
+
+    def load_into_target(load: Callable[[], Any], name: str) -> None:
+        nonlocal cache_dropped
+        for t in _tensors(target):
+            t.zero_()
+        cache_dropped = drop_caches() and cache_dropped
+        record(name, _timed(load))
+        checks[name] = checks.get(name, True) and same_state(sd, target)
+
+    with tempfile.TemporaryDirectory(prefix="tectofs-ckpt-bench-", dir=work_dir) as tmp:
+        local_dir = os.path.join(tmp, "local")
+        os.makedirs(local_dir)
+        cluster = LocalCluster(os.path.join(tmp, "cluster"), servers=6, policy="rs(4,2)", gc_delay_s=3600.0)
+        with cluster:
+            base = f"tectofs://{cluster.address}/bench"
+            for i in range(repeats):
+                # (b) DCP on the local disk
+                path = os.path.join(local_dir, f"dcp_{i}")
+                record("dcp local save", _timed(lambda: dcp.save(sd, storage_writer=FileSystemWriter(path, sync_files=True))))
+                load_into_target(lambda: dcp.load(target, storage_reader=FileSystemReader(path)), "dcp local load")
+                shutil.rmtree(path)
+
+                # (a) DCP through the plugin
+                uri = f"{base}/sync/step_{i}"
+                record("tectofs save", _timed(lambda: dcp.save(sd, storage_writer=tt.CheckpointWriter(uri))))
+                load_into_target(lambda: dcp.load(target, storage_reader=tt.CheckpointReader(uri)), "tectofs load")
+
+                # (c) torch.save / torch.load on the local disk
+                file = os.path.join(local_dir, f"torch_{i}.pt")
+
+                def torch_save() -> None:
+                    with open(file, "wb") as f:
+                        torch.save(sd, f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    _fsync_dir(local_dir)
+
+                record("torch.save local", _timed(torch_save))
+                cache_dropped = drop_caches() and cache_dropped
+                loaded: list[Any] = []
+                record("torch.load local", _timed(lambda: loaded.append(torch.load(file, weights_only=True))))
+                checks["torch.load local"] = checks.get("torch.load local", True) and same_state(sd, loaded[0])
+                loaded.clear()
+                os.unlink(file)
+
+            # (d) async_save through one writer: first save warms the staging buffers.
+            writer = tt.CheckpointWriter()
+            try:
+                for i in range(repeats + 1):
+                    fut: list[Any] = []
+                    blocked = _timed(lambda: fut.append(
+                        dcp.async_save(sd, checkpoint_id=f"{base}/async/step_{i}", storage_writer=writer)))
+                    total_started = time.perf_counter()
+                    fut[0].result()
+                    total = blocked + time.perf_counter() - total_started
+                    if i == 0:
+                        times.setdefault("tectofs async_save blocking (cold, 1st)", []).append(blocked)
+                        continue
+                    record("tectofs async_save blocking", blocked)
+                    times.setdefault("tectofs async_save total", []).append(total)
+                    writer.wait_staging_idle(timeout=60)
+            finally:
+                writer.close()
+            load_into_target(lambda: dcp.load(target, checkpoint_id=f"{base}/async/step_{repeats}"), "async ckpt load check")
+            times.pop("async ckpt load check", None)
+
+            # Durability: the last plugin checkpoint, read with two chunk servers down.
+            if degraded:
+                cluster.kill_chunk_server(0)
+                cluster.kill_chunk_server(3)
+                uri = f"{base}/sync/step_{repeats - 1}"
+                load_into_target(lambda: dcp.load(target, storage_reader=tt.CheckpointReader(uri)),
+                                 "tectofs load, 2 of 6 servers down")
+            tt.close_all()
+
+    def med(name: str) -> float:
+        return statistics.median(times[name])
+
+    def gbps(name: str) -> float:
+        return nbytes / med(name) / 1e9
+
+    rows = []
+    for name in times:
+        if name.startswith("tectofs async_save blocking"):
+            rows.append({"what": name, "GB/s (median)": None, "median_s": round(med(name), 4),
+                         "runs_s": [round(t, 4) for t in times[name]]})
+        else:
+            rows.append({"what": name, "GB/s (median)": round(gbps(name), 3), "median_s": round(med(name), 3),
+                         "runs_s": [round(t, 3) for t in times[name]]})
+    ratios = {
+        "tectofs save / dcp local save": round(gbps("tectofs save") / gbps("dcp local save"), 3),
+        "tectofs load / dcp local load": round(gbps("tectofs load") / gbps("dcp local load"), 3),
+        "torch.save local / dcp local save": round(gbps("torch.save local") / gbps("dcp local save"), 3),
+        "torch.load local / dcp local load": round(gbps("torch.load local") / gbps("dcp local load"), 3),
+        "async_save blocking / tectofs sync save": round(med("tectofs async_save blocking") / med("tectofs save"), 4),
+    }
+    if "tectofs load, 2 of 6 servers down" in times:
+        ratios["tectofs degraded load / dcp local load"] = round(
+            gbps("tectofs load, 2 of 6 servers down") / gbps("dcp local load"), 3)
+    targets = {
+        "save >= 1.0x dcp local": ratios["tectofs save / dcp local save"] >= 1.0,
+        "load >= 1.0x dcp local": ratios["tectofs load / dcp local load"] >= 1.0,
+        "async blocking <= 5% of sync save": ratios["async_save blocking / tectofs sync save"] <= 0.05,
+    }
+    result = {
+        "benchmark": "checkpoint",
+        "size_bytes": nbytes,
+        "repeats": repeats,
+        "state_dict": f"{LAYERS} layers: bf16 weights + fp32 master/exp_avg/exp_avg_sq "
+                      f"({sum(1 for _ in _tensors(sd))} tensors, {nbytes / MiB:.0f} MiB)",
+        "cluster": "local: 1 MDS + 6 chunk servers, rs(4,2), 64 MiB blocks, fsync per chunk",
+        "page_cache_dropped_before_loads": cache_dropped,
+        "bit_exact": checks,
+        "rows": rows,
+        "ratios": ratios,
+        "targets_met": targets,
+    }
+    write_results(out_dir, "checkpoint_bench", result)
+    return result
+
+
+def _tensors(sd: Any) -> Any:
+    import torch
+
+    if isinstance(sd, torch.Tensor):
+        yield sd
+    elif isinstance(sd, dict):
+        for v in sd.values():
+            yield from _tensors(v)
+    elif isinstance(sd, (list, tuple)):
+        for v in sd:
+            yield from _tensors(v)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=parse_size, default=parse_size("1G"), help="state dict bytes (default 1G)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--work-dir", default=None, help="where the cluster and local files go (default: $TMPDIR)")
+    parser.add_argument("--no-degraded", action="store_true", help="skip the load with two servers killed")
+    args = parser.parse_args()
+    result = run(args.out, args.size, args.repeats, work_dir=args.work_dir, degraded=not args.no_degraded)
+    print_table(result)
+    print(json.dumps({"bit_exact": result["bit_exact"], "targets_met": result["targets_met"]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

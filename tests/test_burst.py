@@ -1,0 +1,74 @@
+"""The checkpoint burst harness (bench/burst.py) against a real local cluster: many ranks in
+a few worker processes save at one barrier, commit one checkpoint, load and verify it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tectofs.bench import draw_chart, load_script, main
+
+KiB = 1 << 10
+
+
+@pytest.fixture(scope="module")
+def burst() -> Any:
+    return load_script("burst")
+
+
+def test_burst_of_128_ranks_commits_and_verifies(make_cluster, burst, tmp_path, rng):
+    cluster = make_cluster()
+    seed = rng.randrange(1 << 31)
+    started = time.monotonic()
+    result = burst.run(str(tmp_path / "out"), ranks=128, shard_bytes=48 * KiB + 7, processes=2,
+                       meta_address=cluster.address, baseline_bytes=4 << 20, phase_timeout_s=60, seed=seed)
+    assert result["error_count"] == 0, result["errors"]
+    save, load = result["phases"]["save"], result["phases"]["load"]
+    assert save["ranks_ok"] == 128
+    assert load["ranks_ok"] == 128
+    assert load["verified"] == 128
+    assert save["mds_operations"] >= 3 * 128  # create + allocate + commit per rank at least
+    assert save["mds_ops_per_s"] > 0
+    assert result["ratios"]["burst save / single writer"] > 0
+    assert (tmp_path / "out" / "burst.json").exists()
+    # The checkpoint is in place, complete, and nothing pending is left behind.
+    entries = cluster.fs.listdir("/burst")
+    assert [e for e in entries if e.startswith("step-")] and not [e for e in entries if e.startswith(".pending")]
+    step = next(e for e in entries if e.startswith("step-"))
+    assert len(cluster.fs.listdir(f"/burst/{step}")) == 128 + 1
+    # Every server survived the burst.
+    assert cluster.meta_process is not None and cluster.meta_process.poll() is None
+    assert all(p is not None and p.poll() is None for p in cluster.chunk_processes)
+    assert sum(1 for s in cluster.fs.servers() if s["live"]) == 6
+    assert time.monotonic() - started < 60
+    assert draw_chart(result, str(tmp_path / "burst.png"), "test") in (None, str(tmp_path / "burst.png"))
+
+
+def test_burst_that_overruns_its_deadline_fails_with_a_clear_error(make_cluster, burst, tmp_path):
+    cluster = make_cluster()
+    started = time.monotonic()
+    result = burst.run(str(tmp_path), ranks=16, shard_bytes=64 * KiB, processes=2, meta_address=cluster.address,
+                       baseline_bytes=1 << 20, phase_timeout_s=0.001)
+    assert time.monotonic() - started < 45
+    assert result["error_count"] > 0
+    assert any("did not finish within" in e for e in result["errors"])
+    assert any("checkpoint not committed" in e for e in result["errors"])
+    assert "load" not in result["phases"]
+    assert not [e for e in cluster.fs.listdir("/burst") if e.startswith("step-")]
+
+
+def test_burst_refuses_a_run_that_cannot_fit_in_memory(burst, tmp_path):
+    result = burst.run(str(tmp_path), ranks=4096, shard_bytes=1 << 20, processes=4, block_size=64 << 20,
+                       memory_limit_bytes=1 << 30)
+    assert result["error_count"] == 1
+    assert "block buffer" in result["errors"][0] and "--dir-block-size" in result["errors"][0]
+
+
+def test_bench_entry_point_reports_a_missing_benchmark(tmp_path, capsys, monkeypatch):
+    import tectofs.bench as bench
+
+    monkeypatch.setattr(bench, "bench_dir", lambda: str(tmp_path / "nowhere"))
+    assert main(["client-io", "--out", str(tmp_path), "--quick"]) == 1
+    assert "not found" in capsys.readouterr().out
