@@ -16,7 +16,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from tectofs import limits
-from tectofs.errors import InvalidArgument, TectofsError
+from tectofs.errors import InvalidArgument, NoSpace, TectofsError
 
 if TYPE_CHECKING:
     from .core import AsyncFileSystem
@@ -48,6 +48,7 @@ class AsyncFile:
         self._cache: OrderedDict[int, Any] = OrderedDict()
         self._prefetch: dict[int, asyncio.Task[Any]] = {}
         self._last_read_block = -2
+        self._bytes_written = 0
 
     def _set_layout(self, layout: dict[str, Any]) -> None:
         self.attrs = layout["attrs"]
@@ -68,13 +69,14 @@ class AsyncFile:
             position = offset + written
             idx, within = divmod(position, self.block_size)
             n = min(len(view) - written, self.block_size - within)
-            buffer, valid = await self._block_buffer(idx)
+            buffer, valid = await self._block_buffer(idx, within + n)
             if within > valid:  # a gap inside the block reads as zeros
                 buffer[valid:within] = bytes(within - valid)
             buffer[within : within + n] = view[written : written + n]
             valid = max(valid, within + n)
             self._dirty[idx] = (buffer, valid)
             written += n
+            self._bytes_written += n
             self.size = max(self.size, position + n)
             self._changed = True
             if valid == self.block_size:
@@ -82,27 +84,43 @@ class AsyncFile:
         await self._bound_dirty()
         return written
 
-    async def _block_buffer(self, idx: int) -> tuple[memoryview, int]:
-        """The buffer holding block ``idx`` for writing, filled with its current content."""
+    async def _block_buffer(self, idx: int, needed: int) -> tuple[memoryview, int]:
+        """The buffer holding block ``idx`` for writing (at least ``needed`` bytes long),
+        filled with the block's current content; returns it and its valid length."""
         if idx in self._dirty:
-            return self._dirty[idx]
-        buffer = self.fs.buffers.get(self.block_size)
+            buffer, valid = self._dirty[idx]
+            if needed > len(buffer):
+                grown = self.fs.buffers.get(self._capacity(needed))
+                grown[:valid] = buffer[:valid]
+                self.fs.buffers.put(buffer)
+                buffer = grown
+            return buffer, valid
+        data: Any = None
         if idx in self._inflight or idx in self._written:
             # Rewriting a block already sent by this handle: start again from its content.
             if idx in self._inflight:
                 await self._reap_one(idx)
             block = self._written.pop(idx)
             data = await self.fs.blocks.read_block(block)
-            valid = min(block["length"], max(0, self.size - idx * self.block_size))
-            buffer[:valid] = data[:valid]
-            self.fs.buffers.put(data)
+            content = data[: min(block["length"], max(0, self.size - idx * self.block_size))]
         elif not self.replace and idx in self.blocks:
             content = await self._committed_block(idx)
-            valid = len(content)
-            buffer[:valid] = content
         else:
-            valid = 0
+            content = memoryview(b"")
+        valid = len(content)
+        buffer = self.fs.buffers.get(self._capacity(max(needed, valid)))
+        buffer[:valid] = content
+        if data is not None:
+            self.fs.buffers.put(data)
         return buffer, valid
+
+    def _capacity(self, needed: int) -> int:
+        """Buffer size for ``needed`` bytes of a block: small files must not pin a whole
+        64 MiB block each (a thousand ranks writing 1 MiB shards), large writers get the
+        whole block at once instead of growing (and copying) it."""
+        if self._bytes_written >= self.block_size:
+            return self.block_size
+        return min(self.block_size, max(limits.KiB * 64, 1 << (needed - 1).bit_length()))
 
     async def _reap_one(self, idx: int) -> None:
         self._written[idx] = await self._inflight.pop(idx)
@@ -134,7 +152,16 @@ class AsyncFile:
 
     async def _allocation(self) -> dict[str, Any]:
         if not self._allocations:
-            reply, _ = await self.fs.meta("allocate", ino=self.ino, count=self._allocation_batch)
+            for attempt in range(limits.placement_attempts_max):
+                try:
+                    reply, _ = await self.fs.meta("allocate", ino=self.ino, count=self._allocation_batch)
+                    break
+                except NoSpace:
+                    # Servers may look dead for a moment (a slow metadata service, a restart):
+                    # a bounded wait before the error reaches the caller.
+                    if attempt + 1 == limits.placement_attempts_max:
+                        raise
+                    await asyncio.sleep(limits.heartbeat_interval_s * (attempt + 1))
             self._allocations = reply["blocks"]
             self._allocation_batch = min(self._allocation_batch * 2, 8)
         return self._allocations.pop(0)
@@ -162,7 +189,7 @@ class AsyncFile:
             self._dirty[last] = (buffer, min(valid, within))
         elif within and size < self.size and (last in self.blocks or last in self._written or last in self._inflight):
             # Keep the head of the last block; its tail must read as zeros if the file grows again.
-            buffer, valid = await self._block_buffer(last)
+            buffer, valid = await self._block_buffer(last, within)
             buffer[within:] = bytes(len(buffer) - within)
             self._dirty[last] = (buffer, min(valid, within))
         self.size = size

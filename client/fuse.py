@@ -338,8 +338,11 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def rename(self, old: str, new: str, flags: int = 0) -> int:
+        if flags == RENAME_EXCHANGE:  # atomic swap, e.g. a new checkpoint directory for the old one
+            self._run(self.fs.aio.exchange(old, new))
+            return 0
         if flags & ~RENAME_NOREPLACE:
-            raise mfusepy.FuseOSError(errno.EINVAL)  # RENAME_EXCHANGE, RENAME_WHITEOUT
+            raise mfusepy.FuseOSError(errno.EINVAL)  # NOREPLACE|EXCHANGE, RENAME_WHITEOUT
         self._run(self.fs.aio.rename(old, new, noreplace=bool(flags & RENAME_NOREPLACE)))
         return 0
 
@@ -486,7 +489,7 @@ def _raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
 
 class TectofsFuse(mfusepy.FUSE):
     """``mfusepy.FUSE`` with four changes: ``rename`` receives the kernel's flags
-    (``RENAME_NOREPLACE``; mfusepy drops them), ``truncate`` receives the file handle of an
+    (``RENAME_NOREPLACE``, ``RENAME_EXCHANGE``; mfusepy drops them), ``truncate`` receives the file handle of an
     ``ftruncate`` (mfusepy drops it), ``read`` fills the kernel's buffer in place and
     ``write`` hands the kernel's buffer to the client without a copy (the client copies it
     into its block buffer before the call returns)."""

@@ -272,7 +272,7 @@ def cmd_gc(args: argparse.Namespace) -> None:
 def cmd_bench(args: argparse.Namespace) -> None:
     from .bench import main as bench_main
 
-    bench_main(args.bench_args)
+    raise SystemExit(bench_main(args.bench_args))
 
 
 def cmd_mount(args: argparse.Namespace) -> None:
@@ -387,6 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its own parser, options and --help included
+        from .bench import main as bench_main
+
+        raise SystemExit(bench_main(argv[1:]))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -26,11 +26,13 @@ rpc_retries_max = 4
 rpc_backoff_initial_s = 0.05
 rpc_backoff_max_s = 2.0
 connections_per_server = 2
+listen_backlog_max = 4096                 # a checkpoint burst connects thousands of clients at once
 
 # Chunk server
 chunk_inflight_bytes_max = 512 * MiB      # admission: above this new puts are answered BUSY
 heartbeat_interval_s = 1.0
 server_dead_after_s = 5.0
+heartbeats_outstanding_max = 3
 
 # Metadata service
 group_commit_batch_max = 256              # operations folded into one store transaction

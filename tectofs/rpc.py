@@ -213,7 +213,9 @@ class RpcServer:
     async def start(self, host: str, port: int) -> str:
         """Listen on ``host:port`` (port 0 picks a free one); returns ``"HOST:PORT"``."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ServerConnection(self), host, port, reuse_address=True)
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self), host, port, reuse_address=True, backlog=limits.listen_backlog_max
+        )
         sock_host, sock_port = self._server.sockets[0].getsockname()[:2]
         self.address = f"{sock_host}:{sock_port}"
         return self.address
@@ -323,7 +325,6 @@ class RpcClient:
         self.retries_max = retries_max
         self._pools: dict[str, list[_ClientConnection]] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
-        self._rr = itertools.count()
 
     async def _connect(self, address: str) -> _ClientConnection:
         host, port = parse_address(address)
@@ -340,16 +341,22 @@ class RpcClient:
         return proto
 
     async def _connection(self, address: str) -> _ClientConnection:
+        """An idle pooled connection, else a new one (up to ``connections_per_server``), else
+        the least busy. Connections open only when concurrency needs them, so a thousand
+        clients starting at once do not double their connection storm."""
         pool = [c for c in self._pools.get(address, []) if c.usable]
         self._pools[address] = pool
+        idle = [c for c in pool if not c.pending]
+        if idle:
+            return idle[0]
         if len(pool) < self.connections_per_server:
             lock = self._connecting.setdefault(address, asyncio.Lock())
             async with lock:
                 pool = [c for c in self._pools.get(address, []) if c.usable]
-                if len(pool) < self.connections_per_server:
+                if len(pool) < self.connections_per_server and not any(not c.pending for c in pool):
                     pool.append(await self._connect(address))
                     self._pools[address] = pool
-        return pool[next(self._rr) % len(pool)]
+        return min(pool, key=lambda c: len(c.pending))
 
     async def call(
         self,

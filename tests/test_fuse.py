@@ -144,9 +144,11 @@ def test_tar_create_and_extract(mounted: Mounted, tmp_path: Any, rng: random.Ran
     os.mkdir(os.path.join(where, "out"))
     sh("tar", "-C", os.path.join(where, "out"), "-xf", archive)
     assert _tree(os.path.join(where, "out")) == _tree(source)
-    # mtimes survive extraction (tar sets them with utimensat)
-    expected = os.lstat(os.path.join(source, "a/b/c/odd")).st_mtime
-    assert abs(os.lstat(os.path.join(where, "out/a/b/c/odd")).st_mtime - expected) < 1e-3
+    # mtimes survive extraction: tar sets them (whole seconds in its format) on the open file
+    # before closing it, and the commit at close must not overwrite them
+    for relative in ("a/b/c/odd", "a/b/multi-block", "empty"):
+        expected = int(os.lstat(os.path.join(source, relative)).st_mtime)
+        assert os.lstat(os.path.join(where, "out", relative)).st_mtime == expected, relative
     # and an archive made from the mount extracts locally to the same tree
     sh("tar", "-C", os.path.join(where, "out"), "-czf", str(tmp_path / "again.tgz"), ".")
     os.mkdir(tmp_path / "local-out")
@@ -291,6 +293,10 @@ def test_rename_replace_and_noreplace(mounted: Mounted) -> None:
     with open(f"{where}/b", "rb") as f:
         assert f.read() == b"new"
     assert libc.renameat2(AT_FDCWD, f"{where}/c".encode(), AT_FDCWD, f"{where}/e".encode(), RENAME_NOREPLACE) == 0
+    RENAME_EXCHANGE = 2
+    assert libc.renameat2(AT_FDCWD, f"{where}/e".encode(), AT_FDCWD, f"{where}/b".encode(), RENAME_EXCHANGE) == 0
+    with open(f"{where}/b", "rb") as f, open(f"{where}/e", "rb") as g:
+        assert (f.read(), g.read()) == (b"c", b"new")
     sh("mv", f"{where}/e", f"{where}/d2/e")
     assert sorted(os.listdir(f"{where}/d2")) == ["e", "inner"]
 
@@ -458,9 +464,9 @@ def test_chunk_server_loss_is_invisible_to_readers_and_writes_fail_cleanly(
 def test_mount_behaves_like_a_local_directory(mounted: Mounted, tmp_path: Any) -> None:
     from hypothesis import HealthCheck, settings
     from hypothesis import strategies as st
-    from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
-    paths = st.sampled_from(["a", "b", "c", "a/a", "a/b", "b/a", "b/c", "a/a/b"])
+    paths = st.sampled_from(["a", "b", "c", "a/a", "a/b", "a/a/b"])
     offsets = st.integers(0, 3 * MiB)
     lengths = st.integers(0, 200_000)
     seeds = st.integers(0, 2**32 - 1)
@@ -474,6 +480,19 @@ def test_mount_behaves_like_a_local_directory(mounted: Mounted, tmp_path: Any) -
             self.mount_root, _ = mounted.fresh_dir("model")
             self.local_root = str(tmp_path / uuid.uuid4().hex[:8])
             os.mkdir(self.local_root)
+
+        @initialize(seed=seeds)
+        def populate(self, seed: int) -> None:
+            """Start from a directory and two files, so that most steps find something."""
+            data = random.Random(seed).randbytes(MiB + 54321)
+
+            def action(root: str) -> None:
+                os.mkdir(os.path.join(root, "a"))
+                for path, content in (("b", data), ("a/a", data[:1000])):
+                    with open(os.path.join(root, path), "wb") as f:
+                        f.write(content)
+
+            self.both(action)
 
         def both(self, action: Callable[[str], Any]) -> Any:
             results = []
@@ -494,7 +513,7 @@ def test_mount_behaves_like_a_local_directory(mounted: Mounted, tmp_path: Any) -
             data = random.Random(seed).randbytes(length)
 
             def action(root: str) -> int:
-                fd = os.open(os.path.join(root, path), os.O_WRONLY)
+                fd = os.open(os.path.join(root, path), os.O_WRONLY | os.O_CREAT, 0o644)
                 try:
                     return os.pwrite(fd, data, offset)
                 finally:
@@ -517,9 +536,9 @@ def test_mount_behaves_like_a_local_directory(mounted: Mounted, tmp_path: Any) -
         def truncate(self, path: str, size: int) -> None:
             self.both(lambda root: os.truncate(os.path.join(root, path), size))
 
-        @rule(source=paths, target=paths)
-        def rename(self, source: str, target: str) -> None:
-            self.both(lambda root: os.rename(os.path.join(root, source), os.path.join(root, target)))
+        @rule(source=paths, destination=paths)
+        def rename(self, source: str, destination: str) -> None:
+            self.both(lambda root: os.rename(os.path.join(root, source), os.path.join(root, destination)))
 
         @rule(path=paths)
         def unlink(self, path: str) -> None:
@@ -541,7 +560,7 @@ def test_mount_behaves_like_a_local_directory(mounted: Mounted, tmp_path: Any) -
 
             self.both(action)
 
-        @rule(path=st.sampled_from(["", "a", "b", "a/a", "c"]))
+        @rule(path=st.sampled_from(["", "a", "a/a", "b"]))
         def listdir(self, path: str) -> None:
             self.both(lambda root: sorted(os.listdir(os.path.join(root, path))))
 

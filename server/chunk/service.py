@@ -54,9 +54,11 @@ class ChunkServer:
         self.server_id: int | None = None
         self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0}
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")
+        self._gc_io = ThreadPoolExecutor(1, thread_name_prefix="chunk-gc")
         self.rpc = RpcServer(self, "chunk server", allocate_payload=self._admit)
         self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1)
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._register_lock = asyncio.Lock()
 
     def _identity(self) -> str:
         """A stable identity for this data directory, so a restart keeps its server id."""
@@ -85,6 +87,7 @@ class ChunkServer:
         await self.rpc.close()
         await self.meta.close()
         self._io.shutdown(wait=False, cancel_futures=True)
+        self._gc_io.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ admission
 
@@ -179,17 +182,29 @@ class ChunkServer:
         log.info("registered with %s as chunk server %d", self.meta_address, self.server_id)
 
     async def _heartbeat_loop(self) -> None:
+        """Heartbeat on a fixed schedule, not one reply after the other: a metadata service
+        slow to answer must still hear from this server every interval."""
+        outstanding: set[asyncio.Task[None]] = set()
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
-            try:
-                reply, _ = await self.meta.call(
-                    self.meta_address, "heartbeat", {"server_id": self.server_id, **self._load()}, idempotent=True
-                )
-                if reply.get("delete"):
-                    await self._in_thread(self._delete, [int(b) for b in reply["delete"]])
-            except NotFound:
+            if len(outstanding) < limits.heartbeats_outstanding_max:
+                task = asyncio.get_running_loop().create_task(self._heartbeat())
+                outstanding.add(task)
+                task.add_done_callback(outstanding.discard)
+
+    async def _heartbeat(self) -> None:
+        try:
+            reply, _ = await self.meta.call(
+                self.meta_address, "heartbeat", {"server_id": self.server_id, **self._load()}, idempotent=True,
+                retries_max=0,
+            )
+            if reply.get("delete"):
+                # Deletes run on their own thread, never in the way of chunk writes' threads.
+                asyncio.get_running_loop().run_in_executor(self._gc_io, self._delete, [int(b) for b in reply["delete"]])
+        except NotFound:
+            async with self._register_lock:
                 await self._register()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the MDS may be restarting; keep serving clients
-                log.warning("heartbeat to %s failed: %s", self.meta_address, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the MDS may be restarting; keep serving clients
+            log.warning("heartbeat to %s failed: %s", self.meta_address, exc)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -49,6 +50,7 @@ class ChunkStore:
         os.makedirs(self.root, exist_ok=True)
         self.used_bytes = 0
         self.chunk_count = 0
+        self._counts_lock = threading.Lock()  # writes and deletes run on several threads
         self._scan()
 
     def _scan(self) -> None:
@@ -110,9 +112,10 @@ class ChunkStore:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise NoSpace(f"chunk server disk is full ({self.root})") from None
             raise
-        self.used_bytes += len(data) + len(crc_bytes) + FOOTER.size - replaced
-        if not replaced:
-            self.chunk_count += 1
+        with self._counts_lock:
+            self.used_bytes += len(data) + len(crc_bytes) + FOOTER.size - replaced
+            if not replaced:
+                self.chunk_count += 1
 
     def info(self, block_id: int) -> ChunkInfo:
         """Read and check the footer and piece checksums of a stored chunk."""
@@ -180,8 +183,9 @@ class ChunkStore:
             os.unlink(path)
         except FileNotFoundError:
             return False
-        self.used_bytes -= size
-        self.chunk_count -= 1
+        with self._counts_lock:
+            self.used_bytes -= size
+            self.chunk_count -= 1
         return True
 
     def disk_free_bytes(self) -> int:

@@ -47,10 +47,12 @@ class MetadataService:
         allocation_grace_s: float = limits.allocation_grace_s,
     ) -> None:
         dialect = dialect_for(store_url)
+        self.heartbeats_seen: dict[int, float] = {}
 
         def open_store() -> SqlStore:
             store = SqlStore(dialect, default_policy, default_block_size, gc_delay_s)
             store.server_dead_after_s = server_dead_after_s
+            store.heartbeats_seen = self.heartbeats_seen
             return store
 
         self.runner = StoreRunner(open_store)
@@ -207,10 +209,16 @@ class MetadataService:
         return {"server_id": server_id}, b""
 
     async def rpc_heartbeat(self, h: dict[str, Any], _: memoryview) -> Reply:
+        server_id = _int(h, "server_id")
+        arrived = time.time()
+        if server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
+            self.heartbeats_seen[server_id] = arrived
         delete = await self._call(
-            "heartbeat", _int(h, "server_id"), _int(h, "capacity", 0), _int(h, "used", 0),
-            _int(h, "inflight", 0), _int(h, "chunks", 0),
+            "heartbeat", server_id, _int(h, "capacity", 0), _int(h, "used", 0), _int(h, "inflight", 0), _int(h, "chunks", 0),
         )
+        # Liveness counts from arrival, not from when the store got to it (see SqlStore.heartbeats_seen).
+        assert server_id is not None
+        self.heartbeats_seen[server_id] = max(arrived, self.heartbeats_seen.get(server_id, 0.0))
         return {"delete": delete}, b""
 
     async def rpc_servers(self, h: dict[str, Any], _: memoryview) -> Reply:

@@ -92,6 +92,10 @@ class SqlStore:
         self.dialect = dialect
         self.conn = dialect.connect()
         self.gc_delay_s = gc_delay_s
+        # server id -> wall time a heartbeat *arrived* at the service, filled in by the service
+        # before the heartbeat waits in the store's queue: a busy MDS must not age every
+        # server at once and declare the whole cluster dead.
+        self.heartbeats_seen: dict[int, float] = {}
         parse_policy(default_policy)
         self._check_block_size(default_block_size)
         self._init_schema(default_policy, default_block_size)
@@ -409,11 +413,8 @@ class SqlStore:
 
     def statfs(self) -> dict[str, Any]:
         files, = self._one("SELECT COUNT(*) FROM inodes")
-        live_after = time.time() - self.server_dead_after_s
-        capacity, used = self._one(
-            "SELECT COALESCE(SUM(capacity), 0), COALESCE(SUM(used), 0) FROM servers WHERE last_heartbeat >= ?",
-            (live_after,),
-        )
+        live = self.live_servers()
+        capacity, used = sum(s["capacity"] for s in live), sum(s["used"] for s in live)
         return {"files": files, "capacity": capacity, "used": used, "name_max": limits.name_length_max_bytes}
 
     # ------------------------------------------------------------------ block maps
@@ -615,14 +616,15 @@ class SqlStore:
         rows = self._all(
             "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat FROM servers ORDER BY server_id"
         )
-        return [
-            {
+        out = []
+        for r in rows:
+            last = max(r[7], self.heartbeats_seen.get(r[0], 0.0))
+            out.append({
                 "server_id": r[0], "uuid": r[1], "address": r[2], "capacity": r[3], "used": r[4],
-                "inflight": r[5], "chunks": r[6], "last_heartbeat": r[7],
-                "live": now - r[7] <= self.server_dead_after_s,
-            }
-            for r in rows
-        ]
+                "inflight": r[5], "chunks": r[6], "last_heartbeat": last,
+                "live": now - last <= self.server_dead_after_s,
+            })
+        return out
 
     def live_servers(self) -> list[dict[str, Any]]:
         return [s for s in self.servers() if s["live"]]

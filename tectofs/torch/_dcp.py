@@ -566,115 +566,118 @@ class CheckpointReader(StorageReader):
             fut.set_exception(exc)
         return fut
 
-    def _ranges(self, plan: LoadPlan) -> list[tuple[str, int, int, list[MetadataIndex]]]:
-        """Group the needed items into coalesced ranged reads: (file, offset, length, items)."""
-        indices: dict[MetadataIndex, _ItemInfo] = {}
-        for req in plan.items:
-            info = self.storage_data.get(req.storage_index)
-            if info is None:
-                raise errors.CheckpointError(f"{self.checkpoint_id}: no stored data for {_describe(req.storage_index)}")
-            indices[req.storage_index] = info
-        ordered = sorted(indices.items(), key=lambda kv: (kv[1].relative_path, kv[1].offset))
-        ranges: list[list[Any]] = []
-        for index, info in ordered:
-            last = ranges[-1] if ranges else None
-            if (
-                last is not None
-                and last[0] == info.relative_path
-                and info.offset - (last[1] + last[2]) <= self.coalesce_gap_bytes
-                and info.offset + info.length - last[1] <= self.max_read_bytes
-            ):
-                last[2] = max(last[2], info.offset + info.length - last[1])
-                last[3].append(index)
-            else:
-                ranges.append([info.relative_path, info.offset, info.length, [index]])
-        return [tuple(r) for r in ranges]  # type: ignore[misc]
-
     def _read_all(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        """Fetch every needed item with block-aligned ranged reads on ``thread_count``
+        threads, straight into the destination tensor whenever the stored bytes are the
+        tensor as-is; check each item's crc32c in the thread that completes it; hand items
+        to the planner from this thread (planners are not thread-safe)."""
         loc = self._location()
         fs = _uri.filesystem(loc.address)
-        by_index: dict[MetadataIndex, list[ReadItem]] = {}
+        loads: dict[MetadataIndex, _Load] = {}
         for req in plan.items:
-            by_index.setdefault(req.storage_index, []).append(req)
-        ranges = self._ranges(plan)
-        big = [r for r in ranges if r[2] > self.max_read_bytes]  # one item each, read in pieces
-        ranges = [r for r in ranges if r[2] <= self.max_read_bytes]
-
-        def fetch(path: str, offset: int, length: int) -> bytes:
-            return fs.read_range(f"{loc.path}/{path}", offset, length) if length else b""
-
+            load = loads.get(req.storage_index)
+            if load is None:
+                info = self.storage_data.get(req.storage_index)
+                if info is None:
+                    raise errors.CheckpointError(f"{self.checkpoint_id}: no stored data for {_describe(req.storage_index)}")
+                load = loads[req.storage_index] = _Load(req.storage_index, info)
+            load.reqs.append(req)
+        if not loads:
+            return
+        ordered = sorted(loads.values(), key=lambda ld: (ld.info.relative_path, ld.info.offset))
+        files = sorted({ld.info.relative_path for ld in ordered})
         with cf.ThreadPoolExecutor(max_workers=max(1, self.thread_count), thread_name_prefix="tectofs-load") as pool:
-            for _, _, _, (index,) in big:
-                self._read_big(pool, fetch, loc, index, by_index[index], planner)
-            pending: dict[cf.Future, tuple] = {}
+            block_sizes = dict(zip(files, pool.map(lambda f: fs.stat(f"{loc.path}/{f}").block_size, files)))
+            tasks = _plan_tasks(ordered, block_sizes, self.max_read_bytes, self.coalesce_gap_bytes)
+            lock = threading.Lock()
+
+            def run(task: _Task) -> list[_Load]:
+                return self._run_task(fs, loc, task, lock)
+
+            pending: dict[cf.Future, _Task] = {}
             inflight = 0
-            it = iter(ranges)
-            exhausted = False
-            while True:
-                while not exhausted and (not pending or inflight < self.inflight_bytes):
-                    r = next(it, None)
-                    if r is None:
-                        exhausted = True
-                        break
-                    pending[pool.submit(fetch, r[0], r[1], r[2])] = r
-                    inflight += r[2]
-                if not pending:
-                    break
-                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                for f in done:
-                    path, offset, length, indices = pending.pop(f)
-                    inflight -= length
-                    blob = f.result()
-                    if len(blob) != length:
-                        raise errors.CheckpointError(
-                            f"{loc.uri()}: file {path} is shorter than recorded "
-                            f"(read {len(blob)} of {length} bytes at offset {offset})"
-                        )
-                    view = memoryview(blob)
-                    for index in indices:
-                        info = self.storage_data[index]
-                        item = view[info.offset - offset : info.offset - offset + info.length]
-                        self._check(loc, index, info, item)
-                        for req in by_index[index]:
-                            self._apply(req, info, item, planner)
-                    del view, blob
+            position = 0
+            try:
+                while position < len(tasks) or pending:
+                    while position < len(tasks) and (not pending or inflight + tasks[position].length <= self.inflight_bytes):
+                        task = tasks[position]
+                        position += 1
+                        for load in task.loads:  # destinations are resolved just in time, here
+                            if load.dest is None:
+                                self._prepare(load, planner)
+                        pending[pool.submit(run, task)] = task
+                        inflight += task.length
+                    done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                    for f in done:
+                        inflight -= pending.pop(f).length
+                        for load in f.result():
+                            self._finish(load, planner)
+            except BaseException:
+                for f in pending:
+                    f.cancel()
+                raise
 
-    def _read_big(
-        self, pool: cf.ThreadPoolExecutor, fetch: Any, loc: _uri.Location, index: MetadataIndex,
-        reqs: list[ReadItem], planner: LoadPlanner,
-    ) -> None:
-        """An item larger than ``max_read_bytes``: fetched in parallel pieces straight into
-        its destination tensor when it fits whole, else into one buffer; then checked."""
-        info = self.storage_data[index]
-        direct = None
-        if info.fmt == "raw" and len(reqs) == 1 and reqs[0].type == LoadItemType.TENSOR:
-            target = planner.resolve_tensor(reqs[0]).detach()
-            if _fits_whole(reqs[0], info, target):
-                direct = target
-        buf = _bytes_of(direct) if direct is not None else memoryview(bytearray(info.length))
-        step = self.max_read_bytes
+    def _prepare(self, load: "_Load", planner: LoadPlanner) -> None:
+        info = load.info
+        if info.fmt == "raw" and len(load.reqs) == 1 and load.reqs[0].type == LoadItemType.TENSOR:
+            target = planner.resolve_tensor(load.reqs[0]).detach()
+            if _fits_whole(load.reqs[0], info, target):
+                load.target = target
+                load.dest = _bytes_of(target) if info.length else memoryview(b"")
+                return
+        load.dest = memoryview(bytearray(info.length))
 
-        def fetch_into(start: int) -> None:
-            n = min(step, info.length - start)
-            data = fetch(info.relative_path, info.offset + start, n)
-            if len(data) != n:
+    def _run_task(self, fs: Any, loc: _uri.Location, task: "_Task", lock: threading.Lock) -> list["_Load"]:
+        """One block-aligned piece of one file: read its spans, then check the items it completed."""
+        completed: list[_Load] = []
+        if task.spans:
+            raw = fs.open(f"{loc.path}/{task.path}", "rb", buffering=0)
+            try:
+                for start, length, parts in task.spans:
+                    if len(parts) == 1 and parts[0][0] == start and parts[0][2] == length:
+                        _, load, _ = parts[0]
+                        lo = start - load.info.offset
+                        self._read_exact(raw, loc, task.path, start, load.dest[lo : lo + length])
+                    else:  # small neighbours: one read, then copied out
+                        buf = memoryview(bytearray(length))
+                        self._read_exact(raw, loc, task.path, start, buf)
+                        for offset, load, n in parts:
+                            lo = offset - load.info.offset
+                            load.dest[lo : lo + n] = buf[offset - start : offset - start + n]
+            finally:
+                raw.close()
+        for load in task.loads:
+            with lock:
+                load.remaining -= 1
+                last = load.remaining == 0
+            if last:
+                self._check(loc, load.index, load.info, load.dest)
+                completed.append(load)
+        return completed
+
+    @staticmethod
+    def _read_exact(raw: Any, loc: _uri.Location, path: str, offset: int, into: memoryview) -> None:
+        raw.seek(offset)
+        got = 0
+        while got < len(into):
+            n = raw.readinto(into[got:])
+            if not n:
                 raise errors.CheckpointError(
-                    f"{loc.uri()}: file {info.relative_path} is shorter than recorded "
-                    f"(read {len(data)} of {n} bytes at offset {info.offset + start})"
+                    f"{loc.uri()}: file {path} is shorter than recorded "
+                    f"(read {got} of {len(into)} bytes at offset {offset})"
                 )
-            buf[start : start + n] = data
+            got += n
 
-        window = max(1, self.inflight_bytes // step)
-        starts = list(range(0, info.length, step))
-        for i in range(0, len(starts), window):
-            for f in [pool.submit(fetch_into, s) for s in starts[i : i + window]]:
-                f.result()
-        self._check(loc, index, info, buf)
-        if direct is not None:
-            planner.commit_tensor(reqs[0], direct)
+    def _finish(self, load: "_Load", planner: LoadPlanner) -> None:
+        dest = load.dest
+        assert dest is not None
+        if load.target is not None:
+            planner.commit_tensor(load.reqs[0], load.target)
         else:
-            for req in reqs:
-                self._apply(req, info, buf, planner)
+            for req in load.reqs:
+                self._apply(req, load.info, dest, planner)
+        load.dest = load.target = None
+        load.reqs = []
 
     def _check(self, loc: _uri.Location, index: MetadataIndex, info: _ItemInfo, item: memoryview) -> None:
         got = crc(item)
@@ -714,6 +717,75 @@ class CheckpointReader(StorageReader):
         else:
             raise errors.CheckpointError(f"item {_describe(req.storage_index)}: unknown format {info.fmt!r}")
         planner.commit_tensor(req, target)
+
+
+
+class _Load:
+    """One stored item being loaded: where its bytes go and how many reads are left."""
+
+    __slots__ = ("index", "info", "reqs", "dest", "target", "remaining")
+
+    def __init__(self, index: MetadataIndex, info: _ItemInfo) -> None:
+        self.index = index
+        self.info = info
+        self.reqs: list[ReadItem] = []
+        self.dest: memoryview | None = None  # the target tensor's bytes, or a private buffer
+        self.target: torch.Tensor | None = None  # set when dest is the target tensor itself
+        self.remaining = 0  # tasks that still have to deliver part of this item
+
+
+@dataclass
+class _Task:
+    """Reads inside one block-aligned window of one file (a block is fetched whole by the
+    client, so a window never crosses a block boundary: no block is fetched twice).
+    ``spans``: ``(file offset, length, [(offset, load, length), ...])``; a span with one part
+    covering it is read straight into that item's destination."""
+
+    path: str
+    length: int
+    spans: list[tuple[int, int, list[tuple[int, _Load, int]]]]
+    loads: list[_Load]
+
+
+_SMALL_READ_BYTES = 1 << 20
+
+
+def _plan_tasks(ordered: list[_Load], block_sizes: dict[str, int], max_read: int, gap: int) -> list[_Task]:
+    """Cut the items (sorted by file and offset) into block-aligned windows of at most
+    ``max_read`` bytes, in file order; inside a window, neighbouring small pieces less than
+    ``gap`` apart share one read."""
+    windows: dict[tuple[str, int], list[tuple[int, _Load, int]]] = {}
+    tasks: list[_Task] = []
+    for load in ordered:
+        info = load.info
+        if info.length == 0:  # nothing to read; still checked and handed to the planner
+            load.remaining = 1
+            tasks.append(_Task(info.relative_path, 0, [], [load]))
+            continue
+        block = block_sizes[info.relative_path]
+        piece = max(1, min(max_read, block))
+        position, end = info.offset, info.offset + info.length
+        while position < end:
+            block_start = position - position % block
+            window = block_start + (position - block_start) // piece * piece
+            n = min(end, window + piece, block_start + block) - position
+            windows.setdefault((info.relative_path, window), []).append((position, load, n))
+            load.remaining += 1
+            position += n
+    for (path, _), parts in sorted(windows.items(), key=lambda kv: kv[0]):
+        spans: list[tuple[int, int, list[tuple[int, _Load, int]]]] = []
+        for offset, load, n in parts:
+            last = spans[-1] if spans else None
+            if (
+                last is not None and n < _SMALL_READ_BYTES and last[1] < _SMALL_READ_BYTES
+                and 0 <= offset - (last[0] + last[1]) <= gap
+            ):
+                spans[-1] = (last[0], offset + n - last[0], last[2] + [(offset, load, n)])
+            else:
+                spans.append((offset, n, [(offset, load, n)]))
+        loads = list(dict.fromkeys(load for _, load, _ in parts))
+        tasks.append(_Task(path, sum(n for _, _, n in parts), spans, loads))
+    return tasks
 
 
 def _fits_whole(req: ReadItem, info: _ItemInfo, target: torch.Tensor) -> bool:
