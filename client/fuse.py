@@ -489,10 +489,10 @@ def _raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
 
 class TectofsFuse(mfusepy.FUSE):
     """``mfusepy.FUSE`` with four changes: ``rename`` receives the kernel's flags
-    (``RENAME_NOREPLACE``, ``RENAME_EXCHANGE``; mfusepy drops them), ``truncate`` receives the file handle of an
-    ``ftruncate`` (mfusepy drops it), ``read`` fills the kernel's buffer in place and
-    ``write`` hands the kernel's buffer to the client without a copy (the client copies it
-    into its block buffer before the call returns)."""
+    (``RENAME_NOREPLACE``, ``RENAME_EXCHANGE``; mfusepy drops them), ``truncate`` receives
+    the file handle of an ``ftruncate`` (mfusepy drops it), ``read`` fills the kernel's buffer
+    in place and ``write`` hands the kernel's buffer to the client without a copy (the client
+    copies it into its block buffer before the call returns)."""
 
     def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
         return self.operations.rename(
