@@ -152,8 +152,15 @@ class BlockIO:
                 for task in pending:
                     task.cancel()
 
-        placed = await asyncio.gather(*(place(p) for p in range(policy.width)))
-        return {"idx": idx, "block_id": block_id, "policy": str(policy), "length": len(data), "chunks": placed}
+        tasks = [loop.create_task(place(p)) for p in range(policy.width)]
+        try:
+            placed = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # one chunk cannot be placed: the others are wasted work
+                task.cancel()
+            await asyncio.wait(tasks)
+            raise
+        return {"idx": idx, "block_id": block_id, "policy": str(policy), "length": len(data), "chunks": list(placed)}
 
     async def _put(
         self, address: str, block_id: int, position: int, chunk: Any, crcs: tuple[list[int], int], overwrite: bool = False

@@ -1,8 +1,8 @@
 """An open file: block buffering, pipelined writes, commit at close, cached and prefetched reads.
 
 Writes land in per-block buffers. A buffer that fills up is encoded and sent at once, while
-the caller goes on filling the next one (at most ``write_blocks_inflight_max`` blocks in
-flight per file, so memory stays bounded). Partial writes into an existing block read that
+the caller goes on filling the next one (``write_inflight_bytes_max`` of blocks in flight per
+file, so memory stays bounded). Partial writes into an existing block read that
 block first and rewrite it as a new block (chunks are immutable: copy-on-write). Nothing is
 visible to other clients until :meth:`AsyncFile.flush` commits the block list and size in one
 metadata transaction; ``close`` flushes (close-to-open consistency).
@@ -49,11 +49,14 @@ class AsyncFile:
         self._prefetch: dict[int, asyncio.Task[Any]] = {}
         self._last_read_block = -2
         self._bytes_written = 0
+        self._failure: BaseException | None = None
 
     def _set_layout(self, layout: dict[str, Any]) -> None:
         self.attrs = layout["attrs"]
         self.ino = self.attrs["ino"]
         self.block_size = int(self.attrs["block_size"])
+        low, high = limits.write_blocks_inflight_range
+        self._inflight_max = max(low, min(high, limits.write_inflight_bytes_max // self.block_size))
         self.blocks = {b["idx"]: b for b in layout["blocks"]}
 
     # ------------------------------------------------------------------ write
@@ -123,12 +126,27 @@ class AsyncFile:
         return min(self.block_size, max(limits.KiB * 64, 1 << (needed - 1).bit_length()))
 
     async def _reap_one(self, idx: int) -> None:
-        self._written[idx] = await self._inflight.pop(idx)
+        task = self._inflight.pop(idx)
+        await asyncio.wait([task])
+        self._collect(idx, task)
+
+    def _collect(self, idx: int, task: asyncio.Task[dict[str, Any]]) -> None:
+        """Record a finished block write. A failed one poisons the handle: every later write,
+        flush and close raises the same error, so a lost block can never be committed as a
+        hole of zeros."""
+        if task.cancelled():
+            self._failure = self._failure or TectofsError(f"{self.path}: write of block {idx} was cancelled")
+        elif task.exception() is not None:
+            self._failure = self._failure or task.exception()
+        else:
+            self._written[idx] = task.result()
+        if self._failure is not None:
+            raise self._failure
 
     async def _send(self, idx: int) -> None:
         """Start writing block ``idx``; wait while too many blocks are in flight."""
         buffer, valid = self._dirty.pop(idx)
-        while len(self._inflight) >= limits.write_blocks_inflight_max:
+        while len(self._inflight) >= self._inflight_max:
             await self._reap(wait=True)
         allocation = await self._allocation()
         self._inflight[idx] = asyncio.get_running_loop().create_task(self._write_block(idx, buffer, valid, allocation))
@@ -148,7 +166,7 @@ class AsyncFile:
         for idx, task in list(self._inflight.items()):
             if task.done():
                 del self._inflight[idx]
-                self._written[idx] = task.result()  # re-raises a failed write
+                self._collect(idx, task)
 
     async def _allocation(self) -> dict[str, Any]:
         if not self._allocations:
@@ -172,7 +190,7 @@ class AsyncFile:
 
     async def _bound_dirty(self) -> None:
         """Random writes may dirty many partial blocks; send the oldest past the limit."""
-        while len(self._dirty) > limits.write_blocks_inflight_max + 2:
+        while len(self._dirty) > self._inflight_max + 2:
             await self._send(next(iter(self._dirty)))
 
     async def truncate(self, size: int) -> None:
@@ -200,6 +218,8 @@ class AsyncFile:
         self._check_open(write=False)
         if not self.writable:
             return
+        if self._failure is not None:
+            raise self._failure
         for idx in list(self._dirty):
             await self._send(idx)
         while self._inflight:
@@ -308,6 +328,8 @@ class AsyncFile:
     def _check_open(self, write: bool) -> None:
         if self.closed:
             raise InvalidArgument(f"{self.path}: I/O on a closed file")
+        if self._failure is not None and write:
+            raise self._failure
         if write and not self.writable:
             raise InvalidArgument(f"{self.path} is not open for writing")
 

@@ -33,6 +33,20 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
 
     def stop(self) -> None:
+        """Cancel what still runs on the loop (writes of a handle never closed, prefetches),
+        let it unwind, then stop the loop and its thread."""
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout=10)
+        except Exception:  # a stuck task must not keep the caller from closing
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         if not self.thread.is_alive():

@@ -41,7 +41,8 @@ gc_orders_per_heartbeat_max = 1024
 readdir_entries_max = 100_000
 
 # Client
-write_blocks_inflight_max = 2             # blocks encoded/sent concurrently per open file
+write_inflight_bytes_max = 256 * MiB      # block bytes being encoded/sent at once per open file
+write_blocks_inflight_range = (2, 8)      # ... as a number of blocks, whatever the block size
 read_prefetch_blocks = 1
 client_buffer_pool_bytes = 1 * GiB        # idle buffers kept for reuse, per process
 client_codec_threads = 2                  # encode/decode/checksum threads, per process

@@ -153,3 +153,24 @@ def test_busy_server_answers_busy_and_client_retries(make_cluster):
     assert busy > 0, "no server ever answered BUSY: the test did not exercise admission control"
     for path, data in files.items():
         assert c.fs.read_bytes(path) == data
+
+
+def test_failed_block_write_is_never_committed_as_a_hole(make_cluster):
+    c = make_cluster()
+    old = os.urandom(MiB)
+    c.fs.write_bytes("/poisoned", old)
+    f = c.fs.open("/poisoned", "wb", buffering=0)
+    f.write(os.urandom(2 * MiB))  # two full blocks, sent in the background
+    for i in range(3):
+        c.kill_chunk_server(i)  # beyond what rs(4,2) tolerates
+    lost = (errors.NoSpace, errors.DataUnavailable)
+    with pytest.raises(lost):
+        f.write(os.urandom(2 * MiB))
+        f.fsync()  # commit: must fail, a block is lost
+    with pytest.raises(lost):
+        f.fsync()  # and keep failing: nothing later commits the lost block as zeros
+    with pytest.raises(lost):
+        f.close()
+    for i in range(3):
+        c.restart_chunk(i)
+    assert c.fs.read_bytes("/poisoned") == old

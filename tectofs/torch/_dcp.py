@@ -177,6 +177,21 @@ class _CountingWriter:
         return n
 
 
+_CRC_OVERLAP_BYTES = 4 * MiB
+_crc_executor: tuple[int, cf.ThreadPoolExecutor] | None = None
+_crc_lock = threading.Lock()
+
+
+def _crc_pool() -> cf.ThreadPoolExecutor:
+    """Threads for checksums overlapped with uploads (one pool per process: a forked
+    child never inherits its parent's dead workers)."""
+    global _crc_executor
+    with _crc_lock:
+        if _crc_executor is None or _crc_executor[0] != os.getpid():
+            _crc_executor = (os.getpid(), cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="tectofs-crc"))
+        return _crc_executor[1]
+
+
 def _describe(index: MetadataIndex) -> str:
     s = index.fqn
     if index.offset is not None and any(index.offset):
@@ -385,8 +400,17 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                         buf = io.BytesIO()
                         torch.save(_minimal(tensor), buf)
                         view, fmt = buf.getbuffer(), "torch"
-                checksum = crc(view)
-                out.write(view)
+                if view.nbytes >= _CRC_OVERLAP_BYTES:
+                    # crc32c releases the GIL: checksum in a helper thread while the client
+                    # copies the same bytes into its block buffers.
+                    pending_crc = _crc_pool().submit(crc, view)
+                    try:
+                        out.write(view)
+                    finally:
+                        checksum = pending_crc.result()
+                else:
+                    checksum = crc(view)
+                    out.write(view)
                 length = out.offset - offset
                 del view
                 results.append(
