@@ -24,6 +24,7 @@ _MODES = {
     "wb": (False, True, True, True, False, False),
     "w+b": (True, True, True, True, False, False),
     "xb": (False, True, True, True, True, False),
+    "x+b": (True, True, True, True, True, False),
     "ab": (False, True, True, False, False, True),
     "a+b": (True, True, True, False, False, True),
 }
@@ -76,7 +77,12 @@ def _process_resources() -> tuple[BufferPool, ThreadPoolExecutor]:
 
 
 def normalize_mode(mode: str) -> str:
-    canonical = "".join(sorted(mode.replace("t", ""), key="rwxa+b".index)) if mode else mode
+    """``"r+"``, ``"rb+"``, ``"r+b"`` -> ``"r+b"``; binary only (wrap in io.TextIOWrapper for text)."""
+    if "t" in mode:
+        raise InvalidArgument(f"open mode {mode!r}: text mode is not supported; open binary and wrap it in io.TextIOWrapper")
+    if not mode or set(mode) - set("rwxa+b") or len(set(mode)) != len(mode):
+        raise InvalidArgument(f"unsupported open mode {mode!r}: use one of {', '.join(_MODES)}")
+    canonical = "".join(sorted(mode, key="rwxa+b".index))
     if "b" not in canonical:
         canonical += "b"
     canonical = canonical.replace("+b", "b+").replace("b+", "+b")

@@ -47,7 +47,7 @@ class AsyncFile:
         self._changed = truncate  # something to commit even without blocks (e.g. truncation to 0)
         self._cache: OrderedDict[int, Any] = OrderedDict()
         self._prefetch: dict[int, asyncio.Task[Any]] = {}
-        self._last_read_block = -2
+        self._last_read_block = -1  # reading block 0 counts as sequential: prefetch block 1
         self._bytes_written = 0
         self._failure: BaseException | None = None
 
