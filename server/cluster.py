@@ -4,6 +4,7 @@ benchmarks."""
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -54,6 +55,7 @@ class LocalCluster:
         sync: bool = True,
         chunk_inflight_bytes_max: int = limits.chunk_inflight_bytes_max,
         log_to_files: bool = True,
+        store: str | None = None,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
@@ -69,6 +71,7 @@ class LocalCluster:
         self.sync = sync
         self.chunk_inflight_bytes_max = chunk_inflight_bytes_max
         self.log_to_files = log_to_files
+        self.store = store or os.path.join(self.root, "meta.db")
         self.env = {**os.environ, **(extra_env or {})}
         self.meta_process: subprocess.Popen[bytes] | None = None
         self.chunk_processes: list[subprocess.Popen[bytes] | None] = []
@@ -103,13 +106,25 @@ class LocalCluster:
         if os.path.exists(ready):
             os.unlink(ready)
         self.meta_process = self._spawn(
-            ["meta", "--store", os.path.join(self.root, "meta.db"), "--host", self.host, "--port", str(port),
+            ["meta", "--store", self.store, "--host", self.host, "--port", str(port),
              "--policy", self.policy, "--block-size", str(self.block_size), "--ready-file", ready,
              "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s),
              "--allocation-grace", str(self.allocation_grace_s)],
             "meta.log",
         )
         return wait_for_file(ready, timeout_s, self.meta_process)
+
+    def start_extra_meta(self, timeout_s: float = 30.0) -> tuple[str, subprocess.Popen[bytes]]:
+        """Another metadata service on the same store (PostgreSQL: several MDS, one namespace).
+        Returns its address and process; the caller stops it."""
+        n = len(glob.glob(os.path.join(self.root, "meta-extra-*.address")))
+        ready = os.path.join(self.root, f"meta-extra-{n}.address")
+        process = self._spawn(
+            ["meta", "--store", self.store, "--host", self.host, "--port", "0", "--ready-file", ready,
+             "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s)],
+            f"meta-extra-{n}.log",
+        )
+        return wait_for_file(ready, timeout_s, process), process
 
     def kill_meta(self, sig: int = signal.SIGKILL) -> None:
         if self.meta_process is not None and self.meta_process.poll() is None:

@@ -83,6 +83,17 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
             c.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """URL of a PostgreSQL server started for this test session (skipped where unavailable)."""
+    from tests import postgres
+
+    if not postgres.available():
+        pytest.skip("PostgreSQL server binaries, runuser or psycopg not available")
+    with postgres.server() as url:
+        yield url
+
+
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> random.Random:
     """A seeded RNG; the seed is printed so a failure can be replayed (TECTOFS_SEED=...)."""

@@ -13,7 +13,7 @@ import pytest
 
 from tectofs import errors
 from tectofs.store import SqlStore, StoreRunner
-from tectofs.store.dialect import SqliteDialect
+from tectofs.store.dialect import PostgresDialect, SqliteDialect
 
 
 class StoreContract:
@@ -152,6 +152,17 @@ class StoreContract:
 class TestSqliteStore(StoreContract):
     def make_store(self, tmp_path) -> SqlStore:
         return SqlStore(SqliteDialect(str(tmp_path / "meta.db")))
+
+
+class TestPostgresStore(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _server(self, postgres_server):
+        self.server_url = postgres_server
+
+    def make_store(self, tmp_path) -> SqlStore:
+        from tests.postgres import new_database
+
+        return SqlStore(PostgresDialect(new_database(self.server_url)))
 
 
 def test_group_commit_batches_concurrent_operations(tmp_path):

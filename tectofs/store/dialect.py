@@ -13,6 +13,7 @@ class Dialect:
 
     name = "abstract"
     placeholder = "?"
+    begin_statement = "BEGIN"
 
     def connect(self) -> Any:
         raise NotImplementedError
@@ -49,10 +50,15 @@ class SqliteDialect(Dialect):
 
 
 class PostgresDialect(Dialect):
-    """PostgreSQL through psycopg 3, for metadata services spread over several hosts."""
+    """PostgreSQL through psycopg 3, for metadata services spread over several hosts.
+
+    Transactions are SERIALIZABLE: several metadata services may serve one store, and a
+    conflict between them aborts one transaction (SQLSTATE 40001), which the store runner
+    runs again."""
 
     name = "postgresql"
     placeholder = "%s"
+    begin_statement = "BEGIN ISOLATION LEVEL SERIALIZABLE"
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -41,7 +41,7 @@ _ATTR_COLUMNS = "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, po
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS inodes (
-        ino INTEGER PRIMARY KEY, kind TEXT NOT NULL, mode INTEGER NOT NULL,
+        ino BIGINT PRIMARY KEY, kind TEXT NOT NULL, mode INTEGER NOT NULL,
         uid INTEGER NOT NULL, gid INTEGER NOT NULL, size BIGINT NOT NULL DEFAULT 0,
         atime DOUBLE PRECISION NOT NULL, mtime DOUBLE PRECISION NOT NULL, ctime DOUBLE PRECISION NOT NULL,
         nlink INTEGER NOT NULL DEFAULT 1, policy TEXT NOT NULL, block_size BIGINT NOT NULL,
@@ -112,7 +112,7 @@ class SqlStore:
         return self._x(sql, params).fetchall()
 
     def tx_begin(self) -> None:
-        self._x("BEGIN")
+        self._x(self.dialect.begin_statement)
 
     def tx_commit(self) -> None:
         self._x("COMMIT")
@@ -146,9 +146,8 @@ class SqlStore:
 
     def _next(self, counter: str, count: int = 1) -> int:
         """Reserve ``count`` consecutive ids; returns the first."""
-        (value,) = self._one("SELECT value FROM counters WHERE name = ?", (counter,))
-        self._x("UPDATE counters SET value = ? WHERE name = ?", (value + count, counter))
-        return int(value) + 1
+        (value,) = self._one("UPDATE counters SET value = value + ? WHERE name = ? RETURNING value", (count, counter))
+        return int(value) - count + 1
 
     @staticmethod
     def _check_block_size(block_size: int) -> None:
