@@ -198,3 +198,24 @@ def test_one_failing_operation_does_not_abort_its_batch(tmp_path):
         assert [name for name, _ in runner.call_sync("readdir", [])] == ["x", "y"]
     finally:
         runner.close()
+
+
+def test_metadata_service_answers_busy_past_its_queue_limit(tmp_path, monkeypatch):
+    from tectofs import limits
+    from tectofs.server.meta import MetadataService
+
+    monkeypatch.setattr(limits, "meta_queue_max", 5)
+
+    async def main():
+        service = MetadataService(str(tmp_path / "meta.db"))
+        try:
+            return await asyncio.gather(*(service._call("mkdir", [f"d{i}"]) for i in range(300)),
+                                        return_exceptions=True), service
+        finally:
+            await service.close()
+
+    results, service = asyncio.run(main())
+    busy = [r for r in results if isinstance(r, errors.Busy)]
+    done = [r for r in results if isinstance(r, dict)]
+    assert busy and done and len(busy) + len(done) == 300
+    assert service.busy_answers == len(busy)

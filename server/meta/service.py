@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from tectofs import limits, paths
-from tectofs.errors import InvalidArgument
+from tectofs.errors import Busy, InvalidArgument
 from tectofs.rpc import RpcServer
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import dialect_for
@@ -60,6 +60,7 @@ class MetadataService:
         self.rpc = RpcServer(self, "metadata service")
         self.started = time.time()
         self.bad_chunk_reports = 0
+        self.busy_answers = 0
         self._gc_task: asyncio.Task[None] | None = None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -86,6 +87,11 @@ class MetadataService:
                 log.exception("allocation expiry failed")
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        # Admission control: past this queue length, new work is refused (the client backs
+        # off and retries) instead of growing the queue and everyone's latency without bound.
+        if self.runner.queued >= limits.meta_queue_max and method != "heartbeat":
+            self.busy_answers += 1
+            raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         return await self.runner.call(method, *args, **kwargs)
 
     # ------------------------------------------------------------------ namespace
@@ -230,6 +236,8 @@ class MetadataService:
             "store": dict(self.runner.stats),
             "counts": await self._call("counts"),
             "bad_chunk_reports": self.bad_chunk_reports,
+            "busy_answers": self.busy_answers,
+            "queued": self.runner.queued,
         }, b""
 
     async def rpc_ping(self, h: dict[str, Any], _: memoryview) -> Reply:

@@ -44,6 +44,11 @@ class StoreRunner:
         if self._startup_error is not None:
             raise self._startup_error
 
+    @property
+    def queued(self) -> int:
+        """Operations waiting for the store thread (approximate, as queue sizes are)."""
+        return self._queue.qsize()
+
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``store.<method>(*args, **kwargs)`` in the next group commit; return its result
         (or raise its error) once that commit is durable."""
