@@ -47,7 +47,7 @@ class BlockIO:
         self.rpc = rpc
         self.meta_address = meta_address
         self.executor = executor
-        self.stats = {"degraded_reads": 0, "repaired_chunks": 0, "spare_writes": 0, "hedged_writes": 0,
+        self.stats = {"degraded_reads": 0, "repaired_chunks": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
                       "bad_chunks": 0}
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
@@ -182,32 +182,60 @@ class BlockIO:
         The result is a buffer of the pool: give it back with ``self.buffers.put`` when done."""
         policy = parse_policy(block["policy"])
         by_position = {c["position"]: c for c in block["chunks"]}
-        order = sorted(by_position)
+        candidates = sorted(by_position)  # data chunks first: with all of them, decoding is a copy
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
         corrupt: list[int] = []
-        next_candidate = 0
+        running: dict[asyncio.Task[Any], int] = {}
+        finished_s: list[float] = []
+        loop = asyncio.get_running_loop()
 
-        async def fetch(position: int) -> None:
-            chunk = by_position[position]
-            try:
-                got[position] = await self._get(block["block_id"], chunk)
-            except ChecksumMismatch as exc:
-                failed[position] = str(exc)
-                corrupt.append(position)
-            except (TectofsError, OSError) as exc:
-                failed[position] = str(exc)
+        async def fetch(position: int) -> Any:
+            started = loop.time()
+            payload = await self._get(block["block_id"], by_position[position])
+            finished_s.append(loop.time() - started)
+            return payload
 
-        while len(got) < policy.needed:
-            missing = policy.needed - len(got)
-            batch = order[next_candidate : next_candidate + missing]
-            if not batch:
-                raise DataUnavailable(
-                    f"block {block['block_id']}: only {len(got)} of {policy.needed} needed chunks readable; "
-                    + "; ".join(f"chunk {p}: {why}" for p, why in sorted(failed.items()))
-                )
-            next_candidate += len(batch)
-            await asyncio.gather(*(fetch(p) for p in batch))
+        def launch() -> None:
+            position = candidates.pop(0)
+            running[loop.create_task(fetch(position))] = position
+
+        try:
+            while len(got) < policy.needed:
+                while candidates and len(got) + len(running) < policy.needed:
+                    launch()  # first the needed ones, then stand-ins for failures
+                if not running:
+                    raise DataUnavailable(
+                        f"block {block['block_id']}: only {len(got)} of {policy.needed} needed chunks readable; "
+                        + "; ".join(f"chunk {p}: {why}" for p, why in sorted(failed.items()))
+                    )
+                # Hedged read: a chunk much slower than its siblings (a hung server) gets a
+                # stand-in from the remaining chunks instead of waiting for the RPC timeout.
+                hedge = len(finished_s) >= max(1, policy.needed // 2) and bool(candidates)
+                delay = (max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(finished_s))
+                         if hedge else None)
+                done, _ = await asyncio.wait(list(running), timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    self.stats["hedged_reads"] += 1
+                    launch()
+                    continue
+                for task in done:
+                    position = running.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        got[position] = task.result()
+                    elif isinstance(exc, ChecksumMismatch):
+                        failed[position] = str(exc)
+                        corrupt.append(position)
+                    elif isinstance(exc, (TectofsError, OSError)):
+                        failed[position] = str(exc)
+                    else:
+                        raise exc
+        finally:
+            for task in running:
+                task.cancel()
+        for position in list(got)[policy.needed :]:  # a hedge and its original both arrived
+            self.buffers.put(got.pop(position))
         if failed:
             self.stats["degraded_reads"] += 1
             for position in failed:

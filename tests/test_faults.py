@@ -174,3 +174,27 @@ def test_failed_block_write_is_never_committed_as_a_hole(make_cluster):
     for i in range(3):
         c.restart_chunk(i)
     assert c.fs.read_bytes("/poisoned") == old
+
+
+def test_hung_server_is_hedged_around_for_reads_and_writes(make_cluster):
+    import signal
+
+    c = make_cluster(servers=8)
+    before = {f"/hung-{i}": os.urandom(2 * MiB + i) for i in range(3)}
+    for path, data in before.items():
+        c.fs.write_bytes(path, data)
+    victim = c.chunk_processes[0]
+    victim.send_signal(signal.SIGSTOP)  # alive to the kernel, silent to everyone: a hung server
+    try:
+        started = time.monotonic()
+        for path, data in before.items():
+            assert c.fs.read_bytes(path) == data
+        fresh = os.urandom(4 * MiB)
+        c.fs.write_bytes("/hung-new", fresh)
+        assert c.fs.read_bytes("/hung-new") == fresh
+        elapsed = time.monotonic() - started
+        stats = c.fs.aio.blocks.stats
+        assert stats["hedged_reads"] + stats["hedged_writes"] >= 1, stats
+        assert elapsed < 30, f"took {elapsed:.1f}s: waited for timeouts instead of hedging"
+    finally:
+        victim.send_signal(signal.SIGCONT)
