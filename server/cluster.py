@@ -52,7 +52,7 @@ class LocalCluster:
         heartbeat_interval_s: float = limits.heartbeat_interval_s,
         gc_delay_s: float = 30.0,
         allocation_grace_s: float = limits.allocation_grace_s,
-        sync: bool = True,
+        sync: bool | str = True,
         chunk_inflight_bytes_max: int = limits.chunk_inflight_bytes_max,
         log_to_files: bool = True,
         store: str | None = None,
@@ -151,8 +151,10 @@ class LocalCluster:
         args = ["chunk", "--data", self.chunk_data_dirs[i], "--meta", self.address, "--host", self.host,
                 "--heartbeat", str(self.heartbeat_interval_s), "--ready-file", ready,
                 "--inflight-max", str(self.chunk_inflight_bytes_max)]
-        if not self.sync:
+        if self.sync is False or self.sync == "none":
             args.append("--no-sync")
+        elif isinstance(self.sync, str):
+            args += ["--sync", self.sync]
         return self._spawn(args, f"chunk-{i}.log")
 
     def restart_chunk(self, i: int, timeout_s: float = 30.0) -> None:

@@ -59,7 +59,7 @@ def cmd_chunk(args: argparse.Namespace) -> None:
     from .server.chunk import ChunkServer
 
     def start() -> ChunkServer:
-        return ChunkServer(args.data, args.meta, args.inflight_max, args.heartbeat, sync=not args.no_sync)
+        return ChunkServer(args.data, args.meta, args.inflight_max, args.heartbeat, sync="none" if args.no_sync else args.sync)
 
     _serve_bound(start, args, lambda a: f"tectofs chunk server on {a} (data {args.data}, metadata {args.meta})")
 
@@ -340,7 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inflight-max", type=_size, default=limits.chunk_inflight_bytes_max,
                    help="bytes being received at once before answering BUSY (default 512M)")
     p.add_argument("--heartbeat", type=float, default=limits.heartbeat_interval_s, help="heartbeat interval, seconds")
-    p.add_argument("--no-sync", action="store_true", help="skip fdatasync (benchmarks of the network path only)")
+    p.add_argument("--sync", choices=["group", "each"], default="group",
+                   help="durability before acknowledging a chunk: one syncfs shared by concurrent writes "
+                   "(group, default) or fdatasync + directory fsync per chunk (each)")
+    p.add_argument("--no-sync", action="store_true", help="acknowledge before data is durable (network benchmarks only)")
     p.add_argument("--ready-file")
     p.set_defaults(fn=cmd_chunk)
 

@@ -39,8 +39,8 @@ class ChunkServer:
         meta_address: str,
         inflight_bytes_max: int = limits.chunk_inflight_bytes_max,
         heartbeat_interval_s: float = limits.heartbeat_interval_s,
-        sync: bool = True,
-        io_threads: int = 4,
+        sync: str = "group",
+        io_threads: int = 16,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)

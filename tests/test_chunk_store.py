@@ -1,0 +1,104 @@
+"""The chunk store alone: file format, verification, idempotence, group commit."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from tectofs import checksum, errors
+from tectofs.server.chunk.storage import ChunkStore, GroupSync
+
+
+def _put(store: ChunkStore, block_id: int, data: bytes, position: int = 0, **kw) -> None:
+    store.write(block_id, position, memoryview(data), checksum.piece_crcs(data), checksum.crc(data), **kw)
+
+
+@pytest.mark.parametrize("mode", ["group", "each", "none"])
+def test_round_trip_and_ranged_reads(tmp_path, mode):
+    store = ChunkStore(str(tmp_path), sync=mode)
+    data = os.urandom(300_000)
+    _put(store, 7, data, position=3)
+    back, crcs, info = store.read(7)
+    assert bytes(back) == data and info.position == 3 and info.whole_crc == checksum.crc(data)
+    part, crcs, _ = store.read(7, offset=65536, length=70000)  # extended to whole pieces
+    assert bytes(part) == data[65536 : 3 * 65536] and len(crcs) == 2
+    with pytest.raises(errors.InvalidArgument):
+        store.read(7, offset=100)
+    assert store.chunk_count == 1 and store.used_bytes > len(data)
+
+
+def test_received_damage_is_refused(tmp_path):
+    store = ChunkStore(str(tmp_path))
+    data = bytearray(os.urandom(200_000))
+    crcs = checksum.piece_crcs(data)
+    data[70_000] ^= 1
+    with pytest.raises(errors.ChecksumMismatch, match="as received"):
+        store.write(1, 0, memoryview(data), crcs, 0)
+    assert not store.exists(1)
+
+
+def test_idempotent_put_and_conflicts(tmp_path):
+    store = ChunkStore(str(tmp_path))
+    data = os.urandom(1000)
+    _put(store, 5, data)
+    _put(store, 5, data)  # the same chunk again: fine
+    with pytest.raises(errors.AlreadyExists):
+        _put(store, 5, os.urandom(1000))
+    _put(store, 5, b"repaired", overwrite=True)
+    assert bytes(store.read(5)[0]) == b"repaired"
+    assert store.chunk_count == 1
+
+
+def test_torn_chunk_is_rewritten_by_a_retry(tmp_path):
+    store = ChunkStore(str(tmp_path))
+    data = os.urandom(100_000)
+    _put(store, 9, data)
+    with open(store.path(9), "r+b") as f:
+        f.truncate(5000)  # what a crash before the group sync can leave behind
+    with pytest.raises(errors.ChecksumMismatch):
+        store.read(9)
+    _put(store, 9, data)  # the writer's retry
+    assert bytes(store.read(9)[0]) == data
+
+
+def test_bit_flip_on_disk_is_never_served(tmp_path):
+    store = ChunkStore(str(tmp_path))
+    data = os.urandom(200_000)
+    _put(store, 3, data)
+    with open(store.path(3), "r+b") as f:
+        f.seek(150_000)
+        byte = f.read(1)
+        f.seek(150_000)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(errors.ChecksumMismatch, match="offset 131072"):
+        store.read(3)
+    assert bytes(store.read(3, 0, 65536)[0]) == data[:65536]  # undamaged pieces still served
+
+
+def test_group_sync_covers_concurrent_writers_with_fewer_syncs(tmp_path):
+    group = GroupSync(str(tmp_path))
+    barrier = threading.Barrier(32)
+
+    def waiter() -> None:
+        barrier.wait(timeout=10)
+        for _ in range(5):
+            group.wait_durable()
+
+    threads = [threading.Thread(target=waiter) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert 1 <= group.syncs < 32 * 5
+
+
+def test_restart_counts_what_is_stored(tmp_path):
+    store = ChunkStore(str(tmp_path))
+    for i in range(5):
+        _put(store, 100 + i, os.urandom(1000 * (i + 1)))
+    store.delete(101)
+    again = ChunkStore(str(tmp_path))
+    assert again.chunk_count == 4 and again.used_bytes == store.used_bytes
