@@ -340,9 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inflight-max", type=_size, default=limits.chunk_inflight_bytes_max,
                    help="bytes being received at once before answering BUSY (default 512M)")
     p.add_argument("--heartbeat", type=float, default=limits.heartbeat_interval_s, help="heartbeat interval, seconds")
-    p.add_argument("--sync", choices=["group", "each"], default="group",
-                   help="durability before acknowledging a chunk: one syncfs shared by concurrent writes "
-                   "(group, default) or fdatasync + directory fsync per chunk (each)")
+    p.add_argument("--sync", choices=["each", "group"], default="each",
+                   help="durability before acknowledging a chunk: fdatasync + directory fsync per chunk "
+                   "(each, default) or one syncfs shared by concurrent writes (group: for a dedicated data device)")
     p.add_argument("--no-sync", action="store_true", help="acknowledge before data is durable (network benchmarks only)")
     p.add_argument("--ready-file")
     p.set_defaults(fn=cmd_chunk)

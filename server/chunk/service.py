@@ -39,7 +39,7 @@ class ChunkServer:
         meta_address: str,
         inflight_bytes_max: int = limits.chunk_inflight_bytes_max,
         heartbeat_interval_s: float = limits.heartbeat_interval_s,
-        sync: str = "group",
+        sync: str = "each",
         io_threads: int = 16,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)

@@ -10,12 +10,13 @@ One file per chunk, named after its block (a server holds at most one chunk of a
                       whole crc32c u32, crc32c of the footer so far u32
 
 A chunk is written to ``<name>.tmp`` and renamed into place; it is acknowledged only once
-durable. ``sync="group"`` (the default) makes it durable by group commit: concurrent writers
-share one ``syncfs`` of the data filesystem (a leader syncs, followers whose renames it
-covers wait for it), which costs about one flush per batch instead of an fdatasync plus a
-directory fsync per chunk: what small chunks in a checkpoint burst are bound by.
-``sync="each"`` does the per-chunk fdatasync + directory fsync; ``sync="none"`` skips both
-(benchmarks of the network path only). A crash leaves no acknowledged chunk behind; an
+durable. ``sync="each"`` (the default) does an fdatasync of the chunk and an fsync of its
+directory, from up to ``io_threads`` writes at once. ``sync="group"`` is a group commit:
+concurrent writers share one ``syncfs`` of the data filesystem (a leader syncs, followers
+whose renames it covers wait for it). Measured here (``bench/chunk_put.py``) group was not
+faster on a disk shared with other writers (syncfs flushes their data too: 0.97x at 16 MiB,
+0.48x at 256 KiB chunks); it is meant for a dedicated data device. ``sync="none"`` skips
+both (benchmarks of the network path only). A crash leaves no acknowledged chunk behind; an
 unacknowledged one may be torn, fails its footer or piece checks, and is overwritten if the
 writer retries (``.tmp`` leftovers are removed at start). Every read verifies the crc of each piece it
 returns, so a flipped bit on disk is reported and never served.
@@ -34,7 +35,7 @@ from typing import Any, Callable
 from tectofs import checksum
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, InvalidArgument, NoSpace
 
-SYNC_MODES = ("group", "each", "none")
+SYNC_MODES = ("each", "group", "none")
 FOOTER = struct.Struct("<8sQQIII")
 MAGIC = b"TFSCHNK1"
 PIECE = checksum.PIECE
@@ -52,7 +53,7 @@ class ChunkInfo:
 class ChunkStore:
     """The chunk files under one data directory."""
 
-    def __init__(self, data_dir: str, sync: str = "group") -> None:
+    def __init__(self, data_dir: str, sync: str = "each") -> None:
         if sync not in SYNC_MODES:
             raise InvalidArgument(f"sync mode {sync!r}: use one of {', '.join(SYNC_MODES)}")
         self.root = os.path.join(data_dir, "chunks")

@@ -1,0 +1,78 @@
+"""One chunk server, many concurrent puts: group commit vs. a sync per chunk.
+
+    python bench/chunk_put.py --chunk 16M --count 40
+    python bench/chunk_put.py --chunk 256K --count 600
+
+Starts a one-server cluster per sync mode (``--sync group`` and ``--sync each``) and sends
+``--count`` chunks of ``--chunk`` bytes with 64 in flight; reports puts/s, MiB/s and the
+server's CPU seconds, and the ratio group / each from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import parse_size  # noqa: E402
+
+from tectofs import checksum
+from tectofs.rpc import RpcClient
+from tectofs.server.cluster import LocalCluster
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:
+    """MiB/s and server CPU seconds for ``count`` concurrent puts under ``mode``."""
+    data = os.urandom(chunk_bytes)
+    crcs, whole = checksum.piece_crcs(data), checksum.crc(data)
+    with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
+        with LocalCluster(os.path.join(tmp, "c"), servers=1, policy="rep(1)", sync=mode) as cluster:
+            address = cluster.servers()[0]["address"]
+            pid = cluster.chunk_processes[0].pid  # type: ignore[union-attr]
+
+            async def main() -> tuple[float, float]:
+                rpc = RpcClient(connections_per_server=4)
+                gate = asyncio.Semaphore(64)
+
+                async def put(i: int) -> None:
+                    async with gate:
+                        await rpc.call(address, "put_chunk", {"block_id": i + 1, "position": 0, "crcs": crcs,
+                                                             "crc": whole}, data)
+
+                cpu0, started = _cpu_s(pid), time.perf_counter()
+                await asyncio.gather(*(put(i) for i in range(count)))
+                elapsed = time.perf_counter() - started
+                await rpc.close()
+                return count * chunk_bytes / elapsed / 2**20, _cpu_s(pid) - cpu0
+
+            return asyncio.run(main())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunk", type=parse_size, default=parse_size("16M"))
+    parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    results = {}
+    for mode in ("each", "group"):
+        runs = [measure(mode, args.chunk, args.count) for _ in range(args.repeats)]
+        results[mode] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+        print(f"--sync {mode:5s}: {results[mode][0]:7.0f} MiB/s, server CPU {results[mode][1]:.2f} s (medians)")
+    print(f"group / each: {results['group'][0] / results['each'][0]:.2f}x throughput, "
+          f"{results['group'][1] / results['each'][1]:.2f}x CPU")
+
+
+if __name__ == "__main__":
+    main()
