@@ -125,9 +125,14 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+    import tectofs
     import tectofs.torch as tt
     from tectofs.server.cluster import LocalCluster
 
+    # The cluster's processes run the same tree as this process (not whatever another
+    # editable install or the current directory would give them).
+    tree = os.path.dirname(os.path.dirname(os.path.realpath(tectofs.__file__)))
+    cluster_env = {"PYTHONPATH": os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p)}
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     if quick and size_bytes == 1 << 30:
@@ -157,22 +162,24 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     with tempfile.TemporaryDirectory(prefix="tectofs-ckpt-bench-", dir=work_dir) as tmp:
         local_dir = os.path.join(tmp, "local")
         os.makedirs(local_dir)
-        cluster = LocalCluster(os.path.join(tmp, "cluster"), servers=6, policy="rs(4,2)", gc_delay_s=3600.0)
+        cluster = LocalCluster(os.path.join(tmp, "cluster"), servers=6, policy="rs(4,2)", gc_delay_s=3600.0,
+                               extra_env=cluster_env)
         with cluster:
             base = f"tectofs://{cluster.address}/bench"
-            for i in range(repeats):
-                # (b) DCP on the local disk
+
+            def dcp_local(i: int) -> None:  # (b)
                 path = os.path.join(local_dir, f"dcp_{i}")
                 record("dcp local save", _timed(lambda: dcp.save(sd, storage_writer=FileSystemWriter(path, sync_files=True))))
                 load_into_target(lambda: dcp.load(target, storage_reader=FileSystemReader(path)), "dcp local load")
                 shutil.rmtree(path)
 
-                # (a) DCP through the plugin
+            def plugin(i: int) -> None:  # (a)
                 uri = f"{base}/sync/step_{i}"
                 record("tectofs save", _timed(lambda: dcp.save(sd, storage_writer=tt.CheckpointWriter(uri))))
                 load_into_target(lambda: dcp.load(target, storage_reader=tt.CheckpointReader(uri)), "tectofs load")
 
-                # (c) torch.save / torch.load on the local disk
+            def torch_file(i: int) -> None:  # (c)
+                nonlocal cache_dropped
                 file = os.path.join(local_dir, f"torch_{i}.pt")
 
                 def torch_save() -> None:
@@ -189,6 +196,12 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
                 checks["torch.load local"] = checks.get("torch.load local", True) and same_state(sd, loaded[0])
                 loaded.clear()
                 os.unlink(file)
+
+            methods = [dcp_local, plugin, torch_file]
+            for i in range(repeats):
+                # Rotate the order: what ran before (page cache, memory) weighs on each in turn.
+                for method in methods[i % 3 :] + methods[: i % 3]:
+                    method(i)
 
             # (d) async_save through one writer: first save warms the staging buffers.
             writer = tt.CheckpointWriter()
@@ -226,8 +239,11 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     def gbps(name: str) -> float:
         return nbytes / med(name) / 1e9
 
+    order = ["dcp local save", "dcp local load", "tectofs save", "tectofs load", "torch.save local",
+             "torch.load local", "tectofs async_save blocking (cold, 1st)", "tectofs async_save blocking",
+             "tectofs async_save total", "tectofs load, 2 of 6 servers down"]
     rows = []
-    for name in times:
+    for name in sorted(times, key=lambda n: order.index(n) if n in order else len(order)):
         if name.startswith("tectofs async_save blocking"):
             rows.append({"what": name, "GB/s (median)": None, "median_s": round(med(name), 4),
                          "runs_s": [round(t, 4) for t in times[name]]})
@@ -256,6 +272,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
         "state_dict": f"{LAYERS} layers: bf16 weights + fp32 master/exp_avg/exp_avg_sq "
                       f"({sum(1 for _ in _tensors(sd))} tensors, {nbytes / MiB:.0f} MiB)",
         "cluster": "local: 1 MDS + 6 chunk servers, rs(4,2), 64 MiB blocks, fsync per chunk",
+        "tectofs_tree": tree,
         "page_cache_dropped_before_loads": cache_dropped,
         "bit_exact": checks,
         "rows": rows,
@@ -280,6 +297,8 @@ def _tensors(sd: Any) -> Any:
 
 
 def main() -> None:
+    # Run against the source tree this script belongs to, even if another tree is installed.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=parse_size, default=parse_size("1G"), help="state dict bytes (default 1G)")
     parser.add_argument("--repeats", type=int, default=3)

@@ -6,6 +6,7 @@ connects to the cluster by address through the plugin's own connection cache.
 
 from __future__ import annotations
 
+import glob
 import multiprocessing
 import os
 import pickle
@@ -203,6 +204,107 @@ def test_checksum_mismatch_names_the_item(cluster: Any) -> None:
     (exc, _), = excinfo.value.failures.values()
     assert isinstance(exc, ChecksumMismatch)
     assert "model.2.weight" in str(exc) and "crc32c" in str(exc) and info.relative_path in str(exc)
+
+
+def _data_chunk_of(cluster: Any, path: str) -> str:
+    """The chunk file holding data chunk 0 of the first block of tectofs file ``path``
+    (loads read data chunks first, so this one is always read)."""
+    from tectofs.server.chunk.storage import FOOTER
+
+    fs = cluster.fs
+    layout, _ = fs.run(fs.aio.meta("layout", path=path))
+    block_id = layout["blocks"][0]["block_id"]
+    for chunk_file in glob.glob(os.path.join(cluster.root, "chunk-*", "chunks", "*", f"{block_id:016x}.chunk")):
+        with open(chunk_file, "rb") as f:
+            f.seek(-FOOTER.size, os.SEEK_END)
+            if FOOTER.unpack(f.read())[3] == 0:
+                return chunk_file
+    raise AssertionError(f"no data chunk 0 of block {block_id:x} on disk")
+
+
+def test_corrupted_chunk_is_repaired_from_parity_on_load(cluster: Any) -> None:
+    run = _run_dir(cluster, "repair")
+    torch.manual_seed(5)
+    sd = {"w": torch.randn(700, 1024), "b": torch.randn(100).to(torch.bfloat16), "step": 3}  # w spans 3 blocks
+    ckpt = f"{run}/step_1"
+    dcp.save(sd, storage_writer=tt.CheckpointWriter(ckpt, thread_count=1))
+    path = tt.parse(ckpt).path
+    (data_file,) = [n for n in cluster.fs.listdir(path) if n.endswith(".distcp")]
+    victim = _data_chunk_of(cluster, f"{path}/{data_file}")
+    with open(victim, "r+b") as f:  # a flipped bit on a chunk server's disk
+        f.seek(4096)
+        original = f.read(1)
+        f.seek(4096)
+        f.write(bytes([original[0] ^ 0x10]))
+
+    out = {"w": torch.zeros(700, 1024), "b": torch.zeros(100, dtype=torch.bfloat16), "step": 0}
+    dcp.load(out, checkpoint_id=ckpt)  # served from parity, bit-exact
+    _assert_same(sd, out)
+
+    deadline = time.monotonic() + 20  # ... and the bad chunk is rewritten in the background
+    while True:
+        with open(victim, "rb") as f:
+            f.seek(4096)
+            if f.read(1) == original:
+                break
+        if time.monotonic() > deadline:
+            pytest.fail(f"corrupt chunk {victim} was not repaired")
+        time.sleep(0.1)
+    out["w"].zero_()
+    dcp.load(out, checkpoint_id=ckpt)
+    _assert_same(sd, out)
+
+
+def test_load_across_blocks_in_small_windows(cluster: Any) -> None:
+    """Items straddling block boundaries at odd offsets, many small neighbours (coalesced),
+    windows smaller than a block, one read in flight at a time: all bit-exact."""
+    run = _run_dir(cluster, "windows")
+    torch.manual_seed(7)
+    sd = {"big": torch.randn(700_001), "half": torch.randn(333, 777).to(torch.float16),
+          "empty": torch.zeros(0), **{f"s{i}": torch.randn(i + 1) for i in range(40)}}
+    ckpt = f"{run}/step_1"
+    dcp.save(sd, storage_writer=tt.CheckpointWriter(ckpt, thread_count=1))
+    for reader in (tt.CheckpointReader(ckpt), tt.CheckpointReader(ckpt, thread_count=1, inflight_bytes=1),
+                   tt.CheckpointReader(ckpt, max_read_bytes=300_000, coalesce_gap_bytes=0)):
+        out = {k: torch.full_like(v, -1) for k, v in sd.items()}
+        dcp.load(out, storage_reader=reader)
+        _assert_same(sd, out)
+
+
+def test_commit_removes_stale_leftovers(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _run_dir(cluster, "autogc")
+    fs = cluster.fs
+    run_path = tt.parse(run).path
+    fs.mkdir(run_path, parents=True, exist_ok=True)
+    long_ago = time.time() - 3 * 24 * 3600
+    stale_dir = f"{run_path}/.step_1.pending-0123456789abcdef"  # a save killed 3 days ago
+    fs.mkdir(stale_dir)
+    fs.write_bytes(f"{stale_dir}/__0_0.distcp", b"x" * 1000)
+    fs.utime(f"{stale_dir}/__0_0.distcp", (long_ago, long_ago))
+    fs.utime(stale_dir, (long_ago, long_ago))
+    stale_file = f"{run_path}/.model.pt.pending-aaaaaaaaaaaaaaaa"  # an interrupted tt.save
+    fs.write_bytes(stale_file, b"y")
+    fs.utime(stale_file, (long_ago, long_ago))
+    fresh_dir = f"{run_path}/.step_2.pending-fedcba9876543210"  # maybe still being written
+    fs.mkdir(fresh_dir)
+    sd = {"w": torch.arange(10.0)}
+
+    dcp.save(sd, storage_writer=tt.CheckpointWriter(f"{run}/step_3", pending_grace_s=None))  # off
+    assert len(fs.listdir(run_path)) == 4
+    dcp.save(sd, checkpoint_id=f"{run}/step_4")  # default grace: 24 h
+    assert sorted(fs.listdir(run_path)) == [".step_2.pending-fedcba9876543210", "step_3", "step_4"]
+
+    # Cleaning up is best effort: its failure never fails a save.
+    def broken(*args: Any, **kwargs: Any) -> list[str]:
+        raise ConnectionError("metadata service went away")
+
+    monkeypatch.setattr(tt._manage, "gc_pending", broken)
+    with pytest.warns(UserWarning, match="could not clean up"):
+        dcp.save(sd, storage_writer=tt.CheckpointWriter(f"{run}/step_5", pending_grace_s=0))
+    assert tt.latest(run) == f"{run}/step_5"
+    monkeypatch.undo()
+    dcp.save(sd, storage_writer=tt.CheckpointWriter(f"{run}/step_6", pending_grace_s=0))
+    assert sorted(fs.listdir(run_path)) == ["step_3", "step_4", "step_5", "step_6"]
 
 
 def test_torch_save_load_single_file(cluster: Any) -> None:
