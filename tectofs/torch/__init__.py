@@ -17,7 +17,8 @@ into place), every item carries a crc32c checked at load, tensors are stored as 
 from __future__ import annotations
 
 from . import _hook
-from ._dcp import CheckpointReader, CheckpointWriter
+from ._dcp import CheckpointWriter
+from ._reader import CheckpointReader
 from ._manage import checkpoints, gc_pending, latest, load, save
 from ._staging import StagingPool
 from ._uri import Location, close_all, filesystem, is_uri, parse

@@ -28,7 +28,8 @@ def install() -> bool:
 
     def _storage_setup(storage: Any, checkpoint_id: Any, reader: bool = False) -> Any:
         if not storage and isinstance(checkpoint_id, str) and checkpoint_id.startswith("tectofs://"):
-            from ._dcp import CheckpointReader, CheckpointWriter
+            from ._dcp import CheckpointWriter
+            from ._reader import CheckpointReader
 
             return CheckpointReader(checkpoint_id) if reader else CheckpointWriter(checkpoint_id)
         return original(storage, checkpoint_id, reader=reader)

@@ -1,0 +1,368 @@
+"""DCP ``StorageReader`` over the native tectofs client: block-aligned reads straight into
+destination tensors, every item's crc32c checked before DCP sees it. The writer side and the
+checkpoint layout are described in :mod:`tectofs.torch._dcp`."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import io
+import os
+import pickle
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from .. import errors
+from ..checksum import crc
+from . import _uri
+from ._dcp import METADATA_NAME, CheckpointWriter, MiB, _describe, _dtype_from_name, _dtype_name, _ItemInfo
+
+
+class CheckpointReader(StorageReader):
+    """DCP storage reader for ``tectofs://HOST:PORT/path/to/step``.
+
+    Files are read in block-aligned windows of up to ``max_read_bytes`` (the client fetches
+    and decodes a block whole: with ``max_read_bytes`` at least the file's block size, the
+    default, no block is fetched twice) on ``thread_count`` threads
+    with at most ``inflight_bytes`` in flight. A tensor stored whole is read straight into
+    its destination tensor (one copy from the decoded block); small neighbouring items
+    less than ``coalesce_gap_bytes`` apart share one read. Every item is checked against
+    the crc32c recorded at save (in the thread that completes it) before it reaches the
+    planner; planner calls stay on the calling thread.
+    """
+
+    def __init__(
+        self,
+        checkpoint_id: str | os.PathLike | None = None,
+        *,
+        thread_count: int = 4,
+        inflight_bytes: int = 256 * MiB,
+        coalesce_gap_bytes: int = 1 * MiB,
+        max_read_bytes: int = 64 * MiB,
+    ) -> None:
+        super().__init__()
+        self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
+        self.thread_count = thread_count
+        self.inflight_bytes = inflight_bytes
+        self.coalesce_gap_bytes = coalesce_gap_bytes
+        self.max_read_bytes = max_read_bytes
+        self.storage_data: dict[MetadataIndex, _ItemInfo] = {}
+        self.load_id = uuid.uuid4().hex
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        return self._loc.uri() if self._loc else None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return CheckpointWriter.validate_checkpoint_id(checkpoint_id)
+
+    def _location(self) -> _uri.Location:
+        if self._loc is None:
+            raise errors.CheckpointError("no checkpoint_id: pass tectofs://HOST:PORT/path to the reader or to dcp.load")
+        return self._loc
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        self.storage_data = {}
+        if checkpoint_id:
+            self._loc = _uri.parse(checkpoint_id)
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        loc = self._location()
+        if kwargs.get("rank") is not None:
+            raise errors.CheckpointError("tectofs checkpoints have no per-rank metadata")
+        fs = _uri.filesystem(loc.address)
+        try:
+            blob = fs.read_bytes(f"{loc.path}/{METADATA_NAME}")
+        except FileNotFoundError:
+            raise errors.NotFound(
+                f"no complete checkpoint at {loc.uri()} (no {METADATA_NAME}; an interrupted save leaves nothing here)"
+            ) from None
+        metadata = pickle.loads(blob)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if not metadata.storage_data:
+            self.storage_data = {}
+        else:
+            self.storage_data = metadata.storage_data
+        for info in list(self.storage_data.values())[:1]:
+            if not isinstance(info, _ItemInfo):
+                raise errors.CheckpointError(
+                    f"{self.checkpoint_id} was not written by tectofs.torch.CheckpointWriter "
+                    f"(storage data is {type(info).__name__})"
+                )
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        fut: Future[None] = Future()
+        try:
+            self._read_all(plan, planner)
+            fut.set_result(None)
+        except BaseException as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def _read_all(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        """Fetch every needed item with block-aligned ranged reads on ``thread_count``
+        threads, straight into the destination tensor whenever the stored bytes are the
+        tensor as-is; check each item's crc32c in the thread that completes it; hand items
+        to the planner from this thread (planners are not thread-safe)."""
+        loc = self._location()
+        fs = _uri.filesystem(loc.address)
+        loads: dict[MetadataIndex, _Load] = {}
+        for req in plan.items:
+            load = loads.get(req.storage_index)
+            if load is None:
+                info = self.storage_data.get(req.storage_index)
+                if info is None:
+                    raise errors.CheckpointError(f"{self.checkpoint_id}: no stored data for {_describe(req.storage_index)}")
+                load = loads[req.storage_index] = _Load(req.storage_index, info)
+            load.reqs.append(req)
+        if not loads:
+            return
+        ordered = sorted(loads.values(), key=lambda ld: (ld.info.relative_path, ld.info.offset))
+        files = sorted({ld.info.relative_path for ld in ordered})
+        with cf.ThreadPoolExecutor(max_workers=max(1, self.thread_count), thread_name_prefix="tectofs-load") as pool:
+            block_sizes = dict(zip(files, pool.map(lambda f: fs.stat(f"{loc.path}/{f}").block_size, files)))
+            tasks = _plan_tasks(ordered, block_sizes, self.max_read_bytes, self.coalesce_gap_bytes)
+            lock = threading.Lock()
+
+            def run(task: _Task) -> list[_Load]:
+                return self._run_task(fs, loc, task, lock)
+
+            pending: dict[cf.Future, _Task] = {}
+            inflight = 0
+            position = 0
+            try:
+                while position < len(tasks) or pending:
+                    while position < len(tasks) and (not pending or inflight + tasks[position].length <= self.inflight_bytes):
+                        task = tasks[position]
+                        position += 1
+                        for load in task.loads:  # destinations are resolved just in time, here
+                            if load.dest is None:
+                                self._prepare(load, planner)
+                        pending[pool.submit(run, task)] = task
+                        inflight += task.length
+                    done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                    for f in done:
+                        inflight -= pending.pop(f).length
+                        for load in f.result():
+                            self._finish(load, planner)
+            except BaseException:
+                for f in pending:
+                    f.cancel()
+                raise
+
+    def _prepare(self, load: "_Load", planner: LoadPlanner) -> None:
+        info = load.info
+        if info.fmt == "raw" and len(load.reqs) == 1 and load.reqs[0].type == LoadItemType.TENSOR:
+            target = planner.resolve_tensor(load.reqs[0]).detach()
+            if _fits_whole(load.reqs[0], info, target):
+                load.target = target
+                load.dest = _bytes_of(target) if info.length else memoryview(b"")
+                return
+        load.dest = memoryview(bytearray(info.length))
+
+    def _run_task(self, fs: Any, loc: _uri.Location, task: "_Task", lock: threading.Lock) -> list["_Load"]:
+        """One block-aligned piece of one file: read its spans, then check the items it completed."""
+        completed: list[_Load] = []
+        if task.spans:
+            raw = fs.open(f"{loc.path}/{task.path}", "rb", buffering=0)
+            try:
+                for start, length, parts in task.spans:
+                    if len(parts) == 1 and parts[0][0] == start and parts[0][2] == length:
+                        _, load, _ = parts[0]
+                        lo = start - load.info.offset
+                        self._read_exact(raw, loc, task.path, start, load.dest[lo : lo + length])
+                    else:  # small neighbours: one read, then copied out
+                        buf = memoryview(bytearray(length))
+                        self._read_exact(raw, loc, task.path, start, buf)
+                        for offset, load, n in parts:
+                            lo = offset - load.info.offset
+                            load.dest[lo : lo + n] = buf[offset - start : offset - start + n]
+            finally:
+                raw.close()
+        for load in task.loads:
+            with lock:
+                load.remaining -= 1
+                last = load.remaining == 0
+            if last:
+                self._check(loc, load.index, load.info, load.dest)
+                completed.append(load)
+        return completed
+
+    @staticmethod
+    def _read_exact(raw: Any, loc: _uri.Location, path: str, offset: int, into: memoryview) -> None:
+        raw.seek(offset)
+        got = 0
+        while got < len(into):
+            n = raw.readinto(into[got:])
+            if not n:
+                raise errors.CheckpointError(
+                    f"{loc.uri()}: file {path} is shorter than recorded "
+                    f"(read {got} of {len(into)} bytes at offset {offset})"
+                )
+            got += n
+
+    def _finish(self, load: "_Load", planner: LoadPlanner) -> None:
+        dest = load.dest
+        assert dest is not None
+        if load.target is not None:
+            planner.commit_tensor(load.reqs[0], load.target)
+        else:
+            for req in load.reqs:
+                self._apply(req, load.info, dest, planner)
+        load.dest = load.target = None
+        load.reqs = []
+
+    def _check(self, loc: _uri.Location, index: MetadataIndex, info: _ItemInfo, item: memoryview) -> None:
+        got = crc(item)
+        if got != info.crc32c:
+            raise errors.ChecksumMismatch(
+                f"checkpoint {loc.uri()}: item {_describe(index)} in file {info.relative_path} "
+                f"(offset {info.offset}, {info.length} bytes) fails its crc32c check: "
+                f"recorded {info.crc32c:#010x}, read {got:#010x}"
+            )
+
+    @staticmethod
+    def _apply(req: ReadItem, info: _ItemInfo, item: memoryview, planner: LoadPlanner) -> None:
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(item))
+            return
+        target = planner.resolve_tensor(req).detach()
+        if info.fmt == "raw":
+            shape = tuple(info.shape or ())
+            dtype = _dtype_from_name(info.dtype or "")
+            if _fits_whole(req, info, target):
+                if item.nbytes:
+                    _bytes_of(target)[:] = item  # one copy, straight into the destination
+            else:
+                tensor = torch.empty(shape, dtype=dtype)
+                if item.nbytes:
+                    _bytes_of(tensor)[:] = item
+                tensor = _narrow(tensor, req.storage_offsets, req.lengths)
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise errors.CheckpointError(
+                        f"item {_describe(req.storage_index)}: size mismatch {tuple(target.shape)} vs {tuple(tensor.shape)}"
+                    )
+                target.copy_(tensor)
+        elif info.fmt == "torch":
+            tensor = torch.load(io.BytesIO(item), map_location="cpu", weights_only=True)
+            tensor = _narrow(tensor, req.storage_offsets, req.lengths)
+            target.copy_(tensor)
+        else:
+            raise errors.CheckpointError(f"item {_describe(req.storage_index)}: unknown format {info.fmt!r}")
+        planner.commit_tensor(req, target)
+
+
+
+class _Load:
+    """One stored item being loaded: where its bytes go and how many reads are left."""
+
+    __slots__ = ("index", "info", "reqs", "dest", "target", "remaining")
+
+    def __init__(self, index: MetadataIndex, info: _ItemInfo) -> None:
+        self.index = index
+        self.info = info
+        self.reqs: list[ReadItem] = []
+        self.dest: memoryview | None = None  # the target tensor's bytes, or a private buffer
+        self.target: torch.Tensor | None = None  # set when dest is the target tensor itself
+        self.remaining = 0  # tasks that still have to deliver part of this item
+
+
+@dataclass
+class _Task:
+    """Reads inside one block-aligned window of one file (a block is fetched whole by the
+    client, so a window never crosses a block boundary: no block is fetched twice).
+    ``spans``: ``(file offset, length, [(offset, load, length), ...])``; a span with one part
+    covering it is read straight into that item's destination."""
+
+    path: str
+    length: int
+    spans: list[tuple[int, int, list[tuple[int, _Load, int]]]]
+    loads: list[_Load]
+
+
+_SMALL_READ_BYTES = 1 << 20
+
+
+def _plan_tasks(ordered: list[_Load], block_sizes: dict[str, int], max_read: int, gap: int) -> list[_Task]:
+    """Cut the items (sorted by file and offset) into block-aligned windows of at most
+    ``max_read`` bytes, in file order; inside a window, neighbouring small pieces less than
+    ``gap`` apart share one read."""
+    windows: dict[tuple[str, int], list[tuple[int, _Load, int]]] = {}
+    tasks: list[_Task] = []
+    for load in ordered:
+        info = load.info
+        if info.length == 0:  # nothing to read; still checked and handed to the planner
+            load.remaining = 1
+            tasks.append(_Task(info.relative_path, 0, [], [load]))
+            continue
+        block = block_sizes[info.relative_path]
+        piece = max(1, min(max_read, block))
+        position, end = info.offset, info.offset + info.length
+        while position < end:
+            block_start = position - position % block
+            window = block_start + (position - block_start) // piece * piece
+            n = min(end, window + piece, block_start + block) - position
+            windows.setdefault((info.relative_path, window), []).append((position, load, n))
+            load.remaining += 1
+            position += n
+    for (path, _), parts in sorted(windows.items(), key=lambda kv: kv[0]):
+        spans: list[tuple[int, int, list[tuple[int, _Load, int]]]] = []
+        for offset, load, n in parts:
+            last = spans[-1] if spans else None
+            if (
+                last is not None and n < _SMALL_READ_BYTES and last[1] < _SMALL_READ_BYTES
+                and 0 <= offset - (last[0] + last[1]) <= gap
+            ):
+                spans[-1] = (last[0], offset + n - last[0], last[2] + [(offset, load, n)])
+            else:
+                spans.append((offset, n, [(offset, load, n)]))
+        loads = list(dict.fromkeys(load for _, load, _ in parts))
+        tasks.append(_Task(path, sum(n for _, _, n in parts), spans, loads))
+    return tasks
+
+
+def _fits_whole(req: ReadItem, info: _ItemInfo, target: torch.Tensor) -> bool:
+    """Can the stored raw bytes of ``info`` be copied as-is into ``target``?"""
+    shape = tuple(info.shape or ())
+    return (
+        info.fmt == "raw"
+        and all(o == 0 for o in req.storage_offsets)
+        and tuple(req.lengths) == shape
+        and tuple(target.shape) == shape
+        and _dtype_name(target.dtype) == info.dtype
+        and target.device.type == "cpu"
+        and type(target) is torch.Tensor
+        and target.layout == torch.strided
+        and target.is_contiguous()
+    )
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
+    for dim, (start, length) in enumerate(zip(offsets, lengths)):
+        if start != 0 or length != tensor.size(dim):
+            tensor = torch.narrow(tensor, dim, start, length)
+    return tensor
