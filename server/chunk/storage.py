@@ -118,6 +118,10 @@ class ChunkStore:
                 _write_all(fd, [data, crc_bytes, footer])
                 if self.sync == "each":
                     os.fdatasync(fd)
+                    # Clean pages of a chunk just written are unlikely to be read soon, and
+                    # copying into fresh page-cache pages is what this VM is slowest at:
+                    # dropping them lets the next writes reuse warm pages.
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
             os.rename(tmp, final)
