@@ -2,8 +2,8 @@
 
 Reed-Solomon uses pyeclib with ISA-L (``isa_l_rs_vand``), falling back to liberasurecode's
 own ``liberasurecode_rs_vand`` when ISA-L is missing. A block is encoded in segments of
-``SEGMENT_BYTES`` (ISA-L runs at ~3 GB/s on 2 MiB segments here, but ~0.5 GB/s on a whole
-64 MiB block, which no longer fits in cache); chunk ``i`` is the concatenation of fragment
+``SEGMENT_BYTES`` (``bench/erasure_segments.py``: ISA-L runs at ~4 GB/s on 2 MiB segments
+here, but ~0.35 GB/s on a whole 64 MiB block, which no longer fits in cache); chunk ``i`` is the concatenation of fragment
 ``i`` of every segment. Every fragment of a segment has the same size, so offsets follow
 from the block length alone.
 
