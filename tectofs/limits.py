@@ -36,6 +36,7 @@ heartbeats_outstanding_max = 3
 
 # Metadata service
 group_commit_batch_max = 256              # operations folded into one store transaction
+store_retries_max = 12                    # runs of a transaction the database aborted as retryable
 meta_queue_max = 20_000                  # operations waiting for the store before BUSY answers
 allocation_grace_s = 600.0                # uncommitted blocks older than this are garbage
 gc_orders_per_heartbeat_max = 1024

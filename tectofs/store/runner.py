@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import random
 import threading
 import time
 from typing import Any, Callable
@@ -38,7 +39,7 @@ class StoreRunner:
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="tectofs-store", daemon=True)
-        self.stats = {"operations": 0, "commits": 0, "largest_batch": 0}
+        self.stats = {"operations": 0, "commits": 0, "largest_batch": 0, "retries": 0}
         self._thread.start()
         self._ready.wait()
         if self._startup_error is not None:
@@ -106,42 +107,50 @@ class StoreRunner:
             store.close()
 
     def _run_batch(self, store: SqlStore, batch: list[Any]) -> None:
-        outcomes: list[tuple[Any, BaseException | None]] = []
-        for attempt in range(5):
-            outcomes = []
-            try:
-                store.tx_begin()
-                for method, args, kwargs, _loop, _future in batch:
-                    store.tx_savepoint("op")
-                    try:
-                        result = getattr(store, method)(*args, **kwargs)
-                        store.tx_release("op")
-                        outcomes.append((result, None))
-                    except TectofsError as exc:
-                        store.tx_rollback_to("op")
-                        store.tx_release("op")
-                        outcomes.append((None, exc))
-                store.tx_commit()
-                break
-            except Exception as exc:
-                try:
-                    store.tx_rollback()
-                except Exception:
-                    pass
-                if store.dialect.is_retryable(exc) and attempt < 4:
-                    time.sleep(0.01 * (attempt + 1))
-                    continue
-                log.exception("metadata batch of %d operations failed", len(batch))
-                outcomes = [(None, exc)] * len(batch)
-                break
+        outcomes = self._execute(store, batch)
         self.stats["operations"] += len(batch)
-        self.stats["commits"] += 1
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
         for (_method, _args, _kwargs, loop, future), (result, error) in zip(batch, outcomes):
             if loop is None:
                 future(result, error)
             else:
                 loop.call_soon_threadsafe(_settle, future, result, error)
+
+    def _execute(self, store: SqlStore, batch: list[Any]) -> list[tuple[Any, BaseException | None]]:
+        """Run ``batch`` in one transaction; return each operation's (result, error).
+
+        A transaction the database aborts as retryable (PostgreSQL serialization conflicts
+        between metadata services) runs again after a jittered backoff; a batch that keeps
+        conflicting is split into one transaction per operation, which conflict less."""
+        for attempt in range(limits.store_retries_max):
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            try:
+                store.tx_begin()
+                for method, args, kwargs, _loop, _future in batch:
+                    store.tx_savepoint("op")
+                    try:
+                        outcomes.append((getattr(store, method)(*args, **kwargs), None))
+                        store.tx_release("op")
+                    except TectofsError as exc:
+                        store.tx_rollback_to("op")
+                        store.tx_release("op")
+                        outcomes.append((None, exc))
+                store.tx_commit()
+                self.stats["commits"] += 1
+                return outcomes
+            except Exception as exc:
+                try:
+                    store.tx_rollback()
+                except Exception:
+                    pass
+                if not store.dialect.is_retryable(exc) or attempt + 1 == limits.store_retries_max:
+                    log.exception("metadata batch of %d operations failed", len(batch))
+                    return [(None, exc)] * len(batch)
+                self.stats["retries"] += 1
+                if len(batch) > 1 and attempt >= 1:
+                    return [self._execute(store, [item])[0] for item in batch]
+                time.sleep(random.uniform(0, 0.01 * 2**attempt))
+        raise AssertionError("unreachable")
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
