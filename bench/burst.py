@@ -53,7 +53,7 @@ import time
 from typing import Any, Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size, print_table, write_results  # noqa: E402
+from common import parse_size, print_table, process_cpu_s, write_results  # noqa: E402
 
 MiB = 1 << 20
 METADATA_HEADER_BYTES = 4096  # .metadata: a JSON header padded to this, then 32 bytes per rank
@@ -365,14 +365,6 @@ def _chunk_stats(fs: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 class _CpuMeter:
@@ -387,7 +379,7 @@ class _CpuMeter:
         self.started: dict[str, float] = {}
 
     def _now(self) -> dict[str, float]:
-        return {role: sum(_cpu_seconds(pid) for pid in pids) for role, pids in self.pids.items()}
+        return {role: sum(process_cpu_s(pid) for pid in pids) for role, pids in self.pids.items()}
 
     def start(self) -> None:
         self.started = self._now()

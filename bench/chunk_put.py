@@ -19,17 +19,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size  # noqa: E402
+from common import parse_size, process_cpu_s  # noqa: E402
 
 from tectofs import checksum
 from tectofs.rpc import RpcClient
 from tectofs.server.cluster import LocalCluster
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:
@@ -50,11 +46,11 @@ def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:
                         await rpc.call(address, "put_chunk", {"block_id": i + 1, "position": 0, "crcs": crcs,
                                                              "crc": whole}, data)
 
-                cpu0, started = _cpu_s(pid), time.perf_counter()
+                cpu0, started = process_cpu_s(pid), time.perf_counter()
                 await asyncio.gather(*(put(i) for i in range(count)))
                 elapsed = time.perf_counter() - started
                 await rpc.close()
-                return count * chunk_bytes / elapsed / 2**20, _cpu_s(pid) - cpu0
+                return count * chunk_bytes / elapsed / 2**20, process_cpu_s(pid) - cpu0
 
             return asyncio.run(main())
 

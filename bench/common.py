@@ -43,3 +43,13 @@ def write_results(out_dir: str, name: str, result: dict[str, Any]) -> str:
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     return path
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0

@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import drop_caches, parse_size, print_table, write_results  # noqa: E402
+from common import drop_caches, parse_size, print_table, process_cpu_s, write_results  # noqa: E402
 
 from tectofs.client import connect  # noqa: E402
 from tectofs.client.fuse import start_mount_process  # noqa: E402
@@ -94,14 +94,6 @@ def _client_read(fs: Any, path: str, size: int) -> float:
     return elapsed
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (0 if it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str | None = None,
@@ -139,9 +131,9 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
                         path = os.path.join(mounted.mountpoint, f"{mode.replace(' ', '-')}-{i}.bin")
                         for op, measure in (("write", lambda: _write_file(path, pattern, size_bytes)),
                                             ("read", lambda: _read_file(path, size_bytes))):
-                            cpu = _cpu_s(mounted.pid)
+                            cpu = process_cpu_s(mounted.pid)
                             times[f"{mode} {op}"].append(measure())
-                            daemon_cpu[f"{mode} {op}"].append(_cpu_s(mounted.pid) - cpu)
+                            daemon_cpu[f"{mode} {op}"].append(process_cpu_s(mounted.pid) - cpu)
                         os.unlink(path)
                     if progress is not None:
                         progress(1)
