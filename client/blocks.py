@@ -22,6 +22,7 @@ from tectofs.errors import (
     ChecksumMismatch,
     ConnectionLost,
     DataUnavailable,
+    InvalidArgument,
     NoSpace,
     TectofsError,
     Timeout,
@@ -174,12 +175,14 @@ class BlockIO:
 
     # ------------------------------------------------------------------ read
 
-    async def read_block(self, block: dict[str, Any]) -> memoryview:
+    async def read_block(self, block: dict[str, Any], into: memoryview | None = None) -> memoryview:
         """Return the block's ``length`` bytes, reading any ``needed`` chunks in parallel,
         data chunks first; parity (or other replicas) stand in for chunks that are missing,
         unreachable or fail their checksum, and such chunks are repaired in the background.
 
-        The result is a buffer of the pool: give it back with ``self.buffers.put`` when done."""
+        The block is decoded into ``into`` (exactly the block's length) when given, saving a
+        copy; otherwise into a buffer of the pool, which the caller gives back with
+        ``self.buffers.put`` when done."""
         policy = parse_policy(block["policy"])
         by_position = {c["position"]: c for c in block["chunks"]}
         candidates = sorted(by_position)  # data chunks first: with all of them, decoding is a copy
@@ -240,11 +243,19 @@ class BlockIO:
             self.stats["degraded_reads"] += 1
             for position in failed:
                 await self._report(block, by_position[position], failed[position])
-        out = self.buffers.get(block["length"])
+        if into is not None and len(into) != block["length"]:
+            raise InvalidArgument(f"decode target of {len(into)} bytes for a block of {block['length']}")
+        out = into if into is not None else self.buffers.get(block["length"])
         try:
-            await self._in_thread(erasure.decode_into, policy, got, out)
+            decoding = asyncio.get_running_loop().run_in_executor(self.executor, erasure.decode_into, policy, got, out)
+            try:
+                await asyncio.shield(decoding)
+            except asyncio.CancelledError:
+                await asyncio.wait([decoding])  # it writes into a caller's buffer: finish before returning
+                raise
         except BaseException:
-            self.buffers.put(out)
+            if into is None:
+                self.buffers.put(out)
             raise
         if corrupt:
             asyncio.get_running_loop().create_task(self._repair(block, policy, got, corrupt))
