@@ -479,13 +479,18 @@ def run(
                                  f"first: {setup_errors[0]}")
             tick(1)
 
+            def begin_phase(op: str, **fields: Any) -> tuple[dict[str, Any], float]:
+                """Start meters, then tell every worker to start ``op`` at the same moment."""
+                before = _mds_stats(fs)
+                cpu.start()
+                monitor.start()
+                at = time.time() + 0.5 + 0.0005 * ranks
+                for w in workers:
+                    w.send({"op": op, "start_at": at, "timeout_s": phase_timeout_s, **fields})
+                return before, at
+
             # Save: every rank at the same moment.
-            mds_before = _mds_stats(fs)
-            cpu.start()
-            monitor.start()
-            start_at = time.time() + 0.5 + 0.0005 * ranks
-            for w in workers:
-                w.send({"op": "save", "dir": pending, "start_at": start_at, "timeout_s": phase_timeout_s})
+            mds_before, start_at = begin_phase("save", dir=pending)
             if delete_previous_bytes:
                 time.sleep(max(0.0, start_at - time.time()))
                 fs.remove("/burst/previous.bin")
@@ -523,12 +528,7 @@ def run(
             tick(1)
 
             # Load: every rank at the same moment, then verify.
-            mds_before = _mds_stats(fs)
-            cpu.start()
-            monitor.start()
-            start_at = time.time() + 0.5 + 0.0005 * ranks
-            for w in workers:
-                w.send({"op": "load", "dir": final, "start_at": start_at, "timeout_s": phase_timeout_s})
+            mds_before, start_at = begin_phase("load", dir=final)
             replies = _collect(workers, "load", phase_timeout_s + 60 + (start_at - time.time()))
             load = _phase_summary("load", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
             load["cpu_s"] = cpu.stop()
@@ -544,13 +544,7 @@ def run(
             if metadata_files_per_rank > 0:
                 storm_dir = f"/burst/metadata-{step}"
                 fs.mkdir(storm_dir)
-                mds_before = _mds_stats(fs)
-                cpu.start()
-                monitor.start()
-                start_at = time.time() + 0.5 + 0.0005 * ranks
-                for w in workers:
-                    w.send({"op": "metadata", "dir": storm_dir, "files_per_rank": metadata_files_per_rank,
-                            "start_at": start_at, "timeout_s": phase_timeout_s})
+                mds_before, start_at = begin_phase("metadata", dir=storm_dir, files_per_rank=metadata_files_per_rank)
                 replies = _collect(workers, "metadata", phase_timeout_s + 60 + (start_at - time.time()))
                 storm = _phase_summary("metadata", replies, start_at, 0, mds_before, _mds_stats(fs))
                 storm["cpu_s"] = cpu.stop()
