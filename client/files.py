@@ -365,10 +365,3 @@ class AsyncFile:
             raise self._failure
         if write and not self.writable:
             raise InvalidArgument(f"{self.path} is not open for writing")
-
-
-async def close_quietly(handle: AsyncFile) -> None:
-    try:
-        await handle.close()
-    except TectofsError:
-        pass

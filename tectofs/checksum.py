@@ -25,10 +25,6 @@ def piece_crcs(data: bytes | bytearray | memoryview, piece_bytes: int = PIECE) -
     return [_crc32c.crc32c(view[i : i + piece_bytes]) for i in range(0, len(view), piece_bytes)]
 
 
-def whole_from_pieces(data: bytes | bytearray | memoryview) -> int:
-    return _crc32c.crc32c(data)
-
-
 def verify_pieces(
     data: bytes | bytearray | memoryview,
     expected: list[int],

@@ -120,13 +120,6 @@ def decode_into(policy: Policy, chunks: dict[int, Buffer], out: memoryview) -> N
         position += f
 
 
-def decode(policy: Policy, chunks: dict[int, Buffer], length: int) -> bytearray:
-    """Convenience form of :func:`decode_into` returning a new bytearray."""
-    out = bytearray(length)
-    decode_into(policy, chunks, memoryview(out))
-    return out
-
-
 def reconstruct(policy: Policy, chunks: dict[int, Buffer], missing: Sequence[int], block_length: int) -> dict[int, bytearray]:
     """Rebuild the chunks at ``missing`` positions from available ones (for repair)."""
     if policy.kind == "rep":

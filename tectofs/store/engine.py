@@ -82,6 +82,8 @@ class SqlStore:
     """All metadata operations over one DB-API connection. Not thread-safe: one thread
     (the runner's) owns it."""
 
+    server_dead_after_s = limits.server_dead_after_s  # the service sets its configured value
+
     def __init__(
         self,
         dialect: Dialect,
@@ -417,8 +419,6 @@ class SqlStore:
         return {"files": files, "capacity": capacity, "used": used, "name_max": limits.name_length_max_bytes}
 
     # ------------------------------------------------------------------ block maps
-
-    server_dead_after_s = limits.server_dead_after_s
 
     def layout(self, parts: list[str] | None = None, ino: int | None = None) -> dict[str, Any]:
         """The file's attributes and block list with, per block, its chunks and their servers."""
