@@ -231,7 +231,7 @@ class AsyncFile:
              "chunks": [{k: c[k] for k in ("position", "server_id", "length", "crc")} for c in b["chunks"]]}
             for b in self._written.values() if b["idx"] * self.block_size < self.size
         ]
-        reply, _ = await self.fs.meta(
+        layout, _ = await self.fs.meta(
             "commit", ino=self.ino, size=self.size, blocks=blocks, replace=self.replace, mtime=time.time()
         )
         self.replace = False
@@ -241,8 +241,7 @@ class AsyncFile:
         for task in self._prefetch.values():  # prefetched before this commit: stale blocks
             task.cancel()
         self._prefetch.clear()
-        layout, _ = await self.fs.meta("layout", ino=self.ino)
-        self._set_layout(layout)
+        self._set_layout(layout)  # the commit answers with the new layout
 
     async def close(self) -> None:
         if self.closed:

@@ -114,8 +114,8 @@ class StoreContract:
         ]
         assert store.lookup(["f"])["size"] == 0  # nothing visible before the commit
         block_size = f["block_size"]
-        store.commit(f["ino"], block_size + 10, committed, replace=True)
-        layout = store.layout(["f"])
+        layout = store.commit(f["ino"], block_size + 10, committed, replace=True)
+        assert layout == store.layout(["f"])  # the commit answers with the new layout
         assert layout["attrs"]["size"] == block_size + 10
         assert [b["idx"] for b in layout["blocks"]] == [0, 1]
         with pytest.raises(errors.InvalidArgument):

@@ -194,8 +194,8 @@ class MetadataService:
         blocks = h.get("blocks", [])
         if not isinstance(blocks, list):
             raise InvalidArgument("blocks must be a list")
-        attrs = await self._call("commit", _int(h, "ino"), _int(h, "size"), blocks, bool(h.get("replace")), h.get("mtime"))
-        return {"attrs": attrs}, b""
+        layout = await self._call("commit", _int(h, "ino"), _int(h, "size"), blocks, bool(h.get("replace")), h.get("mtime"))
+        return layout, b""
 
     async def rpc_report_bad_chunk(self, h: dict[str, Any], _: memoryview) -> Reply:
         self.bad_chunk_reports += 1

@@ -497,7 +497,8 @@ class SqlStore:
         ``blocks``: ``[{"idx", "block_id", "length", "chunks": [{"position", "server_id", "length",
         "crc"}]}]``, each block allocated to this file and not committed before. ``replace``
         drops every block not in ``blocks`` first (a whole-file rewrite); otherwise the listed
-        indexes replace the old ones (copy-on-write) and blocks past ``size`` are dropped."""
+        indexes replace the old ones (copy-on-write) and blocks past ``size`` are dropped.
+        Returns the file's new layout, so a writer that goes on reading needs no second call."""
         attrs = self._get(ino)
         if attrs["kind"] != "file":
             raise IsADirectory(f"inode {ino} is not a file")
@@ -534,7 +535,7 @@ class SqlStore:
             self._release_allocation(block["block_id"], {c["server_id"] for c in block["chunks"]})
         now = time.time()
         self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, mtime or now, now, ino))
-        return self._get(ino)
+        return self.layout(ino=ino)
 
     def _release_allocation(self, block_id: int, used: set[int]) -> None:
         """Forget a committed block's allocation. Spare servers it did not end up on may hold
