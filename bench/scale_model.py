@@ -201,10 +201,10 @@ def model(job: Job, storage: Storage, figures: dict[str, Any]) -> dict[str, Any]
     hosts = max(width, math.ceil(max(hosts_write, hosts_read) * storage.headroom))
     puts = job.gpus * blocks_per_rank * width
 
-    # Metadata: per rank create, allocate (batches of 1, 2, 4, 8 blocks), commit, layout;
-    # the coordinator's .metadata and rename are a handful more.
+    # Metadata: per rank create, allocate (batches of 1, 2, 4, 8 blocks), commit (which
+    # answers with the new layout); the coordinator's .metadata and rename are a handful more.
     allocate_calls = math.ceil(math.log2(blocks_per_rank + 1))
-    ops_per_rank_save = job.files_per_rank * (3 + allocate_calls)
+    ops_per_rank_save = job.files_per_rank * (2 + allocate_calls)
     ops_save = job.gpus * ops_per_rank_save + 8
     ops_load = job.gpus * 2  # layout of .metadata and of the rank's file
     mds_cpu = figures.get("mds_cpu_s_per_op")
@@ -325,8 +325,7 @@ def render(job: Job, storage: Storage, figures: dict[str, Any], out: dict[str, A
         f"| chunk puts per checkpoint | {f(out['chunk_puts_per_checkpoint'])} ({f(out['chunk_puts_per_s'], 0)}/s "
         "over the window) |",
         f"| metadata operations per checkpoint | {f(out['mds_ops_per_checkpoint'])} "
-        f"({out['mds_ops_per_rank_save']} per rank: create, {out['mds_ops_per_rank_save'] - 3} allocate, commit, "
-        "layout) |",
+        f"({out['mds_ops_per_rank_save']} per rank: create, {out['mds_ops_per_rank_save'] - 2} allocate, commit) |",
         f"| **metadata ops/s** needed over the window / one MDS's capacity | "
         f"**{f(out['mds_ops_per_s_needed_over_window'], 0)}** / {f(out['mds_capacity_ops_per_s'], 0)} "
         f"-> {out['mds_services_needed_over_window']} MDS |",
