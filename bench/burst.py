@@ -157,8 +157,10 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 
 
 def _mds_stats(fs: Any) -> dict[str, Any]:
+    from tectofs import messages
+
     reply, _ = fs.run(fs.aio.meta("stats"))
-    return reply
+    return dict(messages.to_plain(reply))
 
 
 def _chunk_stats(fs: Any) -> dict[str, dict[str, int]]:
@@ -292,7 +294,7 @@ def _baseline(fs: Any, size_bytes: int, cpu: _CpuMeter) -> dict[str, Any]:
             written += n
     write_s = time.perf_counter() - started
     write_cpu = cpu.stop()
-    blocks = len(fs.run(fs.aio.meta("layout", path="/burst-baseline.bin"))[0]["blocks"])
+    blocks = len(fs.run(fs.aio.meta("layout", path="/burst-baseline.bin"))[0].blocks)
     buffer = bytearray(piece)
     cpu.start()
     started = time.perf_counter()

@@ -1,10 +1,10 @@
 """Moving one block to and from chunk servers: encode, checksum, parallel put with spares;
 parallel get, end-to-end verification, degraded decode and repair.
 
-A block descriptor (as in a layout and in a commit) is::
-
-    {"idx", "block_id", "policy", "length", "valid",
-     "chunks": [{"position", "server_id", "address", "length", "crc"}]}
+Blocks are ``tectofs.messages.Block`` values (as in a layout); allocations are
+``messages.Allocation``. This module moves a block's ``length`` stored bytes; where they sit
+in the block (``start``) and what reads as zeros around them is the caller's business
+(``client/files.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import statistics
 from concurrent.futures import Executor
 from typing import Any, Awaitable, Callable
 
-from tectofs import checksum, erasure, limits
+from tectofs import checksum, erasure, limits, messages
 from tectofs.buffers import BufferPool
 from tectofs.errors import (
     Busy,
@@ -32,7 +32,7 @@ from tectofs.rpc import RpcClient
 
 log = logging.getLogger("tectofs.client")
 
-Reallocate = Callable[[set[int]], Awaitable[dict[str, Any]]]
+Reallocate = Callable[[set[int]], Awaitable[messages.Allocation]]
 
 # Errors after which another server should be tried for the same chunk.
 _SERVER_FAILURES = (ConnectionLost, Timeout, Busy, NoSpace, ChecksumMismatch)
@@ -57,14 +57,14 @@ class BlockIO:
     # ------------------------------------------------------------------ write
 
     async def write_block(
-        self, idx: int, data: memoryview, allocation: dict[str, Any], reallocate: Reallocate | None = None
-    ) -> dict[str, Any]:
+        self, idx: int, data: memoryview, allocation: messages.Allocation, reallocate: Reallocate | None = None
+    ) -> messages.Block:
         """Encode ``data`` under the allocation's policy and store every chunk on a distinct
         server, falling back to the allocation's spare servers; returns the block descriptor
         to commit. If the servers run out, ``reallocate(failed_server_ids)`` is asked for a
         fresh placement (at most ``limits.placement_attempts_max`` times in all) before NoSpace
         is raised."""
-        policy = parse_policy(allocation["policy"])
+        policy = parse_policy(allocation.policy)
         chunks, crcs = await self._in_thread(_encode_and_checksum, policy, data, self.buffers.get)
         failed: set[int] = set()
         try:
@@ -83,31 +83,31 @@ class BlockIO:
                     self.buffers.put(chunk)
 
     async def _place(
-        self, idx: int, data: memoryview, allocation: dict[str, Any], policy: Any, chunks: list[Any], crcs: list[Any],
-        failed: set[int],
-    ) -> dict[str, Any]:
+        self, idx: int, data: memoryview, allocation: messages.Allocation, policy: Any, chunks: list[Any],
+        crcs: list[Any], failed: set[int],
+    ) -> messages.Block:
         """Put chunk ``p`` on primary server ``p``. A put that fails moves to a spare; a put
         that is much slower than its siblings is *hedged*: the same chunk also goes to a spare
         and the first to succeed wins (Tectonic's hedged writes). Losers' copies are deleted by
         the MDS's GC after commit."""
-        servers = list(allocation["servers"])
+        servers = list(allocation.servers)
         primaries, spares = servers[: policy.width], servers[policy.width :]
-        block_id = allocation["block_id"]
+        block_id = allocation.block_id
         finished_s: list[float] = []
         loop = asyncio.get_running_loop()
 
-        async def attempt(position: int, server: dict[str, Any]) -> dict[str, Any]:
+        async def attempt(position: int, server: messages.ServerRef) -> messages.ChunkRef:
             started = loop.time()
             try:
-                await self._put(server["address"], block_id, position, chunks[position], crcs[position])
+                await self._put(server.address, block_id, position, chunks[position], crcs[position])
             except _SERVER_FAILURES:
-                failed.add(server["server_id"])
+                failed.add(server.server_id)
                 raise
             finished_s.append(loop.time() - started)
-            return {
-                "position": position, "server_id": server["server_id"], "address": server["address"],
-                "length": len(chunks[position]), "crc": crcs[position][1],
-            }
+            return messages.ChunkRef(
+                position=position, server_id=server.server_id, address=server.address,
+                length=len(chunks[position]), crc=crcs[position][1],
+            )
 
         def hedge_delay(started: float) -> float | None:
             if not spares or len(finished_s) < max(1, policy.width // 2):
@@ -115,7 +115,7 @@ class BlockIO:
             threshold = max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(finished_s))
             return max(0.0, started + threshold - loop.time())
 
-        async def place(position: int) -> dict[str, Any]:
+        async def place(position: int) -> messages.ChunkRef:
             started = loop.time()
             pending = {loop.create_task(attempt(position, primaries[position]))}
             hedged = False
@@ -147,7 +147,7 @@ class BlockIO:
                         else:
                             hedged = True
                             self.stats["hedged_writes"] += 1
-                        log.info("chunk %d of block %d also goes to spare %s", position, block_id, spare["address"])
+                        log.info("chunk %d of block %d also goes to spare %s", position, block_id, spare.address)
                         pending.add(loop.create_task(attempt(position, spare)))
             finally:
                 for task in pending:
@@ -161,7 +161,9 @@ class BlockIO:
                 task.cancel()
             await asyncio.wait(tasks)
             raise
-        return {"idx": idx, "block_id": block_id, "policy": str(policy), "length": len(data), "chunks": list(placed)}
+        return messages.Block(
+            idx=idx, block_id=block_id, policy=str(policy), length=len(data), valid=len(data), chunks=list(placed)
+        )
 
     async def _put(
         self, address: str, block_id: int, position: int, chunk: Any, crcs: tuple[list[int], int], overwrite: bool = False
@@ -175,7 +177,7 @@ class BlockIO:
 
     # ------------------------------------------------------------------ read
 
-    async def read_block(self, block: dict[str, Any], into: memoryview | None = None) -> memoryview:
+    async def read_block(self, block: messages.Block, into: memoryview | None = None) -> memoryview:
         """Return the block's ``length`` bytes, reading any ``needed`` chunks in parallel,
         data chunks first; parity (or other replicas) stand in for chunks that are missing,
         unreachable or fail their checksum, and such chunks are repaired in the background.
@@ -183,8 +185,8 @@ class BlockIO:
         The block is decoded into ``into`` (exactly the block's length) when given, saving a
         copy; otherwise into a buffer of the pool, which the caller gives back with
         ``self.buffers.put`` when done."""
-        policy = parse_policy(block["policy"])
-        by_position = {c["position"]: c for c in block["chunks"]}
+        policy = parse_policy(block.policy)
+        by_position = {c.position: c for c in block.chunks}
         candidates = sorted(by_position)  # data chunks first: with all of them, decoding is a copy
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
@@ -195,7 +197,7 @@ class BlockIO:
 
         async def fetch(position: int) -> Any:
             started = loop.time()
-            payload = await self._get(block["block_id"], by_position[position])
+            payload = await self._get(block.block_id, by_position[position])
             finished_s.append(loop.time() - started)
             return payload
 
@@ -209,7 +211,7 @@ class BlockIO:
                     launch()  # first the needed ones, then stand-ins for failures
                 if not running:
                     raise DataUnavailable(
-                        f"block {block['block_id']}: only {len(got)} of {policy.needed} needed chunks readable; "
+                        f"block {block.block_id}: only {len(got)} of {policy.needed} needed chunks readable; "
                         + "; ".join(f"chunk {p}: {why}" for p, why in sorted(failed.items()))
                     )
                 # Hedged read: a chunk much slower than its siblings (a hung server) gets a
@@ -243,9 +245,9 @@ class BlockIO:
             self.stats["degraded_reads"] += 1
             for position in failed:
                 await self._report(block, by_position[position], failed[position])
-        if into is not None and len(into) != block["length"]:
-            raise InvalidArgument(f"decode target of {len(into)} bytes for a block of {block['length']}")
-        out = into if into is not None else self.buffers.get(block["length"])
+        if into is not None and len(into) != block.length:
+            raise InvalidArgument(f"decode target of {len(into)} bytes for a block of {block.length}")
+        out = into if into is not None else self.buffers.get(block.length)
         try:
             decoding = asyncio.get_running_loop().run_in_executor(self.executor, erasure.decode_into, policy, got, out)
             try:
@@ -264,48 +266,48 @@ class BlockIO:
                 self.buffers.put(payload)
         return out
 
-    async def _get(self, block_id: int, chunk: dict[str, Any]) -> Any:
-        if not chunk.get("address"):
-            raise ConnectionLost(f"chunk server {chunk['server_id']} is not registered")
+    async def _get(self, block_id: int, chunk: messages.ChunkRef) -> Any:
+        if not chunk.address:
+            raise ConnectionLost(f"chunk server {chunk.server_id} is not registered")
         header, payload = await self.rpc.call(
-            chunk["address"], "get_chunk", {"block_id": block_id}, idempotent=True, retries_max=1
+            chunk.address, "get_chunk", {"block_id": block_id}, idempotent=True, retries_max=1
         )
-        if len(payload) != chunk["length"]:
+        if len(payload) != chunk.length:
             self.buffers.put(payload)
-            raise ChecksumMismatch(f"chunk of {len(payload)} bytes where {chunk['length']} were written")
+            raise ChecksumMismatch(f"chunk of {len(payload)} bytes where {chunk.length} were written")
         whole = await self._in_thread(checksum.crc, payload)
-        if whole != chunk["crc"]:
+        if whole != chunk.crc:
             self.buffers.put(payload)
-            raise ChecksumMismatch(f"chunk from {chunk['address']} does not match the checksum recorded at write")
+            raise ChecksumMismatch(f"chunk from {chunk.address} does not match the checksum recorded at write")
         return payload
 
-    async def _report(self, block: dict[str, Any], chunk: dict[str, Any], reason: str) -> None:
+    async def _report(self, block: messages.Block, chunk: messages.ChunkRef, reason: str) -> None:
         self.stats["bad_chunks"] += 1
         try:
             await self.rpc.call(
                 self.meta_address, "report_bad_chunk",
-                {"block_id": block["block_id"], "position": chunk["position"], "server_id": chunk["server_id"],
+                {"block_id": block.block_id, "position": chunk.position, "server_id": chunk.server_id,
                  "reason": reason[:500]},
                 retries_max=0, timeout_s=5,
             )
         except TectofsError:
             pass
 
-    async def _repair(self, block: dict[str, Any], policy: Any, available: dict[int, Any], positions: list[int]) -> None:
+    async def _repair(self, block: messages.Block, policy: Any, available: dict[int, Any], positions: list[int]) -> None:
         """Rewrite chunks that failed their checksum from the ones that did not."""
         try:
-            rebuilt = await self._in_thread(erasure.reconstruct, policy, available, positions, block["length"])
+            rebuilt = await self._in_thread(erasure.reconstruct, policy, available, positions, block.length)
             for position, data in rebuilt.items():
-                chunk = next(c for c in block["chunks"] if c["position"] == position)
+                chunk = next(c for c in block.chunks if c.position == position)
                 crcs = await self._in_thread(_checksums, data)
-                if crcs[1] != chunk["crc"]:
-                    log.error("repair of block %d chunk %d rebuilt different bytes; not written", block["block_id"], position)
+                if crcs[1] != chunk.crc:
+                    log.error("repair of block %d chunk %d rebuilt different bytes; not written", block.block_id, position)
                     continue
-                await self._put(chunk["address"], block["block_id"], position, data, crcs, overwrite=True)
+                await self._put(chunk.address, block.block_id, position, data, crcs, overwrite=True)
                 self.stats["repaired_chunks"] += 1
-                log.info("repaired chunk %d of block %d on %s", position, block["block_id"], chunk["address"])
+                log.info("repaired chunk %d of block %d on %s", position, block.block_id, chunk.address)
         except Exception as exc:  # best effort: the read already succeeded
-            log.warning("repair of block %d failed: %s", block["block_id"], exc)
+            log.warning("repair of block %d failed: %s", block.block_id, exc)
         finally:
             for payload in available.values():
                 self.buffers.put(payload)

@@ -7,11 +7,13 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, AsyncIterator
 
-from tectofs import limits, paths
+import msgspec
+
+from tectofs import limits, messages, paths
 from tectofs.buffers import BufferPool
-from tectofs.errors import InvalidArgument, IsADirectory, NotFound
+from tectofs.errors import InvalidArgument, IsADirectory, NotFound, ProtocolError
 from tectofs.rpc import RpcClient, parse_address
 
 from .blocks import BlockIO
@@ -45,10 +47,11 @@ class Stat:
     policy: str
     block_size: int
     target: str | None
+    stored: int = 0  # bytes of data the file really stores: holes and zero heads and tails excluded
 
     @classmethod
-    def from_attrs(cls, attrs: dict[str, Any]) -> "Stat":
-        return cls(**{f.name: attrs[f.name] for f in fields(cls)})
+    def from_attrs(cls, attrs: messages.Attrs) -> "Stat":
+        return cls(**{f.name: getattr(attrs, f.name) for f in fields(cls)})
 
     @property
     def is_dir(self) -> bool:
@@ -101,12 +104,19 @@ class AsyncFileSystem:
         self.meta_address = meta_address
         self.buffers, executor = _process_resources()
         self.rpc = RpcClient(allocate_payload=lambda header, n: self.buffers.get(n))
+        self.rpc.expect_role(meta_address, "meta")
         self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers)
 
-    async def meta(self, op: str, **header: Any) -> tuple[dict[str, Any], Any]:
-        """One call to the metadata service (retried only when nothing reached it)."""
-        idempotent = op in ("lookup", "getattr", "readdir", "layout", "statfs", "servers", "stats", "ping", "heartbeat")
-        return await self.rpc.call(self.meta_address, op, header, idempotent=idempotent)
+    async def meta(self, op: str, **fields: Any) -> tuple[Any, Any]:
+        """One call to the metadata service: ``fields`` of the operation's request type in,
+        its reply type (``tectofs.messages.META_OPERATIONS``) out, with the reply payload.
+        Retried blindly only if the operation is idempotent, else only when nothing reached it."""
+        operation = messages.META_OPERATIONS[op]
+        header, payload = await self.rpc.call(self.meta_address, op, fields, idempotent=operation.idempotent)
+        try:
+            return messages.convert(header, operation.reply), payload
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"the metadata service answered {op} with an invalid reply: {exc}") from None
 
     async def close(self) -> None:
         await self.rpc.close()
@@ -115,7 +125,7 @@ class AsyncFileSystem:
 
     async def stat(self, path: str) -> Stat:
         reply, _ = await self.meta("lookup", path=path)
-        return Stat.from_attrs(reply["attrs"])
+        return Stat.from_attrs(reply.attrs)
 
     async def exists(self, path: str) -> bool:
         try:
@@ -124,9 +134,21 @@ class AsyncFileSystem:
         except NotFound:
             return False
 
+    async def readdir_page(self, path: str, after: str = "") -> tuple[list[tuple[str, Stat]], str | None]:
+        """One page of a directory (one metadata call): entries sorted by name after
+        ``after``, and the cursor for the next page (None after the last)."""
+        reply, _ = await self.meta("readdir", path=path, after=after)
+        return [(entry.name, Stat.from_attrs(entry.attrs)) for entry in reply.entries], reply.next
+
+    async def scandir_pages(self, path: str) -> AsyncIterator[list[tuple[str, Stat]]]:
+        """A directory's entries, sorted by name, a page at a time."""
+        after: str | None = ""
+        while after is not None:
+            page, after = await self.readdir_page(path, after)
+            yield page
+
     async def scandir(self, path: str) -> list[tuple[str, Stat]]:
-        reply, _ = await self.meta("readdir", path=path)
-        return [(name, Stat.from_attrs(attrs)) for name, attrs in reply["entries"]]
+        return [entry async for page in self.scandir_pages(path) for entry in page]
 
     async def listdir(self, path: str) -> list[str]:
         return [name for name, _ in await self.scandir(path)]
@@ -138,11 +160,11 @@ class AsyncFileSystem:
         op = "makedirs" if parents else "mkdir"
         reply, _ = await self.meta(op, path=path, mode=mode, policy=policy, block_size=block_size, exist_ok=exist_ok,
                                    uid=os.getuid(), gid=os.getgid())
-        return Stat.from_attrs(reply["attrs"])
+        return Stat.from_attrs(reply.attrs)
 
     async def set_policy(self, path: str, policy: str | None = None, block_size: int | None = None) -> Stat:
         reply, _ = await self.meta("set_policy", path=path, policy=policy, block_size=block_size)
-        return Stat.from_attrs(reply["attrs"])
+        return Stat.from_attrs(reply.attrs)
 
     async def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
         await self.meta("rename", src=src, dst=dst, noreplace=noreplace)
@@ -185,11 +207,11 @@ class AsyncFileSystem:
         atime: float | None = None, mtime: float | None = None,
     ) -> Stat:
         reply, _ = await self.meta("setattr", path=path, mode=mode, uid=uid, gid=gid, atime=atime, mtime=mtime)
-        return Stat.from_attrs(reply["attrs"])
+        return Stat.from_attrs(reply.attrs)
 
     async def symlink(self, target: str, path: str) -> Stat:
         reply, _ = await self.meta("symlink", path=path, target=target, uid=os.getuid(), gid=os.getgid())
-        return Stat.from_attrs(reply["attrs"])
+        return Stat.from_attrs(reply.attrs)
 
     async def readlink(self, path: str) -> str:
         st = await self.stat(path)
@@ -199,11 +221,11 @@ class AsyncFileSystem:
 
     async def statfs(self) -> dict[str, Any]:
         reply, _ = await self.meta("statfs")
-        return reply
+        return dict(messages.to_plain(reply))
 
     async def servers(self) -> list[dict[str, Any]]:
         reply, _ = await self.meta("servers")
-        return list(reply["servers"])
+        return list(messages.to_plain(reply.servers))
 
     # ------------------------------------------------------------------ files
 
@@ -215,12 +237,24 @@ class AsyncFileSystem:
             reply, _ = await self.meta(
                 "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid()
             )
-            attrs = reply["attrs"]
-            layout = {"attrs": attrs, "blocks": []} if truncate else (await self.meta("layout", ino=attrs["ino"]))[0]
+            attrs = reply.attrs
+            layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate else (
+                await self.meta("layout", ino=attrs.ino)
+            )[0]
         else:
             layout, _ = await self.meta("layout", path=path)
         handle = AsyncFile(self, path, layout, readable, writable, truncate)
         return handle
+
+    async def block_count(self, path: str) -> int:
+        """How many blocks a file stores (holes not counted), reading its layout segment by segment."""
+        count, first = 0, 0
+        while True:
+            segment, _ = await self.meta("layout", path=path, first=first)
+            count += len(segment.blocks)
+            if segment.end is None:
+                return count
+            first = segment.end
 
     async def read_bytes(self, path: str) -> bytes:
         handle = await self.open(path, "rb")

@@ -11,12 +11,18 @@ metadata transaction; ``close`` flushes (close-to-open consistency).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from tectofs import limits
+import msgspec
+
+from tectofs import limits, messages, sparse
 from tectofs.errors import InvalidArgument, NoSpace, TectofsError
+from tectofs.policy import parse as parse_policy
+
+from .layout import LayoutMap
 
 if TYPE_CHECKING:
     from .core import AsyncFileSystem
@@ -29,7 +35,8 @@ class AsyncFile:
     FUSE adapter serialize calls per handle."""
 
     def __init__(
-        self, fs: "AsyncFileSystem", path: str, layout: dict[str, Any], readable: bool, writable: bool, truncate: bool
+        self, fs: "AsyncFileSystem", path: str, layout: messages.LayoutSegment, readable: bool, writable: bool,
+        truncate: bool,
     ) -> None:
         self.fs = fs
         self.path = path
@@ -37,12 +44,15 @@ class AsyncFile:
         self.writable = writable
         self._set_layout(layout)
         self.replace = truncate  # the next commit replaces every block
-        self.size = 0 if truncate else self.attrs["size"]
+        self.size = 0 if truncate else self.attrs.size
         self.closed = False
         self._dirty: OrderedDict[int, tuple[memoryview, int]] = OrderedDict()  # idx -> (buffer, valid bytes)
-        self._inflight: dict[int, asyncio.Task[dict[str, Any]]] = {}
-        self._written: dict[int, dict[str, Any]] = {}  # idx -> block descriptor, not yet committed
-        self._allocations: list[dict[str, Any]] = []
+        self._inflight: dict[int, asyncio.Task[messages.Block]] = {}
+        self._written: dict[int, messages.Block] = {}  # written, not yet committed nor staged
+        self._staged: dict[int, messages.Block] = {}  # sent to the MDS ahead of the commit (``stage``)
+        self._staged_idx: set[int] = set()  # indexes with a block or a hole staged at the MDS
+        self._writer = int.from_bytes(os.urandom(8), "big") >> 1  # names what this handle stages
+        self._allocations: list[messages.Allocation] = []
         self._allocation_batch = 1
         self._changed = truncate  # something to commit even without blocks (e.g. truncation to 0)
         self._cache: OrderedDict[int, Any] = OrderedDict()
@@ -50,14 +60,27 @@ class AsyncFile:
         self._last_read_block = -1  # reading block 0 counts as sequential: prefetch block 1
         self._bytes_written = 0
         self._failure: BaseException | None = None
+        # Since the last commit: the smallest size this handle truncated the file to (the
+        # commit cuts the file there first, so cut-off bytes never come back), and the
+        # blocks it zeroed whole (committed as holes: nothing stored).
+        self._shrunk_to: int | None = None
+        self._holes: set[int] = set()
+        self._holes_staged: set[int] = set()  # those of them already sent ahead
 
-    def _set_layout(self, layout: dict[str, Any]) -> None:
-        self.attrs = layout["attrs"]
-        self.ino = self.attrs["ino"]
-        self.block_size = int(self.attrs["block_size"])
+    def _set_layout(self, layout: messages.LayoutSegment) -> None:
+        self.attrs = layout.attrs
+        self.ino = self.attrs.ino
+        self.block_size = self.attrs.block_size
         low, high = limits.write_blocks_inflight_range
         self._inflight_max = max(low, min(high, limits.write_inflight_bytes_max // self.block_size))
-        self.blocks = {b["idx"]: b for b in layout["blocks"]}
+        self.layout = LayoutMap(layout)
+        self.blocks = self.layout.blocks  # the committed blocks this handle knows of, by index
+
+    async def _cover(self, first: int, last: int) -> None:
+        """Make sure the layout of blocks ``first`` to ``last`` is known (fetching segments)."""
+        while (missing := self.layout.first_unknown(first, last)) is not None:
+            segment, _ = await self.fs.meta("layout", ino=self.ino, first=missing)
+            self.layout.add(segment)
 
     # ------------------------------------------------------------------ write
 
@@ -99,14 +122,17 @@ class AsyncFile:
                 buffer = grown
             return buffer, valid
         data: Any = None
-        if idx in self._inflight or idx in self._written:
-            # Rewriting a block already sent by this handle: start again from its content.
+        if not self.replace and idx not in self._holes:
+            await self._cover(idx, idx)
+        if idx in self._inflight or idx in self._written or idx in self._staged:
+            # Rewriting a block already sent by this handle: start again from its content (a
+            # staged one is overridden at its index by what this handle sends next).
             if idx in self._inflight:
                 await self._reap_one(idx)
-            block = self._written.pop(idx)
-            data = await self.fs.blocks.read_block(block)
-            content = data[: min(block["length"], max(0, self.size - idx * self.block_size))]
-        elif not self.replace and idx in self.blocks:
+            block = self._written.pop(idx, None) or self._staged.pop(idx)
+            data = await self._load_block(block)
+            content = data[: min(_stored_end(block), max(0, self.size - idx * self.block_size))]
+        elif idx not in self._holes and not self.replace and idx in self.blocks:
             content = await self._committed_block(idx)
         else:
             content = memoryview(b"")
@@ -130,7 +156,7 @@ class AsyncFile:
         await asyncio.wait([task])
         self._collect(idx, task)
 
-    def _collect(self, idx: int, task: asyncio.Task[dict[str, Any]]) -> None:
+    def _collect(self, idx: int, task: asyncio.Task[messages.Block]) -> None:
         """Record a finished block write. A failed one poisons the handle: every later write,
         flush and close raises the same error, so a lost block can never be committed as a
         hole of zeros."""
@@ -144,19 +170,58 @@ class AsyncFile:
             raise self._failure
 
     async def _send(self, idx: int) -> None:
-        """Start writing block ``idx``; wait while too many blocks are in flight."""
+        """Start writing block ``idx`` (only its span of data; a block of zeros becomes a
+        hole); wait while too many blocks are in flight."""
         buffer, valid = self._dirty.pop(idx)
+        start, end = sparse.data_span(buffer[:valid])
+        if end == 0:
+            self.fs.buffers.put(buffer)
+            self._holes.add(idx)
+            return
+        self._holes.discard(idx)
+        self._holes_staged.discard(idx)  # the block sent now overrides the staged hole
         while len(self._inflight) >= self._inflight_max:
             await self._reap(wait=True)
         allocation = await self._allocation()
-        self._inflight[idx] = asyncio.get_running_loop().create_task(self._write_block(idx, buffer, valid, allocation))
+        self._inflight[idx] = asyncio.get_running_loop().create_task(
+            self._write_block(idx, buffer, start, end, allocation)
+        )
         await self._reap(wait=False)
+        await self._stage_excess()
 
-    async def _write_block(self, idx: int, buffer: memoryview, valid: int, allocation: dict[str, Any]) -> dict[str, Any]:
+    async def _write_block(
+        self, idx: int, buffer: memoryview, start: int, end: int, allocation: messages.Allocation
+    ) -> messages.Block:
         try:
-            return await self.fs.blocks.write_block(idx, buffer[:valid], allocation, self._reallocate)
+            block = await self.fs.blocks.write_block(idx, buffer[start:end], allocation, self._reallocate)
+            return msgspec.structs.replace(block, start=start, valid=end)
         finally:
             self.fs.buffers.put(buffer)
+
+    def _holes_to_send(self) -> list[int]:
+        """Holes that drop something: a block committed (or maybe committed) or staged there."""
+        return sorted(
+            i for i in self._holes - self._holes_staged
+            if i in self._staged_idx or (not self.replace and (i in self.blocks or not self.layout.known(i)))
+        )
+
+    async def _stage_excess(self) -> None:
+        """Past what one commit carries, send written blocks and holes ahead (``stage``):
+        they stay invisible until the commit, which publishes them with the rest."""
+        holes = self._holes_to_send()
+        per_call = messages.blocks_per_call(parse_policy(self.attrs.policy).width)
+        if len(self._written) + len(holes) < per_call:
+            return
+        blocks = [messages.written(b) for b in self._written.values()]
+        for first in range(0, max(len(blocks), len(holes)), per_call // 2):
+            await self.fs.meta(
+                "stage", ino=self.ino, writer=self._writer, blocks=blocks[first : first + per_call // 2],
+                holes=holes[first : first + per_call // 2],
+            )
+        self._staged.update(self._written)
+        self._staged_idx.update(self._written, holes)
+        self._written.clear()
+        self._holes_staged.update(holes)
 
     async def _reap(self, wait: bool) -> None:
         if not self._inflight:
@@ -168,7 +233,7 @@ class AsyncFile:
                 del self._inflight[idx]
                 self._collect(idx, task)
 
-    async def _allocation(self) -> dict[str, Any]:
+    async def _allocation(self) -> messages.Allocation:
         if not self._allocations:
             for attempt in range(limits.placement_attempts_max):
                 try:
@@ -180,13 +245,13 @@ class AsyncFile:
                     if attempt + 1 == limits.placement_attempts_max:
                         raise
                     await asyncio.sleep(limits.heartbeat_interval_s * (attempt + 1))
-            self._allocations = reply["blocks"]
+            self._allocations = list(reply.blocks)
             self._allocation_batch = min(self._allocation_batch * 2, 8)
         return self._allocations.pop(0)
 
-    async def _reallocate(self, failed_servers: set[int]) -> dict[str, Any]:
+    async def _reallocate(self, failed_servers: set[int]) -> messages.Allocation:
         reply, _ = await self.fs.meta("allocate", ino=self.ino, count=1, exclude=sorted(failed_servers))
-        return reply["blocks"][0]
+        return reply.blocks[0]
 
     async def _bound_dirty(self) -> None:
         """Random writes may dirty many partial blocks; send the oldest past the limit."""
@@ -194,24 +259,54 @@ class AsyncFile:
             await self._send(next(iter(self._dirty)))
 
     async def truncate(self, size: int) -> None:
-        """Set the file's size as seen by this handle; committed by the next flush."""
+        """Set the file's size as seen by this handle; committed by the next flush. Bytes cut
+        off by a shrink read as zeros if the file grows again, before and after the commit."""
         self._check_open(write=True)
         if size < 0:
             raise InvalidArgument("negative size")
-        for idx in [i for i in self._dirty if i * self.block_size >= size]:
-            del self._dirty[idx]
-        last, within = divmod(size, self.block_size)
-        if within and last in self._dirty:
-            buffer, valid = self._dirty[last]
-            buffer[within:] = bytes(len(buffer) - within)
-            self._dirty[last] = (buffer, min(valid, within))
-        elif within and size < self.size and (last in self.blocks or last in self._written or last in self._inflight):
-            # Keep the head of the last block; its tail must read as zeros if the file grows again.
-            buffer, valid = await self._block_buffer(last, within)
-            buffer[within:] = bytes(len(buffer) - within)
-            self._dirty[last] = (buffer, min(valid, within))
+        if size < self.size:
+            await self._cut(size)
         self.size = size
         self._changed = True
+
+    async def _cut(self, size: int) -> None:
+        """Forget everything this handle holds or sees past ``size``: buffered, in-flight,
+        written, staged and committed blocks."""
+        first_gone = -(-size // self.block_size)  # blocks from here on lie wholly past size
+        last, within = divmod(size, self.block_size)
+        if within and not self.replace:
+            await self._cover(last, last)
+        for idx in [i for i in self._dirty if i >= first_gone]:
+            self.fs.buffers.put(self._dirty.pop(idx)[0])
+        for idx in [i for i in self._inflight if i >= first_gone]:
+            self._inflight.pop(idx).cancel()  # its chunks become orphans: the allocation expires to GC
+        for idx in [i for i in self._written if i >= first_gone]:
+            del self._written[idx]
+        if any(i >= first_gone for i in self._staged_idx):
+            await self.fs.meta("stage", ino=self.ino, writer=self._writer, cut_from=first_gone)
+            self._staged = {i: b for i, b in self._staged.items() if i < first_gone}
+            self._staged_idx = {i for i in self._staged_idx if i < first_gone}
+        self._holes = {i for i in self._holes if i < first_gone}
+        self._holes_staged &= self._holes
+        self.layout.forget_from(first_gone)
+        if within:
+            if last in self._dirty:
+                buffer, valid = self._dirty[last]
+                self._dirty[last] = (buffer, min(valid, within))
+            elif last in self._inflight or last in self._written or last in self._staged:
+                buffer, valid = await self._block_buffer(last, within)
+                self._dirty[last] = (buffer, min(valid, within))
+            block = self.blocks.get(last)
+            if block is not None:
+                if min(block.valid, within) > block.start:
+                    self.blocks[last] = msgspec.structs.replace(block, valid=min(block.valid, within))
+                else:
+                    del self.blocks[last]
+        self._shrunk_to = size if self._shrunk_to is None else min(self._shrunk_to, size)
+        self._drop_cache()
+        for task in self._prefetch.values():
+            task.cancel()
+        self._prefetch.clear()
 
     async def flush(self) -> None:
         """Send every buffered block and commit blocks and size in one metadata call."""
@@ -226,17 +321,21 @@ class AsyncFile:
             await self._reap(wait=True)
         if not self._changed and not self._written:
             return
-        blocks = [
-            {"idx": b["idx"], "block_id": b["block_id"], "length": b["length"],
-             "chunks": [{k: c[k] for k in ("position", "server_id", "length", "crc")} for c in b["chunks"]]}
-            for b in self._written.values() if b["idx"] * self.block_size < self.size
-        ]
+        await self._stage_excess()
+        staged = bool(self._staged_idx)
         layout, _ = await self.fs.meta(
-            "commit", ino=self.ino, size=self.size, blocks=blocks, replace=self.replace, mtime=time.time()
+            "commit", ino=self.ino, size=self.size, replace=self.replace, mtime=time.time(),
+            blocks=[messages.written(b) for b in self._written.values() if b.idx * self.block_size < self.size],
+            shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,
         )
         self.replace = False
         self._written.clear()
+        self._staged.clear()
+        self._staged_idx.clear()
         self._changed = False
+        self._shrunk_to = None
+        self._holes.clear()
+        self._holes_staged.clear()
         self._drop_cache()
         for task in self._prefetch.values():  # prefetched before this commit: stale blocks
             task.cancel()
@@ -262,6 +361,7 @@ class AsyncFile:
             task.cancel()
         self._dirty.clear()
         self._written.clear()
+        self._staged.clear()
 
     # ------------------------------------------------------------------ read
 
@@ -279,6 +379,8 @@ class AsyncFile:
             await self.flush()  # read what this handle wrote
         out = memoryview(target).cast("B")
         end = min(self.size, offset + len(out))
+        if end > offset:
+            await self._cover(offset // self.block_size, (end - 1) // self.block_size + limits.read_prefetch_blocks)
         position = offset
         whole: list[tuple[int, memoryview]] = []
         while position < end:
@@ -320,7 +422,7 @@ class AsyncFile:
     def _whole_block_read(self, idx: int, n: int) -> bool:
         block = self.blocks.get(idx)
         return (
-            block is not None and block["valid"] == block["length"] == n
+            block is not None and block.start == 0 and block.valid == block.length == n
             and idx not in self._cache and idx not in self._prefetch
         )
 
@@ -334,23 +436,38 @@ class AsyncFile:
             data = self._cache[idx]
         else:
             task = self._prefetch.pop(idx, None)
-            data = await task if task is not None else await self.fs.blocks.read_block(block)
+            data = await task if task is not None else await self._load_block(block)
             self._cache[idx] = data
             while len(self._cache) > 2:
                 self.fs.buffers.put(self._cache.popitem(last=False)[1])
         if idx == self._last_read_block + 1:
             self._start_prefetch(idx + 1)
         self._last_read_block = idx
-        return memoryview(data)[: block["valid"]]
+        return memoryview(data)[: block.valid]
 
     def _start_prefetch(self, first: int) -> None:
         for idx in range(first, first + limits.read_prefetch_blocks):
             if idx in self.blocks and idx not in self._cache and idx not in self._prefetch:
-                self._prefetch[idx] = asyncio.get_running_loop().create_task(self.fs.blocks.read_block(self.blocks[idx]))
+                self._prefetch[idx] = asyncio.get_running_loop().create_task(self._load_block(self.blocks[idx]))
         for idx, task in list(self._prefetch.items()):
             if idx < first - 1:
                 task.cancel()
                 del self._prefetch[idx]
+
+    async def _load_block(self, block: messages.Block) -> memoryview:
+        """The block's bytes from its offset 0 to the end of what it stores, in a pool buffer:
+        the zeros before ``start``, then the stored span."""
+        start = block.start
+        if not start:
+            return await self.fs.blocks.read_block(block)
+        out = self.fs.buffers.get(_stored_end(block))
+        out[:start] = bytes(start)
+        try:
+            await self.fs.blocks.read_block(block, into=out[start:])
+        except BaseException:
+            self.fs.buffers.put(out)
+            raise
+        return out
 
     def _drop_cache(self) -> None:
         for data in self._cache.values():
@@ -364,3 +481,8 @@ class AsyncFile:
             raise self._failure
         if write and not self.writable:
             raise InvalidArgument(f"{self.path} is not open for writing")
+
+
+def _stored_end(block: messages.Block) -> int:
+    """Offset within its block just past the last stored byte of ``block``."""
+    return block.start + block.length

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import mfusepy
 
-from tectofs import limits
+from tectofs import diagnostics, limits
 from tectofs.errors import TectofsError, Timeout
 
 from . import connect
@@ -181,7 +181,7 @@ class TectofsOperations(mfusepy.Operations):
             "st_uid": st.uid,
             "st_gid": st.gid,
             "st_size": size,
-            "st_blocks": (size + 511) // 512,
+            "st_blocks": (st.stored + 511) // 512,  # what is stored, so du sees holes
             "st_blksize": io_size_hint_bytes,
             "st_atime": int(st.atime * 1e9),
             "st_mtime": int(st.mtime * 1e9),
@@ -204,7 +204,7 @@ class TectofsOperations(mfusepy.Operations):
         before another client's commit; tell it to fetch them again."""
         with self._reported_lock:
             reported = self._reported.get(file.ino)
-        if reported is None or reported == (file.attrs["size"], file.attrs["mtime"]):
+        if reported is None or reported == (file.attrs.size, file.attrs.mtime):
             return
         try:
             fuse = ctypes.c_void_p(mfusepy._libfuse.fuse_get_context().contents.fuse)
@@ -246,7 +246,7 @@ class TectofsOperations(mfusepy.Operations):
     @_errno
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         if fh is not None and fh in self._handles:
-            st = Stat.from_attrs(self._run(self.fs.aio.meta("getattr", ino=self._handles[fh].file.ino))[0]["attrs"])
+            st = Stat.from_attrs(self._run(self.fs.aio.meta("getattr", ino=self._handles[fh].file.ino))[0].attrs)
         elif path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
         else:
@@ -314,8 +314,8 @@ class TectofsOperations(mfusepy.Operations):
         entries = self._run(self.fs.aio.scandir(path))
         # "." and ".." need inode numbers: readdir(3) hides entries whose d_ino is 0.
         listing: list[Any] = [
-            (".", {"st_ino": directory["attrs"]["ino"], "st_mode": statmod.S_IFDIR}, 0),
-            ("..", {"st_ino": directory["attrs"]["parent"], "st_mode": statmod.S_IFDIR}, 0),
+            (".", {"st_ino": directory.attrs.ino, "st_mode": statmod.S_IFDIR}, 0),
+            ("..", {"st_ino": directory.attrs.parent, "st_mode": statmod.S_IFDIR}, 0),
         ]
         listing.extend((name, {"st_ino": st.ino, "st_mode": _KIND_BITS[st.kind]}, 0) for name, st in entries)
         return iter(listing)
@@ -523,6 +523,7 @@ class TectofsFuse(mfusepy.FUSE):
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
            on_ready: Callable[[], None] | None = None) -> None:
     fs = connect(address)  # fails here, before anything is mounted, if the cluster is unreachable
+    diagnostics.dump_tasks_on_sigusr1(fs.loop)
     try:
         operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready)
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
-from typing import Any, Awaitable, TypeVar
+from typing import Any, Awaitable, Iterator, TypeVar
 
 from tectofs.errors import InvalidArgument
 
@@ -150,6 +150,11 @@ class FileSystem:
     def run(self, coro: Awaitable[T]) -> T:
         return self._loop.run(coro)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop (on its own thread) that every call of this client runs on."""
+        return self._loop.loop
+
     def open(self, path: str, mode: str = "rb", buffering: int = -1) -> Any:
         canonical = normalize_mode(mode)
         handle = self.run(self.aio.open(path, canonical))
@@ -174,6 +179,13 @@ class FileSystem:
 
     def scandir(self, path: str) -> list[tuple[str, Stat]]:
         return self.run(self.aio.scandir(path))
+
+    def iter_scandir(self, path: str) -> Iterator[tuple[str, Stat]]:
+        """A directory's entries, sorted by name, fetched a page at a time as they are consumed."""
+        after: str | None = ""
+        while after is not None:
+            page, after = self.run(self.aio.readdir_page(path, after))
+            yield from page
 
     def mkdir(self, path: str, mode: int = 0o755, policy: str | None = None, block_size: int | None = None,
               parents: bool = False, exist_ok: bool = False) -> Stat:

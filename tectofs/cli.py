@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from . import limits
+from . import diagnostics, limits, messages
 from .errors import TectofsError
 
 DEFAULT_PORT = 7420
@@ -75,6 +75,7 @@ def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: C
             os.rename(args.ready_file + ".tmp", args.ready_file)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        diagnostics.dump_tasks_on_sigusr1(loop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
@@ -201,7 +202,7 @@ def cmd_get(args: argparse.Namespace) -> None:
 def cmd_ls(args: argparse.Namespace) -> None:
     with _client(args) as fs:
         st = fs.stat(args.path)
-        entries = fs.scandir(args.path) if st.is_dir else [(os.path.basename(args.path), st)]
+        entries = fs.iter_scandir(args.path) if st.is_dir else iter([(os.path.basename(args.path), st)])
         for name, e in entries:
             kind = {"dir": "d", "file": "-", "symlink": "l"}[e.kind]
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime))
@@ -215,8 +216,7 @@ def cmd_stat(args: argparse.Namespace) -> None:
         for key, value in st.__dict__.items():
             print(f"{key:>10}: {value}")
         if st.is_file:
-            layout, _ = fs.run(fs.aio.meta("layout", path=args.path))
-            print(f"{'blocks':>10}: {len(layout['blocks'])}")
+            print(f"{'blocks':>10}: {fs.run(fs.aio.block_count(args.path))}")
 
 
 def cmd_mkdir(args: argparse.Namespace) -> None:
@@ -245,7 +245,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     with _client(args) as fs:
         servers = fs.servers()
         statfs = fs.statfs()
-        stats, _ = fs.run(fs.aio.meta("stats"))
+        stats = messages.to_plain(fs.run(fs.aio.meta("stats"))[0])
     now = time.time()
     live = sum(1 for s in servers if s["live"])
     print(f"metadata service {fs.meta_address}: {statfs['files']} inodes, "

@@ -16,6 +16,10 @@ checksum_piece_bytes = 64 * KiB          # crc32c granularity inside a chunk
 name_length_max_bytes = 255
 path_length_max_bytes = 4096
 symlink_target_max_bytes = 4096
+int64_max = 2**63 - 1                     # inode numbers, sizes, offsets, ids: what SQL BIGINT holds
+owner_id_max = 2**32 - 2                  # uid/gid (2**32 - 1 is "no owner" to the kernel)
+timestamp_abs_max_s = 1e11                # times are finite and within ~3,000 years of 1970
+policy_width_max = 48                     # chunks of one block: rs(32,16)
 
 # Wire protocol
 frame_header_max_bytes = 1 * MiB          # msgpack header of one frame
@@ -26,6 +30,11 @@ rpc_retries_max = 4
 rpc_backoff_initial_s = 0.05
 rpc_backoff_max_s = 2.0
 connections_per_server = 2
+hello_timeout_s = 2.0                     # a connection must say (or answer) hello within this
+hello_retries_max = 2                     # further connection attempts after a hello went unanswered
+reply_header_budget_bytes = 768 * KiB     # what a listing or layout reply fills, under frame_header_max_bytes
+message_text_max_bytes = 4096             # free-text fields (reasons, versions)
+address_length_max_bytes = 255            # "HOST:PORT" of a server
 listen_backlog_max = 4096                 # a checkpoint burst connects thousands of clients at once
 
 # Chunk server
@@ -40,7 +49,10 @@ store_retries_max = 12                    # runs of a transaction the database a
 meta_queue_max = 20_000                  # operations waiting for the store before BUSY answers
 allocation_grace_s = 600.0                # uncommitted blocks older than this are garbage
 gc_orders_per_heartbeat_max = 1024
-readdir_entries_max = 100_000
+readdir_page_entries_max = 2000           # entries of one readdir reply (fewer if the byte budget is reached)
+allocate_blocks_max = 1024                # block ids one allocate call reserves
+commit_blocks_max = 1024                  # blocks (and holes) one commit or stage call carries
+servers_max = 1024                        # chunk servers one metadata service registers (one servers reply)
 
 # Client
 write_inflight_bytes_max = 256 * MiB      # block bytes being encoded/sent at once per open file

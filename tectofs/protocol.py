@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import crc32c
-import msgpack
+import msgspec
 
 from . import limits
 from .errors import ProtocolError
@@ -39,6 +39,7 @@ PROTOCOL_VERSION = 1
 _FIXED = struct.Struct(">IBBHQIQ")
 _CRC = struct.Struct(">I")
 FIXED_HEADER_BYTES = _FIXED.size + _CRC.size  # 32
+_MAGIC_BYTES = MAGIC.to_bytes(4, "big")
 
 
 class FrameKind(enum.IntEnum):
@@ -53,13 +54,16 @@ class Frame:
     request_id: int
     header: dict[str, Any]
     payload: memoryview = field(default_factory=lambda: memoryview(b""))
+    discarded: bool = False  # the payload allocator refused the payload: it was drained, not kept
 
 
-def encode_frame(
-    kind: FrameKind, request_id: int, header: dict[str, Any], payload_length: int = 0
-) -> bytes:
-    """Encode everything but the payload; the caller sends ``payload_length`` bytes after it."""
-    body = msgpack.packb(header, use_bin_type=True)
+_encode_header = msgspec.msgpack.Encoder().encode
+
+
+def encode_frame(kind: FrameKind, request_id: int, header: Any, payload_length: int = 0) -> bytes:
+    """Encode everything but the payload; the caller sends ``payload_length`` bytes after it.
+    ``header`` is a map: a dict, or a message (``tectofs.messages``)."""
+    body = _encode_header(header)
     if len(body) > limits.frame_header_max_bytes:
         raise ProtocolError(f"frame header of {len(body)} bytes exceeds the limit")
     if payload_length > limits.frame_payload_max_bytes:
@@ -72,7 +76,7 @@ def encode_frame(
 PayloadAllocator = Callable[[dict[str, Any], int], "bytearray | memoryview | None"]
 """Given a frame's header and payload length, return the buffer to receive it into, or None
 to receive and discard it (the frame is then delivered with ``payload`` = None-equivalent
-empty view and ``header['_discarded'] = True``)."""
+empty view and ``discarded`` set)."""
 
 
 def _default_allocator(header: dict[str, Any], length: int) -> bytearray:
@@ -117,6 +121,12 @@ class FrameDecoder:
         lost now leaves allocated but never delivered."""
         return len(self._buf) if self._state == "payload" else 0
 
+    @property
+    def fixed_bytes(self) -> bytes:
+        """The bytes received so far where a frame's fixed header belongs (for error messages
+        about peers that are not tectofs)."""
+        return bytes(self._fixed)
+
     def get_buffer(self) -> memoryview:
         """The writable region the next received bytes must go into (never empty)."""
         if self.dead:
@@ -141,6 +151,9 @@ class FrameDecoder:
             return frames
         self._filled += nbytes
         if self._filled < len(self._buf):
+            if self._state == "fixed" and self._filled >= 4 and self._fixed[:4] != _MAGIC_BYTES:
+                self.dead = True  # a peer that is not tectofs: say so now, not after 32 bytes
+                raise ProtocolError(f"bad magic 0x{int.from_bytes(self._fixed[:4], 'big'):08x}")
             return frames
         try:
             frame = self._step()
@@ -198,15 +211,14 @@ class FrameDecoder:
             if crc32c.crc32c(self._buf, self._fixed_crc) != self._expected_crc:
                 raise ProtocolError("frame header checksum mismatch")
             try:
-                header = msgpack.unpackb(bytes(self._buf), raw=False, strict_map_key=False)
-            except Exception as exc:  # msgpack raises several unrelated types
+                header = msgspec.msgpack.decode(self._buf)
+            except Exception as exc:  # DecodeError, and e.g. unhashable map keys
                 raise ProtocolError(f"undecodable frame header: {exc}") from None
             if not isinstance(header, dict):
                 raise ProtocolError("frame header is not a map")
             self._header = header
             buffer = self._allocate(header, self._payload_length) if self._payload_length else bytearray()
             if buffer is None:
-                self._header["_discarded"] = True
                 self._state = "discard"
                 self._discard_left = self._payload_length
                 return None
@@ -220,6 +232,6 @@ class FrameDecoder:
         return self._finish(memoryview(self._buf))
 
     def _finish(self, payload: memoryview) -> Frame:
-        frame = Frame(self._kind, self._request_id, self._header, payload)
+        frame = Frame(self._kind, self._request_id, self._header, payload, discarded=self._state == "discard")
         self._reset()
         return frame

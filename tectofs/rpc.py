@@ -4,9 +4,17 @@ Both sides use ``asyncio.BufferedProtocol`` so payloads are received straight in
 final buffers (``FrameDecoder.get_buffer``). A peer that sends an invalid frame gets one
 ERROR frame and its connection closed; every other connection keeps being served.
 
-Server handlers are objects with ``async def rpc_<op>(header, payload) -> (header, payload)``
-methods. A handler raising a :class:`~tectofs.errors.TectofsError` sends that error to the
-caller, who gets the same class re-raised by :meth:`RpcClient.call`.
+A server serves one table of operations (``tectofs.messages``): each request header is
+converted into the operation's request type before its handler (``rpc_<op>(request,
+payload) -> (reply, payload)``) runs, so a handler only ever sees valid, typed requests; an
+invalid one is answered ``InvalidArgument`` naming the field, and logged as one line. A
+handler raising a :class:`~tectofs.errors.TectofsError` sends that error to the caller, who
+gets the same class re-raised by :meth:`RpcClient.call`.
+
+Every connection opens with a hello (``messages.Hello``: role and protocol version) before
+anything else: a server closes a connection that sends anything else first, or nothing within
+``limits.hello_timeout_s``; a client that gets no hello back in that time, or bytes that are
+not a tectofs frame, fails at once with an error that says the peer is not a tectofs server.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ import logging
 import random
 from typing import Any, Awaitable, Callable
 
-from . import limits
+import msgspec
+
+from . import limits, messages
 from .errors import (
     Busy,
     ConnectionLost,
@@ -28,13 +38,18 @@ from .errors import (
     from_wire,
     to_wire,
 )
-from .protocol import Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
+from .protocol import PROTOCOL_VERSION, Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
 
 log = logging.getLogger(__name__)
 
 Payload = bytes | bytearray | memoryview
 _SEND_SLICE_BYTES = 1 << 20
-Reply = tuple[dict[str, Any], Payload]
+Reply = tuple[Any, Payload]
+SOFTWARE = "tectofs 0.1"
+
+
+class HelloTimeout(Timeout):
+    """A peer accepted the connection but did not answer the hello in time."""
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -88,11 +103,14 @@ class _FramedProtocol(asyncio.BufferedProtocol):
     def protocol_failed(self, exc: ProtocolError) -> None:
         raise NotImplementedError
 
-    async def send(self, kind: FrameKind, request_id: int, header: dict[str, Any], payload: Payload = b"") -> None:
+    async def send(self, kind: FrameKind, request_id: int, header: Any, payload: Payload = b"") -> None:
+        await self.send_encoded(encode_frame(kind, request_id, header, len(payload)), payload)
+
+    async def send_encoded(self, head: bytes, payload: Payload = b"") -> None:
+        """Send a frame whose header ``encode_frame`` made, then its payload."""
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionLost("connection closed")
-        head = encode_frame(kind, request_id, header, len(payload))
         view = memoryview(payload).cast("B") if payload else None
         # The transport copies what the socket does not take at once into a bytearray and
         # memmoves it forward after every send: handing it a 16 MiB payload costs far more
@@ -119,17 +137,29 @@ class _FramedProtocol(asyncio.BufferedProtocol):
 
 class _ServerConnection(_FramedProtocol):
     def __init__(self, server: "RpcServer") -> None:
-        super().__init__(server.allocate_payload)
+        super().__init__(server.admit_payload)
         self.server = server
         self.inflight = 0
         self._reading_paused = False
+        self.greeted = False
+        self.peer = "?"
+        self._hello_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._hello_deadline = asyncio.get_running_loop().call_later(limits.hello_timeout_s, self._no_hello)
+
+    def _no_hello(self) -> None:
+        if not self.greeted:
+            self.protocol_failed(ProtocolError(f"no tectofs hello within {limits.hello_timeout_s:g} s"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self._hello_deadline is not None:
+            self._hello_deadline.cancel()
         self.server.connections.discard(self)
         abandoned = self.decoder.receiving_payload_bytes
         release = getattr(self.server.handler, "payload_abandoned", None)
@@ -137,8 +167,10 @@ class _ServerConnection(_FramedProtocol):
             release(abandoned)
 
     def protocol_failed(self, exc: ProtocolError) -> None:
-        log.warning("%s: closing connection after protocol error: %s", self.server.name, exc)
+        log.warning("%s: closing connection from %s after protocol error: %s", self.server.name, self.peer, exc)
         assert self.transport is not None
+        if self.transport.is_closing():
+            return
         code, message = to_wire(exc)
         try:
             self.transport.write(encode_frame(FrameKind.ERROR, 0, {"code": code, "message": message}))
@@ -149,6 +181,9 @@ class _ServerConnection(_FramedProtocol):
         if frame.kind != FrameKind.REQUEST:
             self.protocol_failed(ProtocolError(f"server received a {frame.kind.name} frame"))
             return
+        if not self.greeted:
+            self._greet(frame)
+            return
         self.inflight += 1
         if self.inflight >= self.server.requests_per_connection_max and not self._reading_paused:
             assert self.transport is not None
@@ -158,25 +193,37 @@ class _ServerConnection(_FramedProtocol):
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
 
+    def _greet(self, frame: Frame) -> None:
+        """The first frame must be a valid hello; answer it, or close the connection."""
+        if frame.header.get("op") != "hello":
+            self.protocol_failed(ProtocolError(f"expected a hello first, got {str(frame.header.get('op'))[:40]!r}"))
+            return
+        try:
+            hello = messages.convert(frame.header, messages.Hello)
+        except msgspec.ValidationError as exc:
+            self.protocol_failed(ProtocolError(f"invalid hello: {exc}"))
+            return
+        if hello.version != PROTOCOL_VERSION:
+            self.protocol_failed(ProtocolError(
+                f"{self.server.name} speaks tectofs protocol version {PROTOCOL_VERSION}, the peer {hello.version}"
+            ))
+            return
+        self.greeted = True
+        if self._hello_deadline is not None:
+            self._hello_deadline.cancel()
+        reply = messages.HelloReply(role=self.server.role, version=PROTOCOL_VERSION, software=SOFTWARE)
+        assert self.transport is not None
+        self.transport.write(encode_frame(FrameKind.RESPONSE, frame.request_id, reply))
+
     async def _serve(self, frame: Frame) -> None:
         try:
+            head, payload = await self._answer(frame)
             try:
-                header, payload = await self.server.dispatch(frame)
-                kind = FrameKind.RESPONSE
-            except TectofsError as exc:
-                code, message = to_wire(exc)
-                header, payload, kind = {"code": code, "message": message}, b"", FrameKind.ERROR
-            except Exception as exc:  # a handler bug must not take the server down
-                log.exception("%s: handler for %r failed", self.server.name, frame.header.get("op"))
-                code, message = to_wire(exc)
-                header, payload, kind = {"code": code, "message": message}, b"", FrameKind.ERROR
-            try:
-                await self.send(kind, frame.request_id, header, payload)
+                await self.send_encoded(head, payload)
             except ConnectionLost:
                 pass
             finally:
-                if payload and self.server.payload_sent is not None:
-                    self.server.payload_sent(payload)
+                self.server.release_reply_payload(payload)
         finally:
             self.inflight -= 1
             if self._reading_paused and self.inflight < self.server.requests_per_connection_max // 2:
@@ -184,13 +231,38 @@ class _ServerConnection(_FramedProtocol):
                 if self.transport is not None and not self.transport.is_closing():
                     self.transport.resume_reading()
 
+    async def _answer(self, frame: Frame) -> tuple[bytes, Payload]:
+        """The encoded reply header and the payload for one request: the handler's, or an error."""
+        op = str(frame.header.get("op"))[:40]
+        try:
+            reply, payload = await self.server.dispatch(frame, self.peer)
+        except TectofsError as exc:
+            return _error_frame(frame.request_id, exc), b""
+        except Exception as exc:  # a handler bug must not take the server down
+            log.exception("%s: handler for %r failed", self.server.name, op)
+            return _error_frame(frame.request_id, exc), b""
+        try:
+            return encode_frame(FrameKind.RESPONSE, frame.request_id, reply, len(payload)), payload
+        except ProtocolError as exc:  # our bug: replies are bounded by construction
+            log.error("%s: reply to %r not sent: %s", self.server.name, op, exc)
+            self.server.release_reply_payload(payload)
+            return _error_frame(frame.request_id, TectofsError(f"the reply to {op} exceeded the frame limit")), b""
+
+
+def _error_frame(request_id: int, exc: BaseException) -> bytes:
+    code, message = to_wire(exc)
+    return encode_frame(FrameKind.ERROR, request_id, {"code": code, "message": message})
+
 
 class RpcServer:
-    """Serves ``handler.rpc_<op>`` methods over TCP.
+    """Serves one table of operations (``tectofs.messages``) over TCP: operation ``op`` is
+    handled by ``handler.rpc_<op>(request, payload)``, which gets the validated request and
+    returns ``(reply, payload)``.
 
     ``allocate_payload(header, length)`` chooses where request payloads are received; it may
     return None to have the payload drained and the request rejected as BUSY (admission
-    control before the bytes are buffered)."""
+    control before the bytes are buffered). Payloads sent to operations that take none are
+    drained and refused as invalid, whatever the allocator says."""
 
     requests_per_connection_max = 64
 
@@ -198,17 +270,42 @@ class RpcServer:
         self,
         handler: object,
         name: str,
+        operations: dict[str, messages.Operation],
+        role: str,
         allocate_payload: PayloadAllocator | None = None,
     ) -> None:
         self.handler = handler
         self.name = name
+        self.role = role
+        self.operations = operations
+        self.methods: dict[str, Callable[[Any, memoryview], Awaitable[Reply]]] = {
+            name: getattr(handler, f"rpc_{name}") for name in operations if name != "hello"
+        }
         # Called with each reply payload once the transport no longer needs it (buffer reuse).
         self.payload_sent: Callable[[Payload], None] | None = getattr(handler, "payload_sent", None)
+        # Called with an admitted request payload that no handler will take (an invalid request).
+        self.payload_unused: Callable[[memoryview], None] | None = getattr(handler, "payload_unused", None)
         self.allocate_payload = allocate_payload
         self.connections: set[_ServerConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
         self.address = ""
+        self.invalid_requests = 0
+
+    def _operation(self, header: dict[str, Any]) -> messages.Operation | None:
+        name = header.get("op")
+        operation = self.operations.get(name) if isinstance(name, str) else None
+        return None if operation is None or operation.name == "hello" else operation
+
+    def admit_payload(self, header: dict[str, Any], length: int) -> "bytearray | memoryview | None":
+        operation = self._operation(header)
+        if operation is None or not operation.payload:
+            return None  # drained; dispatch answers that this operation takes none
+        return self.allocate_payload(header, length) if self.allocate_payload else bytearray(length)
+
+    def release_reply_payload(self, payload: Payload) -> None:
+        if payload and self.payload_sent is not None:
+            self.payload_sent(payload)
 
     async def start(self, host: str, port: int) -> str:
         """Listen on ``host:port`` (port 0 picks a free one); returns ``"HOST:PORT"``."""
@@ -220,16 +317,27 @@ class RpcServer:
         self.address = f"{sock_host}:{sock_port}"
         return self.address
 
-    async def dispatch(self, frame: Frame) -> Reply:
-        op = frame.header.get("op")
-        if frame.header.get("_discarded"):
+    async def dispatch(self, frame: Frame, peer: str = "?") -> Reply:
+        operation = self._operation(frame.header)
+        if operation is None:
+            raise self._invalid(peer, f"{self.name}: unknown operation {str(frame.header.get('op'))[:64]!r}")
+        if frame.discarded:
+            if not operation.payload:
+                raise self._invalid(peer, f"{operation.name} takes no payload")
             raise Busy(f"{self.name} is at its in-flight limit; retry later")
-        method: Callable[[dict[str, Any], memoryview], Awaitable[Reply]] | None = (
-            getattr(self.handler, f"rpc_{op}", None) if isinstance(op, str) and op.isidentifier() else None
-        )
-        if method is None:
-            raise InvalidArgument(f"{self.name}: unknown operation {op!r}")
-        return await method(frame.header, frame.payload)
+        try:
+            request = messages.convert(frame.header, operation.request)
+        except msgspec.ValidationError as exc:
+            if operation.payload and self.payload_unused is not None:
+                self.payload_unused(frame.payload)  # admitted, but no handler will take it
+            raise self._invalid(peer, f"{operation.name}: {exc}") from None
+        return await self.methods[operation.name](request, frame.payload)
+
+    def _invalid(self, peer: str, message: str) -> InvalidArgument:
+        """A client's mistake: one log line, never a traceback."""
+        self.invalid_requests += 1
+        log.info("%s: invalid request from %s: %s", self.name, peer, message)
+        return InvalidArgument(message)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -253,6 +361,29 @@ class _ClientConnection(_FramedProtocol):
         self.pending: dict[int, asyncio.Future[Frame]] = {}
         self._ids = itertools.count(1)
         self.failure: BaseException | None = None
+        self.greeted = False
+        self.peer_role = ""
+
+    async def hello(self, role: str, expect_role: str | None) -> None:
+        """Open the conversation: our role and version out, the server's back, within
+        ``limits.hello_timeout_s``. Raises ProtocolError for a peer that is not tectofs (or
+        not the kind of tectofs server expected) and HelloTimeout for one that says nothing."""
+        request = messages.Hello(role=role, version=PROTOCOL_VERSION, software=SOFTWARE)  # type: ignore[arg-type]
+        try:
+            header, _ = await self.call({"op": "hello", **messages.to_plain(request)}, b"", limits.hello_timeout_s)
+        except Timeout:
+            raise HelloTimeout(
+                f"{self.address} accepted the connection but did not answer the tectofs hello within"
+                f" {limits.hello_timeout_s:g} s: is a tectofs server listening there (not another program)?"
+            ) from None
+        try:
+            reply = messages.convert(header, messages.HelloReply)
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"{self.address} answered the hello with something else: {exc}") from None
+        if expect_role is not None and reply.role != expect_role:
+            raise ProtocolError(f"{self.address} is a tectofs {reply.role} server, not a {expect_role} server")
+        self.peer_role = reply.role
+        self.greeted = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -266,7 +397,15 @@ class _ClientConnection(_FramedProtocol):
         self.pending.clear()
 
     def protocol_failed(self, exc: ProtocolError) -> None:
-        self._fail_all(ProtocolError(f"{self.address} sent an invalid frame: {exc}"))
+        if self.greeted:
+            failure = ProtocolError(f"{self.address} sent an invalid frame: {exc}")
+        else:
+            answered = self.decoder.fixed_bytes[:8]  # what the peer sent where our magic belongs
+            failure = ProtocolError(
+                f"{self.address} is not a tectofs server: it answered the hello with {answered!r}..."
+                f" ({exc}); check the address and port"
+            )
+        self._fail_all(failure)
         if self.transport is not None:
             self.transport.close()
 
@@ -316,15 +455,23 @@ class RpcClient:
         timeout_s: float = limits.rpc_timeout_s,
         retries_max: int = limits.rpc_retries_max,
         allocate_payload: PayloadAllocator | None = None,
+        role: str = "client",
     ) -> None:
         """``allocate_payload`` chooses where reply payloads are received (e.g. a buffer
-        pool); whoever takes a reply's payload then owns that buffer."""
+        pool); whoever takes a reply's payload then owns that buffer. ``role`` is what this
+        side says it is in each connection's hello."""
         self.allocate_payload = allocate_payload
         self.connections_per_server = connections_per_server
         self.timeout_s = timeout_s
         self.retries_max = retries_max
+        self.role = role
         self._pools: dict[str, list[_ClientConnection]] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
+        self._expected_roles: dict[str, str] = {}
+
+    def expect_role(self, address: str, role: str) -> None:
+        """Connections to ``address`` must reach a tectofs server of this role ("meta", "chunk")."""
+        self._expected_roles[address] = role
 
     async def _connect(self, address: str) -> _ClientConnection:
         host, port = parse_address(address)
@@ -338,6 +485,11 @@ class RpcClient:
             raise Timeout(f"connecting to {address} timed out") from None
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {address}: {exc.strerror or exc}") from None
+        try:
+            await proto.hello(self.role, self._expected_roles.get(address))
+        except BaseException:
+            proto.close()
+            raise
         return proto
 
     async def _connection(self, address: str) -> _ClientConnection:
@@ -373,6 +525,7 @@ class RpcClient:
         retries = self.retries_max if retries_max is None else retries_max
         backoff = limits.rpc_backoff_initial_s
         attempt = 0
+        hello_timeouts = 0
         while True:
             sent = False
             try:
@@ -381,6 +534,11 @@ class RpcClient:
                 return await conn.call(request, payload, timeout_s or self.timeout_s)
             except Busy:
                 if attempt >= retries:
+                    raise
+            except HelloTimeout:
+                # Silent peer: not tectofs, or hung. A few tries, so the caller hears in seconds.
+                hello_timeouts += 1
+                if hello_timeouts > limits.hello_retries_max or attempt >= retries:
                     raise
             except (ConnectionLost, Timeout):
                 if not (idempotent or not sent) or attempt >= retries:

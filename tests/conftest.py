@@ -33,12 +33,12 @@ class TestCluster(LocalCluster):
     def chunk_file(self, path: str, block_index: int = 0, position: int = 0) -> str:
         """The file on disk holding chunk ``position`` of block ``block_index`` of ``path``."""
         layout, _ = self.fs.run(self.fs.aio.meta("layout", path=path))
-        block = layout["blocks"][block_index]
-        chunk = next(c for c in block["chunks"] if c["position"] == position)
+        block = layout.blocks[block_index]
+        chunk = next(c for c in block.chunks if c.position == position)
         for i, data_dir in enumerate(self.chunk_data_dirs):
             with open(os.path.join(self.root, f"chunk-{i}.address")) as f:
-                if f.read().strip() == chunk["address"]:
-                    name = f"{block['block_id']:016x}"
+                if f.read().strip() == chunk.address:
+                    name = f"{block.block_id:016x}"
                     return os.path.join(data_dir, "chunks", name[-2:], name + ".chunk")
         raise LookupError(f"no local chunk server at {chunk['address']}")
 

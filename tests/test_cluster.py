@@ -201,7 +201,7 @@ def test_malformed_frames_get_error_and_close(cluster, garbage):
 
 def test_unknown_operation_is_an_error_not_a_crash(cluster):
     with pytest.raises(errors.InvalidArgument, match="unknown operation"):
-        cluster.fs.run(cluster.fs.aio.meta("no_such_op"))
+        cluster.fs.run(cluster.fs.aio.rpc.call(cluster.address, "no_such_op"))
     assert cluster.fs.stat("/").is_dir
 
 

@@ -73,5 +73,5 @@ def test_discarded_payload_keeps_stream_in_sync():
     wire = encode_frame(FrameKind.REQUEST, 1, {"drop": True}, 5) + b"12345" + encode_frame(FrameKind.REQUEST, 2, {}, 2) + b"ok"
     frames = decoder.feed(wire)
     assert [f.request_id for f in frames] == [1, 2]
-    assert frames[0].header["_discarded"] is True
+    assert frames[0].discarded is True
     assert bytes(frames[1].payload) == b"ok"

@@ -213,7 +213,7 @@ def _data_chunk_of(cluster: Any, path: str) -> str:
 
     fs = cluster.fs
     layout, _ = fs.run(fs.aio.meta("layout", path=path))
-    block_id = layout["blocks"][0]["block_id"]
+    block_id = layout.blocks[0].block_id
     for chunk_file in glob.glob(os.path.join(cluster.root, "chunk-*", "chunks", "*", f"{block_id:016x}.chunk")):
         with open(chunk_file, "rb") as f:
             f.seek(-FOOTER.size, os.SEEK_END)

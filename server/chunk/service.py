@@ -1,13 +1,12 @@
 """The chunk server: stores chunks for clients, registers and heartbeats with the MDS.
 
-RPC operations (``rpc_<op>``):
+RPC operations (``messages.CHUNK_OPERATIONS``; requests arrive validated):
 
-- ``put_chunk {block_id, position, crcs, crc, overwrite?}`` + payload: verified, stored
-  durably, then acknowledged. Answered BUSY, before the payload is buffered, while
-  ``inflight_bytes_max`` is reached.
-- ``get_chunk {block_id, offset?, length?}`` -> ``{crcs, chunk_length, position, crc}`` +
-  payload; every piece returned was verified against its stored crc.
-- ``delete_chunks {block_ids}``, ``stat``, ``ping``.
+- ``put_chunk`` + payload: verified, stored durably, then acknowledged. Answered BUSY,
+  before the payload is buffered, while ``inflight_bytes_max`` is reached.
+- ``get_chunk`` -> ``GetChunkReply`` + payload; every piece returned was verified against
+  its stored crc.
+- ``delete_chunks``, ``stat``, ``ping``.
 
 Heartbeats carry capacity and load; their replies carry garbage-collection orders.
 """
@@ -22,7 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tectofs import limits
+from tectofs import limits, messages
 from tectofs.buffers import BufferPool
 from tectofs.errors import NotFound, TectofsError
 from tectofs.rpc import RpcClient, RpcServer
@@ -55,8 +54,9 @@ class ChunkServer:
         self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0}
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")
         self._gc_io = ThreadPoolExecutor(1, thread_name_prefix="chunk-gc")
-        self.rpc = RpcServer(self, "chunk server", allocate_payload=self._admit)
-        self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1)
+        self.rpc = RpcServer(self, "chunk server", messages.CHUNK_OPERATIONS, "chunk", allocate_payload=self._admit)
+        self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1, role="chunk")
+        self.meta.expect_role(meta_address, "meta")
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._register_lock = asyncio.Lock()
 
@@ -92,9 +92,7 @@ class ChunkServer:
     # ------------------------------------------------------------------ admission
 
     def _admit(self, header: dict[str, Any], length: int) -> bytearray | None:
-        """Reserve memory for an incoming payload, or refuse it (drained, answered BUSY)."""
-        if header.get("op") != "put_chunk":
-            return None
+        """Reserve memory for an incoming put's payload, or refuse it (drained, answered BUSY)."""
         if self.inflight_bytes + length > self.inflight_bytes_max and self.inflight_bytes > 0:
             self.stats["busy"] += 1
             return None
@@ -103,6 +101,11 @@ class ChunkServer:
 
     def payload_sent(self, payload: Any) -> None:
         """A reply payload went out: its buffer can serve the next request."""
+        self.buffers.put(payload)
+
+    def payload_unused(self, payload: memoryview) -> None:
+        """An admitted put turned out invalid: give its reservation and buffer back."""
+        self.inflight_bytes -= len(payload)
         self.buffers.put(payload)
 
     def payload_abandoned(self, length: int) -> None:
@@ -114,13 +117,9 @@ class ChunkServer:
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
-    async def rpc_put_chunk(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytes]:
+    async def rpc_put_chunk(self, r: messages.PutChunkRequest, payload: memoryview) -> tuple[messages.Message, bytes]:
         try:
-            await self._in_thread(
-                self.store.write,
-                int(header["block_id"]), int(header["position"]), payload, list(header["crcs"]),
-                int(header["crc"]), bool(header.get("overwrite", False)),
-            )
+            await self._in_thread(self.store.write, r.block_id, r.position, payload, r.crcs, r.crc, r.overwrite)
         except TectofsError as exc:
             if exc.code == "checksum":
                 self.stats["checksum_errors"] += 1
@@ -129,36 +128,32 @@ class ChunkServer:
             self.inflight_bytes -= len(payload)
             self.buffers.put(payload)
         self.stats["puts"] += 1
-        return {"ok": True}, b""
+        return messages.Empty(), b""
 
-    async def rpc_get_chunk(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytearray]:
-        block_id = int(header["block_id"])
+    async def rpc_get_chunk(self, r: messages.GetChunkRequest, payload: memoryview) -> tuple[messages.Message, Any]:
         try:
-            data, crcs, info = await self._in_thread(
-                self.store.read, block_id, int(header.get("offset", 0)), int(header.get("length", -1)), self.buffers.get
-            )
+            data, crcs, info = await self._in_thread(self.store.read, r.block_id, r.offset, r.length, self.buffers.get)
         except TectofsError as exc:
             if exc.code == "checksum":
                 self.stats["checksum_errors"] += 1
-                log.error("chunk %x failed its checksum on read: %s", block_id, exc)
+                log.error("chunk %x failed its checksum on read: %s", r.block_id, exc)
             raise
         self.stats["gets"] += 1
-        return {"crcs": crcs, "chunk_length": info.length, "position": info.position, "crc": info.whole_crc}, data
+        return messages.GetChunkReply(crcs=crcs, chunk_length=info.length, position=info.position, crc=info.whole_crc), data
 
-    async def rpc_delete_chunks(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytes]:
-        deleted = await self._in_thread(self._delete, [int(b) for b in header["block_ids"]])
-        return {"deleted": deleted}, b""
+    async def rpc_delete_chunks(self, r: messages.DeleteChunksRequest, payload: memoryview) -> tuple[messages.Message, bytes]:
+        return messages.DeleteChunksReply(deleted=await self._in_thread(self._delete, r.block_ids)), b""
 
     def _delete(self, block_ids: list[int]) -> int:
         count = sum(1 for block_id in block_ids if self.store.delete(block_id))
         self.stats["deleted"] += count
         return count
 
-    async def rpc_stat(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytes]:
-        return {**self._load(), "server_id": self.server_id, "uuid": self.uuid, "stats": self.stats}, b""
+    async def rpc_stat(self, r: messages.Empty, payload: memoryview) -> tuple[messages.Message, bytes]:
+        return messages.ChunkStatReply(**self._load(), server_id=self.server_id, uuid=self.uuid, stats=self.stats), b""
 
-    async def rpc_ping(self, header: dict[str, Any], payload: memoryview) -> tuple[dict[str, Any], bytes]:
-        return {"ok": True}, b""
+    async def rpc_ping(self, r: messages.Empty, payload: memoryview) -> tuple[messages.Message, bytes]:
+        return messages.PingReply(), b""
 
     # ------------------------------------------------------------------ MDS
 

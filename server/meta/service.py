@@ -5,8 +5,9 @@ chunks of which block), for block allocations (where to write), and to commit wh
 wrote; chunk servers register and heartbeat. Every operation goes through the store runner,
 which folds concurrent operations into group commits.
 
-Paths arrive as strings and are validated here, so a bad path gets the same clear error
-whichever client sent it.
+Requests arrive validated against their declared types (``tectofs.messages``; the RPC layer
+refuses the rest); paths are then split and checked here, so a bad path gets the same clear
+error whichever client sent it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from tectofs import limits, paths
+from tectofs import limits, messages, paths
 from tectofs.errors import Busy, InvalidArgument
 from tectofs.rpc import RpcServer
 from tectofs.store import SqlStore, StoreRunner
@@ -24,16 +25,19 @@ from tectofs.store.dialect import dialect_for
 
 log = logging.getLogger("tectofs.meta")
 
-Reply = tuple[dict[str, Any], bytes]
+Reply = tuple[messages.Message, bytes]
 
 
-def _int(header: dict[str, Any], key: str, default: int | None = None) -> int | None:
-    value = header.get(key, default)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidArgument(f"{key} must be an integer, not {value!r}")
-    return value
+def _attrs(attrs: dict[str, Any]) -> messages.AttrsReply:
+    return messages.AttrsReply(attrs=messages.Attrs(**attrs))
+
+
+def _segment(layout: dict[str, Any]) -> messages.LayoutSegment:
+    return messages.LayoutSegment(
+        attrs=messages.Attrs(**layout["attrs"]),
+        blocks=[messages.Block(**{**b, "chunks": [messages.ChunkRef(**c) for c in b["chunks"]]}) for b in layout["blocks"]],
+        first=layout["first"], end=layout["end"],
+    )
 
 
 class MetadataService:
@@ -57,7 +61,7 @@ class MetadataService:
 
         self.runner = StoreRunner(open_store)
         self.allocation_grace_s = allocation_grace_s
-        self.rpc = RpcServer(self, "metadata service")
+        self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta")
         self.started = time.time()
         self.bad_chunk_reports = 0
         self.busy_answers = 0
@@ -95,150 +99,137 @@ class MetadataService:
         return await self.runner.call(method, *args, **kwargs)
 
     # ------------------------------------------------------------------ namespace
+    # Each rpc_<op> gets its request already validated (tectofs.messages, tectofs.rpc).
 
-    async def rpc_lookup(self, h: dict[str, Any], _: memoryview) -> Reply:
-        return {"attrs": await self._call("lookup", paths.split(h.get("path")))}, b""
+    async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply:
+        return _attrs(await self._call("lookup", paths.split(r.path))), b""
 
-    async def rpc_getattr(self, h: dict[str, Any], _: memoryview) -> Reply:
-        return {"attrs": await self._call("getattr_ino", _int(h, "ino"))}, b""
+    async def rpc_getattr(self, r: messages.InoRequest, _: memoryview) -> Reply:
+        return _attrs(await self._call("getattr_ino", r.ino)), b""
 
-    async def rpc_mkdir(self, h: dict[str, Any], _: memoryview) -> Reply:
+    async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply:
         attrs = await self._call(
-            "mkdir", paths.split(h.get("path")), _int(h, "mode", 0o755), _int(h, "uid", 0), _int(h, "gid", 0),
-            h.get("policy"), _int(h, "block_size"), bool(h.get("exist_ok", False)),
+            "mkdir", paths.split(r.path), r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok
         )
-        return {"attrs": attrs}, b""
+        return _attrs(attrs), b""
 
-    async def rpc_makedirs(self, h: dict[str, Any], _: memoryview) -> Reply:
-        parts = paths.split(h.get("path"))
+    async def rpc_makedirs(self, r: messages.MkdirRequest, _: memoryview) -> Reply:
+        parts = paths.split(r.path)
         attrs: dict[str, Any] = {}
         for depth in range(1, len(parts) + 1):
             last = depth == len(parts)
             attrs = await self._call(
-                "mkdir", parts[:depth], _int(h, "mode", 0o755), _int(h, "uid", 0), _int(h, "gid", 0),
-                h.get("policy") if last else None, _int(h, "block_size") if last else None,
-                True if not last else bool(h.get("exist_ok", False)),
+                "mkdir", parts[:depth], r.mode, r.uid, r.gid, r.policy if last else None,
+                r.block_size if last else None, r.exist_ok if last else True,
             )
-        return {"attrs": attrs}, b""
+        if not parts:
+            attrs = await self._call("mkdir", parts, r.mode, r.uid, r.gid, None, None, r.exist_ok)
+        return _attrs(attrs), b""
 
-    async def rpc_create(self, h: dict[str, Any], _: memoryview) -> Reply:
-        attrs = await self._call(
-            "create", paths.split(h.get("path")), _int(h, "mode", 0o644), _int(h, "uid", 0), _int(h, "gid", 0),
-            bool(h.get("exclusive", False)),
-        )
-        return {"attrs": attrs}, b""
+    async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply:
+        return _attrs(await self._call("create", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive)), b""
 
-    async def rpc_symlink(self, h: dict[str, Any], _: memoryview) -> Reply:
-        target = h.get("target")
-        if not isinstance(target, str):
-            raise InvalidArgument("symlink target must be a string")
-        attrs = await self._call("symlink", paths.split(h.get("path")), target, _int(h, "uid", 0), _int(h, "gid", 0))
-        return {"attrs": attrs}, b""
+    async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
+        return _attrs(await self._call("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
 
-    async def rpc_readdir(self, h: dict[str, Any], _: memoryview) -> Reply:
-        entries = await self._call("readdir", paths.split(h.get("path")))
-        return {"entries": [[name, attrs] for name, attrs in entries]}, b""
+    async def rpc_readdir(self, r: messages.ReaddirRequest, _: memoryview) -> Reply:
+        entries, cursor = await self._call("readdir", paths.split(r.path), r.after, r.limit)
+        return messages.ReaddirReply(
+            entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**attrs)) for name, attrs in entries], next=cursor
+        ), b""
 
-    async def rpc_setattr(self, h: dict[str, Any], _: memoryview) -> Reply:
-        attrs = await self._call(
-            "setattr", paths.split(h.get("path")), _int(h, "mode"), _int(h, "uid"), _int(h, "gid"),
-            h.get("atime"), h.get("mtime"),
-        )
-        return {"attrs": attrs}, b""
+    async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply:
+        attrs = await self._call("setattr", paths.split(r.path), r.mode, r.uid, r.gid, r.atime, r.mtime)
+        return _attrs(attrs), b""
 
-    async def rpc_truncate(self, h: dict[str, Any], _: memoryview) -> Reply:
-        return {"attrs": await self._call("truncate", paths.split(h.get("path")), _int(h, "size"))}, b""
+    async def rpc_truncate(self, r: messages.TruncateRequest, _: memoryview) -> Reply:
+        return _attrs(await self._call("truncate", paths.split(r.path), r.size)), b""
 
-    async def rpc_set_policy(self, h: dict[str, Any], _: memoryview) -> Reply:
-        attrs = await self._call("set_policy", paths.split(h.get("path")), h.get("policy"), _int(h, "block_size"))
-        return {"attrs": attrs}, b""
+    async def rpc_set_policy(self, r: messages.SetPolicyRequest, _: memoryview) -> Reply:
+        return _attrs(await self._call("set_policy", paths.split(r.path), r.policy, r.block_size)), b""
 
-    async def rpc_rename(self, h: dict[str, Any], _: memoryview) -> Reply:
-        attrs = await self._call(
-            "rename", paths.split(h.get("src")), paths.split(h.get("dst")), bool(h.get("noreplace", False))
-        )
-        return {"attrs": attrs}, b""
+    async def rpc_rename(self, r: messages.RenameRequest, _: memoryview) -> Reply:
+        return _attrs(await self._call("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
 
-    async def rpc_exchange(self, h: dict[str, Any], _: memoryview) -> Reply:
-        await self._call("exchange", paths.split(h.get("a")), paths.split(h.get("b")))
-        return {}, b""
+    async def rpc_exchange(self, r: messages.ExchangeRequest, _: memoryview) -> Reply:
+        await self._call("exchange", paths.split(r.a), paths.split(r.b))
+        return messages.Empty(), b""
 
-    async def rpc_unlink(self, h: dict[str, Any], _: memoryview) -> Reply:
-        await self._call("unlink", paths.split(h.get("path")))
-        return {}, b""
+    async def rpc_unlink(self, r: messages.PathRequest, _: memoryview) -> Reply:
+        await self._call("unlink", paths.split(r.path))
+        return messages.Empty(), b""
 
-    async def rpc_rmdir(self, h: dict[str, Any], _: memoryview) -> Reply:
-        await self._call("rmdir", paths.split(h.get("path")))
-        return {}, b""
+    async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply:
+        await self._call("rmdir", paths.split(r.path))
+        return messages.Empty(), b""
 
-    async def rpc_statfs(self, h: dict[str, Any], _: memoryview) -> Reply:
-        return await self._call("statfs"), b""
+    async def rpc_statfs(self, r: messages.Empty, _: memoryview) -> Reply:
+        return messages.StatfsReply(**await self._call("statfs")), b""
 
     # ------------------------------------------------------------------ data layout
 
-    async def rpc_layout(self, h: dict[str, Any], _: memoryview) -> Reply:
-        if "ino" in h:
-            return await self._call("layout", None, _int(h, "ino")), b""
-        return await self._call("layout", paths.split(h.get("path"))), b""
+    async def rpc_layout(self, r: messages.LayoutRequest, _: memoryview) -> Reply:
+        if r.ino:
+            return _segment(await self._call("layout", None, r.ino, r.first)), b""
+        if r.path is None:
+            raise InvalidArgument("layout needs an ino or a path")
+        return _segment(await self._call("layout", paths.split(r.path), None, r.first)), b""
 
-    async def rpc_allocate(self, h: dict[str, Any], _: memoryview) -> Reply:
-        exclude = h.get("exclude") or []
-        if not isinstance(exclude, list) or not all(isinstance(x, int) for x in exclude):
-            raise InvalidArgument("exclude must be a list of server ids")
-        blocks = await self._call(
-            "allocate", _int(h, "ino"), _int(h, "count", 1), _int(h, "spares", limits.spare_servers_per_block), exclude
+    async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply:
+        blocks = await self._call("allocate", r.ino, r.count, r.spares, r.exclude)
+        return messages.AllocateReply(blocks=[
+            messages.Allocation(block_id=b["block_id"], policy=b["policy"],
+                                servers=[messages.ServerRef(**s) for s in b["servers"]])
+            for b in blocks
+        ]), b""
+
+    async def rpc_stage(self, r: messages.StageRequest, _: memoryview) -> Reply:
+        await self._call("stage", r.ino, r.writer, messages.to_plain(r.blocks), r.holes, r.cut_from)
+        return messages.Empty(), b""
+
+    async def rpc_commit(self, r: messages.CommitRequest, _: memoryview) -> Reply:
+        layout = await self._call(
+            "commit", r.ino, r.size, messages.to_plain(r.blocks), r.replace, r.mtime, r.shrunk_to, r.holes, r.writer
         )
-        return {"blocks": blocks}, b""
+        return _segment(layout), b""
 
-    async def rpc_commit(self, h: dict[str, Any], _: memoryview) -> Reply:
-        blocks = h.get("blocks", [])
-        if not isinstance(blocks, list):
-            raise InvalidArgument("blocks must be a list")
-        layout = await self._call("commit", _int(h, "ino"), _int(h, "size"), blocks, bool(h.get("replace")), h.get("mtime"))
-        return layout, b""
-
-    async def rpc_report_bad_chunk(self, h: dict[str, Any], _: memoryview) -> Reply:
+    async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply:
         self.bad_chunk_reports += 1
         log.warning(
-            "client reports chunk of block %s at position %s on server %s as unreadable: %s",
-            h.get("block_id"), h.get("position"), h.get("server_id"), h.get("reason"),
+            "client reports chunk of block %d at position %d on server %d as unreadable: %s",
+            r.block_id, r.position, r.server_id, r.reason[:200],
         )
-        return {}, b""
+        return messages.Empty(), b""
 
     # ------------------------------------------------------------------ chunk servers
 
-    async def rpc_register_server(self, h: dict[str, Any], _: memoryview) -> Reply:
-        uuid, address = h.get("uuid"), h.get("address")
-        if not isinstance(uuid, str) or not isinstance(address, str):
-            raise InvalidArgument("register_server needs uuid and address strings")
-        server_id = await self._call("register_server", uuid, address, _int(h, "capacity", 0), _int(h, "used", 0))
-        return {"server_id": server_id}, b""
+    async def rpc_register_server(self, r: messages.RegisterServerRequest, _: memoryview) -> Reply:
+        server_id = await self._call("register_server", r.uuid, r.address, r.capacity, r.used)
+        return messages.RegisterServerReply(server_id=server_id), b""
 
-    async def rpc_heartbeat(self, h: dict[str, Any], _: memoryview) -> Reply:
-        server_id = _int(h, "server_id")
+    async def rpc_heartbeat(self, r: messages.HeartbeatRequest, _: memoryview) -> Reply:
         arrived = time.time()
-        if server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
-            self.heartbeats_seen[server_id] = arrived
-        delete = await self._call(
-            "heartbeat", server_id, _int(h, "capacity", 0), _int(h, "used", 0), _int(h, "inflight", 0), _int(h, "chunks", 0),
-        )
+        if r.server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
+            self.heartbeats_seen[r.server_id] = arrived
+        delete = await self._call("heartbeat", r.server_id, r.capacity, r.used, r.inflight, r.chunks)
         # Liveness counts from arrival, not from when the store got to it (see SqlStore.heartbeats_seen).
-        assert server_id is not None
-        self.heartbeats_seen[server_id] = max(arrived, self.heartbeats_seen.get(server_id, 0.0))
-        return {"delete": delete}, b""
+        self.heartbeats_seen[r.server_id] = max(arrived, self.heartbeats_seen.get(r.server_id, 0.0))
+        return messages.HeartbeatReply(delete=delete), b""
 
-    async def rpc_servers(self, h: dict[str, Any], _: memoryview) -> Reply:
-        return {"servers": await self._call("servers")}, b""
+    async def rpc_servers(self, r: messages.Empty, _: memoryview) -> Reply:
+        servers = await self._call("servers")
+        return messages.ServersReply(servers=[messages.ServerInfo(**s) for s in servers]), b""
 
-    async def rpc_stats(self, h: dict[str, Any], _: memoryview) -> Reply:
-        return {
-            "uptime_s": time.time() - self.started,
-            "store": dict(self.runner.stats),
-            "counts": await self._call("counts"),
-            "bad_chunk_reports": self.bad_chunk_reports,
-            "busy_answers": self.busy_answers,
-            "queued": self.runner.queued,
-        }, b""
+    async def rpc_stats(self, r: messages.Empty, _: memoryview) -> Reply:
+        return messages.StatsReply(
+            uptime_s=time.time() - self.started,
+            store=dict(self.runner.stats),
+            counts=await self._call("counts"),
+            bad_chunk_reports=self.bad_chunk_reports,
+            busy_answers=self.busy_answers,
+            invalid_requests=self.rpc.invalid_requests,
+            queued=self.runner.queued,
+        ), b""
 
-    async def rpc_ping(self, h: dict[str, Any], _: memoryview) -> Reply:
-        return {"ok": True}, b""
+    async def rpc_ping(self, r: messages.Empty, _: memoryview) -> Reply:
+        return messages.PingReply(), b""

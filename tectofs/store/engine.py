@@ -37,7 +37,12 @@ from .dialect import Dialect
 
 ROOT_INO = 1
 _KINDS = {"f": "file", "d": "dir", "l": "symlink"}
-_ATTR_COLUMNS = "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent"
+# Upper bounds of encoded sizes (msgpack, field names included), for bounded replies:
+# an entry's attributes without its name and symlink target; a block without its chunks; a chunk.
+_ENTRY_BYTES_MAX = 320
+_BLOCK_BYTES_MAX = 160
+_CHUNK_BYTES_MAX = 80 + limits.address_length_max_bytes
+_ATTR_COLUMNS = "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored"
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS inodes (
@@ -45,12 +50,12 @@ SCHEMA = [
         uid INTEGER NOT NULL, gid INTEGER NOT NULL, size BIGINT NOT NULL DEFAULT 0,
         atime DOUBLE PRECISION NOT NULL, mtime DOUBLE PRECISION NOT NULL, ctime DOUBLE PRECISION NOT NULL,
         nlink INTEGER NOT NULL DEFAULT 1, policy TEXT NOT NULL, block_size BIGINT NOT NULL,
-        target TEXT, parent BIGINT NOT NULL)""",
+        target TEXT, parent BIGINT NOT NULL, stored BIGINT NOT NULL DEFAULT 0)""",
     """CREATE TABLE IF NOT EXISTS names (
         parent BIGINT NOT NULL, name TEXT NOT NULL, ino BIGINT NOT NULL, PRIMARY KEY (parent, name))""",
     """CREATE TABLE IF NOT EXISTS blocks (
         ino BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT NOT NULL, policy TEXT NOT NULL,
-        length BIGINT NOT NULL, valid BIGINT NOT NULL, PRIMARY KEY (ino, idx))""",
+        length BIGINT NOT NULL, valid BIGINT NOT NULL, start BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (ino, idx))""",
     """CREATE TABLE IF NOT EXISTS chunks (
         block_id BIGINT NOT NULL, position INTEGER NOT NULL, server_id INTEGER NOT NULL,
         length BIGINT NOT NULL, crc BIGINT NOT NULL, PRIMARY KEY (block_id, position))""",
@@ -66,15 +71,27 @@ SCHEMA = [
         server_id INTEGER NOT NULL, block_id BIGINT NOT NULL, due DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (server_id, block_id))""",
     """CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)""",
+    # Parts of a commit sent ahead by a writer (``stage``): a block (its descriptor as JSON) or
+    # a hole (block_id NULL) per index, invisible until that writer's commit publishes them.
+    """CREATE TABLE IF NOT EXISTS staged (
+        ino BIGINT NOT NULL, writer BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT,
+        block TEXT, created DOUBLE PRECISION NOT NULL, PRIMARY KEY (ino, writer, idx))""",
+]
+
+# Columns added after the first release: (table, column, declaration, fill-in for existing rows).
+ADDED_COLUMNS = [
+    ("blocks", "start", "start BIGINT NOT NULL DEFAULT 0", None),
+    ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
+     "UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE blocks.ino = inodes.ino)"),
 ]
 
 
 def _attrs(row: Iterable[Any]) -> dict[str, Any]:
-    ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent = row
+    ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored = row
     return {
         "ino": ino, "kind": _KINDS[kind], "mode": mode, "uid": uid, "gid": gid, "size": size,
         "atime": atime, "mtime": mtime, "ctime": ctime, "nlink": nlink, "policy": policy,
-        "block_size": block_size, "target": target, "parent": parent,
+        "block_size": block_size, "target": target, "parent": parent, "stored": stored,
     }
 
 
@@ -135,6 +152,12 @@ class SqlStore:
         self.tx_begin()
         for statement in SCHEMA:
             self._x(statement)
+        for table, column, declaration, fill in ADDED_COLUMNS:
+            present = [d[0] for d in self._x(f"SELECT * FROM {table} LIMIT 0").description]
+            if column not in present:  # a store made by an older release
+                self._x(f"ALTER TABLE {table} ADD COLUMN {declaration}")
+                if fill:
+                    self._x(fill)
         if self._one("SELECT 1 FROM inodes WHERE ino = ?", (ROOT_INO,)) is None:
             now = time.time()
             self._x(
@@ -270,14 +293,28 @@ class SqlStore:
         parent = self._resolve_dir(parts[:-1])
         return self._insert_inode(parent, parts[-1], "l", statmod.S_IFLNK | 0o777, uid, gid, target=target)
 
-    def readdir(self, parts: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    def readdir(
+        self, parts: list[str], after: str = "", limit: int = limits.readdir_page_entries_max
+    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        """One page of a directory: up to ``limit`` entries whose names sort after ``after``,
+        fewer if their names and symlink targets would outgrow ``limits.reply_header_budget_bytes``;
+        and the cursor for the next page (None after the last)."""
         directory = self._resolve_dir(parts)
         rows = self._all(
             f"SELECT n.name, {', '.join('i.' + c.strip() for c in _ATTR_COLUMNS.split(','))}"
-            " FROM names n JOIN inodes i ON i.ino = n.ino WHERE n.parent = ? ORDER BY n.name LIMIT ?",
-            (directory["ino"], limits.readdir_entries_max),
+            " FROM names n JOIN inodes i ON i.ino = n.ino WHERE n.parent = ? AND n.name > ? ORDER BY n.name LIMIT ?",
+            (directory["ino"], after, limit + 1),
         )
-        return [(row[0], _attrs(row[1:])) for row in rows]
+        entries: list[tuple[str, dict[str, Any]]] = []
+        budget = limits.reply_header_budget_bytes
+        for row in rows[:limit]:
+            attrs = _attrs(row[1:])
+            budget -= _ENTRY_BYTES_MAX + len(row[0].encode()) + len((attrs["target"] or "").encode())
+            if budget < 0:
+                break
+            entries.append((row[0], attrs))
+        more = len(entries) < len(rows)
+        return entries, (entries[-1][0] if more and entries else None)
 
     def setattr(
         self, parts: list[str], mode: int | None = None, uid: int | None = None, gid: int | None = None,
@@ -322,6 +359,7 @@ class SqlStore:
 
     def _remove_inode(self, attrs: dict[str, Any]) -> None:
         self._drop_blocks(attrs["ino"])
+        self._x("DELETE FROM staged WHERE ino = ?", (attrs["ino"],))
         self._x("DELETE FROM allocations WHERE ino = ?", (attrs["ino"],))
         self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
 
@@ -420,39 +458,58 @@ class SqlStore:
 
     # ------------------------------------------------------------------ block maps
 
-    def layout(self, parts: list[str] | None = None, ino: int | None = None) -> dict[str, Any]:
-        """The file's attributes and block list with, per block, its chunks and their servers."""
-        attrs = self._resolve(parts) if ino is None else self._get(ino)
+    def layout(self, parts: list[str] | None = None, ino: int | None = None, first: int = 0) -> dict[str, Any]:
+        """A segment of the file's block map: its attributes and the blocks with index in
+        ``[first, end)``, each with its chunks and their servers. ``end`` is None when the
+        segment reaches the end of the file; a large file comes in several segments, each
+        bounded by ``limits.reply_header_budget_bytes``.
+
+        Block ``idx`` covers file bytes ``[idx * block_size, idx * block_size + valid)``: its
+        ``length`` stored bytes sit at ``start`` within it; the bytes before ``start`` and from
+        ``start + length`` on are zeros. Indexes without a block are holes (zeros)."""
+        attrs = self._resolve(parts or []) if ino is None else self._get(ino)
         if attrs["kind"] == "dir":
             raise IsADirectory(f"/{'/'.join(parts or [])} is a directory")
+        width = parse_policy(attrs["policy"]).width
+        count = max(1, limits.reply_header_budget_bytes // (_BLOCK_BYTES_MAX + width * _CHUNK_BYTES_MAX))
+        row = self._one(
+            "SELECT idx FROM blocks WHERE ino = ? AND idx >= ? ORDER BY idx LIMIT 1 OFFSET ?", (attrs["ino"], first, count)
+        )
+        end = None if row is None else int(row[0])
         rows = self._all(
-            "SELECT b.idx, b.block_id, b.policy, b.length, b.valid, c.position, c.server_id, s.address,"
+            "SELECT b.idx, b.block_id, b.policy, b.start, b.length, b.valid, c.position, c.server_id, s.address,"
             " c.length, c.crc FROM blocks b JOIN chunks c ON c.block_id = b.block_id"
-            " LEFT JOIN servers s ON s.server_id = c.server_id WHERE b.ino = ? ORDER BY b.idx, c.position",
-            (attrs["ino"],),
+            " LEFT JOIN servers s ON s.server_id = c.server_id WHERE b.ino = ? AND b.idx >= ? AND b.idx < ?"
+            " ORDER BY b.idx, c.position",
+            (attrs["ino"], first, limits.int64_max if end is None else end),
         )
         blocks: dict[int, dict[str, Any]] = {}
-        for idx, block_id, policy, length, valid, position, server_id, address, clen, crc in rows:
-            block = blocks.setdefault(
-                idx, {"idx": idx, "block_id": block_id, "policy": policy, "length": length, "valid": valid, "chunks": []}
-            )
+        for idx, block_id, policy, start, length, valid, position, server_id, address, clen, crc in rows:
+            block = blocks.setdefault(idx, {
+                "idx": idx, "block_id": block_id, "policy": policy, "start": start, "length": length, "valid": valid,
+                "chunks": [],
+            })
             block["chunks"].append(
                 {"position": position, "server_id": server_id, "address": address, "length": clen, "crc": crc}
             )
-        return {"attrs": attrs, "blocks": list(blocks.values())}
+        return {"attrs": attrs, "blocks": list(blocks.values()), "first": first, "end": end}
 
     def allocate(
         self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = ()
     ) -> list[dict[str, Any]]:
-        """Reserve ``count`` block ids for file ``ino`` and choose, per block, ``width`` distinct
+        """Reserve ``count`` block ids (fewer if their reply would outgrow its budget: the
+        caller asks again) for file ``ino`` and choose, per block, ``width`` distinct
         live servers (least loaded first) plus up to ``spares`` spare ones, never one of
         ``exclude`` (servers the client just failed to reach)."""
-        if not 1 <= count <= 1024:
-            raise InvalidArgument(f"allocate count {count} outside [1, 1024]")
+        if not 1 <= count <= limits.allocate_blocks_max:
+            raise InvalidArgument(f"allocate count {count} outside [1, {limits.allocate_blocks_max}]")
         attrs = self._get(ino)
         if attrs["kind"] != "file":
             raise IsADirectory(f"inode {ino} is not a file")
         policy = parse_policy(attrs["policy"])
+        # Fewer blocks than asked when the reply would outgrow its budget (wide policies).
+        count = min(count, max(1, limits.reply_header_budget_bytes
+                               // (_BLOCK_BYTES_MAX + (policy.width + spares) * _CHUNK_BYTES_MAX)))
         excluded = set(exclude)
         live = [s for s in self.live_servers() if s["server_id"] not in excluded]
         if len(live) < policy.width:
@@ -489,43 +546,111 @@ class SqlStore:
             })
         return out
 
-    def commit(
-        self, ino: int, size: int, blocks: list[dict[str, Any]], replace: bool, mtime: float | None = None
-    ) -> dict[str, Any]:
-        """Publish written blocks and the new size in one step.
+    def _check_written_block(self, ino: int, attrs: dict[str, Any], block: dict[str, Any]) -> None:
+        """A block a writer commits or stages: allocated to this file, not committed yet,
+        its stored span inside the block, every chunk position present once."""
+        row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block["block_id"],))
+        if row is None or row[0] != ino:
+            raise InvalidArgument(f"block {block['block_id']} was not allocated to inode {ino} or is committed")
+        start = block.get("start", 0)
+        if not (0 <= start and 0 < block["length"] and start + block["length"] <= attrs["block_size"]):
+            raise InvalidArgument(f"block {block['block_id']}: {block['length']} bytes at {start} do not fit a block")
+        policy = parse_policy(attrs["policy"])
+        positions = [c["position"] for c in block["chunks"]]
+        if sorted(positions) != list(range(policy.width)):
+            raise InvalidArgument(f"block {block['block_id']} has chunks {sorted(positions)}, {policy} needs each once")
 
-        ``blocks``: ``[{"idx", "block_id", "length", "chunks": [{"position", "server_id", "length",
-        "crc"}]}]``, each block allocated to this file and not committed before. ``replace``
-        drops every block not in ``blocks`` first (a whole-file rewrite); otherwise the listed
-        indexes replace the old ones (copy-on-write) and blocks past ``size`` are dropped.
-        Returns the file's new layout, so a writer that goes on reading needs no second call."""
+    def _file(self, ino: int) -> dict[str, Any]:
         attrs = self._get(ino)
         if attrs["kind"] != "file":
             raise IsADirectory(f"inode {ino} is not a file")
-        if size < 0:
-            raise InvalidArgument("negative size")
-        block_size = attrs["block_size"]
+        return attrs
+
+    def stage(
+        self, ino: int, writer: int, blocks: list[dict[str, Any]], holes: Iterable[int] = (), cut_from: int | None = None
+    ) -> None:
+        """Record part of a commit ahead of it (a writer with more blocks than one call
+        carries): nothing becomes visible until ``commit(..., writer=writer)``. ``cut_from``
+        first withdraws what this writer staged at that index and above (it truncated);
+        a later block or hole at an index replaces what was staged there."""
+        attrs = self._file(ino)
         for block in blocks:
-            row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block["block_id"],))
-            if row is None or row[0] != ino:
-                raise InvalidArgument(f"block {block['block_id']} was not allocated to inode {ino} or is committed")
-            if not 0 <= block["idx"] * block_size < max(size, 1):
-                raise InvalidArgument(f"block index {block['idx']} lies beyond the committed size {size}")
-            policy = parse_policy(attrs["policy"])
-            positions = {c["position"] for c in block["chunks"]}
-            if positions != set(range(policy.width)):
-                raise InvalidArgument(f"block {block['block_id']} has chunks {sorted(positions)}, {policy} needs all")
+            self._check_written_block(ino, attrs, block)
+        if cut_from is not None:
+            for (block_id,) in self._all(
+                "SELECT block_id FROM staged WHERE ino = ? AND writer = ? AND idx >= ? AND block_id IS NOT NULL",
+                (ino, writer, cut_from),
+            ):
+                self._release_allocation(block_id, set())
+            self._x("DELETE FROM staged WHERE ino = ? AND writer = ? AND idx >= ?", (ino, writer, cut_from))
+        now = time.time()
+        for idx, block in [(idx, None) for idx in holes] + [(b["idx"], b) for b in blocks]:
+            old = self._one("SELECT block_id FROM staged WHERE ino = ? AND writer = ? AND idx = ?", (ino, writer, idx))
+            if old is not None:
+                if old[0] is not None and (block is None or old[0] != block["block_id"]):
+                    self._release_allocation(old[0], set())
+                self._x("DELETE FROM staged WHERE ino = ? AND writer = ? AND idx = ?", (ino, writer, idx))
+            self._x(
+                "INSERT INTO staged (ino, writer, idx, block_id, block, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (ino, writer, idx, None if block is None else block["block_id"],
+                 None if block is None else json.dumps(block), now),
+            )
+
+    def _take_staged(self, ino: int, writer: int) -> tuple[dict[int, dict[str, Any]], set[int]]:
+        rows = self._all("SELECT idx, block FROM staged WHERE ino = ? AND writer = ?", (ino, writer))
+        self._x("DELETE FROM staged WHERE ino = ? AND writer = ?", (ino, writer))
+        blocks = {int(idx): json.loads(block) for idx, block in rows if block is not None}
+        return blocks, {int(idx) for idx, block in rows if block is None}
+
+    def commit(
+        self, ino: int, size: int, blocks: list[dict[str, Any]], replace: bool, mtime: float | None = None,
+        shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
+    ) -> dict[str, Any]:
+        """Publish written blocks and the new size in one step.
+
+        ``blocks``: ``[{"idx", "block_id", "start", "length", "chunks": [{"position", "server_id",
+        "length", "crc"}]}]``, each block allocated to this file and not committed before;
+        with ``writer``, what that writer staged (``stage``) comes first, and ``blocks`` and
+        ``holes`` override it index by index. ``replace`` drops every block not committed
+        now first (a whole-file rewrite); otherwise, in this order: the file is cut to
+        ``shrunk_to`` (the smallest size the writer truncated to since its last commit, so that
+        bytes it cut off never come back when it grows the file again), the blocks at ``holes``
+        are dropped (the writer zeroed them whole), the new blocks replace the old ones at
+        their indexes (copy-on-write), and blocks past ``size`` are dropped.
+        Returns the first segment of the file's new layout, so a writer that goes on reading
+        needs no second call."""
+        attrs = self._file(ino)
+        block_size = attrs["block_size"]
+        new, hole_set = self._take_staged(ino, writer) if writer is not None else ({}, set())
+        for idx in holes:
+            hole_set.add(idx)
+            if idx in new:
+                self._release_allocation(new.pop(idx)["block_id"], set())
+        for block in blocks:
+            hole_set.discard(block["idx"])
+            old = new.get(block["idx"])
+            if old is not None and old["block_id"] != block["block_id"]:
+                self._release_allocation(old["block_id"], set())
+            new[block["idx"]] = block
+        for block in new.values():
+            self._check_written_block(ino, attrs, block)
         if replace:
             self._drop_blocks(ino)
         else:
-            for block in blocks:
-                self._drop_blocks(ino, only_idx=block["idx"])
+            if shrunk_to is not None:
+                self._shrink(ino, shrunk_to, block_size)
+            for idx in hole_set | set(new):
+                self._drop_blocks(ino, only_idx=idx)
             self._shrink(ino, size, block_size)
-        for block in blocks:
-            valid = min(block["length"], size - block["idx"] * block_size)
+        for block in new.values():
+            start = block.get("start", 0)
+            valid = min(start + block["length"], size - block["idx"] * block_size)
+            if valid <= start:  # nothing of it lies below the size: a hole after all
+                self._release_allocation(block["block_id"], set())
+                continue
             self._x(
-                "INSERT INTO blocks (ino, idx, block_id, policy, length, valid) VALUES (?, ?, ?, ?, ?, ?)",
-                (ino, block["idx"], block["block_id"], attrs["policy"], block["length"], valid),
+                "INSERT INTO blocks (ino, idx, block_id, policy, start, length, valid) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (ino, block["idx"], block["block_id"], attrs["policy"], start, block["length"], valid),
             )
             for chunk in block["chunks"]:
                 self._x(
@@ -535,12 +660,16 @@ class SqlStore:
             self._release_allocation(block["block_id"], {c["server_id"] for c in block["chunks"]})
         now = time.time()
         self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, mtime or now, now, ino))
+        self._count_stored(ino)
         return self.layout(ino=ino)
 
     def _release_allocation(self, block_id: int, used: set[int]) -> None:
         """Forget a committed block's allocation. Spare servers it did not end up on may hold
         a copy from a hedged or retried write that lost the race: queue those for deletion."""
-        (servers,) = self._one("SELECT servers FROM allocations WHERE block_id = ?", (block_id,))
+        row = self._one("SELECT servers FROM allocations WHERE block_id = ?", (block_id,))
+        if row is None:  # expired already: its chunks are queued for deletion
+            return
+        (servers,) = row
         due = time.time() + self.gc_delay_s
         for server_id in set(json.loads(servers)) - used:
             self._x(
@@ -551,12 +680,19 @@ class SqlStore:
 
     def _shrink(self, ino: int, size: int, block_size: int) -> None:
         """Forget blocks wholly past ``size`` and clip the valid length of the last one, so a
-        later extension reads zeros there, as POSIX requires."""
+        later extension reads zeros there, as POSIX requires. A last block left with no
+        stored byte below ``size`` is dropped too."""
         self._drop_blocks(ino, from_idx=(size + block_size - 1) // block_size)
         if size % block_size:
-            last = size // block_size
-            self._x("UPDATE blocks SET valid = ? WHERE ino = ? AND idx = ? AND valid > ?",
-                (size % block_size, ino, last, size % block_size),)
+            last, within = divmod(size, block_size)
+            self._x("UPDATE blocks SET valid = ? WHERE ino = ? AND idx = ? AND valid > ?", (within, ino, last, within))
+            if self._one("SELECT 1 FROM blocks WHERE ino = ? AND idx = ? AND valid <= start", (ino, last)):
+                self._drop_blocks(ino, only_idx=last)
+
+    def _count_stored(self, ino: int) -> None:
+        """Recount the bytes file ``ino`` really stores (holes and zero heads and tails excluded)."""
+        self._x("UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE ino = ?)"
+                " WHERE ino = ?", (ino, ino))
 
     def truncate(self, parts: list[str], size: int) -> dict[str, Any]:
         """Set the size of a file: shrinking drops data past ``size``; growing reads as zeros."""
@@ -569,6 +705,7 @@ class SqlStore:
             raise InvalidArgument("negative size")
         if size < attrs["size"]:
             self._shrink(attrs["ino"], size, attrs["block_size"])
+            self._count_stored(attrs["ino"])
         now = time.time()
         self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, now, now, attrs["ino"]))
         return self._get(attrs["ino"])
@@ -578,6 +715,8 @@ class SqlStore:
     def register_server(self, uuid: str, address: str, capacity: int, used: int) -> int:
         now = time.time()
         row = self._one("SELECT server_id FROM servers WHERE uuid = ?", (uuid,))
+        if row is None and self._one("SELECT COUNT(*) FROM servers")[0] >= limits.servers_max:
+            raise NoSpace(f"this metadata service already has {limits.servers_max} chunk servers registered")
         if row is not None:
             self._x(
                 "UPDATE servers SET address = ?, capacity = ?, used = ?, last_heartbeat = ? WHERE server_id = ?",
@@ -641,6 +780,7 @@ class SqlStore:
                     (server_id, block_id, now),
                 )
             self._x("DELETE FROM allocations WHERE block_id = ?", (block_id,))
+        self._x("DELETE FROM staged WHERE created < ?", (cutoff,))  # what crashed writers staged
         return len(rows)
 
     def counts(self) -> dict[str, int]:

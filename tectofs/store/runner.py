@@ -131,9 +131,15 @@ class StoreRunner:
                     try:
                         outcomes.append((getattr(store, method)(*args, **kwargs), None))
                         store.tx_release("op")
-                    except TectofsError as exc:
+                    except Exception as exc:
+                        if not isinstance(exc, TectofsError) and store.dialect.is_retryable(exc):
+                            raise  # the database aborted the whole transaction: run the batch again
+                        # Whatever one operation raises is undone alone; the batch goes on.
                         store.tx_rollback_to("op")
                         store.tx_release("op")
+                        if not isinstance(exc, TectofsError):
+                            log.error("metadata operation %s failed", method, exc_info=exc)
+                            exc = TectofsError(f"metadata operation {method} failed: {type(exc).__name__}: {exc}")
                         outcomes.append((None, exc))
                 store.tx_commit()
                 self.stats["commits"] += 1

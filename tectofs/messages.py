@@ -1,0 +1,495 @@
+"""Every message of both services as a declared type, and the table of operations.
+
+A request's msgpack header is converted into its request type with ``msgspec.convert(...,
+strict=True)``: wrong types, missing fields and out-of-range values are refused there, with
+an error that names the field, before any handler or store sees the request. Replies are
+declared too, and every reply is bounded by construction (listings page with a cursor, layouts
+come in segments of block indexes); ``tests/test_messages.py`` checks the bound of each.
+
+The values shared by every role — attributes, layouts, blocks, chunks, allocations — are the
+``Struct`` types here; the metadata service, the client, the FUSE adapter and the plugin all
+use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from . import limits
+
+# ---------------------------------------------------------------------- field types
+
+Int64 = Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)]
+Ino = Annotated[int, msgspec.Meta(ge=1, le=limits.int64_max)]
+Id = Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)]
+Crc = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]
+Position = Annotated[int, msgspec.Meta(ge=0, le=limits.policy_width_max - 1)]
+Mode = Annotated[int, msgspec.Meta(ge=0, le=0o7777)]
+Owner = Annotated[int, msgspec.Meta(ge=0, le=limits.owner_id_max)]  # uid or gid; 2**32-1 means "none"
+Time = Annotated[float, msgspec.Meta(ge=-limits.timestamp_abs_max_s, le=limits.timestamp_abs_max_s)]  # finite
+# Bounded here; checked (absolute, components, NUL, lengths in bytes) by tectofs.paths, which
+# gives the clearer InvalidPath error.
+Path = Annotated[str, msgspec.Meta(max_length=4 * limits.path_length_max_bytes)]
+Name = Annotated[str, msgspec.Meta(max_length=limits.name_length_max_bytes)]
+Text = Annotated[str, msgspec.Meta(max_length=limits.message_text_max_bytes)]
+PolicyText = Annotated[str, msgspec.Meta(max_length=32)]
+Address = Annotated[str, msgspec.Meta(min_length=3, max_length=limits.address_length_max_bytes)]
+BlockSize = Annotated[int, msgspec.Meta(ge=limits.block_size_min_bytes, le=limits.block_size_max_bytes)]
+BlockOffset = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
+ChunkLength = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
+Kind = Literal["file", "dir", "symlink"]
+Role = Literal["client", "chunk", "meta", "tool"]
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every message: immutable, keyword-only."""
+
+
+# ---------------------------------------------------------------------- shared values
+
+
+class Attrs(Message, kw_only=True):
+    """An inode's attributes. ``stored``: bytes of data really stored (holes excluded)."""
+
+    ino: Ino
+    kind: Kind
+    mode: Annotated[int, msgspec.Meta(ge=0, le=0o177777)]  # permission and file-type bits
+    uid: Owner
+    gid: Owner
+    size: Int64
+    atime: Time
+    mtime: Time
+    ctime: Time
+    nlink: Int64
+    policy: PolicyText
+    block_size: BlockSize
+    target: Annotated[str, msgspec.Meta(max_length=limits.symlink_target_max_bytes)] | None = None
+    parent: Ino
+    stored: Int64 = 0
+
+
+class ChunkRef(Message, kw_only=True):
+    """Where one chunk of a block lives, and its whole-chunk crc32c."""
+
+    position: Position
+    server_id: Id
+    address: Address | None = None  # None: the server is not registered any more
+    length: ChunkLength
+    crc: Crc
+
+
+class Block(Message, kw_only=True):
+    """One committed (or written, not yet committed) block of a file.
+
+    It covers file bytes ``[idx * block_size, idx * block_size + valid)``; its ``length``
+    stored bytes sit at ``start`` within it, and everything else in it reads as zeros."""
+
+    idx: Int64
+    block_id: Id
+    policy: PolicyText
+    start: BlockOffset = 0
+    length: ChunkLength
+    valid: BlockOffset
+    chunks: Annotated[list[ChunkRef], msgspec.Meta(max_length=limits.policy_width_max)]
+
+
+class WrittenChunk(Message, kw_only=True):
+    position: Position
+    server_id: Id
+    length: ChunkLength
+    crc: Crc
+
+
+class WrittenBlock(Message, kw_only=True):
+    """A block as a writer commits (or stages) it: where its chunks went."""
+
+    idx: Int64
+    block_id: Id
+    start: BlockOffset = 0
+    length: Annotated[int, msgspec.Meta(ge=1, le=limits.block_size_max_bytes)]
+    chunks: Annotated[list[WrittenChunk], msgspec.Meta(min_length=1, max_length=limits.policy_width_max)]
+
+
+class LayoutSegment(Message, kw_only=True):
+    """The blocks of a file with index in ``[first, end)`` (``end`` None: to the end of the
+    file); an index in that range without a block is a hole. Bounded by construction: the
+    metadata service ends a segment early (a smaller ``end``) rather than exceed the frame."""
+
+    attrs: Attrs
+    blocks: list[Block]
+    first: Int64 = 0
+    end: Int64 | None = None
+
+
+class ServerRef(Message, kw_only=True):
+    server_id: Id
+    address: Address
+
+
+class Allocation(Message, kw_only=True):
+    """A block id reserved for a file and where to put its chunks: ``width`` servers, then spares."""
+
+    block_id: Id
+    policy: PolicyText
+    servers: list[ServerRef]
+
+
+class DirEntry(Message, kw_only=True):
+    name: Name
+    attrs: Attrs
+
+
+class ServerInfo(Message, kw_only=True):
+    server_id: Id
+    uuid: Text
+    address: Address
+    capacity: Int64
+    used: Int64
+    inflight: Int64
+    chunks: Int64
+    last_heartbeat: float
+    live: bool
+
+
+# ---------------------------------------------------------------------- handshake
+
+
+class Hello(Message, kw_only=True):
+    """First request on every connection."""
+
+    role: Role
+    version: Annotated[int, msgspec.Meta(ge=0, le=255)]
+    software: Text = ""
+
+
+class HelloReply(Message, kw_only=True):
+    role: Role
+    version: int
+    software: str = ""
+
+
+# ---------------------------------------------------------------------- metadata service
+
+
+class PathRequest(Message, kw_only=True):
+    path: Path
+
+
+class InoRequest(Message, kw_only=True):
+    ino: Ino
+
+
+class AttrsReply(Message, kw_only=True):
+    attrs: Attrs
+
+
+class Empty(Message, kw_only=True):
+    pass
+
+
+class MkdirRequest(Message, kw_only=True):
+    path: Path
+    mode: Mode = 0o755
+    uid: Owner = 0
+    gid: Owner = 0
+    policy: PolicyText | None = None
+    block_size: BlockSize | None = None
+    exist_ok: bool = False
+
+
+class CreateRequest(Message, kw_only=True):
+    path: Path
+    mode: Mode = 0o644
+    uid: Owner = 0
+    gid: Owner = 0
+    exclusive: bool = False
+
+
+class SymlinkRequest(Message, kw_only=True):
+    path: Path
+    target: Annotated[str, msgspec.Meta(min_length=1, max_length=limits.symlink_target_max_bytes)]
+    uid: Owner = 0
+    gid: Owner = 0
+
+
+class ReaddirRequest(Message, kw_only=True):
+    path: Path
+    after: Name = ""  # the cursor: entries with names after this one
+    limit: Annotated[int, msgspec.Meta(ge=1, le=limits.readdir_page_entries_max)] = limits.readdir_page_entries_max
+
+
+class ReaddirReply(Message, kw_only=True):
+    entries: list[DirEntry]
+    next: Name | None = None  # pass as ``after`` for the next page; None: that was the last
+
+
+class SetattrRequest(Message, kw_only=True):
+    path: Path
+    mode: Mode | None = None
+    uid: Owner | None = None
+    gid: Owner | None = None
+    atime: Time | None = None
+    mtime: Time | None = None
+
+
+class TruncateRequest(Message, kw_only=True):
+    path: Path
+    size: Int64
+
+
+class SetPolicyRequest(Message, kw_only=True):
+    path: Path
+    policy: PolicyText | None = None
+    block_size: BlockSize | None = None
+
+
+class RenameRequest(Message, kw_only=True):
+    src: Path
+    dst: Path
+    noreplace: bool = False
+
+
+class ExchangeRequest(Message, kw_only=True):
+    a: Path
+    b: Path
+
+
+class StatfsReply(Message, kw_only=True):
+    files: Int64
+    capacity: Int64
+    used: Int64
+    name_max: int
+
+
+class LayoutRequest(Message, kw_only=True):
+    """By ``ino``, or by ``path`` when ``ino`` is 0. ``first``: the first block index wanted."""
+
+    path: Path | None = None
+    ino: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
+    first: Int64 = 0
+
+
+class AllocateRequest(Message, kw_only=True):
+    ino: Ino
+    count: Annotated[int, msgspec.Meta(ge=1, le=limits.allocate_blocks_max)] = 1
+    spares: Annotated[int, msgspec.Meta(ge=0, le=limits.policy_width_max)] = limits.spare_servers_per_block
+    exclude: Annotated[list[Id], msgspec.Meta(max_length=limits.servers_max)] = []
+
+
+class AllocateReply(Message, kw_only=True):
+    blocks: list[Allocation]
+
+
+BlockList = Annotated[list[WrittenBlock], msgspec.Meta(max_length=limits.commit_blocks_max)]
+HoleList = Annotated[list[Int64], msgspec.Meta(max_length=limits.commit_blocks_max)]
+
+
+class StageRequest(Message, kw_only=True):
+    """Part of a commit sent ahead (a writer with more blocks than one commit carries).
+    Staged blocks and holes are invisible until the same ``writer`` commits the file;
+    ``cut_from`` first withdraws what this writer staged at that index and above."""
+
+    ino: Ino
+    writer: Id
+    blocks: BlockList = []
+    holes: HoleList = []
+    cut_from: Int64 | None = None
+
+
+class CommitRequest(Message, kw_only=True):
+    ino: Ino
+    size: Int64
+    blocks: BlockList = []
+    replace: bool = False
+    mtime: Time | None = None
+    shrunk_to: Int64 | None = None
+    holes: HoleList = []
+    writer: Id | None = None  # publish what this writer staged, too
+
+
+class ReportBadChunkRequest(Message, kw_only=True):
+    block_id: Id
+    position: Position
+    server_id: Id
+    reason: Text = ""
+
+
+class RegisterServerRequest(Message, kw_only=True):
+    uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    address: Address
+    capacity: Int64 = 0
+    used: Int64 = 0
+
+
+class RegisterServerReply(Message, kw_only=True):
+    server_id: Id
+
+
+class HeartbeatRequest(Message, kw_only=True):
+    server_id: Id
+    capacity: Int64 = 0
+    used: Int64 = 0
+    inflight: Int64 = 0
+    chunks: Int64 = 0
+
+
+class HeartbeatReply(Message, kw_only=True):
+    delete: Annotated[list[Id], msgspec.Meta(max_length=limits.gc_orders_per_heartbeat_max)]
+
+
+class ServersReply(Message, kw_only=True):
+    servers: Annotated[list[ServerInfo], msgspec.Meta(max_length=limits.servers_max)]
+
+
+class StatsReply(Message, kw_only=True):
+    uptime_s: float
+    store: dict[str, int]
+    counts: dict[str, int]
+    bad_chunk_reports: int
+    busy_answers: int
+    invalid_requests: int
+    queued: int
+
+
+class PingReply(Message, kw_only=True):
+    ok: bool = True
+
+
+# ---------------------------------------------------------------------- chunk server
+
+
+class PutChunkRequest(Message, kw_only=True):
+    """Plus the chunk's bytes as payload."""
+
+    block_id: Id
+    position: Position
+    crcs: Annotated[list[Crc], msgspec.Meta(max_length=limits.block_size_max_bytes // limits.checksum_piece_bytes + 1)]
+    crc: Crc
+    overwrite: bool = False
+
+
+class GetChunkRequest(Message, kw_only=True):
+    block_id: Id
+    offset: Int64 = 0
+    length: Annotated[int, msgspec.Meta(ge=-1, le=limits.block_size_max_bytes)] = -1  # -1: to the end
+
+
+class GetChunkReply(Message, kw_only=True):
+    """Plus the bytes as payload."""
+
+    crcs: list[int]
+    chunk_length: int
+    position: int
+    crc: int
+
+
+class DeleteChunksRequest(Message, kw_only=True):
+    block_ids: Annotated[list[Id], msgspec.Meta(max_length=limits.gc_orders_per_heartbeat_max)]
+
+
+class DeleteChunksReply(Message, kw_only=True):
+    deleted: int
+
+
+class ChunkStatReply(Message, kw_only=True):
+    capacity: int
+    used: int
+    inflight: int
+    chunks: int
+    server_id: int | None
+    uuid: str
+    stats: dict[str, int]
+
+
+# ---------------------------------------------------------------------- the tables
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One RPC: its request and reply types, whether it may be retried blindly (it changes
+    nothing, or doing it twice is the same as once), and whether the request carries a payload."""
+
+    name: str
+    request: type[Message]
+    reply: type[Message]
+    idempotent: bool
+    payload: bool = False
+
+
+def _table(*operations: Operation) -> dict[str, Operation]:
+    return {op.name: op for op in operations}
+
+
+HELLO = Operation("hello", Hello, HelloReply, True)
+
+META_OPERATIONS = _table(
+    HELLO,
+    Operation("lookup", PathRequest, AttrsReply, True),
+    Operation("getattr", InoRequest, AttrsReply, True),
+    Operation("mkdir", MkdirRequest, AttrsReply, False),
+    Operation("makedirs", MkdirRequest, AttrsReply, False),
+    Operation("create", CreateRequest, AttrsReply, False),
+    Operation("symlink", SymlinkRequest, AttrsReply, False),
+    Operation("readdir", ReaddirRequest, ReaddirReply, True),
+    Operation("setattr", SetattrRequest, AttrsReply, True),
+    Operation("truncate", TruncateRequest, AttrsReply, True),
+    Operation("set_policy", SetPolicyRequest, AttrsReply, True),
+    Operation("rename", RenameRequest, AttrsReply, False),
+    Operation("exchange", ExchangeRequest, Empty, False),
+    Operation("unlink", PathRequest, Empty, False),
+    Operation("rmdir", PathRequest, Empty, False),
+    Operation("statfs", Empty, StatfsReply, True),
+    Operation("layout", LayoutRequest, LayoutSegment, True),
+    Operation("allocate", AllocateRequest, AllocateReply, False),
+    Operation("stage", StageRequest, Empty, True),
+    Operation("commit", CommitRequest, LayoutSegment, False),
+    Operation("report_bad_chunk", ReportBadChunkRequest, Empty, True),
+    Operation("register_server", RegisterServerRequest, RegisterServerReply, True),
+    Operation("heartbeat", HeartbeatRequest, HeartbeatReply, True),
+    Operation("servers", Empty, ServersReply, True),
+    Operation("stats", Empty, StatsReply, True),
+    Operation("ping", Empty, PingReply, True),
+)
+
+CHUNK_OPERATIONS = _table(
+    HELLO,
+    Operation("put_chunk", PutChunkRequest, Empty, True, payload=True),
+    Operation("get_chunk", GetChunkRequest, GetChunkReply, True),
+    Operation("delete_chunks", DeleteChunksRequest, DeleteChunksReply, True),
+    Operation("stat", Empty, ChunkStatReply, True),
+    Operation("ping", Empty, PingReply, True),
+)
+
+
+# Upper bounds of encoded sizes (msgpack, field names included) of one written block without
+# its chunks and of one written chunk: what a commit or stage request can carry follows.
+_WRITTEN_BLOCK_BYTES_MAX = 96
+_WRITTEN_CHUNK_BYTES_MAX = 64
+
+
+def blocks_per_call(width: int) -> int:
+    """How many blocks (or holes) of a policy ``width`` wide one commit or stage call carries,
+    within the reply budget whatever the values."""
+    return max(1, min(limits.commit_blocks_max, limits.reply_header_budget_bytes
+                      // (_WRITTEN_BLOCK_BYTES_MAX + width * _WRITTEN_CHUNK_BYTES_MAX)))
+
+
+def written(block: Block) -> WrittenBlock:
+    """What a writer commits of a block it wrote."""
+    return WrittenBlock(
+        idx=block.idx, block_id=block.block_id, start=block.start, length=block.length,
+        chunks=[WrittenChunk(position=c.position, server_id=c.server_id, length=c.length, crc=c.crc) for c in block.chunks],
+    )
+
+
+def convert(value: Any, kind: type[Any]) -> Any:
+    """``value`` (plain msgpack data) as ``kind``, strictly; raises ``msgspec.ValidationError``."""
+    return msgspec.convert(value, kind, strict=True)
+
+
+def to_plain(value: Any) -> Any:
+    """A message (or anything holding messages) as plain dicts and lists."""
+    return msgspec.to_builtins(value)

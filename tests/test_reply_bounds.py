@@ -1,0 +1,124 @@
+"""Every reply (and every request a client builds) fits in a frame, by construction: the
+worst cases are built here for real — longest names and symlink targets, the widest policy,
+the longest server addresses, the most entries — and encoded."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+import pytest
+
+from tectofs import limits, messages
+from tectofs.server.meta.service import _segment
+from tectofs.store import SqlStore
+from tectofs.store.dialect import SqliteDialect
+
+WIDEST = "rs(32,16)"
+KiB = 1 << 10
+
+
+def _fits(message: Any) -> int:
+    size = len(msgspec.msgpack.encode(message))
+    assert size <= limits.frame_header_max_bytes, size
+    return size
+
+
+@pytest.fixture
+def store(tmp_path: Any) -> SqlStore:
+    s = SqlStore(SqliteDialect(str(tmp_path / "meta.db")), gc_delay_s=0)
+    s.tx_begin()
+    return s
+
+
+def _long_address(i: int) -> str:
+    port = f":{10000 + i}"
+    return "h" * (limits.address_length_max_bytes - len(port)) + port
+
+
+def _register(store: SqlStore, n: int) -> list[int]:
+    return [store.register_server(str(uuid.uuid4()), _long_address(i), 1 << 50, 0) for i in range(n)]
+
+
+def test_readdir_pages_fit(store: SqlStore) -> None:
+    store.mkdir(["d"])
+    n = limits.readdir_page_entries_max + 50
+    for i in range(n):
+        name = f"{i:06d}" + "n" * (limits.name_length_max_bytes - 6)
+        if i % 2:
+            store.symlink(["d", name], "t" * limits.symlink_target_max_bytes)
+        else:
+            store.create(["d", name])
+    after, seen, pages = "", 0, 0
+    while after is not None:
+        entries, after = store.readdir(["d"], after)
+        reply = messages.ReaddirReply(
+            entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**a)) for name, a in entries], next=after
+        )
+        _fits(reply)
+        seen += len(entries)
+        pages += 1
+    assert seen == n and pages > 1
+
+
+def test_layout_segments_and_commit_replies_fit(store: SqlStore) -> None:
+    ids = _register(store, 48)
+    store.mkdir(["wide"], policy=WIDEST, block_size=64 * KiB)
+    f = store.create(["wide", "f"])
+    blocks = []
+    per_call = messages.blocks_per_call(48)
+    for idx in range(per_call):
+        (allocation,) = store.allocate(f["ino"], 1)
+        blocks.append({"idx": idx, "block_id": allocation["block_id"], "start": 0, "length": 64 * KiB,
+                       "chunks": [{"position": p, "server_id": ids[p], "length": 4096, "crc": 0xFFFFFFFF}
+                                  for p in range(48)]})
+    request = messages.CommitRequest(ino=f["ino"], size=per_call * 64 * KiB, blocks=[
+        messages.convert(b, messages.WrittenBlock) for b in blocks], mtime=1e10, shrunk_to=2**62, writer=2**62)
+    _fits(request)  # what a client sends fits too
+    layout = store.commit(f["ino"], per_call * 64 * KiB, blocks, replace=True)
+    _fits(_segment(layout))
+    first, total = 0, 0
+    while True:
+        segment = _segment(store.layout(ino=f["ino"], first=first))
+        _fits(segment)
+        total += len(segment.blocks)
+        if segment.end is None:
+            break
+        first = segment.end
+    assert total == per_call and first > 0
+
+
+def test_allocate_and_servers_replies_fit(store: SqlStore) -> None:
+    _register(store, limits.servers_max)
+    store.mkdir(["wide"], policy=WIDEST)
+    f = store.create(["wide", "f"])
+    allocations = store.allocate(f["ino"], limits.allocate_blocks_max)
+    assert 1 <= len(allocations) <= limits.allocate_blocks_max
+    _fits(messages.AllocateReply(blocks=[
+        messages.Allocation(block_id=a["block_id"], policy=a["policy"],
+                            servers=[messages.ServerRef(**s) for s in a["servers"]]) for a in allocations]))
+    _fits(messages.ServersReply(servers=[messages.ServerInfo(**s) for s in store.servers()]))
+    with pytest.raises(Exception, match="already has"):
+        _register(store, 1)
+
+
+def test_fixed_size_replies_fit() -> None:
+    attrs = messages.Attrs(ino=2**63 - 1, kind="symlink", mode=0o177777, uid=2**32 - 2, gid=2**32 - 2, size=2**63 - 1,
+                           atime=-1e11, mtime=1e11, ctime=1e11, nlink=2**63 - 1, policy="x" * 32,
+                           block_size=limits.block_size_max_bytes, target="t" * limits.symlink_target_max_bytes,
+                           parent=2**63 - 1, stored=2**63 - 1)
+    _fits(messages.AttrsReply(attrs=attrs))
+    _fits(messages.HeartbeatReply(delete=[2**63 - 1] * limits.gc_orders_per_heartbeat_max))
+    _fits(messages.GetChunkReply(crcs=[0xFFFFFFFF] * (limits.block_size_max_bytes // limits.checksum_piece_bytes),
+                                 chunk_length=2**40, position=47, crc=0xFFFFFFFF))
+
+
+def test_every_reply_type_is_covered() -> None:
+    """Replies with lists are the ones a bound can fail on; each has a test above."""
+    covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
+               messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply}
+    for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
+        for operation in table.values():
+            has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))
+            assert not has_list or operation.reply in covered, operation.name
