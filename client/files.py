@@ -75,6 +75,7 @@ class AsyncFile:
         self._inflight_max = max(low, min(high, limits.write_inflight_bytes_max // self.block_size))
         self.layout = LayoutMap(layout)
         self.blocks = self.layout.blocks  # the committed blocks this handle knows of, by index
+        self._blocks_per_call = messages.blocks_per_call(parse_policy(self.attrs.policy).width)
 
     async def _cover(self, first: int, last: int) -> None:
         """Make sure the layout of blocks ``first`` to ``last`` is known (fetching segments)."""
@@ -208,15 +209,15 @@ class AsyncFile:
     async def _stage_excess(self) -> None:
         """Past what one commit carries, send written blocks and holes ahead (``stage``):
         they stay invisible until the commit, which publishes them with the rest."""
-        holes = self._holes_to_send()
-        per_call = messages.blocks_per_call(parse_policy(self.attrs.policy).width)
-        if len(self._written) + len(holes) < per_call:
+        if len(self._written) + len(self._holes) - len(self._holes_staged) < self._blocks_per_call:
             return
+        holes = self._holes_to_send()
         blocks = [messages.written(b) for b in self._written.values()]
-        for first in range(0, max(len(blocks), len(holes)), per_call // 2):
+        step = max(1, self._blocks_per_call // 2)  # blocks and holes together within one call's bound
+        for first in range(0, max(len(blocks), len(holes)), step):
             await self.fs.meta(
-                "stage", ino=self.ino, writer=self._writer, blocks=blocks[first : first + per_call // 2],
-                holes=holes[first : first + per_call // 2],
+                "stage", ino=self.ino, writer=self._writer, blocks=blocks[first : first + step],
+                holes=holes[first : first + step],
             )
         self._staged.update(self._written)
         self._staged_idx.update(self._written, holes)

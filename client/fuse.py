@@ -522,8 +522,10 @@ class TectofsFuse(mfusepy.FUSE):
 
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
            on_ready: Callable[[], None] | None = None) -> None:
+    client: list[FileSystem] = []
+    diagnostics.dump_tasks_on_sigusr1_from_thread(lambda: client[0].loop if client else None)
     fs = connect(address)  # fails here, before anything is mounted, if the cluster is unreachable
-    diagnostics.dump_tasks_on_sigusr1(fs.loop)
+    client.append(fs)
     try:
         operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready)
         try:

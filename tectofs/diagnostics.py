@@ -11,6 +11,8 @@ import asyncio
 import io
 import logging
 import signal
+import threading
+from typing import Callable
 
 log = logging.getLogger("tectofs.diagnostics")
 
@@ -25,6 +27,23 @@ def log_tasks(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def dump_tasks_on_sigusr1(loop: asyncio.AbstractEventLoop) -> None:
-    """Install the SIGUSR1 handler for ``loop`` (which may run on another thread); call it
-    from the main thread."""
-    signal.signal(signal.SIGUSR1, lambda signum, frame: loop.call_soon_threadsafe(log_tasks, loop))
+    """On SIGUSR1, log the tasks of ``loop``, which runs in the main thread (the servers)."""
+    loop.add_signal_handler(signal.SIGUSR1, log_tasks, loop)
+
+
+def dump_tasks_on_sigusr1_from_thread(loop: Callable[[], asyncio.AbstractEventLoop | None]) -> None:
+    """On SIGUSR1, log the tasks of the loop ``loop()`` returns, which runs on another thread
+    (the mount, whose main thread sits inside libfuse and never runs a Python signal handler).
+
+    Call it from the main thread *before* any other thread starts: SIGUSR1 is blocked here and
+    in every thread started after, and a thread of its own waits for it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+    def wait() -> None:
+        while True:
+            signal.sigwait({signal.SIGUSR1})
+            target = loop()
+            if target is not None and not target.is_closed():
+                target.call_soon_threadsafe(log_tasks, target)
+
+    threading.Thread(target=wait, name="tectofs-diagnostics", daemon=True).start()

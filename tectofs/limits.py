@@ -30,10 +30,12 @@ rpc_retries_max = 4
 rpc_backoff_initial_s = 0.05
 rpc_backoff_max_s = 2.0
 connections_per_server = 2
-hello_timeout_s = 2.0                     # a connection must say (or answer) hello within this
-hello_retries_max = 2                     # further connection attempts after a hello went unanswered
+hello_timeout_s = 3.0                     # a client waits this long for the answer to its hello
+hello_retries_max = 1                     # further connection attempts after a hello went unanswered
+hello_wait_server_s = 30.0                # a server closes a connection that sent no hello by then
 reply_header_budget_bytes = 768 * KiB     # what a listing or layout reply fills, under frame_header_max_bytes
 message_text_max_bytes = 4096             # free-text fields (reasons, versions)
+invalid_request_log_lines_per_s = 20      # log lines about clients' invalid requests, per server
 address_length_max_bytes = 255            # "HOST:PORT" of a server
 listen_backlog_max = 4096                 # a checkpoint burst connects thousands of clients at once
 

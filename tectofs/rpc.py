@@ -12,9 +12,10 @@ handler raising a :class:`~tectofs.errors.TectofsError` sends that error to the 
 gets the same class re-raised by :meth:`RpcClient.call`.
 
 Every connection opens with a hello (``messages.Hello``: role and protocol version) before
-anything else: a server closes a connection that sends anything else first, or nothing within
-``limits.hello_timeout_s``; a client that gets no hello back in that time, or bytes that are
-not a tectofs frame, fails at once with an error that says the peer is not a tectofs server.
+anything else: a server closes a connection that sends anything else first (at once), or
+nothing within ``limits.hello_wait_server_s``; a client that gets bytes that are not a tectofs
+frame fails at once with an error that says the peer is not a tectofs server, and one that
+gets no answer within ``limits.hello_timeout_s`` (twice) says that.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import asyncio
 import itertools
 import logging
 import random
+import time
 from typing import Any, Awaitable, Callable
 
 import msgspec
@@ -150,11 +152,11 @@ class _ServerConnection(_FramedProtocol):
         self.server.connections.add(self)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self._hello_deadline = asyncio.get_running_loop().call_later(limits.hello_timeout_s, self._no_hello)
+        self._hello_deadline = asyncio.get_running_loop().call_later(limits.hello_wait_server_s, self._no_hello)
 
     def _no_hello(self) -> None:
         if not self.greeted:
-            self.protocol_failed(ProtocolError(f"no tectofs hello within {limits.hello_timeout_s:g} s"))
+            self.protocol_failed(ProtocolError(f"no tectofs hello within {limits.hello_wait_server_s:g} s"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -291,6 +293,7 @@ class RpcServer:
         self._server: asyncio.base_events.Server | None = None
         self.address = ""
         self.invalid_requests = 0
+        self._log_window_start, self._log_lines, self._log_suppressed = 0.0, 0, 0
 
     def _operation(self, header: dict[str, Any]) -> messages.Operation | None:
         name = header.get("op")
@@ -334,9 +337,19 @@ class RpcServer:
         return await self.methods[operation.name](request, frame.payload)
 
     def _invalid(self, peer: str, message: str) -> InvalidArgument:
-        """A client's mistake: one log line, never a traceback."""
+        """A client's mistake: one log line, never a traceback (and at most
+        ``limits.invalid_request_log_lines_per_s`` of them, so a flood cannot fill the disk)."""
         self.invalid_requests += 1
-        log.info("%s: invalid request from %s: %s", self.name, peer, message)
+        now = time.monotonic()
+        if now - self._log_window_start >= 1.0:
+            if self._log_suppressed:
+                log.warning("%s: %d more invalid requests not logged", self.name, self._log_suppressed)
+            self._log_window_start, self._log_lines, self._log_suppressed = now, 0, 0
+        if self._log_lines < limits.invalid_request_log_lines_per_s:
+            self._log_lines += 1
+            log.warning("%s: invalid request from %s: %s", self.name, peer, message)
+        else:
+            self._log_suppressed += 1
         return InvalidArgument(message)
 
     async def close(self) -> None:

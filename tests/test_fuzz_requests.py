@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tectofs import messages
+from tectofs import limits, messages
 from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
 
 FRAMES_PER_OPERATION = int(os.environ.get("TECTOFS_FUZZ_FRAMES_PER_OPERATION", "20000"))
@@ -242,6 +242,9 @@ def test_fuzzed_requests_hurt_nobody(make_cluster: Callable[..., Any], rng: rand
             text = f.read()
         assert "Traceback" not in text, f"{log}:\n{text[text.index('Traceback') - 300:][:3000]}"
         assert " ERROR " not in text, f"{log}:\n" + "\n".join(line for line in text.splitlines() if " ERROR " in line)[:3000]
+        if log == "meta.log":  # clients' mistakes: one line each, rate-limited
+            lines = text.count("invalid request from")
+            assert 0 < lines <= limits.invalid_request_log_lines_per_s * (elapsed + 60), lines
 
     entries = _walk(fs)
     assert len(entries) > 3
