@@ -12,6 +12,7 @@ import io
 import logging
 import signal
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger("tectofs.diagnostics")
@@ -47,3 +48,29 @@ def dump_tasks_on_sigusr1_from_thread(loop: Callable[[], asyncio.AbstractEventLo
                 target.call_soon_threadsafe(log_tasks, target)
 
     threading.Thread(target=wait, name="tectofs-diagnostics", daemon=True).start()
+
+
+class RateLimitedLog:
+    """At most ``lines_per_s`` lines a second through ``logger.warning``; what it drops is
+    counted and reported in one line when the next second begins. For messages a peer can
+    provoke at will (invalid requests, reports), so that no peer can fill the disk."""
+
+    def __init__(self, logger: logging.Logger, lines_per_s: int, what: str) -> None:
+        self.logger = logger
+        self.lines_per_s = lines_per_s
+        self.what = what
+        self._window_start = 0.0
+        self._lines = 0
+        self._dropped = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._window_start >= 1.0:
+            if self._dropped:
+                self.logger.warning("%d more %s not logged", self._dropped, self.what)
+            self._window_start, self._lines, self._dropped = now, 0, 0
+        if self._lines < self.lines_per_s:
+            self._lines += 1
+            self.logger.warning(message, *args)
+        else:
+            self._dropped += 1

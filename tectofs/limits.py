@@ -35,7 +35,7 @@ hello_retries_max = 1                     # further connection attempts after a 
 hello_wait_server_s = 30.0                # a server closes a connection that sent no hello by then
 reply_header_budget_bytes = 768 * KiB     # what a listing or layout reply fills, under frame_header_max_bytes
 message_text_max_bytes = 4096             # free-text fields (reasons, versions)
-invalid_request_log_lines_per_s = 20      # log lines about clients' invalid requests, per server
+peer_log_lines_per_s = 20                 # log lines a peer can provoke (invalid requests, bad-chunk reports), per kind
 address_length_max_bytes = 255            # "HOST:PORT" of a server
 listen_backlog_max = 4096                 # a checkpoint burst connects thousands of clients at once
 

@@ -24,12 +24,12 @@ import asyncio
 import itertools
 import logging
 import random
-import time
 from typing import Any, Awaitable, Callable
 
 import msgspec
 
 from . import limits, messages
+from .diagnostics import RateLimitedLog
 from .errors import (
     Busy,
     ConnectionLost,
@@ -293,7 +293,7 @@ class RpcServer:
         self._server: asyncio.base_events.Server | None = None
         self.address = ""
         self.invalid_requests = 0
-        self._log_window_start, self._log_lines, self._log_suppressed = 0.0, 0, 0
+        self._invalid_log = RateLimitedLog(log, limits.peer_log_lines_per_s, f"invalid requests to the {name}")
 
     def _operation(self, header: dict[str, Any]) -> messages.Operation | None:
         name = header.get("op")
@@ -337,19 +337,9 @@ class RpcServer:
         return await self.methods[operation.name](request, frame.payload)
 
     def _invalid(self, peer: str, message: str) -> InvalidArgument:
-        """A client's mistake: one log line, never a traceback (and at most
-        ``limits.invalid_request_log_lines_per_s`` of them, so a flood cannot fill the disk)."""
+        """A client's mistake: one log line (rate-limited), never a traceback."""
         self.invalid_requests += 1
-        now = time.monotonic()
-        if now - self._log_window_start >= 1.0:
-            if self._log_suppressed:
-                log.warning("%s: %d more invalid requests not logged", self.name, self._log_suppressed)
-            self._log_window_start, self._log_lines, self._log_suppressed = now, 0, 0
-        if self._log_lines < limits.invalid_request_log_lines_per_s:
-            self._log_lines += 1
-            log.warning("%s: invalid request from %s: %s", self.name, peer, message)
-        else:
-            self._log_suppressed += 1
+        self._invalid_log.warning("%s: invalid request from %s: %s", self.name, peer, message)
         return InvalidArgument(message)
 
     async def close(self) -> None:

@@ -244,7 +244,7 @@ def test_fuzzed_requests_hurt_nobody(make_cluster: Callable[..., Any], rng: rand
         assert " ERROR " not in text, f"{log}:\n" + "\n".join(line for line in text.splitlines() if " ERROR " in line)[:3000]
         if log == "meta.log":  # clients' mistakes: one line each, rate-limited
             lines = text.count("invalid request from")
-            assert 0 < lines <= limits.invalid_request_log_lines_per_s * (elapsed + 60), lines
+            assert 0 < lines <= limits.peer_log_lines_per_s * (elapsed + 60), lines
 
     entries = _walk(fs)
     assert len(entries) > 3

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from tectofs import limits, messages, paths
+from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, InvalidArgument
 from tectofs.rpc import RpcServer
 from tectofs.store import SqlStore, StoreRunner
@@ -64,6 +65,7 @@ class MetadataService:
         self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta")
         self.started = time.time()
         self.bad_chunk_reports = 0
+        self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
         self.busy_answers = 0
         self._gc_task: asyncio.Task[None] | None = None
 
@@ -195,7 +197,7 @@ class MetadataService:
 
     async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply:
         self.bad_chunk_reports += 1
-        log.warning(
+        self._bad_chunk_log.warning(
             "client reports chunk of block %d at position %d on server %d as unreadable: %s",
             r.block_id, r.position, r.server_id, r.reason[:200],
         )
