@@ -244,6 +244,7 @@ class AsyncFileSystem:
         else:
             layout, _ = await self.meta("layout", path=path)
         handle = AsyncFile(self, path, layout, readable, writable, truncate)
+        handle.created = create and reply.created
         return handle
 
     async def block_count(self, path: str) -> int:
@@ -271,6 +272,7 @@ class AsyncFileSystem:
             await handle.close()
 
     async def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        """Replace (or create) a file's content: all of ``data``, or — on any failure — nothing."""
         handle = await self.open(path, "wb")
         try:
             await handle.write(0, data)

@@ -66,6 +66,8 @@ class AsyncFile:
         self._shrunk_to: int | None = None
         self._holes: set[int] = set()
         self._holes_staged: set[int] = set()  # those of them already sent ahead
+        self.created = False  # this handle's open created the file (``abort`` removes it again)
+        self._committed = False  # a commit of this handle succeeded
 
     def _set_layout(self, layout: messages.LayoutSegment) -> None:
         self.attrs = layout.attrs
@@ -85,12 +87,29 @@ class AsyncFile:
 
     # ------------------------------------------------------------------ write
 
+    def _poison(self, exc: BaseException) -> None:
+        """A failure (or an interruption) inside the write path: nothing this handle wrote
+        since its last commit can be trusted any more, so every later write, flush and close
+        raises, and nothing of it is ever committed."""
+        if self._failure is None:
+            self._failure = exc if isinstance(exc, TectofsError) else TectofsError(
+                f"{self.path}: a write was interrupted ({type(exc).__name__}); "
+                "nothing written since the last commit will be published"
+            )
+
     async def write(self, offset: int, data: Buffer) -> int:
         """Write ``data`` at ``offset`` (beyond the end leaves a hole that reads as zeros)."""
         self._check_open(write=True)
         view = memoryview(data).cast("B")
         if offset < 0:
             raise InvalidArgument("negative offset")
+        try:
+            return await self._write(offset, view)
+        except BaseException as exc:
+            self._poison(exc)
+            raise
+
+    async def _write(self, offset: int, view: memoryview) -> int:
         written = 0
         while written < len(view):
             position = offset + written
@@ -266,7 +285,11 @@ class AsyncFile:
         if size < 0:
             raise InvalidArgument("negative size")
         if size < self.size:
-            await self._cut(size)
+            try:
+                await self._cut(size)
+            except BaseException as exc:
+                self._poison(exc)
+                raise
         self.size = size
         self._changed = True
 
@@ -316,19 +339,14 @@ class AsyncFile:
             return
         if self._failure is not None:
             raise self._failure
-        for idx in list(self._dirty):
-            await self._send(idx)
-        while self._inflight:
-            await self._reap(wait=True)
-        if not self._changed and not self._written:
+        try:
+            layout = await self._commit()
+        except BaseException as exc:
+            self._poison(exc)
+            raise
+        if layout is None:
             return
-        await self._stage_excess()
-        staged = bool(self._staged_idx)
-        layout, _ = await self.fs.meta(
-            "commit", ino=self.ino, size=self.size, replace=self.replace, mtime=time.time(),
-            blocks=[messages.written(b) for b in self._written.values() if b.idx * self.block_size < self.size],
-            shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,
-        )
+        self._committed = True
         self.replace = False
         self._written.clear()
         self._staged.clear()
@@ -343,26 +361,59 @@ class AsyncFile:
         self._prefetch.clear()
         self._set_layout(layout)  # the commit answers with the new layout
 
+    async def _commit(self) -> messages.LayoutSegment | None:
+        """Send what is buffered, wait for every block, commit; None if nothing changed."""
+        for idx in list(self._dirty):
+            await self._send(idx)
+        while self._inflight:
+            await self._reap(wait=True)
+        if not self._changed and not self._written:
+            return None
+        await self._stage_excess()
+        staged = bool(self._staged_idx)
+        layout, _ = await self.fs.meta(
+            "commit", ino=self.ino, size=self.size, replace=self.replace, mtime=time.time(),
+            blocks=[messages.written(b) for b in self._written.values() if b.idx * self.block_size < self.size],
+            shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,
+        )
+        return layout  # type: ignore[no-any-return]
+
     async def close(self) -> None:
+        """Commit (readers that open the file afterwards see everything written) and close.
+        If the commit fails, the handle aborts (see ``abort``) and the error is raised."""
         if self.closed:
             return
         try:
             await self.flush()
-        finally:
-            self.closed = True
-            for task in list(self._inflight.values()) + list(self._prefetch.values()):
-                task.cancel()
-            self._dirty.clear()
-            self._drop_cache()
+        except BaseException:
+            await self.abort()
+            raise
+        self._release()
 
     async def abort(self) -> None:
-        """Close without committing anything written since the last flush."""
+        """Close without committing anything written since the last commit: readers keep
+        seeing the previous version, and the chunks written go to garbage collection. A file
+        this handle's open created and never committed is removed again, if it is still
+        empty and still this file (nobody else wrote it meanwhile)."""
+        if self.closed:
+            return
+        self._release()
+        if self.created and not self._committed and self.writable:
+            try:
+                await self.fs.meta("unlink", path=self.path, ino=self.ino, only_if_empty=True)
+            except TectofsError:
+                pass  # renamed or removed meanwhile: nothing of ours to take back
+
+    def _release(self) -> None:
         self.closed = True
         for task in list(self._inflight.values()) + list(self._prefetch.values()):
             task.cancel()
+        for buffer, _ in self._dirty.values():
+            self.fs.buffers.put(buffer)
         self._dirty.clear()
         self._written.clear()
         self._staged.clear()
+        self._drop_cache()
 
     # ------------------------------------------------------------------ read
 

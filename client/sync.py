@@ -13,6 +13,7 @@ import io
 import threading
 from typing import Any, Awaitable, Iterator, TypeVar
 
+from tectofs import limits
 from tectofs.errors import InvalidArgument
 
 from .core import AsyncFileSystem, Stat, normalize_mode
@@ -28,9 +29,26 @@ class _LoopThread:
         self.thread.start()
 
     def run(self, coro: Awaitable[T]) -> T:
+        """Run ``coro`` on the loop and wait for it. If the wait is interrupted (Ctrl-C), the
+        coroutine is cancelled and has unwound before the interruption propagates, so the
+        caller's cleanup (an ``abort``) never races with it."""
         if threading.current_thread() is self.thread:
             raise RuntimeError("a tectofs sync call from its own event loop would deadlock: use the async API")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
+        finished = threading.Event()
+
+        async def tracked() -> T:
+            try:
+                return await coro
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(tracked(), self.loop)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            finished.wait(timeout=limits.interrupt_unwind_s)
+            raise
 
     def stop(self) -> None:
         """Cancel what still runs on the loop (writes of a handle never closed, prefetches),
@@ -63,6 +81,7 @@ class RawFile(io.RawIOBase):
         self._append = append
         self.name = handle.path
         self._lock = threading.Lock()
+        self._aborted = False
 
     def readable(self) -> bool:
         return self.handle.readable
@@ -86,6 +105,8 @@ class RawFile(io.RawIOBase):
             return data
 
     def write(self, data: Any) -> int:
+        if self._aborted:
+            return len(memoryview(data))  # what the buffered layer flushes while closing after an abort
         with self._lock:
             if self._append:
                 self._position = self.handle.size
@@ -122,6 +143,12 @@ class RawFile(io.RawIOBase):
         with self._lock:
             self._fs.run(self.handle.flush())
 
+    def abort(self) -> None:
+        """Close without publishing anything written since the last commit (see ``AsyncFile.abort``)."""
+        self._aborted = True
+        with self._lock:
+            self._fs.run(self.handle.abort())
+
     def close(self) -> None:
         if self.closed:
             return
@@ -130,6 +157,36 @@ class RawFile(io.RawIOBase):
                 self._fs.run(self.handle.close())
         finally:
             super().close()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and self.writable() and not self.closed:
+            self.abort()
+        self.close()
+
+
+class _AbortsOnError:
+    """Mixed into ``io.Buffered*``: ``abort()``, and leaving a ``with`` block by an exception
+    aborts instead of committing, so a half-written file is never published."""
+
+    raw: RawFile
+
+    def abort(self) -> None:
+        self.raw.abort()
+        self.close()  # type: ignore[attr-defined]  # flushes into the aborted raw file: discarded
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and self.raw.writable() and not self.raw.closed:
+            self.abort()
+        else:
+            self.close()  # type: ignore[attr-defined]
+
+
+class BufferedWriter(_AbortsOnError, io.BufferedWriter):
+    pass
+
+
+class BufferedRandom(_AbortsOnError, io.BufferedRandom):
+    pass
 
 
 class FileSystem:
@@ -163,9 +220,9 @@ class FileSystem:
             return raw
         size = buffering if buffering > 1 else 1 << 20
         if handle.readable and handle.writable:
-            return io.BufferedRandom(raw, size)
+            return BufferedRandom(raw, size)
         if handle.writable:
-            return io.BufferedWriter(raw, size)
+            return BufferedWriter(raw, size)
         return io.BufferedReader(raw, size)
 
     def stat(self, path: str) -> Stat:

@@ -9,12 +9,13 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
 from typing import Any, Callable
 
-from . import diagnostics, limits, messages
+from . import diagnostics, limits, messages, paths
 from .errors import TectofsError
 
 DEFAULT_PORT = 7420
@@ -85,9 +86,15 @@ def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: C
 
 
 def cmd_up(args: argparse.Namespace) -> None:
+    import tempfile
+
     from .server.cluster import LocalCluster
 
-    cluster = LocalCluster(args.root, args.servers, args.port, args.policy, args.block_size, args.host)
+    temporary = args.check and args.root is None  # a smoke test never touches a real cluster's state
+    if temporary:
+        args.root = tempfile.mkdtemp(prefix="tectofs-check-")
+    cluster = LocalCluster(args.root or os.path.join(os.getcwd(), "tectofs-data"), args.servers, args.port,
+                           args.policy, args.block_size, args.host)
     print(f"starting a local cluster under {cluster.root}: 1 metadata service + {args.servers} chunk servers ...",
           flush=True)
     stop = {"now": False}
@@ -118,6 +125,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         if mount is not None:
             mount.stop()
         cluster.stop()
+        if temporary:
+            shutil.rmtree(args.root, ignore_errors=True)
         print("cluster stopped", flush=True)
 
 
@@ -181,7 +190,8 @@ def cmd_put(args: argparse.Namespace) -> None:
             if fs.stat(target).is_dir:
                 target = target.rstrip("/") + "/" + os.path.basename(args.src)
         except FileNotFoundError:
-            pass
+            if target.endswith("/"):
+                raise SystemExit(f"tectofs put: {target} is not a directory (no such directory)") from None
         started = time.monotonic()
         with open(args.src, "rb") as src, fs.open(target, "wb") as dst:
             n = _copy(src, dst, os.fstat(src.fileno()).st_size, os.path.basename(args.src), not args.quiet)
@@ -224,12 +234,23 @@ def cmd_mkdir(args: argparse.Namespace) -> None:
         fs.mkdir(args.path, policy=args.policy, block_size=args.block_size, parents=args.parents, exist_ok=args.parents)
 
 
+def cmd_set_policy(args: argparse.Namespace) -> None:
+    if args.policy is None and args.block_size is None:
+        raise SystemExit("tectofs set-policy: give --policy, --block-size or both")
+    with _client(args) as fs:
+        st = fs.set_policy(args.path, policy=args.policy, block_size=args.block_size)
+        print(f"{args.path}: new files below it get {st.policy}, {_human(st.block_size)} blocks (existing files keep theirs)")
+
+
 def cmd_mv(args: argparse.Namespace) -> None:
     with _client(args) as fs:
         fs.rename(args.src, args.dst)
 
 
 def cmd_rm(args: argparse.Namespace) -> None:
+    for path in args.paths:  # before anything is deleted, like GNU rm's --preserve-root
+        if args.recursive and not paths.split(path):
+            raise SystemExit(f"tectofs rm: refusing to remove {path!r} (the root directory); remove what is in it by name")
     with _client(args) as fs:
         for path in args.paths:
             st = fs.stat(path)
@@ -308,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run a local cluster (1 metadata service + N chunk servers) in the foreground",
                        description="Run a whole cluster on this machine until Ctrl-C. All state lives under --root; "
                        "running it again with the same root brings the same files back.")
-    p.add_argument("--root", default=os.path.join(os.getcwd(), "tectofs-data"), help="state directory (default ./tectofs-data)")
+    p.add_argument("--root", default=None,
+                   help="state directory (default ./tectofs-data; with --check a new temporary one)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"metadata service port (default {DEFAULT_PORT}; 0 = any)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--servers", type=int, default=6, help="chunk servers to start (default 6)")
@@ -364,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--parents", action="store_true")
     p.add_argument("--policy", help="durability policy for files below it: rs(k,m) or rep(n)")
     p.add_argument("--block-size", type=_size)
+    p = client_command("set-policy", cmd_set_policy, "change the durability policy or block size new files below a directory get")
+    p.add_argument("path")
+    p.add_argument("--policy", help="rs(k,m) or rep(n)")
+    p.add_argument("--block-size", type=_size)
     p = client_command("mv", cmd_mv, "rename (atomically replacing the target)")
     p.add_argument("src")
     p.add_argument("dst")
@@ -406,6 +432,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"tectofs {args.command}: {exc}") from None
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         raise SystemExit(f"tectofs {args.command}: {exc}") from None
+    except KeyboardInterrupt:
+        # What was being written was aborted on the way out (nothing half-written is published).
+        print(f"\ntectofs {args.command}: interrupted; nothing it was writing was published", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

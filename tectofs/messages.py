@@ -190,6 +190,20 @@ class Empty(Message, kw_only=True):
     pass
 
 
+class CreateReply(Message, kw_only=True):
+    attrs: Attrs
+    created: bool = False  # the file did not exist before this call
+
+
+class UnlinkRequest(Message, kw_only=True):
+    """``ino``: only if the name still leads to this inode; ``only_if_empty``: only if the
+    file holds no data (a failed writer taking back the file it created)."""
+
+    path: Path
+    ino: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
+    only_if_empty: bool = False
+
+
 class MkdirRequest(Message, kw_only=True):
     path: Path
     mode: Mode = 0o755
@@ -330,6 +344,7 @@ class RegisterServerReply(Message, kw_only=True):
 
 class HeartbeatRequest(Message, kw_only=True):
     server_id: Id
+    address: Address | None = None  # where it serves now: the metadata service follows it
     capacity: Int64 = 0
     used: Int64 = 0
     inflight: Int64 = 0
@@ -431,7 +446,7 @@ META_OPERATIONS = _table(
     Operation("getattr", InoRequest, AttrsReply, True),
     Operation("mkdir", MkdirRequest, AttrsReply, False),
     Operation("makedirs", MkdirRequest, AttrsReply, False),
-    Operation("create", CreateRequest, AttrsReply, False),
+    Operation("create", CreateRequest, CreateReply, False),
     Operation("symlink", SymlinkRequest, AttrsReply, False),
     Operation("readdir", ReaddirRequest, ReaddirReply, True),
     Operation("setattr", SetattrRequest, AttrsReply, True),
@@ -439,7 +454,7 @@ META_OPERATIONS = _table(
     Operation("set_policy", SetPolicyRequest, AttrsReply, True),
     Operation("rename", RenameRequest, AttrsReply, False),
     Operation("exchange", ExchangeRequest, Empty, False),
-    Operation("unlink", PathRequest, Empty, False),
+    Operation("unlink", UnlinkRequest, Empty, False),
     Operation("rmdir", PathRequest, Empty, False),
     Operation("statfs", Empty, StatfsReply, True),
     Operation("layout", LayoutRequest, LayoutSegment, True),

@@ -14,6 +14,7 @@ Heartbeats carry capacity and load; their replies carry garbage-collection order
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ class ChunkServer:
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
+        self._lock_fd = _lock_data_dir(self.data_dir)
         self.meta_address = meta_address
         self.inflight_bytes_max = inflight_bytes_max
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -190,7 +192,8 @@ class ChunkServer:
     async def _heartbeat(self) -> None:
         try:
             reply, _ = await self.meta.call(
-                self.meta_address, "heartbeat", {"server_id": self.server_id, **self._load()}, idempotent=True,
+                self.meta_address, "heartbeat",
+                {"server_id": self.server_id, "address": self.rpc.address, **self._load()}, idempotent=True,
                 retries_max=0,
             )
             if reply.get("delete"):
@@ -203,3 +206,21 @@ class ChunkServer:
             raise
         except Exception as exc:  # the MDS may be restarting; keep serving clients
             log.warning("heartbeat to %s failed: %s", self.meta_address, exc)
+
+
+def _lock_data_dir(data_dir: str) -> int:
+    """Hold an exclusive lock on ``data_dir`` for the life of the process: two chunk servers on
+    one directory would share one identity and corrupt each other's chunks. Returns the fd."""
+    path = os.path.join(data_dir, "server.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise TectofsError(
+            f"{data_dir} is in use by another chunk server (pid {holder}); one directory serves one chunk server"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

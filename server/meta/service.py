@@ -129,7 +129,8 @@ class MetadataService:
         return _attrs(attrs), b""
 
     async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply:
-        return _attrs(await self._call("create", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive)), b""
+        attrs, created = await self._call("create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive)
+        return messages.CreateReply(attrs=messages.Attrs(**attrs), created=created), b""
 
     async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
         return _attrs(await self._call("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
@@ -157,8 +158,8 @@ class MetadataService:
         await self._call("exchange", paths.split(r.a), paths.split(r.b))
         return messages.Empty(), b""
 
-    async def rpc_unlink(self, r: messages.PathRequest, _: memoryview) -> Reply:
-        await self._call("unlink", paths.split(r.path))
+    async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply:
+        await self._call("unlink", paths.split(r.path), r.ino, r.only_if_empty)
         return messages.Empty(), b""
 
     async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply:
@@ -213,7 +214,7 @@ class MetadataService:
         arrived = time.time()
         if r.server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
             self.heartbeats_seen[r.server_id] = arrived
-        delete = await self._call("heartbeat", r.server_id, r.capacity, r.used, r.inflight, r.chunks)
+        delete = await self._call("heartbeat", r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address)
         # Liveness counts from arrival, not from when the store got to it (see SqlStore.heartbeats_seen).
         self.heartbeats_seen[r.server_id] = max(arrived, self.heartbeats_seen.get(r.server_id, 0.0))
         return messages.HeartbeatReply(delete=delete), b""

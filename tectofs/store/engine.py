@@ -174,6 +174,19 @@ class SqlStore:
         (value,) = self._one("UPDATE counters SET value = value + ? WHERE name = ? RETURNING value", (count, counter))
         return int(value) - count + 1
 
+    def _checked_policy(self, policy: str | None) -> str | None:
+        """``policy`` normalized; refused, with the numbers, if it is wider than the cluster
+        (once any chunk server registered: a new cluster may set policies first)."""
+        if policy is None:
+            return None
+        parsed = parse_policy(policy)
+        (registered,) = self._one("SELECT COUNT(*) FROM servers")
+        if 0 < registered < parsed.width:
+            raise InvalidArgument(
+                f"{parsed} needs {parsed.width} chunk servers; this cluster has {registered} registered"
+            )
+        return str(parsed)
+
     @staticmethod
     def _check_block_size(block_size: int) -> None:
         if not limits.block_size_min_bytes <= block_size <= limits.block_size_max_bytes:
@@ -253,8 +266,7 @@ class SqlStore:
             if exist_ok:
                 return self._get(ROOT_INO)
             raise AlreadyExists("/ already exists")
-        if policy is not None:
-            policy = str(parse_policy(policy))
+        policy = self._checked_policy(policy)
         if block_size is not None:
             self._check_block_size(block_size)
         parent = self._resolve_dir(parts[:-1])
@@ -263,6 +275,12 @@ class SqlStore:
             attrs = self._get(existing)
             if attrs["kind"] != "dir":
                 raise NotADirectory(f"/{'/'.join(parts)} exists and is not a directory")
+            for key, wanted in (("policy", policy), ("block_size", block_size)):
+                if wanted is not None and attrs[key] != wanted:  # never ignored silently
+                    raise AlreadyExists(
+                        f"/{'/'.join(parts)} exists with {key} {attrs[key]}, not {wanted}: change it explicitly"
+                        " (tectofs set-policy)"
+                    )
             return attrs
         return self._insert_inode(
             parent, parts[-1], "d", statmod.S_IFDIR | (mode & 0o7777), uid, gid, policy, block_size
@@ -272,6 +290,12 @@ class SqlStore:
         self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False
     ) -> dict[str, Any]:
         """Create an empty file, or return the existing one (unless ``exclusive``)."""
+        return self.create_file(parts, mode, uid, gid, exclusive)[0]
+
+    def create_file(
+        self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False
+    ) -> tuple[dict[str, Any], bool]:
+        """``create``, also saying whether the file is new (a writer that fails removes it)."""
         if not parts:
             raise IsADirectory("/ is a directory")
         parent = self._resolve_dir(parts[:-1])
@@ -282,8 +306,8 @@ class SqlStore:
             attrs = self._get(existing)
             if attrs["kind"] == "dir":
                 raise IsADirectory(f"/{'/'.join(parts)} is a directory")
-            return attrs
-        return self._insert_inode(parent, parts[-1], "f", statmod.S_IFREG | (mode & 0o7777), uid, gid)
+            return attrs, False
+        return self._insert_inode(parent, parts[-1], "f", statmod.S_IFREG | (mode & 0o7777), uid, gid), True
 
     def symlink(self, parts: list[str], target: str, uid: int = 0, gid: int = 0) -> dict[str, Any]:
         if not parts:
@@ -334,8 +358,7 @@ class SqlStore:
     def set_policy(self, parts: list[str], policy: str | None, block_size: int | None) -> dict[str, Any]:
         """Change the policy/block size that new files below this directory inherit."""
         directory = self._resolve_dir(parts)
-        if policy is not None:
-            policy = str(parse_policy(policy))
+        policy = self._checked_policy(policy)
         if block_size is not None:
             self._check_block_size(block_size)
         self._x(
@@ -363,12 +386,18 @@ class SqlStore:
         self._x("DELETE FROM allocations WHERE ino = ?", (attrs["ino"],))
         self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
 
-    def unlink(self, parts: list[str]) -> None:
+    def unlink(self, parts: list[str], ino: int = 0, only_if_empty: bool = False) -> None:
+        """Remove a name (and its file). With ``ino``, only if the name still leads to that
+        inode; with ``only_if_empty``, only if the file has no data yet (how a writer that
+        failed takes back the file it created, without touching anyone else's)."""
         if not parts:
             raise IsADirectory("/ is a directory")
         attrs = self._resolve(parts)
         if attrs["kind"] == "dir":
             raise IsADirectory(f"/{'/'.join(parts)} is a directory (use rmdir)")
+        if (ino and attrs["ino"] != ino) or (only_if_empty and (attrs["size"] or self._one(
+                "SELECT 1 FROM blocks WHERE ino = ? LIMIT 1", (attrs["ino"],)))):
+            return
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
         self._touch(attrs["parent"], time.time())
         self._remove_inode(attrs)
@@ -732,13 +761,15 @@ class SqlStore:
         return int(server_id)
 
     def heartbeat(
-        self, server_id: int, capacity: int, used: int, inflight: int, chunks: int,
+        self, server_id: int, capacity: int, used: int, inflight: int, chunks: int, address: str | None = None,
         orders_max: int = limits.gc_orders_per_heartbeat_max,
     ) -> list[int]:
-        """Record a server's load; return (and forget) block ids whose chunk it must delete."""
+        """Record a server's load (and its address, which may have changed since it
+        registered); return (and forget) block ids whose chunk it must delete."""
         cur = self._x(
-            "UPDATE servers SET capacity = ?, used = ?, inflight = ?, chunks = ?, last_heartbeat = ? WHERE server_id = ?",
-            (capacity, used, inflight, chunks, time.time(), server_id),
+            "UPDATE servers SET capacity = ?, used = ?, inflight = ?, chunks = ?, last_heartbeat = ?,"
+            " address = COALESCE(?, address) WHERE server_id = ?",
+            (capacity, used, inflight, chunks, time.time(), address, server_id),
         )
         if cur.rowcount == 0:
             raise NotFound(f"chunk server {server_id} is not registered; register again")

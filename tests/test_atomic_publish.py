@@ -1,0 +1,184 @@
+"""Atomic publish: new content becomes visible only through a successful commit. A write that
+fails — servers missing, an exception inside ``with``, Ctrl-C — leaves the previous version
+(or, for a new file, no file at all), through the library, ``tectofs put`` and the mount."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from tectofs import errors
+
+MiB = 1 << 20
+
+
+def _cli(cluster: Any, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tectofs.cli", args[0], "--meta", cluster.address, *args[1:]],
+                          capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def _without_servers(c: Any, count: int) -> None:
+    """Kill ``count`` chunk servers and wait until the MDS counts them dead."""
+    for i in range(count):
+        c.kill_chunk_server(i)
+    deadline = time.monotonic() + 30
+    while sum(s["live"] for s in c.servers()) > len(c.chunk_data_dirs) - count:
+        assert time.monotonic() < deadline, "the metadata service still counts killed servers live"
+        time.sleep(0.2)
+
+
+def test_failed_writes_publish_nothing(make_cluster: Callable[..., Any], tmp_path: Any) -> None:
+    c = make_cluster()
+    fs = c.fs
+    fs.mkdir("/d", policy="rep(4)")  # readable with 3 of 6 servers gone, not writable
+    old = os.urandom(3 * MiB)
+    fs.write_bytes("/d/good", old)
+    _without_servers(c, 3)
+
+    with pytest.raises(errors.NoSpace):  # an overwrite of a good file
+        fs.write_bytes("/d/good", os.urandom(MiB))
+    assert fs.read_bytes("/d/good") == old
+    with pytest.raises(errors.NoSpace):  # a new file: no 0-byte leftover
+        fs.write_bytes("/d/new", os.urandom(MiB))
+    assert not fs.exists("/d/new")
+    with pytest.raises(errors.NoSpace):  # a file object, failing at close
+        with fs.open("/d/new-file-object", "wb") as f:
+            f.write(b"x" * 1000)
+    assert not fs.exists("/d/new-file-object")
+
+    local = tmp_path / "one-mib.bin"
+    local.write_bytes(os.urandom(MiB))
+    put = _cli(c, "put", "-q", str(local), "/d/good")
+    assert put.returncode != 0 and "live chunk servers" in put.stderr, put.stderr
+    assert fs.read_bytes("/d/good") == old
+    put = _cli(c, "put", "-q", str(local), "/d/put-new")
+    assert put.returncode != 0
+    assert not fs.exists("/d/put-new")
+    _cp_through_mount_fails(c, str(local), tmp_path, old)
+
+
+def _cp_through_mount_fails(c: Any, local: str, tmp_path: Any, old: bytes) -> None:
+    from tests.test_fuse import _REASON
+
+    if _REASON is not None:
+        return
+    from tectofs.client.fuse import start_mount_process
+
+    where = str(tmp_path / "mnt")
+    os.mkdir(where)
+    with start_mount_process(c.address, where, log_path=str(tmp_path / "mount.log")):
+        cp = subprocess.run(["cp", local, f"{where}/d/good"], capture_output=True, text=True, timeout=120)
+        assert cp.returncode != 0, "cp over a good file reported success"
+        cp = subprocess.run(["cp", local, f"{where}/d/cp-new"], capture_output=True, text=True, timeout=120)
+        assert cp.returncode != 0
+    assert c.fs.read_bytes("/d/good") == old
+    assert not c.fs.exists("/d/cp-new")
+
+
+def test_an_exception_inside_with_publishes_nothing(cluster: Any) -> None:
+    fs = cluster.fs
+    fs.write_bytes("/with-old", b"the previous version")
+    for mode in ("wb", "w+b", "r+b"):
+        with pytest.raises(RuntimeError):
+            with fs.open("/with-old", mode) as f:
+                f.write(os.urandom(3 * MiB))  # whole blocks were already sent: they go to GC
+                raise RuntimeError("training crashed")
+        assert fs.read_bytes("/with-old") == b"the previous version", mode
+    with pytest.raises(RuntimeError):
+        with fs.open("/with-new", "wb") as f:
+            f.write(b"partial")
+            raise RuntimeError("training crashed")
+    assert not fs.exists("/with-new")
+    f = fs.open("/explicit-abort", "wb")
+    f.write(b"never")
+    f.abort()
+    assert not fs.exists("/explicit-abort")
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_ctrl_c_during_put_publishes_nothing(cluster: Any, tmp_path: Any, existing: bool) -> None:
+    fs = cluster.fs
+    target = f"/interrupted-{existing}"
+    if existing:
+        fs.write_bytes(target, b"keep me")
+    fifo = str(tmp_path / "source")
+    os.mkfifo(fifo)
+    put = subprocess.Popen([sys.executable, "-m", "tectofs.cli", "put", "--meta", cluster.address, fifo, target],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with open(fifo, "wb") as source:  # blocks until put opened it
+            source.write(os.urandom(5 * MiB))  # some whole blocks go out; then the source stalls
+            source.flush()
+            time.sleep(1.0)
+            put.send_signal(signal.SIGINT)
+            _, stderr = put.communicate(timeout=60)
+    finally:
+        if put.poll() is None:
+            put.kill()
+    assert put.returncode == 130, stderr
+    assert "interrupted; nothing it was writing was published" in stderr
+    assert "Traceback" not in stderr
+    if existing:
+        assert fs.read_bytes(target) == b"keep me"
+    else:
+        assert not fs.exists(target)
+
+
+def test_put_into_a_missing_directory_is_an_error(cluster: Any, tmp_path: Any) -> None:
+    local = tmp_path / "small.bin"
+    local.write_bytes(b"small")
+    put = _cli(cluster, "put", "-q", str(local), "/nodir/")
+    assert put.returncode != 0 and "not a directory" in put.stderr, put.stderr
+    assert not cluster.fs.exists("/nodir")
+
+
+# ---------------------------------------------------------------------- identity and CLI safety
+
+
+def test_second_chunk_server_on_a_used_directory_refuses(cluster: Any) -> None:
+    data_dir = cluster.chunk_data_dirs[0]
+    second = subprocess.run([sys.executable, "-m", "tectofs.cli", "chunk", "--data", data_dir, "--meta", cluster.address,
+                             "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0
+    assert "in use by another chunk server" in second.stderr, second.stderr
+    assert sum(s["live"] for s in cluster.servers()) == len(cluster.chunk_data_dirs)
+    cluster.fs.write_bytes("/after-second-server", b"still fine")
+    assert cluster.fs.read_bytes("/after-second-server") == b"still fine"
+
+
+def test_up_check_does_not_touch_a_running_cluster(cluster: Any, tmp_path: Any) -> None:
+    before = sorted(os.listdir(cluster.root))
+    import tectofs
+
+    source = os.path.dirname(os.path.dirname(os.path.abspath(tectofs.__file__)))  # this tree, from any cwd
+    check = subprocess.run([sys.executable, "-m", "tectofs.cli", "up", "--check", "--port", "0"],
+                           capture_output=True, text=True, timeout=180, cwd=cluster.root,
+                           env={**os.environ, "PYTHONPATH": source})
+    assert check.returncode == 0, check.stderr
+    assert sorted(os.listdir(cluster.root)) == before  # no ./tectofs-data next to the cluster's files
+    assert sum(s["live"] for s in cluster.servers()) == len(cluster.chunk_data_dirs)
+
+
+def test_cli_refuses_what_it_cannot_do_safely(cluster: Any) -> None:
+    fs = cluster.fs
+    fs.write_bytes("/keep-me", b"x")
+    rm = _cli(cluster, "rm", "-r", "/")
+    assert rm.returncode != 0 and "refusing to remove" in rm.stderr, rm.stderr
+    assert fs.read_bytes("/keep-me") == b"x"
+    fs.mkdir("/policy-dir", policy="rs(4,2)")
+    again = _cli(cluster, "mkdir", "-p", "--policy", "rep(3)", "/policy-dir")
+    assert again.returncode != 0 and "exists with policy rs(4,2)" in again.stderr, again.stderr
+    assert fs.stat("/policy-dir").policy == "rs(4,2)"
+    changed = _cli(cluster, "set-policy", "--policy", "rep(3)", "/policy-dir")
+    assert changed.returncode == 0, changed.stderr
+    assert fs.stat("/policy-dir").policy == "rep(3)"
+    wide = _cli(cluster, "mkdir", "--policy", "rs(10,4)", "/too-wide")
+    assert wide.returncode != 0 and "needs 14 chunk servers; this cluster has 6" in wide.stderr, wide.stderr
+    assert not fs.exists("/too-wide")
