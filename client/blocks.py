@@ -48,7 +48,7 @@ class BlockIO:
         self.rpc = rpc
         self.meta_address = meta_address
         self.executor = executor
-        self.stats = {"degraded_reads": 0, "repaired_chunks": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
+        self.stats = {"degraded_reads": 0, "degraded_writes": 0, "repaired_chunks": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
                       "bad_chunks": 0}
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
@@ -89,7 +89,11 @@ class BlockIO:
         """Put chunk ``p`` on primary server ``p``. A put that fails moves to a spare; a put
         that is much slower than its siblings is *hedged*: the same chunk also goes to a spare
         and the first to succeed wins (Tectonic's hedged writes). Losers' copies are deleted by
-        the MDS's GC after commit."""
+        the MDS's GC after commit.
+
+        The block is accepted once at least ``policy.write_min`` chunks are durable (a degraded
+        write: an allocation with fewer servers than ``width`` when servers are missing, or
+        chunks no server took); the MDS records what is missing for repair. Fewer: NoSpace."""
         servers = list(allocation.servers)
         primaries, spares = servers[: policy.width], servers[policy.width :]
         block_id = allocation.block_id
@@ -153,16 +157,29 @@ class BlockIO:
                 for task in pending:
                     task.cancel()
 
-        tasks = [loop.create_task(place(p)) for p in range(policy.width)]
+        tasks = [loop.create_task(place(p)) for p in range(len(primaries))]
         try:
-            placed = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:  # one chunk cannot be placed: the others are wasted work
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        except BaseException:  # cancelled: so are the puts
+            for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
             raise
+        placed = [o for o in outcomes if isinstance(o, messages.ChunkRef)]
+        unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, NoSpace)]
+        if unexpected:
+            raise unexpected[0]
+        if len(placed) < policy.write_min:
+            reasons = "; ".join(str(o) for o in outcomes if isinstance(o, BaseException))
+            raise NoSpace(
+                f"block {block_id}: {len(placed)} of {policy.width} chunks stored, {policy} needs at least"
+                f" {policy.write_min}" + (f" ({reasons})" if reasons else "")
+            )
+        if len(placed) < policy.width:
+            self.stats["degraded_writes"] += 1
+            log.info("block %d stored degraded: %d of %d chunks", block_id, len(placed), policy.width)
         return messages.Block(
-            idx=idx, block_id=block_id, policy=str(policy), length=len(data), valid=len(data), chunks=list(placed)
+            idx=idx, block_id=block_id, policy=str(policy), length=len(data), valid=len(data), chunks=placed
         )
 
     async def _put(

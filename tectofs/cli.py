@@ -271,6 +271,9 @@ def cmd_status(args: argparse.Namespace) -> None:
     live = sum(1 for s in servers if s["live"])
     print(f"metadata service {fs.meta_address}: {statfs['files']} inodes, "
           f"{stats['store']['operations']} operations in {stats['store']['commits']} commits")
+    degraded = stats["counts"].get("under_redundant_blocks", 0)
+    if degraded:
+        print(f"{degraded} blocks under-redundant (written while chunk servers were missing; await repair)")
     print(f"chunk servers: {live} live of {len(servers)}; capacity {_human(statfs['capacity'])}, used {_human(statfs['used'])}")
     print(f"{'id':>3} {'address':<22} {'state':<5} {'used':>12} {'capacity':>12} {'chunks':>8} {'heartbeat':>10}")
     for s in servers:

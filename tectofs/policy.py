@@ -34,6 +34,15 @@ class Policy:
         return self.data
 
     @property
+    def write_min(self) -> int:
+        """Chunks that must be durable for a block to be accepted when servers are missing
+        (a degraded write): k+1 for rs(k,m), so one more loss still leaves it readable; 2 for
+        rep(n >= 2); all of them when the policy has no spare (rs(k,1) needs k+1 = width)."""
+        if self.kind == "rs":
+            return min(self.width, self.data + 1)
+        return min(self.width, 2)
+
+    @property
     def tolerates(self) -> int:
         """Chunk servers that may be lost with every block still readable."""
         return self.redundancy

@@ -37,10 +37,10 @@ def _without_servers(c: Any, count: int) -> None:
 def test_failed_writes_publish_nothing(make_cluster: Callable[..., Any], tmp_path: Any) -> None:
     c = make_cluster()
     fs = c.fs
-    fs.mkdir("/d", policy="rep(4)")  # readable with 3 of 6 servers gone, not writable
+    fs.mkdir("/d", policy="rep(6)")  # readable with 5 of 6 servers gone, not writable (needs 2)
     old = os.urandom(3 * MiB)
     fs.write_bytes("/d/good", old)
-    _without_servers(c, 3)
+    _without_servers(c, 5)
 
     with pytest.raises(errors.NoSpace):  # an overwrite of a good file
         fs.write_bytes("/d/good", os.urandom(MiB))

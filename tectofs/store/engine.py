@@ -55,7 +55,8 @@ SCHEMA = [
         parent BIGINT NOT NULL, name TEXT NOT NULL, ino BIGINT NOT NULL, PRIMARY KEY (parent, name))""",
     """CREATE TABLE IF NOT EXISTS blocks (
         ino BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT NOT NULL, policy TEXT NOT NULL,
-        length BIGINT NOT NULL, valid BIGINT NOT NULL, start BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (ino, idx))""",
+        length BIGINT NOT NULL, valid BIGINT NOT NULL, start BIGINT NOT NULL DEFAULT 0,
+        missing INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (ino, idx))""",
     """CREATE TABLE IF NOT EXISTS chunks (
         block_id BIGINT NOT NULL, position INTEGER NOT NULL, server_id INTEGER NOT NULL,
         length BIGINT NOT NULL, crc BIGINT NOT NULL, PRIMARY KEY (block_id, position))""",
@@ -81,6 +82,8 @@ SCHEMA = [
 # Columns added after the first release: (table, column, declaration, fill-in for existing rows).
 ADDED_COLUMNS = [
     ("blocks", "start", "start BIGINT NOT NULL DEFAULT 0", None),
+    # chunks a degraded write could not store: the block is under-redundant until repaired
+    ("blocks", "missing", "missing INTEGER NOT NULL DEFAULT 0", None),
     ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
      "UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE blocks.ino = inodes.ino)"),
 ]
@@ -529,7 +532,9 @@ class SqlStore:
         """Reserve ``count`` block ids (fewer if their reply would outgrow its budget: the
         caller asks again) for file ``ino`` and choose, per block, ``width`` distinct
         live servers (least loaded first) plus up to ``spares`` spare ones, never one of
-        ``exclude`` (servers the client just failed to reach)."""
+        ``exclude`` (servers the client just failed to reach). With fewer live servers than
+        ``width`` but at least the policy's ``write_min``, the blocks get every live server
+        (a degraded write: positions past the list are not stored); below that, NoSpace."""
         if not 1 <= count <= limits.allocate_blocks_max:
             raise InvalidArgument(f"allocate count {count} outside [1, {limits.allocate_blocks_max}]")
         attrs = self._get(ino)
@@ -541,9 +546,10 @@ class SqlStore:
                                // (_BLOCK_BYTES_MAX + (policy.width + spares) * _CHUNK_BYTES_MAX)))
         excluded = set(exclude)
         live = [s for s in self.live_servers() if s["server_id"] not in excluded]
-        if len(live) < policy.width:
+        if len(live) < policy.write_min:
             raise NoSpace(
-                f"{policy} needs {policy.width} live chunk servers, {len(live)} are live"
+                f"{policy} needs at least {policy.write_min} live chunk servers ({policy.width} for full"
+                f" redundancy), {len(live)} are live"
                 + ("" if live else ": start chunk servers (tectofs chunk) or check their heartbeats")
             )
         # Pending allocations weigh like data already stored, so one call spreads its blocks.
@@ -558,8 +564,10 @@ class SqlStore:
             random.shuffle(candidates)  # tie-break so equal servers share the load
             candidates.sort(key=load.__getitem__)
             chosen = candidates[: policy.width + spares]
-            if len([sid for sid in chosen if free[sid] >= chunk_estimate]) < policy.width:
-                raise NoSpace(f"fewer than {policy.width} live chunk servers have room for a {chunk_estimate}-byte chunk")
+            if len([sid for sid in chosen if free[sid] >= chunk_estimate]) < policy.write_min:
+                raise NoSpace(
+                    f"fewer than {policy.write_min} live chunk servers have room for a {chunk_estimate}-byte chunk"
+                )
             for sid in chosen[: policy.width]:
                 load[sid] += chunk_estimate
                 free[sid] -= chunk_estimate
@@ -577,7 +585,8 @@ class SqlStore:
 
     def _check_written_block(self, ino: int, attrs: dict[str, Any], block: dict[str, Any]) -> None:
         """A block a writer commits or stages: allocated to this file, not committed yet,
-        its stored span inside the block, every chunk position present once."""
+        its stored span inside the block, chunk positions distinct and at least the policy's
+        ``write_min`` of them (all of them, unless the write was degraded)."""
         row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block["block_id"],))
         if row is None or row[0] != ino:
             raise InvalidArgument(f"block {block['block_id']} was not allocated to inode {ino} or is committed")
@@ -585,9 +594,13 @@ class SqlStore:
         if not (0 <= start and 0 < block["length"] and start + block["length"] <= attrs["block_size"]):
             raise InvalidArgument(f"block {block['block_id']}: {block['length']} bytes at {start} do not fit a block")
         policy = parse_policy(attrs["policy"])
-        positions = [c["position"] for c in block["chunks"]]
-        if sorted(positions) != list(range(policy.width)):
-            raise InvalidArgument(f"block {block['block_id']} has chunks {sorted(positions)}, {policy} needs each once")
+        positions = sorted(c["position"] for c in block["chunks"])
+        if len(set(positions)) != len(positions) or not set(positions) <= set(range(policy.width)) or (
+                len(positions) < policy.write_min):
+            raise InvalidArgument(
+                f"block {block['block_id']} has chunks {positions}; {policy} needs at least {policy.write_min}"
+                f" distinct positions in [0, {policy.width})"
+            )
 
     def _file(self, ino: int) -> dict[str, Any]:
         attrs = self._get(ino)
@@ -678,8 +691,10 @@ class SqlStore:
                 self._release_allocation(block["block_id"], set())
                 continue
             self._x(
-                "INSERT INTO blocks (ino, idx, block_id, policy, start, length, valid) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (ino, block["idx"], block["block_id"], attrs["policy"], start, block["length"], valid),
+                "INSERT INTO blocks (ino, idx, block_id, policy, start, length, valid, missing)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (ino, block["idx"], block["block_id"], attrs["policy"], start, block["length"], valid,
+                 parse_policy(attrs["policy"]).width - len(block["chunks"])),
             )
             for chunk in block["chunks"]:
                 self._x(
@@ -818,6 +833,7 @@ class SqlStore:
         out = {}
         for table in ("inodes", "blocks", "chunks", "allocations", "gc_queue", "servers"):
             (out[table],) = self._one(f"SELECT COUNT(*) FROM {table}")
+        (out["under_redundant_blocks"],) = self._one("SELECT COUNT(*) FROM blocks WHERE missing > 0")
         return out
 
     def close(self) -> None:

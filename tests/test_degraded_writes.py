@@ -1,0 +1,73 @@
+"""Degraded writes: with chunk servers missing, writes go on as long as the policy's
+``write_min`` chunks of each block can be stored (k+1 for rs(k,m)); such blocks are counted
+as under-redundant. Below the minimum, a clear error within seconds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import pytest
+
+from tectofs import errors
+
+MiB = 1 << 20
+
+
+def _kill(c: Any, count: int) -> None:
+    for i in range(count):
+        c.kill_chunk_server(i)
+    deadline = time.monotonic() + 30
+    while sum(s["live"] for s in c.servers()) > len(c.chunk_data_dirs) - count:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_one_server_of_six_down_writes_go_on(make_cluster: Callable[..., Any], tmp_path: Any) -> None:
+    c = make_cluster()  # rs(4,2): writes need 5 chunks, reads 4
+    fs = c.fs
+    _kill(c, 1)
+    data = os.urandom(3 * MiB + 123)
+    fs.write_bytes("/degraded", data)  # library
+    assert fs.read_bytes("/degraded") == data
+    layout, _ = fs.run(fs.aio.meta("layout", path="/degraded"))
+    assert {len(b.chunks) for b in layout.blocks} == {5}
+    local = tmp_path / "put.bin"
+    local.write_bytes(os.urandom(2 * MiB))
+    put = subprocess.run([sys.executable, "-m", "tectofs.cli", "put", "-q", "--meta", c.address, str(local), "/put"],
+                         capture_output=True, text=True, timeout=120)
+    assert put.returncode == 0, put.stderr
+    assert fs.read_bytes("/put") == local.read_bytes()
+    status = subprocess.run([sys.executable, "-m", "tectofs.cli", "status", "--meta", c.address],
+                            capture_output=True, text=True, timeout=60)
+    assert "blocks under-redundant" in status.stdout, status.stdout
+    _dcp_save_and_load(c)
+
+
+def _dcp_save_and_load(c: Any) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    import tectofs.torch  # noqa: F401  (tectofs:// checkpoint ids)
+
+    state = {"w": torch.randn(256, 1024), "b": torch.arange(1000)}
+    ckpt = f"tectofs://{c.address}/ckpt/step_1"
+    dcp.save(state, checkpoint_id=ckpt)
+    back = {"w": torch.zeros(256, 1024), "b": torch.zeros(1000, dtype=torch.int64)}
+    dcp.load(back, checkpoint_id=ckpt)
+    assert torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"])
+
+
+def test_below_the_write_minimum_is_a_clear_error(make_cluster: Callable[..., Any]) -> None:
+    c = make_cluster()
+    c.fs.write_bytes("/before", b"x" * 1000)
+    _kill(c, 2)  # 4 live < 5
+    started = time.monotonic()
+    with pytest.raises(errors.NoSpace, match="needs at least 5 live chunk servers .* 4 are live"):
+        c.fs.write_bytes("/after", os.urandom(MiB))
+    assert time.monotonic() - started < 15
+    assert not c.fs.exists("/after")
+    assert c.fs.read_bytes("/before") == b"x" * 1000  # reads survive two losses
