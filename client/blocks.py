@@ -158,13 +158,15 @@ class BlockIO:
                     task.cancel()
 
         tasks = [loop.create_task(place(p)) for p in range(len(primaries))]
+        block_started = loop.time()
         try:
-            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            await self._until_placed(tasks, policy, finished_s, block_started)
         except BaseException:  # cancelled: so are the puts
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
             raise
+        outcomes = [None if t.cancelled() else (t.exception() or t.result()) for t in tasks]  # None: given up
         placed = [o for o in outcomes if isinstance(o, messages.ChunkRef)]
         unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, NoSpace)]
         if unexpected:
@@ -181,6 +183,29 @@ class BlockIO:
         return messages.Block(
             idx=idx, block_id=block_id, policy=str(policy), length=len(data), valid=len(data), chunks=placed
         )
+
+    @staticmethod
+    async def _until_placed(
+        tasks: list[asyncio.Task[messages.ChunkRef]], policy: Any, finished_s: list[float], started: float
+    ) -> None:
+        """Wait for every chunk's placement, except stragglers: once ``write_min`` chunks are
+        durable, a chunk still unplaced ``hedge_slowdown_factor`` x the median put time (and at
+        least ``hedge_after_min_s``) after the block started is given up — a hung server costs
+        a block a second or two, not a timeout — and the block is stored degraded."""
+        loop = asyncio.get_running_loop()
+        pending = set(tasks)
+        while pending:
+            timeout = None
+            placed = sum(1 for t in tasks if t.done() and not t.cancelled() and t.exception() is None)
+            if placed >= policy.write_min and finished_s:
+                threshold = max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(finished_s))
+                timeout = max(0.0, started + threshold - loop.time())
+            done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not done and timeout is not None:
+                for task in pending:
+                    task.cancel()
+                await asyncio.wait(pending)
+                return
 
     async def _put(
         self, address: str, block_id: int, position: int, chunk: Any, crcs: tuple[list[int], int], overwrite: bool = False

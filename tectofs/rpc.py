@@ -429,9 +429,16 @@ class _ClientConnection(_FramedProtocol):
         request_id = next(self._ids)
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.pending[request_id] = fut
+        deadline = asyncio.get_running_loop().time() + timeout_s
         try:
-            await self.send(FrameKind.REQUEST, request_id, header, payload)
-            frame = await asyncio.wait_for(fut, timeout_s)
+            try:
+                # The send has the same deadline: a peer that stops reading (hung) must not hold
+                # us waiting for its socket to drain. A frame cut off mid-way ruins the stream.
+                await asyncio.wait_for(self.send(FrameKind.REQUEST, request_id, header, payload), timeout_s)
+            except asyncio.TimeoutError:
+                self.close()
+                raise
+            frame = await asyncio.wait_for(fut, max(0.0, deadline - asyncio.get_running_loop().time()))
         except asyncio.TimeoutError:
             raise Timeout(f"{header.get('op')} to {self.address} timed out after {timeout_s:.0f}s") from None
         finally:

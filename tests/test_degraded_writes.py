@@ -71,3 +71,35 @@ def test_below_the_write_minimum_is_a_clear_error(make_cluster: Callable[..., An
     assert time.monotonic() - started < 15
     assert not c.fs.exists("/after")
     assert c.fs.read_bytes("/before") == b"x" * 1000  # reads survive two losses
+
+
+def test_a_hung_server_delays_a_save_by_seconds_not_forever(make_cluster: Callable[..., Any]) -> None:
+    """rs(4,2) on exactly 6 servers: no spare to hedge to. A SIGSTOPped server's chunks are
+    given up once 5 of 6 are durable and the straggler is hedge_slowdown_factor x slower than
+    the median (at least hedge_after_min_s): each block costs about a second, never a timeout.
+    Bound checked: under 10 s over the same save with every server answering."""
+    import signal
+
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    import tectofs.torch  # noqa: F401
+
+    c = make_cluster()
+    state = {f"layer{i}": torch.randn(1024, 1024) for i in range(4)}  # 16 MiB
+    started = time.monotonic()
+    dcp.save(state, checkpoint_id=f"tectofs://{c.address}/healthy")
+    healthy_s = time.monotonic() - started
+    victim = c.chunk_processes[5]
+    victim.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        dcp.save(state, checkpoint_id=f"tectofs://{c.address}/hung")
+        hung_s = time.monotonic() - started
+        back = {k: torch.zeros_like(v) for k, v in state.items()}
+        dcp.load(back, checkpoint_id=f"tectofs://{c.address}/hung")
+        assert all(torch.equal(back[k], state[k]) for k in state)
+    finally:
+        victim.send_signal(signal.SIGCONT)
+    print(f"save with every server {healthy_s:.1f}s, with one SIGSTOPped {hung_s:.1f}s")
+    assert hung_s < healthy_s + 10, (healthy_s, hung_s)
