@@ -11,6 +11,7 @@ metadata transaction; ``close`` flushes (close-to-open consistency).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -23,6 +24,8 @@ from tectofs.errors import InvalidArgument, NoSpace, TectofsError
 from tectofs.policy import parse as parse_policy
 
 from .layout import LayoutMap
+
+log = logging.getLogger("tectofs.client")
 
 if TYPE_CHECKING:
     from .core import AsyncFileSystem
@@ -67,6 +70,7 @@ class AsyncFile:
         self._holes: set[int] = set()
         self._holes_staged: set[int] = set()  # those of them already sent ahead
         self.created = False  # this handle's open created the file (``abort`` removes it again)
+        self._lease_task: asyncio.Task[None] | None = None
         self._committed = False  # a commit of this handle succeeded
 
     def _set_layout(self, layout: messages.LayoutSegment) -> None:
@@ -257,7 +261,9 @@ class AsyncFile:
         if not self._allocations:
             for attempt in range(limits.placement_attempts_max):
                 try:
-                    reply, _ = await self.fs.meta("allocate", ino=self.ino, count=self._allocation_batch)
+                    reply, _ = await self.fs.meta(
+                        "allocate", ino=self.ino, count=self._allocation_batch, writer=self._writer
+                    )
                     break
                 except NoSpace:
                     # Servers may look dead for a moment (a slow metadata service, a restart):
@@ -266,12 +272,31 @@ class AsyncFile:
                         raise
                     await asyncio.sleep(limits.heartbeat_interval_s * (attempt + 1))
             self._allocations = list(reply.blocks)
+            self._keep_lease(reply.lease_s)
             self._allocation_batch = min(self._allocation_batch * 2, 8)
         return self._allocations.pop(0)
 
     async def _reallocate(self, failed_servers: set[int]) -> messages.Allocation:
-        reply, _ = await self.fs.meta("allocate", ino=self.ino, count=1, exclude=sorted(failed_servers))
+        reply, _ = await self.fs.meta(
+            "allocate", ino=self.ino, count=1, exclude=sorted(failed_servers), writer=self._writer
+        )
         return reply.blocks[0]
+
+    def _keep_lease(self, lease_s: float) -> None:
+        """While this handle is open, renew its allocations a few times per lease, so a write
+        of any length commits; a writer that crashed stops renewing and its chunks expire."""
+        if self._lease_task is not None and not self._lease_task.done():
+            return
+
+        async def renew() -> None:
+            while not self.closed:
+                await asyncio.sleep(max(0.05, lease_s / 4))
+                try:
+                    await self.fs.meta("renew", ino=self.ino, writer=self._writer)
+                except TectofsError as exc:  # the next renewal, or the commit, will tell
+                    log.warning("%s: lease renewal failed: %s", self.path, exc)
+
+        self._lease_task = asyncio.get_running_loop().create_task(renew())
 
     async def _bound_dirty(self) -> None:
         """Random writes may dirty many partial blocks; send the oldest past the limit."""
@@ -406,6 +431,8 @@ class AsyncFile:
 
     def _release(self) -> None:
         self.closed = True
+        if self._lease_task is not None:
+            self._lease_task.cancel()
         for task in list(self._inflight.values()) + list(self._prefetch.values()):
             task.cancel()
         for buffer, _ in self._dirty.values():

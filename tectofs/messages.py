@@ -287,7 +287,10 @@ class LayoutRequest(Message, kw_only=True):
 
 
 class AllocateRequest(Message, kw_only=True):
+    """``writer``: the handle's id; its lease (``renew``) keeps these allocations alive."""
+
     ino: Ino
+    writer: Id = 0
     count: Annotated[int, msgspec.Meta(ge=1, le=limits.allocate_blocks_max)] = 1
     spares: Annotated[int, msgspec.Meta(ge=0, le=limits.policy_width_max)] = limits.spare_servers_per_block
     exclude: Annotated[list[Id], msgspec.Meta(max_length=limits.servers_max)] = []
@@ -295,6 +298,18 @@ class AllocateRequest(Message, kw_only=True):
 
 class AllocateReply(Message, kw_only=True):
     blocks: list[Allocation]
+    lease_s: float = limits.allocation_grace_s  # uncommitted allocations not renewed for this long expire
+
+
+class RenewRequest(Message, kw_only=True):
+    """A writer's lease: its uncommitted allocations and staged blocks of ``ino`` live on."""
+
+    ino: Ino
+    writer: Id
+
+
+class RenewReply(Message, kw_only=True):
+    renewed: int
 
 
 BlockList = Annotated[list[WrittenBlock], msgspec.Meta(max_length=limits.commit_blocks_max)]
@@ -460,6 +475,7 @@ META_OPERATIONS = _table(
     Operation("layout", LayoutRequest, LayoutSegment, True),
     Operation("allocate", AllocateRequest, AllocateReply, False),
     Operation("stage", StageRequest, Empty, True),
+    Operation("renew", RenewRequest, RenewReply, True),
     Operation("commit", CommitRequest, LayoutSegment, False),
     Operation("report_bad_chunk", ReportBadChunkRequest, Empty, True),
     Operation("register_server", RegisterServerRequest, RegisterServerReply, True),

@@ -103,3 +103,18 @@ def test_a_hung_server_delays_a_save_by_seconds_not_forever(make_cluster: Callab
         victim.send_signal(signal.SIGCONT)
     print(f"save with every server {healthy_s:.1f}s, with one SIGSTOPped {hung_s:.1f}s")
     assert hung_s < healthy_s + 10, (healthy_s, hung_s)
+
+
+def test_a_write_held_open_past_the_allocation_grace_commits(make_cluster: Callable[..., Any]) -> None:
+    """The writer's lease: a handle renews its allocations while it is open (here the grace
+    is 2 s and the writer pauses 6 s between blocks); was: "block N was not allocated"."""
+    c = make_cluster(allocation_grace_s=2.0)
+    fs = c.fs
+    first, second = os.urandom(2 * MiB), os.urandom(2 * MiB)
+    with fs.open("/long-writer", "wb") as f:
+        f.write(first)
+        f.flush()
+        time.sleep(6)  # three graces: the MDS expires what is not renewed every second
+        f.write(second)
+        time.sleep(3)
+    assert fs.read_bytes("/long-writer") == first + second

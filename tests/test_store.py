@@ -124,8 +124,20 @@ class StoreContract:
     def test_no_space_without_enough_servers(self, store):
         self._servers(store, 3)
         f = store.create(["f"])
-        with pytest.raises(errors.NoSpace, match="6 live chunk servers, 3 are live"):
+        with pytest.raises(errors.NoSpace, match="at least 5 live chunk servers .*, 3 are live"):
             store.allocate(f["ino"], 1)
+
+    def test_degraded_allocation_and_commit(self, store):
+        ids = self._servers(store, 5)  # rs(4,2) writes degraded with 5: k+1
+        f = store.create(["f"])
+        (b,) = store.allocate(f["ino"], 1)
+        assert sorted(s["server_id"] for s in b["servers"]) == sorted(ids)  # every live server, no spare
+        chunks = [{"position": p, "server_id": s["server_id"], "length": 5, "crc": 1} for p, s in enumerate(b["servers"])]
+        with pytest.raises(errors.InvalidArgument, match="at least 5"):
+            store.commit(f["ino"], 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": chunks[:4]}],
+                         replace=True)
+        store.commit(f["ino"], 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": chunks}], replace=True)
+        assert store.counts()["under_redundant_blocks"] == 1
 
     def test_unlink_queues_chunks_for_gc(self, store):
         store.gc_delay_s = 0

@@ -179,12 +179,15 @@ class MetadataService:
         return _segment(await self._call("layout", paths.split(r.path), None, r.first)), b""
 
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply:
-        blocks = await self._call("allocate", r.ino, r.count, r.spares, r.exclude)
+        blocks = await self._call("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)
         return messages.AllocateReply(blocks=[
             messages.Allocation(block_id=b["block_id"], policy=b["policy"],
                                 servers=[messages.ServerRef(**s) for s in b["servers"]])
             for b in blocks
-        ]), b""
+        ], lease_s=self.allocation_grace_s), b""
+
+    async def rpc_renew(self, r: messages.RenewRequest, _: memoryview) -> Reply:
+        return messages.RenewReply(renewed=await self._call("renew", r.ino, r.writer)), b""
 
     async def rpc_stage(self, r: messages.StageRequest, _: memoryview) -> Reply:
         await self._call("stage", r.ino, r.writer, messages.to_plain(r.blocks), r.holes, r.cut_from)

@@ -62,7 +62,7 @@ SCHEMA = [
         length BIGINT NOT NULL, crc BIGINT NOT NULL, PRIMARY KEY (block_id, position))""",
     """CREATE TABLE IF NOT EXISTS allocations (
         block_id BIGINT PRIMARY KEY, ino BIGINT NOT NULL, created DOUBLE PRECISION NOT NULL,
-        servers TEXT NOT NULL)""",
+        servers TEXT NOT NULL, writer BIGINT NOT NULL DEFAULT 0)""",
     """CREATE TABLE IF NOT EXISTS servers (
         server_id INTEGER PRIMARY KEY, uuid TEXT UNIQUE NOT NULL, address TEXT NOT NULL,
         capacity BIGINT NOT NULL DEFAULT 0, used BIGINT NOT NULL DEFAULT 0,
@@ -82,6 +82,7 @@ SCHEMA = [
 # Columns added after the first release: (table, column, declaration, fill-in for existing rows).
 ADDED_COLUMNS = [
     ("blocks", "start", "start BIGINT NOT NULL DEFAULT 0", None),
+    ("allocations", "writer", "writer BIGINT NOT NULL DEFAULT 0", None),
     # chunks a degraded write could not store: the block is under-redundant until repaired
     ("blocks", "missing", "missing INTEGER NOT NULL DEFAULT 0", None),
     ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
@@ -527,7 +528,8 @@ class SqlStore:
         return {"attrs": attrs, "blocks": list(blocks.values()), "first": first, "end": end}
 
     def allocate(
-        self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = ()
+        self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = (),
+        writer: int = 0,
     ) -> list[dict[str, Any]]:
         """Reserve ``count`` block ids (fewer if their reply would outgrow its budget: the
         caller asks again) for file ``ino`` and choose, per block, ``width`` distinct
@@ -573,8 +575,8 @@ class SqlStore:
                 free[sid] -= chunk_estimate
             block_id = first + n
             self._x(
-                "INSERT INTO allocations (block_id, ino, created, servers) VALUES (?, ?, ?, ?)",
-                (block_id, ino, now, json.dumps(chosen)),
+                "INSERT INTO allocations (block_id, ino, created, servers, writer) VALUES (?, ?, ?, ?, ?)",
+                (block_id, ino, now, json.dumps(chosen), writer),
             )
             addresses = {s["server_id"]: s["address"] for s in live}
             out.append({
@@ -813,6 +815,13 @@ class SqlStore:
 
     def live_servers(self) -> list[dict[str, Any]]:
         return [s for s in self.servers() if s["live"]]
+
+    def renew(self, ino: int, writer: int) -> int:
+        """A live writer's lease: what it allocated and staged for ``ino`` does not expire."""
+        now = time.time()
+        renewed = self._x("UPDATE allocations SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer)).rowcount
+        self._x("UPDATE staged SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer))
+        return int(renewed)
 
     def expire_allocations(self, older_than_s: float = limits.allocation_grace_s) -> int:
         """Queue chunks of blocks allocated but never committed (a writer that crashed)."""
