@@ -76,6 +76,8 @@ class LocalCluster:
         self.meta_process: subprocess.Popen[bytes] | None = None
         self.chunk_processes: list[subprocess.Popen[bytes] | None] = []
         self.address = ""
+        # child name -> (restarts so far, time of the next try or 0, time of the last restart)
+        self._restarts: dict[str, tuple[int, float, float]] = {}
 
     @property
     def chunk_data_dirs(self) -> list[str]:
@@ -185,6 +187,43 @@ class LocalCluster:
                 return
             time.sleep(0.1)
         raise Timeout(f"only {live} of {count} chunk servers became live within {timeout_s:.0f}s; see {self.root}/logs")
+
+    def supervise(self) -> list[str]:
+        """Restart children that exited, with exponential backoff (1 s, 2 s, 4 s ... up to
+        ``limits.restart_backoff_max_s``; a child that stays up that long twice over is
+        forgiven). Returns one line per event, for the operator. ``tectofs up`` calls it
+        twice a second."""
+        events: list[str] = []
+        now = time.monotonic()
+        children = [("metadata service", "meta", self.meta_process)] + [
+            (f"chunk server {i}", f"chunk-{i}", p) for i, p in enumerate(self.chunk_processes)
+        ]
+        for label, name, process in children:
+            if process is None:
+                continue
+            attempts, next_try, restarted_at = self._restarts.get(name, (0, 0.0, 0.0))
+            if process.poll() is None:
+                if name in self._restarts and next_try == 0.0 and now - restarted_at > 2 * limits.restart_backoff_max_s:
+                    del self._restarts[name]
+                continue
+            if next_try == 0.0:  # just noticed
+                delay = min(limits.restart_backoff_max_s, 2.0**attempts)
+                self._restarts[name] = (attempts, now + delay, 0.0)
+                events.append(f"{label} exited with code {process.returncode} (log: {self.root}/logs/{name}.log);"
+                              f" restarting in {delay:g} s")
+            elif now >= next_try:
+                try:
+                    if name == "meta":
+                        self.restart_meta()
+                    else:
+                        self.restart_chunk(int(name.split("-")[1]))
+                    self._restarts[name] = (attempts + 1, 0.0, time.monotonic())
+                    events.append(f"{label} restarted")
+                except (TectofsError, OSError) as exc:
+                    delay = min(limits.restart_backoff_max_s, 2.0 ** (attempts + 1))
+                    self._restarts[name] = (attempts + 1, now + delay, 0.0)
+                    events.append(f"{label} did not come back ({exc}); next try in {delay:g} s")
+        return events
 
     def kill_chunk_server(self, i: int, sig: int = signal.SIGKILL) -> None:
         process = self.chunk_processes[i]

@@ -119,6 +119,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         print("press Ctrl-C to stop", flush=True)
         while not stop["now"]:
             time.sleep(0.5)
+            for event in cluster.supervise():  # children that died are reported and restarted
+                print(f"tectofs up: {event}", flush=True)
     except KeyboardInterrupt:
         pass
     finally:

@@ -44,6 +44,7 @@ chunk_inflight_bytes_max = 512 * MiB      # admission: above this new puts are a
 heartbeat_interval_s = 1.0
 server_dead_after_s = 5.0
 heartbeats_outstanding_max = 3
+restart_backoff_max_s = 30.0              # tectofs up: longest wait before restarting a child that died
 
 # Metadata service
 group_commit_batch_max = 256              # operations folded into one store transaction

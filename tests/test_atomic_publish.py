@@ -182,3 +182,43 @@ def test_cli_refuses_what_it_cannot_do_safely(cluster: Any) -> None:
     wide = _cli(cluster, "mkdir", "--policy", "rs(10,4)", "/too-wide")
     assert wide.returncode != 0 and "needs 14 chunk servers; this cluster has 6" in wide.stderr, wide.stderr
     assert not fs.exists("/too-wide")
+
+
+def test_up_restarts_a_child_that_died(tmp_path: Any) -> None:
+    up = subprocess.Popen([sys.executable, "-m", "tectofs.cli", "up", "--root", str(tmp_path / "root"), "--port", "0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines: list[str] = []
+
+        def read_until(text: str, timeout_s: float) -> str:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                line = up.stdout.readline()  # type: ignore[union-attr]
+                lines.append(line)
+                if text in line:
+                    return line
+                assert line, "".join(lines)
+            raise AssertionError(f"no {text!r} in: " + "".join(lines))
+
+        address = read_until("export TECTOFS_META=", 120).strip().rsplit("=", 1)[1]
+        read_until("press Ctrl-C", 30)
+        chunk_2 = f"chunk --data {tmp_path / 'root' / 'chunk-2'} "
+        pid = int(subprocess.run(["pgrep", "-f", chunk_2], capture_output=True, text=True).stdout.split()[0])
+        os.kill(pid, signal.SIGKILL)
+        assert "chunk server 2 exited with code -9" in read_until("chunk server 2 exited", 30)
+        read_until("chunk server 2 restarted", 60)
+        from tectofs.client import connect
+
+        with connect(address) as fs:
+            deadline = time.monotonic() + 30
+            while sum(s["live"] for s in fs.servers()) < 6:
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+            fs.write_bytes("/after-restart", b"ok")
+            assert fs.read_bytes("/after-restart") == b"ok"
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            up.kill()

@@ -68,6 +68,7 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
         "statfs": dict, "servers": dict, "stats": dict, "ping": dict, "stat": dict,
         "layout": lambda: {"ino": ino(), "first": rng.randrange(10)},
         "allocate": lambda: {"ino": ino(), "count": rng.randrange(1, 5), "exclude": []},
+        "renew": lambda: {"ino": ino(), "writer": rng.randrange(2**63)},
         "stage": lambda: {"ino": ino(), "writer": 1, "blocks": [], "holes": [1, 2], "cut_from": None},
         "commit": lambda: {"ino": ino(), "size": rng.randrange(10**9), "blocks": [], "replace": rng.random() < 0.5},
         "report_bad_chunk": lambda: {"block_id": rng.randrange(10**6), "position": 0, "server_id": 1, "reason": "fuzz"},
