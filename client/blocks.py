@@ -281,6 +281,7 @@ class BlockIO:
         finally:
             for task in running:
                 task.cancel()
+                task.add_done_callback(consume_outcome)  # a stand-in that failed after we stopped waiting
         for position in list(got)[policy.needed :]:  # a hedge and its original both arrived
             self.buffers.put(got.pop(position))
         if failed:
@@ -353,6 +354,12 @@ class BlockIO:
         finally:
             for payload in available.values():
                 self.buffers.put(payload)
+
+
+def consume_outcome(task: "asyncio.Task[Any]") -> None:
+    """Retrieve a finished task's outcome that nobody waits for any more (no "never retrieved")."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _checksums(data: Any) -> tuple[list[int], int]:

@@ -23,6 +23,7 @@ from tectofs import limits, messages, sparse
 from tectofs.errors import InvalidArgument, NoSpace, TectofsError
 from tectofs.policy import parse as parse_policy
 
+from .blocks import consume_outcome
 from .layout import LayoutMap
 
 log = logging.getLogger("tectofs.client")
@@ -71,6 +72,8 @@ class AsyncFile:
         self._holes_staged: set[int] = set()  # those of them already sent ahead
         self.created = False  # this handle's open created the file (``abort`` removes it again)
         self._lease_task: asyncio.Task[None] | None = None
+        self._writer_lease_s: float | None = None  # set by the first allocation
+        self._reader = 0  # a reader's lease id (0: none)
         self._committed = False  # a commit of this handle succeeded
 
     def _set_layout(self, layout: messages.LayoutSegment) -> None:
@@ -285,14 +288,26 @@ class AsyncFile:
     def _keep_lease(self, lease_s: float) -> None:
         """While this handle is open, renew its allocations a few times per lease, so a write
         of any length commits; a writer that crashed stops renewing and its chunks expire."""
+        self._writer_lease_s = lease_s
+        self._start_leases()
+
+    def hold_read_lease(self, reader: int) -> None:
+        """Keep the reader's lease (taken by ``open``) while this handle is open: the chunks
+        of the version it opened stay, even if the file is unlinked or replaced meanwhile."""
+        self._reader = reader
+        self._start_leases()
+
+    def _start_leases(self) -> None:
         if self._lease_task is not None and not self._lease_task.done():
             return
 
         async def renew() -> None:
             while not self.closed:
-                await asyncio.sleep(max(0.05, lease_s / 4))
+                periods = [s for s in (self._writer_lease_s, limits.reader_lease_s if self._reader else None) if s]
+                await asyncio.sleep(max(0.05, min(periods) / 4))
                 try:
-                    await self.fs.meta("renew", ino=self.ino, writer=self._writer)
+                    await self.fs.meta("renew", ino=self.ino, writer=self._writer if self._writer_lease_s else 0,
+                                       reader=self._reader)
                 except TectofsError as exc:  # the next renewal, or the commit, will tell
                     log.warning("%s: lease renewal failed: %s", self.path, exc)
 
@@ -527,7 +542,9 @@ class AsyncFile:
     def _start_prefetch(self, first: int) -> None:
         for idx in range(first, first + limits.read_prefetch_blocks):
             if idx in self.blocks and idx not in self._cache and idx not in self._prefetch:
-                self._prefetch[idx] = asyncio.get_running_loop().create_task(self._load_block(self.blocks[idx]))
+                task = asyncio.get_running_loop().create_task(self._load_block(self.blocks[idx]))
+                task.add_done_callback(consume_outcome)  # a prefetch nobody reads may fail unseen
+                self._prefetch[idx] = task
         for idx, task in list(self._prefetch.items()):
             if idx < first - 1:
                 task.cancel()

@@ -51,6 +51,7 @@ group_commit_batch_max = 256              # operations folded into one store tra
 store_retries_max = 12                    # runs of a transaction the database aborted as retryable
 meta_queue_max = 20_000                  # operations waiting for the store before BUSY answers
 allocation_grace_s = 600.0                # uncommitted blocks older than this are garbage
+reader_lease_s = 60.0                     # an open reader's hold on its file's chunks, renewed while open
 gc_orders_per_heartbeat_max = 1024
 readdir_page_entries_max = 2000           # entries of one readdir reply (fewer if the byte budget is reached)
 allocate_blocks_max = 1024                # block ids one allocate call reserves

@@ -284,6 +284,7 @@ class LayoutRequest(Message, kw_only=True):
     path: Path | None = None
     ino: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
     first: Int64 = 0
+    reader: Id = 0  # an opening reader: takes its lease (see RenewRequest) in the same call
 
 
 class AllocateRequest(Message, kw_only=True):
@@ -302,10 +303,12 @@ class AllocateReply(Message, kw_only=True):
 
 
 class RenewRequest(Message, kw_only=True):
-    """A writer's lease: its uncommitted allocations and staged blocks of ``ino`` live on."""
+    """Leases on ``ino``: a writer's (its uncommitted allocations and staged blocks live on)
+    and a reader's (the file's chunks are kept, even after an unlink or replace)."""
 
     ino: Ino
-    writer: Id
+    writer: Id = 0
+    reader: Id = 0
 
 
 class RenewReply(Message, kw_only=True):

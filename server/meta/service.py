@@ -173,10 +173,10 @@ class MetadataService:
 
     async def rpc_layout(self, r: messages.LayoutRequest, _: memoryview) -> Reply:
         if r.ino:
-            return _segment(await self._call("layout", None, r.ino, r.first)), b""
+            return _segment(await self._call("layout", None, r.ino, r.first, r.reader)), b""
         if r.path is None:
             raise InvalidArgument("layout needs an ino or a path")
-        return _segment(await self._call("layout", paths.split(r.path), None, r.first)), b""
+        return _segment(await self._call("layout", paths.split(r.path), None, r.first, r.reader)), b""
 
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply:
         blocks = await self._call("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)
@@ -187,7 +187,7 @@ class MetadataService:
         ], lease_s=self.allocation_grace_s), b""
 
     async def rpc_renew(self, r: messages.RenewRequest, _: memoryview) -> Reply:
-        return messages.RenewReply(renewed=await self._call("renew", r.ino, r.writer)), b""
+        return messages.RenewReply(renewed=await self._call("renew", r.ino, r.writer, r.reader)), b""
 
     async def rpc_stage(self, r: messages.StageRequest, _: memoryview) -> Reply:
         await self._call("stage", r.ino, r.writer, messages.to_plain(r.blocks), r.holes, r.cut_from)

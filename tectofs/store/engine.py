@@ -70,7 +70,12 @@ SCHEMA = [
         last_heartbeat DOUBLE PRECISION NOT NULL, registered DOUBLE PRECISION NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS gc_queue (
         server_id INTEGER NOT NULL, block_id BIGINT NOT NULL, due DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (server_id, block_id))""",
+        ino BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (server_id, block_id))""",
+    # Readers' leases: while one is live, the chunks of the file's dropped blocks are kept (an
+    # unlinked or replaced file stays readable through the handles that have it open).
+    """CREATE TABLE IF NOT EXISTS read_leases (
+        ino BIGINT NOT NULL, reader BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (ino, reader))""",
     """CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)""",
     # Parts of a commit sent ahead by a writer (``stage``): a block (its descriptor as JSON) or
     # a hole (block_id NULL) per index, invisible until that writer's commit publishes them.
@@ -83,6 +88,7 @@ SCHEMA = [
 ADDED_COLUMNS = [
     ("blocks", "start", "start BIGINT NOT NULL DEFAULT 0", None),
     ("allocations", "writer", "writer BIGINT NOT NULL DEFAULT 0", None),
+    ("gc_queue", "ino", "ino BIGINT NOT NULL DEFAULT 0", None),
     # chunks a degraded write could not store: the block is under-redundant until repaired
     ("blocks", "missing", "missing INTEGER NOT NULL DEFAULT 0", None),
     ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
@@ -377,9 +383,9 @@ class SqlStore:
         where = "ino = ? AND idx = ?" if only_idx is not None else "ino = ? AND idx >= ?"
         params = (ino, from_idx if only_idx is None else only_idx)
         self._x(
-            "INSERT INTO gc_queue (server_id, block_id, due) SELECT c.server_id, c.block_id, ? FROM chunks c"
+            "INSERT INTO gc_queue (server_id, block_id, due, ino) SELECT c.server_id, c.block_id, ?, ? FROM chunks c"
             f" WHERE c.block_id IN (SELECT block_id FROM blocks WHERE {where}) ON CONFLICT DO NOTHING",
-            (time.time() + self.gc_delay_s, *params),
+            (time.time() + self.gc_delay_s, ino, *params),
         )
         self._x(f"DELETE FROM chunks WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
         self._x(f"DELETE FROM blocks WHERE {where}", params)
@@ -491,7 +497,9 @@ class SqlStore:
 
     # ------------------------------------------------------------------ block maps
 
-    def layout(self, parts: list[str] | None = None, ino: int | None = None, first: int = 0) -> dict[str, Any]:
+    def layout(
+        self, parts: list[str] | None = None, ino: int | None = None, first: int = 0, reader: int = 0
+    ) -> dict[str, Any]:
         """A segment of the file's block map: its attributes and the blocks with index in
         ``[first, end)``, each with its chunks and their servers. ``end`` is None when the
         segment reaches the end of the file; a large file comes in several segments, each
@@ -499,10 +507,13 @@ class SqlStore:
 
         Block ``idx`` covers file bytes ``[idx * block_size, idx * block_size + valid)``: its
         ``length`` stored bytes sit at ``start`` within it; the bytes before ``start`` and from
-        ``start + length`` on are zeros. Indexes without a block are holes (zeros)."""
+        ``start + length`` on are zeros. Indexes without a block are holes (zeros). With
+        ``reader``, an opening reader takes its lease (``renew``) on the file."""
         attrs = self._resolve(parts or []) if ino is None else self._get(ino)
         if attrs["kind"] == "dir":
             raise IsADirectory(f"/{'/'.join(parts or [])} is a directory")
+        if reader:
+            self.renew(attrs["ino"], reader=reader)
         width = parse_policy(attrs["policy"]).width
         count = max(1, limits.reply_header_budget_bytes // (_BLOCK_BYTES_MAX + width * _CHUNK_BYTES_MAX))
         row = self._one(
@@ -790,8 +801,11 @@ class SqlStore:
         )
         if cur.rowcount == 0:
             raise NotFound(f"chunk server {server_id} is not registered; register again")
-        rows = self._all(
-            "SELECT block_id FROM gc_queue WHERE server_id = ? AND due <= ? LIMIT ?", (server_id, time.time(), orders_max)
+        now = time.time()
+        rows = self._all(  # not what a live reader's lease still holds
+            "SELECT block_id FROM gc_queue g WHERE server_id = ? AND due <= ? AND NOT EXISTS"
+            " (SELECT 1 FROM read_leases r WHERE r.ino = g.ino AND g.ino != 0 AND r.expires > ?) LIMIT ?",
+            (server_id, now, now, orders_max),
         )
         ids = [int(r[0]) for r in rows]
         for block_id in ids:
@@ -816,11 +830,19 @@ class SqlStore:
     def live_servers(self) -> list[dict[str, Any]]:
         return [s for s in self.servers() if s["live"]]
 
-    def renew(self, ino: int, writer: int) -> int:
-        """A live writer's lease: what it allocated and staged for ``ino`` does not expire."""
+    def renew(self, ino: int, writer: int = 0, reader: int = 0, reader_lease_s: float = limits.reader_lease_s) -> int:
+        """Leases. A live writer's: what it allocated and staged for ``ino`` does not expire.
+        A reader's: the chunks of ``ino``'s blocks are kept (not collected) until it lapses,
+        even after the file is unlinked or replaced."""
         now = time.time()
-        renewed = self._x("UPDATE allocations SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer)).rowcount
-        self._x("UPDATE staged SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer))
+        renewed = 0
+        if writer:
+            renewed += self._x("UPDATE allocations SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer)).rowcount
+            self._x("UPDATE staged SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer))
+        if reader:
+            self._x("DELETE FROM read_leases WHERE ino = ? AND reader = ?", (ino, reader))
+            self._x("INSERT INTO read_leases (ino, reader, expires) VALUES (?, ?, ?)", (ino, reader, now + reader_lease_s))
+            renewed += 1
         return int(renewed)
 
     def expire_allocations(self, older_than_s: float = limits.allocation_grace_s) -> int:
@@ -836,6 +858,7 @@ class SqlStore:
                 )
             self._x("DELETE FROM allocations WHERE block_id = ?", (block_id,))
         self._x("DELETE FROM staged WHERE created < ?", (cutoff,))  # what crashed writers staged
+        self._x("DELETE FROM read_leases WHERE expires < ?", (now,))  # readers gone
         return len(rows)
 
     def counts(self) -> dict[str, int]:
