@@ -65,6 +65,7 @@ read_prefetch_blocks = 1
 read_blocks_parallel_max = 4              # whole blocks one read call fetches at once
 client_buffer_pool_bytes = 1 * GiB        # idle buffers kept for reuse, per process
 client_codec_threads = 2                  # encode/decode/checksum threads, per process
+staging_timeout_s = 300.0                 # async_save waits at most this long for the previous upload
 interrupt_unwind_s = 30.0                 # a Ctrl-C waits this long for the interrupted call to unwind
 spare_servers_per_block = 2               # extra placements handed out for hedged writes
 hedge_after_min_s = 1.0                   # never hedge a chunk put younger than this

@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import errors
+from .. import errors, limits
 from ..checksum import crc
 from . import _uri
 from ._staging import StagingPool
@@ -214,7 +214,8 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         staging_max_bytes: optional hard cap on the staging buffers used by
             ``dcp.async_save`` (a bigger state dict is refused instead of staged).
         staging_timeout_s: how long ``async_save`` may wait for the previous upload
-            to release the staging buffers (None: forever).
+            to release the staging buffers (default ``limits.staging_timeout_s``, 300 s:
+            training never freezes behind a stuck upload; None: forever).
         pending_grace_s: after each commit the coordinator deletes leftovers of
             interrupted saves (``.<name>.pending-*``/``.replaced-*``) in the checkpoint's
             parent directory that nothing has touched for this long (see
@@ -239,7 +240,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         max_file_bytes: int | None = None,
         overwrite: bool = False,
         staging_max_bytes: int | None = None,
-        staging_timeout_s: float | None = None,
+        staging_timeout_s: float | None = limits.staging_timeout_s,
         pending_grace_s: float | None = 24 * 3600.0,
     ) -> None:
         super().__init__()
