@@ -1,0 +1,130 @@
+"""The time-driven part of the metadata store: the chunk-server registry (registration,
+heartbeats, liveness, GC orders) and leases (writers' allocations, readers' holds), with the
+expiry of what nobody renews. A mixin of ``SqlStore``: it runs on the store's connection, in
+the store's transactions (see ``engine.py`` for the contract).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterable
+
+from .. import limits
+from ..errors import NoSpace, NotFound
+
+
+class ServersAndLeases:
+    """Registry and lease operations; ``SqlStore`` provides the connection helpers."""
+
+    gc_delay_s: float
+    server_dead_after_s: float
+    heartbeats_seen: dict[int, float]
+
+    def _x(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        raise NotImplementedError
+
+    def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        raise NotImplementedError
+
+    def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        raise NotImplementedError
+
+    def register_server(self, uuid: str, address: str, capacity: int, used: int) -> int:
+        now = time.time()
+        row = self._one("SELECT server_id FROM servers WHERE uuid = ?", (uuid,))
+        if row is None and self._one("SELECT COUNT(*) FROM servers")[0] >= limits.servers_max:
+            raise NoSpace(f"this metadata service already has {limits.servers_max} chunk servers registered")
+        if row is not None:
+            self._x(
+                "UPDATE servers SET address = ?, capacity = ?, used = ?, last_heartbeat = ? WHERE server_id = ?",
+                (address, capacity, used, now, row[0]),
+            )
+            return int(row[0])
+        (server_id,) = self._one("SELECT COALESCE(MAX(server_id), 0) + 1 FROM servers")
+        self._x(
+            "INSERT INTO servers (server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat,"
+            " registered) VALUES (?, ?, ?, ?, ?, 0, 0, ?, ?)",
+            (server_id, uuid, address, capacity, used, now, now),
+        )
+        return int(server_id)
+
+    def heartbeat(
+        self, server_id: int, capacity: int, used: int, inflight: int, chunks: int, address: str | None = None,
+        orders_max: int = limits.gc_orders_per_heartbeat_max,
+    ) -> list[int]:
+        """Record a server's load (and its address, which may have changed since it
+        registered); return (and forget) block ids whose chunk it must delete."""
+        cur = self._x(
+            "UPDATE servers SET capacity = ?, used = ?, inflight = ?, chunks = ?, last_heartbeat = ?,"
+            " address = COALESCE(?, address) WHERE server_id = ?",
+            (capacity, used, inflight, chunks, time.time(), address, server_id),
+        )
+        if cur.rowcount == 0:
+            raise NotFound(f"chunk server {server_id} is not registered; register again")
+        now = time.time()
+        rows = self._all(  # not what a live reader's lease still holds
+            "SELECT block_id FROM gc_queue g WHERE server_id = ? AND due <= ? AND NOT EXISTS"
+            " (SELECT 1 FROM read_leases r WHERE r.ino = g.ino AND g.ino != 0 AND r.expires > ?) LIMIT ?",
+            (server_id, now, now, orders_max),
+        )
+        ids = [int(r[0]) for r in rows]
+        for block_id in ids:
+            self._x("DELETE FROM gc_queue WHERE server_id = ? AND block_id = ?", (server_id, block_id))
+        return ids
+
+    def servers(self) -> list[dict[str, Any]]:
+        now = time.time()
+        rows = self._all(
+            "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat FROM servers ORDER BY server_id"
+        )
+        out = []
+        for r in rows:
+            last = max(r[7], self.heartbeats_seen.get(r[0], 0.0))
+            out.append({
+                "server_id": r[0], "uuid": r[1], "address": r[2], "capacity": r[3], "used": r[4],
+                "inflight": r[5], "chunks": r[6], "last_heartbeat": last,
+                "live": now - last <= self.server_dead_after_s,
+            })
+        return out
+
+    def live_servers(self) -> list[dict[str, Any]]:
+        return [s for s in self.servers() if s["live"]]
+
+    def renew(self, ino: int, writer: int = 0, reader: int = 0, reader_lease_s: float = limits.reader_lease_s) -> int:
+        """Leases. A live writer's: what it allocated and staged for ``ino`` does not expire.
+        A reader's: the chunks of ``ino``'s blocks are kept (not collected) until it lapses,
+        even after the file is unlinked or replaced."""
+        now = time.time()
+        renewed = 0
+        if writer:
+            renewed += self._x("UPDATE allocations SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer)).rowcount
+            self._x("UPDATE staged SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer))
+        if reader:
+            self._x("DELETE FROM read_leases WHERE ino = ? AND reader = ?", (ino, reader))
+            self._x("INSERT INTO read_leases (ino, reader, expires) VALUES (?, ?, ?)", (ino, reader, now + reader_lease_s))
+            renewed += 1
+        return int(renewed)
+
+    def expire_allocations(self, older_than_s: float = limits.allocation_grace_s) -> int:
+        """Queue chunks of blocks allocated but never committed (a writer that crashed)."""
+        cutoff = time.time() - older_than_s
+        rows = self._all("SELECT block_id, servers FROM allocations WHERE created < ?", (cutoff,))
+        now = time.time()
+        for block_id, servers in rows:
+            for server_id in json.loads(servers):
+                self._x(
+                    "INSERT INTO gc_queue (server_id, block_id, due) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                    (server_id, block_id, now),
+                )
+            self._x("DELETE FROM allocations WHERE block_id = ?", (block_id,))
+        self._x("DELETE FROM staged WHERE created < ?", (cutoff,))  # what crashed writers staged
+        self._x("DELETE FROM read_leases WHERE expires < ?", (now,))  # readers gone
+        return len(rows)
+
+    def counts(self) -> dict[str, int]:
+        out = {}
+        for table in ("inodes", "blocks", "chunks", "allocations", "gc_queue", "servers"):
+            (out[table],) = self._one(f"SELECT COUNT(*) FROM {table}")
+        (out["under_redundant_blocks"],) = self._one("SELECT COUNT(*) FROM blocks WHERE missing > 0")
+        return out
