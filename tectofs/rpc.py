@@ -139,11 +139,11 @@ class _FramedProtocol(asyncio.BufferedProtocol):
 
 class _ServerConnection(_FramedProtocol):
     def __init__(self, server: "RpcServer") -> None:
-        super().__init__(server.admit_payload)
+        self.greeted = False
         self.server = server
+        super().__init__(self._admit_payload)
         self.inflight = 0
         self._reading_paused = False
-        self.greeted = False
         self.peer = "?"
         self._hello_deadline: asyncio.TimerHandle | None = None
 
@@ -153,6 +153,11 @@ class _ServerConnection(_FramedProtocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._hello_deadline = asyncio.get_running_loop().call_later(limits.hello_wait_server_s, self._no_hello)
+
+    def _admit_payload(self, header: dict[str, Any], length: int) -> "bytearray | memoryview | None":
+        """Nothing is admitted before the hello (a payload reserved then would never be
+        released: the connection is closed at the first frame that is not a hello)."""
+        return self.server.admit_payload(header, length) if self.greeted else None
 
     def _no_hello(self) -> None:
         if not self.greeted:

@@ -179,3 +179,14 @@ def test_a_payload_where_none_belongs_is_invalid_not_busy(cluster: Any) -> None:
         assert {r.header["code"] for r in replies} == {"invalid_argument"}  # never "busy": nothing leaked
     stat = cluster.fs.run(cluster.fs.aio.rpc.call(chunk_address, "stat", {}))[0]
     assert stat["inflight"] == 0
+
+
+def test_a_put_before_the_hello_reserves_nothing(cluster: Any) -> None:
+    chunk_address = cluster.servers()[0]["address"]
+    put = encode_frame(FrameKind.REQUEST, 1, {"op": "put_chunk", "block_id": 1, "position": 0, "crcs": [], "crc": 0},
+                       1 << 20) + bytes(1 << 20)
+    for _ in range(3):
+        frames, _ = _raw(chunk_address, put)
+        assert frames[-1].kind == FrameKind.ERROR and "expected a hello" in frames[-1].header["message"]
+    stat = cluster.fs.run(cluster.fs.aio.rpc.call(chunk_address, "stat", {}))[0]
+    assert stat["inflight"] == 0
