@@ -91,7 +91,7 @@ class BlockIO:
         and the first to succeed wins (Tectonic's hedged writes). Losers' copies are deleted by
         the MDS's GC after commit.
 
-        The block is accepted once at least ``policy.write_min`` chunks are durable (a degraded
+        The block is accepted once at least ``allocation.write_min`` chunks are durable (a degraded
         write: an allocation with fewer servers than ``width`` when servers are missing, or
         chunks no server took); the MDS records what is missing for repair. Fewer: NoSpace."""
         servers = list(allocation.servers)
@@ -160,7 +160,7 @@ class BlockIO:
         tasks = [loop.create_task(place(p)) for p in range(len(primaries))]
         block_started = loop.time()
         try:
-            await self._until_placed(tasks, policy, finished_s, block_started)
+            await self._until_placed(tasks, allocation.write_min or policy.write_min, finished_s, block_started)
         except BaseException:  # cancelled: so are the puts
             for task in tasks:
                 task.cancel()
@@ -171,11 +171,12 @@ class BlockIO:
         unexpected = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, NoSpace)]
         if unexpected:
             raise unexpected[0]
-        if len(placed) < policy.write_min:
+        minimum = allocation.write_min or policy.write_min
+        if len(placed) < minimum:
             reasons = "; ".join(str(o) for o in outcomes if isinstance(o, BaseException))
             raise NoSpace(
                 f"block {block_id}: {len(placed)} of {policy.width} chunks stored, {policy} needs at least"
-                f" {policy.write_min}" + (f" ({reasons})" if reasons else "")
+                f" {minimum}" + (f" ({reasons})" if reasons else "")
             )
         if len(placed) < policy.width:
             self.stats["degraded_writes"] += 1
@@ -186,7 +187,7 @@ class BlockIO:
 
     @staticmethod
     async def _until_placed(
-        tasks: list[asyncio.Task[messages.ChunkRef]], policy: Any, finished_s: list[float], started: float
+        tasks: list[asyncio.Task[messages.ChunkRef]], write_min: int, finished_s: list[float], started: float
     ) -> None:
         """Wait for every chunk's placement, except stragglers: once ``write_min`` chunks are
         durable, a chunk still unplaced ``hedge_slowdown_factor`` x the median put time (and at
@@ -197,7 +198,7 @@ class BlockIO:
         while pending:
             timeout = None
             placed = sum(1 for t in tasks if t.done() and not t.cancelled() and t.exception() is None)
-            if placed >= policy.write_min and finished_s:
+            if placed >= write_min and finished_s:
                 threshold = max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(finished_s))
                 timeout = max(0.0, started + threshold - loop.time())
             done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

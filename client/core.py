@@ -48,6 +48,7 @@ class Stat:
     block_size: int
     target: str | None
     stored: int = 0  # bytes of data the file really stores: holes and zero heads and tails excluded
+    write_min: int = 0  # chunks a block needs to be accepted when servers are missing (0: the policy's)
 
     @classmethod
     def from_attrs(cls, attrs: messages.Attrs) -> "Stat":
@@ -162,8 +163,11 @@ class AsyncFileSystem:
                                    uid=os.getuid(), gid=os.getgid())
         return Stat.from_attrs(reply.attrs)
 
-    async def set_policy(self, path: str, policy: str | None = None, block_size: int | None = None) -> Stat:
-        reply, _ = await self.meta("set_policy", path=path, policy=policy, block_size=block_size)
+    async def set_policy(
+        self, path: str, policy: str | None = None, block_size: int | None = None, write_min: int | None = None
+    ) -> Stat:
+        """What new files below directory ``path`` get: policy, block size, write minimum."""
+        reply, _ = await self.meta("set_policy", path=path, policy=policy, block_size=block_size, write_min=write_min)
         return Stat.from_attrs(reply.attrs)
 
     async def rename(self, src: str, dst: str, noreplace: bool = False) -> None:

@@ -251,8 +251,10 @@ class FileSystem:
     def makedirs(self, path: str, exist_ok: bool = True, **kwargs: Any) -> Stat:
         return self.mkdir(path, parents=True, exist_ok=exist_ok, **kwargs)
 
-    def set_policy(self, path: str, policy: str | None = None, block_size: int | None = None) -> Stat:
-        return self.run(self.aio.set_policy(path, policy, block_size))
+    def set_policy(
+        self, path: str, policy: str | None = None, block_size: int | None = None, write_min: int | None = None
+    ) -> Stat:
+        return self.run(self.aio.set_policy(path, policy, block_size, write_min))
 
     def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
         self.run(self.aio.rename(src, dst, noreplace))

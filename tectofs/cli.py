@@ -237,11 +237,13 @@ def cmd_mkdir(args: argparse.Namespace) -> None:
 
 
 def cmd_set_policy(args: argparse.Namespace) -> None:
-    if args.policy is None and args.block_size is None:
-        raise SystemExit("tectofs set-policy: give --policy, --block-size or both")
+    if args.policy is None and args.block_size is None and args.write_min is None:
+        raise SystemExit("tectofs set-policy: give --policy, --block-size, --write-min or several")
     with _client(args) as fs:
-        st = fs.set_policy(args.path, policy=args.policy, block_size=args.block_size)
-        print(f"{args.path}: new files below it get {st.policy}, {_human(st.block_size)} blocks (existing files keep theirs)")
+        st = fs.set_policy(args.path, policy=args.policy, block_size=args.block_size, write_min=args.write_min)
+        minimum = f"write minimum {st.write_min}" if st.write_min else "the policy's write minimum"
+        print(f"{args.path}: new files below it get {st.policy}, {_human(st.block_size)} blocks, {minimum}"
+              " (existing files keep theirs)")
 
 
 def cmd_mv(args: argparse.Namespace) -> None:
@@ -395,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--policy", help="rs(k,m) or rep(n)")
     p.add_argument("--block-size", type=_size)
+    p.add_argument("--write-min", type=int, help="chunks a block needs to be accepted while servers are missing"
+                   " (default: k+1 for rs(k,m), 2 for rep(n)); the full width refuses degraded writes")
     p = client_command("mv", cmd_mv, "rename (atomically replacing the target)")
     p.add_argument("src")
     p.add_argument("dst")

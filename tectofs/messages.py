@@ -69,6 +69,7 @@ class Attrs(Message, kw_only=True):
     target: Annotated[str, msgspec.Meta(max_length=limits.symlink_target_max_bytes)] | None = None
     parent: Ino
     stored: Int64 = 0
+    write_min: Int64 = 0  # chunks a block needs to be accepted (0: the policy's default)
 
 
 class ChunkRef(Message, kw_only=True):
@@ -135,6 +136,7 @@ class Allocation(Message, kw_only=True):
     block_id: Id
     policy: PolicyText
     servers: list[ServerRef]
+    write_min: Int64 = 0  # chunks that must be stored for the block to be accepted (0: the policy's)
 
 
 class DirEntry(Message, kw_only=True):
@@ -258,6 +260,7 @@ class SetPolicyRequest(Message, kw_only=True):
     path: Path
     policy: PolicyText | None = None
     block_size: BlockSize | None = None
+    write_min: Annotated[int, msgspec.Meta(ge=1, le=limits.policy_width_max)] | None = None
 
 
 class RenameRequest(Message, kw_only=True):

@@ -140,3 +140,20 @@ def test_an_open_reader_keeps_its_version(make_cluster: Callable[..., Any], how:
         assert f.read(10) == data[:10]
     if how == "replace":
         assert fs.read_bytes("/read-me") == b"the new version"
+
+
+def test_write_minimum_is_set_per_directory(make_cluster: Callable[..., Any]) -> None:
+    c = make_cluster()
+    fs = c.fs
+    fs.mkdir("/strict")
+    st = fs.set_policy("/strict", write_min=6)  # rs(4,2): never accept a block with a chunk missing
+    assert st.write_min == 6
+    fs.mkdir("/strict/sub")
+    assert fs.stat("/strict/sub").write_min == 6  # inherited, like the policy
+    with pytest.raises(errors.InvalidArgument, match="between 4 .* and 6"):
+        fs.set_policy("/strict", write_min=3)  # fewer than a read needs
+    _kill(c, 1)
+    with pytest.raises(errors.NoSpace, match="at least 6 live"):
+        fs.write_bytes("/strict/sub/f", os.urandom(MiB))
+    assert not fs.exists("/strict/sub/f")
+    fs.write_bytes("/relaxed", os.urandom(MiB))  # the default directory still writes degraded

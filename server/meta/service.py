@@ -149,7 +149,7 @@ class MetadataService:
         return _attrs(await self._call("truncate", paths.split(r.path), r.size)), b""
 
     async def rpc_set_policy(self, r: messages.SetPolicyRequest, _: memoryview) -> Reply:
-        return _attrs(await self._call("set_policy", paths.split(r.path), r.policy, r.block_size)), b""
+        return _attrs(await self._call("set_policy", paths.split(r.path), r.policy, r.block_size, r.write_min)), b""
 
     async def rpc_rename(self, r: messages.RenameRequest, _: memoryview) -> Reply:
         return _attrs(await self._call("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
@@ -181,7 +181,7 @@ class MetadataService:
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply:
         blocks = await self._call("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)
         return messages.AllocateReply(blocks=[
-            messages.Allocation(block_id=b["block_id"], policy=b["policy"],
+            messages.Allocation(block_id=b["block_id"], policy=b["policy"], write_min=b["write_min"],
                                 servers=[messages.ServerRef(**s) for s in b["servers"]])
             for b in blocks
         ], lease_s=self.allocation_grace_s), b""

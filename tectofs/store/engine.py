@@ -43,7 +43,9 @@ _KINDS = {"f": "file", "d": "dir", "l": "symlink"}
 _ENTRY_BYTES_MAX = 320
 _BLOCK_BYTES_MAX = 160
 _CHUNK_BYTES_MAX = 80 + limits.address_length_max_bytes
-_ATTR_COLUMNS = "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored"
+_ATTR_COLUMNS = (
+    "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min"
+)
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS inodes (
@@ -51,7 +53,8 @@ SCHEMA = [
         uid INTEGER NOT NULL, gid INTEGER NOT NULL, size BIGINT NOT NULL DEFAULT 0,
         atime DOUBLE PRECISION NOT NULL, mtime DOUBLE PRECISION NOT NULL, ctime DOUBLE PRECISION NOT NULL,
         nlink INTEGER NOT NULL DEFAULT 1, policy TEXT NOT NULL, block_size BIGINT NOT NULL,
-        target TEXT, parent BIGINT NOT NULL, stored BIGINT NOT NULL DEFAULT 0)""",
+        target TEXT, parent BIGINT NOT NULL, stored BIGINT NOT NULL DEFAULT 0,
+        write_min INTEGER NOT NULL DEFAULT 0)""",
     """CREATE TABLE IF NOT EXISTS names (
         parent BIGINT NOT NULL, name TEXT NOT NULL, ino BIGINT NOT NULL, PRIMARY KEY (parent, name))""",
     """CREATE TABLE IF NOT EXISTS blocks (
@@ -89,6 +92,7 @@ SCHEMA = [
 ADDED_COLUMNS = [
     ("blocks", "start", "start BIGINT NOT NULL DEFAULT 0", None),
     ("allocations", "writer", "writer BIGINT NOT NULL DEFAULT 0", None),
+    ("inodes", "write_min", "write_min INTEGER NOT NULL DEFAULT 0", None),
     ("gc_queue", "ino", "ino BIGINT NOT NULL DEFAULT 0", None),
     # chunks a degraded write could not store: the block is under-redundant until repaired
     ("blocks", "missing", "missing INTEGER NOT NULL DEFAULT 0", None),
@@ -98,12 +102,18 @@ ADDED_COLUMNS = [
 
 
 def _attrs(row: Iterable[Any]) -> dict[str, Any]:
-    ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored = row
+    ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min = row
     return {
         "ino": ino, "kind": _KINDS[kind], "mode": mode, "uid": uid, "gid": gid, "size": size,
         "atime": atime, "mtime": mtime, "ctime": ctime, "nlink": nlink, "policy": policy,
-        "block_size": block_size, "target": target, "parent": parent, "stored": stored,
+        "block_size": block_size, "target": target, "parent": parent, "stored": stored, "write_min": write_min,
     }
+
+
+def write_min(attrs: dict[str, Any]) -> int:
+    """Chunks a block of this file (or of files below this directory) needs to be accepted:
+    the directory's setting, else the policy's default."""
+    return int(attrs["write_min"]) or parse_policy(attrs["policy"]).write_min
 
 
 class SqlStore(ServersAndLeases):
@@ -247,19 +257,24 @@ class SqlStore(ServersAndLeases):
     def _insert_inode(
         self, parent: dict[str, Any], name: str, kind: str, mode: int, uid: int, gid: int,
         policy: str | None = None, block_size: int | None = None, target: str | None = None,
+        write_min: int | None = None,
     ) -> dict[str, Any]:
+        """A new inode below ``parent``; what is not given is inherited (a new policy without
+        its own ``write_min`` gets the policy's default)."""
         check_name(name)
+        if write_min is None:
+            write_min = 0 if policy else parent["write_min"]
         if self._child(parent["ino"], name) is not None:
             raise AlreadyExists(f"{name!r} already exists")
         ino = self._next("ino")
         now = time.time()
         self._x(
             "INSERT INTO inodes (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy,"
-            " block_size, target, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " block_size, target, parent, write_min) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 ino, kind, mode, uid, gid, len(target.encode()) if target else 0, now, now, now,
                 2 if kind == "d" else 1, policy or parent["policy"], block_size or parent["block_size"],
-                target, parent["ino"],
+                target, parent["ino"], write_min,
             ),
         )
         self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent["ino"], name, ino))
@@ -366,15 +381,27 @@ class SqlStore(ServersAndLeases):
         )
         return self._get(attrs["ino"])
 
-    def set_policy(self, parts: list[str], policy: str | None, block_size: int | None) -> dict[str, Any]:
-        """Change the policy/block size that new files below this directory inherit."""
+    def set_policy(
+        self, parts: list[str], policy: str | None, block_size: int | None, write_min: int | None = None
+    ) -> dict[str, Any]:
+        """Change the policy, block size or write minimum (chunks a block needs to be accepted
+        when servers are missing) that new files below this directory inherit. A new policy
+        without a ``write_min`` gets the policy's default one."""
         directory = self._resolve_dir(parts)
         policy = self._checked_policy(policy)
         if block_size is not None:
             self._check_block_size(block_size)
+        effective = parse_policy(policy or directory["policy"])
+        if write_min is not None and not effective.needed <= write_min <= effective.width:
+            raise InvalidArgument(
+                f"write minimum {write_min} for {effective}: it must be between {effective.needed} (what a read"
+                f" needs) and {effective.width}"
+            )
         self._x(
-            "UPDATE inodes SET policy = COALESCE(?, policy), block_size = COALESCE(?, block_size) WHERE ino = ?",
-            (policy, block_size, directory["ino"]),
+            "UPDATE inodes SET policy = COALESCE(?, policy), block_size = COALESCE(?, block_size), write_min = ?"
+            " WHERE ino = ?",
+            (policy, block_size, write_min if write_min is not None else (0 if policy else directory["write_min"]),
+             directory["ino"]),
         )
         return self._get(directory["ino"])
 
@@ -560,9 +587,10 @@ class SqlStore(ServersAndLeases):
                                // (_BLOCK_BYTES_MAX + (policy.width + spares) * _CHUNK_BYTES_MAX)))
         excluded = set(exclude)
         live = [s for s in self.live_servers() if s["server_id"] not in excluded]
-        if len(live) < policy.write_min:
+        minimum = write_min(attrs)
+        if len(live) < minimum:
             raise NoSpace(
-                f"{policy} needs at least {policy.write_min} live chunk servers ({policy.width} for full"
+                f"{policy} needs at least {minimum} live chunk servers ({policy.width} for full"
                 f" redundancy), {len(live)} are live"
                 + ("" if live else ": start chunk servers (tectofs chunk) or check their heartbeats")
             )
@@ -578,10 +606,8 @@ class SqlStore(ServersAndLeases):
             random.shuffle(candidates)  # tie-break so equal servers share the load
             candidates.sort(key=load.__getitem__)
             chosen = candidates[: policy.width + spares]
-            if len([sid for sid in chosen if free[sid] >= chunk_estimate]) < policy.write_min:
-                raise NoSpace(
-                    f"fewer than {policy.write_min} live chunk servers have room for a {chunk_estimate}-byte chunk"
-                )
+            if len([sid for sid in chosen if free[sid] >= chunk_estimate]) < minimum:
+                raise NoSpace(f"fewer than {minimum} live chunk servers have room for a {chunk_estimate}-byte chunk")
             for sid in chosen[: policy.width]:
                 load[sid] += chunk_estimate
                 free[sid] -= chunk_estimate
@@ -592,7 +618,7 @@ class SqlStore(ServersAndLeases):
             )
             addresses = {s["server_id"]: s["address"] for s in live}
             out.append({
-                "block_id": block_id, "policy": str(policy),
+                "block_id": block_id, "policy": str(policy), "write_min": minimum,
                 "servers": [{"server_id": sid, "address": addresses[sid]} for sid in chosen],
             })
         return out
@@ -609,10 +635,11 @@ class SqlStore(ServersAndLeases):
             raise InvalidArgument(f"block {block['block_id']}: {block['length']} bytes at {start} do not fit a block")
         policy = parse_policy(attrs["policy"])
         positions = sorted(c["position"] for c in block["chunks"])
+        minimum = write_min(attrs)
         if len(set(positions)) != len(positions) or not set(positions) <= set(range(policy.width)) or (
-                len(positions) < policy.write_min):
+                len(positions) < minimum):
             raise InvalidArgument(
-                f"block {block['block_id']} has chunks {positions}; {policy} needs at least {policy.write_min}"
+                f"block {block['block_id']} has chunks {positions}; {policy} needs at least {minimum}"
                 f" distinct positions in [0, {policy.width})"
             )
 
