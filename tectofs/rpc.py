@@ -371,25 +371,46 @@ class _ClientConnection(_FramedProtocol):
         self.failure: BaseException | None = None
         self.greeted = False
         self.peer_role = ""
+        self.greeting: asyncio.Task[None] | None = None  # the hello's answer, awaited by every call
 
-    async def hello(self, role: str, expect_role: str | None) -> None:
-        """Open the conversation: our role and version out, the server's back, within
-        ``limits.hello_timeout_s``. Raises ProtocolError for a peer that is not tectofs (or
-        not the kind of tectofs server expected) and HelloTimeout for one that says nothing."""
-        request = messages.Hello(role=role, version=PROTOCOL_VERSION, software=SOFTWARE)  # type: ignore[arg-type]
+    def start_hello(self, role: str, expect_role: str | None) -> None:
+        """Open the conversation: the hello goes out now, and requests may follow it on the wire
+        at once (the server answers the hello before it reads on); each of them waits for the
+        hello's answer (``greeting``) before it trusts its own. The answer must come within
+        ``limits.hello_timeout_s``: a peer that is not tectofs (or not the kind of tectofs
+        server expected) gives ProtocolError, one that says nothing HelloTimeout, and the
+        connection is then closed."""
+        assert self.transport is not None
+        request_id = next(self._ids)
+        answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self.pending[request_id] = answer
+        hello = messages.Hello(role=role, version=PROTOCOL_VERSION, software=SOFTWARE)  # type: ignore[arg-type]
+        self.transport.write(encode_frame(FrameKind.REQUEST, request_id, {"op": "hello", **messages.to_plain(hello)}))
+        self.greeting = asyncio.get_running_loop().create_task(self._greeted(request_id, answer, expect_role))
+
+    async def _greeted(self, request_id: int, answer: "asyncio.Future[Frame]", expect_role: str | None) -> None:
         try:
-            header, _ = await self.call({"op": "hello", **messages.to_plain(request)}, b"", limits.hello_timeout_s)
-        except Timeout:
-            raise HelloTimeout(
-                f"{self.address} accepted the connection but did not answer the tectofs hello within"
-                f" {limits.hello_timeout_s:g} s: is a tectofs server listening there (not another program)?"
-            ) from None
-        try:
-            reply = messages.convert(header, messages.HelloReply)
-        except msgspec.ValidationError as exc:
-            raise ProtocolError(f"{self.address} answered the hello with something else: {exc}") from None
-        if expect_role is not None and reply.role != expect_role:
-            raise ProtocolError(f"{self.address} is a tectofs {reply.role} server, not a {expect_role} server")
+            try:
+                frame = await asyncio.wait_for(answer, limits.hello_timeout_s)
+            except asyncio.TimeoutError:
+                raise HelloTimeout(
+                    f"{self.address} accepted the connection but did not answer the tectofs hello within"
+                    f" {limits.hello_timeout_s:g} s: is a tectofs server listening there (not another program)?"
+                ) from None
+            finally:
+                self.pending.pop(request_id, None)
+            if frame.kind == FrameKind.ERROR:
+                raise from_wire(str(frame.header.get("code")), str(frame.header.get("message")))
+            try:
+                reply = messages.convert(frame.header, messages.HelloReply)
+            except msgspec.ValidationError as exc:
+                raise ProtocolError(f"{self.address} answered the hello with something else: {exc}") from None
+            if expect_role is not None and reply.role != expect_role:
+                raise ProtocolError(f"{self.address} is a tectofs {reply.role} server, not a {expect_role} server")
+        except BaseException as exc:
+            self.failure = self.failure or exc
+            self.close()
+            raise
         self.peer_role = reply.role
         self.greeted = True
 
@@ -442,12 +463,24 @@ class _ClientConnection(_FramedProtocol):
                 await asyncio.wait_for(self.send(FrameKind.REQUEST, request_id, header, payload), timeout_s)
             except asyncio.TimeoutError:
                 self.close()
-                raise
-            frame = await asyncio.wait_for(fut, max(0.0, deadline - asyncio.get_running_loop().time()))
-        except asyncio.TimeoutError:
-            raise Timeout(f"{header.get('op')} to {self.address} timed out after {timeout_s:.0f}s") from None
+                raise Timeout(f"sending {header.get('op')} to {self.address} stalled for {timeout_s:.0f}s") from None
+            if self.greeting is not None:
+                await self.greeting  # its error (not tectofs, wrong server, silent) wins over ours
+            try:
+                frame = await asyncio.wait_for(fut, max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                raise Timeout(f"{header.get('op')} to {self.address} timed out after {timeout_s:.0f}s") from None
+        except TectofsError as exc:
+            greeting = self.greeting
+            if greeting is not None and greeting.done() and not greeting.cancelled():
+                failed = greeting.exception()
+                if failed is not None and failed is not exc:
+                    raise failed from None  # the peer's answer to the hello says more than ours
+            raise
         finally:
             self.pending.pop(request_id, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # failed with the connection after we stopped waiting: seen
         if frame.kind == FrameKind.ERROR:
             raise from_wire(str(frame.header.get("code")), str(frame.header.get("message")))
         return frame.header, frame.payload
@@ -500,11 +533,7 @@ class RpcClient:
             raise Timeout(f"connecting to {address} timed out") from None
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {address}: {exc.strerror or exc}") from None
-        try:
-            await proto.hello(self.role, self._expected_roles.get(address))
-        except BaseException:
-            proto.close()
-            raise
+        proto.start_hello(self.role, self._expected_roles.get(address))
         return proto
 
     async def _connection(self, address: str) -> _ClientConnection:
