@@ -101,8 +101,11 @@ class ServersAndLeases:
             renewed += self._x("UPDATE allocations SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer)).rowcount
             self._x("UPDATE staged SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer))
         if reader:
-            self._x("DELETE FROM read_leases WHERE ino = ? AND reader = ?", (ino, reader))
-            self._x("INSERT INTO read_leases (ino, reader, expires) VALUES (?, ?, ?)", (ino, reader, now + reader_lease_s))
+            self._x(
+                "INSERT INTO read_leases (ino, reader, expires) VALUES (?, ?, ?)"
+                " ON CONFLICT (ino, reader) DO UPDATE SET expires = excluded.expires",
+                (ino, reader, now + reader_lease_s),
+            )
             renewed += 1
         return int(renewed)
 
