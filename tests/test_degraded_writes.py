@@ -70,6 +70,9 @@ def test_below_the_write_minimum_is_a_clear_error(make_cluster: Callable[..., An
         c.fs.write_bytes("/after", os.urandom(MiB))
     assert time.monotonic() - started < 15
     assert not c.fs.exists("/after")
+    with pytest.raises(errors.NoSpace):  # a failed overwrite with 2 of 6 down leaves the old bytes
+        with c.fs.open("/before", "wb") as f:
+            f.write(os.urandom(3 * MiB))
     assert c.fs.read_bytes("/before") == b"x" * 1000  # reads survive two losses
 
 
