@@ -237,20 +237,21 @@ class AsyncFileSystem:
         """Open a file. ``wb`` creates the name at once (empty if new) but replaces an existing
         file's content only when the handle commits, so readers never see a partial file."""
         readable, writable, create, truncate, exclusive, append = _MODES[normalize_mode(mode)]
+        created = False
         # A reader's lease keeps the version it opened readable after an unlink or a replace.
         reader = int.from_bytes(os.urandom(8), "big") >> 1 if readable and not truncate else 0
         if create:
             reply, _ = await self.meta(
                 "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid()
             )
-            attrs = reply.attrs
+            attrs, created = reply.attrs, reply.created
             layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate else (
                 await self.meta("layout", ino=attrs.ino, reader=reader)
             )[0]
         else:
             layout, _ = await self.meta("layout", path=path, reader=reader)
         handle = AsyncFile(self, path, layout, readable, writable, truncate)
-        handle.created = create and reply.created
+        handle.created = created
         if reader:
             handle.hold_read_lease(reader)
         return handle

@@ -368,9 +368,6 @@ class AsyncFile:
                     del self.blocks[last]
         self._shrunk_to = size if self._shrunk_to is None else min(self._shrunk_to, size)
         self._drop_cache()
-        for task in self._prefetch.values():
-            task.cancel()
-        self._prefetch.clear()
 
     async def flush(self) -> None:
         """Send every buffered block and commit blocks and size in one metadata call."""
@@ -395,10 +392,7 @@ class AsyncFile:
         self._shrunk_to = None
         self._holes.clear()
         self._holes_staged.clear()
-        self._drop_cache()
-        for task in self._prefetch.values():  # prefetched before this commit: stale blocks
-            task.cancel()
-        self._prefetch.clear()
+        self._drop_cache()  # read before this commit: stale
         self._set_layout(layout)  # the commit answers with the new layout
 
     async def _commit(self) -> messages.LayoutSegment | None:
@@ -448,7 +442,7 @@ class AsyncFile:
         self.closed = True
         if self._lease_task is not None:
             self._lease_task.cancel()
-        for task in list(self._inflight.values()) + list(self._prefetch.values()):
+        for task in self._inflight.values():
             task.cancel()
         for buffer, _ in self._dirty.values():
             self.fs.buffers.put(buffer)
@@ -566,6 +560,10 @@ class AsyncFile:
         return out
 
     def _drop_cache(self) -> None:
+        """Forget every block read (cached or being prefetched): it may be stale now."""
+        for task in self._prefetch.values():
+            task.cancel()
+        self._prefetch.clear()
         for data in self._cache.values():
             self.fs.buffers.put(data)
         self._cache.clear()

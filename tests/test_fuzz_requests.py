@@ -300,7 +300,7 @@ def test_requests_never_reach_the_store_invalid() -> None:
         assert "$." in str(info.value) or "missing" in str(info.value), (op, str(info.value))
 
 
-def test_every_operation_has_a_handler(make_cluster: Callable[..., Any]) -> None:
+def test_every_operation_has_a_handler() -> None:
     from tectofs.server.chunk.service import ChunkServer
     from tectofs.server.meta.service import MetadataService
 
