@@ -20,6 +20,7 @@ from tectofs.buffers import BufferPool
 from tectofs.errors import (
     Busy,
     ChecksumMismatch,
+    ChunkMissing,
     ConnectionLost,
     DataUnavailable,
     InvalidArgument,
@@ -234,6 +235,7 @@ class BlockIO:
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
         corrupt: list[int] = []
+        missing: list[int] = []  # the server answered that it does not have the chunk
         running: dict[asyncio.Task[Any], int] = {}
         finished_s: list[float] = []
         loop = asyncio.get_running_loop()
@@ -277,6 +279,8 @@ class BlockIO:
                         corrupt.append(position)
                     elif isinstance(exc, (TectofsError, OSError)):
                         failed[position] = str(exc)
+                        if isinstance(exc, ChunkMissing):
+                            missing.append(position)
                     else:
                         raise exc
         finally:
@@ -288,7 +292,8 @@ class BlockIO:
         if failed:
             self.stats["degraded_reads"] += 1
             for position in failed:
-                await self._report(block, by_position[position], failed[position])
+                kind = "corrupt" if position in corrupt else "missing" if position in missing else "unreachable"
+                await self._report(block, by_position[position], failed[position], kind)
         if into is not None and len(into) != block.length:
             raise InvalidArgument(f"decode target of {len(into)} bytes for a block of {block.length}")
         out = into if into is not None else self.buffers.get(block.length)
@@ -325,13 +330,14 @@ class BlockIO:
             raise ChecksumMismatch(f"chunk from {chunk.address} does not match the checksum recorded at write")
         return payload
 
-    async def _report(self, block: messages.Block, chunk: messages.ChunkRef, reason: str) -> None:
+    async def _report(self, block: messages.Block, chunk: messages.ChunkRef, reason: str, kind: str) -> None:
+        """Tell the metadata service; "corrupt" and "missing" chunks get rebuilt."""
         self.stats["bad_chunks"] += 1
         try:
             await self.rpc.call(
                 self.meta_address, "report_bad_chunk",
                 {"block_id": block.block_id, "position": chunk.position, "server_id": chunk.server_id,
-                 "reason": reason[:500]},
+                 "reason": reason[:500], "kind": kind},
                 retries_max=0, timeout_s=5,
             )
         except TectofsError:

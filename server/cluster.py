@@ -57,6 +57,8 @@ class LocalCluster:
         log_to_files: bool = True,
         store: str | None = None,
         extra_env: dict[str, str] | None = None,
+        meta_args: list[str] | None = None,
+        chunk_args: list[str] | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
         self.server_count = servers
@@ -73,6 +75,8 @@ class LocalCluster:
         self.log_to_files = log_to_files
         self.store = store or os.path.join(self.root, "meta.db")
         self.env = {**os.environ, **(extra_env or {})}
+        self.meta_args = list(meta_args or [])  # further flags for every `tectofs meta` (e.g. --repair-after)
+        self.chunk_args = list(chunk_args or [])  # ... and every `tectofs chunk` (e.g. --scrub-rate)
         self.meta_process: subprocess.Popen[bytes] | None = None
         self.chunk_processes: list[subprocess.Popen[bytes] | None] = []
         self.address = ""
@@ -111,7 +115,7 @@ class LocalCluster:
             ["meta", "--store", self.store, "--host", self.host, "--port", str(port),
              "--policy", self.policy, "--block-size", str(self.block_size), "--ready-file", ready,
              "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s),
-             "--allocation-grace", str(self.allocation_grace_s)],
+             "--allocation-grace", str(self.allocation_grace_s), *self.meta_args],
             "meta.log",
         )
         return wait_for_file(ready, timeout_s, self.meta_process)
@@ -123,7 +127,7 @@ class LocalCluster:
         ready = os.path.join(self.root, f"meta-extra-{n}.address")
         process = self._spawn(
             ["meta", "--store", self.store, "--host", self.host, "--port", "0", "--ready-file", ready,
-             "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s)],
+             "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s), *self.meta_args],
             f"meta-extra-{n}.log",
         )
         return wait_for_file(ready, timeout_s, process), process
@@ -152,7 +156,7 @@ class LocalCluster:
             os.unlink(ready)
         args = ["chunk", "--data", self.chunk_data_dirs[i], "--meta", self.address, "--host", self.host,
                 "--heartbeat", str(self.heartbeat_interval_s), "--ready-file", ready,
-                "--inflight-max", str(self.chunk_inflight_bytes_max)]
+                "--inflight-max", str(self.chunk_inflight_bytes_max), *self.chunk_args]
         if self.sync is False or self.sync == "none":
             args.append("--no-sync")
         elif isinstance(self.sync, str):

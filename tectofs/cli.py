@@ -50,7 +50,8 @@ def cmd_meta(args: argparse.Namespace) -> None:
     def start() -> MetadataService:
         return MetadataService(
             args.store, args.policy, args.block_size, server_dead_after_s=args.dead_after, gc_delay_s=args.gc_delay,
-            allocation_grace_s=args.allocation_grace,
+            allocation_grace_s=args.allocation_grace, repair_after_s=args.repair_after,
+            repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {args.store})")
@@ -60,7 +61,11 @@ def cmd_chunk(args: argparse.Namespace) -> None:
     from .server.chunk import ChunkServer
 
     def start() -> ChunkServer:
-        return ChunkServer(args.data, args.meta, args.inflight_max, args.heartbeat, sync="none" if args.no_sync else args.sync)
+        return ChunkServer(
+            args.data, args.meta, args.inflight_max, args.heartbeat, sync="none" if args.no_sync else args.sync,
+            scrub_rate_bytes_per_s=args.scrub_rate * limits.MiB, repair_concurrency=args.repair_concurrency,
+            repair_rate_bytes_per_s=args.repair_rate * limits.MiB, inventory_interval_s=args.inventory_interval,
+        )
 
     _serve_bound(start, args, lambda a: f"tectofs chunk server on {a} (data {args.data}, metadata {args.meta})")
 
@@ -94,7 +99,9 @@ def cmd_up(args: argparse.Namespace) -> None:
     if temporary:
         args.root = tempfile.mkdtemp(prefix="tectofs-check-")
     cluster = LocalCluster(args.root or os.path.join(os.getcwd(), "tectofs-data"), args.servers, args.port,
-                           args.policy, args.block_size, args.host)
+                           args.policy, args.block_size, args.host,
+                           meta_args=["--repair-after", str(args.repair_after)],
+                           chunk_args=["--scrub-rate", str(args.scrub_rate)])
     print(f"starting a local cluster under {cluster.root}: 1 metadata service + {args.servers} chunk servers ...",
           flush=True)
     stop = {"now": False}
@@ -275,14 +282,60 @@ def cmd_status(args: argparse.Namespace) -> None:
     live = sum(1 for s in servers if s["live"])
     print(f"metadata service {fs.meta_address}: {statfs['files']} inodes, "
           f"{stats['store']['operations']} operations in {stats['store']['commits']} commits")
-    degraded = stats["counts"].get("under_redundant_blocks", 0)
-    if degraded:
-        print(f"{degraded} blocks under-redundant (written while chunk servers were missing; await repair)")
+    c = stats["counts"]
+    print(f"blocks: {c.get('healthy', 0)} healthy, {c.get('under_redundant', 0)} under-redundant,"
+          f" {c.get('unreadable', 0)} unreadable; rebuilds: {c.get('repairs_queued', 0)} queued,"
+          f" {c.get('repairs_running', 0)} running, {c.get('repairs_done', 0)} done since start")
     print(f"chunk servers: {live} live of {len(servers)}; capacity {_human(statfs['capacity'])}, used {_human(statfs['used'])}")
-    print(f"{'id':>3} {'address':<22} {'state':<5} {'used':>12} {'capacity':>12} {'chunks':>8} {'heartbeat':>10}")
+    print(f"{'id':>3} {'address':<22} {'state':<9} {'used':>10} {'capacity':>10} {'chunks':>8} {'heartbeat':>9}"
+          f"  scrub (pass: checked/chunks, corrupt found)  rebuilt")
     for s in servers:
-        print(f"{s['server_id']:>3} {s['address']:<22} {'live' if s['live'] else 'DEAD':<5} {_human(s['used']):>12} "
-              f"{_human(s['capacity']):>12} {s['chunks']:>8} {now - s['last_heartbeat']:>8.1f}s")
+        state = ("live" if s["live"] else "DEAD") + (" drain" if s.get("state") == "draining" else "")
+        p = s.get("stats", {})
+        scrub = (f"{p.get('scrub_passes', 0) + 1}: {p.get('scrub_pass_checked', 0)}/{p.get('scrub_pass_chunks', 0)},"
+                 f" {p.get('scrub_corrupt', 0)}") if p else "-"
+        print(f"{s['server_id']:>3} {s['address']:<22} {state:<9} {_human(s['used']):>10} "
+              f"{_human(s['capacity']):>10} {s['chunks']:>8} {now - s['last_heartbeat']:>8.1f}s  {scrub:<43}"
+              f"  {p.get('repairs_done', 0)}")
+
+
+def cmd_fsck(args: argparse.Namespace) -> None:
+    import json
+
+    from .fsck import check
+
+    with _client(args) as fs:
+        report = fs.run(check(fs.aio, args.path))
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+    else:
+        for f in report.damaged:
+            print(f"{f['path']}: {f['unreadable']} unreadable, {f['under_redundant']} under-redundant"
+                  f" of {f['blocks']} blocks")
+        print(f"{report.files} files, {report.blocks} blocks: {report.healthy} healthy,"
+              f" {report.under_redundant} under-redundant, {report.unreadable} unreadable"
+              + ("" if report.exit_code else " - clean"))
+    raise SystemExit(report.exit_code)
+
+
+def cmd_drain(args: argparse.Namespace) -> None:
+    with _client(args) as fs:
+        reply, _ = fs.run(fs.aio.meta("drain", server=args.server, cancel=args.cancel))
+        if args.cancel:
+            print(f"chunk server {reply.server_id} takes new chunks again ({reply.chunks} chunks on it)")
+            return
+        print(f"draining chunk server {reply.server_id}: {reply.chunks} chunks to move"
+              + ("" if args.wait else "; 'tectofs status' shows progress, or use --wait"), flush=True)
+        deadline = time.monotonic() + args.timeout
+        while args.wait and reply.chunks:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"tectofs admin drain: {reply.chunks} chunks still on server {reply.server_id}"
+                                 f" after {args.timeout:.0f}s")
+            time.sleep(1.0)
+            reply, _ = fs.run(fs.aio.meta("drain", server=str(reply.server_id)))
+            print(f"  {reply.chunks} chunks left", file=sys.stderr, flush=True)
+        if args.wait:
+            print(f"chunk server {reply.server_id} holds no chunk the cluster needs: it can be stopped")
 
 
 def cmd_gc(args: argparse.Namespace) -> None:
@@ -345,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=_size, default=limits.block_size_default_bytes, help="block size (default 64M)")
     p.add_argument("--mount", metavar="MOUNTPOINT", help="also mount the cluster there with FUSE")
     p.add_argument("--check", action="store_true", help="start, write and verify a file, then stop (a smoke test)")
+    p.add_argument("--repair-after", type=float, default=limits.repair_after_s, metavar="SECONDS",
+                   help=f"rebuild the chunks of a server dead this long (default {limits.repair_after_s:.0f})")
+    p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+                   help="background checksum verification per chunk server, MiB/s (0: off; default %(default)s)")
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("meta", help="run the metadata service")
@@ -358,6 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gc-delay", type=float, default=30.0, help="seconds before deleted chunks are removed")
     p.add_argument("--allocation-grace", type=float, default=limits.allocation_grace_s,
                    help="seconds before blocks allocated but never committed (a crashed writer) are collected")
+    p.add_argument("--repair-after", type=float, default=limits.repair_after_s, metavar="SECONDS",
+                   help="rebuild elsewhere the chunks of a chunk server dead this long (default %(default)s, like"
+                   " Ceph's down-out interval: a reboot does not trigger a rebuild)")
+    p.add_argument("--repair-interval", type=float, default=limits.repair_interval_s, metavar="SECONDS",
+                   help="how often to look for chunks to rebuild (default %(default)s)")
+    p.add_argument("--orphan-grace", type=float, default=limits.orphan_grace_s, metavar="SECONDS",
+                   help="collect chunks no file refers to this long after an inventory found them (default %(default)s)")
     p.add_argument("--ready-file", help="write the listening address here once serving")
     p.set_defaults(fn=cmd_meta)
 
@@ -373,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="durability before acknowledging a chunk: fdatasync + directory fsync per chunk "
                    "(each, default) or one syncfs shared by concurrent writes (group: for a dedicated data device)")
     p.add_argument("--no-sync", action="store_true", help="acknowledge before data is durable (network benchmarks only)")
+    p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+                   help="re-verify every chunk's checksums in the background at this rate (0: off; default %(default)s)")
+    p.add_argument("--repair-rate", type=float, default=limits.repair_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+                   help="bytes pulled from peers to rebuild chunks, per second (0: unlimited; default %(default)s)")
+    p.add_argument("--repair-concurrency", type=int, default=limits.repair_concurrency_per_server, metavar="N",
+                   help="chunks rebuilt at once (default %(default)s)")
+    p.add_argument("--inventory-interval", type=float, default=limits.inventory_interval_s, metavar="SECONDS",
+                   help="full report of the chunks on disk to the metadata service, after the one at start"
+                   " (default %(default)s)")
     p.add_argument("--ready-file")
     p.set_defaults(fn=cmd_chunk)
 
@@ -405,7 +478,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = client_command("rm", cmd_rm, "remove files or (with -r) directories")
     p.add_argument("paths", nargs="+")
     p.add_argument("-r", "--recursive", action="store_true")
-    client_command("status", cmd_status, "show chunk servers, liveness, capacity and use")
+    client_command("status", cmd_status, "show chunk servers, block health, rebuilds, scrub progress")
+    p = client_command("fsck", cmd_fsck, "check every block below PATH: healthy, under-redundant or unreadable;"
+                       " exit 0 only if all are fully redundant (1: some under-redundant, 2: some unreadable)")
+    p.add_argument("path", nargs="?", default="/")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    admin = sub.add_parser("admin", help="cluster administration (drain)", description="Cluster administration.")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ADMIN_COMMAND")
+    p = admin_sub.add_parser("drain", help="move every chunk off a chunk server so it can be stopped safely",
+                             description="Move every chunk off a chunk server (it takes no new ones); when done it"
+                             " can be stopped with no loss of redundancy. Progress: tectofs status.")
+    p.add_argument("server", help="the server's id, uuid or address (tectofs status lists them)")
+    p.add_argument("--meta", help="metadata service HOST:PORT (default: $TECTOFS_META)")
+    p.add_argument("--cancel", action="store_true", help="stop draining: the server takes new chunks again")
+    p.add_argument("--wait", action="store_true", help="wait until the server holds no chunk, showing progress")
+    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="with --wait, give up after this many seconds")
+    p.set_defaults(fn=cmd_drain)
     p = client_command("gc", cmd_gc, "remove leftovers of interrupted checkpoint saves (pending directories)")
     p.add_argument("path", nargs="?", default="/", help="where to look, recursively (default /)")
     p.add_argument("--older-than", type=float, default=3600.0,

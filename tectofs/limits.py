@@ -58,6 +58,20 @@ allocate_blocks_max = 1024                # block ids one allocate call reserves
 commit_blocks_max = 1024                  # blocks (and holes) one commit or stage call carries
 servers_max = 1024                        # chunk servers one metadata service registers (one servers reply)
 
+# Self-healing (repair, scrub, inventory)
+repair_after_s = 600.0                    # a server dead this long has its chunks rebuilt elsewhere (Ceph's down-out)
+repair_interval_s = 2.0                   # how often the metadata service looks for chunks to rebuild
+repair_concurrency_per_server = 2         # rebuilds one chunk server runs at once
+repair_rate_bytes_per_s = 64 * MiB        # bytes a chunk server fetches for rebuilds per second
+repair_timeout_s = 120.0                  # an order not reported done by then is given to another server
+repair_orders_per_heartbeat_max = 64
+repair_scheduled_per_round_max = 4096     # rebuilds one scheduling round queues
+scrub_rate_bytes_per_s = 32 * MiB         # background checksum verification, per chunk server
+inventory_interval_s = 3600.0             # full chunk reports after the one at start
+inventory_batch_max = 5000                # block ids in one inventory request
+orphan_grace_s = 600.0                    # an unreferenced chunk is collected this long after a report found it
+health_inos_per_call_max = 1000           # files one block_health (fsck) call covers
+
 # Client
 write_inflight_bytes_max = 256 * MiB      # block bytes being encoded/sent at once per open file
 write_blocks_inflight_range = (2, 8)      # ... as a number of blocks, whatever the block size
@@ -72,3 +86,8 @@ hedge_after_min_s = 1.0                   # never hedge a chunk put younger than
 hedge_slowdown_factor = 4.0               # hedge when a put runs this many times the median of its block
 hedge_check_interval_s = 0.25
 placement_attempts_max = 3                # fresh placements asked for one block before NoSpace
+
+# Failover and exactly-once
+address_group_members_max = 16            # servers one address group ("HOST:PORT,HOST:PORT") names
+request_dedupe_retention_s = 600.0        # a non-idempotent call's recorded reply is kept this long for its retries
+request_dedupe_prune_interval_s = 60.0    # how often a metadata service deletes older records

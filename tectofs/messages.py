@@ -154,6 +154,8 @@ class ServerInfo(Message, kw_only=True):
     chunks: Int64
     last_heartbeat: float
     live: bool
+    state: Text = "in"  # "in" | "draining"
+    stats: dict[str, int] = {}
 
 
 # ---------------------------------------------------------------------- handshake
@@ -346,10 +348,15 @@ class CommitRequest(Message, kw_only=True):
 
 
 class ReportBadChunkRequest(Message, kw_only=True):
+    """A chunk that could not be read. ``kind`` "corrupt" (failed its checksum) or "missing"
+    (its server does not have it) marks it bad and schedules its repair; "unreachable" (or
+    nothing: an older client) is only counted, since its server may just be down."""
+
     block_id: Id
     position: Position
     server_id: Id
     reason: Text = ""
+    kind: Literal["corrupt", "missing", "unreachable", ""] = ""
 
 
 class RegisterServerRequest(Message, kw_only=True):
@@ -363,6 +370,9 @@ class RegisterServerReply(Message, kw_only=True):
     server_id: Id
 
 
+ServerStats = Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Int64], msgspec.Meta(max_length=64)]
+
+
 class HeartbeatRequest(Message, kw_only=True):
     server_id: Id
     address: Address | None = None  # where it serves now: the metadata service follows it
@@ -370,10 +380,93 @@ class HeartbeatRequest(Message, kw_only=True):
     used: Int64 = 0
     inflight: Int64 = 0
     chunks: Int64 = 0
+    stats: ServerStats = {}  # scrub and repair progress, shown by ``tectofs status``
+
+
+class RepairOrder(Message, kw_only=True):
+    """Rebuild chunk ``position`` of a block and store it here. ``length`` is the block's
+    stored bytes (what was encoded); ``crc`` the chunk's recorded crc32c, when one was ever
+    stored (None: a position a degraded write left out). ``sources`` are the block's readable
+    chunks; one at ``position`` itself (a server being drained) is copied, not rebuilt."""
+
+    block_id: Id
+    position: Position
+    policy: PolicyText
+    length: ChunkLength
+    crc: Crc | None = None
+    sources: Annotated[list[ChunkRef], msgspec.Meta(max_length=limits.policy_width_max)]
 
 
 class HeartbeatReply(Message, kw_only=True):
     delete: Annotated[list[Id], msgspec.Meta(max_length=limits.gc_orders_per_heartbeat_max)]
+    repairs: Annotated[list[RepairOrder], msgspec.Meta(max_length=limits.repair_orders_per_heartbeat_max)] = []
+
+
+class RepairDoneRequest(Message, kw_only=True):
+    block_id: Id
+    position: Position
+    server_id: Id
+    length: ChunkLength
+    crc: Crc
+
+
+class RepairFailedRequest(Message, kw_only=True):
+    block_id: Id
+    position: Position
+    server_id: Id
+    reason: Text = ""
+
+
+class InventoryBeginRequest(Message, kw_only=True):
+    server_id: Id
+
+
+class InventoryBeginReply(Message, kw_only=True):
+    report: Id
+
+
+class InventoryRequest(Message, kw_only=True):
+    """Part of a chunk server's full report of the chunks it holds (``last``: the final part)."""
+
+    server_id: Id
+    report: Id
+    block_ids: Annotated[list[Id], msgspec.Meta(max_length=limits.inventory_batch_max)]
+    last: bool = False
+
+
+class InventoryReply(Message, kw_only=True):
+    missing: Int64 = 0  # chunks the store expected on the server and the report lacked (marked bad)
+    orphans: Int64 = 0  # chunks held that no block refers to (collected after a grace period)
+
+
+class DrainRequest(Message, kw_only=True):
+    server: Annotated[str, msgspec.Meta(min_length=1, max_length=limits.address_length_max_bytes)]  # id, uuid or address
+    cancel: bool = False
+
+
+class DrainReply(Message, kw_only=True):
+    server_id: Id
+    state: Text
+    chunks: Int64  # chunks the store still places on it
+
+
+class BlockHealthRequest(Message, kw_only=True):
+    inos: Annotated[list[Ino], msgspec.Meta(max_length=limits.health_inos_per_call_max)]
+
+
+class FileHealth(Message, kw_only=True):
+    """Blocks of one file: ``healthy`` have every chunk readable; ``under_redundant`` can be
+    read but lost at least one chunk; ``unreadable`` have fewer readable chunks than a read needs."""
+
+    ino: Ino
+    blocks: Int64
+    healthy: Int64
+    under_redundant: Int64
+    unreadable: Int64
+
+
+class BlockHealthReply(Message, kw_only=True):
+    files: Annotated[list[FileHealth], msgspec.Meta(max_length=limits.health_inos_per_call_max)]
 
 
 class ServersReply(Message, kw_only=True):
@@ -484,6 +577,12 @@ META_OPERATIONS = _table(
     Operation("renew", RenewRequest, RenewReply, True),
     Operation("commit", CommitRequest, LayoutSegment, False),
     Operation("report_bad_chunk", ReportBadChunkRequest, Empty, True),
+    Operation("repair_done", RepairDoneRequest, Empty, True),
+    Operation("repair_failed", RepairFailedRequest, Empty, True),
+    Operation("inventory_begin", InventoryBeginRequest, InventoryBeginReply, True),
+    Operation("inventory", InventoryRequest, InventoryReply, True),
+    Operation("drain", DrainRequest, DrainReply, True),
+    Operation("block_health", BlockHealthRequest, BlockHealthReply, True),
     Operation("register_server", RegisterServerRequest, RegisterServerReply, True),
     Operation("heartbeat", HeartbeatRequest, HeartbeatReply, True),
     Operation("servers", Empty, ServersReply, True),

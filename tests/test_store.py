@@ -137,7 +137,7 @@ class StoreContract:
             store.commit(f["ino"], 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": chunks[:4]}],
                          replace=True)
         store.commit(f["ino"], 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": chunks}], replace=True)
-        assert store.counts()["under_redundant_blocks"] == 1
+        assert store.health_summary()["under_redundant"] == 1
 
     def test_unlink_queues_chunks_for_gc(self, store):
         store.gc_delay_s = 0

@@ -8,7 +8,10 @@ RPC operations (``messages.CHUNK_OPERATIONS``; requests arrive validated):
   its stored crc.
 - ``delete_chunks``, ``stat``, ``ping``.
 
-Heartbeats carry capacity and load; their replies carry garbage-collection orders.
+Heartbeats carry capacity, load and scrub/repair progress; their replies carry
+garbage-collection orders and rebuild orders (``repair.py``). In the background, a scrubber
+re-verifies every chunk at a bounded rate and full inventories go to the metadata service
+(``scrub.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from typing import Any
 
 from tectofs import limits, messages
 from tectofs.buffers import BufferPool
-from tectofs.errors import NotFound, TectofsError
+from tectofs.errors import ChunkMissing, NotFound, TectofsError
 from tectofs.rpc import RpcClient, RpcServer
 
+from .repair import Repairer
+from .scrub import Inventory, Scrubber
 from .storage import ChunkStore
 
 log = logging.getLogger("tectofs.chunk")
@@ -41,6 +46,10 @@ class ChunkServer:
         heartbeat_interval_s: float = limits.heartbeat_interval_s,
         sync: str = "each",
         io_threads: int = 16,
+        scrub_rate_bytes_per_s: float = limits.scrub_rate_bytes_per_s,
+        repair_concurrency: int = limits.repair_concurrency_per_server,
+        repair_rate_bytes_per_s: float = limits.repair_rate_bytes_per_s,
+        inventory_interval_s: float = limits.inventory_interval_s,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
@@ -59,6 +68,16 @@ class ChunkServer:
         self.rpc = RpcServer(self, "chunk server", messages.CHUNK_OPERATIONS, "chunk", allocate_payload=self._admit)
         self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1, role="chunk")
         self.meta.expect_role(meta_address, "meta")
+        self.peers = RpcClient(connections_per_server=1, role="chunk")
+        self.repairer = Repairer(self.store, self.peers, self._call_meta, self._in_thread, repair_concurrency,
+                                 repair_rate_bytes_per_s)
+        self.repairer.on_idle = self._heartbeat_soon  # ask for more work at once
+        self.scrubber = Scrubber(self.store, self._call_meta, self._in_thread, scrub_rate_bytes_per_s,
+                                 lambda: self.server_id)
+        self.inventory = Inventory(self.store, self._call_meta, self._in_thread, lambda: self.server_id)
+        self.inventory_interval_s = inventory_interval_s
+        self.scrub_enabled = scrub_rate_bytes_per_s > 0
+        self._tasks: list[asyncio.Task[None]] = []
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._register_lock = asyncio.Lock()
 
@@ -80,14 +99,21 @@ class ChunkServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         address = await self.rpc.start(host, port)
         await self._register()
-        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        loop = asyncio.get_running_loop()
+        self._heartbeat_task = loop.create_task(self._heartbeat_loop())
+        self._tasks.append(loop.create_task(self.inventory.run(self.inventory_interval_s)))
+        if self.scrub_enabled:
+            self._tasks.append(loop.create_task(self.scrubber.run()))
         return address
 
     async def close(self) -> None:
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
+        for task in [self._heartbeat_task, *self._tasks]:
+            if task is not None:
+                task.cancel()
+        await self.repairer.close()
         await self.rpc.close()
         await self.meta.close()
+        await self.peers.close()
         self._io.shutdown(wait=False, cancel_futures=True)
         self._gc_io.shutdown(wait=False, cancel_futures=True)
 
@@ -135,6 +161,9 @@ class ChunkServer:
     async def rpc_get_chunk(self, r: messages.GetChunkRequest, payload: memoryview) -> tuple[messages.Message, Any]:
         try:
             data, crcs, info = await self._in_thread(self.store.read, r.block_id, r.offset, r.length, self.buffers.get)
+        except ChunkMissing:
+            asyncio.get_running_loop().create_task(self.inventory.report_missing(r.block_id))
+            raise
         except TectofsError as exc:
             if exc.code == "checksum":
                 self.stats["checksum_errors"] += 1
@@ -152,7 +181,9 @@ class ChunkServer:
         return count
 
     async def rpc_stat(self, r: messages.Empty, payload: memoryview) -> tuple[messages.Message, bytes]:
-        return messages.ChunkStatReply(**self._load(), server_id=self.server_id, uuid=self.uuid, stats=self.stats), b""
+        return messages.ChunkStatReply(
+            **self._load(), server_id=self.server_id, uuid=self.uuid, stats={**self.stats, **self.progress()}
+        ), b""
 
     async def rpc_ping(self, r: messages.Empty, payload: memoryview) -> tuple[messages.Message, bytes]:
         return messages.PingReply(), b""
@@ -168,6 +199,9 @@ class ChunkServer:
             "chunks": self.store.chunk_count,
         }
 
+    async def _call_meta(self, op: str, fields: dict[str, Any]) -> Any:
+        return (await self.meta.call(self.meta_address, op, fields, idempotent=True))[0]
+
     async def _register(self) -> None:
         load = self._load()
         reply, _ = await self.meta.call(
@@ -176,6 +210,7 @@ class ChunkServer:
             idempotent=True, retries_max=limits.rpc_retries_max,
         )
         self.server_id = int(reply["server_id"])
+        self.repairer.server_id = self.server_id
         log.info("registered with %s as chunk server %d", self.meta_address, self.server_id)
 
     async def _heartbeat_loop(self) -> None:
@@ -189,16 +224,26 @@ class ChunkServer:
                 outstanding.add(task)
                 task.add_done_callback(outstanding.discard)
 
+    def _heartbeat_soon(self) -> None:
+        """An extra heartbeat now (rebuilds finished: fetch the next orders without waiting)."""
+        if self.server_id is not None and self._heartbeat_task is not None:
+            asyncio.get_running_loop().create_task(self._heartbeat())
+
+    def progress(self) -> dict[str, int]:
+        return {**self.scrubber.stats, **self.repairer.stats, **self.inventory.stats}
+
     async def _heartbeat(self) -> None:
         try:
             reply, _ = await self.meta.call(
                 self.meta_address, "heartbeat",
-                {"server_id": self.server_id, "address": self.rpc.address, **self._load()}, idempotent=True,
-                retries_max=0,
+                {"server_id": self.server_id, "address": self.rpc.address, **self._load(), "stats": self.progress()},
+                idempotent=True, retries_max=0,
             )
             if reply.get("delete"):
                 # Deletes run on their own thread, never in the way of chunk writes' threads.
                 asyncio.get_running_loop().run_in_executor(self._gc_io, self._delete, [int(b) for b in reply["delete"]])
+            for order in reply.get("repairs", []):
+                self.repairer.submit(messages.convert(order, messages.RepairOrder))
         except NotFound:
             async with self._register_lock:
                 await self._register()

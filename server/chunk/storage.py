@@ -200,6 +200,38 @@ class ChunkStore:
         checksum.verify_pieces(buffer, info.piece_crcs, f"chunk {block_id:x} on disk", first_piece=first)
         return buffer, crcs, info
 
+    def block_ids(self) -> list[int]:
+        """Every chunk on disk now, by block id (a directory listing: what an inventory reports)."""
+        out = []
+        for sub in os.listdir(self.root):
+            directory = os.path.join(self.root, sub)
+            if os.path.isdir(directory):
+                out.extend(int(name[:-6], 16) for name in os.listdir(directory)
+                           if name.endswith(".chunk") and len(name) == 22)
+        return out
+
+    def verify(self, block_id: int, step_bytes: int = 16 * PIECE) -> ChunkInfo:
+        """Re-read a whole chunk and check its footer, every piece crc and the whole-chunk crc
+        (the scrubber); raises ChecksumMismatch or ChunkMissing. Reads ``step_bytes`` at a time."""
+        fd = self._open(block_id)
+        try:
+            info = self._info(fd, block_id)
+            buffer = bytearray(step_bytes)
+            whole = 0
+            for offset in range(0, info.length, step_bytes):
+                n = os.preadv(fd, [memoryview(buffer)[: min(step_bytes, info.length - offset)]], offset)
+                view = memoryview(buffer)[:n]
+                if n < min(step_bytes, info.length - offset):
+                    raise ChecksumMismatch(f"chunk {block_id:x}: short read")
+                checksum.verify_pieces(view, info.piece_crcs, f"chunk {block_id:x} on disk", first_piece=offset // PIECE)
+                whole = checksum.crc(view, whole)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a scrub must not evict what clients read
+        finally:
+            os.close(fd)
+        if whole != info.whole_crc:
+            raise ChecksumMismatch(f"chunk {block_id:x}: whole-chunk crc differs from its footer")
+        return info
+
     def delete(self, block_id: int) -> bool:
         path = self.path(block_id)
         try:

@@ -50,6 +50,9 @@ class MetadataService:
         server_dead_after_s: float = limits.server_dead_after_s,
         gc_delay_s: float = 30.0,
         allocation_grace_s: float = limits.allocation_grace_s,
+        repair_after_s: float = limits.repair_after_s,
+        repair_interval_s: float = limits.repair_interval_s,
+        orphan_grace_s: float = limits.orphan_grace_s,
     ) -> None:
         dialect = dialect_for(store_url)
         self.heartbeats_seen: dict[int, float] = {}
@@ -62,21 +65,28 @@ class MetadataService:
 
         self.runner = StoreRunner(open_store)
         self.allocation_grace_s = allocation_grace_s
+        self.repair_after_s = repair_after_s
+        self.repair_interval_s = repair_interval_s
+        self.orphan_grace_s = orphan_grace_s
+        self.repairs = {"scheduled": 0, "done": 0, "failed": 0}
         self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta")
         self.started = time.time()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
         self.busy_answers = 0
         self._gc_task: asyncio.Task[None] | None = None
+        self._repair_task: asyncio.Task[None] | None = None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         address = await self.rpc.start(host, port)
         self._gc_task = asyncio.get_running_loop().create_task(self._gc_loop())
+        self._repair_task = asyncio.get_running_loop().create_task(self._repair_loop())
         return address
 
     async def close(self) -> None:
-        if self._gc_task is not None:
-            self._gc_task.cancel()
+        for task in (self._gc_task, self._repair_task):
+            if task is not None:
+                task.cancel()
         await self.rpc.close()
         self.runner.close()
 
@@ -91,6 +101,23 @@ class MetadataService:
                 raise
             except Exception:
                 log.exception("allocation expiry failed")
+
+    async def _repair_loop(self) -> None:
+        """Queue rebuilds of what lost redundancy (and moves off draining servers); targets
+        learn their orders from heartbeat replies."""
+        while True:
+            await asyncio.sleep(self.repair_interval_s)
+            try:
+                queued = await self.runner.call(
+                    "schedule_repairs", self.repair_after_s, limits.repair_concurrency_per_server * 4
+                )
+                if queued:
+                    self.repairs["scheduled"] += queued
+                    log.info("queued %d chunk rebuilds", queued)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("repair scheduling failed")
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         # Admission control: past this queue length, new work is refused (the client backs
@@ -201,11 +228,47 @@ class MetadataService:
 
     async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply:
         self.bad_chunk_reports += 1
+        marked = r.kind in ("corrupt", "missing") and await self._call("mark_bad", r.block_id, r.server_id)
         self._bad_chunk_log.warning(
-            "client reports chunk of block %d at position %d on server %d as unreadable: %s",
-            r.block_id, r.position, r.server_id, r.reason[:200],
+            "chunk of block %d at position %d on server %d reported %s%s: %s",
+            r.block_id, r.position, r.server_id, r.kind or "unreadable", " (rebuild scheduled)" if marked else "",
+            r.reason[:200],
         )
         return messages.Empty(), b""
+
+    # ------------------------------------------------------------------ self-healing
+
+    async def rpc_repair_done(self, r: messages.RepairDoneRequest, _: memoryview) -> Reply:
+        placed = await self._call("repair_done", r.block_id, r.position, r.server_id, r.length, r.crc)
+        self.repairs["done" if placed else "failed"] += 1
+        if not placed:
+            log.info("rebuilt chunk %d of block %d on server %d is not needed any more; it will be collected",
+                     r.position, r.block_id, r.server_id)
+        return messages.Empty(), b""
+
+    async def rpc_repair_failed(self, r: messages.RepairFailedRequest, _: memoryview) -> Reply:
+        self.repairs["failed"] += 1
+        self._bad_chunk_log.warning("server %d could not rebuild chunk %d of block %d: %s",
+                                    r.server_id, r.position, r.block_id, r.reason[:200])
+        await self._call("repair_failed", r.block_id, r.position, r.server_id)
+        return messages.Empty(), b""
+
+    async def rpc_inventory_begin(self, r: messages.InventoryBeginRequest, _: memoryview) -> Reply:
+        return messages.InventoryBeginReply(report=await self._call("inventory_begin", r.server_id)), b""
+
+    async def rpc_inventory(self, r: messages.InventoryRequest, _: memoryview) -> Reply:
+        found = await self._call("inventory", r.server_id, r.report, r.block_ids, r.last, self.orphan_grace_s)
+        if found["missing"] or found["orphans"]:
+            log.warning("inventory of chunk server %d: %d chunks missing (rebuild scheduled), %d orphans",
+                        r.server_id, found["missing"], found["orphans"])
+        return messages.InventoryReply(**found), b""
+
+    async def rpc_drain(self, r: messages.DrainRequest, _: memoryview) -> Reply:
+        return messages.DrainReply(**await self._call("drain", r.server, r.cancel)), b""
+
+    async def rpc_block_health(self, r: messages.BlockHealthRequest, _: memoryview) -> Reply:
+        files = await self._call("block_health", r.inos)
+        return messages.BlockHealthReply(files=[messages.FileHealth(**f) for f in files]), b""
 
     # ------------------------------------------------------------------ chunk servers
 
@@ -217,10 +280,15 @@ class MetadataService:
         arrived = time.time()
         if r.server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
             self.heartbeats_seen[r.server_id] = arrived
-        delete = await self._call("heartbeat", r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address)
+        delete = await self._call(
+            "heartbeat", r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address, stats=r.stats
+        )
         # Liveness counts from arrival, not from when the store got to it (see SqlStore.heartbeats_seen).
         self.heartbeats_seen[r.server_id] = max(arrived, self.heartbeats_seen.get(r.server_id, 0.0))
-        return messages.HeartbeatReply(delete=delete), b""
+        orders = await self._call("repair_orders", r.server_id, limits.repair_orders_per_heartbeat_max)
+        return messages.HeartbeatReply(
+            delete=delete, repairs=[messages.convert(o, messages.RepairOrder) for o in orders]
+        ), b""
 
     async def rpc_servers(self, r: messages.Empty, _: memoryview) -> Reply:
         servers = await self._call("servers")
@@ -230,7 +298,8 @@ class MetadataService:
         return messages.StatsReply(
             uptime_s=time.time() - self.started,
             store=dict(self.runner.stats),
-            counts=await self._call("counts"),
+            counts={**await self._call("counts"), **await self._call("health_summary"),
+                    **{f"repairs_{k}": v for k, v in self.repairs.items()}},
             bad_chunk_reports=self.bad_chunk_reports,
             busy_answers=self.busy_answers,
             invalid_requests=self.rpc.invalid_requests,

@@ -34,6 +34,7 @@ from ..errors import (
 from ..paths import check_name
 from ..policy import DEFAULT_POLICY, parse as parse_policy
 from .dialect import Dialect
+from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
 from .registry import ServersAndLeases
 
 ROOT_INO = 1
@@ -116,7 +117,7 @@ def write_min(attrs: dict[str, Any]) -> int:
     return int(attrs["write_min"]) or parse_policy(attrs["policy"]).write_min
 
 
-class SqlStore(ServersAndLeases):
+class SqlStore(ServersAndLeases, BlockHealth):
     """All metadata operations over one DB-API connection. Not thread-safe: one thread
     (the runner's) owns it."""
 
@@ -171,9 +172,9 @@ class SqlStore(ServersAndLeases):
 
     def _init_schema(self, default_policy: str, default_block_size: int) -> None:
         self.tx_begin()
-        for statement in SCHEMA:
+        for statement in SCHEMA + HEALTH_SCHEMA:
             self._x(statement)
-        for table, column, declaration, fill in ADDED_COLUMNS:
+        for table, column, declaration, fill in ADDED_COLUMNS + HEALTH_COLUMNS:
             present = [d[0] for d in self._x(f"SELECT * FROM {table} LIMIT 0").description]
             if column not in present:  # a store made by an older release
                 self._x(f"ALTER TABLE {table} ADD COLUMN {declaration}")
@@ -186,8 +187,8 @@ class SqlStore(ServersAndLeases):
                 " block_size, target, parent) VALUES (?, 'd', ?, 0, 0, 0, ?, ?, ?, 2, ?, ?, NULL, ?)",
                 (ROOT_INO, statmod.S_IFDIR | 0o755, now, now, now, default_policy, default_block_size, ROOT_INO),
             )
-            for name, value in (("ino", ROOT_INO), ("block_id", 0)):
-                self._x("INSERT INTO counters (name, value) VALUES (?, ?)", (name, value))
+        for name, value in (("ino", ROOT_INO), ("block_id", 0), ("inventory", 0)):
+            self._x("INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING", (name, value))
         self.tx_commit()
 
     def _next(self, counter: str, count: int = 1) -> int:
@@ -416,6 +417,7 @@ class SqlStore(ServersAndLeases):
             (time.time() + self.gc_delay_s, ino, *params),
         )
         self._x(f"DELETE FROM chunks WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
+        self._x(f"DELETE FROM repairs WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
         self._x(f"DELETE FROM blocks WHERE {where}", params)
 
     def _remove_inode(self, attrs: dict[str, Any]) -> None:
@@ -586,7 +588,7 @@ class SqlStore(ServersAndLeases):
         count = min(count, max(1, limits.reply_header_budget_bytes
                                // (_BLOCK_BYTES_MAX + (policy.width + spares) * _CHUNK_BYTES_MAX)))
         excluded = set(exclude)
-        live = [s for s in self.live_servers() if s["server_id"] not in excluded]
+        live = [s for s in self.live_servers() if s["server_id"] not in excluded and s["state"] == "in"]
         minimum = write_min(attrs)
         if len(live) < minimum:
             raise NoSpace(
@@ -725,6 +727,7 @@ class SqlStore(ServersAndLeases):
             for idx in hole_set | set(new):
                 self._drop_blocks(ino, only_idx=idx)
             self._shrink(ino, size, block_size)
+        now = time.time()
         for block in new.values():
             start = block.get("start", 0)
             valid = min(start + block["length"], size - block["idx"] * block_size)
@@ -739,11 +742,10 @@ class SqlStore(ServersAndLeases):
             )
             for chunk in block["chunks"]:
                 self._x(
-                    "INSERT INTO chunks (block_id, position, server_id, length, crc) VALUES (?, ?, ?, ?, ?)",
-                    (block["block_id"], chunk["position"], chunk["server_id"], chunk["length"], chunk["crc"]),
+                    "INSERT INTO chunks (block_id, position, server_id, length, crc, since) VALUES (?, ?, ?, ?, ?, ?)",
+                    (block["block_id"], chunk["position"], chunk["server_id"], chunk["length"], chunk["crc"], now),
                 )
             self._release_allocation(block["block_id"], {c["server_id"] for c in block["chunks"]})
-        now = time.time()
         self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, mtime or now, now, ino))
         self._count_stored(ino)
         return self.layout(ino=ino)

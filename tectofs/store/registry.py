@@ -51,21 +51,23 @@ class ServersAndLeases:
 
     def heartbeat(
         self, server_id: int, capacity: int, used: int, inflight: int, chunks: int, address: str | None = None,
-        orders_max: int = limits.gc_orders_per_heartbeat_max,
+        orders_max: int = limits.gc_orders_per_heartbeat_max, stats: dict[str, int] | None = None,
     ) -> list[int]:
-        """Record a server's load (and its address, which may have changed since it
-        registered); return (and forget) block ids whose chunk it must delete."""
+        """Record a server's load, progress ``stats`` (scrub, repair) and address (which may
+        have changed since it registered); return (and forget) block ids whose chunk it must
+        delete."""
         cur = self._x(
             "UPDATE servers SET capacity = ?, used = ?, inflight = ?, chunks = ?, last_heartbeat = ?,"
-            " address = COALESCE(?, address) WHERE server_id = ?",
-            (capacity, used, inflight, chunks, time.time(), address, server_id),
+            " address = COALESCE(?, address), stats = COALESCE(?, stats) WHERE server_id = ?",
+            (capacity, used, inflight, chunks, time.time(), address, json.dumps(stats) if stats else None, server_id),
         )
         if cur.rowcount == 0:
             raise NotFound(f"chunk server {server_id} is not registered; register again")
         now = time.time()
-        rows = self._all(  # not what a live reader's lease still holds
+        rows = self._all(  # not what a live reader's lease still holds, never a chunk a block places here
             "SELECT block_id FROM gc_queue g WHERE server_id = ? AND due <= ? AND NOT EXISTS"
-            " (SELECT 1 FROM read_leases r WHERE r.ino = g.ino AND g.ino != 0 AND r.expires > ?) LIMIT ?",
+            " (SELECT 1 FROM read_leases r WHERE r.ino = g.ino AND g.ino != 0 AND r.expires > ?) AND NOT EXISTS"
+            " (SELECT 1 FROM chunks c WHERE c.block_id = g.block_id AND c.server_id = g.server_id) LIMIT ?",
             (server_id, now, now, orders_max),
         )
         ids = [int(r[0]) for r in rows]
@@ -76,7 +78,8 @@ class ServersAndLeases:
     def servers(self) -> list[dict[str, Any]]:
         now = time.time()
         rows = self._all(
-            "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat FROM servers ORDER BY server_id"
+            "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat, state, stats FROM servers"
+            " ORDER BY server_id"
         )
         out = []
         for r in rows:
@@ -84,7 +87,7 @@ class ServersAndLeases:
             out.append({
                 "server_id": r[0], "uuid": r[1], "address": r[2], "capacity": r[3], "used": r[4],
                 "inflight": r[5], "chunks": r[6], "last_heartbeat": last,
-                "live": now - last <= self.server_dead_after_s,
+                "live": now - last <= self.server_dead_after_s, "state": r[8], "stats": json.loads(r[9] or "{}"),
             })
         return out
 
@@ -129,5 +132,4 @@ class ServersAndLeases:
         out = {}
         for table in ("inodes", "blocks", "chunks", "allocations", "gc_queue", "servers"):
             (out[table],) = self._one(f"SELECT COUNT(*) FROM {table}")
-        (out["under_redundant_blocks"],) = self._one("SELECT COUNT(*) FROM blocks WHERE missing > 0")
         return out

@@ -1,0 +1,158 @@
+"""Rebuilding chunks on this server, as the metadata service orders (heartbeat replies).
+
+For an order ``(block, position, sources)``: a source at ``position`` itself (a server being
+drained) is copied; otherwise ``needed`` other chunks are pulled from their servers, each
+checked against the crc the metadata service recorded, and only the missing chunk is
+reconstructed (``erasure.reconstruct``). The result is checked against the recorded crc
+when there is one, stored durably, and reported (``repair_done``): only then does the
+metadata service place it here. A source that fails its checksum is reported corrupt.
+
+Bounded per server: ``concurrency`` rebuilds at once, and the bytes pulled from peers pass a
+``RateLimiter``, so rebuilding competes only boundedly with clients' checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable
+
+from tectofs import checksum, erasure, messages
+from tectofs.errors import ChecksumMismatch, ChunkMissing, DataUnavailable, TectofsError
+from tectofs.policy import parse as parse_policy
+from tectofs.rpc import RpcClient
+from tectofs.throttle import RateLimiter
+
+from .storage import ChunkStore
+
+log = logging.getLogger("tectofs.chunk.repair")
+
+CallMeta = Callable[..., Awaitable[Any]]
+
+
+class Repairer:
+    def __init__(
+        self, store: ChunkStore, peers: RpcClient, call_meta: CallMeta, in_thread: Callable[..., Awaitable[Any]],
+        concurrency: int, rate_bytes_per_s: float,
+    ) -> None:
+        self.store = store
+        self.peers = peers
+        self.call_meta = call_meta
+        self.in_thread = in_thread
+        self.limiter = RateLimiter(rate_bytes_per_s)
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self.server_id = 0
+        self.stats = {"repairs_done": 0, "repairs_failed": 0, "repair_bytes": 0, "repairs_running": 0}
+        self.on_idle: Callable[[], None] = lambda: None
+
+    def submit(self, order: messages.RepairOrder) -> None:
+        """Start an order unless the same one is already running (a heartbeat resent it)."""
+        key = (order.block_id, order.position)
+        if key in self._running:
+            return
+        task = asyncio.get_running_loop().create_task(self._run(order))
+        self._running[key] = task
+        task.add_done_callback(lambda _: self._finished(key))
+
+    def _finished(self, key: tuple[int, int]) -> None:
+        self._running.pop(key, None)
+        if not self._running:
+            self.on_idle()
+
+    async def close(self) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
+
+    async def _run(self, order: messages.RepairOrder) -> None:
+        async with self._slots:
+            self.stats["repairs_running"] += 1
+            try:
+                length, crc = await self._rebuild(order)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats["repairs_failed"] += 1
+                log.warning("rebuild of chunk %d of block %d failed: %s", order.position, order.block_id, exc)
+                await self._tell("repair_failed", {
+                    "block_id": order.block_id, "position": order.position, "server_id": self.server_id,
+                    "reason": str(exc)[:500],
+                })
+                return
+            finally:
+                self.stats["repairs_running"] -= 1
+            self.stats["repairs_done"] += 1
+            await self._tell("repair_done", {
+                "block_id": order.block_id, "position": order.position, "server_id": self.server_id,
+                "length": length, "crc": crc,
+            })
+
+    async def _tell(self, op: str, fields: dict[str, Any]) -> None:
+        try:
+            await self.call_meta(op, fields)
+        except TectofsError as exc:  # the order times out at the MDS and is given again
+            log.warning("could not report %s for block %d: %s", op, fields["block_id"], exc)
+
+    async def _rebuild(self, order: messages.RepairOrder) -> tuple[int, int]:
+        policy = parse_policy(order.policy)
+        own = [s for s in order.sources if s.position == order.position]
+        if own:  # a move: the chunk itself is readable
+            data = await self._fetch(order.block_id, own[0])
+        else:
+            data = await self._reconstruct(order, policy)
+        crcs, whole = await self.in_thread(_checksums, data)
+        if order.crc is not None and whole != order.crc:
+            raise ChecksumMismatch(
+                f"rebuilt chunk has crc {whole:08x}, the metadata service recorded {order.crc:08x}; not stored"
+            )
+        await self.in_thread(self.store.write, order.block_id, order.position, memoryview(data), crcs, whole, True)
+        self.stats["repair_bytes"] += len(data)
+        return len(data), whole
+
+    async def _reconstruct(self, order: messages.RepairOrder, policy: Any) -> Any:
+        """Pull ``needed`` verified chunks (data chunks first: fewer decodes), then rebuild."""
+        candidates = sorted((s for s in order.sources if s.position != order.position), key=lambda s: s.position)
+        got: dict[int, Any] = {}
+        failures = []
+        while len(got) < policy.needed:
+            wanted = policy.needed - len(got)
+            batch, candidates = candidates[:wanted], candidates[wanted:]
+            if not batch:
+                raise DataUnavailable(
+                    f"only {len(got)} of the {policy.needed} chunks needed could be read: " + "; ".join(failures)
+                )
+            results = await asyncio.gather(*(self._fetch(order.block_id, s) for s in batch), return_exceptions=True)
+            for source, result in zip(batch, results):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, (TectofsError, OSError)):
+                        raise result
+                    failures.append(f"chunk {source.position} on server {source.server_id}: {result}")
+                else:
+                    got[source.position] = result
+        rebuilt = await self.in_thread(erasure.reconstruct, policy, got, [order.position], order.length)
+        return rebuilt[order.position]
+
+    async def _fetch(self, block_id: int, source: messages.ChunkRef) -> Any:
+        """A whole chunk from its server, checked against its recorded crc (a bad one is
+        reported, so it gets rebuilt too)."""
+        if not source.address:
+            raise ChunkMissing(f"chunk server {source.server_id} is not registered")
+        await self.limiter.take(source.length)
+        try:
+            _, payload = await self.peers.call(source.address, "get_chunk", {"block_id": block_id},
+                                               idempotent=True, retries_max=1)
+            whole = await self.in_thread(checksum.crc, payload)
+            if len(payload) != source.length or whole != source.crc:
+                raise ChecksumMismatch(f"chunk from {source.address} does not match the crc recorded at write")
+        except (ChecksumMismatch, ChunkMissing) as exc:
+            kind = "corrupt" if isinstance(exc, ChecksumMismatch) else "missing"
+            await self._tell("report_bad_chunk", {
+                "block_id": block_id, "position": source.position, "server_id": source.server_id,
+                "reason": f"rebuild source: {exc}"[:500], "kind": kind,
+            })
+            raise
+        return bytes(payload) if isinstance(payload, memoryview) else payload
+
+
+def _checksums(data: Any) -> tuple[list[int], int]:
+    return checksum.piece_crcs(data), checksum.crc(data)
