@@ -17,7 +17,7 @@ import json
 import random
 import stat as statmod
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import limits
 from ..errors import (
@@ -36,6 +36,7 @@ from ..policy import DEFAULT_POLICY, parse as parse_policy
 from .dialect import Dialect
 from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
 from .registry import ServersAndLeases
+from .schema import ADDED_COLUMNS, SCHEMA
 
 ROOT_INO = 1
 _KINDS = {"f": "file", "d": "dir", "l": "symlink"}
@@ -47,60 +48,6 @@ _CHUNK_BYTES_MAX = 80 + limits.address_length_max_bytes
 _ATTR_COLUMNS = (
     "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min"
 )
-
-SCHEMA = [
-    """CREATE TABLE IF NOT EXISTS inodes (
-        ino BIGINT PRIMARY KEY, kind TEXT NOT NULL, mode INTEGER NOT NULL,
-        uid INTEGER NOT NULL, gid INTEGER NOT NULL, size BIGINT NOT NULL DEFAULT 0,
-        atime DOUBLE PRECISION NOT NULL, mtime DOUBLE PRECISION NOT NULL, ctime DOUBLE PRECISION NOT NULL,
-        nlink INTEGER NOT NULL DEFAULT 1, policy TEXT NOT NULL, block_size BIGINT NOT NULL,
-        target TEXT, parent BIGINT NOT NULL, stored BIGINT NOT NULL DEFAULT 0,
-        write_min INTEGER NOT NULL DEFAULT 0)""",
-    """CREATE TABLE IF NOT EXISTS names (
-        parent BIGINT NOT NULL, name TEXT NOT NULL, ino BIGINT NOT NULL, PRIMARY KEY (parent, name))""",
-    """CREATE TABLE IF NOT EXISTS blocks (
-        ino BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT NOT NULL, policy TEXT NOT NULL,
-        length BIGINT NOT NULL, valid BIGINT NOT NULL, start BIGINT NOT NULL DEFAULT 0,
-        missing INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (ino, idx))""",
-    """CREATE TABLE IF NOT EXISTS chunks (
-        block_id BIGINT NOT NULL, position INTEGER NOT NULL, server_id INTEGER NOT NULL,
-        length BIGINT NOT NULL, crc BIGINT NOT NULL, PRIMARY KEY (block_id, position))""",
-    """CREATE TABLE IF NOT EXISTS allocations (
-        block_id BIGINT PRIMARY KEY, ino BIGINT NOT NULL, created DOUBLE PRECISION NOT NULL,
-        servers TEXT NOT NULL, writer BIGINT NOT NULL DEFAULT 0)""",
-    """CREATE TABLE IF NOT EXISTS servers (
-        server_id INTEGER PRIMARY KEY, uuid TEXT UNIQUE NOT NULL, address TEXT NOT NULL,
-        capacity BIGINT NOT NULL DEFAULT 0, used BIGINT NOT NULL DEFAULT 0,
-        inflight BIGINT NOT NULL DEFAULT 0, chunks BIGINT NOT NULL DEFAULT 0,
-        last_heartbeat DOUBLE PRECISION NOT NULL, registered DOUBLE PRECISION NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS gc_queue (
-        server_id INTEGER NOT NULL, block_id BIGINT NOT NULL, due DOUBLE PRECISION NOT NULL,
-        ino BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (server_id, block_id))""",
-    # Readers' leases: while one is live, the chunks of the file's dropped blocks are kept (an
-    # unlinked or replaced file stays readable through the handles that have it open).
-    """CREATE TABLE IF NOT EXISTS read_leases (
-        ino BIGINT NOT NULL, reader BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (ino, reader))""",
-    """CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)""",
-    # Parts of a commit sent ahead by a writer (``stage``): a block (its descriptor as JSON) or
-    # a hole (block_id NULL) per index, invisible until that writer's commit publishes them.
-    """CREATE TABLE IF NOT EXISTS staged (
-        ino BIGINT NOT NULL, writer BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT,
-        block TEXT, created DOUBLE PRECISION NOT NULL, PRIMARY KEY (ino, writer, idx))""",
-]
-
-# Columns added after the first release: (table, column, declaration, fill-in for existing rows).
-ADDED_COLUMNS = [
-    ("blocks", "start", "start BIGINT NOT NULL DEFAULT 0", None),
-    ("allocations", "writer", "writer BIGINT NOT NULL DEFAULT 0", None),
-    ("inodes", "write_min", "write_min INTEGER NOT NULL DEFAULT 0", None),
-    ("gc_queue", "ino", "ino BIGINT NOT NULL DEFAULT 0", None),
-    # chunks a degraded write could not store: the block is under-redundant until repaired
-    ("blocks", "missing", "missing INTEGER NOT NULL DEFAULT 0", None),
-    ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
-     "UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE blocks.ino = inodes.ino)"),
-]
-
 
 def _attrs(row: Iterable[Any]) -> dict[str, Any]:
     ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min = row
@@ -129,7 +76,12 @@ class SqlStore(ServersAndLeases, BlockHealth):
         default_policy: str = DEFAULT_POLICY,
         default_block_size: int = limits.block_size_default_bytes,
         gc_delay_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
     ) -> None:
+        # Time and chance come in from outside, so a simulation can drive them (tests/simulation.py).
+        self.clock = clock
+        self.rng = rng or random.Random()
         self.dialect = dialect
         self.conn = dialect.connect()
         self.gc_delay_s = gc_delay_s
@@ -181,7 +133,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
                 if fill:
                     self._x(fill)
         if self._one("SELECT 1 FROM inodes WHERE ino = ?", (ROOT_INO,)) is None:
-            now = time.time()
+            now = self.clock()
             self._x(
                 "INSERT INTO inodes (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy,"
                 " block_size, target, parent) VALUES (?, 'd', ?, 0, 0, 0, ?, ?, ?, 2, ?, ?, NULL, ?)",
@@ -268,7 +220,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
         if self._child(parent["ino"], name) is not None:
             raise AlreadyExists(f"{name!r} already exists")
         ino = self._next("ino")
-        now = time.time()
+        now = self.clock()
         self._x(
             "INSERT INTO inodes (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy,"
             " block_size, target, parent, write_min) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -372,7 +324,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
         atime: float | None = None, mtime: float | None = None,
     ) -> dict[str, Any]:
         attrs = self._resolve(parts)
-        now = time.time()
+        now = self.clock()
         if mode is not None:
             mode = (attrs["mode"] & ~0o7777) | (mode & 0o7777)
         self._x(
@@ -414,7 +366,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
         self._x(
             "INSERT INTO gc_queue (server_id, block_id, due, ino) SELECT c.server_id, c.block_id, ?, ? FROM chunks c"
             f" WHERE c.block_id IN (SELECT block_id FROM blocks WHERE {where}) ON CONFLICT DO NOTHING",
-            (time.time() + self.gc_delay_s, ino, *params),
+            (self.clock() + self.gc_delay_s, ino, *params),
         )
         self._x(f"DELETE FROM chunks WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
         self._x(f"DELETE FROM repairs WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
@@ -439,7 +391,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
                 "SELECT 1 FROM blocks WHERE ino = ? LIMIT 1", (attrs["ino"],)))):
             return
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
-        self._touch(attrs["parent"], time.time())
+        self._touch(attrs["parent"], self.clock())
         self._remove_inode(attrs)
 
     def rmdir(self, parts: list[str]) -> None:
@@ -449,7 +401,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
         if self._one("SELECT 1 FROM names WHERE parent = ? LIMIT 1", (attrs["ino"],)) is not None:
             raise DirectoryNotEmpty(f"/{'/'.join(parts)} is not empty")
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
-        self._touch(attrs["parent"], time.time(), nlink_delta=-1)
+        self._touch(attrs["parent"], self.clock(), nlink_delta=-1)
         self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
 
     def _check_not_into_itself(self, moving: dict[str, Any], new_parent: dict[str, Any], src: list[str]) -> None:
@@ -473,7 +425,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
             return
         self._check_not_into_itself(first, self._get(second["parent"]), a)
         self._check_not_into_itself(second, self._get(first["parent"]), b)
-        now = time.time()
+        now = self.clock()
         self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (second["ino"], first["parent"], a[-1]))
         self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (first["ino"], second["parent"], b[-1]))
         self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (second["parent"], now, first["ino"]))
@@ -494,7 +446,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
             return moving
         self._check_not_into_itself(moving, dst_parent, src)
         replaced_ino = self._child(dst_parent["ino"], dst[-1])
-        now = time.time()
+        now = self.clock()
         if replaced_ino is not None:
             if noreplace:
                 raise AlreadyExists(f"/{'/'.join(dst)} already exists")
@@ -601,11 +553,11 @@ class SqlStore(ServersAndLeases, BlockHealth):
         free = {s["server_id"]: s["capacity"] - s["used"] for s in live}
         chunk_estimate = attrs["block_size"] // policy.data
         first = self._next("block_id", count)
-        now = time.time()
+        now = self.clock()
         out = []
         for n in range(count):
             candidates = [sid for sid in load if free[sid] >= chunk_estimate] or list(load)
-            random.shuffle(candidates)  # tie-break so equal servers share the load
+            self.rng.shuffle(candidates)  # tie-break so equal servers share the load
             candidates.sort(key=load.__getitem__)
             chosen = candidates[: policy.width + spares]
             if len([sid for sid in chosen if free[sid] >= chunk_estimate]) < minimum:
@@ -668,7 +620,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
             ):
                 self._release_allocation(block_id, set())
             self._x("DELETE FROM staged WHERE ino = ? AND writer = ? AND idx >= ?", (ino, writer, cut_from))
-        now = time.time()
+        now = self.clock()
         for idx, block in [(idx, None) for idx in holes] + [(b["idx"], b) for b in blocks]:
             old = self._one("SELECT block_id FROM staged WHERE ino = ? AND writer = ? AND idx = ?", (ino, writer, idx))
             if old is not None:
@@ -727,7 +679,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
             for idx in hole_set | set(new):
                 self._drop_blocks(ino, only_idx=idx)
             self._shrink(ino, size, block_size)
-        now = time.time()
+        now = self.clock()
         for block in new.values():
             start = block.get("start", 0)
             valid = min(start + block["length"], size - block["idx"] * block_size)
@@ -757,7 +709,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
         if row is None:  # expired already: its chunks are queued for deletion
             return
         (servers,) = row
-        due = time.time() + self.gc_delay_s
+        due = self.clock() + self.gc_delay_s
         for server_id in set(json.loads(servers)) - used:
             self._x(
                 "INSERT INTO gc_queue (server_id, block_id, due) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
@@ -793,7 +745,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
         if size < attrs["size"]:
             self._shrink(attrs["ino"], size, attrs["block_size"])
             self._count_stored(attrs["ino"])
-        now = time.time()
+        now = self.clock()
         self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, now, now, attrs["ino"]))
         return self._get(attrs["ino"])
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import limits
 from ..errors import InvalidArgument, NotFound
@@ -61,6 +61,8 @@ class BlockHealth:
     ``servers()`` (liveness) and ``gc_delay_s``."""
 
     gc_delay_s: float
+
+    clock: Callable[[], float]
 
     def _x(self, sql: str, params: Iterable[Any] = ()) -> Any:
         raise NotImplementedError
@@ -152,7 +154,7 @@ class BlockHealth:
         after this returns, so every chunk committed before now is in the listing."""
         report = self._next("inventory")
         cur = self._x(
-            "UPDATE servers SET report = ?, report_started = ? WHERE server_id = ?", (report, time.time(), server_id)
+            "UPDATE servers SET report = ?, report_started = ? WHERE server_id = ?", (report, self.clock(), server_id)
         )
         if cur.rowcount == 0:
             raise NotFound(f"chunk server {server_id} is not registered; register again")
@@ -180,7 +182,7 @@ class BlockHealth:
             (server_id, *ids, *ids, server_id, *ids),
         )}
         orphans = [b for b in ids if b not in known]
-        due = time.time() + orphan_grace_s
+        due = self.clock() + orphan_grace_s
         for block_id in orphans:
             self._x(
                 "INSERT INTO gc_queue (server_id, block_id, due) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
@@ -224,7 +226,7 @@ class BlockHealth:
     ) -> int:
         """Queue rebuilds (most endangered blocks first) and moves, each with a target server;
         withdraw orders that timed out or whose target died. Returns how many were queued."""
-        now = time.time()
+        now = self.clock()
         servers = {s["server_id"]: s for s in self.servers()}
         live = {sid for sid, s in servers.items() if s["live"]}
         out = {sid for sid, s in servers.items() if not s["live"] and now - s["last_heartbeat"] > repair_after_s}
@@ -314,7 +316,7 @@ class BlockHealth:
     def repair_orders(self, server_id: int, count: int) -> list[dict[str, Any]]:
         """Up to ``count`` queued orders for ``server_id``, most urgent first, each with its
         sources (the block's available chunks and their addresses); marked sent."""
-        now = time.time()
+        now = self.clock()
         rows = self._all(
             "SELECT r.block_id, r.position, b.policy, b.length FROM repairs r JOIN blocks b ON b.block_id = r.block_id"
             " WHERE r.target = ? AND r.sent = 0 ORDER BY r.priority, r.block_id LIMIT ?",
@@ -359,7 +361,7 @@ class BlockHealth:
             if int(old[0]) != server_id:
                 self._queue_delete(server_id, block_id, 0.0)
             return False
-        now = time.time()
+        now = self.clock()
         self._x("DELETE FROM gc_queue WHERE server_id = ? AND block_id = ?", (server_id, block_id))
         if old is None:
             self._x(
@@ -385,7 +387,7 @@ class BlockHealth:
     def _queue_delete(self, server_id: int, block_id: int, delay_s: float) -> None:
         self._x(
             "INSERT INTO gc_queue (server_id, block_id, due) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-            (server_id, block_id, time.time() + delay_s),
+            (server_id, block_id, self.clock() + delay_s),
         )
 
     def server_stats(self, server_id: int, stats: dict[str, int]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import limits
 from ..errors import NoSpace, NotFound
@@ -21,6 +21,8 @@ class ServersAndLeases:
     server_dead_after_s: float
     heartbeats_seen: dict[int, float]
 
+    clock: Callable[[], float]
+
     def _x(self, sql: str, params: Iterable[Any] = ()) -> Any:
         raise NotImplementedError
 
@@ -31,7 +33,7 @@ class ServersAndLeases:
         raise NotImplementedError
 
     def register_server(self, uuid: str, address: str, capacity: int, used: int) -> int:
-        now = time.time()
+        now = self.clock()
         row = self._one("SELECT server_id FROM servers WHERE uuid = ?", (uuid,))
         if row is None and self._one("SELECT COUNT(*) FROM servers")[0] >= limits.servers_max:
             raise NoSpace(f"this metadata service already has {limits.servers_max} chunk servers registered")
@@ -59,11 +61,11 @@ class ServersAndLeases:
         cur = self._x(
             "UPDATE servers SET capacity = ?, used = ?, inflight = ?, chunks = ?, last_heartbeat = ?,"
             " address = COALESCE(?, address), stats = COALESCE(?, stats) WHERE server_id = ?",
-            (capacity, used, inflight, chunks, time.time(), address, json.dumps(stats) if stats else None, server_id),
+            (capacity, used, inflight, chunks, self.clock(), address, json.dumps(stats) if stats else None, server_id),
         )
         if cur.rowcount == 0:
             raise NotFound(f"chunk server {server_id} is not registered; register again")
-        now = time.time()
+        now = self.clock()
         rows = self._all(  # not what a live reader's lease still holds, never a chunk a block places here
             "SELECT block_id FROM gc_queue g WHERE server_id = ? AND due <= ? AND NOT EXISTS"
             " (SELECT 1 FROM read_leases r WHERE r.ino = g.ino AND g.ino != 0 AND r.expires > ?) AND NOT EXISTS"
@@ -76,7 +78,7 @@ class ServersAndLeases:
         return ids
 
     def servers(self) -> list[dict[str, Any]]:
-        now = time.time()
+        now = self.clock()
         rows = self._all(
             "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat, state, stats FROM servers"
             " ORDER BY server_id"
@@ -98,7 +100,7 @@ class ServersAndLeases:
         """Leases. A live writer's: what it allocated and staged for ``ino`` does not expire.
         A reader's: the chunks of ``ino``'s blocks are kept (not collected) until it lapses,
         even after the file is unlinked or replaced."""
-        now = time.time()
+        now = self.clock()
         renewed = 0
         if writer:
             renewed += self._x("UPDATE allocations SET created = ? WHERE ino = ? AND writer = ?", (now, ino, writer)).rowcount
@@ -114,9 +116,9 @@ class ServersAndLeases:
 
     def expire_allocations(self, older_than_s: float = limits.allocation_grace_s) -> int:
         """Queue chunks of blocks allocated but never committed (a writer that crashed)."""
-        cutoff = time.time() - older_than_s
+        cutoff = self.clock() - older_than_s
         rows = self._all("SELECT block_id, servers FROM allocations WHERE created < ?", (cutoff,))
-        now = time.time()
+        now = self.clock()
         for block_id, servers in rows:
             for server_id in json.loads(servers):
                 self._x(

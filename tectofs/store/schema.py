@@ -1,0 +1,56 @@
+"""The tables of the metadata store (see ``engine.py`` for what each holds) and the columns
+added since the first release, which ``SqlStore`` adds to an older store when it opens it.
+SQL in the subset SQLite and PostgreSQL share."""
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS inodes (
+        ino BIGINT PRIMARY KEY, kind TEXT NOT NULL, mode INTEGER NOT NULL,
+        uid INTEGER NOT NULL, gid INTEGER NOT NULL, size BIGINT NOT NULL DEFAULT 0,
+        atime DOUBLE PRECISION NOT NULL, mtime DOUBLE PRECISION NOT NULL, ctime DOUBLE PRECISION NOT NULL,
+        nlink INTEGER NOT NULL DEFAULT 1, policy TEXT NOT NULL, block_size BIGINT NOT NULL,
+        target TEXT, parent BIGINT NOT NULL, stored BIGINT NOT NULL DEFAULT 0,
+        write_min INTEGER NOT NULL DEFAULT 0)""",
+    """CREATE TABLE IF NOT EXISTS names (
+        parent BIGINT NOT NULL, name TEXT NOT NULL, ino BIGINT NOT NULL, PRIMARY KEY (parent, name))""",
+    """CREATE TABLE IF NOT EXISTS blocks (
+        ino BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT NOT NULL, policy TEXT NOT NULL,
+        length BIGINT NOT NULL, valid BIGINT NOT NULL, start BIGINT NOT NULL DEFAULT 0,
+        missing INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (ino, idx))""",
+    """CREATE TABLE IF NOT EXISTS chunks (
+        block_id BIGINT NOT NULL, position INTEGER NOT NULL, server_id INTEGER NOT NULL,
+        length BIGINT NOT NULL, crc BIGINT NOT NULL, PRIMARY KEY (block_id, position))""",
+    """CREATE TABLE IF NOT EXISTS allocations (
+        block_id BIGINT PRIMARY KEY, ino BIGINT NOT NULL, created DOUBLE PRECISION NOT NULL,
+        servers TEXT NOT NULL, writer BIGINT NOT NULL DEFAULT 0)""",
+    """CREATE TABLE IF NOT EXISTS servers (
+        server_id INTEGER PRIMARY KEY, uuid TEXT UNIQUE NOT NULL, address TEXT NOT NULL,
+        capacity BIGINT NOT NULL DEFAULT 0, used BIGINT NOT NULL DEFAULT 0,
+        inflight BIGINT NOT NULL DEFAULT 0, chunks BIGINT NOT NULL DEFAULT 0,
+        last_heartbeat DOUBLE PRECISION NOT NULL, registered DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS gc_queue (
+        server_id INTEGER NOT NULL, block_id BIGINT NOT NULL, due DOUBLE PRECISION NOT NULL,
+        ino BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (server_id, block_id))""",
+    # Readers' leases: while one is live, the chunks of the file's dropped blocks are kept (an
+    # unlinked or replaced file stays readable through the handles that have it open).
+    """CREATE TABLE IF NOT EXISTS read_leases (
+        ino BIGINT NOT NULL, reader BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (ino, reader))""",
+    """CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)""",
+    # Parts of a commit sent ahead by a writer (``stage``): a block (its descriptor as JSON) or
+    # a hole (block_id NULL) per index, invisible until that writer's commit publishes them.
+    """CREATE TABLE IF NOT EXISTS staged (
+        ino BIGINT NOT NULL, writer BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT,
+        block TEXT, created DOUBLE PRECISION NOT NULL, PRIMARY KEY (ino, writer, idx))""",
+]
+
+# Columns added after the first release: (table, column, declaration, fill-in for existing rows).
+ADDED_COLUMNS = [
+    ("blocks", "start", "start BIGINT NOT NULL DEFAULT 0", None),
+    ("allocations", "writer", "writer BIGINT NOT NULL DEFAULT 0", None),
+    ("inodes", "write_min", "write_min INTEGER NOT NULL DEFAULT 0", None),
+    ("gc_queue", "ino", "ino BIGINT NOT NULL DEFAULT 0", None),
+    # chunks a degraded write could not store: the block is under-redundant until repaired
+    ("blocks", "missing", "missing INTEGER NOT NULL DEFAULT 0", None),
+    ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
+     "UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE blocks.ino = inodes.ino)"),
+]
