@@ -148,3 +148,26 @@ def test_chunk_file_deleted_on_disk_is_noticed_by_the_inventory_and_rebuilt(make
     assert any(s["stats"].get("inventory_missing") for s in c.fs.servers())
     assert c.fs.aio.blocks.stats["degraded_reads"] == 0  # nobody read it: the inventory found it
     assert c.fs.read_bytes("/inventoried") == data
+
+
+def test_a_server_back_after_its_chunks_were_rebuilt_has_its_stale_copies_collected(make_cluster):
+    c = make_cluster(servers=7, block_size=256 * KiB, meta_args=HEAL)
+    c.fs.mkdir("/heal")
+    files = _write_files(c, 3, [MiB + 1])
+    chunk_dir = os.path.join(c.chunk_data_dirs[5], "chunks")
+    assert _chunk_count(chunk_dir) > 0
+    c.kill_chunk_server(5)
+    time.sleep(2.5)
+    _wait_clean(c, timeout_s=90)  # rebuilt elsewhere while it was away
+    c.restart_chunk(5)
+    deadline = time.monotonic() + 60
+    while _chunk_count(chunk_dir):
+        assert time.monotonic() < deadline, f"{_chunk_count(chunk_dir)} stale chunks left on the returned server"
+        time.sleep(0.3)
+    assert _fsck(c)[0] == 0
+    for path, data in files.items():
+        assert c.fs.read_bytes(path) == data
+
+
+def _chunk_count(chunk_dir: str) -> int:
+    return sum(len([n for n in names if n.endswith(".chunk")]) for _, _, names in os.walk(chunk_dir))

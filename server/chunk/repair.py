@@ -33,7 +33,7 @@ CallMeta = Callable[..., Awaitable[Any]]
 class Repairer:
     def __init__(
         self, store: ChunkStore, peers: RpcClient, call_meta: CallMeta, in_thread: Callable[..., Awaitable[Any]],
-        concurrency: int, rate_bytes_per_s: float,
+        concurrency: int, rate_bytes_per_s: float, deletes_done: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
         self.store = store
         self.peers = peers
@@ -45,6 +45,9 @@ class Repairer:
         self.server_id = 0
         self.stats = {"repairs_done": 0, "repairs_failed": 0, "repair_bytes": 0, "repairs_running": 0}
         self.on_idle: Callable[[], None] = lambda: None
+        # Waits for every delete order received so far: one for this block sent before the
+        # rebuild was ordered must not remove the rebuilt chunk.
+        self.deletes_done = deletes_done
 
     def submit(self, order: messages.RepairOrder) -> None:
         """Start an order unless the same one is already running (a heartbeat resent it)."""
@@ -105,6 +108,8 @@ class Repairer:
             raise ChecksumMismatch(
                 f"rebuilt chunk has crc {whole:08x}, the metadata service recorded {order.crc:08x}; not stored"
             )
+        if self.deletes_done is not None:
+            await self.deletes_done()
         await self.in_thread(self.store.write, order.block_id, order.position, memoryview(data), crcs, whole, True)
         self.stats["repair_bytes"] += len(data)
         return len(data), whole

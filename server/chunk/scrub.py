@@ -2,7 +2,8 @@
 
 - ``Scrubber``: re-reads every chunk at a bounded rate (``--scrub-rate``), checking its
   footer, piece crcs and whole crc; a chunk that fails is reported corrupt, and the metadata
-  service schedules its rebuild. One pass after another; progress goes out in heartbeats.
+  service schedules its rebuild. One pass after another; progress goes out in heartbeats. It
+  pauses while clients have writes in flight on this server (a checkpoint burst comes first).
 - ``Inventory``: a full report of the chunks on disk (a directory listing, so a chunk file
   deleted behind the server's back is noticed), at start and every ``--inventory-interval``.
   The metadata service marks chunks it expected and the report lacks as missing (rebuilt),
@@ -33,9 +34,10 @@ InThread = Callable[..., Awaitable[Any]]
 class Scrubber:
     def __init__(
         self, store: ChunkStore, call_meta: CallMeta, in_thread: InThread, rate_bytes_per_s: float,
-        server_id: Callable[[], int | None],
+        server_id: Callable[[], int | None], busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self.store = store
+        self.busy = busy  # clients' writes come first: scrubbing waits while they run
         self.call_meta = call_meta
         self.in_thread = in_thread
         self.limiter = RateLimiter(rate_bytes_per_s)
@@ -62,6 +64,8 @@ class Scrubber:
         try:
             size = await self.in_thread(_size, self.store, block_id)
             await self.limiter.take(size)
+            while self.busy():
+                await asyncio.sleep(limits.scrub_busy_pause_s)
             await self.in_thread(self.store.verify, block_id)
             self.stats["scrub_bytes"] += size
             return True

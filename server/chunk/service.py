@@ -70,10 +70,10 @@ class ChunkServer:
         self.meta.expect_role(meta_address, "meta")
         self.peers = RpcClient(connections_per_server=1, role="chunk")
         self.repairer = Repairer(self.store, self.peers, self._call_meta, self._in_thread, repair_concurrency,
-                                 repair_rate_bytes_per_s)
+                                 repair_rate_bytes_per_s, deletes_done=self._deletes_done)
         self.repairer.on_idle = self._heartbeat_soon  # ask for more work at once
         self.scrubber = Scrubber(self.store, self._call_meta, self._in_thread, scrub_rate_bytes_per_s,
-                                 lambda: self.server_id)
+                                 lambda: self.server_id, busy=lambda: self.inflight_bytes > 0)
         self.inventory = Inventory(self.store, self._call_meta, self._in_thread, lambda: self.server_id)
         self.inventory_interval_s = inventory_interval_s
         self.scrub_enabled = scrub_rate_bytes_per_s > 0
@@ -174,6 +174,10 @@ class ChunkServer:
 
     async def rpc_delete_chunks(self, r: messages.DeleteChunksRequest, payload: memoryview) -> tuple[messages.Message, bytes]:
         return messages.DeleteChunksReply(deleted=await self._in_thread(self._delete, r.block_ids)), b""
+
+    async def _deletes_done(self) -> None:
+        """Return once every delete order received so far has run (they run in order on one thread)."""
+        await asyncio.get_running_loop().run_in_executor(self._gc_io, lambda: None)
 
     def _delete(self, block_ids: list[int]) -> int:
         count = sum(1 for block_id in block_ids if self.store.delete(block_id))

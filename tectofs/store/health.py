@@ -236,10 +236,10 @@ class BlockHealth:
             if target not in live:
                 self._x("DELETE FROM repairs WHERE target = ?", (target,))
         troubled = sorted(out | draining)
-        candidates = [int(r[0]) for r in self._all(
-            f"SELECT DISTINCT block_id FROM chunks WHERE state != {OK} OR server_id IN ({_marks(troubled)})"
-            " UNION SELECT block_id FROM blocks WHERE missing > 0",
-            troubled,
+        candidates = [int(r[0]) for r in self._all(  # bounded: a huge backlog is worked off round by round
+            f"SELECT block_id FROM (SELECT block_id FROM chunks WHERE state != {OK} OR server_id IN ({_marks(troubled)})"
+            " UNION SELECT block_id FROM blocks WHERE missing > 0) AS troubled ORDER BY block_id LIMIT ?",
+            (*troubled, limits.repair_candidates_per_round_max),
         )]
         if not candidates:
             return 0
@@ -248,7 +248,6 @@ class BlockHealth:
         for target, count in self._all("SELECT target, COUNT(*) FROM repairs GROUP BY target"):
             if target in load:
                 load[target] = int(count)
-        gc_pending = self._gc_pending(candidates)
         policies = self._policies(candidates)
         chunk_rows = self._block_chunks(candidates)
         holders: dict[int, set[int]] = {}  # block id -> servers that hold (or will hold) one of its chunks
@@ -261,7 +260,7 @@ class BlockHealth:
             available = [r for r in rows if r[4] == OK and r[1] in live]
             if len(available) < policy.needed:
                 continue  # unreadable now; maybe servers come back
-            holders[block_id] = {r[1] for r in rows} | gc_pending.get(block_id, set())
+            holders[block_id] = {r[1] for r in rows}
             placed = {r[0]: r for r in rows}
             margin = len(available) - policy.needed
             for position in range(policy.width):
@@ -285,8 +284,12 @@ class BlockHealth:
             target = min(targets, key=lambda sid: (load[sid], servers[sid]["used"], sid))
             load[target] += 1
             holders[block_id].add(target)
+            # A delete of this block still queued for the target (a spare copy) must not follow the
+            # rebuilt chunk; one already sent runs before the rebuild writes (the target orders them).
+            self._x("DELETE FROM gc_queue WHERE server_id = ? AND block_id = ?", (target, block_id))
             self._x(
-                "INSERT INTO repairs (block_id, position, target, priority, created) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO repairs (block_id, position, target, priority, created) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING",  # another metadata service over the same store may have queued it
                 (block_id, position, target, priority, now),
             )
             queued += 1
@@ -299,18 +302,6 @@ class BlockHealth:
             out.update((int(b), str(p)) for b, p in self._all(
                 f"SELECT block_id, policy FROM blocks WHERE block_id IN ({_marks(part)})", part
             ))
-        return out
-
-    def _gc_pending(self, block_ids: list[int]) -> dict[int, set[int]]:
-        """block id -> servers with a delete of that block queued (never a rebuild's target:
-        the delete would remove the new chunk)."""
-        out: dict[int, set[int]] = {}
-        for i in range(0, len(block_ids), 500):
-            part = block_ids[i : i + 500]
-            for block_id, server_id in self._all(
-                f"SELECT block_id, server_id FROM gc_queue WHERE block_id IN ({_marks(part)})", part
-            ):
-                out.setdefault(int(block_id), set()).add(int(server_id))
         return out
 
     def repair_orders(self, server_id: int, count: int) -> list[dict[str, Any]]:
