@@ -31,7 +31,8 @@ from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_f
 
 FRAMES_PER_OPERATION = int(os.environ.get("TECTOFS_FUZZ_FRAMES_PER_OPERATION", "20000"))
 MiB = 1 << 20
-DANGEROUS = {"commit", "stage", "allocate", "register_server", "heartbeat", "put_chunk", "delete_chunks"}
+DANGEROUS = {"commit", "stage", "allocate", "register_server", "heartbeat", "put_chunk", "delete_chunks",
+             "repair_done", "inventory_begin", "inventory", "drain"}
 
 
 def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
@@ -71,7 +72,16 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
         "renew": lambda: {"ino": ino(), "writer": rng.randrange(2**63)},
         "stage": lambda: {"ino": ino(), "writer": 1, "blocks": [], "holes": [1, 2], "cut_from": None},
         "commit": lambda: {"ino": ino(), "size": rng.randrange(10**9), "blocks": [], "replace": rng.random() < 0.5},
-        "report_bad_chunk": lambda: {"block_id": rng.randrange(10**6), "position": 0, "server_id": 1, "reason": "fuzz"},
+        "report_bad_chunk": lambda: {"block_id": rng.randrange(10**6), "position": 0, "server_id": 1, "reason": "fuzz",
+                                     "kind": rng.choice(["", "unreachable", "corrupt", "missing"])},
+        "repair_done": lambda: {"block_id": rng.randrange(10**6), "position": rng.randrange(6), "server_id": 1,
+                                "length": 10, "crc": 1},
+        "repair_failed": lambda: {"block_id": rng.randrange(10**6), "position": 0, "server_id": 1, "reason": "fuzz"},
+        "inventory_begin": lambda: {"server_id": rng.randrange(1, 10)},
+        "inventory": lambda: {"server_id": rng.randrange(1, 10), "report": rng.randrange(5),
+                              "block_ids": [rng.randrange(10**6)], "last": True},
+        "drain": lambda: {"server": str(rng.randrange(1, 10)), "cancel": rng.random() < 0.5},
+        "block_health": lambda: {"inos": [ino() for _ in range(rng.randrange(1, 20))]},
         "register_server": lambda: {"uuid": str(uuid.uuid4()), "address": "127.0.0.1:1", "capacity": 1, "used": 0},
         "heartbeat": lambda: {"server_id": rng.randrange(1, 10), "capacity": 1, "used": 0},
         "put_chunk": lambda: {"block_id": rng.randrange(10**6), "position": 0, "crcs": [1], "crc": 1},
@@ -90,8 +100,9 @@ def _mutate(op: str, request: dict[str, Any], rng: random.Random) -> dict[str, A
     request = dict(request)
     fields = list(request)
     if op in DANGEROUS:
-        victim = {"register_server": "uuid", "put_chunk": "block_id", "delete_chunks": "block_ids"}.get(op, "ino")
-        if op == "heartbeat":
+        victim = {"register_server": "uuid", "put_chunk": "block_id", "delete_chunks": "block_ids",
+                  "repair_done": "block_id", "drain": "server"}.get(op, "ino")
+        if op in ("heartbeat", "inventory_begin", "inventory"):
             victim = "server_id"
         choice = rng.random()
         if choice < 0.3:
