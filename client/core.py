@@ -14,7 +14,7 @@ import msgspec
 from tectofs import limits, messages, paths
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound, ProtocolError
-from tectofs.rpc import RpcClient, parse_address
+from tectofs.rpc import RpcClient, parse_group
 
 from .blocks import BlockIO
 from .files import AsyncFile
@@ -101,7 +101,9 @@ class AsyncFileSystem:
     Paths are absolute; every call that changes the namespace is one metadata transaction."""
 
     def __init__(self, meta_address: str) -> None:
-        parse_address(meta_address)
+        """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
+        metadata services sharing one store (``tectofs.rpc.RpcClient``)."""
+        parse_group(meta_address)
         self.meta_address = meta_address
         self.buffers, executor = _process_resources()
         self.rpc = RpcClient(allocate_payload=lambda header, n: self.buffers.get(n))

@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
 # Installs everything tectofs needs on a fresh Debian machine with Python 3.11 (as root):
-# libfuse3 + fusermount3 for the mount, the CPU build of PyTorch from this machine's disk
-# (pinned first, so no dependency can pull a multi-GB CUDA build), and tectofs itself in
-# editable mode with its test and benchmark extras. Safe to run again: it skips what is there.
+# libfuse3 + fusermount3 for the mount, the PostgreSQL server binaries for the store tests
+# (tests/postgres.py starts a throwaway server; the system service is never started), the CPU
+# build of PyTorch from this machine's disk (pinned first, so no dependency can pull a
+# multi-GB CUDA build), and tectofs itself in editable mode with its test and benchmark
+# extras. Safe to run again: it skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+APT_UPDATED=""
+apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    if [ -z "$APT_UPDATED" ]; then apt-get update -qq; APT_UPDATED=1; fi
+    apt-get install -y -qq "$@" >/dev/null
+}
+
 if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q libfuse3; then
     echo "install.sh: installing fuse3 (apt)" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq fuse3 libfuse3-3 >/dev/null
+    apt_install fuse3 libfuse3-3
+fi
+
+if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || ! command -v runuser >/dev/null 2>&1; then
+    echo "install.sh: installing postgresql (apt; its service is not started)" >&2
+    # policy-rc.d exit 101: Debian maintainer scripts must not start the service.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=""
+    if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; made_policy=1; fi
+    apt_install postgresql util-linux || { [ -n "$made_policy" ] && rm -f "$policy"; exit 1; }
+    if [ -n "$made_policy" ]; then rm -f "$policy"; fi
+    compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || { echo "install.sh: postgresql installed no server binary" >&2; exit 1; }
 fi
 
 PIP="python3 -m pip"
@@ -27,5 +45,5 @@ fi
 rm -f "$log"
 # pyenv only creates a shim for a new console script on rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
-python3 -c "import tectofs.client, mfusepy, pyeclib, crc32c, torch" || { echo "install.sh: import check failed" >&2; exit 1; }
+python3 -c "import tectofs.client, mfusepy, pyeclib, crc32c, torch, psycopg" || { echo "install.sh: import check failed" >&2; exit 1; }
 command -v tectofs >/dev/null || { echo "install.sh: the tectofs command is not on PATH ($(python3 -m site --user-base)/bin?)" >&2; exit 1; }

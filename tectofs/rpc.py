@@ -16,14 +16,26 @@ anything else: a server closes a connection that sends anything else first (at o
 nothing within ``limits.hello_wait_server_s``; a client that gets bytes that are not a tectofs
 frame fails at once with an error that says the peer is not a tectofs server, and one that
 gets no answer within ``limits.hello_timeout_s`` (twice) says that.
+
+Failover and exactly-once. An address may name a group of equivalent servers,
+``"HOST:PORT,HOST:PORT"`` (metadata services sharing one PostgreSQL store): the client sticks
+to one member and moves on to the next when it cannot reach it (:class:`RpcClient`). A
+request not marked idempotent carries a *call id* (``call_id`` in its header, 16 random
+bytes, the same on every retry of one call), so it can be retried after any failure, on any
+member: the server makes the call take effect at most once (the metadata service records
+each call's result in its store, in the transaction that applied it:
+:mod:`tectofs.store.requests`). While a request is served, :data:`current_call` holds its
+:class:`Call`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import random
+import uuid
 from typing import Any, Awaitable, Callable
 
 import msgspec
@@ -60,6 +72,41 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidArgument(f"bad address {address!r}: expected HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def parse_group(group: str) -> list[str]:
+    """``"HOST:PORT,HOST:PORT,..."`` (a failover group of equivalent servers; one address is a
+    group of one) -> its member addresses, in order; raises InvalidArgument with the bad text."""
+    members = [m.strip() for m in group.split(",")]
+    if len(members) > limits.address_group_members_max:
+        raise InvalidArgument(f"bad address group {group[:200]!r}: more than {limits.address_group_members_max} members")
+    if len(set(members)) != len(members):
+        raise InvalidArgument(f"bad address group {group!r}: an address is named twice")
+    for member in members:
+        parse_address(member)
+    return members
+
+
+CALL_ID_BYTES = 16
+
+
+class Call:
+    """One logical call being served: its call id, and how many store operations its handler
+    ran so far (``next_key``), so that a handler running several (``makedirs``) has each
+    recorded under its own key, in the same order on every retry."""
+
+    def __init__(self, call_id: bytes) -> None:
+        assert len(call_id) == CALL_ID_BYTES
+        self.call_id = call_id
+        self.steps = 0
+
+    def next_key(self) -> str:
+        self.steps += 1
+        return f"{self.call_id.hex()}:{self.steps}"
+
+
+# The call the current task serves (None: the request carried no call id, or no request).
+current_call: contextvars.ContextVar[Call | None] = contextvars.ContextVar("tectofs_current_call", default=None)
 
 
 class _FramedProtocol(asyncio.BufferedProtocol):
@@ -339,7 +386,18 @@ class RpcServer:
             if operation.payload and self.payload_unused is not None:
                 self.payload_unused(frame.payload)  # admitted, but no handler will take it
             raise self._invalid(peer, f"{operation.name}: {exc}") from None
-        return await self.methods[operation.name](request, frame.payload)
+        call_id = frame.header.get("call_id")
+        if call_id is None:
+            return await self.methods[operation.name](request, frame.payload)
+        if not isinstance(call_id, bytes) or len(call_id) != CALL_ID_BYTES:
+            if operation.payload and self.payload_unused is not None:
+                self.payload_unused(frame.payload)
+            raise self._invalid(peer, f"{operation.name}: call_id must be {CALL_ID_BYTES} bytes")
+        token = current_call.set(Call(call_id))  # this request's own task: no other request sees it
+        try:
+            return await self.methods[operation.name](request, frame.payload)
+        finally:
+            current_call.reset(token)
 
     def _invalid(self, peer: str, message: str) -> InvalidArgument:
         """A client's mistake: one log line (rate-limited), never a traceback."""
@@ -490,12 +548,39 @@ class _ClientConnection(_FramedProtocol):
             self.transport.close()
 
 
+class _Group:
+    """The members of one address group and the one calls use now (sticky: all calls go to one
+    member until it fails, so clients of one group do not spread conflicting transactions over
+    several metadata services; the first named is the preferred one)."""
+
+    def __init__(self, members: list[str]) -> None:
+        self.members = members
+        self.current = 0
+
+    @property
+    def member(self) -> str:
+        return self.members[self.current]
+
+    def failed(self, member: str) -> None:
+        """``member`` failed a call: move on to the next, unless another call already did."""
+        if self.member == member:
+            self.current = (self.current + 1) % len(self.members)
+
+
 class RpcClient:
     """A pool of connections to many servers, owned by one event loop.
 
-    ``call`` retries only what is safe to retry: connection failures before a reply and BUSY
-    answers, with bounded exponential backoff; requests marked ``idempotent`` are also retried
-    after a lost connection or a timeout."""
+    ``call`` takes an address or an address group (``parse_group``): calls go to one member
+    of the group (the first, until it fails); a connection refused, lost or timed out moves
+    that call, and the calls after it, to the next member at once, and only a whole round of
+    members failing costs a retry and a backoff. A group that stays down fails the call with
+    an error naming every member and what each answered.
+
+    What is retried is safe to retry: BUSY answers (nothing was done), and any connection
+    failure or timeout — requests marked ``idempotent`` blindly, the others thanks to their
+    call id (see the module docstring): every retry of one call carries the same one, so the
+    server applies the call at most once and answers a retry with the recorded reply.
+    Retries are bounded (``retries_max`` rounds, exponential backoff with jitter)."""
 
     def __init__(
         self,
@@ -516,10 +601,19 @@ class RpcClient:
         self._pools: dict[str, list[_ClientConnection]] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._expected_roles: dict[str, str] = {}
+        self._groups: dict[str, _Group] = {}
+
+    def _group(self, address: str) -> _Group:
+        group = self._groups.get(address)
+        if group is None:
+            group = self._groups[address] = _Group(parse_group(address))
+        return group
 
     def expect_role(self, address: str, role: str) -> None:
-        """Connections to ``address`` must reach a tectofs server of this role ("meta", "chunk")."""
-        self._expected_roles[address] = role
+        """Connections to ``address`` (every member of a group) must reach a tectofs server of
+        this role ("meta", "chunk")."""
+        for member in self._group(address).members:
+            self._expected_roles[member] = role
 
     async def _connect(self, address: str) -> _ClientConnection:
         host, port = parse_address(address)
@@ -564,40 +658,64 @@ class RpcClient:
         idempotent: bool = False,
         timeout_s: float | None = None,
         retries_max: int | None = None,
+        call_id: bytes | None = None,
     ) -> Reply:
+        """Send ``op`` to ``address`` (or a member of the group it names); return the reply
+        header and payload, or raise the server's error. See the class docstring for retries.
+        ``call_id``: this call's id (``CALL_ID_BYTES`` bytes), for a caller that retries one
+        logical call itself; by default a non-idempotent call draws a new one."""
+        group = self._group(address)
         request = {"op": op, **(header or {})}
+        if call_id is not None or not idempotent:
+            request["call_id"] = call_id or uuid.uuid4().bytes  # one per logical call, reused by its retries
         retries = self.retries_max if retries_max is None else retries_max
         backoff = limits.rpc_backoff_initial_s
         attempt = 0
         hello_timeouts = 0
+        failures: dict[str, str] = {}  # member -> how it failed, this round
         while True:
-            sent = False
+            member = group.member
             try:
-                conn = await self._connection(address)
-                sent = True
+                conn = await self._connection(member)
                 return await conn.call(request, payload, timeout_s or self.timeout_s)
             except Busy:
                 if attempt >= retries:
                     raise
-            except HelloTimeout:
-                # Silent peer: not tectofs, or hung. A few tries, so the caller hears in seconds.
-                hello_timeouts += 1
-                if hello_timeouts > limits.hello_retries_max or attempt >= retries:
-                    raise
-            except (ConnectionLost, Timeout):
-                if not (idempotent or not sent) or attempt >= retries:
-                    raise
-                self.forget(address)
+            except (ConnectionLost, Timeout) as exc:
+                self.forget(member)
+                group.failed(member)
+                failures[member] = str(exc)
+                if group.member not in failures:
+                    continue  # another member, at once: this round is not over
+                if isinstance(exc, HelloTimeout):
+                    # Silent peers: not tectofs, or hung. Few tries, so the caller hears in seconds.
+                    hello_timeouts += 1
+                    if hello_timeouts > limits.hello_retries_max:
+                        raise _group_down(group, exc, failures) from None
+                if attempt >= retries:
+                    raise _group_down(group, exc, failures) from None
+                failures = {}
             attempt += 1
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, limits.rpc_backoff_max_s)
 
     def forget(self, address: str) -> None:
-        """Drop pooled connections to ``address`` (e.g. a server known to be dead)."""
-        for conn in self._pools.pop(address, []):
-            conn.close()
+        """Drop pooled connections to ``address`` (every member of a group; e.g. a server
+        known to be dead)."""
+        for member in address.split(","):
+            for conn in self._pools.pop(member.strip(), []):
+                conn.close()
 
     async def close(self) -> None:
         for address in list(self._pools):
             self.forget(address)
         await asyncio.sleep(0)
+
+
+def _group_down(group: _Group, last: TectofsError, failures: dict[str, str]) -> TectofsError:
+    """The error of a call no member of ``group`` answered: a single server's own error, or,
+    for a group, one of the last one's class that names every member and its failure."""
+    if len(group.members) == 1:
+        return last
+    tried = "; ".join(reason if member in reason else f"{member}: {reason}" for member, reason in failures.items())
+    return type(last)(f"no server of the group {','.join(group.members)} answered: {tried}")

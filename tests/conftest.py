@@ -2,8 +2,9 @@
 
 ``cluster``: one cluster per test module (6 chunk servers, rs(4,2), 1 MiB blocks so that
 multi-block files stay small). ``make_cluster``: a factory for tests that kill or corrupt
-servers and need a cluster of their own. Every cluster is stopped and its processes reaped
-at teardown; every wait inside has a timeout.
+servers and need a cluster of their own (``cluster_class=`` takes a ``TestCluster``
+subclass). Every cluster is stopped and its processes reaped at teardown; every wait inside
+has a timeout.
 """
 
 from __future__ import annotations
@@ -49,11 +50,11 @@ class TestCluster(LocalCluster):
         super().stop()
 
 
-def _new_cluster(root: str, **kwargs: Any) -> TestCluster:
+def _new_cluster(root: str, cluster_class: type[TestCluster] = TestCluster, **kwargs: Any) -> TestCluster:
     options = dict(servers=6, policy="rs(4,2)", block_size=1 * MiB, server_dead_after_s=2.0,
                    heartbeat_interval_s=0.3, gc_delay_s=1.0)
     options.update(kwargs)
-    cluster = TestCluster(root, **options)
+    cluster = cluster_class(root, **options)
     cluster.start()
     return cluster
 
@@ -85,11 +86,17 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
-    """URL of a PostgreSQL server started for this test session (skipped where unavailable)."""
+    """URL of a PostgreSQL server started for this test session. Where it cannot run, the
+    tests that need it fail, saying what is missing (they are part of the contract suite),
+    unless ``TECTOFS_SKIP_POSTGRES=1`` is set: then they are skipped."""
     from tests import postgres
 
-    if not postgres.available():
-        pytest.skip("PostgreSQL server binaries, runuser or psycopg not available")
+    lacks = postgres.missing()
+    if lacks and os.environ.get("TECTOFS_SKIP_POSTGRES") == "1":
+        pytest.skip(f"TECTOFS_SKIP_POSTGRES=1 and PostgreSQL cannot run here: missing {'; '.join(lacks)}")
+    if lacks:
+        pytest.fail(f"the PostgreSQL tests cannot run: missing {'; '.join(lacks)}. Run scripts/install.sh,"
+                    " or set TECTOFS_SKIP_POSTGRES=1 to skip them", pytrace=False)
     with postgres.server() as url:
         yield url
 

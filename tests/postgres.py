@@ -1,7 +1,10 @@
 """A throwaway PostgreSQL server for tests, from the Debian packages on this machine.
 
-Runs as the ``postgres`` user (PostgreSQL refuses root) in a fresh directory under /tmp,
-on a free loopback port, with fsync off (test speed), and is stopped at the end.
+Runs as the ``postgres`` user when started by root (PostgreSQL refuses root), else as the
+current user, in a fresh directory under /tmp, on a free loopback port, with fsync off (test
+speed), and is stopped at the end. ``scripts/install.sh`` installs the packages; tests that
+need the server fail when it cannot run (``missing`` says why), unless
+``TECTOFS_SKIP_POSTGRES=1`` is set.
 """
 
 from __future__ import annotations
@@ -23,12 +26,22 @@ def _binaries() -> str | None:
     return os.path.dirname(found[-1]) if found else None
 
 
-def available() -> bool:
+def missing() -> list[str]:
+    """What this machine lacks to run the server (empty: nothing), each with its remedy."""
+    lacks = []
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        return False
-    return _binaries() is not None and shutil.which("runuser") is not None and os.geteuid() == 0
+        lacks.append("psycopg (pip install 'psycopg[binary]', the dev extra)")
+    if _binaries() is None:
+        lacks.append("/usr/lib/postgresql/*/bin/postgres (apt-get install postgresql; scripts/install.sh does)")
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        lacks.append("runuser, to run PostgreSQL as the postgres user (apt-get install util-linux)")
+    return lacks
+
+
+def _as_server_user(command: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
 
 
 def _free_port() -> int:
@@ -45,15 +58,16 @@ def server(timeout_s: float = 60.0) -> Iterator[str]:
     bindir = _binaries()
     assert bindir is not None
     root = tempfile.mkdtemp(prefix="tectofs-pg-", dir="/tmp")
-    shutil.chown(root, "postgres", "postgres")
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
     data = os.path.join(root, "data")
-    subprocess.run(["runuser", "-u", "postgres", "--", f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres",
-                    "--no-sync"], check=True, capture_output=True, timeout=timeout_s)
+    subprocess.run(_as_server_user([f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"]),
+                   check=True, capture_output=True, timeout=timeout_s)
     port = _free_port()
     log = open(os.path.join(root, "server.log"), "wb")
     process = subprocess.Popen(
-        ["runuser", "-u", "postgres", "--", f"{bindir}/postgres", "-D", data, "-p", str(port), "-k", root,
-         "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
+        _as_server_user([f"{bindir}/postgres", "-D", data, "-p", str(port), "-k", root,
+                         "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"]),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"

@@ -8,6 +8,10 @@ is told happened can be lost to a crash of the metadata service.
 
 Because all operations pass through one thread in order, the store is linearizable: an
 operation sees every operation whose result was delivered before it was submitted.
+
+An operation called while a request with a call id is served (``tectofs.rpc.current_call``,
+read in the caller's task) is run at most once per call: its result is recorded in its own
+savepoint, and a retry of the call gets the recorded result (:mod:`tectofs.store.requests`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any, Callable
 
 from .. import limits
 from ..errors import TectofsError
+from ..rpc import current_call
+from . import requests
 from .engine import SqlStore
 
 log = logging.getLogger(__name__)
@@ -55,7 +61,8 @@ class StoreRunner:
         (or raise its error) once that commit is durable."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.put((method, args, kwargs, loop, future))
+        call = current_call.get()
+        self._queue.put((method, args, kwargs, call.next_key() if call else None, loop, future))
         return await future
 
     def call_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -67,7 +74,7 @@ class StoreRunner:
             box["result"], box["error"] = result, error
             done.set()
 
-        self._queue.put((method, args, kwargs, None, deliver))
+        self._queue.put((method, args, kwargs, None, None, deliver))
         done.wait()
         if box["error"] is not None:
             raise box["error"]
@@ -82,16 +89,21 @@ class StoreRunner:
     def _main(self) -> None:
         try:
             store = self._open_store()
+            requests.create_schema(store)
         except BaseException as exc:  # report to the constructor instead of dying silently
             self._startup_error = exc
             self._ready.set()
             return
         self._ready.set()
+        pruned_at = 0.0
         try:
             while True:
                 first = self._queue.get()
                 if first is _STOP:
                     return
+                if time.monotonic() - pruned_at > limits.request_dedupe_prune_interval_s:
+                    pruned_at = time.monotonic()
+                    self._prune(store)
                 batch = [first]
                 while len(batch) < self.batch_max:
                     try:
@@ -110,7 +122,7 @@ class StoreRunner:
         outcomes = self._execute(store, batch)
         self.stats["operations"] += len(batch)
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
-        for (_method, _args, _kwargs, loop, future), (result, error) in zip(batch, outcomes):
+        for (_method, _args, _kwargs, _key, loop, future), (result, error) in zip(batch, outcomes):
             if loop is None:
                 future(result, error)
             else:
@@ -126,10 +138,10 @@ class StoreRunner:
             outcomes: list[tuple[Any, BaseException | None]] = []
             try:
                 store.tx_begin()
-                for method, args, kwargs, _loop, _future in batch:
+                for method, args, kwargs, key, _loop, _future in batch:
                     store.tx_savepoint("op")
                     try:
-                        outcomes.append((getattr(store, method)(*args, **kwargs), None))
+                        outcomes.append((_run_once(store, method, args, kwargs, key), None))
                         store.tx_release("op")
                     except Exception as exc:
                         if not isinstance(exc, TectofsError) and store.dialect.is_retryable(exc):
@@ -157,6 +169,38 @@ class StoreRunner:
                     return [self._execute(store, [item])[0] for item in batch]
                 time.sleep(random.uniform(0, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
+
+
+    def _prune(self, store: SqlStore) -> None:
+        """Forget recorded results older than ``limits.request_dedupe_retention_s`` (one
+        transaction of its own; a failure is logged and tried again next interval)."""
+        try:
+            store.tx_begin()
+            pruned = requests.prune(store, time.time() - limits.request_dedupe_retention_s)
+            store.tx_commit()
+        except Exception as exc:
+            try:
+                store.tx_rollback()
+            except Exception:
+                pass
+            log.warning("pruning recorded request results failed: %s", exc)
+            return
+        if pruned:
+            log.debug("pruned %d recorded request results", pruned)
+
+
+def _run_once(store: SqlStore, method: str, args: Any, kwargs: Any, key: str | None) -> Any:
+    """``store.<method>(*args, **kwargs)``; with a request ``key``, at most once: the result
+    recorded for ``key`` if there is one, else the operation's, recorded in the same
+    (savepoint of the) transaction."""
+    if key is not None:
+        recorded = requests.lookup(store, key)
+        if recorded is not requests.ABSENT:
+            return recorded
+    result = getattr(store, method)(*args, **kwargs)
+    if key is not None:
+        requests.record(store, key, result, time.time())
+    return result
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
