@@ -338,7 +338,7 @@ class BlockIO:
                 self.meta_address, "report_bad_chunk",
                 {"block_id": block.block_id, "position": chunk.position, "server_id": chunk.server_id,
                  "reason": reason[:500], "kind": kind},
-                retries_max=0, timeout_s=5,
+                idempotent=True, retries_max=0, timeout_s=5,
             )
         except TectofsError:
             pass

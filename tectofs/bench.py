@@ -4,6 +4,7 @@
     tectofs bench checkpoint --out results/         # DCP save/load through the plugin
     tectofs bench fuse --out results/               # one stream through the mount
     tectofs bench burst --out results/              # N ranks checkpoint at once
+    tectofs bench repair --out results/             # rebuild throughput; a save during a rebuild
     tectofs bench all --out results/ --quick        # everything, small sizes
 
 Each benchmark shows a progress bar while it runs, then prints a table, writes
@@ -30,7 +31,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 MiB = 1 << 20
-BENCHMARKS = ("client-io", "checkpoint", "fuse", "burst")
+BENCHMARKS = ("client-io", "checkpoint", "fuse", "burst", "repair")
 
 
 class BenchmarkMissing(Exception):
@@ -253,6 +254,7 @@ _RUNNERS: dict[str, tuple[str, Runner, Callable[[argparse.Namespace], int | None
     "checkpoint": ("checkpoint_bench", _checkpoint, lambda a: getattr(a, "checkpoint_steps", None)),
     "fuse": ("fuse_bench", _fuse, lambda a: a.repeats or (1 if a.quick else 3)),
     "burst": ("burst", _burst, lambda a: 5),
+    "repair": ("repair", _checkpoint, lambda a: None),  # same options as checkpoint: --quick, --size, --repeats
 }
 
 

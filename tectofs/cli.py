@@ -1,6 +1,6 @@
 """The ``tectofs`` command: servers (``up``, ``meta``, ``chunk``, ``mount``) and client commands.
 
-Client commands find the metadata service through ``--meta HOST:PORT`` or ``$TECTOFS_META``.
+Client commands find the metadata service through ``--meta HOST:PORT[,HOST:PORT...]`` (a failover group) or ``$TECTOFS_META``.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def _client(args: argparse.Namespace) -> Any:
 
     address = args.meta or os.environ.get("TECTOFS_META")
     if not address:
-        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT or set TECTOFS_META")
+        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT[,HOST:PORT...] or set TECTOFS_META")
     return connect(address)
 
 
@@ -343,7 +343,7 @@ def cmd_gc(args: argparse.Namespace) -> None:
 
     address = args.meta or os.environ.get("TECTOFS_META")
     if not address:
-        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT or set TECTOFS_META")
+        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT[,HOST:PORT...] or set TECTOFS_META")
     removed = gc_pending(f"tectofs://{address}{args.path}", args.older_than, recursive=True, dry_run=args.dry_run)
     for uri in removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
@@ -361,7 +361,7 @@ def cmd_mount(args: argparse.Namespace) -> None:
 
     address = args.meta or os.environ.get("TECTOFS_META")
     if not address:
-        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT or set TECTOFS_META")
+        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT[,HOST:PORT...] or set TECTOFS_META")
     mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
           attr_timeout_s=args.attr_timeout, debug=args.debug)
 
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def client_command(name: str, fn: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--meta", help="metadata service HOST:PORT (default: $TECTOFS_META)")
+        p.add_argument("--meta", help="metadata service HOST:PORT, or several (HOST:PORT,HOST:PORT: failover) (default: $TECTOFS_META)")
         p.set_defaults(fn=fn)
         return p
 
@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chunk", help="run a chunk server")
     p.add_argument("--data", required=True, help="directory for chunk files (local flash)")
-    p.add_argument("--meta", required=True, help="metadata service HOST:PORT")
+    p.add_argument("--meta", required=True, help="metadata service HOST:PORT, or several over one store (HOST:PORT,HOST:PORT: failover)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="port (default: any free one)")
     p.add_argument("--inflight-max", type=_size, default=limits.chunk_inflight_bytes_max,
@@ -489,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Move every chunk off a chunk server (it takes no new ones); when done it"
                              " can be stopped with no loss of redundancy. Progress: tectofs status.")
     p.add_argument("server", help="the server's id, uuid or address (tectofs status lists them)")
-    p.add_argument("--meta", help="metadata service HOST:PORT (default: $TECTOFS_META)")
+    p.add_argument("--meta", help="metadata service HOST:PORT, or several (HOST:PORT,HOST:PORT: failover) (default: $TECTOFS_META)")
     p.add_argument("--cancel", action="store_true", help="stop draining: the server takes new chunks again")
     p.add_argument("--wait", action="store_true", help="wait until the server holds no chunk, showing progress")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="with --wait, give up after this many seconds")

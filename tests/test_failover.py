@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tectofs import errors, limits
+from tectofs import errors, fsck, limits
 from tectofs.bench import load_script
 from tectofs.client import connect
 from tectofs.rpc import Call, RpcClient, current_call, parse_group
@@ -310,4 +310,6 @@ def test_sigkilled_metadata_service_during_a_128_rank_burst(make_cluster, postgr
             time.sleep(0.2)
         time.sleep(c.server_dead_after_s + 1)  # and they stay live: they heartbeat B now
         assert sum(1 for s in fs.servers() if s["live"]) == 6, fs.servers()
+        report = fs.run(fsck.check(fs.aio, "/burst"))
+        assert report.exit_code == 0 and report.files >= 128 and report.healthy == report.blocks, report.as_dict()
     assert all(p is not None and p.poll() is None for p in c.chunk_processes)

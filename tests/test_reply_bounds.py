@@ -14,6 +14,7 @@ from tectofs import limits, messages
 from tectofs.server.meta.service import _segment
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
+from tectofs.store.registry import SERVER_STATS_KEPT
 
 WIDEST = "rs(32,16)"
 KiB = 1 << 10
@@ -98,6 +99,9 @@ def test_allocate_and_servers_replies_fit(store: SqlStore) -> None:
     _fits(messages.AllocateReply(blocks=[
         messages.Allocation(block_id=a["block_id"], policy=a["policy"],
                             servers=[messages.ServerRef(**s) for s in a["servers"]]) for a in allocations]))
+    for server_id in range(1, limits.servers_max + 1):  # every server reporting all it may
+        store.heartbeat(server_id, 2**62, 2**62, 2**62, 2**62, _long_address(server_id),
+                        stats={f"key{i:060d}": 2**62 for i in range(64)} | dict.fromkeys(SERVER_STATS_KEPT, 2**62))
     _fits(messages.ServersReply(servers=[messages.ServerInfo(**s) for s in store.servers()]))
     with pytest.raises(Exception, match="already has"):
         _register(store, 1)
@@ -109,7 +113,14 @@ def test_fixed_size_replies_fit() -> None:
                            block_size=limits.block_size_max_bytes, target="t" * limits.symlink_target_max_bytes,
                            parent=2**63 - 1, stored=2**63 - 1)
     _fits(messages.AttrsReply(attrs=attrs))
-    _fits(messages.HeartbeatReply(delete=[2**63 - 1] * limits.gc_orders_per_heartbeat_max))
+    source = messages.ChunkRef(position=47, server_id=2**63 - 1, address=_long_address(1), length=2**26, crc=2**32 - 1)
+    order = messages.RepairOrder(block_id=2**63 - 1, position=47, policy="x" * 32, length=2**26, crc=2**32 - 1,
+                                 sources=[source] * limits.policy_width_max)
+    _fits(messages.HeartbeatReply(delete=[2**63 - 1] * limits.gc_orders_per_heartbeat_max,
+                                  repairs=[order] * limits.repair_orders_per_heartbeat_max))
+    _fits(messages.BlockHealthReply(files=[messages.FileHealth(
+        ino=2**63 - 1, blocks=2**63 - 1, healthy=2**63 - 1, under_redundant=2**63 - 1, unreadable=2**63 - 1,
+    )] * limits.health_inos_per_call_max))
     _fits(messages.GetChunkReply(crcs=[0xFFFFFFFF] * (limits.block_size_max_bytes // limits.checksum_piece_bytes),
                                  chunk_length=2**40, position=47, crc=0xFFFFFFFF))
 
@@ -117,7 +128,7 @@ def test_fixed_size_replies_fit() -> None:
 def test_every_reply_type_is_covered() -> None:
     """Replies with lists are the ones a bound can fail on; each has a test above."""
     covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
-               messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply}
+               messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
         for operation in table.values():
             has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))

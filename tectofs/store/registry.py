@@ -61,7 +61,7 @@ class ServersAndLeases:
         cur = self._x(
             "UPDATE servers SET capacity = ?, used = ?, inflight = ?, chunks = ?, last_heartbeat = ?,"
             " address = COALESCE(?, address), stats = COALESCE(?, stats) WHERE server_id = ?",
-            (capacity, used, inflight, chunks, self.clock(), address, json.dumps(stats) if stats else None, server_id),
+            (capacity, used, inflight, chunks, self.clock(), address, _kept(stats), server_id),
         )
         if cur.rowcount == 0:
             raise NotFound(f"chunk server {server_id} is not registered; register again")
@@ -135,3 +135,15 @@ class ServersAndLeases:
         for table in ("inodes", "blocks", "chunks", "allocations", "gc_queue", "servers"):
             (out[table],) = self._one(f"SELECT COUNT(*) FROM {table}")
         return out
+
+
+# What ``servers`` shows of a server's progress: a fixed, short set, so the reply listing
+# ``limits.servers_max`` servers stays within its budget whatever a server sends.
+SERVER_STATS_KEPT = ("scrub_passes", "scrub_pass_chunks", "scrub_pass_checked", "scrub_corrupt", "repairs_done",
+                     "repairs_running", "repair_bytes", "inventory_missing")
+
+
+def _kept(stats: dict[str, int] | None) -> str | None:
+    if not stats:
+        return None
+    return json.dumps({k: int(stats[k]) for k in SERVER_STATS_KEPT if k in stats})

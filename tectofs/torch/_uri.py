@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import paths
 from ..errors import InvalidArgument
+from ..rpc import parse_group
 
 SCHEME = "tectofs"
 PREFIX = SCHEME + "://"
@@ -46,7 +47,8 @@ def is_uri(value: Any) -> bool:
 def parse(uri: str | os.PathLike) -> Location:
     """``"tectofs://10.0.0.1:7000/runs/a/step_100"`` -> ``Location("10.0.0.1:7000", "/runs/a/step_100")``.
 
-    ``tectofs:///path`` (empty authority) means the client's default address. Paths are
+    ``tectofs:///path`` (empty authority) means the client's default address; the authority may
+    be a failover group of metadata services (``tectofs://A:7420,B:7420/path``). Paths are
     checked with the same rules as the metadata service (no ``..``, no empty names)."""
     if isinstance(uri, os.PathLike):
         uri = os.fspath(uri)
@@ -56,9 +58,10 @@ def parse(uri: str | os.PathLike) -> Location:
     slash = rest.find("/")
     authority, path = (rest, "/") if slash < 0 else (rest[:slash], rest[slash:])
     if authority:
-        host, sep, port = authority.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(f"bad address {authority!r} in {uri!r}: expected HOST:PORT")
+        try:
+            parse_group(authority)  # HOST:PORT, or a failover group HOST:PORT,HOST:PORT
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"bad address in {uri!r}: {exc}") from None
     parts = paths.split(path)
     return Location(authority or None, "/" + "/".join(parts))
 
