@@ -81,12 +81,18 @@ def test_nothing_is_rebuilt_before_repair_after_then_the_most_endangered_block_f
         assert target not in holders
 
 
-def test_repair_done_moves_the_chunk_and_the_stale_copy_is_collected_when_its_server_returns(store, clock):
+def _first_server_out(store, clock):
+    """Seven servers, one block on the first six; the first stays away past repair-after."""
     ids = _servers(store, 7)
     (block,) = _file(store, "f", [ids[0:6]])
     clock.now += 20
     _beat(store, ids[1:])
     store.schedule_repairs(repair_after_s=10)
+    return ids, block
+
+
+def test_repair_done_moves_the_chunk_and_the_stale_copy_is_collected_when_its_server_returns(store, clock):
+    ids, block = _first_server_out(store, clock)
     ((block_id, position, target, _),) = _queued(store)
     assert (block_id, position, target) == (block, 0, ids[6])
     (order,) = store.repair_orders(target, 10)
@@ -99,11 +105,7 @@ def test_repair_done_moves_the_chunk_and_the_stale_copy_is_collected_when_its_se
 
 
 def test_a_rebuilt_chunk_with_the_wrong_crc_is_never_placed(store, clock):
-    ids = _servers(store, 7)
-    (block,) = _file(store, "f", [ids[0:6]])
-    clock.now += 20
-    _beat(store, ids[1:])
-    store.schedule_repairs(repair_after_s=10)
+    ids, block = _first_server_out(store, clock)
     assert not store.repair_done(block, 0, ids[6], 100, 8)
     assert store._one("SELECT server_id FROM chunks WHERE block_id = ? AND position = 0", (block,))[0] == ids[0]
     clock.now += 1

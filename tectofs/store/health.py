@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from .. import limits
 from ..errors import InvalidArgument, NotFound
 from ..policy import parse as parse_policy
+from .base import StoreParts
 
 OK, BAD = 0, 1
 IN, DRAINING = "in", "draining"
@@ -56,28 +57,9 @@ def _marks(values: Iterable[Any]) -> str:
     return ",".join("?" for _ in values) or "NULL"
 
 
-class BlockHealth:
+class BlockHealth(StoreParts):
     """Health, repair and inventory operations; ``SqlStore`` provides the connection helpers,
     ``servers()`` (liveness) and ``gc_delay_s``."""
-
-    gc_delay_s: float
-
-    clock: Callable[[], float]
-
-    def _x(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        raise NotImplementedError
-
-    def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        raise NotImplementedError
-
-    def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
-        raise NotImplementedError
-
-    def _next(self, counter: str, count: int = 1) -> int:
-        raise NotImplementedError
-
-    def servers(self) -> list[dict[str, Any]]:
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ what is readable
 

@@ -8,29 +8,15 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .. import limits
 from ..errors import NoSpace, NotFound
+from .base import StoreParts
 
 
-class ServersAndLeases:
+class ServersAndLeases(StoreParts):
     """Registry and lease operations; ``SqlStore`` provides the connection helpers."""
-
-    gc_delay_s: float
-    server_dead_after_s: float
-    heartbeats_seen: dict[int, float]
-
-    clock: Callable[[], float]
-
-    def _x(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        raise NotImplementedError
-
-    def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        raise NotImplementedError
-
-    def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
-        raise NotImplementedError
 
     def register_server(self, uuid: str, address: str, capacity: int, used: int) -> int:
         now = self.clock()
