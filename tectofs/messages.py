@@ -415,6 +415,7 @@ class RepairFailedRequest(Message, kw_only=True):
     position: Position
     server_id: Id
     reason: Text = ""
+    occupied: bool = False  # the target holds a sound chunk of another position of the block
 
 
 class InventoryBeginRequest(Message, kw_only=True):

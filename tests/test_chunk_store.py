@@ -102,3 +102,32 @@ def test_restart_counts_what_is_stored(tmp_path):
     store.delete(101)
     again = ChunkStore(str(tmp_path))
     assert again.chunk_count == 4 and again.used_bytes == store.used_bytes
+
+
+def test_a_rebuild_never_replaces_a_sound_chunk_of_another_position(tmp_path):
+    store = ChunkStore(str(tmp_path))
+    placed, rebuilt = os.urandom(70_000), os.urandom(70_000)
+    _put(store, 9, placed, position=2)
+    with pytest.raises(errors.AlreadyExists, match="holds position 2"):
+        _put(store, 9, rebuilt, position=4, overwrite=True)  # a stale rebuild order
+    assert bytes(store.read(9)[0]) == placed
+    _put(store, 9, rebuilt, position=2, overwrite=True)  # the same position: a rebuild in place
+    assert bytes(store.read(9)[0]) == rebuilt
+    with open(store.path(9), "r+b") as f:  # damaged: whatever position it was, it may be replaced
+        f.write(b"\xff" * 10)
+    _put(store, 9, placed, position=4, overwrite=True)
+    assert store.info(9).position == 4 and store.verify(9).whole_crc == checksum.crc(placed)
+
+
+def test_verify_reads_every_byte_and_the_block_ids_are_listed(tmp_path):
+    store = ChunkStore(str(tmp_path))
+    data = os.urandom(3 * 65536 + 5)
+    _put(store, 0x1234, data)
+    _put(store, 0x99, b"x")
+    assert sorted(store.block_ids()) == [0x99, 0x1234]
+    store.verify(0x1234)
+    with open(store.path(0x1234), "r+b") as f:
+        f.seek(2 * 65536 + 3)
+        f.write(b"\x00" if data[2 * 65536 + 3] else b"\x01")
+    with pytest.raises(errors.ChecksumMismatch, match="piece at offset 131072"):
+        store.verify(0x1234)

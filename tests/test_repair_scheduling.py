@@ -143,6 +143,9 @@ def test_inventory_marks_missing_chunks_and_queues_orphans_after_a_grace(store, 
 def test_a_draining_server_takes_no_new_chunks_and_its_chunks_are_copied_off(store, clock):
     ids = _servers(store, 7)
     (block,) = _file(store, "f", [ids[0:6]])
+    assert store._one("SELECT COUNT(*) FROM gc_queue WHERE server_id = ? AND block_id = ?", (ids[6], block))[0]
+    clock.now += 6
+    assert _beat(store, ids)[ids[6]] == [block]  # the spare's copy is deleted first: then it can take a rebuild
     assert store.drain(str(ids[0]))["chunks"] == 1
     f = store.create(["g"])
     for b in store.allocate(f["ino"], 4, spares=0):
@@ -154,3 +157,12 @@ def test_a_draining_server_takes_no_new_chunks_and_its_chunks_are_copied_off(sto
     assert any(s["position"] == 0 and s["server_id"] == ids[0] for s in order["sources"])  # copied, not rebuilt
     store.repair_done(block, 0, target, 100, 7)
     assert store.drain(str(ids[0]))["chunks"] == 0
+
+
+def test_an_occupied_target_has_a_stale_copy_deleted_not_a_placed_one(store, clock):
+    ids, block = _first_server_out(store, clock)
+    ((_, _, target, _),) = _queued(store)
+    store.repair_failed(block, 0, target, occupied=True)  # holds a stale chunk of the block: deleted at once
+    assert _queued(store) == [] and _beat(store, [target])[target] == [block]
+    store.repair_failed(block, 3, ids[3], occupied=True)  # ids[3] holds a placed chunk: kept
+    assert _beat(store, [ids[3]])[ids[3]] == []

@@ -234,3 +234,12 @@ def test_metadata_service_answers_busy_past_its_queue_limit(tmp_path, monkeypatc
     done = [r for r in results if isinstance(r, dict)]
     assert busy and done and len(busy) + len(done) == 300
     assert service.busy_answers == len(busy)
+
+
+class TestMemoryStore(StoreContract):
+    """The in-memory store: SQLite in memory, what the cluster simulation runs on."""
+
+    def make_store(self, tmp_path) -> SqlStore:
+        from tests.simulation import MemoryDialect
+
+        return SqlStore(MemoryDialect())

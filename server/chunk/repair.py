@@ -18,7 +18,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from tectofs import checksum, erasure, messages
-from tectofs.errors import ChecksumMismatch, ChunkMissing, DataUnavailable, TectofsError
+from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, DataUnavailable, TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.rpc import RpcClient
 from tectofs.throttle import RateLimiter
@@ -79,7 +79,7 @@ class Repairer:
                 log.warning("rebuild of chunk %d of block %d failed: %s", order.position, order.block_id, exc)
                 await self._tell("repair_failed", {
                     "block_id": order.block_id, "position": order.position, "server_id": self.server_id,
-                    "reason": str(exc)[:500],
+                    "reason": str(exc)[:500], "occupied": isinstance(exc, AlreadyExists),
                 })
                 return
             finally:

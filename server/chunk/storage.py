@@ -92,20 +92,26 @@ class ChunkStore:
         """Verify ``data`` against the writer's checksums, then store it durably.
 
         Idempotent: writing the same chunk again succeeds. A different chunk under the same
-        block id is refused unless ``overwrite`` (repair of a chunk found corrupt)."""
+        block id is refused (``AlreadyExists``) unless ``overwrite`` (a rebuild), which still
+        never replaces a sound chunk of another position: only the same position's, or a
+        damaged one."""
         # The piece crcs cover every byte; the whole-chunk crc is checked end to end by
         # readers against the value the metadata service recorded at commit.
         checksum.verify_pieces(data, piece_crcs, f"chunk {block_id:x} as received")
         final = self.path(block_id)
-        if os.path.exists(final) and not overwrite:
+        if os.path.exists(final):
             try:
                 existing = self.info(block_id)
-            except ChecksumMismatch:
-                existing = None  # torn by a crash before it was acknowledged: write it again
-            if existing is not None:
+            except (ChecksumMismatch, ChunkMissing):
+                existing = None  # torn by a crash before it was acknowledged (or gone): write it again
+            if existing is not None and not overwrite:
                 if existing.whole_crc == whole_crc and existing.length == len(data) and existing.position == position:
                     return
                 raise AlreadyExists(f"chunk {block_id:x} already stored with other content")
+            if existing is not None and existing.position != position and self._sound(block_id):
+                raise AlreadyExists(
+                    f"chunk {block_id:x}: this server holds position {existing.position} of the block, not {position}"
+                )
         os.makedirs(os.path.dirname(final), exist_ok=True)
         crc_bytes = struct.pack(f"<{len(piece_crcs)}I", *piece_crcs)
         head = FOOTER.pack(MAGIC, block_id, len(data), position, whole_crc, 0)[:-4]
@@ -138,6 +144,13 @@ class ChunkStore:
             self.used_bytes += len(data) + len(crc_bytes) + FOOTER.size - replaced
             if not replaced:
                 self.chunk_count += 1
+
+    def _sound(self, block_id: int) -> bool:
+        try:
+            self.verify(block_id)
+            return True
+        except (ChecksumMismatch, ChunkMissing):
+            return False
 
     def info(self, block_id: int) -> ChunkInfo:
         """Read and check the footer and piece checksums of a stored chunk."""

@@ -66,6 +66,7 @@ class MetadataService:
         self.runner = StoreRunner(open_store)
         self.allocation_grace_s = allocation_grace_s
         self.repair_after_s = repair_after_s
+        self.server_dead_after_s = server_dead_after_s
         self.repair_interval_s = repair_interval_s
         self.orphan_grace_s = orphan_grace_s
         self.repairs = {"scheduled": 0, "done": 0, "failed": 0}
@@ -104,7 +105,9 @@ class MetadataService:
 
     async def _repair_loop(self) -> None:
         """Queue rebuilds of what lost redundancy (and moves off draining servers); targets
-        learn their orders from heartbeat replies."""
+        learn their orders from heartbeat replies. Starts once every live server has had time to
+        heartbeat this service (after a restart, the store's heartbeats are old)."""
+        await asyncio.sleep(self.server_dead_after_s)
         while True:
             await asyncio.sleep(self.repair_interval_s)
             try:
@@ -250,7 +253,7 @@ class MetadataService:
         self.repairs["failed"] += 1
         self._bad_chunk_log.warning("server %d could not rebuild chunk %d of block %d: %s",
                                     r.server_id, r.position, r.block_id, r.reason[:200])
-        await self._call("repair_failed", r.block_id, r.position, r.server_id)
+        await self._call("repair_failed", r.block_id, r.position, r.server_id, r.occupied)
         return messages.Empty(), b""
 
     async def rpc_inventory_begin(self, r: messages.InventoryBeginRequest, _: memoryview) -> Reply:

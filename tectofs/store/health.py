@@ -182,9 +182,15 @@ class BlockHealth(StoreParts):
     # ------------------------------------------------------------------ drain
 
     def _find_server(self, server: str) -> dict[str, Any]:
-        for s in self.servers():
-            if server in (str(s["server_id"]), s["uuid"], s["address"]):
-                return s
+        """By id, uuid or address; an address a dead server once had and a live one has now
+        means the live one; several live ones with that address, none (ambiguous)."""
+        found = [s for s in self.servers() if server in (str(s["server_id"]), s["uuid"], s["address"])]
+        if len(found) > 1:
+            found = [s for s in found if s["live"]]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise InvalidArgument(f"{server!r} names {len(found)} live chunk servers: give the id or uuid")
         raise NotFound(f"no chunk server {server!r} (give its id, uuid or address: tectofs status lists them)")
 
     def drain(self, server: str, cancel: bool = False) -> dict[str, Any]:
@@ -215,7 +221,7 @@ class BlockHealth(StoreParts):
         draining = {sid for sid, s in servers.items() if s["state"] == DRAINING}
         self._x("DELETE FROM repairs WHERE sent > 0 AND sent < ?", (now - timeout_s,))
         for (target,) in self._all("SELECT DISTINCT target FROM repairs"):
-            if target not in live:
+            if target in out:  # merely dead (restarting, or unseen since this service started): timeout
                 self._x("DELETE FROM repairs WHERE target = ?", (target,))
         troubled = sorted(out | draining)
         candidates = [int(r[0]) for r in self._all(  # bounded: a huge backlog is worked off round by round
@@ -225,7 +231,12 @@ class BlockHealth(StoreParts):
         )]
         if not candidates:
             return 0
-        pending = {(int(b), int(p)) for b, p in self._all("SELECT block_id, position FROM repairs")}
+        pending: set[tuple[int, int]] = set()
+        pending_targets: dict[int, set[int]] = {}  # a rebuild queued earlier lands there: not another
+        for b, p, t in self._all("SELECT block_id, position, target FROM repairs"):
+            pending.add((int(b), int(p)))
+            pending_targets.setdefault(int(b), set()).add(int(t))
+        gc_pending = self._gc_pending(candidates)
         load = {sid: 0 for sid in live if servers[sid]["state"] == IN}
         for target, count in self._all("SELECT target, COUNT(*) FROM repairs GROUP BY target"):
             if target in load:
@@ -242,7 +253,9 @@ class BlockHealth(StoreParts):
             available = [r for r in rows if r[4] == OK and r[1] in live]
             if len(available) < policy.needed:
                 continue  # unreadable now; maybe servers come back
-            holders[block_id] = {r[1] for r in rows}
+            # Never two chunks of a block on one server; never where a delete of the block waits.
+            holders[block_id] = {r[1] for r in rows} | pending_targets.get(block_id, set()) | gc_pending.get(
+                block_id, set())
             placed = {r[0]: r for r in rows}
             margin = len(available) - policy.needed
             for position in range(policy.width):
@@ -266,9 +279,6 @@ class BlockHealth(StoreParts):
             target = min(targets, key=lambda sid: (load[sid], servers[sid]["used"], sid))
             load[target] += 1
             holders[block_id].add(target)
-            # A delete of this block still queued for the target (a spare copy) must not follow the
-            # rebuilt chunk; one already sent runs before the rebuild writes (the target orders them).
-            self._x("DELETE FROM gc_queue WHERE server_id = ? AND block_id = ?", (target, block_id))
             self._x(
                 "INSERT INTO repairs (block_id, position, target, priority, created) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",  # another metadata service over the same store may have queued it
@@ -286,6 +296,18 @@ class BlockHealth(StoreParts):
             ))
         return out
 
+    def _gc_pending(self, block_ids: list[int]) -> dict[int, set[int]]:
+        """block id -> servers with a delete of that block queued (a stale or spare copy there:
+        a rebuild written there would be refused, or deleted)."""
+        out: dict[int, set[int]] = {}
+        for i in range(0, len(block_ids), 500):
+            part = block_ids[i : i + 500]
+            for block_id, server_id in self._all(
+                f"SELECT block_id, server_id FROM gc_queue WHERE block_id IN ({_marks(part)})", part
+            ):
+                out.setdefault(int(block_id), set()).add(int(server_id))
+        return out
+
     def repair_orders(self, server_id: int, count: int) -> list[dict[str, Any]]:
         """Up to ``count`` queued orders for ``server_id``, most urgent first, each with its
         sources (the block's available chunks and their addresses); marked sent."""
@@ -295,8 +317,11 @@ class BlockHealth(StoreParts):
             " WHERE r.target = ? AND r.sent = 0 ORDER BY r.priority, r.block_id LIMIT ?",
             (server_id, count),
         )
-        live = self._live_ids()
-        addresses = {s["server_id"]: s["address"] for s in self.servers()}
+        if not rows:
+            return []
+        servers = self.servers()
+        live = {s["server_id"] for s in servers if s["live"]}
+        addresses = {s["server_id"]: s["address"] for s in servers}
         chunk_rows = self._block_chunks([int(r[0]) for r in rows])
         orders = []
         for block_id, position, policy, length in rows:
@@ -352,10 +377,15 @@ class BlockHealth(StoreParts):
             )
         return True
 
-    def repair_failed(self, block_id: int, position: int, server_id: int) -> None:
+    def repair_failed(self, block_id: int, position: int, server_id: int, occupied: bool = False) -> None:
         """The target gave up (sources unreadable, disk full...): withdraw the order; the next
-        round schedules it again, maybe elsewhere."""
+        round schedules it again, maybe elsewhere. ``occupied``: the target holds a sound chunk
+        of another position of this block; if no block places it there, it is a stale copy and
+        is deleted at once (a later rebuild may land there)."""
         self._x("DELETE FROM repairs WHERE block_id = ? AND position = ? AND target = ?", (block_id, position, server_id))
+        if occupied and self._one("SELECT 1 FROM chunks WHERE block_id = ? AND server_id = ?",
+                                  (block_id, server_id)) is None:
+            self._queue_delete(server_id, block_id, 0.0)
 
     def _queue_delete(self, server_id: int, block_id: int, delay_s: float) -> None:
         self._x(
