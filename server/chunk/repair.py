@@ -8,7 +8,8 @@ when there is one, stored durably, and reported (``repair_done``): only then doe
 metadata service place it here. A source that fails its checksum is reported corrupt.
 
 Bounded per server: ``concurrency`` rebuilds at once, and the bytes pulled from peers pass a
-``RateLimiter``, so rebuilding competes only boundedly with clients' checkpoints.
+``RateLimiter`` (``--repair-rate``), and a slower one while clients have writes in flight on
+this server (``limits.repair_busy_rate_bytes_per_s``), so a checkpoint keeps its speed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 
-from tectofs import checksum, erasure, messages
+from tectofs import checksum, erasure, limits, messages
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, DataUnavailable, TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.rpc import RpcClient
@@ -34,12 +35,17 @@ class Repairer:
     def __init__(
         self, store: ChunkStore, peers: RpcClient, call_meta: CallMeta, in_thread: Callable[..., Awaitable[Any]],
         concurrency: int, rate_bytes_per_s: float, deletes_done: Callable[[], Awaitable[Any]] | None = None,
+        busy: Callable[[], bool] = lambda: False, busy_rate_bytes_per_s: float = limits.repair_busy_rate_bytes_per_s,
     ) -> None:
         self.store = store
         self.peers = peers
         self.call_meta = call_meta
         self.in_thread = in_thread
         self.limiter = RateLimiter(rate_bytes_per_s)
+        # While clients write to this server, rebuilds slow to this rate: a checkpoint burst keeps
+        # its speed, and a rebuild still progresses under a never-ending stream of writes.
+        self.busy = busy
+        self.busy_limiter = RateLimiter(busy_rate_bytes_per_s)
         self._slots = asyncio.Semaphore(concurrency)
         self._running: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.server_id = 0
@@ -143,6 +149,8 @@ class Repairer:
         if not source.address:
             raise ChunkMissing(f"chunk server {source.server_id} is not registered")
         await self.limiter.take(source.length)
+        if self.busy():
+            await self.busy_limiter.take(source.length)
         try:
             _, payload = await self.peers.call(source.address, "get_chunk", {"block_id": block_id},
                                                idempotent=True, retries_max=1)
@@ -156,7 +164,7 @@ class Repairer:
                 "reason": f"rebuild source: {exc}"[:500], "kind": kind,
             })
             raise
-        return bytes(payload) if isinstance(payload, memoryview) else payload
+        return payload
 
 
 def _checksums(data: Any) -> tuple[list[int], int]:

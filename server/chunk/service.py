@@ -70,7 +70,8 @@ class ChunkServer:
         self.meta.expect_role(meta_address, "meta")
         self.peers = RpcClient(connections_per_server=1, role="chunk")
         self.repairer = Repairer(self.store, self.peers, self._call_meta, self._in_thread, repair_concurrency,
-                                 repair_rate_bytes_per_s, deletes_done=self._deletes_done)
+                                 repair_rate_bytes_per_s, deletes_done=self._deletes_done,
+                                 busy=lambda: self.inflight_bytes > 0)
         self.repairer.on_idle = self._heartbeat_soon  # ask for more work at once
         self.scrubber = Scrubber(self.store, self._call_meta, self._in_thread, scrub_rate_bytes_per_s,
                                  lambda: self.server_id, busy=lambda: self.inflight_bytes > 0)
