@@ -286,6 +286,8 @@ def cmd_status(args: argparse.Namespace) -> None:
     print(f"blocks: {c.get('healthy', 0)} healthy, {c.get('under_redundant', 0)} under-redundant,"
           f" {c.get('unreadable', 0)} unreadable; rebuilds: {c.get('repairs_queued', 0)} queued,"
           f" {c.get('repairs_running', 0)} running, {c.get('repairs_done', 0)} done since start")
+    if any(s.get("state") == "draining" for s in servers):
+        print(f"draining: {c.get('draining_chunks', 0)} chunks still to move off draining servers")
     print(f"chunk servers: {live} live of {len(servers)}; capacity {_human(statfs['capacity'])}, used {_human(statfs['used'])}")
     print(f"{'id':>3} {'address':<22} {'state':<9} {'used':>10} {'capacity':>10} {'chunks':>8} {'heartbeat':>9}"
           f"  scrub (pass: checked/chunks, corrupt found)  rebuilt")

@@ -147,12 +147,16 @@ class ChunkServer:
     def write(self, block_id: int, position: int, data: Any, piece_crcs: list[int], crc: int,
               overwrite: bool = False) -> None:
         """As ``ChunkStore.write``: the same chunk again is a no-op, another one is refused
-        unless ``overwrite`` (a rebuild) or the one there is damaged."""
+        unless ``overwrite`` (a rebuild) or the one there is damaged; a rebuild never replaces
+        a sound chunk of another position."""
         old = self.disk.get(block_id)
-        if old is not None and not overwrite and old.sound:
-            if (old.position, old.crc, len(old.data)) == (position, crc, len(data)):
-                return
-            raise AlreadyExists(f"chunk {block_id:x} already stored with other content")
+        if old is not None and old.sound:
+            if not overwrite:
+                if (old.position, old.crc, len(old.data)) == (position, crc, len(data)):
+                    return
+                raise AlreadyExists(f"chunk {block_id:x} already stored with other content")
+            if old.position != position:
+                raise AlreadyExists(f"chunk {block_id:x}: this server holds position {old.position}, not {position}")
         self.disk[block_id] = Chunk(position, bytes(data), crc)
 
     def block_ids(self) -> list[int]:
@@ -223,7 +227,9 @@ class Simulation:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``store.<method>(...)`` in a transaction of its own, as the store runner runs a
-        batch of one: committed if it returns, rolled back if it raises."""
+        batch of one: committed if it returns, rolled back if it raises. Each takes a
+        millisecond of virtual time (as real ones do: no two see the same clock)."""
+        self.clock.now += 0.001
         store = self.store
         store.tx_begin()
         try:
@@ -243,7 +249,7 @@ class Simulation:
             self.stats["rebuilds"] += bool(placed)
             return {}
         if op == "repair_failed":
-            return self.call("repair_failed", f["block_id"], f["position"], f["server_id"])
+            return self.call("repair_failed", f["block_id"], f["position"], f["server_id"], f.get("occupied", False))
         if op == "report_bad_chunk":
             return f["kind"] in ("corrupt", "missing") and self.call("mark_bad", f["block_id"], f["server_id"])
         if op == "inventory_begin":

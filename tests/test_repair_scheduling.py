@@ -166,3 +166,20 @@ def test_an_occupied_target_has_a_stale_copy_deleted_not_a_placed_one(store, clo
     assert _queued(store) == [] and _beat(store, [target])[target] == [block]
     store.repair_failed(block, 3, ids[3], occupied=True)  # ids[3] holds a placed chunk: kept
     assert _beat(store, [ids[3]])[ids[3]] == []
+
+
+def test_a_spare_copy_waiting_for_its_gc_delay_does_not_keep_a_server_out_of_rebuilds(store, clock):
+    ids = _servers(store, 7)
+    (block,) = _file(store, "f", [ids[0:6]])  # ids[6] was the spare: its copy is queued for deletion
+    clock.now += 3  # within the 5 s GC delay
+    store._x("UPDATE servers SET last_heartbeat = 0 WHERE server_id = ?", (ids[0],))
+    _beat(store, ids[1:])
+    store.schedule_repairs(repair_after_s=1)
+    assert [(p, t) for _, p, t, _ in _queued(store)] == [(0, ids[6])]
+    assert _beat(store, [ids[6]])[ids[6]] == []  # the delete would have removed the rebuilt chunk
+    store.repair_failed(block, 0, ids[6], occupied=True)  # it held a stale chunk of another position
+    store.schedule_repairs(repair_after_s=1)
+    assert _queued(store) == []  # not there again until that copy is deleted
+    assert _beat(store, [ids[6]])[ids[6]] == [block]
+    store.schedule_repairs(repair_after_s=1)
+    assert [(p, t) for _, p, t, _ in _queued(store)] == [(0, ids[6])]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,6 +121,12 @@ def test_drained_server_holds_nothing_and_can_be_stopped(make_cluster):
     files = _write_files(c, 4, [2 * MiB + 3, 300 * KiB])
     drained = _server_id(c, 3)
     assert drained in _server_ids_in_layouts(c, list(files))
+    started = subprocess.run([sys.executable, "-m", "tectofs.cli", "admin", "drain", str(drained), "--meta", c.address],
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0 and "chunks to move" in started.stdout, started.stderr
+    status = subprocess.run([sys.executable, "-m", "tectofs.cli", "status", "--meta", c.address],
+                            capture_output=True, text=True, timeout=60)
+    assert re.search(r"draining: \d+ chunks still to move", status.stdout) and " drain " in status.stdout, status.stdout
     run = subprocess.run([sys.executable, "-m", "tectofs.cli", "admin", "drain", str(drained), "--wait",
                           "--timeout", "90", "--meta", c.address], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -106,7 +106,8 @@ class BlockHealth(StoreParts):
         return "under_redundant" if available >= policy.needed else "unreadable"
 
     def health_summary(self) -> dict[str, int]:
-        """Blocks of the whole namespace by health, and the repair queue."""
+        """Blocks of the whole namespace by health, the repair queue, and the chunks still
+        placed on draining servers."""
         live = self._live_ids()
         out = {"healthy": 0, "under_redundant": 0, "unreadable": 0}
         rows = self._all(
@@ -118,7 +119,10 @@ class BlockHealth(StoreParts):
             out[self._grade(parse_policy(policy), int(available))] += 1
         (queued,) = self._one("SELECT COUNT(*) FROM repairs WHERE sent = 0")
         (running,) = self._one("SELECT COUNT(*) FROM repairs WHERE sent > 0")
-        return {**out, "repairs_queued": int(queued), "repairs_running": int(running)}
+        (draining,) = self._one(
+            f"SELECT COUNT(*) FROM chunks c JOIN servers s ON s.server_id = c.server_id WHERE s.state = '{DRAINING}'"
+        )
+        return {**out, "repairs_queued": int(queued), "repairs_running": int(running), "draining_chunks": int(draining)}
 
     # ------------------------------------------------------------------ reports
 
@@ -183,14 +187,13 @@ class BlockHealth(StoreParts):
 
     def _find_server(self, server: str) -> dict[str, Any]:
         """By id, uuid or address; an address a dead server once had and a live one has now
-        means the live one; several live ones with that address, none (ambiguous)."""
+        means the live one; several (or none) live with that address: ambiguous, refused."""
         found = [s for s in self.servers() if server in (str(s["server_id"]), s["uuid"], s["address"])]
-        if len(found) > 1:
-            found = [s for s in found if s["live"]]
-        if len(found) == 1:
-            return found[0]
+        live = [s for s in found if s["live"]]
+        if len(found) == 1 or len(live) == 1:
+            return found[0] if len(found) == 1 else live[0]
         if found:
-            raise InvalidArgument(f"{server!r} names {len(found)} live chunk servers: give the id or uuid")
+            raise InvalidArgument(f"{server!r} names {len(found)} chunk servers ({len(live)} live): give the id or uuid")
         raise NotFound(f"no chunk server {server!r} (give its id, uuid or address: tectofs status lists them)")
 
     def drain(self, server: str, cancel: bool = False) -> dict[str, Any]:
@@ -236,7 +239,7 @@ class BlockHealth(StoreParts):
         for b, p, t in self._all("SELECT block_id, position, target FROM repairs"):
             pending.add((int(b), int(p)))
             pending_targets.setdefault(int(b), set()).add(int(t))
-        gc_pending = self._gc_pending(candidates)
+        deletes_due = self._deletes_due(candidates, now)
         load = {sid: 0 for sid in live if servers[sid]["state"] == IN}
         for target, count in self._all("SELECT target, COUNT(*) FROM repairs GROUP BY target"):
             if target in load:
@@ -253,8 +256,8 @@ class BlockHealth(StoreParts):
             available = [r for r in rows if r[4] == OK and r[1] in live]
             if len(available) < policy.needed:
                 continue  # unreadable now; maybe servers come back
-            # Never two chunks of a block on one server; never where a delete of the block waits.
-            holders[block_id] = {r[1] for r in rows} | pending_targets.get(block_id, set()) | gc_pending.get(
+            # One chunk of a block per server; not where a delete of the block is due (it goes first).
+            holders[block_id] = {r[1] for r in rows} | pending_targets.get(block_id, set()) | deletes_due.get(
                 block_id, set())
             placed = {r[0]: r for r in rows}
             margin = len(available) - policy.needed
@@ -279,6 +282,12 @@ class BlockHealth(StoreParts):
             target = min(targets, key=lambda sid: (load[sid], servers[sid]["used"], sid))
             load[target] += 1
             holders[block_id].add(target)
+            # A delete of this block still waiting for its GC delay on the target (the spare of a
+            # hedged write) must not follow the rebuilt chunk: dropped. One already sent runs
+            # before the rebuild writes (the target orders them); a stale copy of another position
+            # makes the target refuse the write, and ``repair_failed(occupied)`` queues its delete
+            # due at once, which keeps the target out of rebuilds of the block until it is gone.
+            self._x("DELETE FROM gc_queue WHERE server_id = ? AND block_id = ?", (target, block_id))
             self._x(
                 "INSERT INTO repairs (block_id, position, target, priority, created) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",  # another metadata service over the same store may have queued it
@@ -296,14 +305,13 @@ class BlockHealth(StoreParts):
             ))
         return out
 
-    def _gc_pending(self, block_ids: list[int]) -> dict[int, set[int]]:
-        """block id -> servers with a delete of that block queued (a stale or spare copy there:
-        a rebuild written there would be refused, or deleted)."""
+    def _deletes_due(self, block_ids: list[int], now: float) -> dict[int, set[int]]:
+        """block id -> servers with a delete of that block due now (sent at their next heartbeat)."""
         out: dict[int, set[int]] = {}
         for i in range(0, len(block_ids), 500):
             part = block_ids[i : i + 500]
             for block_id, server_id in self._all(
-                f"SELECT block_id, server_id FROM gc_queue WHERE block_id IN ({_marks(part)})", part
+                f"SELECT block_id, server_id FROM gc_queue WHERE due <= ? AND block_id IN ({_marks(part)})", (now, *part)
             ):
                 out.setdefault(int(block_id), set()).add(int(server_id))
         return out
@@ -385,7 +393,8 @@ class BlockHealth(StoreParts):
         self._x("DELETE FROM repairs WHERE block_id = ? AND position = ? AND target = ?", (block_id, position, server_id))
         if occupied and self._one("SELECT 1 FROM chunks WHERE block_id = ? AND server_id = ?",
                                   (block_id, server_id)) is None:
-            self._queue_delete(server_id, block_id, 0.0)
+            self._x("DELETE FROM gc_queue WHERE server_id = ? AND block_id = ?", (server_id, block_id))
+            self._queue_delete(server_id, block_id, 0.0)  # due now, even if one was waiting
 
     def _queue_delete(self, server_id: int, block_id: int, delay_s: float) -> None:
         self._x(
