@@ -65,6 +65,7 @@ def cmd_chunk(args: argparse.Namespace) -> None:
             args.data, args.meta, args.inflight_max, args.heartbeat, sync="none" if args.no_sync else args.sync,
             scrub_rate_bytes_per_s=args.scrub_rate * limits.MiB, repair_concurrency=args.repair_concurrency,
             repair_rate_bytes_per_s=args.repair_rate * limits.MiB, inventory_interval_s=args.inventory_interval,
+            scrub_interval_s=args.scrub_interval,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs chunk server on {a} (data {args.data}, metadata {args.meta})")
@@ -441,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sync", action="store_true", help="acknowledge before data is durable (network benchmarks only)")
     p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="re-verify every chunk's checksums in the background at this rate (0: off; default %(default)s)")
+    p.add_argument("--scrub-interval", type=float, default=limits.scrub_pass_interval_s, metavar="SECONDS",
+                   help="start a scrub pass at most this often (default %(default)s; a pass over a large disk"
+                   " takes longer at the rate)")
     p.add_argument("--repair-rate", type=float, default=limits.repair_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="bytes pulled from peers to rebuild chunks, per second (0: unlimited; default %(default)s)")
     p.add_argument("--repair-concurrency", type=int, default=limits.repair_concurrency_per_server, metavar="N",

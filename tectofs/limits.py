@@ -69,6 +69,7 @@ repair_orders_per_heartbeat_max = 16       # (each names up to 48 sources: the r
 repair_scheduled_per_round_max = 4096     # rebuilds one scheduling round queues
 repair_candidates_per_round_max = 50_000  # troubled blocks one scheduling round looks at
 scrub_rate_bytes_per_s = 4 * MiB          # background checksum verification, per chunk server (HDFS: 1 MB/s)
+scrub_pass_interval_s = 3600.0            # a scrub pass starts at most this often (a small store is not re-read in a loop)
 scrub_busy_pause_s = 0.2                  # the scrubber waits while clients have chunk writes in flight
 inventory_interval_s = 3600.0             # full chunk reports after the one at start
 inventory_batch_max = 5000                # block ids in one inventory request

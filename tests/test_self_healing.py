@@ -87,7 +87,7 @@ def test_lost_server_is_rebuilt_then_two_more_losses_read_back(make_cluster):
 
 
 def test_scrubber_finds_a_flipped_parity_byte_and_it_is_rebuilt(make_cluster):
-    c = make_cluster(servers=6, chunk_args=["--scrub-rate", "64"], meta_args=HEAL)
+    c = make_cluster(servers=6, chunk_args=["--scrub-rate", "64", "--scrub-interval", "1"], meta_args=HEAL)
     data = os.urandom(3 * MiB)
     c.fs.write_bytes("/scrubbed", data)
     parity = c.chunk_file("/scrubbed", 0, 4)

@@ -35,7 +35,9 @@ class Scrubber:
     def __init__(
         self, store: ChunkStore, call_meta: CallMeta, in_thread: InThread, rate_bytes_per_s: float,
         server_id: Callable[[], int | None], busy: Callable[[], bool] = lambda: False,
+        pass_interval_s: float = limits.scrub_pass_interval_s,
     ) -> None:
+        self.pass_interval_s = pass_interval_s
         self.store = store
         self.busy = busy  # clients' writes come first: scrubbing waits while they run
         self.call_meta = call_meta
@@ -46,8 +48,10 @@ class Scrubber:
                       "scrub_corrupt": 0, "scrub_pass_started": 0}
 
     async def run(self) -> None:
-        """Scrub forever; one pass is every chunk on disk when it starts."""
+        """Scrub forever; one pass is every chunk on disk when it starts, and passes start at
+        most every ``pass_interval_s`` (a pass over a large disk at the rate takes longer)."""
         while True:
+            started = time.monotonic()
             block_ids = await self.in_thread(self.store.block_ids)
             self.stats.update(scrub_pass_chunks=len(block_ids), scrub_pass_checked=0,
                               scrub_pass_started=int(time.time()))
@@ -56,8 +60,7 @@ class Scrubber:
                 self.stats["scrub_pass_checked"] += 1
             if block_ids:
                 self.stats["scrub_passes"] += 1
-            else:
-                await asyncio.sleep(1.0)
+            await asyncio.sleep(max(1.0, self.pass_interval_s - (time.monotonic() - started)))
 
     async def check(self, block_id: int) -> bool:
         """Verify one chunk; report it if it is damaged. Returns whether it was sound."""

@@ -50,6 +50,7 @@ class ChunkServer:
         repair_concurrency: int = limits.repair_concurrency_per_server,
         repair_rate_bytes_per_s: float = limits.repair_rate_bytes_per_s,
         inventory_interval_s: float = limits.inventory_interval_s,
+        scrub_interval_s: float = limits.scrub_pass_interval_s,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
@@ -74,7 +75,8 @@ class ChunkServer:
                                  busy=lambda: self.inflight_bytes > 0)
         self.repairer.on_idle = self._heartbeat_soon  # ask for more work at once
         self.scrubber = Scrubber(self.store, self._call_meta, self._in_thread, scrub_rate_bytes_per_s,
-                                 lambda: self.server_id, busy=lambda: self.inflight_bytes > 0)
+                                 lambda: self.server_id, busy=lambda: self.inflight_bytes > 0,
+                                 pass_interval_s=scrub_interval_s)
         self.inventory = Inventory(self.store, self._call_meta, self._in_thread, lambda: self.server_id)
         self.inventory_interval_s = inventory_interval_s
         self.scrub_enabled = scrub_rate_bytes_per_s > 0
