@@ -102,6 +102,12 @@ def test_an_exception_inside_with_publishes_nothing(cluster: Any) -> None:
     assert not fs.exists("/explicit-abort")
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """A shell that runs the test suite as a background job (``.ci/run &``) starts it with
+    SIGINT ignored, and children inherit that: give the child the default, as a terminal does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("existing", [False, True])
 def test_ctrl_c_during_put_publishes_nothing(cluster: Any, tmp_path: Any, existing: bool) -> None:
     fs = cluster.fs
@@ -111,7 +117,7 @@ def test_ctrl_c_during_put_publishes_nothing(cluster: Any, tmp_path: Any, existi
     fifo = str(tmp_path / "source")
     os.mkfifo(fifo)
     put = subprocess.Popen([sys.executable, "-m", "tectofs.cli", "put", "--meta", cluster.address, fifo, target],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_at_a_terminal)
     try:
         with open(fifo, "wb") as source:  # blocks until put opened it
             source.write(os.urandom(5 * MiB))  # some whole blocks go out; then the source stalls
@@ -186,7 +192,7 @@ def test_cli_refuses_what_it_cannot_do_safely(cluster: Any) -> None:
 
 def test_up_restarts_a_child_that_died(tmp_path: Any) -> None:
     up = subprocess.Popen([sys.executable, "-m", "tectofs.cli", "up", "--root", str(tmp_path / "root"), "--port", "0"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_ctrl_c_as_at_a_terminal)
     try:
         lines: list[str] = []
 
