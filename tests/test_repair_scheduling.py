@@ -183,3 +183,16 @@ def test_a_spare_copy_waiting_for_its_gc_delay_does_not_keep_a_server_out_of_reb
     assert _beat(store, [ids[6]])[ids[6]] == [block]
     store.schedule_repairs(repair_after_s=1)
     assert [(p, t) for _, p, t, _ in _queued(store)] == [(0, ids[6])]
+
+
+def test_a_position_a_degraded_write_left_out_is_rebuilt(store, clock):
+    ids = _servers(store, 6)
+    (block,) = _file(store, "f", [ids[0:5]])  # rs(4,2) accepted with 5 chunks: position 5 never stored
+    assert store.health_summary()["under_redundant"] == 1
+    store.schedule_repairs(repair_after_s=600)  # nobody died: the missing position needs no waiting
+    assert [(p, t) for _, p, t, _ in _queued(store)] == [(5, ids[5])]
+    (order,) = store.repair_orders(ids[5], 5)
+    assert order["crc"] is None and len(order["sources"]) == 5  # no crc was ever recorded for it
+    assert store.repair_done(block, 5, ids[5], 100, 12345)
+    assert store.health_summary()["healthy"] == 1
+    assert store._one("SELECT missing FROM blocks WHERE block_id = ?", (block,))[0] == 0
