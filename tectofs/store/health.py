@@ -66,16 +66,22 @@ class BlockHealth(StoreParts):
     def _live_ids(self) -> set[int]:
         return {s["server_id"] for s in self.servers() if s["live"]}
 
+    def _for_blocks(self, sql: str, block_ids: list[int], params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of ``sql`` (its ``{ids}`` replaced by placeholders, after ``params``) for every
+        block id, asked 500 at a time (a bound on the statement's parameters)."""
+        rows: list[Any] = []
+        for i in range(0, len(block_ids), 500):
+            part = block_ids[i : i + 500]
+            rows += self._all(sql.format(ids=_marks(part)), (*params, *part))
+        return rows
+
     def _block_chunks(self, block_ids: list[int]) -> dict[int, list[tuple[int, int, int, int, int]]]:
         """block id -> [(position, server_id, length, crc, state)]."""
         out: dict[int, list[tuple[int, int, int, int, int]]] = {b: [] for b in block_ids}
-        for i in range(0, len(block_ids), 500):
-            part = block_ids[i : i + 500]
-            for row in self._all(
-                f"SELECT block_id, position, server_id, length, crc, state FROM chunks WHERE block_id IN ({_marks(part)})",
-                part,
-            ):
-                out[int(row[0])].append(tuple(int(v) for v in row[1:]))  # type: ignore[arg-type]
+        for row in self._for_blocks(
+            "SELECT block_id, position, server_id, length, crc, state FROM chunks WHERE block_id IN ({ids})", block_ids
+        ):
+            out[int(row[0])].append(tuple(int(v) for v in row[1:]))  # type: ignore[arg-type]
         return out
 
     def block_health(self, inos: list[int]) -> list[dict[str, int]]:
@@ -297,23 +303,16 @@ class BlockHealth(StoreParts):
         return queued
 
     def _policies(self, block_ids: list[int]) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for i in range(0, len(block_ids), 500):
-            part = block_ids[i : i + 500]
-            out.update((int(b), str(p)) for b, p in self._all(
-                f"SELECT block_id, policy FROM blocks WHERE block_id IN ({_marks(part)})", part
-            ))
-        return out
+        rows = self._for_blocks("SELECT block_id, policy FROM blocks WHERE block_id IN ({ids})", block_ids)
+        return {int(b): str(p) for b, p in rows}
 
     def _deletes_due(self, block_ids: list[int], now: float) -> dict[int, set[int]]:
         """block id -> servers with a delete of that block due now (sent at their next heartbeat)."""
         out: dict[int, set[int]] = {}
-        for i in range(0, len(block_ids), 500):
-            part = block_ids[i : i + 500]
-            for block_id, server_id in self._all(
-                f"SELECT block_id, server_id FROM gc_queue WHERE due <= ? AND block_id IN ({_marks(part)})", (now, *part)
-            ):
-                out.setdefault(int(block_id), set()).add(int(server_id))
+        for block_id, server_id in self._for_blocks(
+            "SELECT block_id, server_id FROM gc_queue WHERE due <= ? AND block_id IN ({ids})", block_ids, (now,)
+        ):
+            out.setdefault(int(block_id), set()).add(int(server_id))
         return out
 
     def repair_orders(self, server_id: int, count: int) -> list[dict[str, Any]]:
