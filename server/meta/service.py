@@ -125,7 +125,7 @@ class MetadataService:
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         # Admission control: past this queue length, new work is refused (the client backs
         # off and retries) instead of growing the queue and everyone's latency without bound.
-        if self.runner.queued >= limits.meta_queue_max and method != "heartbeat":
+        if self.runner.queued >= limits.meta_queue_max and method != "heartbeat_with_orders":
             self.busy_answers += 1
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         return await self.runner.call(method, *args, **kwargs)
@@ -283,12 +283,11 @@ class MetadataService:
         arrived = time.time()
         if r.server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
             self.heartbeats_seen[r.server_id] = arrived
-        delete = await self._call(
-            "heartbeat", r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address, stats=r.stats
+        delete, orders = await self._call(
+            "heartbeat_with_orders", r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address, r.stats
         )
         # Liveness counts from arrival, not from when the store got to it (see SqlStore.heartbeats_seen).
         self.heartbeats_seen[r.server_id] = max(arrived, self.heartbeats_seen.get(r.server_id, 0.0))
-        orders = await self._call("repair_orders", r.server_id, limits.repair_orders_per_heartbeat_max)
         return messages.HeartbeatReply(
             delete=delete, repairs=[messages.convert(o, messages.RepairOrder) for o in orders]
         ), b""

@@ -26,3 +26,7 @@ class StoreParts:
 
     def servers(self) -> list[dict[str, Any]]:
         raise NotImplementedError
+
+    def heartbeat(self, server_id: int, capacity: int, used: int, inflight: int, chunks: int,
+                  address: str | None = None, orders_max: int = 0, stats: dict[str, int] | None = None) -> list[int]:
+        raise NotImplementedError

@@ -315,6 +315,15 @@ class BlockHealth(StoreParts):
             out.setdefault(int(block_id), set()).add(int(server_id))
         return out
 
+    def heartbeat_with_orders(
+        self, server_id: int, capacity: int, used: int, inflight: int, chunks: int, address: str | None,
+        stats: dict[str, int], orders_max: int = limits.repair_orders_per_heartbeat_max,
+    ) -> tuple[list[int], list[dict[str, Any]]]:
+        """A heartbeat (``heartbeat``: its delete orders) and the rebuild orders for that server,
+        in one operation: one queue entry and one transaction per heartbeat."""
+        deletes = self.heartbeat(server_id, capacity, used, inflight, chunks, address, stats=stats)
+        return deletes, self.repair_orders(server_id, orders_max)
+
     def repair_orders(self, server_id: int, count: int) -> list[dict[str, Any]]:
         """Up to ``count`` queued orders for ``server_id``, most urgent first, each with its
         sources (the block's available chunks and their addresses); marked sent."""
