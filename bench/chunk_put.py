@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import parse_size, process_cpu_s  # noqa: E402
 
-from tectofs import checksum
+from tectofs import auth, checksum
 from tectofs.rpc import RpcClient
 from tectofs.server.cluster import LocalCluster
 
@@ -38,7 +38,8 @@ def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:
             pid = cluster.chunk_processes[0].pid  # type: ignore[union-attr]
 
             async def main() -> tuple[float, float]:
-                rpc = RpcClient(connections_per_server=4)
+                # As a cluster member (the key): the server's put path without capabilities.
+                rpc = RpcClient(connections_per_server=4, default_auth=auth.ClientAuth(ring=auth.KeyRing(cluster.key_file)))
                 gate = asyncio.Semaphore(64)
 
                 async def put(i: int) -> None:

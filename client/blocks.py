@@ -1,5 +1,7 @@
 """Moving one block to and from chunk servers: encode, checksum, parallel put with spares;
-parallel get, end-to-end verification, degraded decode and repair.
+parallel get, end-to-end verification, degraded decode, and reports of bad chunks (the
+metadata service has them rebuilt). Every get and put carries the block's capability from
+the layout or allocation (``tectofs.auth``).
 
 Blocks are ``tectofs.messages.Block`` values (as in a layout); allocations are
 ``messages.Allocation``. This module moves a block's ``length`` stored bytes; where they sit
@@ -19,6 +21,7 @@ from tectofs import checksum, erasure, limits, messages
 from tectofs.buffers import BufferPool
 from tectofs.errors import (
     Busy,
+    CapabilityRefused,
     ChecksumMismatch,
     ChunkMissing,
     ConnectionLost,
@@ -49,7 +52,7 @@ class BlockIO:
         self.rpc = rpc
         self.meta_address = meta_address
         self.executor = executor
-        self.stats = {"degraded_reads": 0, "degraded_writes": 0, "repaired_chunks": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
+        self.stats = {"degraded_reads": 0, "degraded_writes": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
                       "bad_chunks": 0}
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
@@ -104,7 +107,7 @@ class BlockIO:
         async def attempt(position: int, server: messages.ServerRef) -> messages.ChunkRef:
             started = loop.time()
             try:
-                await self._put(server.address, block_id, position, chunks[position], crcs[position])
+                await self._put(server.address, block_id, position, chunks[position], crcs[position], allocation.cap)
             except _SERVER_FAILURES:
                 failed.add(server.server_id)
                 raise
@@ -182,8 +185,9 @@ class BlockIO:
         if len(placed) < policy.width:
             self.stats["degraded_writes"] += 1
             log.info("block %d stored degraded: %d of %d chunks", block_id, len(placed), policy.width)
-        return messages.Block(
-            idx=idx, block_id=block_id, policy=str(policy), length=len(data), valid=len(data), chunks=placed
+        return messages.Block(  # the write capability also reads it back (a partial block patched before commit)
+            idx=idx, block_id=block_id, policy=str(policy), length=len(data), valid=len(data), chunks=placed,
+            cap=allocation.cap,
         )
 
     @staticmethod
@@ -210,21 +214,21 @@ class BlockIO:
                 return
 
     async def _put(
-        self, address: str, block_id: int, position: int, chunk: Any, crcs: tuple[list[int], int], overwrite: bool = False
+        self, address: str, block_id: int, position: int, chunk: Any, crcs: tuple[list[int], int],
+        cap: messages.Capability | None,
     ) -> None:
         pieces, whole = crcs
-        await self.rpc.call(
-            address, "put_chunk",
-            {"block_id": block_id, "position": position, "crcs": pieces, "crc": whole, "overwrite": overwrite},
-            chunk, idempotent=True,
-        )
+        header: dict[str, Any] = {"block_id": block_id, "position": position, "crcs": pieces, "crc": whole}
+        if cap is not None:
+            header["cap"] = messages.to_plain(cap)
+        await self.rpc.call(address, "put_chunk", header, chunk, idempotent=True)
 
     # ------------------------------------------------------------------ read
 
     async def read_block(self, block: messages.Block, into: memoryview | None = None) -> memoryview:
         """Return the block's ``length`` bytes, reading any ``needed`` chunks in parallel,
         data chunks first; parity (or other replicas) stand in for chunks that are missing,
-        unreachable or fail their checksum, and such chunks are repaired in the background.
+        unreachable or fail their checksum, and such chunks are reported (the metadata service rebuilds them).
 
         The block is decoded into ``into`` (exactly the block's length) when given, saving a
         copy; otherwise into a buffer of the pool, which the caller gives back with
@@ -242,7 +246,7 @@ class BlockIO:
 
         async def fetch(position: int) -> Any:
             started = loop.time()
-            payload = await self._get(block.block_id, by_position[position])
+            payload = await self._get(block, by_position[position])
             finished_s.append(loop.time() - started)
             return payload
 
@@ -274,6 +278,8 @@ class BlockIO:
                     exc = task.exception()
                     if exc is None:
                         got[position] = task.result()
+                    elif isinstance(exc, CapabilityRefused):
+                        raise exc  # the layout's capability expired (or was refused): the caller fetches a new one
                     elif isinstance(exc, ChecksumMismatch):
                         failed[position] = str(exc)
                         corrupt.append(position)
@@ -308,19 +314,17 @@ class BlockIO:
             if into is None:
                 self.buffers.put(out)
             raise
-        if corrupt:
-            asyncio.get_running_loop().create_task(self._repair(block, policy, got, corrupt))
-        else:
-            for payload in got.values():
-                self.buffers.put(payload)
+        for payload in got.values():
+            self.buffers.put(payload)
         return out
 
-    async def _get(self, block_id: int, chunk: messages.ChunkRef) -> Any:
+    async def _get(self, block: messages.Block, chunk: messages.ChunkRef) -> Any:
         if not chunk.address:
             raise ConnectionLost(f"chunk server {chunk.server_id} is not registered")
-        header, payload = await self.rpc.call(
-            chunk.address, "get_chunk", {"block_id": block_id}, idempotent=True, retries_max=1
-        )
+        request: dict[str, Any] = {"block_id": block.block_id}
+        if block.cap is not None:
+            request["cap"] = messages.to_plain(block.cap)
+        header, payload = await self.rpc.call(chunk.address, "get_chunk", request, idempotent=True, retries_max=1)
         if len(payload) != chunk.length:
             self.buffers.put(payload)
             raise ChecksumMismatch(f"chunk of {len(payload)} bytes where {chunk.length} were written")
@@ -342,25 +346,6 @@ class BlockIO:
             )
         except TectofsError:
             pass
-
-    async def _repair(self, block: messages.Block, policy: Any, available: dict[int, Any], positions: list[int]) -> None:
-        """Rewrite chunks that failed their checksum from the ones that did not."""
-        try:
-            rebuilt = await self._in_thread(erasure.reconstruct, policy, available, positions, block.length)
-            for position, data in rebuilt.items():
-                chunk = next(c for c in block.chunks if c.position == position)
-                crcs = await self._in_thread(_checksums, data)
-                if crcs[1] != chunk.crc:
-                    log.error("repair of block %d chunk %d rebuilt different bytes; not written", block.block_id, position)
-                    continue
-                await self._put(chunk.address, block.block_id, position, data, crcs, overwrite=True)
-                self.stats["repaired_chunks"] += 1
-                log.info("repaired chunk %d of block %d on %s", position, block.block_id, chunk.address)
-        except Exception as exc:  # best effort: the read already succeeded
-            log.warning("repair of block %d failed: %s", block.block_id, exc)
-        finally:
-            for payload in available.values():
-                self.buffers.put(payload)
 
 
 def consume_outcome(task: "asyncio.Task[Any]") -> None:

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from tectofs import limits, messages, paths
+from tectofs import auth, limits, messages, paths
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound, ProtocolError
 from tectofs.rpc import RpcClient, parse_group
@@ -100,28 +100,66 @@ class AsyncFileSystem:
 
     Paths are absolute; every call that changes the namespace is one metadata transaction."""
 
-    def __init__(self, meta_address: str) -> None:
+    def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None) -> None:
         """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
-        metadata services sharing one store (``tectofs.rpc.RpcClient``)."""
+        metadata services sharing one store (``tectofs.rpc.RpcClient``). ``credentials``: a
+        credential file or :class:`tectofs.auth.Credential`; by default the one
+        :func:`tectofs.auth.find_credential` finds (``$TECTOFS_CREDENTIALS``, or the file ``tectofs
+        up`` wrote for this address). Without one, every metadata call is refused."""
         parse_group(meta_address)
         self.meta_address = meta_address
+        self.credential = (credentials if isinstance(credentials, auth.Credential)
+                           else auth.find_credential(meta_address, credentials))
         self.buffers, executor = _process_resources()
         self.rpc = RpcClient(allocate_payload=lambda header, n: self.buffers.get(n))
         self.rpc.expect_role(meta_address, "meta")
+        if self.credential is not None:
+            self.rpc.authenticate(meta_address, auth.ClientAuth(credential=self.credential))
+        self.meta_rpc = self.rpc  # metadata calls; chunk traffic always goes through self.rpc
         self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers)
+        self._views: dict[tuple[int, int, tuple[int, ...]], AsyncFileSystem] = {}
+
+    def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "AsyncFileSystem":
+        """This client as seen by another local user (a multi-user FUSE mount): namespace calls
+        are checked against that uid, gid and groups, and what it creates is theirs. Needs a
+        proxy credential (``tectofs user add --proxy``, or root's). Views share this client's
+        chunk connections and buffers; each has its own metadata connection (its hello names
+        the user), and the last ``limits.acting_views_max`` used are kept."""
+        key = (uid, gid, tuple(sorted(set(groups))))
+        view = self._views.pop(key, None)
+        if view is None:
+            if self.credential is None:
+                raise InvalidArgument("acting for another user needs a (proxy) credential")
+            view = object.__new__(AsyncFileSystem)
+            view.__dict__.update(self.__dict__)
+            view._views = {}
+            view.meta_rpc = RpcClient(allocate_payload=lambda header, n: self.buffers.get(n))
+            view.meta_rpc.expect_role(self.meta_address, "meta")
+            view.meta_rpc.authenticate(self.meta_address, auth.ClientAuth(credential=self.credential, act_as=key))
+            while len(self._views) >= limits.acting_views_max:
+                oldest = self._views.pop(next(iter(self._views)))  # the least recently used
+                asyncio.get_running_loop().create_task(oldest.meta_rpc.close())
+        self._views[key] = view  # most recently used last
+        return view
 
     async def meta(self, op: str, **fields: Any) -> tuple[Any, Any]:
         """One call to the metadata service: ``fields`` of the operation's request type in,
         its reply type (``tectofs.messages.META_OPERATIONS``) out, with the reply payload.
         Retried blindly only if the operation is idempotent, else only when nothing reached it."""
         operation = messages.META_OPERATIONS[op]
-        header, payload = await self.rpc.call(self.meta_address, op, fields, idempotent=operation.idempotent)
+        header, payload = await self.meta_rpc.call(self.meta_address, op, fields, idempotent=operation.idempotent)
         try:
             return messages.convert(header, operation.reply), payload
         except msgspec.ValidationError as exc:
             raise ProtocolError(f"the metadata service answered {op} with an invalid reply: {exc}") from None
 
     async def close(self) -> None:
+        for view in self._views.values():
+            await view.meta_rpc.close()
+        self._views.clear()
+        if self.meta_rpc is not self.rpc:
+            await self.meta_rpc.close()  # a view: the chunk connections are its parent's
+            return
         await self.rpc.close()
 
     # ------------------------------------------------------------------ namespace

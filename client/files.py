@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tectofs import limits, messages, sparse
-from tectofs.errors import InvalidArgument, NoSpace, TectofsError
+from tectofs.errors import CapabilityExpired, InvalidArgument, NoSpace, StaleFile, TectofsError
 from tectofs.policy import parse as parse_policy
 
 from .blocks import consume_outcome
@@ -495,7 +495,7 @@ class AsyncFile:
 
         async def read(idx: int, into: memoryview) -> None:
             async with gate:
-                await self.fs.blocks.read_block(self.blocks[idx], into=into)
+                await self._read_block(self.blocks[idx], into)
 
         tasks = [asyncio.get_running_loop().create_task(read(idx, into)) for idx, into in reads]
         try:
@@ -549,15 +549,32 @@ class AsyncFile:
         the zeros before ``start``, then the stored span."""
         start = block.start
         if not start:
-            return await self.fs.blocks.read_block(block)
+            return await self._read_block(block)
         out = self.fs.buffers.get(_stored_end(block))
         out[:start] = bytes(start)
         try:
-            await self.fs.blocks.read_block(block, into=out[start:])
+            await self._read_block(block, out[start:])
         except BaseException:
             self.fs.buffers.put(out)
             raise
         return out
+
+    async def _read_block(self, block: messages.Block, into: memoryview | None = None) -> memoryview:
+        """``BlockIO.read_block``; a capability that expired while the file was open (they live
+        ``limits.capability_ttl_s``) is renewed from a fresh layout segment and the read
+        retried. A block the file no longer has (it was rewritten meanwhile) is StaleFile."""
+        try:
+            return await self.fs.blocks.read_block(block, into=into)
+        except CapabilityExpired:
+            segment, _ = await self.fs.meta("layout", ino=self.ino, first=block.idx)
+            fresh = next((b for b in segment.blocks if b.block_id == block.block_id), None)
+            if fresh is None:
+                raise StaleFile(f"{self.path} was rewritten while open and its read capability expired;"
+                                " open it again") from None
+            renewed = msgspec.structs.replace(block, cap=fresh.cap)
+            if self.blocks.get(block.idx) is block:
+                self.blocks[block.idx] = renewed
+            return await self.fs.blocks.read_block(renewed, into=into)
 
     def _drop_cache(self) -> None:
         """Forget every block read (cached or being prefetched): it may be stale now."""

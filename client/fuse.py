@@ -9,6 +9,16 @@ per block, send full blocks in parallel, prefetch on sequential reads and commit
 ``flush``/``fsync``/``release`` (close-to-open consistency: what a ``close`` returned from is
 what any later ``open``, on any mount, sees).
 
+Users: a mount run by root (or by a user when /etc/fuse.conf has ``user_allow_other``) over
+a proxy credential (root's, or ``tectofs user add --proxy``) is multi-user: ``allow_other``
+lets every local user in and each request runs as its caller (:class:`Callers`: uid, gid
+and supplementary groups, through ``AsyncFileSystem.acting_as``), so the metadata service
+checks that user's permissions and what they create is theirs; ``default_permissions`` has
+the kernel check mode bits against the attributes first. An open file keeps the identity it
+was opened with (POSIX checks permission at open): its reads, writes and commits are the
+opener's, whoever shares the descriptor. Otherwise the mount is single-user, as the
+credential's user (one log line says which and why).
+
 Threads: libfuse serves requests from several threads (``threads=True``); the client is
 thread-safe and each open file serializes its own calls with a lock, so one slow request
 stalls only callers of the same file.
@@ -42,7 +52,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 import mfusepy
 
@@ -50,13 +60,15 @@ from tectofs import diagnostics, limits
 from tectofs.errors import TectofsError, Timeout
 
 from . import connect
-from .core import Stat
+from .core import AsyncFileSystem, Stat
 from .files import AsyncFile
+from .fuse_users import Callers, choose_sharing, on_view
 from .sync import FileSystem
 
 log = logging.getLogger("tectofs.fuse")
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 max_write_bytes = 1 * limits.MiB          # largest kernel write request (libfuse3's buffer limit)
 max_readahead_bytes = 8 * limits.MiB      # the kernel caps it at the device's read-ahead setting
@@ -106,6 +118,12 @@ class _OpenFile:
         self.dirty = dirty  # written or truncated since the last commit
 
 
+async def _listing(fs: AsyncFileSystem, path: str) -> tuple[Any, list[tuple[str, Stat]]]:
+    """A directory's attributes and entries."""
+    directory, _ = await fs.meta("lookup", path=path)
+    return directory, await fs.scandir(path)
+
+
 class TectofsOperations(mfusepy.Operations):
     """The operations table libfuse calls (paths are absolute, as tectofs paths are).
 
@@ -114,7 +132,7 @@ class TectofsOperations(mfusepy.Operations):
     use_ns = True  # times cross the boundary as integer nanoseconds
 
     def __init__(self, fs: FileSystem, mountpoint: str, attr_timeout_s: float = 1.0,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None, callers: Callers | None = None) -> None:
         assert attr_timeout_s >= 0
         self.fs = fs
         self.mountpoint = os.path.abspath(mountpoint)
@@ -128,13 +146,19 @@ class TectofsOperations(mfusepy.Operations):
         # changed since then tells the kernel to drop its cached attributes.
         self._reported: OrderedDict[int, tuple[int, float]] = OrderedDict()
         self._reported_lock = threading.Lock()
-        self._uid = os.getuid()
-        self._gid = os.getgid()
+        self.callers = callers or Callers()
 
     # ------------------------------------------------------------------ plumbing
 
     def _run(self, coro: Any) -> Any:
         return self.fs.run(coro)
+
+    def _as_caller(self, call: Callable[[AsyncFileSystem], Awaitable[T]]) -> T:
+        """``call(fs)`` with ``fs`` the client as the process that made this kernel request
+        (``Callers``): what it creates is theirs, and the metadata service checks their
+        permissions."""
+        identity = self.callers.identity()
+        return self.fs.run(on_view(self.fs.aio, identity, call))
 
     def _handle(self, fh: int) -> _OpenFile:
         handle = self._handles.get(fh)
@@ -193,12 +217,6 @@ class TectofsOperations(mfusepy.Operations):
         sizes = [h.file.size for h in self._writers(ino) if h.dirty]
         return max(sizes) if sizes else None
 
-    def _give_ownership(self, path: str) -> None:
-        """New names belong to the calling process's user, as on a local file system."""
-        uid, gid, _ = mfusepy.fuse_get_context()
-        if (uid, gid) != (self._uid, self._gid):
-            self._run(self.fs.aio.setattr(path, uid=uid, gid=gid))
-
     def _invalidate_if_changed(self, path: str, file: AsyncFile) -> None:
         """Close-to-open across mounts: the kernel may still hold attributes (size!) from
         before another client's commit; tell it to fetch them again."""
@@ -245,22 +263,23 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        if fh is not None and fh in self._handles:
-            st = Stat.from_attrs(self._run(self.fs.aio.meta("getattr", ino=self._handles[fh].file.ino))[0].attrs)
+        handle = None if fh is None else self._handles.get(fh)
+        if handle is not None:  # fstat: as the handle's opener, like its other calls
+            st = Stat.from_attrs(self._run(handle.file.fs.meta("getattr", ino=handle.file.ino))[0].attrs)
         elif path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
         else:
-            st = self._run(self.fs.aio.stat(path))
+            st = self._as_caller(lambda fs: fs.stat(path))
         return self._stat_dict(st, self._size_seen_by_writers(st.ino))
 
     @_errno
     def chmod(self, path: str, mode: int) -> int:
-        self._run(self.fs.aio.setattr(path, mode=mode & 0o7777))
+        self._as_caller(lambda fs: fs.setattr(path, mode=mode & 0o7777))
         return 0
 
     @_errno
     def chown(self, path: str, uid: int, gid: int) -> int:
-        self._run(self.fs.aio.setattr(path, uid=None if uid == -1 else uid, gid=None if gid == -1 else gid))
+        self._as_caller(lambda fs: fs.setattr(path, uid=None if uid == -1 else uid, gid=None if gid == -1 else gid))
         return 0
 
     @_errno
@@ -275,14 +294,14 @@ class TectofsOperations(mfusepy.Operations):
             # cp -p and tar set times on the open file before closing it; commit its data
             # first so that the commit at close does not stamp the current time over them.
             self._commit_writers_of(path)
-            self._run(self.fs.aio.setattr(path, atime=atime, mtime=mtime))
+            self._as_caller(lambda fs: fs.setattr(path, atime=atime, mtime=mtime))
         return 0
 
     def _commit_writers_of(self, path: str) -> None:
         with self._registry_lock:
             if not any(h.dirty for h in self._handles.values()):
                 return
-        for handle in self._writers(self._run(self.fs.aio.stat(path)).ino):
+        for handle in self._writers(self._as_caller(lambda fs: fs.stat(path)).ino):
             with handle.lock:
                 if handle.dirty:
                     self._run(handle.file.flush())
@@ -290,7 +309,7 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def statfs(self, path: str) -> dict[str, int]:
-        reply = self._run(self.fs.aio.statfs())
+        reply = self._as_caller(lambda fs: fs.statfs())
         fragment = 4096
         capacity, used = int(reply.get("capacity", 0)), int(reply.get("used", 0))
         files = int(reply.get("files", 0))
@@ -310,8 +329,7 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def readdir(self, path: str, fh: int) -> Iterator[Any]:
-        directory, _ = self._run(self.fs.aio.meta("lookup", path=path))
-        entries = self._run(self.fs.aio.scandir(path))
+        directory, entries = self._as_caller(lambda fs: _listing(fs, path))
         # "." and ".." need inode numbers: readdir(3) hides entries whose d_ino is 0.
         listing: list[Any] = [
             (".", {"st_ino": directory.attrs.ino, "st_mode": statmod.S_IFDIR}, 0),
@@ -322,39 +340,37 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def mkdir(self, path: str, mode: int) -> int:
-        self._run(self.fs.aio.mkdir(path, mode & 0o7777))
-        self._give_ownership(path)
+        self._as_caller(lambda fs: fs.mkdir(path, mode & 0o7777))
         return 0
 
     @_errno
     def rmdir(self, path: str) -> int:
-        self._run(self.fs.aio.rmdir(path))
+        self._as_caller(lambda fs: fs.rmdir(path))
         return 0
 
     @_errno
     def unlink(self, path: str) -> int:
-        self._run(self.fs.aio.remove(path))
+        self._as_caller(lambda fs: fs.remove(path))
         return 0
 
     @_errno
     def rename(self, old: str, new: str, flags: int = 0) -> int:
         if flags == RENAME_EXCHANGE:  # atomic swap, e.g. a new checkpoint directory for the old one
-            self._run(self.fs.aio.exchange(old, new))
+            self._as_caller(lambda fs: fs.exchange(old, new))
             return 0
         if flags & ~RENAME_NOREPLACE:
             raise mfusepy.FuseOSError(errno.EINVAL)  # NOREPLACE|EXCHANGE, RENAME_WHITEOUT
-        self._run(self.fs.aio.rename(old, new, noreplace=bool(flags & RENAME_NOREPLACE)))
+        self._as_caller(lambda fs: fs.rename(old, new, noreplace=bool(flags & RENAME_NOREPLACE)))
         return 0
 
     @_errno
     def symlink(self, path: str, target: str) -> int:
-        self._run(self.fs.aio.symlink(target, path))
-        self._give_ownership(path)
+        self._as_caller(lambda fs: fs.symlink(target, path))
         return 0
 
     @_errno
     def readlink(self, path: str) -> str:
-        return str(self._run(self.fs.aio.readlink(path)))
+        return str(self._as_caller(lambda fs: fs.readlink(path)))
 
     def link(self, target: str, source: str) -> int:
         raise mfusepy.FuseOSError(errno.EPERM)  # tectofs has no hard links
@@ -363,9 +379,8 @@ class TectofsOperations(mfusepy.Operations):
     def mknod(self, path: str, mode: int, dev: int) -> int:
         if not statmod.S_ISREG(mode):
             raise mfusepy.FuseOSError(errno.EPERM)  # no devices, fifos or sockets
-        file = self._run(self.fs.aio.open(path, "xb", file_mode=mode & 0o7777))
+        file = self._as_caller(lambda fs: fs.open(path, "xb", file_mode=mode & 0o7777))
         self._run(file.close())
-        self._give_ownership(path)
         return 0
 
     # ------------------------------------------------------------------ files
@@ -378,9 +393,8 @@ class TectofsOperations(mfusepy.Operations):
             client_mode = "w+b"
         else:
             client_mode = "a+b"  # create if missing, keep content if another client just made it
-        file = self._run(self.fs.aio.open(path, client_mode, file_mode=mode & 0o7777))
+        file = self._as_caller(lambda fs: fs.open(path, client_mode, file_mode=mode & 0o7777))
         file.readable = True  # the kernel enforces the access mode of each descriptor
-        self._give_ownership(path)
         return self._register(file, flags, dirty=True)
 
     @_errno
@@ -392,7 +406,7 @@ class TectofsOperations(mfusepy.Operations):
             client_mode = "w+b"  # new content replaces the old at the first commit
         else:
             client_mode = "r+b"
-        file = self._run(self.fs.aio.open(path, client_mode))
+        file = self._as_caller(lambda fs: fs.open(path, client_mode))
         file.readable = True
         self._invalidate_if_changed(path, file)
         return self._register(file, flags, dirty=client_mode == "w+b")
@@ -430,10 +444,10 @@ class TectofsOperations(mfusepy.Operations):
             return 0
         if path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
-        st = self._run(self.fs.aio.stat(path))
+        st = self._as_caller(lambda fs: fs.stat(path))
         writers = self._writers(st.ino)
         if not writers:
-            self._run(self.fs.aio.truncate(path, length))
+            self._as_caller(lambda fs: fs.truncate(path, length))
             return 0
         for handle in writers:  # so that their next commits keep the new size
             with handle.lock:
@@ -521,18 +535,29 @@ class TectofsFuse(mfusepy.FUSE):
 
 
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
-           on_ready: Callable[[], None] | None = None) -> None:
+           on_ready: Callable[[], None] | None = None, credentials: str | None = None,
+           multi_user: bool | None = None, default_permissions: bool = True) -> None:
     client: list[FileSystem] = []
     diagnostics.dump_tasks_on_sigusr1_from_thread(lambda: client[0].loop if client else None)
-    fs = connect(address)  # fails here, before anything is mounted, if the cluster is unreachable
+    # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
+    fs = connect(address, credentials)
     client.append(fs)
     try:
-        operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready)
+        who = fs.run(fs.aio.meta("whoami"))[0] if fs.aio.credential is not None else None
+        euid = os.geteuid()
+        shared, why = choose_sharing(multi_user, who, euid)
+        if shared or multi_user is False:
+            log.info("%s: %s", mountpoint, why)
+        else:  # fell back to single-user: say why
+            log.warning("%s: %s", mountpoint, why)
+        callers = Callers(acting=shared, plain_uid=euid if who is not None and who.uid == euid else None)
+        operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready, callers)
         try:
             TectofsFuse(
                 operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
                 fsname=f"tectofs:{address}", subtype="tectofs",
                 max_threads=threads_max, max_idle_threads=threads_max,
+                allow_other=shared, default_permissions=shared and default_permissions,
             )
         except RuntimeError as exc:
             code = exc.args[0] if exc.args else None
@@ -546,8 +571,16 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
-          attr_timeout_s: float = 1.0, debug: bool = False) -> None:
+          attr_timeout_s: float = 1.0, debug: bool = False, credentials: str | None = None,
+          multi_user: bool | None = None, default_permissions: bool = True) -> None:
     """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
+
+    ``credentials``: the credential file (default: ``tectofs.auth.find_credential``).
+    ``multi_user``: serve every local user, each with their own identity and permissions
+    (None: when possible, see :func:`choose_sharing`; True: or fail; False: only the user
+    running the mount). ``default_permissions=False`` leaves permission checks of a
+    multi-user mount to the metadata service alone (the kernel then does not check mode bits
+    against cached attributes first; ``access(2)`` then always says yes).
 
     Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
     Background (``foreground=False``): returns once the mount is serving, leaving a detached
@@ -557,10 +590,12 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
         raise SystemExit(f"tectofs mount: {mountpoint} is already a mount point: fusermount3 -u {mountpoint} first")
     if not os.path.isdir(mountpoint):
         raise SystemExit(f"tectofs mount: {mountpoint} is not a directory")
+    serve = functools.partial(_serve, address, mountpoint, threads, attr_timeout_s, debug, credentials=credentials,
+                              multi_user=multi_user, default_permissions=default_permissions)
     if foreground:
-        _serve(address, mountpoint, threads, attr_timeout_s, debug)
+        serve()
         return
-    _daemonize(lambda ready: _serve(address, mountpoint, threads, attr_timeout_s, debug, ready), mountpoint)
+    _daemonize(lambda ready: serve(on_ready=ready), mountpoint)
 
 
 def _daemonize(serve: Callable[[Callable[[], None]], None], mountpoint: str) -> None:
@@ -699,10 +734,12 @@ def _fusermount(args: list[str]) -> int:
 
 def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = False,
                         attr_timeout_s: float | None = None, timeout_s: float = mount_wait_s,
-                        log_path: str | None = None, debug: bool = False) -> MountProcess:
+                        log_path: str | None = None, debug: bool = False, credentials: str | None = None,
+                        multi_user: bool | None = None, default_permissions: bool = True) -> MountProcess:
     """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
     return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
-    if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount."""
+    if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount. The other
+    options are :func:`mount`'s."""
     mountpoint = os.path.abspath(mountpoint)
     os.makedirs(mountpoint, exist_ok=True)
     if is_mounted(mountpoint):
@@ -717,6 +754,12 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
         command += ["--attr-timeout", str(attr_timeout_s)]
     if debug:
         command.append("--debug")
+    if credentials is not None:
+        command += ["--credentials", credentials]
+    if multi_user is not None:
+        command.append("--allow-other" if multi_user else "--single-user")
+    if not default_permissions:
+        command.append("--no-default-permissions")
     with open(log_path, "ab") as out:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)

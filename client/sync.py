@@ -195,10 +195,11 @@ class FileSystem:
     Methods mirror :class:`AsyncFileSystem`; ``open`` returns ordinary Python binary file
     objects. ``fs.aio`` is the async client and ``fs.run(coro)`` runs a coroutine on it."""
 
-    def __init__(self, meta_address: str) -> None:
+    def __init__(self, meta_address: str, credentials: Any = None) -> None:
+        """``credentials``: see :class:`AsyncFileSystem`."""
         self._loop = _LoopThread()
         try:
-            self.aio = self._loop.run(_make_async(meta_address))
+            self.aio = self._loop.run(_make_async(meta_address, credentials))
         except BaseException:
             self._loop.stop()
             raise
@@ -317,7 +318,8 @@ class FileSystem:
         self.close()
 
 
-async def _make_async(meta_address: str) -> AsyncFileSystem:
-    fs = AsyncFileSystem(meta_address)
-    await fs.meta("ping")
+async def _make_async(meta_address: str, credentials: Any = None) -> AsyncFileSystem:
+    fs = AsyncFileSystem(meta_address, credentials)
+    # With a credential, a wrong one (or another cluster's) fails here, at connect.
+    await fs.meta("whoami" if fs.credential is not None else "ping")
     return fs

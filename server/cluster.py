@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from tectofs import limits
+from tectofs import auth, limits
 from tectofs.errors import TectofsError, Timeout
 
 
@@ -59,7 +59,10 @@ class LocalCluster:
         extra_env: dict[str, str] | None = None,
         meta_args: list[str] | None = None,
         chunk_args: list[str] | None = None,
+        tls: bool = False,
     ) -> None:
+        """``tls``: every connection uses TLS, with a throwaway CA and certificate made under
+        ``root/tls`` (``tls_files``); this process's clients trust it too (``$TECTOFS_TLS_CA``)."""
         self.root = os.path.abspath(root)
         self.server_count = servers
         self.port = port
@@ -77,6 +80,18 @@ class LocalCluster:
         self.env = {**os.environ, **(extra_env or {})}
         self.meta_args = list(meta_args or [])  # further flags for every `tectofs meta` (e.g. --repair-after)
         self.chunk_args = list(chunk_args or [])  # ... and every `tectofs chunk` (e.g. --scrub-rate)
+        self.tls_files: dict[str, str] = {}
+        if tls:
+            from tectofs import tls as tls_setup
+
+            self.tls_files = tls_setup.make_test_certificates(os.path.join(self.root, "tls"))
+            self.env.update({tls_setup.CERT_ENV: self.tls_files["cert"], tls_setup.KEY_ENV: self.tls_files["key"],
+                             tls_setup.CA_ENV: self.tls_files["ca"]})
+            # This process's clients (wait_live, tests) talk TLS to it, until stop() puts it back.
+            self._ca_env_before = os.environ.get(tls_setup.CA_ENV)
+            os.environ[tls_setup.CA_ENV] = self.tls_files["ca"]
+        self.key_file = os.path.join(self.root, "cluster.key")  # made at the first start (tectofs.auth)
+        self.credential_file = os.path.join(self.root, "root.credentials")  # root's, for this cluster
         self.meta_process: subprocess.Popen[bytes] | None = None
         self.chunk_processes: list[subprocess.Popen[bytes] | None] = []
         self.address = ""
@@ -101,11 +116,27 @@ class LocalCluster:
                 out.close()
 
     def start(self, timeout_s: float = 60.0) -> str:
+        """Start every process; the cluster key is made under the root the first time, and
+        root's credential is written to ``credential_file`` and where this user's client
+        commands look for it (``tectofs.auth.default_credential_path``)."""
         os.makedirs(self.root, exist_ok=True)
+        auth.create_key_file(self.key_file)
         self.address = self._start_meta(self.port, timeout_s)
+        credential = auth.Credential.root_from_keys(auth.KeyRing(self.key_file), self.address)
+        credential.save(self.credential_file)
+        credential.save(auth.default_credential_path(self.address))
         self.chunk_processes = [self._start_chunk(i) for i in range(self.server_count)]
         self.wait_live(self.server_count, timeout_s)
         return self.address
+
+    def _forget_credential(self) -> None:
+        """Remove root's credential from the user's configuration, if it is still this cluster's."""
+        path = auth.default_credential_path(self.address) if self.address else ""
+        try:
+            if path and auth.Credential.load(path).secret == auth.Credential.load(self.credential_file).secret:
+                os.unlink(path)
+        except (TectofsError, OSError):
+            pass
 
     def _start_meta(self, port: int, timeout_s: float) -> str:
         ready = os.path.join(self.root, "meta.address")
@@ -115,7 +146,7 @@ class LocalCluster:
             ["meta", "--store", self.store, "--host", self.host, "--port", str(port),
              "--policy", self.policy, "--block-size", str(self.block_size), "--ready-file", ready,
              "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s),
-             "--allocation-grace", str(self.allocation_grace_s), *self.meta_args],
+             "--allocation-grace", str(self.allocation_grace_s), "--key-file", self.key_file, *self.meta_args],
             "meta.log",
         )
         return wait_for_file(ready, timeout_s, self.meta_process)
@@ -127,7 +158,8 @@ class LocalCluster:
         ready = os.path.join(self.root, f"meta-extra-{n}.address")
         process = self._spawn(
             ["meta", "--store", self.store, "--host", self.host, "--port", "0", "--ready-file", ready,
-             "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s), *self.meta_args],
+             "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s),
+             "--key-file", self.key_file, *self.meta_args],
             f"meta-extra-{n}.log",
         )
         return wait_for_file(ready, timeout_s, process), process
@@ -156,7 +188,7 @@ class LocalCluster:
             os.unlink(ready)
         args = ["chunk", "--data", self.chunk_data_dirs[i], "--meta", self.address, "--host", self.host,
                 "--heartbeat", str(self.heartbeat_interval_s), "--ready-file", ready,
-                "--inflight-max", str(self.chunk_inflight_bytes_max), *self.chunk_args]
+                "--inflight-max", str(self.chunk_inflight_bytes_max), "--key-file", self.key_file, *self.chunk_args]
         if self.sync is False or self.sync == "none":
             args.append("--no-sync")
         elif isinstance(self.sync, str):
@@ -173,7 +205,7 @@ class LocalCluster:
     def servers(self) -> list[dict[str, Any]]:
         from tectofs.client import connect
 
-        with connect(self.address) as fs:
+        with connect(self.address, credentials=self.credential_file) as fs:
             return fs.servers()
 
     def wait_live(self, count: int, timeout_s: float) -> None:
@@ -247,6 +279,12 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=5)
+        self._forget_credential()
+        if self.tls_files:
+            if self._ca_env_before is None:
+                os.environ.pop("TECTOFS_TLS_CA", None)
+            else:
+                os.environ["TECTOFS_TLS_CA"] = self._ca_env_before
 
     def __enter__(self) -> "LocalCluster":
         self.start()

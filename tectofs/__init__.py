@@ -8,8 +8,8 @@ library (:mod:`tectofs.client`), the FUSE mount (``tectofs mount``) and the PyTo
 __version__ = "0.1.0"
 
 
-def connect(address: str | None = None):  # type: ignore[no-untyped-def]
+def connect(address: str | None = None, credentials: str | None = None):  # type: ignore[no-untyped-def]
     """Shortcut for :func:`tectofs.client.connect`."""
     from .client import connect as _connect
 
-    return _connect(address)
+    return _connect(address, credentials)

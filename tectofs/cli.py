@@ -51,7 +51,8 @@ def cmd_meta(args: argparse.Namespace) -> None:
         return MetadataService(
             args.store, args.policy, args.block_size, server_dead_after_s=args.dead_after, gc_delay_s=args.gc_delay,
             allocation_grace_s=args.allocation_grace, repair_after_s=args.repair_after,
-            repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace,
+            repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace, key_file=args.key_file,
+            capability_ttl_s=args.capability_ttl,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {args.store})")
@@ -65,7 +66,7 @@ def cmd_chunk(args: argparse.Namespace) -> None:
             args.data, args.meta, args.inflight_max, args.heartbeat, sync="none" if args.no_sync else args.sync,
             scrub_rate_bytes_per_s=args.scrub_rate * limits.MiB, repair_concurrency=args.repair_concurrency,
             repair_rate_bytes_per_s=args.repair_rate * limits.MiB, inventory_interval_s=args.inventory_interval,
-            scrub_interval_s=args.scrub_interval,
+            scrub_interval_s=args.scrub_interval, key_file=args.key_file,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs chunk server on {a} (data {args.data}, metadata {args.meta})")
@@ -102,7 +103,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     cluster = LocalCluster(args.root or os.path.join(os.getcwd(), "tectofs-data"), args.servers, args.port,
                            args.policy, args.block_size, args.host,
                            meta_args=["--repair-after", str(args.repair_after)],
-                           chunk_args=["--scrub-rate", str(args.scrub_rate)])
+                           chunk_args=["--scrub-rate", str(args.scrub_rate)], tls=args.tls)
     print(f"starting a local cluster under {cluster.root}: 1 metadata service + {args.servers} chunk servers ...",
           flush=True)
     stop = {"now": False}
@@ -114,7 +115,10 @@ def cmd_up(args: argparse.Namespace) -> None:
     mount = None
     try:
         address = cluster.start()
-        print(f"cluster is up: export TECTOFS_META={address}", flush=True)
+        print(f"cluster is up: export TECTOFS_META={address}" + (
+            f" TECTOFS_TLS_CA={cluster.tls_files['ca']}" if cluster.tls_files else ""), flush=True)
+        print(f"  cluster key {cluster.key_file}; root's credential {cluster.credential_file}, also where this user's"
+              " client commands find it (other users and hosts: tectofs user add, --credentials FILE)", flush=True)
         print(f"  try: tectofs put FILE /  |  tectofs ls /  |  tectofs status   (logs in {cluster.root}/logs)", flush=True)
         if args.mount:
             from .client.fuse import start_mount_process
@@ -162,13 +166,17 @@ def _self_check(address: str) -> None:
 # ---------------------------------------------------------------------- client commands
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from .client import connect
-
+def _meta_address(args: argparse.Namespace) -> str:
     address = args.meta or os.environ.get("TECTOFS_META")
     if not address:
         raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT[,HOST:PORT...] or set TECTOFS_META")
-    return connect(address)
+    return str(address)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from .client import connect
+
+    return connect(_meta_address(args), getattr(args, "credentials", None))
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
@@ -344,13 +352,79 @@ def cmd_drain(args: argparse.Namespace) -> None:
 def cmd_gc(args: argparse.Namespace) -> None:
     from .torch import gc_pending
 
-    address = args.meta or os.environ.get("TECTOFS_META")
-    if not address:
-        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT[,HOST:PORT...] or set TECTOFS_META")
+    address = _meta_address(args)
+    if args.credentials:
+        os.environ["TECTOFS_CREDENTIALS"] = args.credentials  # the torch helpers connect by URI
     removed = gc_pending(f"tectofs://{address}{args.path}", args.older_than, recursive=True, dry_run=args.dry_run)
     for uri in removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
     print(f"{len(removed)} leftovers of interrupted checkpoint saves {'found' if args.dry_run else 'removed'}")
+
+
+def cmd_init(args: argparse.Namespace) -> None:
+    from . import auth
+
+    os.makedirs(args.root, exist_ok=True)
+    key_file = os.path.join(args.root, "cluster.key")
+    existed = os.path.exists(key_file)
+    auth.create_key_file(key_file)
+    cred_file = os.path.join(args.root, "root.credentials")
+    auth.Credential.root_from_keys(auth.KeyRing(key_file), args.meta or "").save(cred_file)
+    print(f"cluster key: {key_file} ({'kept' if existed else 'new'}; mode 0600). Copy it to every metadata service"
+          " and chunk server host (--key-file or $TECTOFS_KEY_FILE); never to clients.")
+    print(f"root credential: {cred_file} (mode 0600). Clients acting as root: --credentials {cred_file};"
+          " add users with 'tectofs user add'.")
+
+
+def cmd_user_add(args: argparse.Namespace) -> None:
+    from . import auth
+
+    address = _meta_address(args)
+    groups = [int(g) for g in args.groups.split(",") if g.strip()] if args.groups else []
+    with _client(args) as fs:
+        reply, _ = fs.run(fs.aio.meta("user_add", name=args.name, uid=args.uid, gid=args.gid, groups=groups,
+                                      admin=args.admin, proxy=args.proxy))
+    out = args.out or f"{args.name}.credentials"
+    auth.Credential(user=args.name, secret=reply.secret, cluster=address, s3_access_key=reply.user.s3_access_key or "",
+                    s3_secret_key=reply.s3_secret_key).save(out)
+    print(f"user {args.name} (uid {args.uid}, gid {args.gid}{', groups ' + ','.join(map(str, groups)) if groups else ''})"
+          f" added; credential written to {out} (mode 0600): give it to the user, who passes --credentials FILE,"
+          f" sets TECTOFS_CREDENTIALS, or copies it to {auth.default_credential_path(address)} in their home")
+    print(f"S3 access key: {reply.user.s3_access_key} (its secret is in the credential file)")
+
+
+def cmd_user_list(args: argparse.Namespace) -> None:
+    with _client(args) as fs:
+        reply, _ = fs.run(fs.aio.meta("user_list"))
+    print(f"{'name':<24} {'uid':>8} {'gid':>8}  groups  flags")
+    for u in reply.users:
+        flags = ",".join(f for f, on in (("admin", u.admin), ("proxy", u.proxy)) if on) or "-"
+        print(f"{u.name:<24} {u.uid:>8} {u.gid:>8}  {','.join(map(str, u.groups)) or '-'}  {flags}")
+    if reply.more:
+        print("(more users than one reply holds)")
+
+
+def cmd_user_remove(args: argparse.Namespace) -> None:
+    with _client(args) as fs:
+        fs.run(fs.aio.meta("user_remove", name=args.name))
+    print(f"user {args.name} removed: its credential no longer opens connections (open ones live on until closed)")
+
+
+def cmd_whoami(args: argparse.Namespace) -> None:
+    with _client(args) as fs:
+        me, _ = fs.run(fs.aio.meta("whoami"))
+    print(f"{me.name} (uid {me.uid}, gid {me.gid}, groups {','.join(map(str, me.groups)) or '-'})"
+          + (" admin" if me.admin else "") + (" proxy" if me.proxy else ""))
+
+
+def cmd_key(args: argparse.Namespace) -> None:
+    from . import auth
+
+    ids = auth.edit_key_file(args.key_file, add=args.key_command == "add",
+                             use=args.id if args.key_command == "use" else None,
+                             remove=args.id if args.key_command == "remove" else None)
+    print(f"{args.key_file}: keys {', '.join(ids)} ({ids[0]} signs). Running services re-read the file within a"
+          " second; copy it to every server host.")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -362,11 +436,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
 def cmd_mount(args: argparse.Namespace) -> None:
     from .client.fuse import mount
 
-    address = args.meta or os.environ.get("TECTOFS_META")
-    if not address:
-        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT[,HOST:PORT...] or set TECTOFS_META")
+    address = _meta_address(args)
     mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
-          attr_timeout_s=args.attr_timeout, debug=args.debug)
+          attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
+          multi_user=args.multi_user, default_permissions=args.default_permissions)
 
 
 # ---------------------------------------------------------------------- parser
@@ -385,9 +458,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     def client_command(name: str, fn: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--meta", help="metadata service HOST:PORT, or several (HOST:PORT,HOST:PORT: failover) (default: $TECTOFS_META)")
+        add_client_flags(p)
         p.set_defaults(fn=fn)
         return p
+
+    def add_tls_flags(p: argparse.ArgumentParser, serves: bool) -> None:
+        if serves:
+            p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (default: $TECTOFS_TLS_CERT)")
+            p.add_argument("--tls-key", metavar="FILE", help="... and this private key (default: $TECTOFS_TLS_KEY)")
+        p.add_argument("--tls-ca", metavar="FILE",
+                       help="connect with TLS, trusting servers this CA signed (default: $TECTOFS_TLS_CA)")
+
+    def add_client_flags(p: argparse.ArgumentParser) -> None:
+        add_tls_flags(p, serves=False)
+        p.add_argument("--meta", help="metadata service HOST:PORT, or several (HOST:PORT,HOST:PORT: failover) (default: $TECTOFS_META)")
+        p.add_argument("--credentials", metavar="FILE",
+                       help="credential file of the user to act as (default: $TECTOFS_CREDENTIALS, else the one"
+                       " 'tectofs up' wrote for this address under ~/.config/tectofs/credentials/)")
+
+    key_help = "cluster key file (default: $TECTOFS_KEY_FILE; 'tectofs init' or 'tectofs up' makes one)"
 
     p = sub.add_parser("up", help="run a local cluster (1 metadata service + N chunk servers) in the foreground",
                        description="Run a whole cluster on this machine until Ctrl-C. All state lives under --root; "
@@ -405,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"rebuild the chunks of a server dead this long (default {limits.repair_after_s:.0f})")
     p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="background checksum verification per chunk server, MiB/s (0: off; default %(default)s)")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS on every connection, with a CA and certificate made under --root (clients then need"
+                   " TECTOFS_TLS_CA=ROOT/tls/ca.pem)")
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("meta", help="run the metadata service")
@@ -426,6 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--orphan-grace", type=float, default=limits.orphan_grace_s, metavar="SECONDS",
                    help="collect chunks no file refers to this long after an inventory found them (default %(default)s)")
     p.add_argument("--ready-file", help="write the listening address here once serving")
+    p.add_argument("--key-file", help=key_help)
+    add_tls_flags(p, serves=True)
+    p.add_argument("--capability-ttl", type=float, default=limits.capability_ttl_s, metavar="SECONDS",
+                   help="how long the chunk capabilities in layouts and allocations are valid (default %(default)s)")
     p.set_defaults(fn=cmd_meta)
 
     p = sub.add_parser("chunk", help="run a chunk server")
@@ -453,6 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="full report of the chunks on disk to the metadata service, after the one at start"
                    " (default %(default)s)")
     p.add_argument("--ready-file")
+    p.add_argument("--key-file", help=key_help)
+    add_tls_flags(p, serves=True)
     p.set_defaults(fn=cmd_chunk)
 
     p = client_command("put", cmd_put, "copy a local file into tectofs")
@@ -495,11 +593,54 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Move every chunk off a chunk server (it takes no new ones); when done it"
                              " can be stopped with no loss of redundancy. Progress: tectofs status.")
     p.add_argument("server", help="the server's id, uuid or address (tectofs status lists them)")
-    p.add_argument("--meta", help="metadata service HOST:PORT, or several (HOST:PORT,HOST:PORT: failover) (default: $TECTOFS_META)")
+    add_client_flags(p)
     p.add_argument("--cancel", action="store_true", help="stop draining: the server takes new chunks again")
     p.add_argument("--wait", action="store_true", help="wait until the server holds no chunk, showing progress")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="with --wait, give up after this many seconds")
     p.set_defaults(fn=cmd_drain)
+    p = sub.add_parser("init", help="make a cluster key and root's credential for a multi-host cluster",
+                       description="Make the cluster key (ROOT/cluster.key, mode 0600: copy it to every metadata"
+                       " service and chunk server host) and root's credential (ROOT/root.credentials). 'tectofs up'"
+                       " does this itself for a local cluster.")
+    p.add_argument("--root", required=True, help="directory for the key and credential")
+    p.add_argument("--meta", help="the metadata service address the credential is for (informational)")
+    p.set_defaults(fn=cmd_init)
+    users = sub.add_parser("user", help="users and their credentials (add, list, remove)",
+                           description="Users of the cluster: each gets a uid, gid, groups and a credential file.")
+    users_sub = users.add_subparsers(dest="user_command", required=True, metavar="USER_COMMAND")
+    p = users_sub.add_parser("add", help="add a user and write its credential file",
+                             description="Add a user (administrators only) and write its credential (and S3 key"
+                             " pair) to --out, mode 0600.")
+    p.add_argument("name")
+    p.add_argument("--uid", type=int, required=True)
+    p.add_argument("--gid", type=int, required=True)
+    p.add_argument("--groups", default="", help="supplementary gids, comma-separated")
+    p.add_argument("--admin", action="store_true", help="may add and remove users and drain servers")
+    p.add_argument("--proxy", action="store_true",
+                   help="may act for other uids (the credential of a multi-user FUSE mount on a node)")
+    p.add_argument("--out", help="credential file to write (default ./NAME.credentials)")
+    add_client_flags(p)
+    p.set_defaults(fn=cmd_user_add)
+    p = users_sub.add_parser("list", help="list users")
+    add_client_flags(p)
+    p.set_defaults(fn=cmd_user_list)
+    p = users_sub.add_parser("remove", help="remove a user (its credential stops working)")
+    p.add_argument("name")
+    add_client_flags(p)
+    p.set_defaults(fn=cmd_user_remove)
+    client_command("whoami", cmd_whoami, "show who the credential in use makes you")
+    keys = sub.add_parser("key", help="rotate the cluster key (add, use, remove)",
+                          description="Key rotation, with two valid keys at a time: 'add' a new key, copy the file to"
+                          " every server host, 'use' it (it signs from then on), wait for the capability lifetime"
+                          " (1 h by default), then 'remove' the old one. Running services re-read the file.")
+    keys_sub = keys.add_subparsers(dest="key_command", required=True, metavar="KEY_COMMAND")
+    for name, text in (("add", "add a new key (accepted, not yet signing)"), ("use", "make key ID the signing key"),
+                       ("remove", "remove key ID")):
+        p = keys_sub.add_parser(name, help=text)
+        if name != "add":
+            p.add_argument("id")
+        p.add_argument("--key-file", required=True)
+        p.set_defaults(fn=cmd_key)
     p = client_command("gc", cmd_gc, "remove leftovers of interrupted checkpoint saves (pending directories)")
     p.add_argument("path", nargs="?", default="/", help="where to look, recursively (default /)")
     p.add_argument("--older-than", type=float, default=3600.0,
@@ -511,6 +652,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--single-thread", action="store_true", help="serve one kernel request at a time")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="attribute/entry cache seconds (default 1)")
     p.add_argument("--debug", action="store_true")
+    sharing = p.add_mutually_exclusive_group()
+    sharing.add_argument("--allow-other", dest="multi_user", action="store_true", default=None,
+                         help="every local user may use the mount, as themselves (the default when run by root"
+                         " with a proxy credential; a non-root mount needs user_allow_other in /etc/fuse.conf)")
+    sharing.add_argument("--single-user", dest="multi_user", action="store_false",
+                         help="only the user running the mount may use it, as the credential's user")
+    p.add_argument("--no-default-permissions", dest="default_permissions", action="store_false",
+                   help="multi-user: leave permission checks to the metadata service alone (no kernel check first)")
     p = sub.add_parser("bench", help="run benchmarks (client-io, checkpoint, fuse, burst, all); 'tectofs bench --help'",
                        add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
@@ -525,6 +674,9 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(bench_main(argv[1:]))
     args = build_parser().parse_args(argv)
+    for flag, env in (("tls_cert", "TECTOFS_TLS_CERT"), ("tls_key", "TECTOFS_TLS_KEY"), ("tls_ca", "TECTOFS_TLS_CA")):
+        if getattr(args, flag, None):
+            os.environ[env] = getattr(args, flag)  # every connection this process makes or serves
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

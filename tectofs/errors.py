@@ -122,6 +122,41 @@ class CheckpointError(TectofsError):
     errno = _errno.EIO
 
 
+class PermissionDenied(TectofsError, PermissionError):
+    """The caller may not do this: POSIX permission bits, a missing or rejected credential,
+    an operation reserved to the cluster's own servers or to administrators."""
+
+    code = "permission"
+    errno = _errno.EACCES
+
+
+class NotPermitted(PermissionDenied):
+    """Only the owner (or root) may do this: chmod, chown, set-policy (POSIX's EPERM)."""
+
+    code = "not_permitted"
+    errno = _errno.EPERM
+
+
+class AuthenticationFailed(PermissionDenied):
+    """A hello's proof did not check out: unknown user, wrong secret or key, or a peer that
+    could not prove it holds the cluster key."""
+
+    code = "authentication"
+
+
+class CapabilityRefused(PermissionDenied):
+    """A chunk server refused a get or put: no capability, a forged one, or one for another
+    block or mode."""
+
+    code = "capability"
+
+
+class CapabilityExpired(CapabilityRefused):
+    """The capability was genuine but has expired: fetch a fresh layout and try again."""
+
+    code = "capability_expired"
+
+
 _BY_CODE: dict[str, type[TectofsError]] = {}
 
 

@@ -38,6 +38,18 @@ message_text_max_bytes = 4096             # free-text fields (reasons, versions)
 peer_log_lines_per_s = 20                 # log lines a peer can provoke (invalid requests, bad-chunk reports), per kind
 address_length_max_bytes = 255            # "HOST:PORT" of a server
 listen_backlog_max = 4096                 # a checkpoint burst connects thousands of clients at once
+frame_receive_first_bytes = 4 * KiB       # first piece a header is received into (pieces grow with what arrived)
+frame_payload_amplification_max = 64      # a (deferred) payload buffer is made once 1/64 of the payload arrived
+frame_payload_staged_min_bytes = 4 * KiB  # ... and at least this much of it (all of a smaller one)
+frame_drain_scratch_bytes = 256 * KiB     # one buffer per process that refused payloads are drained into
+frame_stall_timeout_s = 30.0              # a server closes a connection whose begun frame got no byte this long
+frame_receive_rate_min_bytes_per_s = 1 * MiB  # ... or not done by the stall timeout + its size at this rate
+connection_idle_timeout_s = 600.0         # ... and one with no frame and no request in flight this long
+connections_max = 65536                   # connections one server process keeps (24k ranks, 2 connections each, fit)
+connections_per_peer_max = 2048           # ... from one peer IP address (a node of many ranks, a gateway)
+connection_refused_linger_s = 1.0         # a connection over a cap waits this long (at most) to be told why
+connections_refused_lingering_max = 1024  # ... at most this many at once (beyond: closed at once)
+file_descriptors_reserved = 256           # descriptors a server keeps for its own files, outside connections_max
 
 # Chunk server
 chunk_inflight_bytes_max = 512 * MiB      # admission: above this new puts are answered BUSY
@@ -95,3 +107,13 @@ placement_attempts_max = 3                # fresh placements asked for one block
 address_group_members_max = 16            # servers one address group ("HOST:PORT,HOST:PORT") names
 request_dedupe_retention_s = 600.0        # a non-idempotent call's recorded reply is kept this long for its retries
 request_dedupe_prune_interval_s = 60.0    # how often a metadata service deletes older records
+
+# Security (tectofs/auth.py)
+capability_ttl_s = 3600.0                 # a layout's or allocation's chunk capabilities are valid this long
+users_max = 100_000                       # users one cluster keeps (tectofs user add)
+acting_views_max = 256                    # local users a multi-user mount keeps a metadata connection for
+user_cache_s = 5.0                        # a metadata service reuses a user's lookup for its hellos this long
+user_cache_entries_max = 10_000
+fuse_caller_cache_s = 1.0                 # a mount re-reads a calling process's supplementary groups after this
+fuse_caller_cache_entries_max = 4096      # calling processes a mount remembers (forgotten all at once past it)
+fuse_caller_groups_max = 256              # supplementary groups an act_as hello carries (messages.ActAs)

@@ -72,6 +72,22 @@ class Attrs(Message, kw_only=True):
     write_min: Int64 = 0  # chunks a block needs to be accepted (0: the policy's default)
 
 
+Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
+Proof = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+KeyId = Annotated[str, msgspec.Meta(max_length=64)]
+UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class Capability(Message, kw_only=True):
+    """The metadata service's permission to read (layouts) or write (allocations) one block's
+    chunks until ``expiry`` (seconds since 1970), signed with cluster key ``key``
+    (``tectofs.auth``): chunk servers check it on every anonymous get and put."""
+
+    mac: Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
+    expiry: Int64
+    key: KeyId
+
+
 class ChunkRef(Message, kw_only=True):
     """Where one chunk of a block lives, and its whole-chunk crc32c."""
 
@@ -95,6 +111,7 @@ class Block(Message, kw_only=True):
     length: ChunkLength
     valid: BlockOffset
     chunks: Annotated[list[ChunkRef], msgspec.Meta(max_length=limits.policy_width_max)]
+    cap: Capability | None = None  # to read its chunks (layouts); None in what a writer commits
 
 
 class WrittenChunk(Message, kw_only=True):
@@ -137,6 +154,7 @@ class Allocation(Message, kw_only=True):
     policy: PolicyText
     servers: list[ServerRef]
     write_min: Int64 = 0  # chunks that must be stored for the block to be accepted (0: the policy's)
+    cap: Capability | None = None  # to put its chunks
 
 
 class DirEntry(Message, kw_only=True):
@@ -161,18 +179,48 @@ class ServerInfo(Message, kw_only=True):
 # ---------------------------------------------------------------------- handshake
 
 
+class ActAs(Message, kw_only=True):
+    """The local user a proxy credential (a multi-user FUSE mount) acts for on this connection."""
+
+    uid: Owner
+    gid: Owner
+    groups: Annotated[list[Owner], msgspec.Meta(max_length=256)] = []
+
+
+class HelloAuth(Message, kw_only=True):
+    """Who a connection claims to be (``tectofs.auth``): a cluster member proving the key
+    ``key_id``, or ``user`` (root: with the key its secret derives from); ``nonce`` is the
+    client's challenge to the server."""
+
+    kind: Literal["key", "user"]
+    nonce: Nonce
+    key_id: KeyId = ""
+    user: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    act_as: ActAs | None = None
+
+
 class Hello(Message, kw_only=True):
     """First request on every connection."""
 
     role: Role
     version: Annotated[int, msgspec.Meta(ge=0, le=255)]
     software: Text = ""
+    auth: HelloAuth | None = None
 
 
 class HelloReply(Message, kw_only=True):
     role: Role
     version: int
     software: str = ""
+    nonce: bytes = b""  # the server's challenge (when the hello carried auth)
+    proof: bytes = b""  # the server's answer to the client's challenge
+
+
+class AuthRequest(Message, kw_only=True):
+    """Second frame of an authenticating connection: the client's answer to the server's
+    challenge. Not answered: a wrong one closes the connection with an error."""
+
+    proof: Proof
 
 
 # ---------------------------------------------------------------------- metadata service
@@ -499,11 +547,13 @@ class PutChunkRequest(Message, kw_only=True):
     crcs: Annotated[list[Crc], msgspec.Meta(max_length=limits.block_size_max_bytes // limits.checksum_piece_bytes + 1)]
     crc: Crc
     overwrite: bool = False
+    cap: Capability | None = None  # write capability (from the allocation); members need none
 
 
 class GetChunkRequest(Message, kw_only=True):
     block_id: Id
-    offset: Int64 = 0
+    cap: Capability | None = None  # read capability (from the layout); members need none
+    offset: BlockOffset = 0  # within the chunk: never negative, never past the largest chunk
     length: Annotated[int, msgspec.Meta(ge=-1, le=limits.block_size_max_bytes)] = -1  # -1: to the end
 
 
@@ -532,6 +582,55 @@ class ChunkStatReply(Message, kw_only=True):
     server_id: int | None
     uuid: str
     stats: dict[str, int]
+
+
+# ---------------------------------------------------------------------- users
+
+
+class UserAddRequest(Message, kw_only=True):
+    name: UserName
+    uid: Owner
+    gid: Owner
+    groups: Annotated[list[Owner], msgspec.Meta(max_length=64)] = []
+    admin: bool = False
+    proxy: bool = False
+
+
+class UserInfo(Message, kw_only=True):
+    name: str
+    uid: int
+    gid: int
+    groups: list[int]
+    admin: bool = False
+    proxy: bool = False
+    s3_access_key: str | None = None
+
+
+class UserAddReply(Message, kw_only=True):
+    """The new user and its secrets, shown this once (the credential file is made from them)."""
+
+    user: UserInfo
+    secret: bytes
+    s3_secret_key: str
+
+
+class UserNameRequest(Message, kw_only=True):
+    name: UserName
+
+
+class UserListReply(Message, kw_only=True):
+    users: list[UserInfo]
+    more: bool = False
+
+
+class WhoamiReply(Message, kw_only=True):
+    kind: str
+    name: str
+    uid: int
+    gid: int
+    groups: list[int]
+    admin: bool
+    proxy: bool
 
 
 # ---------------------------------------------------------------------- the tables
@@ -589,6 +688,10 @@ META_OPERATIONS = _table(
     Operation("servers", Empty, ServersReply, True),
     Operation("stats", Empty, StatsReply, True),
     Operation("ping", Empty, PingReply, True),
+    Operation("user_add", UserAddRequest, UserAddReply, False),
+    Operation("user_remove", UserNameRequest, Empty, True),
+    Operation("user_list", Empty, UserListReply, True),
+    Operation("whoami", Empty, WhoamiReply, True),
 )
 
 CHUNK_OPERATIONS = _table(

@@ -19,6 +19,13 @@ into (``get_buffer``), is told how many arrived (``advance``), and returns compl
 :class:`Frame` objects. That fits ``asyncio.BufferedProtocol`` and ``socket.recv_into``
 alike, so payloads land in their final buffer without intermediate copies, and the codec can
 be tested and fuzzed in memory.
+
+Memory follows the bytes that arrived, never a size a peer declared: a msgpack header is
+received into pieces that grow with what arrived (from ``limits.frame_receive_first_bytes``),
+and a payload whose allocator defers its buffer (returns a function that makes it) is staged
+the same way until 1/``limits.frame_payload_amplification_max`` of it arrived; only then is
+its final buffer made and the rest received straight into it. Refused payloads are drained
+into one small scratch buffer shared by the whole process.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import crc32c
 import msgspec
 
 from . import limits
-from .errors import ProtocolError
+from .errors import ProtocolError, to_wire
 
 MAGIC = 0x54465331
 PROTOCOL_VERSION = 1
@@ -73,22 +80,81 @@ def encode_frame(kind: FrameKind, request_id: int, header: Any, payload_length: 
     return fixed + _CRC.pack(crc) + body
 
 
-PayloadAllocator = Callable[[dict[str, Any], int], "bytearray | memoryview | None"]
-"""Given a frame's header and payload length, return the buffer to receive it into, or None
-to receive and discard it (the frame is then delivered with ``payload`` = None-equivalent
-empty view and ``discarded`` set)."""
+Buffer = "bytearray | memoryview"
+def encode_error(request_id: int, exc: BaseException) -> bytes:
+    """An ERROR frame carrying ``exc`` (request id 0: about the connection as a whole)."""
+    code, message = to_wire(exc)
+    return encode_frame(FrameKind.ERROR, request_id, {"code": code, "message": message})
 
 
-def _default_allocator(header: dict[str, Any], length: int) -> bytearray:
-    return bytearray(length)
+PayloadAllocator = Callable[[dict[str, Any], int], "Buffer | Callable[[], Buffer] | None"]
+"""Given a frame's header and payload length, return the buffer to receive it into; or a
+function that makes that buffer, called once a bounded fraction of the payload arrived (the
+buffer's memory is then committed as bytes arrive; the bytes before are copied in once); or
+None to receive and discard it (the frame is then delivered with an empty ``payload`` and
+``discarded`` set)."""
+
+
+def _default_allocator(header: dict[str, Any], length: int) -> Callable[[], bytearray]:
+    return lambda: bytearray(length)
+
+
+def staged_bytes(length: int) -> int:
+    """How much of a ``length``-byte payload with a deferred buffer is received before that
+    buffer is made."""
+    return min(length, max(limits.frame_payload_staged_min_bytes, length // limits.frame_payload_amplification_max))
+
+
+_SCRATCH = memoryview(bytearray(limits.frame_drain_scratch_bytes))  # drained bytes are never read: one for all
+
+
+class _Pieces:
+    """``total`` bytes received into pieces, each at most as large as what arrived before it
+    (and at least ``first``): a peer that declares much and sends little commits little. Each
+    byte is copied at most once more, when the pieces are joined."""
+
+    __slots__ = ("total", "first", "filled", "pieces", "_room")
+
+    def __init__(self, total: int, first: int = limits.frame_receive_first_bytes) -> None:
+        self.total = total
+        self.first = first
+        self.filled = 0
+        self.pieces: list[bytearray] = []
+        self._room = 0  # unfilled bytes at the end of the last piece
+
+    @property
+    def complete(self) -> bool:
+        return self.filled == self.total
+
+    def region(self) -> memoryview:
+        if not self._room:
+            size = min(self.total - self.filled, max(self.first, self.filled))
+            self.pieces.append(bytearray(size))
+            self._room = size
+        last = self.pieces[-1]
+        return memoryview(last)[len(last) - self._room :]
+
+    def advance(self, nbytes: int) -> None:
+        self._room -= nbytes
+        self.filled += nbytes
+
+    def join(self) -> "bytes | bytearray":
+        return self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
+
+    def copy_into(self, target: memoryview) -> None:
+        offset = 0
+        for piece in self.pieces:
+            target[offset : offset + len(piece)] = piece
+            offset += len(piece)
 
 
 class FrameDecoder:
     """Incremental frame parser. Feed it with ``get_buffer`` + ``advance`` (zero copy) or
     ``feed`` (convenience, copies). Raises :class:`ProtocolError` on the first invalid byte
-    sequence; after that the decoder is dead and the connection must be closed."""
+    sequence; after that the decoder is dead and the connection must be closed.
 
-    _DISCARD_CHUNK = 1 << 20
+    Declared sizes are checked against the limits before anything is allocated, and nothing
+    is allocated from them: see the module docstring."""
 
     def __init__(
         self,
@@ -104,11 +170,14 @@ class FrameDecoder:
         self.dead = False
 
     def _reset(self) -> None:
-        self._state = "fixed"
+        self._state = "fixed"  # then "header", "stage" (a deferred payload's first bytes), "payload" or "discard"
         self._buf: bytearray | memoryview = self._fixed
         self._filled = 0
+        self._pieces = _Pieces(0)
+        self._make_buffer: Callable[[], Buffer] | None = None
         self._kind = FrameKind.REQUEST
         self._request_id = 0
+        self._header_length = 0
         self._payload_length = 0
         self._header: dict[str, Any] = {}
         self._expected_crc = 0
@@ -117,9 +186,20 @@ class FrameDecoder:
 
     @property
     def receiving_payload_bytes(self) -> int:
-        """Size of the payload buffer being filled (0 between payloads): what a connection
-        lost now leaves allocated but never delivered."""
-        return len(self._buf) if self._state == "payload" else 0
+        """Length of the admitted payload being received (0 between payloads, and for one being
+        drained): what a connection lost now leaves admitted but never delivered."""
+        return self._payload_length if self._state in ("stage", "payload") else 0
+
+    @property
+    def mid_frame(self) -> bool:
+        """Some bytes of a frame arrived, not all of them."""
+        return self._state != "fixed" or self._filled > 0
+
+    @property
+    def frame_bytes(self) -> int:
+        """The size of the frame being received, as far as known (its fixed header's, until that
+        arrived)."""
+        return FIXED_HEADER_BYTES + self._header_length + self._payload_length
 
     @property
     def fixed_bytes(self) -> bytes:
@@ -132,14 +212,10 @@ class FrameDecoder:
         if self.dead:
             raise ProtocolError("decoder used after a protocol error")
         if self._state == "discard":
-            scratch = self._scratch()
-            return memoryview(scratch)[: min(len(scratch), self._discard_left)]
+            return _SCRATCH[: min(len(_SCRATCH), self._discard_left)]
+        if self._state in ("header", "stage"):
+            return self._pieces.region()
         return memoryview(self._buf)[self._filled :]
-
-    def _scratch(self) -> bytearray:
-        if not hasattr(self, "_scratch_buf"):
-            self._scratch_buf = bytearray(self._DISCARD_CHUNK)
-        return self._scratch_buf
 
     def advance(self, nbytes: int) -> list[Frame]:
         """Record that ``nbytes`` were written into the last buffer; return finished frames."""
@@ -149,25 +225,29 @@ class FrameDecoder:
             if self._discard_left == 0:
                 frames.append(self._finish(memoryview(b"")))
             return frames
-        self._filled += nbytes
-        if self._filled < len(self._buf):
-            if self._state == "fixed" and self._filled >= 4 and self._fixed[:4] != _MAGIC_BYTES:
+        if self._state in ("header", "stage"):
+            self._pieces.advance(nbytes)
+        else:
+            self._filled += nbytes
+            if self._state == "fixed" and 4 <= self._filled < FIXED_HEADER_BYTES and self._fixed[:4] != _MAGIC_BYTES:
                 self.dead = True  # a peer that is not tectofs: say so now, not after 32 bytes
                 raise ProtocolError(f"bad magic 0x{int.from_bytes(self._fixed[:4], 'big'):08x}")
-            return frames
         try:
-            frame = self._step()
-            if frame is not None:
-                frames.append(frame)
-            # A state with nothing to read (empty header or payload) completes at once.
-            while self._state in ("header", "payload") and len(self._buf) == 0:
+            # A state with nothing (left) to read -- an empty header or payload -- completes at once.
+            while self._state != "discard" and self._complete():
                 frame = self._step()
                 if frame is not None:
                     frames.append(frame)
+                    break
         except ProtocolError:
             self.dead = True
             raise
         return frames
+
+    def _complete(self) -> bool:
+        if self._state in ("header", "stage"):
+            return self._pieces.complete
+        return self._filled == len(self._buf)
 
     def feed(self, data: bytes) -> list[Frame]:
         """Copying convenience for tests and fuzzers: consume all of ``data``."""
@@ -200,18 +280,19 @@ class FrameDecoder:
                 raise ProtocolError(f"frame payload of {payload_length} bytes exceeds the limit")
             self._kind = FrameKind(kind)
             self._request_id = request_id
+            self._header_length = header_length
             self._payload_length = payload_length
             (self._expected_crc,) = _CRC.unpack_from(self._fixed, _FIXED.size)
             self._fixed_crc = crc32c.crc32c(memoryview(self._fixed)[: _FIXED.size])
             self._state = "header"
-            self._buf = bytearray(header_length)
-            self._filled = 0
+            self._pieces = _Pieces(header_length)
             return None
         if self._state == "header":
-            if crc32c.crc32c(self._buf, self._fixed_crc) != self._expected_crc:
+            body = self._pieces.join()
+            if crc32c.crc32c(body, self._fixed_crc) != self._expected_crc:
                 raise ProtocolError("frame header checksum mismatch")
             try:
-                header = msgspec.msgpack.decode(self._buf)
+                header = msgspec.msgpack.decode(body)
             except Exception as exc:  # DecodeError, and e.g. unhashable map keys
                 raise ProtocolError(f"undecodable frame header: {exc}") from None
             if not isinstance(header, dict):
@@ -221,15 +302,30 @@ class FrameDecoder:
             if buffer is None:
                 self._state = "discard"
                 self._discard_left = self._payload_length
-                return None
-            if len(buffer) != self._payload_length:
-                raise ProtocolError("payload buffer of the wrong size")  # our bug, not the peer's
-            self._state = "payload"
-            self._buf = buffer
-            self._filled = 0
+            elif callable(buffer):
+                self._state = "stage"
+                self._make_buffer = buffer
+                self._pieces = _Pieces(staged_bytes(self._payload_length))
+            else:
+                self._receive_into(buffer, 0)
+            return None
+        if self._state == "stage":
+            assert self._make_buffer is not None
+            buffer = self._make_buffer()
+            staged, self._make_buffer = self._pieces, None
+            self._receive_into(buffer, staged.filled)
+            staged.copy_into(memoryview(buffer))
             return None
         # payload complete
         return self._finish(memoryview(self._buf))
+
+    def _receive_into(self, buffer: Buffer, filled: int) -> None:
+        if len(buffer) != self._payload_length:
+            raise ProtocolError("payload buffer of the wrong size")  # our bug, not the peer's
+        self._state = "payload"
+        self._buf = buffer
+        self._filled = filled
+        self._pieces = _Pieces(0)
 
     def _finish(self, payload: memoryview) -> Frame:
         frame = Frame(self._kind, self._request_id, self._header, payload, discarded=self._state == "discard")

@@ -32,24 +32,25 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import itertools
+import hmac
 import logging
-import random
-import uuid
-from typing import Any, Awaitable, Callable
+import os
+import time
+from typing import Any, Awaitable, Callable, Protocol
 
 import msgspec
 
-from . import limits, messages
+from . import auth, limits, messages, tls
+from .connlimits import ConnectionGuard, ConnectionPolicy
 from .diagnostics import RateLimitedLog
 from .errors import (
+    AuthenticationFailed,
     Busy,
     ConnectionLost,
     InvalidArgument,
     ProtocolError,
     TectofsError,
     Timeout,
-    from_wire,
     to_wire,
 )
 from .protocol import PROTOCOL_VERSION, Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
@@ -107,6 +108,17 @@ class Call:
 
 # The call the current task serves (None: the request carried no call id, or no request).
 current_call: contextvars.ContextVar[Call | None] = contextvars.ContextVar("tectofs_current_call", default=None)
+# Who sent the request being served (what its connection's hello proved).
+current_peer: contextvars.ContextVar[auth.Peer] = contextvars.ContextVar("tectofs_current_peer", default=auth.ANONYMOUS)
+
+
+class Authenticator(Protocol):
+    """A server's source of secrets for authenticating hellos."""
+
+    async def resolve(self, claim: messages.HelloAuth) -> tuple[bytes, auth.Peer]:
+        """The secret the claimed identity shares with this server, and who that makes the
+        peer; raises AuthenticationFailed for an unknown key, user, or a refused ``act_as``."""
+        ...
 
 
 class _FramedProtocol(asyncio.BufferedProtocol):
@@ -138,6 +150,10 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        now = time.monotonic()  # for a server's stall and idle timeouts (tectofs.connlimits)
+        if not self.decoder.mid_frame:
+            self.frame_started_s = now
+        self.received_s = now
         try:
             frames = self.decoder.advance(nbytes)
         except ProtocolError as exc:
@@ -193,18 +209,25 @@ class _ServerConnection(_FramedProtocol):
         self._reading_paused = False
         self.peer = "?"
         self._hello_deadline: asyncio.TimerHandle | None = None
+        self.identity = auth.ANONYMOUS  # who the hello proved this peer to be
+        self._resolving = False  # an authenticating hello is being looked up
+        self._challenge: tuple[bytes, bytes, bytes, auth.Peer] | None = None  # (secret, nonces, who): awaiting auth
+        self.peer_ip: str | None = None  # set while the server's ConnectionGuard counts this connection,
+        self.received_s = self.frame_started_s = self.quiet_since_s = 0.0  # ... which closes it stalled or idle
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.server.connections.add(self)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if not self.server.guard.admit(self):
+            return  # over a connection cap: refused with an ERROR frame
+        self.server.connections.add(self)
         self._hello_deadline = asyncio.get_running_loop().call_later(limits.hello_wait_server_s, self._no_hello)
 
     def _admit_payload(self, header: dict[str, Any], length: int) -> "bytearray | memoryview | None":
         """Nothing is admitted before the hello (a payload reserved then would never be
         released: the connection is closed at the first frame that is not a hello)."""
-        return self.server.admit_payload(header, length) if self.greeted else None
+        return self.server.admit_payload(header, length, self.identity) if self.greeted else None
 
     def _no_hello(self) -> None:
         if not self.greeted:
@@ -215,6 +238,7 @@ class _ServerConnection(_FramedProtocol):
         if self._hello_deadline is not None:
             self._hello_deadline.cancel()
         self.server.connections.discard(self)
+        self.server.guard.release(self)
         abandoned = self.decoder.receiving_payload_bytes
         release = getattr(self.server.handler, "payload_abandoned", None)
         if abandoned and release is not None:
@@ -248,7 +272,15 @@ class _ServerConnection(_FramedProtocol):
         task.add_done_callback(self.server.tasks.discard)
 
     def _greet(self, frame: Frame) -> None:
-        """The first frame must be a valid hello; answer it, or close the connection."""
+        """The first frame must be a valid hello; answer it, or close the connection. A hello
+        with ``auth`` starts the challenge-response (``tectofs.auth``): the connection is served
+        only once the client's ``auth`` frame proved the same secret."""
+        if self._challenge is not None:
+            self._authenticate(frame)
+            return
+        if self._resolving:
+            self.protocol_failed(ProtocolError("a frame arrived before the hello was answered"))
+            return
         if frame.header.get("op") != "hello":
             self.protocol_failed(ProtocolError(f"expected a hello first, got {str(frame.header.get('op'))[:40]!r}"))
             return
@@ -262,12 +294,67 @@ class _ServerConnection(_FramedProtocol):
                 f"{self.server.name} speaks tectofs protocol version {PROTOCOL_VERSION}, the peer {hello.version}"
             ))
             return
-        self.greeted = True
-        if self._hello_deadline is not None:
-            self._hello_deadline.cancel()
+        if hello.auth is not None:
+            self._resolving = True
+            task = asyncio.get_running_loop().create_task(self._challenge_peer(frame.request_id, hello.auth))
+            self.server.tasks.add(task)
+            task.add_done_callback(self.server.tasks.discard)
+            return
+        self._welcome(auth.ANONYMOUS)
         reply = messages.HelloReply(role=self.server.role, version=PROTOCOL_VERSION, software=SOFTWARE)
         assert self.transport is not None
         self.transport.write(encode_frame(FrameKind.RESPONSE, frame.request_id, reply))
+
+    def _welcome(self, identity: auth.Peer) -> None:
+        self.identity = identity
+        self.greeted = True
+        if self._hello_deadline is not None:
+            self._hello_deadline.cancel()
+
+    async def _challenge_peer(self, request_id: int, claim: messages.HelloAuth) -> None:
+        """Find the secret the claimed identity shares with us; answer with our proof of it
+        and our challenge."""
+        try:
+            if self.server.authenticator is None:
+                raise AuthenticationFailed(f"{self.server.name} does not authenticate peers")
+            secret, identity = await self.server.authenticator.resolve(claim)
+        except AuthenticationFailed as exc:
+            self.server.auth_failures += 1
+            self.protocol_failed(exc)
+            return
+        except Exception as exc:  # e.g. a store that cannot answer: refuse, never crash
+            log.exception("%s: authenticating %s failed", self.server.name, self.peer)
+            self.protocol_failed(AuthenticationFailed(f"{self.server.name} could not check the credential: {exc}"))
+            return
+        self._resolving = False
+        if self.transport is None or self.transport.is_closing():
+            return
+        nonce = os.urandom(auth.NONCE_BYTES)
+        self._challenge = (secret, claim.nonce, nonce, identity)
+        reply = messages.HelloReply(
+            role=self.server.role, version=PROTOCOL_VERSION, software=SOFTWARE, nonce=nonce,
+            proof=auth.server_proof(secret, claim.nonce, nonce, self.server.role),
+        )
+        self.transport.write(encode_frame(FrameKind.RESPONSE, request_id, reply))
+
+    def _authenticate(self, frame: Frame) -> None:
+        """The frame after an authenticating hello: the client's proof, or the end."""
+        assert self._challenge is not None
+        secret, client_nonce, server_nonce, identity = self._challenge
+        self._challenge = None
+        try:
+            if frame.header.get("op") != "auth":
+                raise AuthenticationFailed(f"expected the auth frame, got {str(frame.header.get('op'))[:40]!r}")
+            proof = messages.convert(frame.header, messages.AuthRequest).proof
+        except (msgspec.ValidationError, AuthenticationFailed) as exc:
+            self.protocol_failed(exc if isinstance(exc, AuthenticationFailed) else ProtocolError(f"invalid auth: {exc}"))
+            return
+        if not hmac.compare_digest(proof, auth.client_proof(secret, client_nonce, server_nonce)):
+            self.server.auth_failures += 1
+            self.protocol_failed(AuthenticationFailed(
+                f"{identity.describe()}: wrong secret (the credential or cluster key does not match the cluster's)"))
+            return
+        self._welcome(identity)
 
     async def _serve(self, frame: Frame) -> None:
         try:
@@ -289,7 +376,7 @@ class _ServerConnection(_FramedProtocol):
         """The encoded reply header and the payload for one request: the handler's, or an error."""
         op = str(frame.header.get("op"))[:40]
         try:
-            reply, payload = await self.server.dispatch(frame, self.peer)
+            reply, payload = await self.server.dispatch(frame, self.peer, self.identity)
         except TectofsError as exc:
             return _error_frame(frame.request_id, exc), b""
         except Exception as exc:  # a handler bug must not take the server down
@@ -316,7 +403,12 @@ class RpcServer:
     ``allocate_payload(header, length)`` chooses where request payloads are received; it may
     return None to have the payload drained and the request rejected as BUSY (admission
     control before the bytes are buffered). Payloads sent to operations that take none are
-    drained and refused as invalid, whatever the allocator says."""
+    drained and refused as invalid, whatever the allocator says.
+
+    Authentication: ``authenticator.resolve(claim)`` gives the secret and identity of a hello's
+    ``auth`` claim (or raises AuthenticationFailed); each request is then dispatched with that
+    identity in :data:`current_peer`, after ``handler.authorize(identity, operation_name)`` (if
+    the handler has one) let it through."""
 
     requests_per_connection_max = 64
 
@@ -327,8 +419,11 @@ class RpcServer:
         operations: dict[str, messages.Operation],
         role: str,
         allocate_payload: PayloadAllocator | None = None,
+        authenticator: "Authenticator | None" = None,
     ) -> None:
         self.handler = handler
+        self.authenticator = authenticator
+        self.auth_failures = 0
         self.name = name
         self.role = role
         self.operations = operations
@@ -339,6 +434,11 @@ class RpcServer:
         self.payload_sent: Callable[[Payload], None] | None = getattr(handler, "payload_sent", None)
         # Called with an admitted request payload that no handler will take (an invalid request).
         self.payload_unused: Callable[[memoryview], None] | None = getattr(handler, "payload_unused", None)
+        # Why a peer may not send this payload at all (an error), or None.
+        self.payload_refusal: Callable[[auth.Peer, dict[str, Any]], TectofsError | None] | None = getattr(
+            handler, "payload_refusal", None)
+        # Raises PermissionDenied for an operation the peer may not call at all.
+        self.authorize: Callable[[auth.Peer, str], None] | None = getattr(handler, "authorize", None)
         self.allocate_payload = allocate_payload
         self.connections: set[_ServerConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -352,33 +452,61 @@ class RpcServer:
         operation = self.operations.get(name) if isinstance(name, str) else None
         return None if operation is None or operation.name == "hello" else operation
 
-    def admit_payload(self, header: dict[str, Any], length: int) -> "bytearray | memoryview | None":
+    def admit_payload(self, header: dict[str, Any], length: int, identity: auth.Peer = auth.MEMBER) -> Any:
+        """Where a request's payload goes, or None to drain it. A handler's
+        ``payload_refusal(peer, header)`` (an error, or None) refuses payloads the peer may not
+        send (a put without its capability) before any memory is reserved for them."""
         operation = self._operation(header)
         if operation is None or not operation.payload:
             return None  # drained; dispatch answers that this operation takes none
-        return self.allocate_payload(header, length) if self.allocate_payload else bytearray(length)
+        if self.payload_refusal is not None and self.payload_refusal(identity, header) is not None:
+            return None  # drained; dispatch answers with the refusal
+        return self.allocate_payload(header, length) if self.allocate_payload else (lambda: bytearray(length))
 
     def release_reply_payload(self, payload: Payload) -> None:
         if payload and self.payload_sent is not None:
             self.payload_sent(payload)
 
-    async def start(self, host: str, port: int) -> str:
-        """Listen on ``host:port`` (port 0 picks a free one); returns ``"HOST:PORT"``."""
+    async def start(self, host: str, port: int, policy: ConnectionPolicy | None = None) -> str:
+        """Listen on ``host:port`` (port 0 picks a free one); returns ``"HOST:PORT"``. The
+        connections are bounded by ``policy`` (default: the limits, overridden by the
+        environment; ``tectofs.connlimits``), and use TLS when a certificate is configured
+        (``tectofs.tls``)."""
         loop = asyncio.get_running_loop()
+        self.guard = ConnectionGuard(self, policy or ConnectionPolicy.from_env())
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self), host, port, reuse_address=True, backlog=limits.listen_backlog_max
+            lambda: _ServerConnection(self), host, port, reuse_address=True, backlog=limits.listen_backlog_max,
+            ssl=tls.server_context(),
         )
+        self.guard.start(self._server)
         sock_host, sock_port = self._server.sockets[0].getsockname()[:2]
         self.address = f"{sock_host}:{sock_port}"
         return self.address
 
-    async def dispatch(self, frame: Frame, peer: str = "?") -> Reply:
+    async def dispatch(self, frame: Frame, peer: str = "?", identity: auth.Peer = auth.MEMBER) -> Reply:
         operation = self._operation(frame.header)
         if operation is None:
             raise self._invalid(peer, f"{self.name}: unknown operation {str(frame.header.get('op'))[:64]!r}")
+        if self.authorize is not None:
+            try:
+                self.authorize(identity, operation.name)
+            except TectofsError:
+                if operation.payload and not frame.discarded and self.payload_unused is not None:
+                    self.payload_unused(frame.payload)
+                raise
+        peer_token = current_peer.set(identity)
+        try:
+            return await self._dispatch(operation, frame, peer)
+        finally:
+            current_peer.reset(peer_token)
+
+    async def _dispatch(self, operation: messages.Operation, frame: Frame, peer: str) -> Reply:
         if frame.discarded:
             if not operation.payload:
                 raise self._invalid(peer, f"{operation.name} takes no payload")
+            refusal = self.payload_refusal(current_peer.get(), frame.header) if self.payload_refusal else None
+            if refusal is not None:
+                raise refusal
             raise Busy(f"{self.name} is at its in-flight limit; retry later")
         try:
             request = messages.convert(frame.header, operation.request)
@@ -417,305 +545,8 @@ class RpcServer:
             await self._server.wait_closed()
 
 
-# --------------------------------------------------------------------------- client
+# The client side lives in its own module; it is part of this one's interface.
+from .rpc_client import RpcClient  # noqa: E402
 
-
-class _ClientConnection(_FramedProtocol):
-    def __init__(self, address: str, allocate_payload: PayloadAllocator | None = None) -> None:
-        super().__init__(allocate_payload)
-        self.address = address
-        self.pending: dict[int, asyncio.Future[Frame]] = {}
-        self._ids = itertools.count(1)
-        self.failure: BaseException | None = None
-        self.greeted = False
-        self.peer_role = ""
-        self.greeting: asyncio.Task[None] | None = None  # the hello's answer, awaited by every call
-
-    def start_hello(self, role: str, expect_role: str | None) -> None:
-        """Open the conversation: the hello goes out now, and requests may follow it on the wire
-        at once (the server answers the hello before it reads on); each of them waits for the
-        hello's answer (``greeting``) before it trusts its own. The answer must come within
-        ``limits.hello_timeout_s``: a peer that is not tectofs (or not the kind of tectofs
-        server expected) gives ProtocolError, one that says nothing HelloTimeout, and the
-        connection is then closed."""
-        assert self.transport is not None
-        request_id = next(self._ids)
-        answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-        self.pending[request_id] = answer
-        hello = messages.Hello(role=role, version=PROTOCOL_VERSION, software=SOFTWARE)  # type: ignore[arg-type]
-        self.transport.write(encode_frame(FrameKind.REQUEST, request_id, {"op": "hello", **messages.to_plain(hello)}))
-        self.greeting = asyncio.get_running_loop().create_task(self._greeted(request_id, answer, expect_role))
-
-    async def _greeted(self, request_id: int, answer: "asyncio.Future[Frame]", expect_role: str | None) -> None:
-        try:
-            try:
-                frame = await asyncio.wait_for(answer, limits.hello_timeout_s)
-            except asyncio.TimeoutError:
-                raise HelloTimeout(
-                    f"{self.address} accepted the connection but did not answer the tectofs hello within"
-                    f" {limits.hello_timeout_s:g} s: is a tectofs server listening there (not another program)?"
-                ) from None
-            finally:
-                self.pending.pop(request_id, None)
-            if frame.kind == FrameKind.ERROR:
-                raise from_wire(str(frame.header.get("code")), str(frame.header.get("message")))
-            try:
-                reply = messages.convert(frame.header, messages.HelloReply)
-            except msgspec.ValidationError as exc:
-                raise ProtocolError(f"{self.address} answered the hello with something else: {exc}") from None
-            if expect_role is not None and reply.role != expect_role:
-                raise ProtocolError(f"{self.address} is a tectofs {reply.role} server, not a {expect_role} server")
-        except BaseException as exc:
-            self.failure = self.failure or exc
-            self.close()
-            raise
-        self.peer_role = reply.role
-        self.greeted = True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._fail_all(ConnectionLost(f"connection to {self.address} lost" + (f": {exc}" if exc else "")))
-
-    def _fail_all(self, exc: BaseException) -> None:
-        self.failure = exc
-        for fut in self.pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
-        self.pending.clear()
-
-    def protocol_failed(self, exc: ProtocolError) -> None:
-        if self.greeted:
-            failure = ProtocolError(f"{self.address} sent an invalid frame: {exc}")
-        else:
-            answered = self.decoder.fixed_bytes[:8]  # what the peer sent where our magic belongs
-            failure = ProtocolError(
-                f"{self.address} is not a tectofs server: it answered the hello with {answered!r}..."
-                f" ({exc}); check the address and port"
-            )
-        self._fail_all(failure)
-        if self.transport is not None:
-            self.transport.close()
-
-    def frame_received(self, frame: Frame) -> None:
-        if frame.request_id == 0 and frame.kind == FrameKind.ERROR:
-            # The server rejected our stream as a whole and is closing the connection.
-            self._fail_all(from_wire(str(frame.header.get("code")), str(frame.header.get("message"))))
-            return
-        fut = self.pending.pop(frame.request_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(frame)
-
-    @property
-    def usable(self) -> bool:
-        return self.failure is None and self.transport is not None and not self.transport.is_closing()
-
-    async def call(self, header: dict[str, Any], payload: Payload, timeout_s: float) -> Reply:
-        request_id = next(self._ids)
-        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-        self.pending[request_id] = fut
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        try:
-            try:
-                # The send has the same deadline: a peer that stops reading (hung) must not hold
-                # us waiting for its socket to drain. A frame cut off mid-way ruins the stream.
-                await asyncio.wait_for(self.send(FrameKind.REQUEST, request_id, header, payload), timeout_s)
-            except asyncio.TimeoutError:
-                self.close()
-                raise Timeout(f"sending {header.get('op')} to {self.address} stalled for {timeout_s:.0f}s") from None
-            if self.greeting is not None:
-                await self.greeting  # its error (not tectofs, wrong server, silent) wins over ours
-            try:
-                frame = await asyncio.wait_for(fut, max(0.0, deadline - asyncio.get_running_loop().time()))
-            except asyncio.TimeoutError:
-                raise Timeout(f"{header.get('op')} to {self.address} timed out after {timeout_s:.0f}s") from None
-        except TectofsError as exc:
-            greeting = self.greeting
-            if greeting is not None and greeting.done() and not greeting.cancelled():
-                failed = greeting.exception()
-                if failed is not None and failed is not exc:
-                    raise failed from None  # the peer's answer to the hello says more than ours
-            raise
-        finally:
-            self.pending.pop(request_id, None)
-            if fut.done() and not fut.cancelled():
-                fut.exception()  # failed with the connection after we stopped waiting: seen
-        if frame.kind == FrameKind.ERROR:
-            raise from_wire(str(frame.header.get("code")), str(frame.header.get("message")))
-        return frame.header, frame.payload
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-class _Group:
-    """The members of one address group and the one calls use now (sticky: all calls go to one
-    member until it fails, so clients of one group do not spread conflicting transactions over
-    several metadata services; the first named is the preferred one)."""
-
-    def __init__(self, members: list[str]) -> None:
-        self.members = members
-        self.current = 0
-
-    @property
-    def member(self) -> str:
-        return self.members[self.current]
-
-    def failed(self, member: str) -> None:
-        """``member`` failed a call: move on to the next, unless another call already did."""
-        if self.member == member:
-            self.current = (self.current + 1) % len(self.members)
-
-
-class RpcClient:
-    """A pool of connections to many servers, owned by one event loop.
-
-    ``call`` takes an address or an address group (``parse_group``): calls go to one member
-    of the group (the first, until it fails); a connection refused, lost or timed out moves
-    that call, and the calls after it, to the next member at once, and only a whole round of
-    members failing costs a retry and a backoff. A group that stays down fails the call with
-    an error naming every member and what each answered.
-
-    What is retried is safe to retry: BUSY answers (nothing was done), and any connection
-    failure or timeout — requests marked ``idempotent`` blindly, the others thanks to their
-    call id (see the module docstring): every retry of one call carries the same one, so the
-    server applies the call at most once and answers a retry with the recorded reply.
-    Retries are bounded (``retries_max`` rounds, exponential backoff with jitter)."""
-
-    def __init__(
-        self,
-        connections_per_server: int = limits.connections_per_server,
-        timeout_s: float = limits.rpc_timeout_s,
-        retries_max: int = limits.rpc_retries_max,
-        allocate_payload: PayloadAllocator | None = None,
-        role: str = "client",
-    ) -> None:
-        """``allocate_payload`` chooses where reply payloads are received (e.g. a buffer
-        pool); whoever takes a reply's payload then owns that buffer. ``role`` is what this
-        side says it is in each connection's hello."""
-        self.allocate_payload = allocate_payload
-        self.connections_per_server = connections_per_server
-        self.timeout_s = timeout_s
-        self.retries_max = retries_max
-        self.role = role
-        self._pools: dict[str, list[_ClientConnection]] = {}
-        self._connecting: dict[str, asyncio.Lock] = {}
-        self._expected_roles: dict[str, str] = {}
-        self._groups: dict[str, _Group] = {}
-
-    def _group(self, address: str) -> _Group:
-        group = self._groups.get(address)
-        if group is None:
-            group = self._groups[address] = _Group(parse_group(address))
-        return group
-
-    def expect_role(self, address: str, role: str) -> None:
-        """Connections to ``address`` (every member of a group) must reach a tectofs server of
-        this role ("meta", "chunk")."""
-        for member in self._group(address).members:
-            self._expected_roles[member] = role
-
-    async def _connect(self, address: str) -> _ClientConnection:
-        host, port = parse_address(address)
-        loop = asyncio.get_running_loop()
-        try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(address, self.allocate_payload), host, port),
-                limits.rpc_connect_timeout_s,
-            )
-        except asyncio.TimeoutError:
-            raise Timeout(f"connecting to {address} timed out") from None
-        except OSError as exc:
-            raise ConnectionLost(f"cannot connect to {address}: {exc.strerror or exc}") from None
-        proto.start_hello(self.role, self._expected_roles.get(address))
-        return proto
-
-    async def _connection(self, address: str) -> _ClientConnection:
-        """An idle pooled connection, else a new one (up to ``connections_per_server``), else
-        the least busy. Connections open only when concurrency needs them, so a thousand
-        clients starting at once do not double their connection storm."""
-        pool = [c for c in self._pools.get(address, []) if c.usable]
-        self._pools[address] = pool
-        idle = [c for c in pool if not c.pending]
-        if idle:
-            return idle[0]
-        if len(pool) < self.connections_per_server:
-            lock = self._connecting.setdefault(address, asyncio.Lock())
-            async with lock:
-                pool = [c for c in self._pools.get(address, []) if c.usable]
-                if len(pool) < self.connections_per_server and not any(not c.pending for c in pool):
-                    pool.append(await self._connect(address))
-                    self._pools[address] = pool
-        return min(pool, key=lambda c: len(c.pending))
-
-    async def call(
-        self,
-        address: str,
-        op: str,
-        header: dict[str, Any] | None = None,
-        payload: Payload = b"",
-        *,
-        idempotent: bool = False,
-        timeout_s: float | None = None,
-        retries_max: int | None = None,
-        call_id: bytes | None = None,
-    ) -> Reply:
-        """Send ``op`` to ``address`` (or a member of the group it names); return the reply
-        header and payload, or raise the server's error. See the class docstring for retries.
-        ``call_id``: this call's id (``CALL_ID_BYTES`` bytes), for a caller that retries one
-        logical call itself; by default a non-idempotent call draws a new one."""
-        group = self._group(address)
-        request = {"op": op, **(header or {})}
-        if call_id is not None or not idempotent:
-            request["call_id"] = call_id or uuid.uuid4().bytes  # one per logical call, reused by its retries
-        retries = self.retries_max if retries_max is None else retries_max
-        backoff = limits.rpc_backoff_initial_s
-        attempt = 0
-        hello_timeouts = 0
-        failures: dict[str, str] = {}  # member -> how it failed, this round
-        while True:
-            member = group.member
-            try:
-                conn = await self._connection(member)
-                return await conn.call(request, payload, timeout_s or self.timeout_s)
-            except Busy:
-                if attempt >= retries:
-                    raise
-            except (ConnectionLost, Timeout) as exc:
-                self.forget(member)
-                group.failed(member)
-                failures[member] = str(exc)
-                if group.member not in failures:
-                    continue  # another member, at once: this round is not over
-                if isinstance(exc, HelloTimeout):
-                    # Silent peers: not tectofs, or hung. Few tries, so the caller hears in seconds.
-                    hello_timeouts += 1
-                    if hello_timeouts > limits.hello_retries_max:
-                        raise _group_down(group, exc, failures) from None
-                if attempt >= retries:
-                    raise _group_down(group, exc, failures) from None
-                failures = {}
-            attempt += 1
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, limits.rpc_backoff_max_s)
-
-    def forget(self, address: str) -> None:
-        """Drop pooled connections to ``address`` (every member of a group; e.g. a server
-        known to be dead)."""
-        for member in address.split(","):
-            for conn in self._pools.pop(member.strip(), []):
-                conn.close()
-
-    async def close(self) -> None:
-        for address in list(self._pools):
-            self.forget(address)
-        await asyncio.sleep(0)
-
-
-def _group_down(group: _Group, last: TectofsError, failures: dict[str, str]) -> TectofsError:
-    """The error of a call no member of ``group`` answered: a single server's own error, or,
-    for a group, one of the last one's class that names every member and its failure."""
-    if len(group.members) == 1:
-        return last
-    tried = "; ".join(reason if member in reason else f"{member}: {reason}" for member, reason in failures.items())
-    return type(last)(f"no server of the group {','.join(group.members)} answered: {tried}")
+__all__ = ["CALL_ID_BYTES", "Call", "HelloTimeout", "RpcClient", "RpcServer", "current_call", "current_peer",
+           "parse_address", "parse_group"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -20,6 +21,10 @@ from tectofs.server.cluster import LocalCluster
 
 MiB = 1 << 20
 
+# Clusters write root's credential where client commands find it (tectofs.auth.config_dir):
+# tests keep those files out of the user's home, in one directory per test session.
+os.environ.setdefault("TECTOFS_CONFIG_DIR", tempfile.mkdtemp(prefix="tectofs-test-config-"))
+
 
 class TestCluster(LocalCluster):
     """A LocalCluster with a connected client at ``.fs``."""
@@ -28,7 +33,7 @@ class TestCluster(LocalCluster):
 
     def start(self, timeout_s: float = 60.0) -> str:
         address = super().start(timeout_s)
-        self.fs = connect(address)
+        self.fs = connect(address, credentials=self.credential_file)
         return address
 
     def chunk_file(self, path: str, block_index: int = 0, position: int = 0) -> str:

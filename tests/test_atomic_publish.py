@@ -151,7 +151,7 @@ def test_put_into_a_missing_directory_is_an_error(cluster: Any, tmp_path: Any) -
 def test_second_chunk_server_on_a_used_directory_refuses(cluster: Any) -> None:
     data_dir = cluster.chunk_data_dirs[0]
     second = subprocess.run([sys.executable, "-m", "tectofs.cli", "chunk", "--data", data_dir, "--meta", cluster.address,
-                             "--port", "0"], capture_output=True, text=True, timeout=60)
+                             "--port", "0", "--key-file", cluster.key_file], capture_output=True, text=True, timeout=60)
     assert second.returncode != 0
     assert "in use by another chunk server" in second.stderr, second.stderr
     assert sum(s["live"] for s in cluster.servers()) == len(cluster.chunk_data_dirs)

@@ -158,14 +158,17 @@ def test_records_are_pruned_after_their_retention(store_url):
         store.close()
 
 
-def test_a_call_retried_on_another_metadata_service_is_applied_once(store_url):
+def test_a_call_retried_on_another_metadata_service_is_applied_once(store_url, tmp_path):
     """The failover case in one process: the original reaches service A, its retry (same call
     id) service B over the same store; B answers with A's reply."""
+    from tectofs import auth
     from tectofs.server.meta import MetadataService
 
+    key_file = auth.create_key_file(str(tmp_path / "cluster.key"))
+
     async def main() -> None:
-        a, b = MetadataService(store_url), MetadataService(store_url)
-        rpc = RpcClient(retries_max=0)
+        a, b = MetadataService(store_url, key_file=key_file), MetadataService(store_url, key_file=key_file)
+        rpc = RpcClient(retries_max=0, default_auth=auth.ClientAuth(ring=auth.KeyRing(key_file)))
         try:
             address_a, address_b = await a.start(), await b.start()
             rpc.expect_role(f"{address_a},{address_b}", "meta")
@@ -253,7 +256,7 @@ def _kill_during_save(c: TwoMetaCluster, watcher_address: str, events: dict[str,
 
     def run() -> None:
         deadline = time.monotonic() + 120
-        with connect(watcher_address) as fs:
+        with connect(watcher_address, credentials=c.credential_file) as fs:
             while time.monotonic() < deadline:
                 try:
                     pending = [e for e in fs.listdir("/burst") if e.startswith(".pending-")]
@@ -300,7 +303,7 @@ def test_sigkilled_metadata_service_during_a_128_rank_burst(make_cluster, postgr
     save, load = result["phases"]["save"], result["phases"]["load"]
     assert save["ranks_ok"] == 128 and load["ranks_ok"] == 128 and load["verified"] == 128
     # Every rank's file exactly once, readable through B alone; every chunk server live there.
-    with connect(c.second_address) as fs:
+    with connect(c.second_address, credentials=c.credential_file) as fs:
         step = next(e for e in fs.listdir("/burst") if e.startswith("step-"))
         assert len(fs.listdir(f"/burst/{step}")) == 128 + 1
         assert not [e for e in fs.listdir("/burst") if e.startswith(".pending")]

@@ -6,8 +6,9 @@ Each fuzz request starts from a plausible request of its operation and is mutate
 missing fields, negative and huge integers, NaN and infinities, oversized strings and lists,
 unknown fields, payloads where none belong. Operations that could damage other clients' data
 if they were valid (commit, stage, allocate, register_server, heartbeat, put_chunk,
-delete_chunks) always get at least one invalidating mutation: whether a *valid* request from
-anyone may do them is the security issue's business, not this one's.
+delete_chunks, user_add) always get at least one invalidating mutation. The fuzzers
+authenticate (root on the metadata service, the cluster key on chunk servers) so that their
+requests reach validation; who may do what is ``test_security.py``'s business.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from typing import Any, Callable
 
 import pytest
 
-from tectofs import limits, messages
+from tectofs import auth, limits, messages
 from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
 
 FRAMES_PER_OPERATION = int(os.environ.get("TECTOFS_FUZZ_FRAMES_PER_OPERATION", "20000"))
 MiB = 1 << 20
 DANGEROUS = {"commit", "stage", "allocate", "register_server", "heartbeat", "put_chunk", "delete_chunks",
-             "repair_done", "inventory_begin", "inventory", "drain"}
+             "repair_done", "inventory_begin", "inventory", "drain", "user_add", "user_remove"}
 
 
 def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
@@ -87,6 +88,10 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
         "put_chunk": lambda: {"block_id": rng.randrange(10**6), "position": 0, "crcs": [1], "crc": 1},
         "get_chunk": lambda: {"block_id": rng.randrange(10**6), "offset": 0, "length": -1},
         "delete_chunks": lambda: {"block_ids": [rng.randrange(10**6)]},
+        "user_add": lambda: {"name": rng.choice(["fuzz", "a b", "", "root"]), "uid": rng.randrange(2**32 - 1),
+                             "gid": 1, "groups": [1, 2]},
+        "user_remove": lambda: {"name": rng.choice(["fuzz", "nobody-here"])},
+        "user_list": dict, "whoami": dict,
     }
     return names[op]()
 
@@ -101,7 +106,7 @@ def _mutate(op: str, request: dict[str, Any], rng: random.Random) -> dict[str, A
     fields = list(request)
     if op in DANGEROUS:
         victim = {"register_server": "uuid", "put_chunk": "block_id", "delete_chunks": "block_ids",
-                  "repair_done": "block_id", "drain": "server"}.get(op, "ino")
+                  "repair_done": "block_id", "drain": "server", "user_add": "name", "user_remove": "name"}.get(op, "ino")
         if op in ("heartbeat", "inventory_begin", "inventory"):
             victim = "server_id"
         choice = rng.random()
@@ -122,10 +127,14 @@ def _mutate(op: str, request: dict[str, Any], rng: random.Random) -> dict[str, A
 
 
 class Fuzzer:
-    """One raw connection to one server: hello, then pipelined fuzz frames, every reply read."""
+    """One raw connection to one server: an authenticating hello (as ``client_auth``: root's
+    credential on the metadata service, the cluster key on chunk servers, so requests get past
+    the door and reach validation), then pipelined fuzz frames, every reply read."""
 
-    def __init__(self, address: str, table: dict[str, messages.Operation], rng: random.Random, fuzz_dir: str) -> None:
+    def __init__(self, address: str, table: dict[str, messages.Operation], rng: random.Random, fuzz_dir: str,
+                 client_auth: auth.ClientAuth) -> None:
         self.address = address
+        self.client_auth = client_auth
         self.ops = [name for name in table if name != "hello"] + ["no_such_op"]
         self.rng = rng
         self.fuzz_dir = fuzz_dir
@@ -148,12 +157,16 @@ class Fuzzer:
         sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         decoder = FrameDecoder()
         try:
-            hello = {"op": "hello", "role": "tool", "version": PROTOCOL_VERSION}
+            nonce = os.urandom(auth.NONCE_BYTES)
+            claim, secret = self.client_auth.hello(nonce)
+            hello = {"op": "hello", "role": "tool", "version": PROTOCOL_VERSION, "auth": claim}
             sock.sendall(encode_frame(FrameKind.REQUEST, 1, hello))
-            self._read(sock, decoder, 1)
+            reply = self._read(sock, decoder, 1)
             assert self.answered == {"ok": 1}, self.answered
             self.answered.clear()
-            next_id = 2
+            proof = auth.client_proof(secret, nonce, reply.header["nonce"])
+            sock.sendall(encode_frame(FrameKind.REQUEST, 2, {"op": "auth", "proof": proof}))  # not answered
+            next_id = 3
             while self.sent < frames:
                 n = min(batch, frames - self.sent)
                 sock.sendall(b"".join(self._frame(next_id + i) for i in range(n)))
@@ -163,8 +176,8 @@ class Fuzzer:
         finally:
             sock.close()
 
-    def _read(self, sock: socket.socket, decoder: FrameDecoder, count: int) -> None:
-        got = 0
+    def _read(self, sock: socket.socket, decoder: FrameDecoder, count: int) -> Any:
+        got, frame = 0, None
         while got < count:
             data = sock.recv(1 << 20)
             assert data, f"{self.address} closed the connection after {self.sent} fuzz frames"
@@ -173,6 +186,7 @@ class Fuzzer:
                 key = frame.header.get("code", "ok") if frame.kind == FrameKind.ERROR else "ok"
                 self.answered[key] = self.answered.get(key, 0) + 1
                 got += 1
+        return frame
 
 
 def _well_formed_client(fs: Any, stop: threading.Event, failures: list[str], done: list[int]) -> None:
@@ -213,8 +227,11 @@ def test_fuzzed_requests_hurt_nobody(make_cluster: Callable[..., Any], rng: rand
     worker = threading.Thread(target=_well_formed_client, args=(fs, stop, failures, done), daemon=True)
     worker.start()
     started = time.monotonic()
-    fuzzers = [Fuzzer(cluster.address, messages.META_OPERATIONS, random.Random(rng.random()), fuzz_dir)] + [
-        Fuzzer(address, messages.CHUNK_OPERATIONS, random.Random(rng.random()), fuzz_dir) for address in chunk_addresses[:2]
+    root = auth.ClientAuth(credential=auth.Credential.load(cluster.credential_file))
+    member = auth.ClientAuth(ring=auth.KeyRing(cluster.key_file))
+    fuzzers = [Fuzzer(cluster.address, messages.META_OPERATIONS, random.Random(rng.random()), fuzz_dir, root)] + [
+        Fuzzer(address, messages.CHUNK_OPERATIONS, random.Random(rng.random()), fuzz_dir, member)
+        for address in chunk_addresses[:2]
     ]
     shares = [FRAMES_PER_OPERATION * len(f.ops) // (1 if i == 0 else 2) + len(f.ops) for i, f in enumerate(fuzzers)]
     errors: list[BaseException] = []

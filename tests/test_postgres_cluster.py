@@ -15,7 +15,7 @@ def test_two_metadata_services_share_one_postgres_namespace(make_cluster, postgr
     c = make_cluster(store=new_database(postgres_server))
     address_b, process_b = c.start_extra_meta()
     try:
-        with connect(c.address) as a, connect(address_b) as b:
+        with connect(c.address) as a, connect(address_b, credentials=c.credential_file) as b:
             data = os.urandom(3 * MiB + 11)
             a.mkdir("/shared")
             a.write_bytes("/shared/from-a", data)
@@ -41,7 +41,7 @@ def test_concurrent_creates_through_two_services_all_land(make_cluster, postgres
 
     def create(address: str, prefix: str) -> None:
         try:
-            with connect(address) as fs:
+            with connect(address, credentials=c.credential_file) as fs:
                 for i in range(60):
                     fs.write_bytes(f"/busy/{prefix}-{i}", b"x")
                     fs.mkdir(f"/busy/{prefix}-dir-{i}")

@@ -10,13 +10,19 @@ from typing import Any
 import msgspec
 import pytest
 
-from tectofs import limits, messages
-from tectofs.server.meta.service import _segment
+from tectofs import auth, limits, messages
+from tectofs.server.meta.service import USER_ENTRY_BYTES_MAX, capability, layout_segment
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 from tectofs.store.registry import SERVER_STATS_KEPT
 
 WIDEST = "rs(32,16)"
+# The largest capabilities: the longest key id, the latest expiry.
+LONGEST_KEYS = auth.KeyRing.from_keys([("k" * 64, bytes(32))])
+
+
+def _segment(layout: dict[str, Any]) -> messages.LayoutSegment:
+    return layout_segment(layout, LONGEST_KEYS, 1e10)
 KiB = 1 << 10
 
 
@@ -98,7 +104,8 @@ def test_allocate_and_servers_replies_fit(store: SqlStore) -> None:
     assert 1 <= len(allocations) <= limits.allocate_blocks_max
     _fits(messages.AllocateReply(blocks=[
         messages.Allocation(block_id=a["block_id"], policy=a["policy"],
-                            servers=[messages.ServerRef(**s) for s in a["servers"]]) for a in allocations]))
+                            servers=[messages.ServerRef(**s) for s in a["servers"]],
+                            cap=capability(LONGEST_KEYS, a["block_id"], "w", 2**62)) for a in allocations]))
     for server_id in range(1, limits.servers_max + 1):  # every server reporting all it may
         store.heartbeat(server_id, 2**62, 2**62, 2**62, 2**62, _long_address(server_id),
                         stats={f"key{i:060d}": 2**62 for i in range(64)} | dict.fromkeys(SERVER_STATS_KEPT, 2**62))
@@ -121,6 +128,11 @@ def test_fixed_size_replies_fit() -> None:
     _fits(messages.BlockHealthReply(files=[messages.FileHealth(
         ino=2**63 - 1, blocks=2**63 - 1, healthy=2**63 - 1, under_redundant=2**63 - 1, unreadable=2**63 - 1,
     )] * limits.health_inos_per_call_max))
+    user = messages.UserInfo(name="u" * 64, uid=2**32 - 2, gid=2**32 - 2, groups=[2**32 - 2] * 64, admin=True,
+                             proxy=True, s3_access_key="A" * 64)
+    _fits(messages.UserListReply(users=[user] * (limits.reply_header_budget_bytes // USER_ENTRY_BYTES_MAX), more=True))
+    _fits(messages.WhoamiReply(kind="user", name="u" * 64, uid=1, gid=1, groups=[2**32 - 2] * 256, admin=True,
+                               proxy=True))
     _fits(messages.GetChunkReply(crcs=[0xFFFFFFFF] * (limits.block_size_max_bytes // limits.checksum_piece_bytes),
                                  chunk_length=2**40, position=47, crc=0xFFFFFFFF))
 
@@ -128,7 +140,8 @@ def test_fixed_size_replies_fit() -> None:
 def test_every_reply_type_is_covered() -> None:
     """Replies with lists are the ones a bound can fail on; each has a test above."""
     covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
-               messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply}
+               messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply,
+               messages.UserListReply, messages.WhoamiReply}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
         for operation in table.values():
             has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))

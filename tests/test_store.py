@@ -221,8 +221,12 @@ def test_metadata_service_answers_busy_past_its_queue_limit(tmp_path, monkeypatc
 
     monkeypatch.setattr(limits, "meta_queue_max", 5)
 
+    from tectofs import auth
+
+    key_file = auth.create_key_file(str(tmp_path / "cluster.key"))
+
     async def main():
-        service = MetadataService(str(tmp_path / "meta.db"))
+        service = MetadataService(str(tmp_path / "meta.db"), key_file=key_file)
         try:
             return await asyncio.gather(*(service._call("mkdir", [f"d{i}"]) for i in range(300)),
                                         return_exceptions=True), service

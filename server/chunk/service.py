@@ -6,7 +6,11 @@ RPC operations (``messages.CHUNK_OPERATIONS``; requests arrive validated):
   before the payload is buffered, while ``inflight_bytes_max`` is reached.
 - ``get_chunk`` -> ``GetChunkReply`` + payload; every piece returned was verified against
   its stored crc.
-- ``delete_chunks``, ``stat``, ``ping``.
+- ``delete_chunks`` (cluster members only: the metadata service's GC), ``stat``, ``ping``.
+
+Who may: peers that proved the cluster key in their hello (the metadata service, other chunk
+servers rebuilding) may do everything; anonymous clients get and put only with a capability
+the metadata service signed for that block (``tectofs.auth``), checked here with one HMAC.
 
 Heartbeats carry capacity, load and scrub/repair progress; their replies carry
 garbage-collection orders and rebuild orders (``repair.py``). In the background, a scrubber
@@ -23,12 +27,23 @@ import logging
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
-from tectofs import limits, messages
+import msgspec
+
+from tectofs import auth, limits, messages
 from tectofs.buffers import BufferPool
-from tectofs.errors import ChunkMissing, NotFound, TectofsError
-from tectofs.rpc import RpcClient, RpcServer
+from tectofs.errors import (
+    AuthenticationFailed,
+    CapabilityExpired,
+    CapabilityRefused,
+    ChunkMissing,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    TectofsError,
+)
+from tectofs.rpc import RpcClient, RpcServer, current_peer
 
 from .repair import Repairer
 from .scrub import Inventory, Scrubber
@@ -51,7 +66,13 @@ class ChunkServer:
         repair_rate_bytes_per_s: float = limits.repair_rate_bytes_per_s,
         inventory_interval_s: float = limits.inventory_interval_s,
         scrub_interval_s: float = limits.scrub_pass_interval_s,
+        key_file: str | None = None,
     ) -> None:
+        """``key_file``: the cluster key (required; ``tectofs.auth``)."""
+        path = auth.key_file_from(key_file)
+        if path is None:
+            raise InvalidArgument("a chunk server needs the cluster key: --key-file FILE or $TECTOFS_KEY_FILE")
+        self.keys = auth.KeyRing(path)
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_fd = _lock_data_dir(self.data_dir)
@@ -66,10 +87,12 @@ class ChunkServer:
         self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0}
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")
         self._gc_io = ThreadPoolExecutor(1, thread_name_prefix="chunk-gc")
-        self.rpc = RpcServer(self, "chunk server", messages.CHUNK_OPERATIONS, "chunk", allocate_payload=self._admit)
-        self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1, role="chunk")
+        self.rpc = RpcServer(self, "chunk server", messages.CHUNK_OPERATIONS, "chunk", allocate_payload=self._admit,
+                             authenticator=self)
+        member = auth.ClientAuth(ring=self.keys)  # to the metadata service and to peers: we hold the key
+        self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1, role="chunk", default_auth=member)
         self.meta.expect_role(meta_address, "meta")
-        self.peers = RpcClient(connections_per_server=1, role="chunk")
+        self.peers = RpcClient(connections_per_server=1, role="chunk", default_auth=member)
         self.repairer = Repairer(self.store, self.peers, self._call_meta, self._in_thread, repair_concurrency,
                                  repair_rate_bytes_per_s, deletes_done=self._deletes_done,
                                  busy=lambda: self.inflight_bytes > 0)
@@ -122,13 +145,17 @@ class ChunkServer:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit(self, header: dict[str, Any], length: int) -> bytearray | None:
-        """Reserve memory for an incoming put's payload, or refuse it (drained, answered BUSY)."""
+    def _admit(self, header: dict[str, Any], length: int) -> Callable[[], memoryview] | None:
+        """Reserve memory for an incoming put's payload, or refuse it (drained, answered BUSY).
+        The buffer itself is taken from the pool only once the payload's first bytes arrived
+        (``tectofs.protocol``): a peer that declares a payload and sends none commits nothing,
+        and its reservation ends with its connection (``payload_abandoned``), which stalls
+        close (``tectofs.connlimits``)."""
         if self.inflight_bytes + length > self.inflight_bytes_max and self.inflight_bytes > 0:
             self.stats["busy"] += 1
             return None
         self.inflight_bytes += length
-        return self.buffers.get(length)
+        return lambda: self.buffers.get(length)
 
     def payload_sent(self, payload: Any) -> None:
         """A reply payload went out: its buffer can serve the next request."""
@@ -143,6 +170,54 @@ class ChunkServer:
         """A connection died mid-payload: give its reservation back."""
         self.inflight_bytes -= length
 
+    # ------------------------------------------------------------------ who may
+
+    async def resolve(self, claim: messages.HelloAuth) -> tuple[bytes, auth.Peer]:
+        """Only cluster members authenticate here; clients come anonymous, with capabilities."""
+        key = self.keys.get(claim.key_id) if claim.kind == "key" else None
+        if key is None:
+            raise AuthenticationFailed(
+                "chunk servers authenticate cluster members (the cluster key) only; clients connect without"
+                if claim.kind != "key" else f"unknown cluster key {claim.key_id[:64]!r}")
+        return key, auth.MEMBER
+
+    @staticmethod
+    def authorize(peer: auth.Peer, operation: str) -> None:
+        if operation == "delete_chunks" and not peer.is_member:
+            raise PermissionDenied("delete_chunks: chunks are deleted only on the metadata service's orders")
+
+    def payload_refusal(self, peer: auth.Peer, header: dict[str, Any]) -> TectofsError | None:
+        """Checked before a put's payload is admitted: without a valid write capability an
+        anonymous peer cannot reserve the in-flight budget (the bytes are drained)."""
+        if peer.is_member:
+            return None
+        try:
+            cap = messages.convert(header.get("cap"), messages.Capability)
+            auth.check_capability(self.keys, messages.convert(header.get("block_id"), messages.Id), "w",
+                                  cap.expiry, cap.key, cap.mac)
+        except msgspec.ValidationError:
+            return CapabilityRefused("put_chunk without a valid capability: ask the metadata service to allocate")
+        except CapabilityRefused as exc:
+            return exc
+        return None
+
+    def _check_capability(self, block_id: int, modes: str, cap: messages.Capability | None) -> None:
+        """Members need none; anyone else a capability for this block in one of ``modes``
+        ("r": a layout's; "w": an allocation's, which also reads back what its writer wrote)."""
+        if current_peer.get().is_member:
+            return
+        if cap is None:
+            auth.check_capability(self.keys, block_id, modes[0], 0, "", b"")
+            return
+        for mode in modes[:-1]:
+            try:
+                auth.check_capability(self.keys, block_id, mode, cap.expiry, cap.key, cap.mac)
+                return
+            except CapabilityRefused as exc:
+                if isinstance(exc, CapabilityExpired):
+                    raise
+        auth.check_capability(self.keys, block_id, modes[-1], cap.expiry, cap.key, cap.mac)
+
     # ------------------------------------------------------------------ RPC handlers
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
@@ -150,7 +225,10 @@ class ChunkServer:
 
     async def rpc_put_chunk(self, r: messages.PutChunkRequest, payload: memoryview) -> tuple[messages.Message, bytes]:
         try:
-            await self._in_thread(self.store.write, r.block_id, r.position, payload, r.crcs, r.crc, r.overwrite)
+            self._check_capability(r.block_id, "w", r.cap)
+            # Only a rebuild (a member) may replace a chunk: a client's put never changes one stored.
+            overwrite = r.overwrite and current_peer.get().is_member
+            await self._in_thread(self.store.write, r.block_id, r.position, payload, r.crcs, r.crc, overwrite)
         except TectofsError as exc:
             if exc.code == "checksum":
                 self.stats["checksum_errors"] += 1
@@ -162,6 +240,7 @@ class ChunkServer:
         return messages.Empty(), b""
 
     async def rpc_get_chunk(self, r: messages.GetChunkRequest, payload: memoryview) -> tuple[messages.Message, Any]:
+        self._check_capability(r.block_id, "rw", r.cap)
         try:
             data, crcs, info = await self._in_thread(self.store.read, r.block_id, r.offset, r.length, self.buffers.get)
         except ChunkMissing:

@@ -105,8 +105,9 @@ class ChunkStore:
             except (ChecksumMismatch, ChunkMissing):
                 existing = None  # torn by a crash before it was acknowledged (or gone): write it again
             if existing is not None and not overwrite:
-                if existing.whole_crc == whole_crc and existing.length == len(data) and existing.position == position:
-                    return
+                if (existing.whole_crc, existing.length, existing.position, existing.piece_crcs) == (
+                        whole_crc, len(data), position, list(piece_crcs)):
+                    return  # the same bytes again (a retry): every piece's crc matches, not only the claimed whole one
                 raise AlreadyExists(f"chunk {block_id:x} already stored with other content")
             if existing is not None and existing.position != position and self._sound(block_id):
                 raise AlreadyExists(

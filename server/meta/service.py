@@ -14,29 +14,47 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from typing import Any
 
-from tectofs import limits, messages, paths
+from tectofs import auth, limits, messages, paths
 from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, InvalidArgument
-from tectofs.rpc import RpcServer
+from tectofs.rpc import RpcServer, current_peer
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import dialect_for
+
+from .guard import MetaGuard
 
 log = logging.getLogger("tectofs.meta")
 
 Reply = tuple[messages.Message, bytes]
+USER_ENTRY_BYTES_MAX = 640  # one UserInfo, encoded, at most (64 groups, 64-byte names and keys)
 
 
 def _attrs(attrs: dict[str, Any]) -> messages.AttrsReply:
     return messages.AttrsReply(attrs=messages.Attrs(**attrs))
 
 
-def _segment(layout: dict[str, Any]) -> messages.LayoutSegment:
+def _user_info(user: dict[str, Any]) -> messages.UserInfo:
+    return messages.UserInfo(name=user["name"], uid=user["uid"], gid=user["gid"], groups=list(user["groups"]),
+                             admin=bool(user["admin"]), proxy=bool(user["proxy"]),
+                             s3_access_key=user.get("s3_access_key"))
+
+
+def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int) -> messages.Capability:
+    key, tag = auth.sign_capability(keys, block_id, mode, expiry)
+    return messages.Capability(mac=tag, expiry=expiry, key=key)
+
+
+def layout_segment(layout: dict[str, Any], keys: auth.KeyRing, ttl_s: float) -> messages.LayoutSegment:
+    """A layout segment of the store's, with a read capability for each block."""
+    expiry = auth.capability_expiry(ttl_s)
     return messages.LayoutSegment(
         attrs=messages.Attrs(**layout["attrs"]),
-        blocks=[messages.Block(**{**b, "chunks": [messages.ChunkRef(**c) for c in b["chunks"]]}) for b in layout["blocks"]],
+        blocks=[messages.Block(**{**b, "chunks": [messages.ChunkRef(**c) for c in b["chunks"]]},
+                               cap=capability(keys, b["block_id"], "r", expiry)) for b in layout["blocks"]],
         first=layout["first"], end=layout["end"],
     )
 
@@ -53,7 +71,17 @@ class MetadataService:
         repair_after_s: float = limits.repair_after_s,
         repair_interval_s: float = limits.repair_interval_s,
         orphan_grace_s: float = limits.orphan_grace_s,
+        key_file: str | None = None,
+        capability_ttl_s: float = limits.capability_ttl_s,
     ) -> None:
+        """``key_file``: the cluster key (``tectofs.auth``), required: peers authenticate
+        against it and chunk capabilities are signed with it."""
+        path = auth.key_file_from(key_file)
+        if path is None:
+            raise InvalidArgument("the metadata service needs the cluster key: --key-file FILE or $TECTOFS_KEY_FILE"
+                                  " (tectofs init makes one)")
+        self.keys = auth.KeyRing(path)
+        self.capability_ttl_s = capability_ttl_s
         dialect = dialect_for(store_url)
         self.heartbeats_seen: dict[int, float] = {}
 
@@ -70,7 +98,9 @@ class MetadataService:
         self.repair_interval_s = repair_interval_s
         self.orphan_grace_s = orphan_grace_s
         self.repairs = {"scheduled": 0, "done": 0, "failed": 0}
-        self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta")
+        self.guard = MetaGuard(self.keys, lambda name: self.runner.call("user_get", name))
+        self.authorize = self.guard.authorize  # RpcServer asks it before every request
+        self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", authenticator=self.guard)
         self.started = time.time()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
@@ -130,17 +160,24 @@ class MetadataService:
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         return await self.runner.call(method, *args, **kwargs)
 
+    async def _as_caller(self, method: str, *args: Any) -> Any:
+        """A store operation on behalf of the peer: its permission bits are checked as its uid."""
+        return await self._call(method, *args, caller=self.guard.caller(current_peer.get()))
+
+    def _segment(self, layout: dict[str, Any]) -> messages.LayoutSegment:
+        return layout_segment(layout, self.keys, self.capability_ttl_s)
+
     # ------------------------------------------------------------------ namespace
     # Each rpc_<op> gets its request already validated (tectofs.messages, tectofs.rpc).
 
     async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply:
-        return _attrs(await self._call("lookup", paths.split(r.path))), b""
+        return _attrs(await self._as_caller("lookup", paths.split(r.path))), b""
 
     async def rpc_getattr(self, r: messages.InoRequest, _: memoryview) -> Reply:
-        return _attrs(await self._call("getattr_ino", r.ino)), b""
+        return _attrs(await self._as_caller("getattr_ino", r.ino)), b""
 
     async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply:
-        attrs = await self._call(
+        attrs = await self._as_caller(
             "mkdir", paths.split(r.path), r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok
         )
         return _attrs(attrs), b""
@@ -150,50 +187,50 @@ class MetadataService:
         attrs: dict[str, Any] = {}
         for depth in range(1, len(parts) + 1):
             last = depth == len(parts)
-            attrs = await self._call(
+            attrs = await self._as_caller(
                 "mkdir", parts[:depth], r.mode, r.uid, r.gid, r.policy if last else None,
                 r.block_size if last else None, r.exist_ok if last else True,
             )
         if not parts:
-            attrs = await self._call("mkdir", parts, r.mode, r.uid, r.gid, None, None, r.exist_ok)
+            attrs = await self._as_caller("mkdir", parts, r.mode, r.uid, r.gid, None, None, r.exist_ok)
         return _attrs(attrs), b""
 
     async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply:
-        attrs, created = await self._call("create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive)
+        attrs, created = await self._as_caller("create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive)
         return messages.CreateReply(attrs=messages.Attrs(**attrs), created=created), b""
 
     async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
-        return _attrs(await self._call("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
+        return _attrs(await self._as_caller("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
 
     async def rpc_readdir(self, r: messages.ReaddirRequest, _: memoryview) -> Reply:
-        entries, cursor = await self._call("readdir", paths.split(r.path), r.after, r.limit)
+        entries, cursor = await self._as_caller("readdir", paths.split(r.path), r.after, r.limit)
         return messages.ReaddirReply(
             entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**attrs)) for name, attrs in entries], next=cursor
         ), b""
 
     async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply:
-        attrs = await self._call("setattr", paths.split(r.path), r.mode, r.uid, r.gid, r.atime, r.mtime)
+        attrs = await self._as_caller("setattr", paths.split(r.path), r.mode, r.uid, r.gid, r.atime, r.mtime)
         return _attrs(attrs), b""
 
     async def rpc_truncate(self, r: messages.TruncateRequest, _: memoryview) -> Reply:
-        return _attrs(await self._call("truncate", paths.split(r.path), r.size)), b""
+        return _attrs(await self._as_caller("truncate", paths.split(r.path), r.size)), b""
 
     async def rpc_set_policy(self, r: messages.SetPolicyRequest, _: memoryview) -> Reply:
-        return _attrs(await self._call("set_policy", paths.split(r.path), r.policy, r.block_size, r.write_min)), b""
+        return _attrs(await self._as_caller("set_policy", paths.split(r.path), r.policy, r.block_size, r.write_min)), b""
 
     async def rpc_rename(self, r: messages.RenameRequest, _: memoryview) -> Reply:
-        return _attrs(await self._call("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
+        return _attrs(await self._as_caller("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
 
     async def rpc_exchange(self, r: messages.ExchangeRequest, _: memoryview) -> Reply:
-        await self._call("exchange", paths.split(r.a), paths.split(r.b))
+        await self._as_caller("exchange", paths.split(r.a), paths.split(r.b))
         return messages.Empty(), b""
 
     async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply:
-        await self._call("unlink", paths.split(r.path), r.ino, r.only_if_empty)
+        await self._as_caller("unlink", paths.split(r.path), r.ino, r.only_if_empty)
         return messages.Empty(), b""
 
     async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply:
-        await self._call("rmdir", paths.split(r.path))
+        await self._as_caller("rmdir", paths.split(r.path))
         return messages.Empty(), b""
 
     async def rpc_statfs(self, r: messages.Empty, _: memoryview) -> Reply:
@@ -203,31 +240,36 @@ class MetadataService:
 
     async def rpc_layout(self, r: messages.LayoutRequest, _: memoryview) -> Reply:
         if r.ino:
-            return _segment(await self._call("layout", None, r.ino, r.first, r.reader)), b""
+            return self._segment(await self._as_caller("layout", None, r.ino, r.first, r.reader)), b""
         if r.path is None:
             raise InvalidArgument("layout needs an ino or a path")
-        return _segment(await self._call("layout", paths.split(r.path), None, r.first, r.reader)), b""
+        return self._segment(await self._as_caller("layout", paths.split(r.path), None, r.first, r.reader)), b""
 
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply:
-        blocks = await self._call("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)
+        blocks = await self._as_caller("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)
+        expiry = auth.capability_expiry(self.capability_ttl_s)
         return messages.AllocateReply(blocks=[
             messages.Allocation(block_id=b["block_id"], policy=b["policy"], write_min=b["write_min"],
-                                servers=[messages.ServerRef(**s) for s in b["servers"]])
+                                servers=[messages.ServerRef(**s) for s in b["servers"]],
+                                cap=self._write_capability(b["block_id"], expiry))
             for b in blocks
         ], lease_s=self.allocation_grace_s), b""
 
+    def _write_capability(self, block_id: int, expiry: int) -> messages.Capability:
+        return capability(self.keys, block_id, "w", expiry)
+
     async def rpc_renew(self, r: messages.RenewRequest, _: memoryview) -> Reply:
-        return messages.RenewReply(renewed=await self._call("renew", r.ino, r.writer, r.reader)), b""
+        return messages.RenewReply(renewed=await self._as_caller("renew", r.ino, r.writer, r.reader)), b""
 
     async def rpc_stage(self, r: messages.StageRequest, _: memoryview) -> Reply:
-        await self._call("stage", r.ino, r.writer, messages.to_plain(r.blocks), r.holes, r.cut_from)
+        await self._as_caller("stage", r.ino, r.writer, messages.to_plain(r.blocks), r.holes, r.cut_from)
         return messages.Empty(), b""
 
     async def rpc_commit(self, r: messages.CommitRequest, _: memoryview) -> Reply:
-        layout = await self._call(
+        layout = await self._as_caller(
             "commit", r.ino, r.size, messages.to_plain(r.blocks), r.replace, r.mtime, r.shrunk_to, r.holes, r.writer
         )
-        return _segment(layout), b""
+        return self._segment(layout), b""
 
     async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply:
         self.bad_chunk_reports += 1
@@ -310,3 +352,33 @@ class MetadataService:
 
     async def rpc_ping(self, r: messages.Empty, _: memoryview) -> Reply:
         return messages.PingReply(), b""
+
+    # ------------------------------------------------------------------ users
+
+    async def rpc_user_add(self, r: messages.UserAddRequest, _: memoryview) -> Reply:
+        secret = secrets.token_bytes(auth.KEY_BYTES)
+        s3_secret = secrets.token_urlsafe(30)
+        user = await self._call(
+            "user_add", r.name, r.uid, r.gid, list(r.groups), admin=r.admin, proxy=r.proxy, secret_hex=secret.hex(),
+            s3_access_key="TFS" + secrets.token_hex(8).upper(), s3_secret=s3_secret,
+        )
+        self.guard.forget_user(r.name)  # a lookup of the name before it existed is not kept
+        log.warning("user %s added (uid %d, gid %d%s%s) by %s", r.name, r.uid, r.gid, ", admin" if r.admin else "",
+                    ", proxy" if r.proxy else "", current_peer.get().describe())
+        return messages.UserAddReply(user=_user_info(user), secret=secret, s3_secret_key=s3_secret), b""
+
+    async def rpc_user_remove(self, r: messages.UserNameRequest, _: memoryview) -> Reply:
+        await self._call("user_remove", r.name)
+        self.guard.forget_user(r.name)
+        log.warning("user %s removed by %s", r.name, current_peer.get().describe())
+        return messages.Empty(), b""
+
+    async def rpc_user_list(self, r: messages.Empty, _: memoryview) -> Reply:
+        users = await self._call("user_list")
+        budget = limits.reply_header_budget_bytes // USER_ENTRY_BYTES_MAX
+        return messages.UserListReply(users=[_user_info(u) for u in users[:budget]], more=len(users) > budget), b""
+
+    async def rpc_whoami(self, r: messages.Empty, _: memoryview) -> Reply:
+        peer = current_peer.get()
+        return messages.WhoamiReply(kind=peer.kind, name=peer.name, uid=peer.uid, gid=peer.gid,
+                                    groups=sorted(peer.groups), admin=peer.admin, proxy=peer.proxy), b""

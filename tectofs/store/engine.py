@@ -5,6 +5,13 @@ Calling contract: every public method runs inside a transaction opened by the ca
 operations in one commit). Methods raise :mod:`tectofs.errors` classes for user errors; the
 savepoint of a failed operation is rolled back without touching the others in its batch.
 
+Permissions: the operations a client reaches take a keyword ``caller``, the client's
+:class:`~tectofs.store.access.Caller`; ``None`` (internal callers, tools, tests) is never
+checked. With a caller, POSIX rules apply (``access.py``): search permission on every
+directory a path walks, write and search on a directory to add or remove a name in it
+(sticky directories: only the entry's or the directory's owner), new inodes owned by the
+caller (setgid directories give their group), read or write permission on a file's data.
+
 Attributes travel as plain dicts (msgpack-friendly)::
 
     {"ino", "kind" ("file" | "dir" | "symlink"), "mode", "uid", "gid", "size", "atime",
@@ -33,17 +40,20 @@ from ..errors import (
 )
 from ..paths import check_name
 from ..policy import DEFAULT_POLICY, parse as parse_policy
+from . import access
+from .access import R, W, X, Caller
 from .dialect import Dialect
 from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
 from .registry import ServersAndLeases
-from .schema import ADDED_COLUMNS, SCHEMA
+from .schema import ADDED_COLUMNS, SCHEMA, WIDENED_COLUMNS_POSTGRESQL
+from .users import Users
 
 ROOT_INO = 1
 _KINDS = {"f": "file", "d": "dir", "l": "symlink"}
 # Upper bounds of encoded sizes (msgpack, field names included), for bounded replies:
 # an entry's attributes without its name and symlink target; a block without its chunks; a chunk.
 _ENTRY_BYTES_MAX = 320
-_BLOCK_BYTES_MAX = 160
+_BLOCK_BYTES_MAX = 160 + 112  # + its read capability (messages.Capability: 16-byte mac, expiry, key id <= 64)
 _CHUNK_BYTES_MAX = 80 + limits.address_length_max_bytes
 _ATTR_COLUMNS = (
     "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min"
@@ -64,7 +74,17 @@ def write_min(attrs: dict[str, Any]) -> int:
     return int(attrs["write_min"]) or parse_policy(attrs["policy"]).write_min
 
 
-class SqlStore(ServersAndLeases, BlockHealth):
+def _p(parts: list[str]) -> str:
+    return "/" + "/".join(parts)
+
+
+def _as_dir(attrs: dict[str, Any], parts: list[str]) -> dict[str, Any]:
+    if attrs["kind"] != "dir":
+        raise NotADirectory(f"{_p(parts)} is not a directory")
+    return attrs
+
+
+class SqlStore(ServersAndLeases, BlockHealth, Users):
     """All metadata operations over one DB-API connection. Not thread-safe: one thread
     (the runner's) owns it."""
 
@@ -132,6 +152,12 @@ class SqlStore(ServersAndLeases, BlockHealth):
                 self._x(f"ALTER TABLE {table} ADD COLUMN {declaration}")
                 if fill:
                     self._x(fill)
+        if self.dialect.name == "postgresql":
+            for table, column, kind in WIDENED_COLUMNS_POSTGRESQL:
+                row = self._one("SELECT data_type FROM information_schema.columns WHERE table_name = ?"
+                                " AND column_name = ?", (table, column))
+                if row is not None and row[0] != kind.lower():
+                    self._x(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {kind}")
         if self._one("SELECT 1 FROM inodes WHERE ino = ?", (ROOT_INO,)) is None:
             now = self.clock()
             self._x(
@@ -180,45 +206,60 @@ class SqlStore(ServersAndLeases, BlockHealth):
         row = self._one("SELECT ino FROM names WHERE parent = ? AND name = ?", (parent, name))
         return None if row is None else int(row[0])
 
-    def _resolve(self, parts: list[str]) -> dict[str, Any]:
-        attrs = self._get(ROOT_INO)
+    def _walk(self, parts: list[str], caller: Caller | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The attributes of the directory holding the last name of ``parts`` and of that
+        name (the root twice for ``[]``); with a caller, who needs search permission on every
+        directory walked."""
+        parent = attrs = self._get(ROOT_INO)
         walked = ""
         for name in parts:
             if attrs["kind"] != "dir":
                 raise NotADirectory(f"{walked or '/'} is not a directory")
+            access.require(attrs, caller, X, path=_p(parts), on=walked or "/")
             walked += "/" + name
             ino = self._child(attrs["ino"], name)
             if ino is None:
                 raise NotFound(f"{walked}: no such file or directory")
-            attrs = self._get(ino)
-        return attrs
+            parent, attrs = attrs, self._get(ino)
+        return parent, attrs
 
-    def _resolve_dir(self, parts: list[str]) -> dict[str, Any]:
-        attrs = self._resolve(parts)
-        if attrs["kind"] != "dir":
-            raise NotADirectory(f"/{'/'.join(parts)} is not a directory")
-        return attrs
+    def _resolve(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]:
+        return self._walk(parts, caller)[1]
+
+    def _resolve_dir(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]:
+        return _as_dir(self._resolve(parts, caller), parts)
+
+    def _parent_dir(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]:
+        """The directory that holds (or is to hold) the last name of ``parts``, which the caller
+        needs search permission on to look that name up."""
+        parent = self._resolve_dir(parts[:-1], caller)
+        access.require(parent, caller, X, path=_p(parts), on=_p(parts[:-1]))
+        return parent
 
     # ------------------------------------------------------------------ namespace
 
-    def lookup(self, parts: list[str]) -> dict[str, Any]:
-        return self._resolve(parts)
+    def lookup(self, parts: list[str], *, caller: Caller | None = None) -> dict[str, Any]:
+        return self._resolve(parts, caller)
 
-    def getattr_ino(self, ino: int) -> dict[str, Any]:
-        return self._get(ino)
+    def getattr_ino(self, ino: int, *, caller: Caller | None = None) -> dict[str, Any]:
+        return self._get(ino)  # no permission needed: the inode number is the capability
 
     def _insert_inode(
-        self, parent: dict[str, Any], name: str, kind: str, mode: int, uid: int, gid: int,
+        self, parent: dict[str, Any], parts: list[str], kind: str, mode: int, uid: int, gid: int,
         policy: str | None = None, block_size: int | None = None, target: str | None = None,
-        write_min: int | None = None,
+        write_min: int | None = None, caller: Caller | None = None,
     ) -> dict[str, Any]:
-        """A new inode below ``parent``; what is not given is inherited (a new policy without
-        its own ``write_min`` gets the policy's default)."""
+        """A new inode ``parts`` below ``parent``; what is not given is inherited (a new policy
+        without its own ``write_min`` gets the policy's default). A caller needs write and
+        search permission on ``parent`` and owns the new inode (``access.new_owner``)."""
+        name = parts[-1]
         check_name(name)
         if write_min is None:
             write_min = 0 if policy else parent["write_min"]
         if self._child(parent["ino"], name) is not None:
             raise AlreadyExists(f"{name!r} already exists")
+        access.require(parent, caller, W | X, path=_p(parts), on=_p(parts[:-1]))
+        mode, uid, gid = access.new_owner(parent, caller, mode, uid, gid)
         ino = self._next("ino")
         now = self.clock()
         self._x(
@@ -240,6 +281,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
     def mkdir(
         self, parts: list[str], mode: int = 0o755, uid: int = 0, gid: int = 0,
         policy: str | None = None, block_size: int | None = None, exist_ok: bool = False,
+        *, caller: Caller | None = None,
     ) -> dict[str, Any]:
         if not parts:
             if exist_ok:
@@ -248,7 +290,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
         policy = self._checked_policy(policy)
         if block_size is not None:
             self._check_block_size(block_size)
-        parent = self._resolve_dir(parts[:-1])
+        parent = self._parent_dir(parts, caller)
         existing = self._child(parent["ino"], parts[-1])
         if existing is not None and exist_ok:
             attrs = self._get(existing)
@@ -262,22 +304,26 @@ class SqlStore(ServersAndLeases, BlockHealth):
                     )
             return attrs
         return self._insert_inode(
-            parent, parts[-1], "d", statmod.S_IFDIR | (mode & 0o7777), uid, gid, policy, block_size
+            parent, parts, "d", statmod.S_IFDIR | (mode & 0o7777), uid, gid, policy, block_size, caller=caller
         )
 
     def create(
-        self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False
+        self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False,
+        *, caller: Caller | None = None,
     ) -> dict[str, Any]:
         """Create an empty file, or return the existing one (unless ``exclusive``)."""
-        return self.create_file(parts, mode, uid, gid, exclusive)[0]
+        return self.create_file(parts, mode, uid, gid, exclusive, caller=caller)[0]
 
     def create_file(
-        self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False
+        self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False,
+        *, caller: Caller | None = None,
     ) -> tuple[dict[str, Any], bool]:
-        """``create``, also saying whether the file is new (a writer that fails removes it)."""
+        """``create``, also saying whether the file is new (a writer that fails removes it).
+        Opening an existing file needs only the path's search permissions: read and write
+        permission are checked when the handle asks for the layout or writes."""
         if not parts:
             raise IsADirectory("/ is a directory")
-        parent = self._resolve_dir(parts[:-1])
+        parent = self._parent_dir(parts, caller)
         existing = self._child(parent["ino"], parts[-1])
         if existing is not None:
             if exclusive:
@@ -286,23 +332,31 @@ class SqlStore(ServersAndLeases, BlockHealth):
             if attrs["kind"] == "dir":
                 raise IsADirectory(f"/{'/'.join(parts)} is a directory")
             return attrs, False
-        return self._insert_inode(parent, parts[-1], "f", statmod.S_IFREG | (mode & 0o7777), uid, gid), True
+        return self._insert_inode(
+            parent, parts, "f", statmod.S_IFREG | (mode & 0o7777), uid, gid, caller=caller
+        ), True
 
-    def symlink(self, parts: list[str], target: str, uid: int = 0, gid: int = 0) -> dict[str, Any]:
+    def symlink(
+        self, parts: list[str], target: str, uid: int = 0, gid: int = 0, *, caller: Caller | None = None
+    ) -> dict[str, Any]:
         if not parts:
             raise AlreadyExists("/ already exists")
         if not target or "\x00" in target or len(target.encode()) > limits.symlink_target_max_bytes:
             raise InvalidPath(f"invalid symlink target {target[:60]!r}")
-        parent = self._resolve_dir(parts[:-1])
-        return self._insert_inode(parent, parts[-1], "l", statmod.S_IFLNK | 0o777, uid, gid, target=target)
+        parent = self._parent_dir(parts, caller)
+        return self._insert_inode(
+            parent, parts, "l", statmod.S_IFLNK | 0o777, uid, gid, target=target, caller=caller
+        )
 
     def readdir(
-        self, parts: list[str], after: str = "", limit: int = limits.readdir_page_entries_max
+        self, parts: list[str], after: str = "", limit: int = limits.readdir_page_entries_max,
+        *, caller: Caller | None = None,
     ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
         """One page of a directory: up to ``limit`` entries whose names sort after ``after``,
         fewer if their names and symlink targets would outgrow ``limits.reply_header_budget_bytes``;
-        and the cursor for the next page (None after the last)."""
-        directory = self._resolve_dir(parts)
+        and the cursor for the next page (None after the last). A caller needs read permission."""
+        directory = self._resolve_dir(parts, caller)
+        access.require(directory, caller, R, path=_p(parts))
         rows = self._all(
             f"SELECT n.name, {', '.join('i.' + c.strip() for c in _ATTR_COLUMNS.split(','))}"
             " FROM names n JOIN inodes i ON i.ino = n.ino WHERE n.parent = ? AND n.name > ? ORDER BY n.name LIMIT ?",
@@ -321,12 +375,16 @@ class SqlStore(ServersAndLeases, BlockHealth):
 
     def setattr(
         self, parts: list[str], mode: int | None = None, uid: int | None = None, gid: int | None = None,
-        atime: float | None = None, mtime: float | None = None,
+        atime: float | None = None, mtime: float | None = None, *, caller: Caller | None = None,
     ) -> dict[str, Any]:
-        attrs = self._resolve(parts)
+        """chmod, chown, utimes; a caller under the rules of ``access.checked_setattr``."""
+        attrs = self._resolve(parts, caller)
         now = self.clock()
         if mode is not None:
             mode = (attrs["mode"] & ~0o7777) | (mode & 0o7777)
+        mode = access.checked_setattr(
+            attrs, caller, _p(parts), mode, uid, gid, times=atime is not None or mtime is not None
+        )
         self._x(
             "UPDATE inodes SET mode = COALESCE(?, mode), uid = COALESCE(?, uid), gid = COALESCE(?, gid),"
             " atime = COALESCE(?, atime), mtime = COALESCE(?, mtime), ctime = ? WHERE ino = ?",
@@ -335,12 +393,14 @@ class SqlStore(ServersAndLeases, BlockHealth):
         return self._get(attrs["ino"])
 
     def set_policy(
-        self, parts: list[str], policy: str | None, block_size: int | None, write_min: int | None = None
+        self, parts: list[str], policy: str | None, block_size: int | None, write_min: int | None = None,
+        *, caller: Caller | None = None,
     ) -> dict[str, Any]:
         """Change the policy, block size or write minimum (chunks a block needs to be accepted
         when servers are missing) that new files below this directory inherit. A new policy
-        without a ``write_min`` gets the policy's default one."""
-        directory = self._resolve_dir(parts)
+        without a ``write_min`` gets the policy's default one. Only the directory's owner or root."""
+        directory = self._resolve_dir(parts, caller)
+        access.require_owner(directory, caller, _p(parts), "set its policy")
         policy = self._checked_policy(policy)
         if block_size is not None:
             self._check_block_size(block_size)
@@ -378,15 +438,18 @@ class SqlStore(ServersAndLeases, BlockHealth):
         self._x("DELETE FROM allocations WHERE ino = ?", (attrs["ino"],))
         self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
 
-    def unlink(self, parts: list[str], ino: int = 0, only_if_empty: bool = False) -> None:
+    def unlink(
+        self, parts: list[str], ino: int = 0, only_if_empty: bool = False, *, caller: Caller | None = None
+    ) -> None:
         """Remove a name (and its file). With ``ino``, only if the name still leads to that
         inode; with ``only_if_empty``, only if the file has no data yet (how a writer that
         failed takes back the file it created, without touching anyone else's)."""
         if not parts:
             raise IsADirectory("/ is a directory")
-        attrs = self._resolve(parts)
+        parent, attrs = self._walk(parts, caller)
         if attrs["kind"] == "dir":
             raise IsADirectory(f"/{'/'.join(parts)} is a directory (use rmdir)")
+        access.require_removable(parent, attrs, caller, _p(parts), _p(parts[:-1]))
         if (ino and attrs["ino"] != ino) or (only_if_empty and (attrs["size"] or self._one(
                 "SELECT 1 FROM blocks WHERE ino = ? LIMIT 1", (attrs["ino"],)))):
             return
@@ -394,10 +457,11 @@ class SqlStore(ServersAndLeases, BlockHealth):
         self._touch(attrs["parent"], self.clock())
         self._remove_inode(attrs)
 
-    def rmdir(self, parts: list[str]) -> None:
+    def rmdir(self, parts: list[str], *, caller: Caller | None = None) -> None:
         if not parts:
             raise InvalidPath("cannot remove the root directory")
-        attrs = self._resolve_dir(parts)
+        parent, attrs = self._walk(parts, caller)
+        access.require_removable(parent, _as_dir(attrs, parts), caller, _p(parts), _p(parts[:-1]))
         if self._one("SELECT 1 FROM names WHERE parent = ? LIMIT 1", (attrs["ino"],)) is not None:
             raise DirectoryNotEmpty(f"/{'/'.join(parts)} is not empty")
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
@@ -415,16 +479,19 @@ class SqlStore(ServersAndLeases, BlockHealth):
                 return
             ancestor = self._get(ancestor["parent"])
 
-    def exchange(self, a: list[str], b: list[str]) -> None:
+    def exchange(self, a: list[str], b: list[str], *, caller: Caller | None = None) -> None:
         """Atomically swap two existing entries (``renameat2(RENAME_EXCHANGE)``): the way to
-        replace a non-empty directory (a checkpoint) without a moment where neither exists."""
+        replace a non-empty directory (a checkpoint) without a moment where neither exists.
+        A caller may move each entry out of its directory into the other's (``access.require_move``)."""
         if not a or not b:
             raise InvalidPath("cannot exchange the root directory")
-        first, second = self._resolve(a), self._resolve(b)
+        (first_dir, first), (second_dir, second) = self._walk(a, caller), self._walk(b, caller)
         if first["ino"] == second["ino"]:
             return
-        self._check_not_into_itself(first, self._get(second["parent"]), a)
-        self._check_not_into_itself(second, self._get(first["parent"]), b)
+        access.require_move(first_dir, first, second_dir, caller, _p(a), _p(a[:-1]))
+        access.require_move(second_dir, second, first_dir, caller, _p(b), _p(b[:-1]))
+        self._check_not_into_itself(first, second_dir, a)
+        self._check_not_into_itself(second, first_dir, b)
         now = self.clock()
         self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (second["ino"], first["parent"], a[-1]))
         self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (first["ino"], second["parent"], b[-1]))
@@ -435,24 +502,33 @@ class SqlStore(ServersAndLeases, BlockHealth):
             self._touch(first["parent"], now, nlink_delta=-delta)
             self._touch(second["parent"], now, nlink_delta=delta)
 
-    def rename(self, src: list[str], dst: list[str], noreplace: bool = False) -> dict[str, Any]:
-        """Atomically move ``src`` to ``dst``, replacing a file or an empty directory there."""
+    def rename(
+        self, src: list[str], dst: list[str], noreplace: bool = False, *, caller: Caller | None = None
+    ) -> dict[str, Any]:
+        """Atomically move ``src`` to ``dst``, replacing a file or an empty directory there.
+        A caller may move ``src`` out of its directory (``access.require_move``) and add to or
+        replace in ``dst``'s directory."""
         if not src or not dst:
             raise InvalidPath("cannot rename the root directory")
-        moving = self._resolve(src)
-        dst_parent = self._resolve_dir(dst[:-1])
+        src_parent, moving = self._walk(src, caller)
+        dst_parent = self._parent_dir(dst, caller)
         check_name(dst[-1])
         if src == dst:
             return moving
         self._check_not_into_itself(moving, dst_parent, src)
         replaced_ino = self._child(dst_parent["ino"], dst[-1])
+        if replaced_ino is not None and noreplace:
+            raise AlreadyExists(f"/{'/'.join(dst)} already exists")
+        replaced = None if replaced_ino is None else self._get(replaced_ino)
+        if replaced is not None and replaced["ino"] == moving["ino"]:
+            return moving
+        access.require_move(src_parent, moving, dst_parent, caller, _p(src), _p(src[:-1]))
+        if replaced is None:
+            access.require(dst_parent, caller, W | X, path=_p(dst), on=_p(dst[:-1]))
+        else:
+            access.require_removable(dst_parent, replaced, caller, _p(dst), _p(dst[:-1]))
         now = self.clock()
-        if replaced_ino is not None:
-            if noreplace:
-                raise AlreadyExists(f"/{'/'.join(dst)} already exists")
-            replaced = self._get(replaced_ino)
-            if replaced["ino"] == moving["ino"]:
-                return moving
+        if replaced is not None:
             if moving["kind"] == "dir" and replaced["kind"] != "dir":
                 raise NotADirectory(f"/{'/'.join(dst)} is not a directory")
             if moving["kind"] != "dir" and replaced["kind"] == "dir":
@@ -480,7 +556,8 @@ class SqlStore(ServersAndLeases, BlockHealth):
     # ------------------------------------------------------------------ block maps
 
     def layout(
-        self, parts: list[str] | None = None, ino: int | None = None, first: int = 0, reader: int = 0
+        self, parts: list[str] | None = None, ino: int | None = None, first: int = 0, reader: int = 0,
+        *, caller: Caller | None = None,
     ) -> dict[str, Any]:
         """A segment of the file's block map: its attributes and the blocks with index in
         ``[first, end)``, each with its chunks and their servers. ``end`` is None when the
@@ -490,10 +567,13 @@ class SqlStore(ServersAndLeases, BlockHealth):
         Block ``idx`` covers file bytes ``[idx * block_size, idx * block_size + valid)``: its
         ``length`` stored bytes sit at ``start`` within it; the bytes before ``start`` and from
         ``start + length`` on are zeros. Indexes without a block are holes (zeros). With
-        ``reader``, an opening reader takes its lease (``renew``) on the file."""
-        attrs = self._resolve(parts or []) if ino is None else self._get(ino)
+        ``reader``, an opening reader takes its lease (``renew``) on the file. A caller needs
+        read permission with ``reader``, else read or write permission."""
+        attrs = self._resolve(parts or [], caller) if ino is None else self._get(ino)
         if attrs["kind"] == "dir":
             raise IsADirectory(f"/{'/'.join(parts or [])} is a directory")
+        access.require(attrs, caller, *((R,) if reader else (R, W)),
+                       path=_p(parts or []) if ino is None else f"inode {ino}")
         if reader:
             self.renew(attrs["ino"], reader=reader)
         width = parse_policy(attrs["policy"]).width
@@ -522,19 +602,18 @@ class SqlStore(ServersAndLeases, BlockHealth):
 
     def allocate(
         self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = (),
-        writer: int = 0,
+        writer: int = 0, *, caller: Caller | None = None,
     ) -> list[dict[str, Any]]:
         """Reserve ``count`` block ids (fewer if their reply would outgrow its budget: the
         caller asks again) for file ``ino`` and choose, per block, ``width`` distinct
         live servers (least loaded first) plus up to ``spares`` spare ones, never one of
         ``exclude`` (servers the client just failed to reach). With fewer live servers than
         ``width`` but at least the policy's ``write_min``, the blocks get every live server
-        (a degraded write: positions past the list are not stored); below that, NoSpace."""
+        (a degraded write: positions past the list are not stored); below that, NoSpace.
+        A caller writes under ``access.require_writer``."""
         if not 1 <= count <= limits.allocate_blocks_max:
             raise InvalidArgument(f"allocate count {count} outside [1, {limits.allocate_blocks_max}]")
-        attrs = self._get(ino)
-        if attrs["kind"] != "file":
-            raise IsADirectory(f"inode {ino} is not a file")
+        attrs = self._file(ino, caller)
         policy = parse_policy(attrs["policy"])
         # Fewer blocks than asked when the reply would outgrow its budget (wide policies).
         count = min(count, max(1, limits.reply_header_budget_bytes
@@ -597,20 +676,23 @@ class SqlStore(ServersAndLeases, BlockHealth):
                 f" distinct positions in [0, {policy.width})"
             )
 
-    def _file(self, ino: int) -> dict[str, Any]:
+    def _file(self, ino: int, writing_caller: Caller | None = None) -> dict[str, Any]:
+        """File ``ino``'s attributes, for writing its data with ``writing_caller``."""
         attrs = self._get(ino)
         if attrs["kind"] != "file":
             raise IsADirectory(f"inode {ino} is not a file")
+        access.require_writer(attrs, writing_caller, f"inode {ino}")
         return attrs
 
     def stage(
-        self, ino: int, writer: int, blocks: list[dict[str, Any]], holes: Iterable[int] = (), cut_from: int | None = None
+        self, ino: int, writer: int, blocks: list[dict[str, Any]], holes: Iterable[int] = (),
+        cut_from: int | None = None, *, caller: Caller | None = None,
     ) -> None:
         """Record part of a commit ahead of it (a writer with more blocks than one call
         carries): nothing becomes visible until ``commit(..., writer=writer)``. ``cut_from``
         first withdraws what this writer staged at that index and above (it truncated);
         a later block or hole at an index replaces what was staged there."""
-        attrs = self._file(ino)
+        attrs = self._file(ino, caller)
         for block in blocks:
             self._check_written_block(ino, attrs, block)
         if cut_from is not None:
@@ -642,6 +724,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
     def commit(
         self, ino: int, size: int, blocks: list[dict[str, Any]], replace: bool, mtime: float | None = None,
         shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
+        *, caller: Caller | None = None,
     ) -> dict[str, Any]:
         """Publish written blocks and the new size in one step.
 
@@ -656,7 +739,7 @@ class SqlStore(ServersAndLeases, BlockHealth):
         their indexes (copy-on-write), and blocks past ``size`` are dropped.
         Returns the first segment of the file's new layout, so a writer that goes on reading
         needs no second call."""
-        attrs = self._file(ino)
+        attrs = self._file(ino, caller)
         block_size = attrs["block_size"]
         new, hole_set = self._take_staged(ino, writer) if writer is not None else ({}, set())
         for idx in holes:
@@ -702,6 +785,25 @@ class SqlStore(ServersAndLeases, BlockHealth):
         self._count_stored(ino)
         return self.layout(ino=ino)
 
+    def renew(
+        self, ino: int, writer: int = 0, reader: int = 0, reader_lease_s: float = limits.reader_lease_s,
+        *, caller: Caller | None = None,
+    ) -> int:
+        """``ServersAndLeases.renew``; a caller renews a writer's lease under
+        ``access.require_writer`` and a reader's with read permission. The leases on a file
+        that is gone (unlinked while open) are renewed unchecked: there is nothing to check
+        them against, and they only delay the collection of its chunks."""
+        if caller is not None:
+            try:
+                attrs = self._get(ino)
+            except StaleFile:
+                attrs = None
+            if attrs is not None and writer:
+                access.require_writer(attrs, caller, f"inode {ino}")
+            if attrs is not None and reader:
+                access.require(attrs, caller, R, path=f"inode {ino}")
+        return super().renew(ino, writer, reader, reader_lease_s)
+
     def _release_allocation(self, block_id: int, used: set[int]) -> None:
         """Forget a committed block's allocation. Spare servers it did not end up on may hold
         a copy from a hedged or retried write that lost the race: queue those for deletion."""
@@ -733,13 +835,15 @@ class SqlStore(ServersAndLeases, BlockHealth):
         self._x("UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE ino = ?)"
                 " WHERE ino = ?", (ino, ino))
 
-    def truncate(self, parts: list[str], size: int) -> dict[str, Any]:
-        """Set the size of a file: shrinking drops data past ``size``; growing reads as zeros."""
-        attrs = self._resolve(parts)
+    def truncate(self, parts: list[str], size: int, *, caller: Caller | None = None) -> dict[str, Any]:
+        """Set the size of a file: shrinking drops data past ``size``; growing reads as zeros.
+        A caller needs write permission."""
+        attrs = self._resolve(parts, caller)
         if attrs["kind"] == "dir":
             raise IsADirectory(f"/{'/'.join(parts)} is a directory")
         if attrs["kind"] != "file":
             raise InvalidArgument(f"/{'/'.join(parts)} is not a regular file")
+        access.require(attrs, caller, W, path=_p(parts))
         if size < 0:
             raise InvalidArgument("negative size")
         if size < attrs["size"]:

@@ -5,7 +5,7 @@ SQL in the subset SQLite and PostgreSQL share."""
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS inodes (
         ino BIGINT PRIMARY KEY, kind TEXT NOT NULL, mode INTEGER NOT NULL,
-        uid INTEGER NOT NULL, gid INTEGER NOT NULL, size BIGINT NOT NULL DEFAULT 0,
+        uid BIGINT NOT NULL, gid BIGINT NOT NULL, size BIGINT NOT NULL DEFAULT 0,
         atime DOUBLE PRECISION NOT NULL, mtime DOUBLE PRECISION NOT NULL, ctime DOUBLE PRECISION NOT NULL,
         nlink INTEGER NOT NULL DEFAULT 1, policy TEXT NOT NULL, block_size BIGINT NOT NULL,
         target TEXT, parent BIGINT NOT NULL, stored BIGINT NOT NULL DEFAULT 0,
@@ -41,6 +41,12 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS staged (
         ino BIGINT NOT NULL, writer BIGINT NOT NULL, idx BIGINT NOT NULL, block_id BIGINT,
         block TEXT, created DOUBLE PRECISION NOT NULL, PRIMARY KEY (ino, writer, idx))""",
+    # Users (``users.py``): root is implicit, not stored. uid, gid: BIGINT, as limits.owner_id_max
+    # (2**32 - 2) outgrows PostgreSQL's INTEGER. groups: a JSON list of gids; secret: hex.
+    """CREATE TABLE IF NOT EXISTS users (
+        name TEXT PRIMARY KEY, uid BIGINT NOT NULL, gid BIGINT NOT NULL, groups TEXT NOT NULL,
+        secret TEXT NOT NULL, admin INTEGER NOT NULL DEFAULT 0, proxy INTEGER NOT NULL DEFAULT 0,
+        s3_access_key TEXT UNIQUE, s3_secret TEXT, created DOUBLE PRECISION NOT NULL)""",
 ]
 
 # Columns added after the first release: (table, column, declaration, fill-in for existing rows).
@@ -54,3 +60,7 @@ ADDED_COLUMNS = [
     ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
      "UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE blocks.ino = inodes.ino)"),
 ]
+
+# Columns widened since the first release, on PostgreSQL (SQLite's integers are 64-bit
+# already): uids and gids up to 2**32 - 2 do not fit a PostgreSQL INTEGER.
+WIDENED_COLUMNS_POSTGRESQL = [("inodes", "uid", "BIGINT"), ("inodes", "gid", "BIGINT")]

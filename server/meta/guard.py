@@ -1,0 +1,108 @@
+"""Who may call what on the metadata service: hello authentication (``resolve``), the
+operations each kind of peer may call (``authorize``), and the POSIX caller a request acts as
+(``caller``). Permission bits themselves are checked in the store (``tectofs.store.access``).
+
+- anonymous (a hello without ``auth``): ``ping`` only;
+- cluster members (hold the cluster key: chunk servers, tools run with ``--key-file``):
+  everything, as a trusted caller (no permission bits);
+- users (a credential; ``root`` derives from the key): the namespace and data operations, as
+  their uid, gid and groups; administrators (root, ``--admin`` users) also manage users and
+  drain servers; a proxy credential (``--proxy``: a multi-user FUSE mount) may act for a
+  local user (``act_as`` in its hello), and its connection then has that user's identity.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable
+
+from tectofs import auth, limits, messages
+from tectofs.errors import AuthenticationFailed, PermissionDenied
+from tectofs.store.access import Caller
+
+# Operations only chunk servers (cluster members) call.
+MEMBER_OPERATIONS = frozenset({
+    "register_server", "heartbeat", "inventory_begin", "inventory", "repair_done", "repair_failed",
+})
+# Operations of administrators (members, root, users added with --admin).
+ADMIN_OPERATIONS = frozenset({"drain", "user_add", "user_remove", "user_list"})
+ANONYMOUS_OPERATIONS = frozenset({"ping"})
+
+
+class MetaGuard:
+    """``find_user(name)`` looks a user up in the store (a dict with uid, gid, groups,
+    secret, admin, proxy, or None)."""
+
+    def __init__(self, ring: auth.KeyRing, find_user: Callable[[str], Awaitable[dict[str, Any] | None]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ring = ring
+        self._find_user = find_user
+        self._clock = clock
+        # name -> (looked up at, user): a burst of thousands of ranks connecting as one user
+        # must not queue thousands of hello lookups behind the store's work.
+        self._users: dict[str, tuple[float, dict[str, Any] | None]] = {}
+
+    async def find_user(self, name: str) -> dict[str, Any] | None:
+        now = self._clock()
+        cached = self._users.get(name)
+        if cached is not None and now - cached[0] < limits.user_cache_s:
+            return cached[1]
+        user = await self._find_user(name)
+        if len(self._users) >= limits.user_cache_entries_max:
+            self._users.clear()
+        self._users[name] = (now, user)
+        return user
+
+    def forget_user(self, name: str) -> None:
+        """A user was changed or removed here: the next hello looks it up again."""
+        self._users.pop(name, None)
+
+    async def resolve(self, claim: messages.HelloAuth) -> tuple[bytes, auth.Peer]:
+        if claim.kind == "key":
+            key = self.ring.get(claim.key_id)
+            if key is None:
+                raise AuthenticationFailed(
+                    f"unknown cluster key {claim.key_id[:64]!r}: this peer's key file is not this cluster's"
+                    " (or its key was removed by a rotation)")
+            return key, auth.MEMBER
+        if claim.user == "root":
+            key = self.ring.get(claim.key_id)
+            if key is None:
+                raise AuthenticationFailed(
+                    f"root credential made from unknown cluster key {claim.key_id[:64]!r}: make a new one"
+                    " (tectofs user credential root --key-file ...)")
+            secret, peer = auth.root_secret(key), auth.Peer(kind="user", name="root", uid=0, gid=0, admin=True,
+                                                             proxy=True)
+        else:
+            user = await self.find_user(claim.user)
+            if user is None:
+                raise AuthenticationFailed(f"unknown user {claim.user[:64]!r}")
+            secret = bytes.fromhex(user["secret"])
+            peer = auth.Peer(kind="user", name=user["name"], uid=user["uid"], gid=user["gid"],
+                             groups=frozenset(user["groups"]), admin=bool(user["admin"]), proxy=bool(user["proxy"]))
+        if claim.act_as is not None:
+            if not peer.proxy:
+                raise AuthenticationFailed(
+                    f"user {peer.name} may not act for other users (only credentials made with --proxy may)")
+            act = claim.act_as
+            peer = auth.Peer(kind="user", name=f"{peer.name}:uid{act.uid}", uid=act.uid, gid=act.gid,
+                             groups=frozenset(act.groups), admin=False, proxy=False)
+        return secret, peer
+
+    @staticmethod
+    def authorize(peer: auth.Peer, operation: str) -> None:
+        if peer.is_member or operation in ANONYMOUS_OPERATIONS:
+            return
+        if peer.kind == "anonymous":
+            raise PermissionDenied(
+                f"{operation}: not authenticated: this client has no credential for the cluster (tectofs up writes"
+                " root's where client commands find it; others pass --credentials FILE or $TECTOFS_CREDENTIALS)")
+        if operation in MEMBER_OPERATIONS:
+            raise PermissionDenied(f"{operation}: only the cluster's own servers (holders of its key) may call it")
+        if operation in ADMIN_OPERATIONS and not peer.admin:
+            raise PermissionDenied(f"{operation}: {peer.describe()} is not an administrator")
+
+    @staticmethod
+    def caller(peer: auth.Peer) -> Caller | None:
+        """The POSIX identity a request acts with in the store; None for members (trusted)."""
+        return None if peer.is_member else Caller(peer.uid, peer.gid, peer.groups)

@@ -1,0 +1,366 @@
+"""The client side of the RPC layer (``tectofs.rpc``): a pool of connections to many servers,
+address groups with failover, retries with backoff, and the client half of the hello and its
+authentication. Import it from ``tectofs.rpc``."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import random
+import uuid
+from typing import Any
+
+import msgspec
+
+from . import auth, limits, messages, tls
+from .errors import (
+    Busy,
+    ConnectionLost,
+    ProtocolError,
+    TectofsError,
+    Timeout,
+    from_wire,
+)
+from .protocol import PROTOCOL_VERSION, Frame, FrameKind, PayloadAllocator, encode_frame
+from .rpc import SOFTWARE, HelloTimeout, Payload, Reply, _FramedProtocol, parse_address, parse_group
+
+
+# --------------------------------------------------------------------------- client
+
+
+class _ClientConnection(_FramedProtocol):
+    def __init__(self, address: str, allocate_payload: PayloadAllocator | None = None) -> None:
+        super().__init__(allocate_payload)
+        self.address = address
+        self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self._ids = itertools.count(1)
+        self.failure: BaseException | None = None
+        self.greeted = False
+        self.peer_role = ""
+        self.greeting: asyncio.Task[None] | None = None  # the hello's answer, awaited by every call
+        self.authenticating = False  # requests must wait for the greeting (they follow our proof)
+
+    def start_hello(self, role: str, expect_role: str | None, client_auth: auth.ClientAuth | None = None) -> None:
+        """Open the conversation: the hello goes out now, and requests may follow it on the wire
+        at once (the server answers the hello before it reads on); each of them waits for the
+        hello's answer (``greeting``) before it trusts its own. The answer must come within
+        ``limits.hello_timeout_s``: a peer that is not tectofs (or not the kind of tectofs
+        server expected) gives ProtocolError, one that says nothing HelloTimeout, and the
+        connection is then closed.
+
+        With ``client_auth`` the hello carries a challenge and the connection authenticates
+        (``tectofs.auth``): requests wait until the server proved the secret and our proof
+        went out (one round trip)."""
+        assert self.transport is not None
+        request_id = next(self._ids)
+        answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self.pending[request_id] = answer
+        header: dict[str, Any] = {"op": "hello", "role": role, "version": PROTOCOL_VERSION, "software": SOFTWARE}
+        secret = nonce = b""
+        if client_auth is not None:
+            nonce = os.urandom(auth.NONCE_BYTES)
+            header["auth"], secret = client_auth.hello(nonce)
+            self.authenticating = True
+        self.transport.write(encode_frame(FrameKind.REQUEST, request_id, header))
+        self.greeting = asyncio.get_running_loop().create_task(
+            self._greeted(request_id, answer, expect_role, (client_auth, secret, nonce)))
+
+    async def _greeted(
+        self, request_id: int, answer: "asyncio.Future[Frame]", expect_role: str | None,
+        proving: tuple[auth.ClientAuth | None, bytes, bytes],
+    ) -> None:
+        try:
+            try:
+                frame = await asyncio.wait_for(answer, limits.hello_timeout_s)
+            except asyncio.TimeoutError:
+                raise HelloTimeout(
+                    f"{self.address} accepted the connection but did not answer the tectofs hello within"
+                    f" {limits.hello_timeout_s:g} s: is a tectofs server listening there (not another program)?"
+                ) from None
+            finally:
+                self.pending.pop(request_id, None)
+            if frame.kind == FrameKind.ERROR:
+                raise from_wire(str(frame.header.get("code")), str(frame.header.get("message")))
+            try:
+                reply = messages.convert(frame.header, messages.HelloReply)
+            except msgspec.ValidationError as exc:
+                raise ProtocolError(f"{self.address} answered the hello with something else: {exc}") from None
+            if expect_role is not None and reply.role != expect_role:
+                raise ProtocolError(f"{self.address} is a tectofs {reply.role} server, not a {expect_role} server")
+            client_auth, secret, nonce = proving
+            if client_auth is not None:
+                auth.check_server_proof(secret, nonce, reply.nonce, reply.role, reply.proof, self.address, client_auth.who())
+                assert self.transport is not None
+                proof = auth.client_proof(secret, nonce, reply.nonce)
+                self.transport.write(encode_frame(FrameKind.REQUEST, next(self._ids), {"op": "auth", "proof": proof}))
+        except BaseException as exc:
+            self.failure = self.failure or exc
+            self.close()
+            raise
+        self.peer_role = reply.role
+        self.greeted = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        hint = "" if self.greeted else (" before it answered the hello (does it use TLS? --tls-ca / $TECTOFS_TLS_CA;"
+                                         " or it refused this peer)")
+        self._fail_all(ConnectionLost(f"connection to {self.address} lost{hint}" + (f": {exc}" if exc else "")))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.failure = exc
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self.pending.clear()
+
+    def protocol_failed(self, exc: ProtocolError) -> None:
+        if self.greeted:
+            failure = ProtocolError(f"{self.address} sent an invalid frame: {exc}")
+        else:
+            answered = self.decoder.fixed_bytes[:8]  # what the peer sent where our magic belongs
+            failure = ProtocolError(
+                f"{self.address} is not a tectofs server: it answered the hello with {answered!r}..."
+                f" ({exc}); check the address and port"
+            )
+        self._fail_all(failure)
+        if self.transport is not None:
+            self.transport.close()
+
+    def frame_received(self, frame: Frame) -> None:
+        if frame.request_id == 0 and frame.kind == FrameKind.ERROR:
+            # The server rejected our stream as a whole and is closing the connection.
+            self._fail_all(from_wire(str(frame.header.get("code")), str(frame.header.get("message"))))
+            return
+        fut = self.pending.pop(frame.request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(frame)
+
+    @property
+    def usable(self) -> bool:
+        return self.failure is None and self.transport is not None and not self.transport.is_closing()
+
+    async def call(self, header: dict[str, Any], payload: Payload, timeout_s: float) -> Reply:
+        request_id = next(self._ids)
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self.pending[request_id] = fut
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        try:
+            if self.authenticating and self.greeting is not None:
+                await self.greeting  # an authenticated connection serves nothing before our proof
+            try:
+                # The send has the same deadline: a peer that stops reading (hung) must not hold
+                # us waiting for its socket to drain. A frame cut off mid-way ruins the stream.
+                await asyncio.wait_for(self.send(FrameKind.REQUEST, request_id, header, payload), timeout_s)
+            except asyncio.TimeoutError:
+                self.close()
+                raise Timeout(f"sending {header.get('op')} to {self.address} stalled for {timeout_s:.0f}s") from None
+            if self.greeting is not None:
+                await self.greeting  # its error (not tectofs, wrong server, silent) wins over ours
+            try:
+                frame = await asyncio.wait_for(fut, max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                raise Timeout(f"{header.get('op')} to {self.address} timed out after {timeout_s:.0f}s") from None
+        except TectofsError as exc:
+            greeting = self.greeting
+            if greeting is not None and greeting.done() and not greeting.cancelled():
+                failed = greeting.exception()
+                if failed is not None and failed is not exc:
+                    raise failed from None  # the peer's answer to the hello says more than ours
+            raise
+        finally:
+            self.pending.pop(request_id, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # failed with the connection after we stopped waiting: seen
+        if frame.kind == FrameKind.ERROR:
+            raise from_wire(str(frame.header.get("code")), str(frame.header.get("message")))
+        return frame.header, frame.payload
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Group:
+    """The members of one address group and the one calls use now (sticky: all calls go to one
+    member until it fails, so clients of one group do not spread conflicting transactions over
+    several metadata services; the first named is the preferred one)."""
+
+    def __init__(self, members: list[str]) -> None:
+        self.members = members
+        self.current = 0
+
+    @property
+    def member(self) -> str:
+        return self.members[self.current]
+
+    def failed(self, member: str) -> None:
+        """``member`` failed a call: move on to the next, unless another call already did."""
+        if self.member == member:
+            self.current = (self.current + 1) % len(self.members)
+
+
+class RpcClient:
+    """A pool of connections to many servers, owned by one event loop.
+
+    ``call`` takes an address or an address group (``parse_group``): calls go to one member
+    of the group (the first, until it fails); a connection refused, lost or timed out moves
+    that call, and the calls after it, to the next member at once, and only a whole round of
+    members failing costs a retry and a backoff. A group that stays down fails the call with
+    an error naming every member and what each answered.
+
+    What is retried is safe to retry: BUSY answers (nothing was done), and any connection
+    failure or timeout — requests marked ``idempotent`` blindly, the others thanks to their
+    call id (see the module docstring): every retry of one call carries the same one, so the
+    server applies the call at most once and answers a retry with the recorded reply.
+    Retries are bounded (``retries_max`` rounds, exponential backoff with jitter)."""
+
+    def __init__(
+        self,
+        connections_per_server: int = limits.connections_per_server,
+        timeout_s: float = limits.rpc_timeout_s,
+        retries_max: int = limits.rpc_retries_max,
+        allocate_payload: PayloadAllocator | None = None,
+        role: str = "client",
+        default_auth: auth.ClientAuth | None = None,
+    ) -> None:
+        """``allocate_payload`` chooses where reply payloads are received (e.g. a buffer
+        pool); whoever takes a reply's payload then owns that buffer. ``role`` is what this
+        side says it is in each connection's hello. ``default_auth``: how connections to
+        addresses not given their own (``authenticate``) authenticate; None: anonymously."""
+        self.allocate_payload = allocate_payload
+        self.connections_per_server = connections_per_server
+        self.timeout_s = timeout_s
+        self.retries_max = retries_max
+        self.role = role
+        self._pools: dict[str, list[_ClientConnection]] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._expected_roles: dict[str, str] = {}
+        self._auth: dict[str, auth.ClientAuth] = {}
+        self.default_auth = default_auth
+        self.ssl_context = tls.client_context()  # TLS when a CA is configured (tectofs.tls)
+        self._groups: dict[str, _Group] = {}
+
+    def _group(self, address: str) -> _Group:
+        group = self._groups.get(address)
+        if group is None:
+            group = self._groups[address] = _Group(parse_group(address))
+        return group
+
+    def expect_role(self, address: str, role: str) -> None:
+        """Connections to ``address`` (every member of a group) must reach a tectofs server of
+        this role ("meta", "chunk")."""
+        for member in self._group(address).members:
+            self._expected_roles[member] = role
+
+    def authenticate(self, address: str, client_auth: auth.ClientAuth) -> None:
+        """Connections to ``address`` (every member of a group) authenticate with ``client_auth``
+        (the cluster key, or a user credential); without it a connection is anonymous."""
+        for member in self._group(address).members:
+            self._auth[member] = client_auth
+
+    async def _connect(self, address: str) -> _ClientConnection:
+        host, port = parse_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientConnection(address, self.allocate_payload), host, port,
+                                       ssl=self.ssl_context),
+                limits.rpc_connect_timeout_s,
+            )
+        except asyncio.TimeoutError:
+            raise Timeout(f"connecting to {address} timed out") from None
+        except OSError as exc:
+            raise ConnectionLost(f"cannot connect to {address}: {exc.strerror or exc}") from None
+        proto.start_hello(self.role, self._expected_roles.get(address), self._auth.get(address, self.default_auth))
+        return proto
+
+    async def _connection(self, address: str) -> _ClientConnection:
+        """An idle pooled connection, else a new one (up to ``connections_per_server``), else
+        the least busy. Connections open only when concurrency needs them, so a thousand
+        clients starting at once do not double their connection storm."""
+        pool = [c for c in self._pools.get(address, []) if c.usable]
+        self._pools[address] = pool
+        idle = [c for c in pool if not c.pending]
+        if idle:
+            return idle[0]
+        if len(pool) < self.connections_per_server:
+            lock = self._connecting.setdefault(address, asyncio.Lock())
+            async with lock:
+                pool = [c for c in self._pools.get(address, []) if c.usable]
+                if len(pool) < self.connections_per_server and not any(not c.pending for c in pool):
+                    pool.append(await self._connect(address))
+                    self._pools[address] = pool
+        return min(pool, key=lambda c: len(c.pending))
+
+    async def call(
+        self,
+        address: str,
+        op: str,
+        header: dict[str, Any] | None = None,
+        payload: Payload = b"",
+        *,
+        idempotent: bool = False,
+        timeout_s: float | None = None,
+        retries_max: int | None = None,
+        call_id: bytes | None = None,
+    ) -> Reply:
+        """Send ``op`` to ``address`` (or a member of the group it names); return the reply
+        header and payload, or raise the server's error. See the class docstring for retries.
+        ``call_id``: this call's id (``CALL_ID_BYTES`` bytes), for a caller that retries one
+        logical call itself; by default a non-idempotent call draws a new one."""
+        group = self._group(address)
+        request = {"op": op, **(header or {})}
+        if call_id is not None or not idempotent:
+            request["call_id"] = call_id or uuid.uuid4().bytes  # one per logical call, reused by its retries
+        retries = self.retries_max if retries_max is None else retries_max
+        backoff = limits.rpc_backoff_initial_s
+        attempt = 0
+        hello_timeouts = 0
+        failures: dict[str, str] = {}  # member -> how it failed, this round
+        while True:
+            member = group.member
+            try:
+                conn = await self._connection(member)
+                return await conn.call(request, payload, timeout_s or self.timeout_s)
+            except Busy:
+                if attempt >= retries:
+                    raise
+            except (ConnectionLost, Timeout) as exc:
+                self.forget(member)
+                group.failed(member)
+                failures[member] = str(exc)
+                if group.member not in failures:
+                    continue  # another member, at once: this round is not over
+                if isinstance(exc, HelloTimeout):
+                    # Silent peers: not tectofs, or hung. Few tries, so the caller hears in seconds.
+                    hello_timeouts += 1
+                    if hello_timeouts > limits.hello_retries_max:
+                        raise _group_down(group, exc, failures) from None
+                if attempt >= retries:
+                    raise _group_down(group, exc, failures) from None
+                failures = {}
+            attempt += 1
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, limits.rpc_backoff_max_s)
+
+    def forget(self, address: str) -> None:
+        """Drop pooled connections to ``address`` (every member of a group; e.g. a server
+        known to be dead)."""
+        for member in address.split(","):
+            for conn in self._pools.pop(member.strip(), []):
+                conn.close()
+
+    async def close(self) -> None:
+        for address in list(self._pools):
+            self.forget(address)
+        await asyncio.sleep(0)
+
+
+def _group_down(group: _Group, last: TectofsError, failures: dict[str, str]) -> TectofsError:
+    """The error of a call no member of ``group`` answered: a single server's own error, or,
+    for a group, one of the last one's class that names every member and its failure."""
+    if len(group.members) == 1:
+        return last
+    tried = "; ".join(reason if member in reason else f"{member}: {reason}" for member, reason in failures.items())
+    return type(last)(f"no server of the group {','.join(group.members)} answered: {tried}")
