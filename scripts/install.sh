@@ -20,6 +20,12 @@ if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep 
     apt_install fuse3 libfuse3-3
 fi
 
+if ! command -v openssl >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then
+    # openssl: certificates for 'tectofs up --tls' and the TLS tests; setpriv: the multi-user mount tests
+    echo "install.sh: installing openssl, util-linux (apt)" >&2
+    apt_install openssl util-linux
+fi
+
 if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || ! command -v runuser >/dev/null 2>&1; then
     echo "install.sh: installing postgresql (apt; its service is not started)" >&2
     # policy-rc.d exit 101: Debian maintainer scripts must not start the service.

@@ -16,7 +16,7 @@ import string
 from typing import Any, Iterable
 
 from .. import limits
-from ..errors import AlreadyExists, InvalidArgument, NotFound
+from ..errors import AlreadyExists, InvalidArgument, NoSpace, NotFound
 from .base import StoreParts
 
 USER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -81,6 +81,9 @@ class Users(StoreParts):
                 raise AlreadyExists(f"S3 access key {s3_access_key} belongs to another user")
         if self._one("SELECT 1 FROM users WHERE name = ?", (name,)) is not None:
             raise AlreadyExists(f"user {name} already exists")
+        (count,) = self._one("SELECT COUNT(*) FROM users")
+        if count >= limits.users_max:
+            raise NoSpace(f"the cluster has {count} users, its limit (limits.users_max); remove some first")
         self._x(
             "INSERT INTO users (name, uid, gid, groups, secret, admin, proxy, s3_access_key, s3_secret, created)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

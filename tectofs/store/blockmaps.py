@@ -1,0 +1,330 @@
+"""The block maps of the metadata store (a mixin of ``SqlStore``, ``engine.py``): layouts in
+bounded segments, allocations, staged blocks, atomic commits, truncation. See ``engine.py``
+for the tables and ``access.py`` for the permission checks (``caller``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from .. import limits
+from ..errors import InvalidArgument, IsADirectory, NoSpace, StaleFile
+from ..policy import parse as parse_policy
+from . import access
+from .access import R, W, Caller
+from .base import StoreParts
+
+# Upper bounds of encoded sizes (msgpack, field names included), for bounded layout replies:
+# a block without its chunks; a chunk.
+_BLOCK_BYTES_MAX = 160 + 112  # + its read capability (messages.Capability: 16-byte mac, expiry, key id <= 64)
+_CHUNK_BYTES_MAX = 80 + limits.address_length_max_bytes
+
+
+def write_min(attrs: dict[str, Any]) -> int:
+    """Chunks a block of this file (or of files below this directory) needs to be accepted:
+    the directory's setting, else the policy's default."""
+    return int(attrs["write_min"]) or parse_policy(attrs["policy"]).write_min
+
+
+def _p(parts: list[str]) -> str:
+    return "/" + "/".join(parts)
+
+
+class BlockMaps(StoreParts):
+    def layout(
+        self, parts: list[str] | None = None, ino: int | None = None, first: int = 0, reader: int = 0,
+        *, caller: Caller | None = None,
+    ) -> dict[str, Any]:
+        """A segment of the file's block map: its attributes and the blocks with index in
+        ``[first, end)``, each with its chunks and their servers. ``end`` is None when the
+        segment reaches the end of the file; a large file comes in several segments, each
+        bounded by ``limits.reply_header_budget_bytes``.
+
+        Block ``idx`` covers file bytes ``[idx * block_size, idx * block_size + valid)``: its
+        ``length`` stored bytes sit at ``start`` within it; the bytes before ``start`` and from
+        ``start + length`` on are zeros. Indexes without a block are holes (zeros). With
+        ``reader``, an opening reader takes its lease (``renew``) on the file. A caller needs
+        read permission with ``reader``, else read or write permission."""
+        attrs = self._resolve(parts or [], caller) if ino is None else self._get(ino)
+        if attrs["kind"] == "dir":
+            raise IsADirectory(f"/{'/'.join(parts or [])} is a directory")
+        access.require(attrs, caller, *((R,) if reader else (R, W)),
+                       path=_p(parts or []) if ino is None else f"inode {ino}")
+        if reader:
+            self.renew(attrs["ino"], reader=reader)
+        width = parse_policy(attrs["policy"]).width
+        count = max(1, limits.reply_header_budget_bytes // (_BLOCK_BYTES_MAX + width * _CHUNK_BYTES_MAX))
+        row = self._one(
+            "SELECT idx FROM blocks WHERE ino = ? AND idx >= ? ORDER BY idx LIMIT 1 OFFSET ?", (attrs["ino"], first, count)
+        )
+        end = None if row is None else int(row[0])
+        rows = self._all(
+            "SELECT b.idx, b.block_id, b.policy, b.start, b.length, b.valid, c.position, c.server_id, s.address,"
+            " c.length, c.crc FROM blocks b JOIN chunks c ON c.block_id = b.block_id"
+            " LEFT JOIN servers s ON s.server_id = c.server_id WHERE b.ino = ? AND b.idx >= ? AND b.idx < ?"
+            " ORDER BY b.idx, c.position",
+            (attrs["ino"], first, limits.int64_max if end is None else end),
+        )
+        blocks: dict[int, dict[str, Any]] = {}
+        for idx, block_id, policy, start, length, valid, position, server_id, address, clen, crc in rows:
+            block = blocks.setdefault(idx, {
+                "idx": idx, "block_id": block_id, "policy": policy, "start": start, "length": length, "valid": valid,
+                "chunks": [],
+            })
+            block["chunks"].append(
+                {"position": position, "server_id": server_id, "address": address, "length": clen, "crc": crc}
+            )
+        return {"attrs": attrs, "blocks": list(blocks.values()), "first": first, "end": end}
+
+    def allocate(
+        self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = (),
+        writer: int = 0, *, caller: Caller | None = None,
+    ) -> list[dict[str, Any]]:
+        """Reserve ``count`` block ids (fewer if their reply would outgrow its budget: the
+        caller asks again) for file ``ino`` and choose, per block, ``width`` distinct
+        live servers (least loaded first) plus up to ``spares`` spare ones, never one of
+        ``exclude`` (servers the client just failed to reach). With fewer live servers than
+        ``width`` but at least the policy's ``write_min``, the blocks get every live server
+        (a degraded write: positions past the list are not stored); below that, NoSpace.
+        A caller writes under ``access.require_writer``."""
+        if not 1 <= count <= limits.allocate_blocks_max:
+            raise InvalidArgument(f"allocate count {count} outside [1, {limits.allocate_blocks_max}]")
+        attrs = self._file(ino, caller)
+        policy = parse_policy(attrs["policy"])
+        # Fewer blocks than asked when the reply would outgrow its budget (wide policies).
+        count = min(count, max(1, limits.reply_header_budget_bytes
+                               // (_BLOCK_BYTES_MAX + (policy.width + spares) * _CHUNK_BYTES_MAX)))
+        excluded = set(exclude)
+        live = [s for s in self.live_servers() if s["server_id"] not in excluded and s["state"] == "in"]
+        minimum = write_min(attrs)
+        if len(live) < minimum:
+            raise NoSpace(
+                f"{policy} needs at least {minimum} live chunk servers ({policy.width} for full"
+                f" redundancy), {len(live)} are live"
+                + ("" if live else ": start chunk servers (tectofs chunk) or check their heartbeats")
+            )
+        # Pending allocations weigh like data already stored, so one call spreads its blocks.
+        load = {s["server_id"]: s["used"] + s["inflight"] for s in live}
+        free = {s["server_id"]: s["capacity"] - s["used"] for s in live}
+        chunk_estimate = attrs["block_size"] // policy.data
+        first = self._next("block_id", count)
+        now = self.clock()
+        out = []
+        for n in range(count):
+            candidates = [sid for sid in load if free[sid] >= chunk_estimate] or list(load)
+            self.rng.shuffle(candidates)  # tie-break so equal servers share the load
+            candidates.sort(key=load.__getitem__)
+            chosen = candidates[: policy.width + spares]
+            if len([sid for sid in chosen if free[sid] >= chunk_estimate]) < minimum:
+                raise NoSpace(f"fewer than {minimum} live chunk servers have room for a {chunk_estimate}-byte chunk")
+            for sid in chosen[: policy.width]:
+                load[sid] += chunk_estimate
+                free[sid] -= chunk_estimate
+            block_id = first + n
+            self._x(
+                "INSERT INTO allocations (block_id, ino, created, servers, writer) VALUES (?, ?, ?, ?, ?)",
+                (block_id, ino, now, json.dumps(chosen), writer),
+            )
+            addresses = {s["server_id"]: s["address"] for s in live}
+            out.append({
+                "block_id": block_id, "policy": str(policy), "write_min": minimum,
+                "servers": [{"server_id": sid, "address": addresses[sid]} for sid in chosen],
+            })
+        return out
+
+    def _check_written_block(self, ino: int, attrs: dict[str, Any], block: dict[str, Any]) -> None:
+        """A block a writer commits or stages: allocated to this file, not committed yet,
+        its stored span inside the block, chunk positions distinct and at least the policy's
+        ``write_min`` of them (all of them, unless the write was degraded)."""
+        row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block["block_id"],))
+        if row is None or row[0] != ino:
+            raise InvalidArgument(f"block {block['block_id']} was not allocated to inode {ino} or is committed")
+        start = block.get("start", 0)
+        if not (0 <= start and 0 < block["length"] and start + block["length"] <= attrs["block_size"]):
+            raise InvalidArgument(f"block {block['block_id']}: {block['length']} bytes at {start} do not fit a block")
+        policy = parse_policy(attrs["policy"])
+        positions = sorted(c["position"] for c in block["chunks"])
+        minimum = write_min(attrs)
+        if len(set(positions)) != len(positions) or not set(positions) <= set(range(policy.width)) or (
+                len(positions) < minimum):
+            raise InvalidArgument(
+                f"block {block['block_id']} has chunks {positions}; {policy} needs at least {minimum}"
+                f" distinct positions in [0, {policy.width})"
+            )
+
+    def _file(self, ino: int, writing_caller: Caller | None = None) -> dict[str, Any]:
+        """File ``ino``'s attributes, for writing its data with ``writing_caller``."""
+        attrs = self._get(ino)
+        if attrs["kind"] != "file":
+            raise IsADirectory(f"inode {ino} is not a file")
+        access.require_writer(attrs, writing_caller, f"inode {ino}")
+        return attrs
+
+    def stage(
+        self, ino: int, writer: int, blocks: list[dict[str, Any]], holes: Iterable[int] = (),
+        cut_from: int | None = None, *, caller: Caller | None = None,
+    ) -> None:
+        """Record part of a commit ahead of it (a writer with more blocks than one call
+        carries): nothing becomes visible until ``commit(..., writer=writer)``. ``cut_from``
+        first withdraws what this writer staged at that index and above (it truncated);
+        a later block or hole at an index replaces what was staged there."""
+        attrs = self._file(ino, caller)
+        for block in blocks:
+            self._check_written_block(ino, attrs, block)
+        if cut_from is not None:
+            for (block_id,) in self._all(
+                "SELECT block_id FROM staged WHERE ino = ? AND writer = ? AND idx >= ? AND block_id IS NOT NULL",
+                (ino, writer, cut_from),
+            ):
+                self._release_allocation(block_id, set())
+            self._x("DELETE FROM staged WHERE ino = ? AND writer = ? AND idx >= ?", (ino, writer, cut_from))
+        now = self.clock()
+        for idx, block in [(idx, None) for idx in holes] + [(b["idx"], b) for b in blocks]:
+            old = self._one("SELECT block_id FROM staged WHERE ino = ? AND writer = ? AND idx = ?", (ino, writer, idx))
+            if old is not None:
+                if old[0] is not None and (block is None or old[0] != block["block_id"]):
+                    self._release_allocation(old[0], set())
+                self._x("DELETE FROM staged WHERE ino = ? AND writer = ? AND idx = ?", (ino, writer, idx))
+            self._x(
+                "INSERT INTO staged (ino, writer, idx, block_id, block, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (ino, writer, idx, None if block is None else block["block_id"],
+                 None if block is None else json.dumps(block), now),
+            )
+
+    def _take_staged(self, ino: int, writer: int) -> tuple[dict[int, dict[str, Any]], set[int]]:
+        rows = self._all("SELECT idx, block FROM staged WHERE ino = ? AND writer = ?", (ino, writer))
+        self._x("DELETE FROM staged WHERE ino = ? AND writer = ?", (ino, writer))
+        blocks = {int(idx): json.loads(block) for idx, block in rows if block is not None}
+        return blocks, {int(idx) for idx, block in rows if block is None}
+
+    def commit(
+        self, ino: int, size: int, blocks: list[dict[str, Any]], replace: bool, mtime: float | None = None,
+        shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
+        *, caller: Caller | None = None,
+    ) -> dict[str, Any]:
+        """Publish written blocks and the new size in one step.
+
+        ``blocks``: ``[{"idx", "block_id", "start", "length", "chunks": [{"position", "server_id",
+        "length", "crc"}]}]``, each block allocated to this file and not committed before;
+        with ``writer``, what that writer staged (``stage``) comes first, and ``blocks`` and
+        ``holes`` override it index by index. ``replace`` drops every block not committed
+        now first (a whole-file rewrite); otherwise, in this order: the file is cut to
+        ``shrunk_to`` (the smallest size the writer truncated to since its last commit, so that
+        bytes it cut off never come back when it grows the file again), the blocks at ``holes``
+        are dropped (the writer zeroed them whole), the new blocks replace the old ones at
+        their indexes (copy-on-write), and blocks past ``size`` are dropped.
+        Returns the first segment of the file's new layout, so a writer that goes on reading
+        needs no second call."""
+        attrs = self._file(ino, caller)
+        block_size = attrs["block_size"]
+        new, hole_set = self._take_staged(ino, writer) if writer is not None else ({}, set())
+        for idx in holes:
+            hole_set.add(idx)
+            if idx in new:
+                self._release_allocation(new.pop(idx)["block_id"], set())
+        for block in blocks:
+            hole_set.discard(block["idx"])
+            old = new.get(block["idx"])
+            if old is not None and old["block_id"] != block["block_id"]:
+                self._release_allocation(old["block_id"], set())
+            new[block["idx"]] = block
+        for block in new.values():
+            self._check_written_block(ino, attrs, block)
+        if replace:
+            self._drop_blocks(ino)
+        else:
+            if shrunk_to is not None:
+                self._shrink(ino, shrunk_to, block_size)
+            for idx in hole_set | set(new):
+                self._drop_blocks(ino, only_idx=idx)
+            self._shrink(ino, size, block_size)
+        now = self.clock()
+        for block in new.values():
+            start = block.get("start", 0)
+            valid = min(start + block["length"], size - block["idx"] * block_size)
+            if valid <= start:  # nothing of it lies below the size: a hole after all
+                self._release_allocation(block["block_id"], set())
+                continue
+            self._x(
+                "INSERT INTO blocks (ino, idx, block_id, policy, start, length, valid, missing)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (ino, block["idx"], block["block_id"], attrs["policy"], start, block["length"], valid,
+                 parse_policy(attrs["policy"]).width - len(block["chunks"])),
+            )
+            for chunk in block["chunks"]:
+                self._x(
+                    "INSERT INTO chunks (block_id, position, server_id, length, crc, since) VALUES (?, ?, ?, ?, ?, ?)",
+                    (block["block_id"], chunk["position"], chunk["server_id"], chunk["length"], chunk["crc"], now),
+                )
+            self._release_allocation(block["block_id"], {c["server_id"] for c in block["chunks"]})
+        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, mtime or now, now, ino))
+        self._count_stored(ino)
+        return self.layout(ino=ino)
+
+    def renew(
+        self, ino: int, writer: int = 0, reader: int = 0, reader_lease_s: float = limits.reader_lease_s,
+        *, caller: Caller | None = None,
+    ) -> int:
+        """``ServersAndLeases.renew``; a caller renews a writer's lease under
+        ``access.require_writer`` and a reader's with read permission. The leases on a file
+        that is gone (unlinked while open) are renewed unchecked: there is nothing to check
+        them against, and they only delay the collection of its chunks."""
+        if caller is not None:
+            try:
+                attrs = self._get(ino)
+            except StaleFile:
+                attrs = None
+            if attrs is not None and writer:
+                access.require_writer(attrs, caller, f"inode {ino}")
+            if attrs is not None and reader:
+                access.require(attrs, caller, R, path=f"inode {ino}")
+        return super().renew(ino, writer, reader, reader_lease_s)
+
+    def _release_allocation(self, block_id: int, used: set[int]) -> None:
+        """Forget a committed block's allocation. Spare servers it did not end up on may hold
+        a copy from a hedged or retried write that lost the race: queue those for deletion."""
+        row = self._one("SELECT servers FROM allocations WHERE block_id = ?", (block_id,))
+        if row is None:  # expired already: its chunks are queued for deletion
+            return
+        (servers,) = row
+        due = self.clock() + self.gc_delay_s
+        for server_id in set(json.loads(servers)) - used:
+            self._x(
+                "INSERT INTO gc_queue (server_id, block_id, due) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (server_id, block_id, due),
+            )
+        self._x("DELETE FROM allocations WHERE block_id = ?", (block_id,))
+
+    def _shrink(self, ino: int, size: int, block_size: int) -> None:
+        """Forget blocks wholly past ``size`` and clip the valid length of the last one, so a
+        later extension reads zeros there, as POSIX requires. A last block left with no
+        stored byte below ``size`` is dropped too."""
+        self._drop_blocks(ino, from_idx=(size + block_size - 1) // block_size)
+        if size % block_size:
+            last, within = divmod(size, block_size)
+            self._x("UPDATE blocks SET valid = ? WHERE ino = ? AND idx = ? AND valid > ?", (within, ino, last, within))
+            if self._one("SELECT 1 FROM blocks WHERE ino = ? AND idx = ? AND valid <= start", (ino, last)):
+                self._drop_blocks(ino, only_idx=last)
+
+    def _count_stored(self, ino: int) -> None:
+        """Recount the bytes file ``ino`` really stores (holes and zero heads and tails excluded)."""
+        self._x("UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE ino = ?)"
+                " WHERE ino = ?", (ino, ino))
+
+    def truncate(self, parts: list[str], size: int, *, caller: Caller | None = None) -> dict[str, Any]:
+        """Set the size of a file: shrinking drops data past ``size``; growing reads as zeros.
+        A caller needs write permission."""
+        attrs = self._resolve(parts, caller)
+        if attrs["kind"] == "dir":
+            raise IsADirectory(f"/{'/'.join(parts)} is a directory")
+        if attrs["kind"] != "file":
+            raise InvalidArgument(f"/{'/'.join(parts)} is not a regular file")
+        access.require(attrs, caller, W, path=_p(parts))
+        if size < 0:
+            raise InvalidArgument("negative size")
+        if size < attrs["size"]:
+            self._shrink(attrs["ino"], size, attrs["block_size"])
+            self._count_stored(attrs["ino"])
+        now = self.clock()
+        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, now, now, attrs["ino"]))
+        return self._get(attrs["ino"])
