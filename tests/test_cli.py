@@ -73,3 +73,41 @@ def test_up_check_smoke(tmp_path):
     result = tectofs("up", "--root", str(tmp_path / "root"), "--port", "0", "--servers", "6", "--check", timeout=120)
     assert "self-check" in result.stdout and "OK" in result.stdout
     assert "cluster stopped" in result.stdout
+
+
+def test_users_and_keys_as_an_administrator_makes_them(cluster, tmp_path):
+    """`tectofs user add` writes a private credential file that works at once; `whoami` names
+    its user; the user gets what POSIX gives them; `user remove` ends it; `tectofs init` and
+    `tectofs key` make and rotate a key file."""
+    a = cluster.address
+    cred = tmp_path / "carol.credentials"
+    out = tectofs("user", "add", "carol", "--uid", "2000", "--gid", "2000", "--groups", "27,100", "--out", str(cred),
+                  address=a).stdout
+    assert "carol" in out and str(cred) in out and "S3 access key: TFS" in out
+    assert os.stat(cred).st_mode & 0o777 == 0o600
+    assert "carol (uid 2000, gid 2000, groups 27,100)" in tectofs("whoami", "--credentials", str(cred), address=a).stdout
+    assert "carol" in tectofs("user", "list", address=a).stdout
+    tectofs("mkdir", "/carol-only", address=a)
+    denied = tectofs("mkdir", "/carol-only/x", "--credentials", str(cred), address=a, check=False)
+    assert denied.returncode != 0 and "permission denied" in denied.stderr
+    refused = tectofs("user", "add", "dave", "--uid", "1", "--gid", "1", "--out", str(tmp_path / "d"),
+                      "--credentials", str(cred), address=a, check=False)
+    assert refused.returncode != 0 and "not an administrator" in refused.stderr
+    tectofs("user", "remove", "carol", address=a)
+    gone = tectofs("whoami", "--credentials", str(cred), address=a, check=False)
+    assert gone.returncode != 0 and "unknown user" in gone.stderr
+    anonymous = tectofs("ls", "/", "--credentials", str(tmp_path / "missing.credentials"), address=a, check=False)
+    assert anonymous.returncode != 0 and "does not exist" in anonymous.stderr
+
+    root = tmp_path / "site"
+    out = tectofs("init", "--root", str(root)).stdout
+    assert "cluster.key" in out and os.stat(root / "cluster.key").st_mode & 0o777 == 0o600
+    assert os.stat(root / "root.credentials").st_mode & 0o777 == 0o600
+    out = tectofs("key", "add", "--key-file", str(root / "cluster.key")).stdout
+    first, second = out.split("keys ")[1].split(" (")[0].split(", ")
+    out = tectofs("key", "use", second, "--key-file", str(root / "cluster.key")).stdout
+    assert f"({second} signs)" in out
+    out = tectofs("key", "remove", first, "--key-file", str(root / "cluster.key")).stdout
+    assert first not in out.split("keys ")[1].split(" (")[0]
+    last = tectofs("key", "remove", second, "--key-file", str(root / "cluster.key"), check=False)
+    assert last.returncode != 0 and "only key" in last.stderr
