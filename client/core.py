@@ -35,7 +35,7 @@ _MODES = {
 @dataclass(frozen=True)
 class Stat:
     ino: int
-    kind: str  # "file", "dir" or "symlink"
+    kind: str  # "file", "dir", "symlink", or a special file: "fifo", "socket", "char", "block"
     size: int
     mode: int
     uid: int
@@ -49,6 +49,7 @@ class Stat:
     target: str | None
     stored: int = 0  # bytes of data the file really stores: holes and zero heads and tails excluded
     write_min: int = 0  # chunks a block needs to be accepted when servers are missing (0: the policy's)
+    rdev: int = 0  # a device node's device number
 
     @classmethod
     def from_attrs(cls, attrs: messages.Attrs) -> "Stat":
@@ -255,6 +256,12 @@ class AsyncFileSystem:
 
     async def symlink(self, target: str, path: str) -> Stat:
         reply, _ = await self.meta("symlink", path=path, target=target, uid=os.getuid(), gid=os.getgid())
+        return Stat.from_attrs(reply.attrs)
+
+    async def mknod(self, path: str, mode: int, rdev: int = 0) -> Stat:
+        """A FIFO, socket or device node (``mode`` with its ``stat.S_IF*`` type bits): metadata
+        only, for the mount, ``tar`` and ``cp -a`` (the kernel serves them locally)."""
+        reply, _ = await self.meta("mknod", path=path, mode=mode, rdev=rdev, uid=os.getuid(), gid=os.getgid())
         return Stat.from_attrs(reply.attrs)
 
     async def readlink(self, path: str) -> str:

@@ -30,7 +30,7 @@ numbers), ``hard_remove`` (libfuse must not rename open files to ``.fuse_hidden*
 unlink: the kernel releases files asynchronously, so a ``rm`` right after ``close`` would
 leave such names behind and make ``rmdir`` fail) and no page cache kept across opens.
 
-Limits of the mapping: no hard links (``EPERM``), no special files, no xattrs; an unlinked
+Limits of the mapping: no hard links (``EPERM``), no xattrs (special files are metadata); an unlinked
 file stays readable/writable through handles already open but its data is gone at the next
 commit (``ESTALE``), since tectofs removes an inode with its last name.
 """
@@ -84,7 +84,8 @@ RENAME_EXCHANGE = 2
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 _ACCESS_MODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
-_KIND_BITS = {"file": statmod.S_IFREG, "dir": statmod.S_IFDIR, "symlink": statmod.S_IFLNK}
+_KIND_BITS = {"file": statmod.S_IFREG, "dir": statmod.S_IFDIR, "symlink": statmod.S_IFLNK, "fifo": statmod.S_IFIFO,
+              "socket": statmod.S_IFSOCK, "char": statmod.S_IFCHR, "block": statmod.S_IFBLK}
 
 
 def _errno(method: F) -> F:
@@ -210,6 +211,7 @@ class TectofsOperations(mfusepy.Operations):
             "st_atime": int(st.atime * 1e9),
             "st_mtime": int(st.mtime * 1e9),
             "st_ctime": int(st.ctime * 1e9),
+            "st_rdev": st.rdev,
         }
 
     def _size_seen_by_writers(self, ino: int) -> int | None:
@@ -377,8 +379,9 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def mknod(self, path: str, mode: int, dev: int) -> int:
-        if not statmod.S_ISREG(mode):
-            raise mfusepy.FuseOSError(errno.EPERM)  # no devices, fifos or sockets
+        if not statmod.S_ISREG(mode):  # a FIFO, socket or device node: metadata; the kernel serves it
+            self._as_caller(lambda fs: fs.mknod(path, mode, dev))
+            return 0
         file = self._as_caller(lambda fs: fs.open(path, "xb", file_mode=mode & 0o7777))
         self._run(file.close())
         return 0

@@ -287,6 +287,9 @@ class FileSystem:
     def symlink(self, target: str, path: str) -> Stat:
         return self.run(self.aio.symlink(target, path))
 
+    def mknod(self, path: str, mode: int, rdev: int = 0) -> Stat:
+        return self.run(self.aio.mknod(path, mode, rdev))
+
     def readlink(self, path: str) -> str:
         return self.run(self.aio.readlink(path))
 

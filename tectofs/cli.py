@@ -232,7 +232,7 @@ def cmd_ls(args: argparse.Namespace) -> None:
         st = fs.stat(args.path)
         entries = fs.iter_scandir(args.path) if st.is_dir else iter([(os.path.basename(args.path), st)])
         for name, e in entries:
-            kind = {"dir": "d", "file": "-", "symlink": "l"}[e.kind]
+            kind = {"dir": "d", "file": "-", "symlink": "l", "fifo": "p", "socket": "s", "char": "c", "block": "b"}[e.kind]
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime))
             suffix = "/" if e.is_dir else (f" -> {e.target}" if e.kind == "symlink" else "")
             print(f"{kind}{oct(e.mode & 0o777)[2:]:>4} {e.size:>14} {when} {e.policy:>8}  {name}{suffix}")

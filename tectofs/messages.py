@@ -40,7 +40,7 @@ Address = Annotated[str, msgspec.Meta(min_length=3, max_length=limits.address_le
 BlockSize = Annotated[int, msgspec.Meta(ge=limits.block_size_min_bytes, le=limits.block_size_max_bytes)]
 BlockOffset = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
 ChunkLength = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
-Kind = Literal["file", "dir", "symlink"]
+Kind = Literal["file", "dir", "symlink", "fifo", "socket", "char", "block"]
 Role = Literal["client", "chunk", "meta", "tool"]
 
 
@@ -70,6 +70,7 @@ class Attrs(Message, kw_only=True):
     parent: Ino
     stored: Int64 = 0
     write_min: Int64 = 0  # chunks a block needs to be accepted (0: the policy's default)
+    rdev: Int64 = 0  # a char or block device node's device number
 
 
 Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
@@ -277,6 +278,16 @@ class CreateRequest(Message, kw_only=True):
 class SymlinkRequest(Message, kw_only=True):
     path: Path
     target: Annotated[str, msgspec.Meta(min_length=1, max_length=limits.symlink_target_max_bytes)]
+    uid: Owner = 0
+    gid: Owner = 0
+
+
+class MknodRequest(Message, kw_only=True):
+    """A FIFO, socket, or character or block device node: ``mode`` carries the type bits."""
+
+    path: Path
+    mode: Annotated[int, msgspec.Meta(ge=0, le=0o177777)]
+    rdev: Int64 = 0
     uid: Owner = 0
     gid: Owner = 0
 
@@ -662,6 +673,7 @@ META_OPERATIONS = _table(
     Operation("makedirs", MkdirRequest, AttrsReply, False),
     Operation("create", CreateRequest, CreateReply, False),
     Operation("symlink", SymlinkRequest, AttrsReply, False),
+    Operation("mknod", MknodRequest, AttrsReply, False),
     Operation("readdir", ReaddirRequest, ReaddirReply, True),
     Operation("setattr", SetattrRequest, AttrsReply, True),
     Operation("truncate", TruncateRequest, AttrsReply, True),

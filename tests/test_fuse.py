@@ -358,6 +358,42 @@ def test_errors_reach_callers_as_errno(mounted: Mounted) -> None:
         assert raised.value.errno == expected, (action, raised.value)
 
 
+def test_special_files(mounted: Mounted) -> None:
+    """FIFOs, sockets and device nodes are stored as metadata and served by the kernel: a FIFO
+    made on the mount carries bytes between two processes; tar sees them all."""
+    import socket
+    import stat as statmod
+    import threading
+
+    where, path = mounted.fresh_dir("special")
+    os.mkfifo(f"{where}/fifo", 0o640)
+    os.mknod(f"{where}/null", statmod.S_IFCHR | 0o666, os.makedev(1, 3))
+    os.mknod(f"{where}/disk", statmod.S_IFBLK | 0o600, os.makedev(8, 1))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(f"{where}/sock")
+    kinds = {name: statmod.S_IFMT(os.lstat(f"{where}/{name}").st_mode) for name in os.listdir(where)}
+    assert kinds == {"fifo": statmod.S_IFIFO, "null": statmod.S_IFCHR, "disk": statmod.S_IFBLK,
+                     "sock": statmod.S_IFSOCK}
+    st = os.lstat(f"{where}/null")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (os.major(st.st_rdev), os.minor(st.st_rdev), st.st_mode & 0o7777) == (1, 3, 0o666 & ~umask)
+    assert os.lstat(f"{where}/fifo").st_mode & 0o7777 == 0o640 & ~umask
+    assert mounted.fs.stat(f"{path}/disk").kind == "block"
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(open(f"{where}/fifo", "rb").read()))
+    reader.start()
+    with open(f"{where}/fifo", "wb") as f:
+        f.write(b"through the pipe")
+    reader.join(timeout=10)
+    assert got == [b"through the pipe"]
+    os.rename(f"{where}/fifo", f"{where}/fifo2")
+    assert statmod.S_ISFIFO(os.lstat(f"{where}/fifo2").st_mode)
+    for name in ("fifo2", "null", "disk", "sock"):
+        os.unlink(f"{where}/{name}")
+    assert os.listdir(where) == []
+
+
 def test_torch_save_and_load(mounted: Mounted) -> None:
     torch = pytest.importorskip("torch")
     import io

@@ -54,6 +54,8 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
         "create": lambda: {"path": path(), "mode": rng.randrange(0o10000), "uid": rng.randrange(2**32 - 1),
                            "gid": rng.randrange(2**32 - 1), "exclusive": rng.random() < 0.5},
         "symlink": lambda: {"path": path(), "target": rng.choice(["a", "../x", "/" + "t" * 300])},
+        "mknod": lambda: {"path": path(), "mode": rng.choice([0o10644, 0o140600, 0o20666, 0o60600, 0o100644, 0]),
+                          "rdev": rng.randrange(2**20)},
         "readdir": lambda: {"path": rng.choice([fuzz_dir, "/"]), "after": rng.choice(["", "b"]),
                             "limit": rng.randrange(1, 3000)},
         "setattr": lambda: {"path": path(), "mode": rng.choice([None, rng.randrange(0o10000)]),

@@ -444,3 +444,30 @@ def test_user_add_refuses(store, args, kwargs):
 def test_user_add_accepts_the_limits(store):
     store.user_add("a" * 64, 0, 2**32 - 2, list(range(64)), secret_hex=SECRET)
     assert store.user_get("a" * 64)["groups"] == list(range(64))
+
+
+def test_special_files_are_metadata_and_only_root_makes_devices(store):
+    import stat as statmod
+
+    from tectofs.errors import InvalidArgument, NotPermitted
+
+    _dir(store, ["open"], 0o1777)
+    user = Caller(1000, 1000)
+    fifo = store.mknod(["open", "fifo"], statmod.S_IFIFO | 0o640, caller=user)
+    sock = store.mknod(["open", "sock"], statmod.S_IFSOCK | 0o600, rdev=99, caller=user)
+    assert (fifo["kind"], fifo["mode"], fifo["uid"], fifo["rdev"]) == ("fifo", statmod.S_IFIFO | 0o640, 1000, 0)
+    assert (sock["kind"], sock["rdev"]) == ("socket", 0)  # only device nodes keep a device number
+    with pytest.raises(NotPermitted, match="only root"):
+        store.mknod(["open", "null"], statmod.S_IFCHR | 0o666, rdev=0x103, caller=user)
+    dev = store.mknod(["open", "null"], statmod.S_IFCHR | 0o666, rdev=0x103, caller=ROOT)
+    blk = store.mknod(["open", "disk"], statmod.S_IFBLK | 0o660, rdev=0x800)
+    assert (dev["kind"], dev["rdev"], blk["kind"], blk["rdev"]) == ("char", 0x103, "block", 0x800)
+    with pytest.raises(InvalidArgument, match="not mode"):
+        store.mknod(["open", "reg"], statmod.S_IFREG | 0o644)
+    with pytest.raises(PermissionDenied):
+        store.mknod(["fifo-at-root"], statmod.S_IFIFO | 0o644, caller=user)  # / is 0755 root's
+    store.rename(["open", "fifo"], ["open", "fifo2"], caller=user)
+    assert store.lookup(["open", "fifo2"])["kind"] == "fifo"
+    names = {name: attrs["kind"] for name, attrs in store.readdir(["open"])[0]}
+    assert names == {"fifo2": "fifo", "sock": "socket", "null": "char", "disk": "block"}
+    store.unlink(["open", "sock"], caller=user)

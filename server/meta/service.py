@@ -202,6 +202,9 @@ class MetadataService:
     async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
         return _attrs(await self._as_caller("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
 
+    async def rpc_mknod(self, r: messages.MknodRequest, _: memoryview) -> Reply:
+        return _attrs(await self._as_caller("mknod", paths.split(r.path), r.mode, r.rdev, r.uid, r.gid)), b""
+
     async def rpc_readdir(self, r: messages.ReaddirRequest, _: memoryview) -> Reply:
         entries, cursor = await self._as_caller("readdir", paths.split(r.path), r.after, r.limit)
         return messages.ReaddirReply(

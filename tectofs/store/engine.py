@@ -34,6 +34,7 @@ from ..errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    NotPermitted,
     StaleFile,
 )
 from ..paths import check_name
@@ -48,20 +49,25 @@ from .schema import ADDED_COLUMNS, SCHEMA, WIDENED_COLUMNS_POSTGRESQL
 from .users import Users
 
 ROOT_INO = 1
-_KINDS = {"f": "file", "d": "dir", "l": "symlink"}
+_KINDS = {"f": "file", "d": "dir", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}
+# Special files: kind code by file type bits (stored as metadata only; the kernel serves them).
+_SPECIAL = {statmod.S_IFIFO: "p", statmod.S_IFSOCK: "s", statmod.S_IFCHR: "c", statmod.S_IFBLK: "b"}
 # Upper bounds of encoded sizes (msgpack, field names included), for bounded replies:
 # an entry's attributes without its name and symlink target (blocks and chunks: blockmaps.py).
 _ENTRY_BYTES_MAX = 320
 _ATTR_COLUMNS = (
-    "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min"
+    "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min,"
+    " rdev"
 )
 
 def _attrs(row: Iterable[Any]) -> dict[str, Any]:
-    ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min = row
+    (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min,
+     rdev) = row
     return {
         "ino": ino, "kind": _KINDS[kind], "mode": mode, "uid": uid, "gid": gid, "size": size,
         "atime": atime, "mtime": mtime, "ctime": ctime, "nlink": nlink, "policy": policy,
         "block_size": block_size, "target": target, "parent": parent, "stored": stored, "write_min": write_min,
+        "rdev": rdev,
     }
 
 
@@ -234,7 +240,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
     def _insert_inode(
         self, parent: dict[str, Any], parts: list[str], kind: str, mode: int, uid: int, gid: int,
         policy: str | None = None, block_size: int | None = None, target: str | None = None,
-        write_min: int | None = None, caller: Caller | None = None,
+        write_min: int | None = None, caller: Caller | None = None, rdev: int = 0,
     ) -> dict[str, Any]:
         """A new inode ``parts`` below ``parent``; what is not given is inherited (a new policy
         without its own ``write_min`` gets the policy's default). A caller needs write and
@@ -251,11 +257,11 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
         now = self.clock()
         self._x(
             "INSERT INTO inodes (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy,"
-            " block_size, target, parent, write_min) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " block_size, target, parent, write_min, rdev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 ino, kind, mode, uid, gid, len(target.encode()) if target else 0, now, now, now,
                 2 if kind == "d" else 1, policy or parent["policy"], block_size or parent["block_size"],
-                target, parent["ino"], write_min,
+                target, parent["ino"], write_min, rdev,
             ),
         )
         self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent["ino"], name, ino))
@@ -334,6 +340,23 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
         return self._insert_inode(
             parent, parts, "l", statmod.S_IFLNK | 0o777, uid, gid, target=target, caller=caller
         )
+
+    def mknod(
+        self, parts: list[str], mode: int, rdev: int = 0, uid: int = 0, gid: int = 0, *, caller: Caller | None = None
+    ) -> dict[str, Any]:
+        """A special file: a FIFO, socket, character or block device node (``mode`` carries
+        its type bits; ``rdev`` a device's number). Only metadata: the kernel serves them. As
+        on Linux, only root makes device nodes."""
+        kind = _SPECIAL.get(statmod.S_IFMT(mode))
+        if kind is None:
+            raise InvalidArgument(f"mknod makes FIFOs, sockets and device nodes, not mode {oct(mode)}")
+        if not parts:
+            raise AlreadyExists("/ already exists")
+        if kind in "cb" and caller is not None and not caller.is_root:
+            raise NotPermitted(f"{_p(parts)}: only root makes device nodes")
+        parent = self._parent_dir(parts, caller)
+        return self._insert_inode(parent, parts, kind, statmod.S_IFMT(mode) | (mode & 0o7777), uid, gid,
+                                  caller=caller, rdev=rdev if kind in "cb" else 0)
 
     def readdir(
         self, parts: list[str], after: str = "", limit: int = limits.readdir_page_entries_max,

@@ -57,6 +57,7 @@ ADDED_COLUMNS = [
     ("gc_queue", "ino", "ino BIGINT NOT NULL DEFAULT 0", None),
     # chunks a degraded write could not store: the block is under-redundant until repaired
     ("blocks", "missing", "missing INTEGER NOT NULL DEFAULT 0", None),
+    ("inodes", "rdev", "rdev BIGINT NOT NULL DEFAULT 0", None),  # device number of a char or block node
     ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
      "UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE blocks.ino = inodes.ino)"),
 ]
