@@ -57,22 +57,20 @@ class MetaGuard:
         """A user was changed or removed here: the next hello looks it up again."""
         self._users.pop(name, None)
 
+    def _key(self, key_id: str, whose: str) -> bytes:
+        key = self.ring.get(key_id)
+        if key is None:
+            raise AuthenticationFailed(
+                f"{whose}: unknown cluster key {key_id[:64]!r} (another cluster's key file, or a key removed by a"
+                " rotation; root's credential is made anew with 'tectofs init --root DIR')")
+        return key
+
     async def resolve(self, claim: messages.HelloAuth) -> tuple[bytes, auth.Peer]:
         if claim.kind == "key":
-            key = self.ring.get(claim.key_id)
-            if key is None:
-                raise AuthenticationFailed(
-                    f"unknown cluster key {claim.key_id[:64]!r}: this peer's key file is not this cluster's"
-                    " (or its key was removed by a rotation)")
-            return key, auth.MEMBER
+            return self._key(claim.key_id, "this peer"), auth.MEMBER
         if claim.user == "root":
-            key = self.ring.get(claim.key_id)
-            if key is None:
-                raise AuthenticationFailed(
-                    f"root credential made from unknown cluster key {claim.key_id[:64]!r}: make a new one"
-                    " (tectofs user credential root --key-file ...)")
-            secret, peer = auth.root_secret(key), auth.Peer(kind="user", name="root", uid=0, gid=0, admin=True,
-                                                             proxy=True)
+            secret = auth.root_secret(self._key(claim.key_id, "root's credential"))
+            peer = auth.Peer(kind="user", name="root", uid=0, gid=0, admin=True, proxy=True)
         else:
             user = await self.find_user(claim.user)
             if user is None:
