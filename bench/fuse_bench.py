@@ -10,6 +10,17 @@ close, which commits; read after dropping caches — the mount also drops its ow
 at every open). Reports medians, ratios mount/client and the mount daemon's CPU seconds
 per GB. Targets: mount write >= 0.5x and read >= 0.7x of the client library.
 
+Metadata (``--metadata-only`` runs just this part, in about a minute): one process creates
+``--files`` (default 2,000) empty files in one new directory (``open(O_CREAT|O_WRONLY)`` +
+``close``), then ``os.stat``s them, then unlinks them, through the mount and in a local
+directory beside the cluster (the baseline); medians of ``--repeats`` runs (at least 3),
+ratios to local, CPU milliseconds per operation of the mount daemon and of the metadata
+service, store operations and group commits per operation. Target: 1,500 creates/s and
+1,500 unlinks/s through the mount, reported as met / not met. Stats and unlinks start once
+the mount's attribute timeout has expired, so each one reaches the mount daemon.
+
+    python bench/fuse_bench.py --metadata-only --files 2000 --repeats 3
+
 Everything shares this machine's cores (FUSE daemon, client, chunk servers, metadata
 service), so absolute numbers drift between runs; ratios from one run hold better.
 """
@@ -23,10 +34,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import drop_caches, parse_size, print_table, process_cpu_s, write_results  # noqa: E402
+from common import drop_caches, parse_size, process_cpu_s, write_results  # noqa: E402
 
 from tectofs.client import connect  # noqa: E402
 from tectofs.client.fuse import start_mount_process  # noqa: E402
@@ -35,6 +47,11 @@ from tectofs.server.cluster import LocalCluster  # noqa: E402
 CALL_BYTES = 8 << 20           # bytes per write/readinto call
 PATTERN_BYTES = 256 << 20      # random bytes repeated to make the file (content does not matter for speed)
 MODES = {"mount multi-thread": False, "mount single-thread": True}  # name -> single_thread
+META_MODES_DEFAULT = ("mount multi-thread",)  # mounts the metadata part measures (the default mount)
+META_FILES_DEFAULT = 2000      # empty files created, stat'ed and unlinked per metadata run
+META_TARGETS = {"creates/s": 1500, "unlinks/s": 1500}  # through the mount, one process, one directory
+META_TARGET_TEXT = "1,500 creates/s and 1,500 unlinks/s"
+ATTR_TIMEOUT_S = 1.0           # the mounts' attribute/entry timeout (tectofs mount's default)
 
 
 def _pieces(pattern: memoryview, size: int) -> Any:
@@ -96,37 +113,165 @@ def _client_read(fs: Any, path: str, size: int) -> float:
 
 
 
+def _fs_type(path: str) -> str:
+    """The file system type of the mount holding ``path`` (from /proc/self/mounts)."""
+    path, best, kind = os.path.realpath(path), "", "?"
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and (path == fields[1] or path.startswith(fields[1].rstrip("/") + "/")) \
+                        and len(fields[1]) >= len(best):
+                    best, kind = fields[1], fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def _store_stats(fs: Any) -> dict[str, int]:
+    """The metadata service's store counters: operations run and group commits made."""
+    reply, _ = fs.run(fs.aio.meta("stats"))
+    return dict(reply.store)
+
+
+def _create_files(names: list[str]) -> float:
+    started = time.perf_counter()
+    for name in names:
+        os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o644))
+    return time.perf_counter() - started
+
+
+def _stat_files(names: list[str]) -> float:
+    started = time.perf_counter()
+    for name in names:
+        os.stat(name)
+    return time.perf_counter() - started
+
+
+def _unlink_files(names: list[str]) -> float:
+    started = time.perf_counter()
+    for name in names:
+        os.unlink(name)
+    return time.perf_counter() - started
+
+
+META_OPS = {"creates/s": _create_files, "stats/s": _stat_files, "unlinks/s": _unlink_files}  # in this order
+
+
+def _metadata_round(where: str, directory: str, files: int, settle_s: float, times: dict[str, list[float]],
+                    cpu: dict[str, list[float]], pids: list[int | None], store: dict[str, list[float]],
+                    fs: Any) -> None:
+    """Create, stat and unlink ``files`` empty files in a new ``directory``; records seconds,
+    CPU seconds of ``pids`` (mount daemon, metadata service) and store operations/commits.
+    Before stats and unlinks, waits ``settle_s`` (the mount's attribute timeout) so that the
+    kernel asks the mount rather than answering from its cache, as for files made long ago."""
+    os.mkdir(directory)
+    names = [os.path.join(directory, f"f{n:06d}") for n in range(files)]
+    try:
+        for op, measure in META_OPS.items():
+            if op != "creates/s" and settle_s:
+                time.sleep(settle_s)
+            before = [process_cpu_s(pid) if pid else 0.0 for pid in pids]
+            counters = _store_stats(fs) if fs is not None else None
+            times[f"{where} {op}"].append(measure(names))
+            for i, pid in enumerate(pids):
+                if pid:
+                    cpu[f"{where} {op} {i}"].append(process_cpu_s(pid) - before[i])
+            if counters is not None:
+                after = _store_stats(fs)
+                for key in ("operations", "commits"):
+                    store[f"{where} {op} {key}"].append(after.get(key, 0) - counters.get(key, 0))
+            if op == "creates/s":
+                listed = len(os.listdir(directory))
+                assert listed == files, f"{where}: {listed} of {files} files created in {directory}"
+        assert not os.listdir(directory), f"{where}: files left in {directory} after the unlinks"
+    finally:
+        for name in os.listdir(directory):  # after a failure: leave nothing behind
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+
+
+def _metadata_results(files: int, repeats: int, meta_modes: tuple[str, ...], times: dict[str, list[float]],
+                      cpu: dict[str, list[float]], store: dict[str, list[float]]) -> dict[str, Any]:
+    rates = {name: statistics.median(files / t for t in runs) for name, runs in times.items()}
+    rows = []
+    ratios: dict[str, Any] = {}
+    verdicts = {}
+    for where in ("local", *meta_modes):
+        for op in META_OPS:
+            name = f"{where} {op}"
+            local = rates[f"local {op}"]
+            target = META_TARGETS.get(op)
+            row: dict[str, Any] = {
+                "what": name, "ops/s (median)": round(rates[name]), "runs ops/s": [round(files / t) for t in times[name]],
+                "vs local": round(rates[name] / local, 4),
+                "target": "-" if where == "local" or target is None else
+                          f">= {target:,}: {'met' if rates[name] >= target else 'NOT met'}",
+            }
+            for i, label in enumerate(("daemon CPU ms/op", "MDS CPU ms/op")):
+                runs = cpu.get(f"{name} {i}")
+                row[label] = round(statistics.median(runs) * 1000 / files, 3) if runs else "-"
+            for key, label in (("operations", "store ops/op"), ("commits", "commits/op")):
+                runs = store.get(f"{name} {key}")
+                row[label] = round(statistics.median(runs) / files, 2) if runs else "-"
+            rows.append(row)
+            if where != "local":
+                ratios[f"{where} {op} / local"] = round(rates[name] / local, 4)
+        if where != "local":
+            met = all(rates[f"{where} {op}"] >= target for op, target in META_TARGETS.items())
+            verdicts[where] = {"met": met, **{op: round(rates[f"{where} {op}"]) for op in META_TARGETS}}
+            ratios[f"{where} metadata target ({META_TARGET_TEXT})"] = "met" if met else "not met"
+    return {
+        "files": files, "repeats": repeats, "rows": rows, "ratios": ratios,
+        "target": {"text": META_TARGET_TEXT, **META_TARGETS, "by_mode": verdicts,
+                   "met": all(v["met"] for v in verdicts.values())},
+    }
+
+
 def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str | None = None,
-        modes: tuple[str, ...] = tuple(MODES), progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Measure and return ``{"rows": [...], "ratios": {...}, ...}``; writes ``fuse_bench.json``."""
+        modes: tuple[str, ...] = tuple(MODES), progress: Callable[[int], None] | None = None,
+        files: int = META_FILES_DEFAULT, meta_repeats: int | None = None, data: bool = True,
+        metadata: bool = True, meta_modes: tuple[str, ...] = META_MODES_DEFAULT) -> dict[str, Any]:
+    """Measure and return ``{"rows": [...], "ratios": {...}, "metadata": {...}, ...}``; writes
+    ``fuse_bench.json``. ``data``: the streaming part (``size_bytes``, ``repeats``, ``modes``);
+    ``metadata``: creates, stats and unlinks of ``files`` empty files per run, ``meta_repeats``
+    runs (default: ``repeats``, at least 3), through the mounts ``meta_modes`` and in a local
+    directory next to the cluster."""
+    assert data or metadata
     assert size_bytes > 0
-    assert repeats > 0
-    assert all(m in MODES for m in modes)
-    pattern = memoryview(os.urandom(min(size_bytes, PATTERN_BYTES)))
+    assert repeats > 0 and files > 0
+    assert all(m in MODES for m in (*modes, *meta_modes))
+    meta_repeats = meta_repeats or max(3, repeats)
+    pattern = memoryview(os.urandom(min(size_bytes, PATTERN_BYTES))) if data else memoryview(b"")
     names = ["local write+fsync", "local read", "client write", "client read"]
     names += [f"{mode} {op}" for mode in modes for op in ("write", "read")]
     times: dict[str, list[float]] = {name: [] for name in names}
     daemon_cpu: dict[str, list[float]] = {f"{mode} {op}": [] for mode in modes for op in ("write", "read")}
-    caches_dropped = drop_caches()
+    meta_times: dict[str, list[float]] = defaultdict(list)
+    meta_cpu: dict[str, list[float]] = defaultdict(list)
+    meta_store: dict[str, list[float]] = defaultdict(list)
+    caches_dropped = drop_caches() if data else False
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        local_fs = _fs_type(tmp)
         with LocalCluster(os.path.join(tmp, "cluster")) as cluster, connect(cluster.address) as fs:
             mounts = {}
             try:
-                for mode in modes:
+                for mode in dict.fromkeys((*(modes if data else ()), *(meta_modes if metadata else ()))):
                     mountpoint = os.path.join(tmp, mode.replace(" ", "-"))
                     log_path = os.path.join(out_dir, f"fuse_bench-{mode.replace(' ', '-')}.log")
                     mounts[mode] = start_mount_process(cluster.address, mountpoint, single_thread=MODES[mode],
-                                                       log_path=log_path)
+                                                       log_path=log_path, attr_timeout_s=ATTR_TIMEOUT_S)
                 local = os.path.join(tmp, "local.bin")
-                for i in range(repeats):
+                for i in range(repeats if data else 0):
                     times["local write+fsync"].append(_write_file(local, pattern, size_bytes))
                     times["local read"].append(_read_file(local, size_bytes))
                     os.unlink(local)
                     times["client write"].append(_client_write(fs, f"/client-{i}.bin", pattern, size_bytes))
                     times["client read"].append(_client_read(fs, f"/client-{i}.bin", size_bytes))
                     fs.remove(f"/client-{i}.bin")
-                    for mode, mounted in mounts.items():
+                    for mode in modes:
+                        mounted = mounts[mode]
                         # every mount shows the same namespace: one name per mode and run
                         path = os.path.join(mounted.mountpoint, f"{mode.replace(' ', '-')}-{i}.bin")
                         for op, measure in (("write", lambda: _write_file(path, pattern, size_bytes)),
@@ -137,33 +282,79 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
                         os.unlink(path)
                     if progress is not None:
                         progress(1)
+                meta_pid = cluster.meta_process.pid if cluster.meta_process is not None else None
+                for i in range(meta_repeats if metadata else 0):
+                    _metadata_round("local", os.path.join(tmp, f"local-meta-{i}"), files, 0.0,
+                                    meta_times, meta_cpu, [None, None], meta_store, None)
+                    for mode in meta_modes:
+                        mounted = mounts[mode]
+                        _metadata_round(mode, os.path.join(mounted.mountpoint, f"meta-{mode.replace(' ', '-')}-{i}"),
+                                        files, ATTR_TIMEOUT_S + 0.1, meta_times, meta_cpu, [mounted.pid, meta_pid],
+                                        meta_store, fs)
+                    if progress is not None:
+                        progress(1)
             finally:
                 for mounted in mounts.values():
                     mounted.stop()
-    gbps = {name: size_bytes / statistics.median(t) / 1e9 for name, t in times.items()}
-    ratios = {
-        "client write / local write+fsync": gbps["client write"] / gbps["local write+fsync"],
-        "client read / local read": gbps["client read"] / gbps["local read"],
-    }
-    for mode in modes:
-        ratios[f"{mode} write / client write (target >= 0.5)"] = gbps[f"{mode} write"] / gbps["client write"]
-        ratios[f"{mode} read / client read (target >= 0.7)"] = gbps[f"{mode} read"] / gbps["client read"]
     rows = []
-    for name, value in gbps.items():
-        row: dict[str, Any] = {"what": name, "GB/s (median)": round(value, 3),
-                               "runs_s": [round(t, 2) for t in times[name]]}
-        cpu = daemon_cpu.get(name)
-        row["daemon CPU s/GB"] = round(statistics.median(cpu) / (size_bytes / 1e9), 2) if cpu else "-"
-        rows.append(row)
-    result = {
-        "benchmark": "fuse_bench", "size_bytes": size_bytes, "repeats": repeats, "call_bytes": CALL_BYTES,
-        "rows": rows, "ratios": {k: round(v, 3) for k, v in ratios.items()},
+    ratios: dict[str, Any] = {}
+    if data:
+        gbps = {name: size_bytes / statistics.median(t) / 1e9 for name, t in times.items()}
+        ratios["client write / local write+fsync"] = gbps["client write"] / gbps["local write+fsync"]
+        ratios["client read / local read"] = gbps["client read"] / gbps["local read"]
+        for mode in modes:
+            ratios[f"{mode} write / client write (target >= 0.5)"] = gbps[f"{mode} write"] / gbps["client write"]
+            ratios[f"{mode} read / client read (target >= 0.7)"] = gbps[f"{mode} read"] / gbps["client read"]
+        ratios = {k: round(v, 3) for k, v in ratios.items()}
+        for name, value in gbps.items():
+            row: dict[str, Any] = {"what": name, "GB/s (median)": round(value, 3),
+                                   "runs_s": [round(t, 2) for t in times[name]]}
+            cpu_runs = daemon_cpu.get(name)
+            row["daemon CPU s/GB"] = round(statistics.median(cpu_runs) / (size_bytes / 1e9), 2) if cpu_runs else "-"
+            rows.append(row)
+    result: dict[str, Any] = {
+        "benchmark": "fuse_bench", "size_bytes": size_bytes if data else 0, "repeats": repeats if data else 0,
+        "call_bytes": CALL_BYTES, "rows": rows, "ratios": ratios,
         "caches_dropped": caches_dropped, "cpus": os.cpu_count(),
         "note": "one sequential stream; cluster: 6 chunk servers, rs(4,2), 64 MiB blocks, same host"
-                + ("" if caches_dropped else "; page cache NOT dropped (needs root): local reads may be cached"),
+                + ("" if caches_dropped or not data else "; page cache NOT dropped (needs root): local reads may be cached"),
     }
+    if metadata:
+        meta = _metadata_results(files, meta_repeats, tuple(meta_modes), meta_times, meta_cpu, meta_store)
+        meta["local_dir_fs"] = local_fs
+        meta["attr_timeout_s"] = ATTR_TIMEOUT_S
+        meta["note"] = (f"one process, one directory, {files} empty files per run: create = open(O_CREAT|O_WRONLY) "
+                        f"+ close, then os.stat, then os.unlink of each; before stats and unlinks the mount's "
+                        f"{ATTR_TIMEOUT_S:g} s attribute/entry timeout is let expire, so every call reaches the "
+                        f"mount (as for files made long ago); local directory on {local_fs}, no fsync")
+        result["metadata"] = meta
+        result["ratios"].update(meta["ratios"])
     write_results(out_dir, "fuse_bench", result)
     return result
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    """The streaming table (if measured), the metadata table and the ratios and targets."""
+    tables = [result.get("rows") or [], (result.get("metadata") or {}).get("rows") or []]
+    for rows in tables:
+        if not rows:
+            continue
+        keys = list(rows[0])
+        cells = [[" ".join(map(str, r[k])) if isinstance(r[k], list) else str(r[k]) for k in keys] for r in rows]
+        widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+        print("  ".join(k.ljust(w) for k, w in zip(keys, widths)))
+        for c in cells:
+            print("  ".join(v.ljust(w) for v, w in zip(c, widths)))
+        print()
+    for name, value in (result.get("ratios") or {}).items():
+        print(f"{name}: {value}")
+    meta = result.get("metadata")
+    if meta:
+        for mode, verdict in meta["target"]["by_mode"].items():
+            rates = ", ".join(f"{op} {verdict[op]:,}" for op in META_TARGETS)
+            print(f"target {meta['target']['text']} through the mount ({mode}): "
+                  f"{'MET' if verdict['met'] else 'NOT MET'} ({rates})")
+        print(meta["note"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,9 +365,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work-dir", help="where the cluster and local file live (default: system temp dir)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                         help="FUSE serving modes to measure")
+    parser.add_argument("--files", type=int, default=META_FILES_DEFAULT,
+                        help=f"metadata: empty files per run (default {META_FILES_DEFAULT})")
+    parser.add_argument("--meta-modes", nargs="+", choices=list(MODES), default=list(META_MODES_DEFAULT),
+                        help="FUSE serving modes the metadata part measures (default: multi-thread)")
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument("--metadata-only", action="store_true", help="only creates/stats/unlinks, no data streams")
+    part.add_argument("--data-only", action="store_true", help="only the data streams")
     args = parser.parse_args(argv)
-    result = run(args.out, args.size, args.repeats, args.work_dir, tuple(args.modes))
-    print_table(result)
+    result = run(args.out, args.size, args.repeats, args.work_dir, tuple(args.modes), files=args.files,
+                 meta_repeats=args.repeats, data=not args.metadata_only, metadata=not args.data_only,
+                 meta_modes=tuple(args.meta_modes))
+    print_summary(result)
     print(json.dumps({"caches_dropped": result["caches_dropped"], "note": result["note"]}, indent=2))
 
 

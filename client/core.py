@@ -219,7 +219,13 @@ class AsyncFileSystem:
         await self.meta("exchange", a=a, b=b)
 
     async def remove(self, path: str) -> None:
+        """Remove a name; the file goes with its last name, once no handle has it open."""
         await self.meta("unlink", path=path)
+
+    async def link(self, src: str, dst: str) -> Stat:
+        """A hard link: ``dst`` becomes another name of the file ``src`` (not a directory)."""
+        reply, _ = await self.meta("link", src=src, dst=dst)
+        return Stat.from_attrs(reply.attrs)
 
     async def rmdir(self, path: str) -> None:
         await self.meta("rmdir", path=path)
@@ -280,27 +286,32 @@ class AsyncFileSystem:
 
     # ------------------------------------------------------------------ files
 
-    async def open(self, path: str, mode: str = "rb", file_mode: int = 0o644) -> AsyncFile:
+    async def open(self, path: str, mode: str = "rb", file_mode: int = 0o644, write_only: bool = False) -> AsyncFile:
         """Open a file. ``wb`` creates the name at once (empty if new) but replaces an existing
-        file's content only when the handle commits, so readers never see a partial file."""
+        file's content only when the handle commits, so readers never see a partial file.
+        ``write_only``: a writable handle that will not be read from (it needs write
+        permission on the file rather than read permission; the mount's ``O_WRONLY``).
+
+        Every handle holds a lease while open: the version it opened stays readable after an
+        unlink or a replace, and a file unlinked while open lives on (no name, ``nlink`` 0)
+        until its last handle closes."""
         readable, writable, create, truncate, exclusive, append = _MODES[normalize_mode(mode)]
         created = False
-        # A reader's lease keeps the version it opened readable after an unlink or a replace.
-        reader = int.from_bytes(os.urandom(8), "big") >> 1 if readable and not truncate else 0
+        lease = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         if create:
             reply, _ = await self.meta(
-                "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid()
+                "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease
             )
             attrs, created = reply.attrs, reply.created
             layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate else (
-                await self.meta("layout", ino=attrs.ino, reader=reader)
+                await self.meta("layout", ino=attrs.ino)
             )[0]
         else:
-            layout, _ = await self.meta("layout", path=path, reader=reader)
+            layout, _ = await self.meta("layout", path=path, reader=lease,
+                                        write_only=writable and (write_only or not readable))
         handle = AsyncFile(self, path, layout, readable, writable, truncate)
         handle.created = created
-        if reader:
-            handle.hold_read_lease(reader)
+        handle.hold_read_lease(lease)
         return handle
 
     async def block_count(self, path: str) -> int:

@@ -30,9 +30,9 @@ numbers), ``hard_remove`` (libfuse must not rename open files to ``.fuse_hidden*
 unlink: the kernel releases files asynchronously, so a ``rm`` right after ``close`` would
 leave such names behind and make ``rmdir`` fail) and no page cache kept across opens.
 
-Limits of the mapping: no hard links (``EPERM``), no xattrs (special files are metadata); an unlinked
-file stays readable/writable through handles already open but its data is gone at the next
-commit (``ESTALE``), since tectofs removes an inode with its last name.
+Files: hard links are names of one inode; a file unlinked while open stays readable and
+writable through the handles that have it open (each holds a lease) and goes with the last
+one; special files are metadata the kernel serves.
 """
 
 from __future__ import annotations
@@ -374,8 +374,11 @@ class TectofsOperations(mfusepy.Operations):
     def readlink(self, path: str) -> str:
         return str(self._as_caller(lambda fs: fs.readlink(path)))
 
+    @_errno
     def link(self, target: str, source: str) -> int:
-        raise mfusepy.FuseOSError(errno.EPERM)  # tectofs has no hard links
+        """``ln SOURCE TARGET``: ``target`` becomes another name of the file ``source``."""
+        self._as_caller(lambda fs: fs.link(source, target))
+        return 0
 
     @_errno
     def mknod(self, path: str, mode: int, dev: int) -> int:
@@ -409,7 +412,7 @@ class TectofsOperations(mfusepy.Operations):
             client_mode = "w+b"  # new content replaces the old at the first commit
         else:
             client_mode = "r+b"
-        file = self._as_caller(lambda fs: fs.open(path, client_mode))
+        file = self._as_caller(lambda fs: fs.open(path, client_mode, write_only=access == os.O_WRONLY))
         file.readable = True
         self._invalidate_if_changed(path, file)
         return self._register(file, flags, dirty=client_mode == "w+b")

@@ -266,6 +266,9 @@ class FileSystem:
     def remove(self, path: str) -> None:
         self.run(self.aio.remove(path))
 
+    def link(self, src: str, dst: str) -> Stat:
+        return self.run(self.aio.link(src, dst))
+
     def rmdir(self, path: str) -> None:
         self.run(self.aio.rmdir(path))
 

@@ -2,7 +2,8 @@
 
     tectofs bench client-io --out results/          # one large file: client vs local disk
     tectofs bench checkpoint --out results/         # DCP save/load through the plugin
-    tectofs bench fuse --out results/               # one stream through the mount
+    tectofs bench fuse --out results/               # one stream through the mount; creates/stats/unlinks
+    tectofs bench fuse --metadata-only --files 2000 # just creates/s, stats/s, unlinks/s vs. a local directory
     tectofs bench burst --out results/              # N ranks checkpoint at once
     tectofs bench repair --out results/             # rebuild throughput; a save during a rebuild
     tectofs bench all --out results/ --quick        # everything, small sizes
@@ -223,7 +224,13 @@ def _client_io(module: ModuleType, args: argparse.Namespace, progress: Callable[
 def _fuse(module: ModuleType, args: argparse.Namespace, progress: Callable[..., Any]) -> dict[str, Any]:
     repeats = args.repeats or (1 if args.quick else 3)
     size = args.size or (256 * MiB if args.quick else 2048 * MiB)
-    return _call(module.run, args.out, size_bytes=size, repeats=repeats, work_dir=args.work_dir, progress=progress)
+    # metadata: medians of at least 3 runs even when --quick, unless --repeats says otherwise
+    return _call(module.run, args.out, size_bytes=size, repeats=repeats, work_dir=args.work_dir, progress=progress,
+                 files=args.files, meta_repeats=args.repeats or 3, data=not args.metadata_only)
+
+
+def _fuse_steps(args: argparse.Namespace) -> int:
+    return (0 if args.metadata_only else args.repeats or (1 if args.quick else 3)) + (args.repeats or 3)
 
 
 def _checkpoint(module: ModuleType, args: argparse.Namespace, progress: Callable[..., Any]) -> dict[str, Any]:
@@ -252,7 +259,7 @@ _RUNNERS: dict[str, tuple[str, Runner, Callable[[argparse.Namespace], int | None
     # name: (script in bench/ = result file name, runner, progress steps if known before the run)
     "client-io": ("client_io", _client_io, lambda a: a.repeats or (1 if a.quick else 3)),
     "checkpoint": ("checkpoint_bench", _checkpoint, lambda a: getattr(a, "checkpoint_steps", None)),
-    "fuse": ("fuse_bench", _fuse, lambda a: a.repeats or (1 if a.quick else 3)),
+    "fuse": ("fuse_bench", _fuse, _fuse_steps),
     "burst": ("burst", _burst, lambda a: 5),
     "repair": ("repair", _checkpoint, lambda a: None),  # same options as checkpoint: --quick, --size, --repeats
 }
@@ -307,6 +314,10 @@ def build_parser(prog: str = "tectofs bench") -> argparse.ArgumentParser:
     parser.add_argument("--processes", type=int, default=None, help="burst: worker processes (default 4, quick 2)")
     parser.add_argument("--dir-block-size", type=_size, default=None,
                         help="burst: block size of the checkpoint directory (default: the shard size rounded up)")
+    parser.add_argument("--files", type=int, default=2000,
+                        help="fuse: empty files created, stat'ed and unlinked per metadata run (default 2000)")
+    parser.add_argument("--metadata-only", action="store_true",
+                        help="fuse: only the metadata part (creates/s, stats/s, unlinks/s vs. a local directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed benchmarks")
     return parser
 

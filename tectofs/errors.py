@@ -117,6 +117,20 @@ class StaleFile(TectofsError):
     errno = _errno.ESTALE
 
 
+class TooManyLinks(TectofsError, OSError):
+    """A file already has ``limits.link_count_max`` names (POSIX's EMLINK)."""
+
+    code = "too_many_links"
+    errno = _errno.EMLINK
+
+
+class NoAttribute(TectofsError, OSError):
+    """The file has no extended attribute of that name (ENODATA, which ``getxattr`` gives)."""
+
+    code = "no_attribute"
+    errno = _errno.ENODATA
+
+
 class CheckpointError(TectofsError):
     code = "checkpoint"
     errno = _errno.EIO

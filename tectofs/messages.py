@@ -268,11 +268,28 @@ class MkdirRequest(Message, kw_only=True):
 
 
 class CreateRequest(Message, kw_only=True):
+    """``reader``: the opening handle's lease (see RenewRequest), taken in the same call."""
+
     path: Path
     mode: Mode = 0o644
     uid: Owner = 0
     gid: Owner = 0
     exclusive: bool = False
+    reader: Id = 0
+
+
+class LinkRequest(Message, kw_only=True):
+    """A new name ``dst`` for the file ``src`` (a hard link)."""
+
+    src: Path
+    dst: Path
+
+
+class ReleaseRequest(Message, kw_only=True):
+    """A handle closed: its lease ``reader`` on ``ino`` ends."""
+
+    ino: Ino
+    reader: Id
 
 
 class SymlinkRequest(Message, kw_only=True):
@@ -348,7 +365,8 @@ class LayoutRequest(Message, kw_only=True):
     path: Path | None = None
     ino: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
     first: Int64 = 0
-    reader: Id = 0  # an opening reader: takes its lease (see RenewRequest) in the same call
+    reader: Id = 0  # an opening handle: takes its lease (see RenewRequest) in the same call
+    write_only: bool = False  # that handle only writes: it needs write permission, not read
 
 
 class AllocateRequest(Message, kw_only=True):
@@ -679,6 +697,8 @@ META_OPERATIONS = _table(
     Operation("truncate", TruncateRequest, AttrsReply, True),
     Operation("set_policy", SetPolicyRequest, AttrsReply, True),
     Operation("rename", RenameRequest, AttrsReply, False),
+    Operation("link", LinkRequest, AttrsReply, False),
+    Operation("release", ReleaseRequest, Empty, True),
     Operation("exchange", ExchangeRequest, Empty, False),
     Operation("unlink", UnlinkRequest, Empty, False),
     Operation("rmdir", PathRequest, Empty, False),

@@ -18,10 +18,13 @@ import shutil
 import stat
 import subprocess
 import threading
+import time
 import uuid
 from typing import Any, Callable, Iterator
 
 import pytest
+
+from tectofs import errors
 
 MiB = 1 << 20
 COMMAND_TIMEOUT_S = 120
@@ -350,7 +353,8 @@ def test_errors_reach_callers_as_errno(mounted: Mounted) -> None:
         (errno.ENOTDIR, lambda: os.rmdir(f"{where}/d/f")),
         (errno.ENOTDIR, lambda: open(f"{where}/d/f/x", "wb")),
         (errno.EINVAL, lambda: os.rename(f"{where}/d", f"{where}/d/sub")),
-        (errno.EPERM, lambda: os.link(f"{where}/d/f", f"{where}/hard")),
+        (errno.EPERM, lambda: os.link(f"{where}/d", f"{where}/hard")),
+        (errno.EEXIST, lambda: os.link(f"{where}/d/f", f"{where}/d")),
     ]
     for expected, action in cases:
         with pytest.raises(OSError) as raised:
@@ -392,6 +396,67 @@ def test_special_files(mounted: Mounted) -> None:
     for name in ("fifo2", "null", "disk", "sock"):
         os.unlink(f"{where}/{name}")
     assert os.listdir(where) == []
+
+
+def test_hard_links(mounted: Mounted) -> None:
+    """Names of one inode: data written through one is read through the other, nlink counts
+    them, the file goes with its last name, and cp -a / tar keep them linked."""
+    where, path = mounted.fresh_dir("hardlinks")
+    os.mkdir(f"{where}/d")
+    with open(f"{where}/f", "wb") as f:
+        f.write(b"first")
+    os.link(f"{where}/f", f"{where}/d/g")
+    st_f, st_g = os.stat(f"{where}/f"), os.stat(f"{where}/d/g")
+    assert st_f.st_ino == st_g.st_ino and st_f.st_nlink == st_g.st_nlink == 2
+    with open(f"{where}/d/g", "r+b") as f:
+        f.write(b"FIRST")
+    with open(f"{where}/f", "rb") as f:
+        assert f.read() == b"FIRST"
+    assert mounted.fs.stat(f"{path}/f").nlink == 2
+    os.unlink(f"{where}/f")
+    assert os.stat(f"{where}/d/g").st_nlink == 1
+    with open(f"{where}/d/g", "rb") as f:
+        assert f.read() == b"FIRST"
+    os.link(f"{where}/d/g", f"{where}/h")
+    copy = f"{where}/copy"
+    os.mkdir(copy)
+    subprocess.run(["cp", "-a", f"{where}/d", f"{where}/h", copy], check=True, timeout=60)
+    assert os.stat(f"{copy}/d/g").st_ino == os.stat(f"{copy}/h").st_ino
+    os.rename(f"{where}/h", f"{where}/d/g")  # two names of one file: nothing happens
+    assert os.stat(f"{where}/h").st_nlink == 2
+
+
+def test_a_file_unlinked_while_open_stays_readable_and_writable(mounted: Mounted) -> None:
+    where, path = mounted.fresh_dir("unlinked-open")
+    with open(f"{where}/f", "wb") as f:
+        f.write(b"kept until the last close")
+    reader = open(f"{where}/f", "rb")
+    writer = open(f"{where}/f", "r+b")
+    try:
+        ino = os.fstat(reader.fileno()).st_ino
+        os.unlink(f"{where}/f")
+        assert not os.path.exists(f"{where}/f")
+        # (fstat here is ESTALE: the kernel asks for a nameless inode's attributes without a
+        # handle, which libfuse's path-based API cannot serve; see ARCHITECTURE.md)
+        writer.seek(0, os.SEEK_END)
+        writer.write(b", and appended to")
+        writer.flush()
+        os.fsync(writer.fileno())
+        attrs = mounted.fs.run(mounted.fs.aio.meta("getattr", ino=ino))[0].attrs
+        assert (attrs.nlink, attrs.size) == (0, len(b"kept until the last close, and appended to"))
+        assert reader.read(4) == b"kept"
+    finally:
+        reader.close()
+        writer.close()
+    deadline = time.monotonic() + 10  # the handles' leases end as they close
+    while time.monotonic() < deadline:
+        try:
+            mounted.fs.run(mounted.fs.aio.meta("getattr", ino=ino))
+        except errors.StaleFile:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"inode {ino} outlived its last name and its last handle")
 
 
 def test_torch_save_and_load(mounted: Mounted) -> None:

@@ -161,6 +161,74 @@ class StoreContract:
         assert all(order == [b["block_id"]] for order in orders)
 
 
+    def _commit_one_block(self, store, ino, servers):
+        (b,) = store.allocate(ino, 1)
+        store.commit(ino, 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": [
+            {"position": p, "server_id": s["server_id"], "length": 5, "crc": 1} for p, s in enumerate(b["servers"])]}],
+            replace=True)
+        return b["block_id"]
+
+    def test_hard_links_share_one_inode_until_the_last_name_goes(self, store):
+        store.gc_delay_s = 0
+        ids = self._servers(store, 6)
+        store.mkdir(["d"])
+        f = store.create(["f"])
+        block_id = self._commit_one_block(store, f["ino"], ids)
+        linked = store.link(["f"], ["d", "g"])
+        assert linked["ino"] == f["ino"] and linked["nlink"] == 2 and linked["ctime"] >= f["ctime"]
+        assert store.lookup(["d", "g"])["size"] == 10
+        with pytest.raises(errors.AlreadyExists):
+            store.link(["f"], ["d", "g"])
+        with pytest.raises(errors.NotPermitted):
+            store.link(["d"], ["e"])
+        with pytest.raises(errors.NotFound):
+            store.link(["nope"], ["e"])
+        store.unlink(["f"])
+        assert store.lookup(["d", "g"])["nlink"] == 1
+        assert all(store.heartbeat(sid, 1 << 40, 0, 0, 0) == [] for sid in ids)  # the data stays
+        # rename between two names of one inode changes nothing; over another file's last name drops it
+        store.link(["d", "g"], ["h"])
+        store.rename(["h"], ["d", "g"])
+        assert store.lookup(["h"])["nlink"] == 2 and store.lookup(["d", "g"])["nlink"] == 2
+        other = store.create(["o"])
+        store.rename(["o"], ["h"])
+        assert store.lookup(["h"])["ino"] == other["ino"] and store.lookup(["d", "g"])["nlink"] == 1
+        store.unlink(["d", "g"])
+        with pytest.raises(errors.StaleFile):
+            store.getattr_ino(f["ino"])
+        orders = [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids]
+        assert sorted(o for order in orders for o in order) == [block_id] * 6
+
+    def test_a_file_unlinked_while_held_lives_until_released(self, store):
+        ids = self._servers(store, 6)
+        f, created = store.create_file(["f"], reader=7)
+        assert created
+        store.unlink(["f"])
+        with pytest.raises(errors.NotFound):
+            store.lookup(["f"])
+        assert store.getattr_ino(f["ino"])["nlink"] == 0
+        self._commit_one_block(store, f["ino"], ids)  # still writable through its handle
+        assert store.layout(ino=f["ino"])["attrs"]["size"] == 10
+        assert store.collect_orphans() == 0
+        store.release(f["ino"], 7)
+        with pytest.raises(errors.StaleFile):
+            store.getattr_ino(f["ino"])
+
+    def test_an_unlinked_file_whose_holder_vanished_is_collected(self, store):
+        now = [time.time()]
+        store.clock = lambda: now[0]
+        g, _ = store.create_file(["g"], reader=9)
+        store.rename(["g"], ["h"])
+        store.create(["x"])
+        store.rename(["x"], ["h"])  # replaced while held
+        assert store.getattr_ino(g["ino"])["nlink"] == 0
+        assert store.collect_orphans() == 0
+        now[0] += 3600  # the holder crashed: its lease lapsed
+        assert store.collect_orphans() == 1
+        with pytest.raises(errors.StaleFile):
+            store.getattr_ino(g["ino"])
+
+
 class TestSqliteStore(StoreContract):
     def make_store(self, tmp_path) -> SqlStore:
         return SqlStore(SqliteDialect(str(tmp_path / "meta.db")))

@@ -128,6 +128,9 @@ class MetadataService:
                 expired = await self.runner.call("expire_allocations", self.allocation_grace_s)
                 if expired:
                     log.info("queued %d uncommitted blocks for deletion", expired)
+                orphans = await self.runner.call("collect_orphans")
+                if orphans:
+                    log.info("removed %d unlinked files no handle holds any more", orphans)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -196,7 +199,9 @@ class MetadataService:
         return _attrs(attrs), b""
 
     async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply:
-        attrs, created = await self._as_caller("create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive)
+        attrs, created = await self._as_caller(
+            "create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive, r.reader
+        )
         return messages.CreateReply(attrs=messages.Attrs(**attrs), created=created), b""
 
     async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
@@ -224,6 +229,13 @@ class MetadataService:
     async def rpc_rename(self, r: messages.RenameRequest, _: memoryview) -> Reply:
         return _attrs(await self._as_caller("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
 
+    async def rpc_link(self, r: messages.LinkRequest, _: memoryview) -> Reply:
+        return _attrs(await self._as_caller("link", paths.split(r.src), paths.split(r.dst))), b""
+
+    async def rpc_release(self, r: messages.ReleaseRequest, _: memoryview) -> Reply:
+        await self._as_caller("release", r.ino, r.reader)
+        return messages.Empty(), b""
+
     async def rpc_exchange(self, r: messages.ExchangeRequest, _: memoryview) -> Reply:
         await self._as_caller("exchange", paths.split(r.a), paths.split(r.b))
         return messages.Empty(), b""
@@ -243,10 +255,12 @@ class MetadataService:
 
     async def rpc_layout(self, r: messages.LayoutRequest, _: memoryview) -> Reply:
         if r.ino:
-            return self._segment(await self._as_caller("layout", None, r.ino, r.first, r.reader)), b""
+            return self._segment(await self._as_caller("layout", None, r.ino, r.first, r.reader, r.write_only)), b""
         if r.path is None:
             raise InvalidArgument("layout needs an ino or a path")
-        return self._segment(await self._as_caller("layout", paths.split(r.path), None, r.first, r.reader)), b""
+        return self._segment(
+            await self._as_caller("layout", paths.split(r.path), None, r.first, r.reader, r.write_only)
+        ), b""
 
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply:
         blocks = await self._as_caller("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)

@@ -33,7 +33,7 @@ def _p(parts: list[str]) -> str:
 class BlockMaps(StoreParts):
     def layout(
         self, parts: list[str] | None = None, ino: int | None = None, first: int = 0, reader: int = 0,
-        *, caller: Caller | None = None,
+        write_only: bool = False, *, caller: Caller | None = None,
     ) -> dict[str, Any]:
         """A segment of the file's block map: its attributes and the blocks with index in
         ``[first, end)``, each with its chunks and their servers. ``end`` is None when the
@@ -43,12 +43,13 @@ class BlockMaps(StoreParts):
         Block ``idx`` covers file bytes ``[idx * block_size, idx * block_size + valid)``: its
         ``length`` stored bytes sit at ``start`` within it; the bytes before ``start`` and from
         ``start + length`` on are zeros. Indexes without a block are holes (zeros). With
-        ``reader``, an opening reader takes its lease (``renew``) on the file. A caller needs
-        read permission with ``reader``, else read or write permission."""
+        ``reader``, an opening handle takes its lease (``renew``) on the file. A caller needs
+        read permission with ``reader`` (write permission if the handle is ``write_only``),
+        else read or write permission."""
         attrs = self._resolve(parts or [], caller) if ino is None else self._get(ino)
         if attrs["kind"] == "dir":
             raise IsADirectory(f"/{'/'.join(parts or [])} is a directory")
-        access.require(attrs, caller, *((R,) if reader else (R, W)),
+        access.require(attrs, caller, *(((W,) if write_only else (R,)) if reader else (R, W)),
                        path=_p(parts or []) if ino is None else f"inode {ino}")
         if reader:
             self.renew(attrs["ino"], reader=reader)

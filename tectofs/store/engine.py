@@ -14,8 +14,13 @@ caller (setgid directories give their group), read or write permission on a file
 
 Attributes travel as plain dicts (msgpack-friendly)::
 
-    {"ino", "kind" ("file" | "dir" | "symlink"), "mode", "uid", "gid", "size", "atime",
-     "mtime", "ctime", "nlink", "policy", "block_size", "target"}
+    {"ino", "kind" ("file" | "dir" | "symlink" | "fifo" | "socket" | "char" | "block"), "mode",
+     "uid", "gid", "size", "atime", "mtime", "ctime", "nlink", "policy", "block_size", "target",
+     "parent" (a directory's; a file's first), "stored", "write_min", "rdev"}
+
+Names: a file may have several (hard links, ``link``); ``nlink`` counts them. A file whose
+last name goes while a handle holds it open (a lease) lives on with ``nlink`` 0 until the
+last is released (``release``) or lapses (``collect_orphans``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from ..errors import (
     NotFound,
     NotPermitted,
     StaleFile,
+    TooManyLinks,
 )
 from ..paths import check_name
 from ..policy import DEFAULT_POLICY, parse as parse_policy
@@ -305,15 +311,24 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
         *, caller: Caller | None = None,
     ) -> dict[str, Any]:
         """Create an empty file, or return the existing one (unless ``exclusive``)."""
-        return self.create_file(parts, mode, uid, gid, exclusive, caller=caller)[0]
+        return self._create_file(parts, mode, uid, gid, exclusive, caller)[0]
 
     def create_file(
         self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False,
-        *, caller: Caller | None = None,
+        reader: int = 0, *, caller: Caller | None = None,
     ) -> tuple[dict[str, Any], bool]:
-        """``create``, also saying whether the file is new (a writer that fails removes it).
-        Opening an existing file needs only the path's search permissions: read and write
-        permission are checked when the handle asks for the layout or writes."""
+        """``create``, also saying whether the file is new (a writer that fails removes it);
+        with ``reader``, the opening handle takes its lease. Opening an existing file needs
+        only the path's search permissions: read and write permission are checked when the
+        handle asks for the layout or writes."""
+        attrs, created = self._create_file(parts, mode, uid, gid, exclusive, caller)
+        if reader:
+            self.renew(attrs["ino"], reader=reader)
+        return attrs, created
+
+    def _create_file(
+        self, parts: list[str], mode: int, uid: int, gid: int, exclusive: bool, caller: Caller | None
+    ) -> tuple[dict[str, Any], bool]:
         if not parts:
             raise IsADirectory("/ is a directory")
         parent = self._parent_dir(parts, caller)
@@ -463,9 +478,68 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
         if (ino and attrs["ino"] != ino) or (only_if_empty and (attrs["size"] or self._one(
                 "SELECT 1 FROM blocks WHERE ino = ? LIMIT 1", (attrs["ino"],)))):
             return
-        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
-        self._touch(attrs["parent"], self.clock())
-        self._remove_inode(attrs)
+        now = self.clock()
+        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (parent["ino"], parts[-1]))
+        self._touch(parent["ino"], now)
+        self._drop_link(attrs, now)
+
+    def link(self, src: list[str], dst: list[str], *, caller: Caller | None = None) -> dict[str, Any]:
+        """A second name ``dst`` for the file ``src`` (``link(2)``): any kind but a directory.
+        A caller needs write and search permission on ``dst``'s directory."""
+        if not src or not dst:
+            raise NotPermitted("the root directory cannot be linked to or replaced")
+        attrs = self._resolve(src, caller)
+        if attrs["kind"] == "dir":
+            raise NotPermitted(f"{_p(src)} is a directory: directories have no hard links")
+        parent = self._parent_dir(dst, caller)
+        check_name(dst[-1])
+        if self._child(parent["ino"], dst[-1]) is not None:
+            raise AlreadyExists(f"{_p(dst)} already exists")
+        access.require(parent, caller, W | X, path=_p(dst), on=_p(dst[:-1]))
+        if attrs["nlink"] >= limits.link_count_max:
+            raise TooManyLinks(f"{_p(src)} has {attrs['nlink']} names already (at most {limits.link_count_max})")
+        now = self.clock()
+        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent["ino"], dst[-1], attrs["ino"]))
+        self._x("UPDATE inodes SET nlink = nlink + 1, ctime = ? WHERE ino = ?", (now, attrs["ino"]))
+        self._touch(parent["ino"], now)
+        return self._get(attrs["ino"])
+
+    def _drop_link(self, attrs: dict[str, Any], now: float) -> None:
+        """One name of the non-directory ``attrs`` is gone. Its last: the inode goes too,
+        unless a handle still has it open (a lease: ``_held``); it then lives on with no name
+        (nlink 0) until the last one is released or expires (``collect_orphans``)."""
+        if attrs["nlink"] > 1 or self._held(attrs["ino"], now):
+            self._x("UPDATE inodes SET nlink = nlink - 1, ctime = ? WHERE ino = ? AND nlink > 0", (now, attrs["ino"]))
+        else:
+            self._remove_inode(attrs)
+
+    def _held(self, ino: int, now: float) -> bool:
+        """Whether an open handle holds ``ino``: a live lease, or a writer's allocations or staged blocks."""
+        return self._one(
+            "SELECT 1 WHERE EXISTS (SELECT 1 FROM read_leases WHERE ino = ? AND expires > ?)"
+            " OR EXISTS (SELECT 1 FROM allocations WHERE ino = ?) OR EXISTS (SELECT 1 FROM staged WHERE ino = ?)",
+            (ino, now, ino, ino),
+        ) is not None
+
+    def release(self, ino: int, reader: int, *, caller: Caller | None = None) -> None:
+        """A handle closed: its lease ends, and a file it held after its last name went is removed."""
+        self._x("DELETE FROM read_leases WHERE ino = ? AND reader = ?", (ino, reader))
+        row = self._one(f"SELECT {_ATTR_COLUMNS} FROM inodes WHERE ino = ? AND nlink = 0 AND kind != 'd'", (ino,))
+        if row is not None and not self._held(ino, self.clock()):
+            self._remove_inode(_attrs(row))
+
+    def collect_orphans(self) -> int:
+        """Remove the files that have no name left and that no handle holds any more
+        (their holders crashed or their leases lapsed); returns how many."""
+        now = self.clock()
+        rows = self._all(f"SELECT {_ATTR_COLUMNS} FROM inodes WHERE nlink = 0 AND kind != 'd'")
+        removed = 0
+        for row in rows:
+            attrs = _attrs(row)
+            if not self._held(attrs["ino"], now):
+                self._remove_inode(attrs)
+                removed += 1
+        return removed
 
     def rmdir(self, parts: list[str], *, caller: Caller | None = None) -> None:
         if not parts:
@@ -476,7 +550,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
             raise DirectoryNotEmpty(f"/{'/'.join(parts)} is not empty")
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
         self._touch(attrs["parent"], self.clock(), nlink_delta=-1)
-        self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
+        self._remove_inode(attrs)
 
     def _check_not_into_itself(self, moving: dict[str, Any], new_parent: dict[str, Any], src: list[str]) -> None:
         if moving["kind"] != "dir":
@@ -503,14 +577,14 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
         self._check_not_into_itself(first, second_dir, a)
         self._check_not_into_itself(second, first_dir, b)
         now = self.clock()
-        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (second["ino"], first["parent"], a[-1]))
-        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (first["ino"], second["parent"], b[-1]))
-        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (second["parent"], now, first["ino"]))
-        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (first["parent"], now, second["ino"]))
-        if first["parent"] != second["parent"]:
-            delta = (1 if first["kind"] == "dir" else 0) - (1 if second["kind"] == "dir" else 0)
-            self._touch(first["parent"], now, nlink_delta=-delta)
-            self._touch(second["parent"], now, nlink_delta=delta)
+        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (second["ino"], first_dir["ino"], a[-1]))
+        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (first["ino"], second_dir["ino"], b[-1]))
+        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (second_dir["ino"], now, first["ino"]))
+        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (first_dir["ino"], now, second["ino"]))
+        delta = (1 if first["kind"] == "dir" else 0) - (1 if second["kind"] == "dir" else 0)
+        self._touch(first_dir["ino"], now, nlink_delta=-delta if first_dir["ino"] != second_dir["ino"] else 0)
+        if first_dir["ino"] != second_dir["ino"]:
+            self._touch(second_dir["ino"], now, nlink_delta=delta)
 
     def rename(
         self, src: list[str], dst: list[str], noreplace: bool = False, *, caller: Caller | None = None
@@ -548,12 +622,15 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
                     raise DirectoryNotEmpty(f"/{'/'.join(dst)} is not empty")
                 self._touch(dst_parent["ino"], now, nlink_delta=-1)
             self._x("DELETE FROM names WHERE parent = ? AND name = ?", (dst_parent["ino"], dst[-1]))
-            self._remove_inode(replaced)
-        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (moving["parent"], src[-1]))
+            if replaced["kind"] == "dir":
+                self._remove_inode(replaced)
+            else:
+                self._drop_link(replaced, now)
+        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (src_parent["ino"], src[-1]))
         self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (dst_parent["ino"], dst[-1], moving["ino"]))
         self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (dst_parent["ino"], now, moving["ino"]))
         is_dir = 1 if moving["kind"] == "dir" else 0
-        self._touch(moving["parent"], now, nlink_delta=-is_dir)
+        self._touch(src_parent["ino"], now, nlink_delta=-is_dir)
         self._touch(dst_parent["ino"], now, nlink_delta=is_dir)
         return self._get(moving["ino"])
 

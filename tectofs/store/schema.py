@@ -35,6 +35,8 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS read_leases (
         ino BIGINT NOT NULL, reader BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (ino, reader))""",
+    # files with no name left, kept while a handle holds them (engine.collect_orphans)
+    "CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes (ino) WHERE nlink = 0",
     """CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)""",
     # Parts of a commit sent ahead by a writer (``stage``): a block (its descriptor as JSON) or
     # a hole (block_id NULL) per index, invisible until that writer's commit publishes them.
