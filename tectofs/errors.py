@@ -131,6 +131,27 @@ class NoAttribute(TectofsError, OSError):
     errno = _errno.ENODATA
 
 
+class NotSupported(TectofsError, OSError):
+    """tectofs does not do this (an extended attribute namespace it does not keep)."""
+
+    code = "not_supported"
+    errno = _errno.EOPNOTSUPP
+
+
+class AttributeTooLarge(TectofsError, OSError):
+    """An extended attribute's value is larger than ``limits.xattr_value_max_bytes`` (E2BIG)."""
+
+    code = "attribute_too_large"
+    errno = _errno.E2BIG
+
+
+class AttributeNameTooLong(TectofsError, OSError):
+    """An extended attribute's name is longer than ``limits.xattr_name_max_bytes`` (ERANGE, as Linux)."""
+
+    code = "attribute_name_too_long"
+    errno = _errno.ERANGE
+
+
 class CheckpointError(TectofsError):
     code = "checkpoint"
     errno = _errno.EIO

@@ -285,6 +285,33 @@ class LinkRequest(Message, kw_only=True):
     dst: Path
 
 
+XattrName = Annotated[str, msgspec.Meta(min_length=1, max_length=4 * limits.xattr_name_max_bytes)]
+
+
+class XattrRequest(Message, kw_only=True):
+    """One extended attribute of ``path`` (``getxattr``, ``removexattr``)."""
+
+    path: Path
+    name: XattrName
+
+
+class SetxattrRequest(Message, kw_only=True):
+    """``flags``: 1 fails if it exists (XATTR_CREATE), 2 if it does not (XATTR_REPLACE)."""
+
+    path: Path
+    name: XattrName
+    value: Annotated[bytes, msgspec.Meta(max_length=limits.xattr_value_max_bytes)]
+    flags: Annotated[int, msgspec.Meta(ge=0, le=3)] = 0
+
+
+class XattrReply(Message, kw_only=True):
+    value: Annotated[bytes, msgspec.Meta(max_length=limits.xattr_value_max_bytes)]
+
+
+class ListxattrReply(Message, kw_only=True):
+    names: Annotated[list[XattrName], msgspec.Meta(max_length=limits.xattr_names_max_bytes // 2)]
+
+
 class ReleaseRequest(Message, kw_only=True):
     """A handle closed: its lease ``reader`` on ``ino`` ends."""
 
@@ -699,6 +726,10 @@ META_OPERATIONS = _table(
     Operation("rename", RenameRequest, AttrsReply, False),
     Operation("link", LinkRequest, AttrsReply, False),
     Operation("release", ReleaseRequest, Empty, True),
+    Operation("getxattr", XattrRequest, XattrReply, True),
+    Operation("listxattr", PathRequest, ListxattrReply, True),
+    Operation("setxattr", SetxattrRequest, Empty, True),
+    Operation("removexattr", XattrRequest, Empty, False),
     Operation("exchange", ExchangeRequest, Empty, False),
     Operation("unlink", UnlinkRequest, Empty, False),
     Operation("rmdir", PathRequest, Empty, False),

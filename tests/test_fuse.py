@@ -459,6 +459,38 @@ def test_a_file_unlinked_while_open_stays_readable_and_writable(mounted: Mounted
         raise AssertionError(f"inode {ino} outlived its last name and its last handle")
 
 
+def test_extended_attributes(mounted: Mounted, tmp_path: Any) -> None:
+    """os.*xattr through the mount, and cp -a and tar --xattrs keep them both ways."""
+    where, path = mounted.fresh_dir("xattrs")
+    with open(f"{where}/f", "wb") as f:
+        f.write(b"data")
+    os.setxattr(f"{where}/f", "user.colour", b"blue")
+    os.setxattr(f"{where}/f", "trusted.note", b"\x00\x01")
+    assert os.getxattr(f"{where}/f", "user.colour") == b"blue"
+    assert sorted(os.listxattr(f"{where}/f")) == ["trusted.note", "user.colour"]
+    assert mounted.fs.getxattr(f"{path}/f", "trusted.note") == b"\x00\x01"
+    with pytest.raises(OSError) as raised:
+        os.setxattr(f"{where}/f", "user.colour", b"red", os.XATTR_CREATE)
+    assert raised.value.errno == errno.EEXIST
+    with pytest.raises(OSError) as raised:
+        os.getxattr(f"{where}/f", "user.missing")
+    assert raised.value.errno == errno.ENODATA
+    subprocess.run(["cp", "-a", f"{where}/f", f"{where}/copy"], check=True, timeout=COMMAND_TIMEOUT_S)
+    assert os.getxattr(f"{where}/copy", "user.colour") == b"blue"
+    local = tmp_path / "local"
+    subprocess.run(["cp", "-a", f"{where}/f", str(local)], check=True, timeout=COMMAND_TIMEOUT_S)
+    assert os.getxattr(local, "user.colour") == b"blue"
+    archive = tmp_path / "x.tar"
+    subprocess.run(["tar", "--xattrs", "--xattrs-include=*", "-cf", str(archive), "-C", where, "f"], check=True,
+                   timeout=COMMAND_TIMEOUT_S)
+    os.mkdir(f"{where}/untarred")
+    subprocess.run(["tar", "--xattrs", "--xattrs-include=*", "-xf", str(archive), "-C", f"{where}/untarred"],
+                   check=True, timeout=COMMAND_TIMEOUT_S)
+    assert os.getxattr(f"{where}/untarred/f", "user.colour") == b"blue"
+    os.removexattr(f"{where}/f", "user.colour")
+    assert os.listxattr(f"{where}/f") == ["trusted.note"]
+
+
 def test_torch_save_and_load(mounted: Mounted) -> None:
     torch = pytest.importorskip("torch")
     import io

@@ -133,6 +133,10 @@ def test_fixed_size_replies_fit() -> None:
     _fits(messages.UserListReply(users=[user] * (limits.reply_header_budget_bytes // USER_ENTRY_BYTES_MAX), more=True))
     _fits(messages.WhoamiReply(kind="user", name="u" * 64, uid=1, gid=1, groups=[2**32 - 2] * 256, admin=True,
                                proxy=True))
+    name = "user." + "n" * (limits.xattr_name_max_bytes - 5)
+    _fits(messages.ListxattrReply(names=[name] * (limits.xattr_names_max_bytes // (len(name) + 1))))
+    _fits(messages.ListxattrReply(names=["user.x"] * (limits.xattr_names_max_bytes // 7)))
+    _fits(messages.XattrReply(value=b"v" * limits.xattr_value_max_bytes))
     _fits(messages.GetChunkReply(crcs=[0xFFFFFFFF] * (limits.block_size_max_bytes // limits.checksum_piece_bytes),
                                  chunk_length=2**40, position=47, crc=0xFFFFFFFF))
 
@@ -141,7 +145,7 @@ def test_every_reply_type_is_covered() -> None:
     """Replies with lists are the ones a bound can fail on; each has a test above."""
     covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
                messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply,
-               messages.UserListReply, messages.WhoamiReply}
+               messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
         for operation in table.values():
             has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))

@@ -229,6 +229,51 @@ class StoreContract:
             store.getattr_ino(g["ino"])
 
 
+    def test_extended_attributes(self, store):
+        from tectofs.store.access import Caller
+
+        alice, bob = Caller(1000, 1000), Caller(1001, 1001)
+        store.create(["f"], mode=0o644, uid=1000, gid=1000)
+        before = store.lookup(["f"])["ctime"]
+        store.setxattr(["f"], "user.colour", b"\x00blue\xff", caller=alice)
+        assert store.getxattr(["f"], "user.colour", caller=bob) == b"\x00blue\xff"
+        assert store.lookup(["f"])["ctime"] >= before
+        with pytest.raises(errors.PermissionDenied):
+            store.setxattr(["f"], "user.colour", b"red", caller=bob)  # no write permission
+        with pytest.raises(errors.AlreadyExists):
+            store.setxattr(["f"], "user.colour", b"red", 1, caller=alice)
+        with pytest.raises(errors.NoAttribute):
+            store.setxattr(["f"], "user.size", b"1", 2, caller=alice)
+        store.setxattr(["f"], "user.colour", b"red", 2, caller=alice)
+        store.setxattr(["f"], "trusted.secret", b"s")
+        with pytest.raises(errors.NotPermitted):
+            store.getxattr(["f"], "trusted.secret", caller=alice)
+        assert store.listxattr(["f"], caller=alice) == ["user.colour"]
+        assert store.listxattr(["f"]) == ["trusted.secret", "user.colour"]
+        with pytest.raises(errors.NotSupported):
+            store.setxattr(["f"], "system.posix_acl_access", b"", caller=alice)
+        with pytest.raises(errors.AttributeTooLarge):
+            store.setxattr(["f"], "user.big", b"x" * (64 * 1024 + 1), caller=alice)
+        with pytest.raises(errors.AttributeNameTooLong):
+            store.getxattr(["f"], "user." + "n" * 300)
+        store.symlink(["l"], "f")
+        with pytest.raises(errors.NotPermitted):
+            store.setxattr(["l"], "user.x", b"1")
+        store.removexattr(["f"], "user.colour", caller=alice)
+        with pytest.raises(errors.NoAttribute):
+            store.getxattr(["f"], "user.colour")
+        with pytest.raises(errors.NoAttribute):
+            store.removexattr(["f"], "user.colour")
+        with pytest.raises(errors.NoSpace):  # the names of one file stay within a listing's bound
+            for i in range(300):
+                store.setxattr(["f"], f"user.{i:03d}" + "n" * 247, b"")
+        assert 250 <= len(store.listxattr(["f"])) < 300
+        assert sum(len(n) + 1 for n in store.listxattr(["f"])) <= 64 * 1024
+        ino = store.lookup(["f"])["ino"]
+        store.unlink(["f"])
+        assert store._all("SELECT name FROM xattrs WHERE ino = ?", (ino,)) == []
+
+
 class TestSqliteStore(StoreContract):
     def make_store(self, tmp_path) -> SqlStore:
         return SqlStore(SqliteDialect(str(tmp_path / "meta.db")))

@@ -53,6 +53,7 @@ from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
 from .registry import ServersAndLeases
 from .schema import ADDED_COLUMNS, SCHEMA, WIDENED_COLUMNS_POSTGRESQL
 from .users import Users
+from .xattrs import SCHEMA as XATTR_SCHEMA, ExtendedAttributes
 
 ROOT_INO = 1
 _KINDS = {"f": "file", "d": "dir", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}
@@ -83,7 +84,7 @@ def _as_dir(attrs: dict[str, Any], parts: list[str]) -> dict[str, Any]:
     return attrs
 
 
-class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
+class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttributes):
     """All metadata operations over one DB-API connection. Not thread-safe: one thread
     (the runner's) owns it."""
 
@@ -143,7 +144,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
 
     def _init_schema(self, default_policy: str, default_block_size: int) -> None:
         self.tx_begin()
-        for statement in SCHEMA + HEALTH_SCHEMA:
+        for statement in SCHEMA + HEALTH_SCHEMA + XATTR_SCHEMA:
             self._x(statement)
         for table, column, declaration, fill in ADDED_COLUMNS + HEALTH_COLUMNS:
             present = [d[0] for d in self._x(f"SELECT * FROM {table} LIMIT 0").description]
@@ -461,6 +462,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users):
         self._drop_blocks(attrs["ino"])
         self._x("DELETE FROM staged WHERE ino = ?", (attrs["ino"],))
         self._x("DELETE FROM allocations WHERE ino = ?", (attrs["ino"],))
+        self._x("DELETE FROM xattrs WHERE ino = ?", (attrs["ino"],))
         self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
 
     def unlink(
