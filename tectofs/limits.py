@@ -14,7 +14,8 @@ block_size_max_bytes = 64 * MiB
 block_size_min_bytes = 64 * KiB
 checksum_piece_bytes = 64 * KiB          # crc32c granularity inside a chunk
 name_length_max_bytes = 255
-path_length_max_bytes = 4096
+path_length_max_bytes = 16 * KiB          # an absolute path; the kernel's PATH_MAX (4096) bounds a path
+                                          # relative to a working directory, which may be deep already
 symlink_target_max_bytes = 4096
 link_count_max = 65_000                   # names of one file (ext4's limit); more is EMLINK
 xattr_name_max_bytes = 255                # an extended attribute's name, namespace included (XATTR_NAME_MAX)

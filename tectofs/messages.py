@@ -7,8 +7,8 @@ declared too, and every reply is bounded by construction (listings page with a c
 come in segments of block indexes); ``tests/test_messages.py`` checks the bound of each.
 
 The values shared by every role — attributes, layouts, blocks, chunks, allocations — are the
-``Struct`` types here; the metadata service, the client, the FUSE adapter and the plugin all
-use them.
+``Struct`` types of ``message_values.py``, re-exported here; the metadata service, the client,
+the FUSE adapter and the plugin all use them.
 """
 
 from __future__ import annotations
@@ -20,161 +20,42 @@ import msgspec
 
 from . import limits
 
-# ---------------------------------------------------------------------- field types
-
-Int64 = Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)]
-Ino = Annotated[int, msgspec.Meta(ge=1, le=limits.int64_max)]
-Id = Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)]
-Crc = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]
-Position = Annotated[int, msgspec.Meta(ge=0, le=limits.policy_width_max - 1)]
-Mode = Annotated[int, msgspec.Meta(ge=0, le=0o7777)]
-Owner = Annotated[int, msgspec.Meta(ge=0, le=limits.owner_id_max)]  # uid or gid; 2**32-1 means "none"
-Time = Annotated[float, msgspec.Meta(ge=-limits.timestamp_abs_max_s, le=limits.timestamp_abs_max_s)]  # finite
-# Bounded here; checked (absolute, components, NUL, lengths in bytes) by tectofs.paths, which
-# gives the clearer InvalidPath error.
-Path = Annotated[str, msgspec.Meta(max_length=4 * limits.path_length_max_bytes)]
-Name = Annotated[str, msgspec.Meta(max_length=limits.name_length_max_bytes)]
-Text = Annotated[str, msgspec.Meta(max_length=limits.message_text_max_bytes)]
-PolicyText = Annotated[str, msgspec.Meta(max_length=32)]
-Address = Annotated[str, msgspec.Meta(min_length=3, max_length=limits.address_length_max_bytes)]
-BlockSize = Annotated[int, msgspec.Meta(ge=limits.block_size_min_bytes, le=limits.block_size_max_bytes)]
-BlockOffset = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
-ChunkLength = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
-Kind = Literal["file", "dir", "symlink", "fifo", "socket", "char", "block"]
-Role = Literal["client", "chunk", "meta", "tool"]
-
-
-class Message(msgspec.Struct, frozen=True, kw_only=True):
-    """Base of every message: immutable, keyword-only."""
-
-
-# ---------------------------------------------------------------------- shared values
-
-
-class Attrs(Message, kw_only=True):
-    """An inode's attributes. ``stored``: bytes of data really stored (holes excluded)."""
-
-    ino: Ino
-    kind: Kind
-    mode: Annotated[int, msgspec.Meta(ge=0, le=0o177777)]  # permission and file-type bits
-    uid: Owner
-    gid: Owner
-    size: Int64
-    atime: Time
-    mtime: Time
-    ctime: Time
-    nlink: Int64
-    policy: PolicyText
-    block_size: BlockSize
-    target: Annotated[str, msgspec.Meta(max_length=limits.symlink_target_max_bytes)] | None = None
-    parent: Ino
-    stored: Int64 = 0
-    write_min: Int64 = 0  # chunks a block needs to be accepted (0: the policy's default)
-    rdev: Int64 = 0  # a char or block device node's device number
-
-
-Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
-Proof = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
-KeyId = Annotated[str, msgspec.Meta(max_length=64)]
-UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-
-
-class Capability(Message, kw_only=True):
-    """The metadata service's permission to read (layouts) or write (allocations) one block's
-    chunks until ``expiry`` (seconds since 1970), signed with cluster key ``key``
-    (``tectofs.auth``): chunk servers check it on every anonymous get and put."""
-
-    mac: Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
-    expiry: Int64
-    key: KeyId
-
-
-class ChunkRef(Message, kw_only=True):
-    """Where one chunk of a block lives, and its whole-chunk crc32c."""
-
-    position: Position
-    server_id: Id
-    address: Address | None = None  # None: the server is not registered any more
-    length: ChunkLength
-    crc: Crc
-
-
-class Block(Message, kw_only=True):
-    """One committed (or written, not yet committed) block of a file.
-
-    It covers file bytes ``[idx * block_size, idx * block_size + valid)``; its ``length``
-    stored bytes sit at ``start`` within it, and everything else in it reads as zeros."""
-
-    idx: Int64
-    block_id: Id
-    policy: PolicyText
-    start: BlockOffset = 0
-    length: ChunkLength
-    valid: BlockOffset
-    chunks: Annotated[list[ChunkRef], msgspec.Meta(max_length=limits.policy_width_max)]
-    cap: Capability | None = None  # to read its chunks (layouts); None in what a writer commits
-
-
-class WrittenChunk(Message, kw_only=True):
-    position: Position
-    server_id: Id
-    length: ChunkLength
-    crc: Crc
-
-
-class WrittenBlock(Message, kw_only=True):
-    """A block as a writer commits (or stages) it: where its chunks went."""
-
-    idx: Int64
-    block_id: Id
-    start: BlockOffset = 0
-    length: Annotated[int, msgspec.Meta(ge=1, le=limits.block_size_max_bytes)]
-    chunks: Annotated[list[WrittenChunk], msgspec.Meta(min_length=1, max_length=limits.policy_width_max)]
-
-
-class LayoutSegment(Message, kw_only=True):
-    """The blocks of a file with index in ``[first, end)`` (``end`` None: to the end of the
-    file); an index in that range without a block is a hole. Bounded by construction: the
-    metadata service ends a segment early (a smaller ``end``) rather than exceed the frame."""
-
-    attrs: Attrs
-    blocks: list[Block]
-    first: Int64 = 0
-    end: Int64 | None = None
-
-
-class ServerRef(Message, kw_only=True):
-    server_id: Id
-    address: Address
-
-
-class Allocation(Message, kw_only=True):
-    """A block id reserved for a file and where to put its chunks: ``width`` servers, then spares."""
-
-    block_id: Id
-    policy: PolicyText
-    servers: list[ServerRef]
-    write_min: Int64 = 0  # chunks that must be stored for the block to be accepted (0: the policy's)
-    cap: Capability | None = None  # to put its chunks
-
-
-class DirEntry(Message, kw_only=True):
-    name: Name
-    attrs: Attrs
-
-
-class ServerInfo(Message, kw_only=True):
-    server_id: Id
-    uuid: Text
-    address: Address
-    capacity: Int64
-    used: Int64
-    inflight: Int64
-    chunks: Int64
-    last_heartbeat: float
-    live: bool
-    state: Text = "in"  # "in" | "draining"
-    stats: dict[str, int] = {}
+from .message_values import (  # noqa: F401 (re-exported)
+    Int64,
+    Ino,
+    Id,
+    Crc,
+    Position,
+    Mode,
+    Owner,
+    Time,
+    Path,
+    Name,
+    Text,
+    PolicyText,
+    Address,
+    BlockSize,
+    BlockOffset,
+    ChunkLength,
+    Kind,
+    Role,
+    Message,
+    Attrs,
+    Nonce,
+    Proof,
+    KeyId,
+    UserName,
+    Capability,
+    ChunkRef,
+    Block,
+    WrittenChunk,
+    WrittenBlock,
+    LayoutSegment,
+    ServerRef,
+    Allocation,
+    DirEntry,
+    ServerInfo,
+)
 
 
 # ---------------------------------------------------------------------- handshake
@@ -380,10 +261,17 @@ class ExchangeRequest(Message, kw_only=True):
 
 
 class StatfsReply(Message, kw_only=True):
+    """Raw bytes of the live chunk servers (``capacity``, ``used``) and what files can use of
+    them under the root directory's policy (``usable``, ``usable_free``: raw times the share
+    of data in a stripe, e.g. 4/6 for rs(4,2), 1/3 for rep(3))."""
+
     files: Int64
     capacity: Int64
     used: Int64
     name_max: int
+    usable: Int64 = 0
+    usable_free: Int64 = 0
+    policy: PolicyText = ""
 
 
 class LayoutRequest(Message, kw_only=True):

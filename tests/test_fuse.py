@@ -491,6 +491,37 @@ def test_extended_attributes(mounted: Mounted, tmp_path: Any) -> None:
     assert os.listxattr(f"{where}/f") == ["trusted.note"]
 
 
+def test_statfs_reports_usable_capacity_and_inodes(mounted: Mounted) -> None:
+    where, _ = mounted.fresh_dir("statfs")
+    raw = mounted.fs.statfs()
+    vfs = os.statvfs(where)
+    assert raw["policy"] == "rs(4,2)" and raw["capacity"] > 0
+    assert abs(vfs.f_blocks * vfs.f_frsize - raw["capacity"] * 4 // 6) < 2 * vfs.f_frsize
+    assert vfs.f_bavail <= vfs.f_blocks and vfs.f_ffree > 0 and vfs.f_files >= raw["files"] + vfs.f_ffree - 1000
+    assert vfs.f_namemax == 255
+
+
+def test_paths_deeper_than_path_max(mounted: Mounted) -> None:
+    """The kernel bounds each path a process passes (PATH_MAX, relative to a directory it
+    holds), not how deep a tree goes: absolute paths of 6,000 bytes work."""
+    where, path = mounted.fresh_dir("deep")
+    name = "d" * 200
+    fd = os.open(where, os.O_DIRECTORY)
+    try:
+        for _ in range(30):
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        out = os.open("f", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd)
+        os.write(out, b"deep")
+        os.close(out)
+    finally:
+        os.close(fd)
+    deep = path + ("/" + name) * 30 + "/f"
+    assert len(deep) > 6000 and mounted.fs.read_bytes(deep) == b"deep"
+
+
 def test_torch_save_and_load(mounted: Mounted) -> None:
     torch = pytest.importorskip("torch")
     import io

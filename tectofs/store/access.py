@@ -157,7 +157,9 @@ def checked_setattr(
     unchanged, adjusted as Linux does). chmod: the owner or root; a non-root owner outside the
     file's (new) group cannot set its setgid bit. chown: only root changes the owner; the
     owner may change the group to one they are in; a non-root chown clears the setuid and
-    setgid bits of a non-directory. Times: the owner, root, or anyone with write permission."""
+    setgid bits of a non-directory. Clearing only the setuid and setgid bits (what the kernel
+    asks when a non-owner writes a set-id file): anyone with write permission. Times: the
+    owner, root, or anyone with write permission."""
     if caller is None:
         return mode
     if uid is not None and not caller.is_root and uid != attrs["uid"]:
@@ -170,7 +172,11 @@ def checked_setattr(
         require_owner(attrs, caller, path, "chown it")
     if gid is not None and not caller.is_root and gid != attrs["gid"] and not caller.in_group(gid):
         raise NotPermitted(f"{path}: operation not permitted (uid {caller.uid} is not in group {gid})")
-    if mode is not None:
+    kill_set_id = (mode is not None and not chown and mode != attrs["mode"]
+                   and mode == attrs["mode"] & ~(statmod.S_ISUID | statmod.S_ISGID))
+    if kill_set_id and not owns(attrs, caller):
+        require(attrs, caller, W, path=path)
+    elif mode is not None:
         require_owner(attrs, caller, path, "chmod it")
         if not (caller.is_root or caller.in_group(attrs["gid"] if gid is None else gid)):
             mode &= ~statmod.S_ISGID

@@ -636,11 +636,16 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         self._touch(dst_parent["ino"], now, nlink_delta=is_dir)
         return self._get(moving["ino"])
 
-    def statfs(self) -> dict[str, Any]:
+    def statfs(self, *, caller: Caller | None = None) -> dict[str, Any]:
+        """Inodes, raw capacity and use of the live chunk servers, and what files can store in
+        them under the root directory's policy (see ``messages.StatfsReply``)."""
         files, = self._one("SELECT COUNT(*) FROM inodes")
         live = self.live_servers()
         capacity, used = sum(s["capacity"] for s in live), sum(s["used"] for s in live)
-        return {"files": files, "capacity": capacity, "used": used, "name_max": limits.name_length_max_bytes}
+        policy = parse_policy(self._get(ROOT_INO)["policy"])
+        return {"files": files, "capacity": capacity, "used": used, "name_max": limits.name_length_max_bytes,
+                "usable": capacity * policy.needed // policy.width,
+                "usable_free": max(0, capacity - used) * policy.needed // policy.width, "policy": str(policy)}
 
     def close(self) -> None:
         self.conn.close()

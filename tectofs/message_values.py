@@ -1,0 +1,168 @@
+"""The field types every message uses and the values shared by every role — attributes,
+layouts, blocks, chunks, allocations, servers — as declared ``msgspec`` types. ``messages.py``
+builds the requests and replies of both services from them (and re-exports them: use them as
+``messages.Attrs`` and so on)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from . import limits
+
+# ---------------------------------------------------------------------- field types
+
+Int64 = Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)]
+Ino = Annotated[int, msgspec.Meta(ge=1, le=limits.int64_max)]
+Id = Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)]
+Crc = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]
+Position = Annotated[int, msgspec.Meta(ge=0, le=limits.policy_width_max - 1)]
+Mode = Annotated[int, msgspec.Meta(ge=0, le=0o7777)]
+Owner = Annotated[int, msgspec.Meta(ge=0, le=limits.owner_id_max)]  # uid or gid; 2**32-1 means "none"
+Time = Annotated[float, msgspec.Meta(ge=-limits.timestamp_abs_max_s, le=limits.timestamp_abs_max_s)]  # finite
+# Bounded here; checked (absolute, components, NUL, lengths in bytes) by tectofs.paths, which
+# gives the clearer InvalidPath error.
+Path = Annotated[str, msgspec.Meta(max_length=limits.path_length_max_bytes)]  # characters: at most its bytes
+Name = Annotated[str, msgspec.Meta(max_length=limits.name_length_max_bytes)]
+Text = Annotated[str, msgspec.Meta(max_length=limits.message_text_max_bytes)]
+PolicyText = Annotated[str, msgspec.Meta(max_length=32)]
+Address = Annotated[str, msgspec.Meta(min_length=3, max_length=limits.address_length_max_bytes)]
+BlockSize = Annotated[int, msgspec.Meta(ge=limits.block_size_min_bytes, le=limits.block_size_max_bytes)]
+BlockOffset = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
+ChunkLength = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
+Kind = Literal["file", "dir", "symlink", "fifo", "socket", "char", "block"]
+Role = Literal["client", "chunk", "meta", "tool"]
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every message: immutable, keyword-only."""
+
+
+# ---------------------------------------------------------------------- shared values
+
+
+class Attrs(Message, kw_only=True):
+    """An inode's attributes. ``stored``: bytes of data really stored (holes excluded)."""
+
+    ino: Ino
+    kind: Kind
+    mode: Annotated[int, msgspec.Meta(ge=0, le=0o177777)]  # permission and file-type bits
+    uid: Owner
+    gid: Owner
+    size: Int64
+    atime: Time
+    mtime: Time
+    ctime: Time
+    nlink: Int64
+    policy: PolicyText
+    block_size: BlockSize
+    target: Annotated[str, msgspec.Meta(max_length=limits.symlink_target_max_bytes)] | None = None
+    parent: Ino
+    stored: Int64 = 0
+    write_min: Int64 = 0  # chunks a block needs to be accepted (0: the policy's default)
+    rdev: Int64 = 0  # a char or block device node's device number
+
+
+Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
+Proof = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+KeyId = Annotated[str, msgspec.Meta(max_length=64)]
+UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class Capability(Message, kw_only=True):
+    """The metadata service's permission to read (layouts) or write (allocations) one block's
+    chunks until ``expiry`` (seconds since 1970), signed with cluster key ``key``
+    (``tectofs.auth``): chunk servers check it on every anonymous get and put."""
+
+    mac: Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
+    expiry: Int64
+    key: KeyId
+
+
+class ChunkRef(Message, kw_only=True):
+    """Where one chunk of a block lives, and its whole-chunk crc32c."""
+
+    position: Position
+    server_id: Id
+    address: Address | None = None  # None: the server is not registered any more
+    length: ChunkLength
+    crc: Crc
+
+
+class Block(Message, kw_only=True):
+    """One committed (or written, not yet committed) block of a file.
+
+    It covers file bytes ``[idx * block_size, idx * block_size + valid)``; its ``length``
+    stored bytes sit at ``start`` within it, and everything else in it reads as zeros."""
+
+    idx: Int64
+    block_id: Id
+    policy: PolicyText
+    start: BlockOffset = 0
+    length: ChunkLength
+    valid: BlockOffset
+    chunks: Annotated[list[ChunkRef], msgspec.Meta(max_length=limits.policy_width_max)]
+    cap: Capability | None = None  # to read its chunks (layouts); None in what a writer commits
+
+
+class WrittenChunk(Message, kw_only=True):
+    position: Position
+    server_id: Id
+    length: ChunkLength
+    crc: Crc
+
+
+class WrittenBlock(Message, kw_only=True):
+    """A block as a writer commits (or stages) it: where its chunks went."""
+
+    idx: Int64
+    block_id: Id
+    start: BlockOffset = 0
+    length: Annotated[int, msgspec.Meta(ge=1, le=limits.block_size_max_bytes)]
+    chunks: Annotated[list[WrittenChunk], msgspec.Meta(min_length=1, max_length=limits.policy_width_max)]
+
+
+class LayoutSegment(Message, kw_only=True):
+    """The blocks of a file with index in ``[first, end)`` (``end`` None: to the end of the
+    file); an index in that range without a block is a hole. Bounded by construction: the
+    metadata service ends a segment early (a smaller ``end``) rather than exceed the frame."""
+
+    attrs: Attrs
+    blocks: list[Block]
+    first: Int64 = 0
+    end: Int64 | None = None
+
+
+class ServerRef(Message, kw_only=True):
+    server_id: Id
+    address: Address
+
+
+class Allocation(Message, kw_only=True):
+    """A block id reserved for a file and where to put its chunks: ``width`` servers, then spares."""
+
+    block_id: Id
+    policy: PolicyText
+    servers: list[ServerRef]
+    write_min: Int64 = 0  # chunks that must be stored for the block to be accepted (0: the policy's)
+    cap: Capability | None = None  # to put its chunks
+
+
+class DirEntry(Message, kw_only=True):
+    name: Name
+    attrs: Attrs
+
+
+class ServerInfo(Message, kw_only=True):
+    server_id: Id
+    uuid: Text
+    address: Address
+    capacity: Int64
+    used: Int64
+    inflight: Int64
+    chunks: Int64
+    last_heartbeat: float
+    live: bool
+    state: Text = "in"  # "in" | "draining"
+    stats: dict[str, int] = {}
