@@ -222,6 +222,22 @@ class AsyncFileSystem:
         """Remove a name; the file goes with its last name, once no handle has it open."""
         await self.meta("unlink", path=path)
 
+    async def getxattr(self, path: str, name: str) -> bytes:
+        """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``)."""
+        reply, _ = await self.meta("getxattr", path=path, name=name)
+        return bytes(reply.value)
+
+    async def listxattr(self, path: str) -> list[str]:
+        reply, _ = await self.meta("listxattr", path=path)
+        return list(reply.names)
+
+    async def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
+        """``flags``: ``os.XATTR_CREATE`` or ``os.XATTR_REPLACE``, as ``os.setxattr``."""
+        await self.meta("setxattr", path=path, name=name, value=bytes(value), flags=flags)
+
+    async def removexattr(self, path: str, name: str) -> None:
+        await self.meta("removexattr", path=path, name=name)
+
     async def link(self, src: str, dst: str) -> Stat:
         """A hard link: ``dst`` becomes another name of the file ``src`` (not a directory)."""
         reply, _ = await self.meta("link", src=src, dst=dst)
@@ -303,7 +319,8 @@ class AsyncFileSystem:
                 "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease
             )
             attrs, created = reply.attrs, reply.created
-            layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate else (
+            # a new file has no blocks yet (and its creator may write it whatever its mode)
+            layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate or created else (
                 await self.meta("layout", ino=attrs.ino)
             )[0]
         else:

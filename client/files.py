@@ -60,6 +60,8 @@ class AsyncFile:
         self._allocations: list[messages.Allocation] = []
         self._allocation_batch = 1
         self._changed = truncate  # something to commit even without blocks (e.g. truncation to 0)
+        # when this handle last wrote or truncated, since its last commit (the commit's mtime)
+        self.modified_at: float | None = time.time() if truncate else None
         self._cache: OrderedDict[int, Any] = OrderedDict()
         self._prefetch: dict[int, asyncio.Task[Any]] = {}
         self._last_read_block = -1  # reading block 0 counts as sequential: prefetch block 1
@@ -133,6 +135,7 @@ class AsyncFile:
             self._bytes_written += n
             self.size = max(self.size, position + n)
             self._changed = True
+            self.modified_at = time.time()
             if valid == self.block_size:
                 await self._send(idx)
         await self._bound_dirty()
@@ -339,6 +342,7 @@ class AsyncFile:
                 raise
         self.size = size
         self._changed = True
+        self.modified_at = time.time()
 
     async def _cut(self, size: int) -> None:
         """Forget everything this handle holds or sees past ``size``: buffered, in-flight,
@@ -396,6 +400,7 @@ class AsyncFile:
         self._staged.clear()
         self._staged_idx.clear()
         self._changed = False
+        self.modified_at = None
         self._shrunk_to = None
         self._holes.clear()
         self._holes_staged.clear()
@@ -413,7 +418,8 @@ class AsyncFile:
         await self._stage_excess()
         staged = bool(self._staged_idx)
         layout, _ = await self.fs.meta(
-            "commit", ino=self.ino, size=self.size, replace=self.replace, mtime=time.time(),
+            "commit", ino=self.ino, size=self.size, replace=self.replace,
+            mtime=self.modified_at or time.time(),
             blocks=[messages.written(b) for b in self._written.values() if b.idx * self.block_size < self.size],
             shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,
         )

@@ -44,11 +44,7 @@ import itertools
 import logging
 import os
 import select
-import signal
 import stat as statmod
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -57,11 +53,17 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 import mfusepy
 
 from tectofs import diagnostics, limits
-from tectofs.errors import TectofsError, Timeout
+from tectofs.errors import TectofsError
 
 from . import connect
 from .core import AsyncFileSystem, Stat
 from .files import AsyncFile
+from .fuse_process import MountProcess, _unescape_mount_path, is_mounted, mount_wait_s, start_mount_process
+from .fuse_process import unmount_wait_s
+
+__all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "mount", "start_mount_process",
+           "unmount_wait_s"]
+from .fuse_links import LinkedNames
 from .fuse_users import Callers, choose_sharing, on_view
 from .sync import FileSystem
 
@@ -74,9 +76,8 @@ max_write_bytes = 1 * limits.MiB          # largest kernel write request (libfus
 max_readahead_bytes = 8 * limits.MiB      # the kernel caps it at the device's read-ahead setting
 io_size_hint_bytes = 1 * limits.MiB       # st_blksize: buffer size that cp, dd conv=... pick
 reported_attrs_max = 65_536               # remembered per-inode attributes (for close-to-open)
+free_inodes_reported = 2**32               # statfs: tectofs has no inode limit; df -i shows this many free
 threads_max = 16                          # libfuse worker threads (-o max_threads)
-mount_wait_s = 30.0                       # start_mount_process: time for the mount to appear
-unmount_wait_s = 30.0                     # MountProcess.stop: time for the daemon to exit
 
 _FUSE_MAIN_STOPPED = 8  # fuse_main's code after the loop ended by a signal (codes 1-7: could not mount)
 RENAME_NOREPLACE = 1
@@ -148,6 +149,7 @@ class TectofsOperations(mfusepy.Operations):
         self._reported: OrderedDict[int, tuple[int, float]] = OrderedDict()
         self._reported_lock = threading.Lock()
         self.callers = callers or Callers()
+        self.links = LinkedNames()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -196,8 +198,12 @@ class TectofsOperations(mfusepy.Operations):
             while len(self._reported) > reported_attrs_max:
                 self._reported.popitem(last=False)
 
-    def _stat_dict(self, st: Stat, size: int | None = None) -> dict[str, Any]:
+    def _stat_dict(self, st: Stat, size: int | None = None, modified_at: float | None = None) -> dict[str, Any]:
+        """The kernel's view of ``st``; an open writer's uncommitted ``size`` and time of its
+        last change (``modified_at``: mtime and ctime) override the committed ones."""
         size = st.size if size is None else size
+        mtime = st.mtime if modified_at is None else max(st.mtime, modified_at)
+        ctime = st.ctime if modified_at is None else max(st.ctime, modified_at)
         self._remember(st.ino, size, st.mtime)
         return {
             "st_ino": st.ino,
@@ -209,15 +215,19 @@ class TectofsOperations(mfusepy.Operations):
             "st_blocks": (st.stored + 511) // 512,  # what is stored, so du sees holes
             "st_blksize": io_size_hint_bytes,
             "st_atime": int(st.atime * 1e9),
-            "st_mtime": int(st.mtime * 1e9),
-            "st_ctime": int(st.ctime * 1e9),
+            "st_mtime": int(mtime * 1e9),
+            "st_ctime": int(ctime * 1e9),
             "st_rdev": st.rdev,
         }
 
-    def _size_seen_by_writers(self, ino: int) -> int | None:
-        """The size an open writer made (uncommitted), which the kernel already believes."""
-        sizes = [h.file.size for h in self._writers(ino) if h.dirty]
-        return max(sizes) if sizes else None
+    def _seen_by_writers(self, ino: int) -> tuple[int | None, float | None]:
+        """The size open writers made (uncommitted), which the kernel already believes, and
+        when they last changed the file (None, None: no uncommitted change)."""
+        dirty = [h.file for h in self._writers(ino) if h.dirty]
+        if not dirty:
+            return None, None
+        changes = [f.modified_at for f in dirty if f.modified_at is not None]
+        return max(f.size for f in dirty), max(changes) if changes else None
 
     def _invalidate_if_changed(self, path: str, file: AsyncFile) -> None:
         """Close-to-open across mounts: the kernel may still hold attributes (size!) from
@@ -226,11 +236,22 @@ class TectofsOperations(mfusepy.Operations):
             reported = self._reported.get(file.ino)
         if reported is None or reported == (file.attrs.size, file.attrs.mtime):
             return
+        self._invalidate(path)
+
+    @staticmethod
+    def _invalidate(path: str) -> None:
+        """Have the kernel drop its cached attributes of ``path`` (from a request's thread)."""
         try:
             fuse = ctypes.c_void_p(mfusepy._libfuse.fuse_get_context().contents.fuse)
             mfusepy._libfuse.fuse_invalidate_path(fuse, path.encode("utf-8", "surrogateescape"))
         except Exception as exc:  # best effort: attributes expire after attr_timeout_s anyway
             log.debug("could not invalidate cached attributes of %s: %s", path, exc)
+
+    def _changed_through(self, path: str | None, others: list[str] | None = None) -> None:
+        """A file changed through ``path``: the kernel's attributes of its other names (hard
+        links, each a kernel inode of its own under libfuse's path API) are stale."""
+        for name in (others if others is not None else self.links.others(path) if path else []):
+            self._invalidate(name)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -272,16 +293,19 @@ class TectofsOperations(mfusepy.Operations):
             raise mfusepy.FuseOSError(errno.ESTALE)
         else:
             st = self._as_caller(lambda fs: fs.stat(path))
-        return self._stat_dict(st, self._size_seen_by_writers(st.ino))
+            self.links.seen(path, st.ino, st.nlink)
+        return self._stat_dict(st, *self._seen_by_writers(st.ino))
 
     @_errno
     def chmod(self, path: str, mode: int) -> int:
         self._as_caller(lambda fs: fs.setattr(path, mode=mode & 0o7777))
+        self._changed_through(path)
         return 0
 
     @_errno
     def chown(self, path: str, uid: int, gid: int) -> int:
         self._as_caller(lambda fs: fs.setattr(path, uid=None if uid == -1 else uid, gid=None if gid == -1 else gid))
+        self._changed_through(path)
         return 0
 
     @_errno
@@ -297,6 +321,7 @@ class TectofsOperations(mfusepy.Operations):
             # first so that the commit at close does not stamp the current time over them.
             self._commit_writers_of(path)
             self._as_caller(lambda fs: fs.setattr(path, atime=atime, mtime=mtime))
+            self._changed_through(path)
         return 0
 
     def _commit_writers_of(self, path: str) -> None:
@@ -311,19 +336,22 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def statfs(self, path: str) -> dict[str, int]:
+        """``df``: what files can store (raw capacity of the live chunk servers times the
+        data share of the root's policy, e.g. 4/6 for rs(4,2)), and inodes. tectofs has no
+        inode table to fill: free inodes are reported as ``free_inodes_reported``."""
         reply = self._as_caller(lambda fs: fs.statfs())
         fragment = 4096
-        capacity, used = int(reply.get("capacity", 0)), int(reply.get("used", 0))
-        files = int(reply.get("files", 0))
+        usable, free = int(reply["usable"]), int(reply["usable_free"])
+        files = int(reply["files"])
         return {
             "f_bsize": io_size_hint_bytes,
             "f_frsize": fragment,
-            "f_blocks": capacity // fragment,
-            "f_bfree": max(0, capacity - used) // fragment,
-            "f_bavail": max(0, capacity - used) // fragment,
-            "f_files": files + 1_000_000,
-            "f_ffree": 1_000_000,
-            "f_favail": 1_000_000,
+            "f_blocks": usable // fragment,
+            "f_bfree": free // fragment,
+            "f_bavail": free // fragment,
+            "f_files": files + free_inodes_reported,
+            "f_ffree": free_inodes_reported,
+            "f_favail": free_inodes_reported,
             "f_namemax": int(reply.get("name_max", limits.name_length_max_bytes)),
         }
 
@@ -352,7 +380,10 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def unlink(self, path: str) -> int:
+        others = self.links.others(path)
         self._as_caller(lambda fs: fs.remove(path))
+        self.links.removed(path)
+        self._changed_through(path, others)  # their link count dropped
         return 0
 
     @_errno
@@ -362,7 +393,10 @@ class TectofsOperations(mfusepy.Operations):
             return 0
         if flags & ~RENAME_NOREPLACE:
             raise mfusepy.FuseOSError(errno.EINVAL)  # NOREPLACE|EXCHANGE, RENAME_WHITEOUT
+        replaced_others = self.links.others(new)
         self._as_caller(lambda fs: fs.rename(old, new, noreplace=bool(flags & RENAME_NOREPLACE)))
+        self.links.renamed(old, new)
+        self._changed_through(new, replaced_others + self.links.others(new))
         return 0
 
     @_errno
@@ -377,7 +411,30 @@ class TectofsOperations(mfusepy.Operations):
     @_errno
     def link(self, target: str, source: str) -> int:
         """``ln SOURCE TARGET``: ``target`` becomes another name of the file ``source``."""
-        self._as_caller(lambda fs: fs.link(source, target))
+        st = self._as_caller(lambda fs: fs.link(source, target))
+        self.links.seen(source, st.ino, st.nlink)
+        self.links.seen(target, st.ino, st.nlink)
+        self._changed_through(target)
+        return 0
+
+    # ------------------------------------------------------------------ extended attributes
+
+    @_errno
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        return bytes(self._as_caller(lambda fs: fs.getxattr(path, name)))
+
+    @_errno
+    def listxattr(self, path: str) -> list[str]:
+        return list(self._as_caller(lambda fs: fs.listxattr(path)))
+
+    @_errno
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        self._as_caller(lambda fs: fs.setxattr(path, name, value, options))
+        return 0
+
+    @_errno
+    def removexattr(self, path: str, name: str) -> int:
+        self._as_caller(lambda fs: fs.removexattr(path, name))
         return 0
 
     @_errno
@@ -454,29 +511,32 @@ class TectofsOperations(mfusepy.Operations):
         writers = self._writers(st.ino)
         if not writers:
             self._as_caller(lambda fs: fs.truncate(path, length))
-            return 0
         for handle in writers:  # so that their next commits keep the new size
             with handle.lock:
                 self._run(handle.file.truncate(length))
                 self._run(handle.file.flush())
                 handle.dirty = False
+        self._changed_through(path)
         return 0
 
-    def _commit(self, fh: int) -> int:
+    def _commit(self, path: str | None, fh: int) -> int:
         handle = self._handle(fh)
         with handle.lock:
+            changed = handle.dirty
             self._run(handle.file.flush())
             handle.dirty = False
+        if changed:
+            self._changed_through(path)
         return 0
 
     @_errno
     def flush(self, path: str, fh: int) -> int:
         """Called at every ``close`` of a descriptor: commit, so the close reports errors."""
-        return self._commit(fh)
+        return self._commit(path, fh)
 
     @_errno
     def fsync(self, path: str, datasync: int, fh: int) -> int:
-        return self._commit(fh)
+        return self._commit(path, fh)
 
     @_errno
     def release(self, path: str, fh: int) -> int:
@@ -653,130 +713,3 @@ def _read_status(fd: int, timeout_s: float) -> str:
                 break
             text += chunk
     return text.decode(errors="replace").strip()
-
-
-# ---------------------------------------------------------------------- mount as a subprocess
-
-
-def is_mounted(mountpoint: str) -> bool:
-    """Whether ``mountpoint`` appears in /proc/self/mounts (never touches the mount itself,
-    so a dead or uninitialized FUSE daemon cannot make it block)."""
-    mountpoint = os.path.abspath(mountpoint)
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 1 and _unescape_mount_path(fields[1]) == mountpoint:
-                    return True
-    except OSError:
-        return os.path.ismount(mountpoint)
-    return False
-
-
-def _unescape_mount_path(text: str) -> str:
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        text = text.replace(code, char)
-    return text
-
-
-class MountProcess:
-    """A ``tectofs mount`` child process serving one mountpoint; :meth:`stop` unmounts it."""
-
-    def __init__(self, process: subprocess.Popen[bytes], mountpoint: str, log_path: str) -> None:
-        self.process = process
-        self.mountpoint = mountpoint
-        self.log_path = log_path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_tail(self, max_bytes: int = 4000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log_path) - max_bytes))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self, timeout_s: float = unmount_wait_s) -> None:
-        """Unmount (``fusermount3 -u``, lazily if the mount is busy) and reap the daemon;
-        escalates to SIGTERM, then SIGKILL, if it does not exit in time. Idempotent."""
-        deadline = time.monotonic() + timeout_s
-        if is_mounted(self.mountpoint):
-            for attempt in range(10):
-                if _fusermount(["-u", self.mountpoint]) == 0 or not is_mounted(self.mountpoint):
-                    break
-                time.sleep(0.1 * (attempt + 1))
-            else:
-                log.warning("%s is busy; unmounting lazily", self.mountpoint)
-                _fusermount(["-u", "-z", self.mountpoint])
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None and self.process.poll() is None:
-                log.warning("mount daemon %d did not exit; sending %s", self.process.pid, sig.name)
-                self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=max(1.0, deadline - time.monotonic()) if sig is None else 10)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        if is_mounted(self.mountpoint):  # the daemon died under a mount: clear the dead endpoint
-            _fusermount(["-u", "-z", self.mountpoint])
-
-    def __enter__(self) -> "MountProcess":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
-def _fusermount(args: list[str]) -> int:
-    try:
-        return subprocess.run(["fusermount3", *args], capture_output=True, timeout=30).returncode
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("fusermount3 %s failed: %s", " ".join(args), exc)
-        return -1
-
-
-def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = False,
-                        attr_timeout_s: float | None = None, timeout_s: float = mount_wait_s,
-                        log_path: str | None = None, debug: bool = False, credentials: str | None = None,
-                        multi_user: bool | None = None, default_permissions: bool = True) -> MountProcess:
-    """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
-    return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
-    if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount. The other
-    options are :func:`mount`'s."""
-    mountpoint = os.path.abspath(mountpoint)
-    os.makedirs(mountpoint, exist_ok=True)
-    if is_mounted(mountpoint):
-        raise TectofsError(f"{mountpoint} is already a mount point: unmount it first (fusermount3 -u {mountpoint})")
-    if log_path is None:
-        descriptor, log_path = tempfile.mkstemp(prefix="tectofs-mount-", suffix=".log")
-        os.close(descriptor)
-    command = [sys.executable, "-m", "tectofs.cli", "mount", "--meta", address, mountpoint]
-    if single_thread:
-        command.append("--single-thread")
-    if attr_timeout_s is not None:
-        command += ["--attr-timeout", str(attr_timeout_s)]
-    if debug:
-        command.append("--debug")
-    if credentials is not None:
-        command += ["--credentials", credentials]
-    if multi_user is not None:
-        command.append("--allow-other" if multi_user else "--single-user")
-    if not default_permissions:
-        command.append("--no-default-permissions")
-    with open(log_path, "ab") as out:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    handle = MountProcess(process, mountpoint, log_path)
-    deadline = time.monotonic() + timeout_s
-    while not is_mounted(mountpoint):
-        if process.poll() is not None:
-            raise TectofsError(f"tectofs mount of {address} on {mountpoint} exited with code "
-                               f"{process.returncode}:\n{handle.log_tail()}")
-        if time.monotonic() > deadline:
-            handle.stop()
-            raise Timeout(f"{mountpoint} was not mounted within {timeout_s:.0f}s; daemon log:\n{handle.log_tail()}")
-        time.sleep(0.05)
-    return handle

@@ -269,6 +269,18 @@ class FileSystem:
     def link(self, src: str, dst: str) -> Stat:
         return self.run(self.aio.link(src, dst))
 
+    def getxattr(self, path: str, name: str) -> bytes:
+        return self.run(self.aio.getxattr(path, name))
+
+    def listxattr(self, path: str) -> list[str]:
+        return self.run(self.aio.listxattr(path))
+
+    def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
+        self.run(self.aio.setxattr(path, name, value, flags))
+
+    def removexattr(self, path: str, name: str) -> None:
+        self.run(self.aio.removexattr(path, name))
+
     def rmdir(self, path: str) -> None:
         self.run(self.aio.rmdir(path))
 

@@ -236,6 +236,20 @@ class MetadataService:
         await self._as_caller("release", r.ino, r.reader)
         return messages.Empty(), b""
 
+    async def rpc_getxattr(self, r: messages.XattrRequest, _: memoryview) -> Reply:
+        return messages.XattrReply(value=await self._as_caller("getxattr", paths.split(r.path), r.name)), b""
+
+    async def rpc_listxattr(self, r: messages.PathRequest, _: memoryview) -> Reply:
+        return messages.ListxattrReply(names=await self._as_caller("listxattr", paths.split(r.path))), b""
+
+    async def rpc_setxattr(self, r: messages.SetxattrRequest, _: memoryview) -> Reply:
+        await self._as_caller("setxattr", paths.split(r.path), r.name, r.value, r.flags)
+        return messages.Empty(), b""
+
+    async def rpc_removexattr(self, r: messages.XattrRequest, _: memoryview) -> Reply:
+        await self._as_caller("removexattr", paths.split(r.path), r.name)
+        return messages.Empty(), b""
+
     async def rpc_exchange(self, r: messages.ExchangeRequest, _: memoryview) -> Reply:
         await self._as_caller("exchange", paths.split(r.a), paths.split(r.b))
         return messages.Empty(), b""
