@@ -17,6 +17,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import types
 import uuid
@@ -276,3 +277,21 @@ def test_when_a_mount_is_multi_user(monkeypatch: pytest.MonkeyPatch) -> None:
         choose_sharing(True, node, euid=1000)
     monkeypatch.setattr(fuse_users, "user_allow_other", lambda: True)
     assert choose_sharing(None, node, euid=1000)[0]
+
+
+def test_mount_behaves_like_a_local_directory_for_an_ordinary_user(base: str) -> None:
+    """The Hypothesis model of test_fuse.py (data, names, links, FIFOs, modes, owners,
+    xattrs, files held open) run by uid 1000 against a local directory of its own: the
+    permission checks agree with the local disk's, step by step."""
+    user = 1000
+    local = _world_reachable_dir("tectofs-model-local-")
+    try:
+        os.chown(local, user, user)
+        os.chown(base, user, user)
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.mount_model", base, local, "--as-user", str(user), "--examples", "15"],
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True, timeout=600,
+        )
+        assert result.returncode == 0, result.stderr.decode(errors="replace")[-6000:]
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
