@@ -274,6 +274,24 @@ class StoreContract:
         assert store._all("SELECT name FROM xattrs WHERE ino = ?", (ino,)) == []
 
 
+    def test_atime_follows_relatime(self, store):
+        now = [1_000_000.0]
+        store.clock = lambda: now[0]
+        f = store.create(["f"])
+        store.mkdir(["d"])
+        now[0] += 10
+        assert store.layout(["f"], reader=1)["attrs"]["atime"] == now[0]  # not newer than mtime: updated
+        opened = now[0]
+        now[0] += 10
+        assert store.layout(["f"], reader=2)["attrs"]["atime"] == opened  # newer than mtime and ctime: kept
+        store.layout(["f"], reader=3, write_only=True)
+        now[0] += 86_400
+        assert store.layout(["f"], reader=4)["attrs"]["atime"] == now[0]  # a day old: updated
+        assert store.lookup(["f"])["atime"] == now[0] and store.lookup(["f"])["mtime"] == f["mtime"]
+        store.readdir(["d"])
+        assert store.lookup(["d"])["atime"] == now[0]
+
+
 class TestSqliteStore(StoreContract):
     def make_store(self, tmp_path) -> SqlStore:
         return SqlStore(SqliteDialect(str(tmp_path / "meta.db")))

@@ -53,6 +53,8 @@ class BlockMaps(StoreParts):
                        path=_p(parts or []) if ino is None else f"inode {ino}")
         if reader:
             self.renew(attrs["ino"], reader=reader)
+            if not write_only:
+                self._accessed(attrs)
         width = parse_policy(attrs["policy"]).width
         count = max(1, limits.reply_header_budget_bytes // (_BLOCK_BYTES_MAX + width * _CHUNK_BYTES_MAX))
         row = self._one(
@@ -76,6 +78,15 @@ class BlockMaps(StoreParts):
                 {"position": position, "server_id": server_id, "address": address, "length": clen, "crc": crc}
             )
         return {"attrs": attrs, "blocks": list(blocks.values()), "first": first, "end": end}
+
+    def _accessed(self, attrs: dict[str, Any]) -> None:
+        """An open for reading (or a listing) of ``attrs``: its atime moves to now under
+        Linux's ``relatime`` rule: when it is not newer than its mtime or ctime, or a day old.
+        So a file read by a thousand ranks after a save costs one update, not a thousand."""
+        now = self.clock()
+        if attrs["atime"] <= attrs["mtime"] or attrs["atime"] <= attrs["ctime"] or now - attrs["atime"] >= 86_400:
+            self._x("UPDATE inodes SET atime = ? WHERE ino = ?", (now, attrs["ino"]))
+            attrs["atime"] = now
 
     def allocate(
         self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = (),

@@ -383,6 +383,8 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         and the cursor for the next page (None after the last). A caller needs read permission."""
         directory = self._resolve_dir(parts, caller)
         access.require(directory, caller, R, path=_p(parts))
+        if not after:
+            self._accessed(directory)
         rows = self._all(
             f"SELECT n.name, {', '.join('i.' + c.strip() for c in _ATTR_COLUMNS.split(','))}"
             " FROM names n JOIN inodes i ON i.ino = n.ino WHERE n.parent = ? AND n.name > ? ORDER BY n.name LIMIT ?",
