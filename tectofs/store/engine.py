@@ -518,12 +518,9 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
             self._remove_inode(attrs)
 
     def _held(self, ino: int, now: float) -> bool:
-        """Whether an open handle holds ``ino``: a live lease, or a writer's allocations or staged blocks."""
-        return self._one(
-            "SELECT 1 WHERE EXISTS (SELECT 1 FROM read_leases WHERE ino = ? AND expires > ?)"
-            " OR EXISTS (SELECT 1 FROM allocations WHERE ino = ?) OR EXISTS (SELECT 1 FROM staged WHERE ino = ?)",
-            (ino, now, ino, ino),
-        ) is not None
+        """Whether an open handle holds ``ino`` (a live lease: every handle takes one at open).
+        A writer's allocations do not count: a closed writer leaves unused ones behind."""
+        return self._one("SELECT 1 FROM read_leases WHERE ino = ? AND expires > ?", (ino, now)) is not None
 
     def release(self, ino: int, reader: int, *, caller: Caller | None = None) -> None:
         """A handle closed: its lease ends, and a file it held after its last name went is removed."""
