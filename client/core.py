@@ -326,7 +326,9 @@ class AsyncFileSystem:
         else:
             layout, _ = await self.meta("layout", path=path, reader=lease,
                                         write_only=writable and (write_only or not readable))
-        handle = AsyncFile(self, path, layout, readable, writable, truncate)
+        # a file this call created is empty already: nothing to truncate (no commit at close
+        # unless something is written)
+        handle = AsyncFile(self, path, layout, readable, writable, truncate and not created)
         handle.created = created
         handle.hold_read_lease(lease)
         return handle

@@ -78,6 +78,7 @@ class AsyncFile:
         self._writer_lease_s: float | None = None  # set by the first allocation
         self._reader = 0  # a reader's lease id (0: none)
         self._committed = False  # a commit of this handle succeeded
+        self.committed_layout: messages.LayoutSegment | None = None  # by this handle's last commit
 
     def _set_layout(self, layout: messages.LayoutSegment) -> None:
         self.attrs = layout.attrs
@@ -387,6 +388,7 @@ class AsyncFile:
             return
         if self._failure is not None:
             raise self._failure
+        self.committed_layout = None
         try:
             layout = await self._commit()
         except BaseException as exc:
@@ -406,6 +408,23 @@ class AsyncFile:
         self._holes_staged.clear()
         self._drop_cache()  # read before this commit: stale
         self._set_layout(layout)  # the commit answers with the new layout
+        self.committed_layout = layout
+
+    @property
+    def unchanged(self) -> bool:
+        """Nothing written, truncated or in flight since this handle's open or last commit."""
+        return not (self._changed or self._written or self._dirty or self._inflight or self._staged_idx)
+
+    def adopt(self, layout: messages.LayoutSegment) -> bool:
+        """Another handle of this process committed ``layout``: an unchanged handle takes it
+        as its own view (as descriptors of a local file share one page cache), so its next
+        reads return the new bytes. False (nothing done) if this handle has changes of its own."""
+        if self.closed or not self.unchanged or layout.attrs.ino != self.ino:
+            return False
+        self._drop_cache()
+        self._set_layout(layout)
+        self.size = layout.attrs.size
+        return True
 
     async def _commit(self) -> messages.LayoutSegment | None:
         """Send what is buffered, wait for every block, commit; None if nothing changed."""

@@ -111,13 +111,14 @@ def _errno(method: F) -> F:
 class _OpenFile:
     """One kernel file handle: the client handle, its lock, and what the kernel asked for."""
 
-    __slots__ = ("file", "lock", "append", "dirty")
+    __slots__ = ("file", "lock", "append", "dirty", "just_created")
 
     def __init__(self, file: AsyncFile, append: bool, dirty: bool) -> None:
         self.file = file
         self.lock = threading.Lock()
         self.append = append
         self.dirty = dirty  # written or truncated since the last commit
+        self.just_created = False  # by ``create``, whose reply carried the attributes
 
 
 async def _listing(fs: AsyncFileSystem, path: str) -> tuple[Any, list[tuple[str, Stat]]]:
@@ -287,7 +288,10 @@ class TectofsOperations(mfusepy.Operations):
     @_errno
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         handle = None if fh is None else self._handles.get(fh)
-        if handle is not None:  # fstat: as the handle's opener, like its other calls
+        if handle is not None and handle.just_created:
+            handle.just_created = False  # libfuse's getattr right after create: create answered it
+            st = Stat.from_attrs(handle.file.attrs)
+        elif handle is not None:  # fstat: as the handle's opener, like its other calls
             st = Stat.from_attrs(self._run(handle.file.fs.meta("getattr", ino=handle.file.ino))[0].attrs)
         elif path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
@@ -458,7 +462,9 @@ class TectofsOperations(mfusepy.Operations):
             client_mode = "a+b"  # create if missing, keep content if another client just made it
         file = self._as_caller(lambda fs: fs.open(path, client_mode, file_mode=mode & 0o7777))
         file.readable = True  # the kernel enforces the access mode of each descriptor
-        return self._register(file, flags, dirty=True)
+        fh = self._register(file, flags, dirty=True)
+        self._handles[fh].just_created = True
+        return fh
 
     @_errno
     def open(self, path: str, flags: int) -> int:
@@ -526,8 +532,21 @@ class TectofsOperations(mfusepy.Operations):
             self._run(handle.file.flush())
             handle.dirty = False
         if changed:
+            self._share_commit(handle)
             self._changed_through(path)
         return 0
+
+    def _share_commit(self, committer: _OpenFile) -> None:
+        """The other descriptors of the file on this mount read what ``committer`` just
+        committed (local-file semantics within one mount; across mounts: close-to-open)."""
+        layout = committer.file.committed_layout
+        if layout is None:
+            return
+        with self._registry_lock:
+            peers = [h for h in self._by_ino.get(committer.file.ino, ()) if h is not committer]
+        for peer in peers:
+            with peer.lock:
+                peer.file.adopt(layout)
 
     @_errno
     def flush(self, path: str, fh: int) -> int:

@@ -244,6 +244,27 @@ def test_append(mounted: Mounted) -> None:
     assert mounted.fs.read_bytes(f"{tectofs_dir}/log") == expected
 
 
+def test_a_descriptor_held_open_reads_what_another_one_committed(mounted: Mounted) -> None:
+    """Within one mount, descriptors of a file share its contents as on a local disk: a
+    descriptor opened before another one's append and close reads the appended bytes."""
+    where, _ = mounted.fresh_dir("shared-view")
+    path = f"{where}/f"
+    with open(path, "wb") as f:
+        f.write(b"x" * 1000)
+    held = os.open(path, os.O_RDWR)
+    try:
+        assert os.pread(held, 2000, 0) == b"x" * 1000  # its cached view of the first version
+        with open(path, "ab") as f:
+            f.write(b"y")
+        assert os.pread(held, 2000, 0) == b"x" * 1000 + b"y"
+        os.pwrite(held, b"z", 0)  # and the held one's own change is not lost to the next commit
+        os.fsync(held)
+    finally:
+        os.close(held)
+    with open(path, "rb") as f:
+        assert f.read() == b"z" + b"x" * 999 + b"y"
+
+
 def test_truncate_by_path_and_handle(mounted: Mounted, rng: random.Random) -> None:
     where, _ = mounted.fresh_dir("trunc")
     path = f"{where}/f"
