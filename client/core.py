@@ -18,6 +18,7 @@ from tectofs.rpc import RpcClient, parse_group
 
 from .blocks import BlockIO
 from .files import AsyncFile
+from .leases import LeaseEndings
 
 _MODES = {
     # mode: (readable, writable, create, truncate, exclusive, append)
@@ -119,6 +120,7 @@ class AsyncFileSystem:
         self.meta_rpc = self.rpc  # metadata calls; chunk traffic always goes through self.rpc
         self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers)
         self._views: dict[tuple[int, int, tuple[int, ...]], AsyncFileSystem] = {}
+        self.lease_endings = LeaseEndings(self)  # shared with the views: sent as this client
 
     def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "AsyncFileSystem":
         """This client as seen by another local user (a multi-user FUSE mount): namespace calls
@@ -155,6 +157,8 @@ class AsyncFileSystem:
             raise ProtocolError(f"the metadata service answered {op} with an invalid reply: {exc}") from None
 
     async def close(self) -> None:
+        if self.meta_rpc is self.rpc:
+            await self.lease_endings.flush()
         for view in self._views.values():
             await view.meta_rpc.close()
         self._views.clear()
@@ -218,9 +222,12 @@ class AsyncFileSystem:
         """Atomically swap two entries (files or directories, empty or not)."""
         await self.meta("exchange", a=a, b=b)
 
-    async def remove(self, path: str) -> None:
-        """Remove a name; the file goes with its last name, once no handle has it open."""
-        await self.meta("unlink", path=path)
+    async def remove(self, path: str) -> Stat | None:
+        """Remove a name; the file goes with its last name, once no handle has it open.
+        Returns the attributes of the directory it was in, after the removal (None from a
+        metadata service that does not send them)."""
+        reply, _ = await self.meta("unlink", path=path)
+        return None if reply.directory is None else Stat.from_attrs(reply.directory)
 
     async def getxattr(self, path: str, name: str) -> bytes:
         """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``)."""
@@ -312,13 +319,13 @@ class AsyncFileSystem:
         unlink or a replace, and a file unlinked while open lives on (no name, ``nlink`` 0)
         until its last handle closes."""
         readable, writable, create, truncate, exclusive, append = _MODES[normalize_mode(mode)]
-        created = False
+        created, directory = False, None
         lease = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         if create:
             reply, _ = await self.meta(
                 "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease
             )
-            attrs, created = reply.attrs, reply.created
+            attrs, created, directory = reply.attrs, reply.created, reply.directory
             # a new file has no blocks yet (and its creator may write it whatever its mode)
             layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate or created else (
                 await self.meta("layout", ino=attrs.ino)
@@ -330,6 +337,7 @@ class AsyncFileSystem:
         # unless something is written)
         handle = AsyncFile(self, path, layout, readable, writable, truncate and not created)
         handle.created = created
+        handle.directory = None if directory is None else Stat.from_attrs(directory)
         handle.hold_read_lease(lease)
         return handle
 

@@ -27,7 +27,6 @@ from .blocks import consume_outcome
 from .layout import LayoutMap
 
 log = logging.getLogger("tectofs.client")
-_lease_endings: set[asyncio.Task[None]] = set()  # "release" calls in flight (closes do not wait for them)
 
 if TYPE_CHECKING:
     from .core import AsyncFileSystem
@@ -74,6 +73,7 @@ class AsyncFile:
         self._holes: set[int] = set()
         self._holes_staged: set[int] = set()  # those of them already sent ahead
         self.created = False  # this handle's open created the file (``abort`` removes it again)
+        self.directory: Any = None  # the file's directory's Stat after a creating open (else None)
         self._lease_task: asyncio.Task[None] | None = None
         self._writer_lease_s: float | None = None  # set by the first allocation
         self._reader = 0  # a reader's lease id (0: none)
@@ -296,12 +296,6 @@ class AsyncFile:
         self._writer_lease_s = lease_s
         self._start_leases()
 
-    async def _end_lease(self, reader: int) -> None:
-        try:
-            await self.fs.meta("release", ino=self.ino, reader=reader)
-        except TectofsError as exc:  # it lapses after limits.reader_lease_s instead
-            log.debug("%s: could not end the handle's lease: %s", self.path, exc)
-
     def hold_read_lease(self, reader: int) -> None:
         """Keep the reader's lease (taken by ``open``) while this handle is open: the chunks
         of the version it opened stay, even if the file is unlinked or replaced meanwhile."""
@@ -476,9 +470,7 @@ class AsyncFile:
             self._lease_task.cancel()
         if self._reader:  # end the lease now (else it lapses): a file unlinked while open goes at once
             reader, self._reader = self._reader, 0
-            task = asyncio.get_running_loop().create_task(self._end_lease(reader))
-            _lease_endings.add(task)
-            task.add_done_callback(_lease_endings.discard)
+            self.fs.lease_endings.end(self.ino, reader)
         for task in self._inflight.values():
             task.cancel()
         for buffer, _ in self._dirty.values():

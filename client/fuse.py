@@ -63,6 +63,7 @@ from .fuse_process import unmount_wait_s
 
 __all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "mount", "start_mount_process",
            "unmount_wait_s"]
+from .fuse_directories import FreshDirectories
 from .fuse_links import LinkedNames
 from .fuse_users import Callers, choose_sharing, on_view
 from .sync import FileSystem
@@ -89,11 +90,22 @@ _KIND_BITS = {"file": statmod.S_IFREG, "dir": statmod.S_IFDIR, "symlink": statmo
               "socket": statmod.S_IFSOCK, "char": statmod.S_IFCHR, "block": statmod.S_IFBLK}
 
 
+# Requests that change no directory's attributes (create and unlink tell FreshDirectories
+# themselves); every other request moves its epoch.
+_LEAVE_DIRECTORIES = frozenset({
+    "getattr", "read", "readinto", "write", "flush", "fsync", "release", "readlink", "statfs",
+    "getxattr", "listxattr", "access", "open", "releasedir", "fsyncdir", "create", "unlink",
+})
+
+
 def _errno(method: F) -> F:
-    """Turn tectofs errors into ``FuseOSError(errno)``; anything unexpected is EIO, logged."""
+    """Turn tectofs errors into ``FuseOSError(errno)``; anything unexpected is EIO, logged.
+    A request that may change a directory is a change for ``FreshDirectories``."""
+    changes = method.__name__ not in _LEAVE_DIRECTORIES
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = args[0].directories.begin_change() if changes else 0
         try:
             return method(*args, **kwargs)
         except TectofsError as exc:
@@ -104,6 +116,9 @@ def _errno(method: F) -> F:
         except Exception:
             log.exception("FUSE %s%r failed unexpectedly", method.__name__, args[1:3])
             raise mfusepy.FuseOSError(errno.EIO) from None
+        finally:
+            if changes:
+                args[0].directories.end_change(started)
 
     return wrapper  # type: ignore[return-value]
 
@@ -151,6 +166,7 @@ class TectofsOperations(mfusepy.Operations):
         self._reported_lock = threading.Lock()
         self.callers = callers or Callers()
         self.links = LinkedNames()
+        self.directories = FreshDirectories(attr_timeout_s)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -295,6 +311,8 @@ class TectofsOperations(mfusepy.Operations):
             st = Stat.from_attrs(self._run(handle.file.fs.meta("getattr", ino=handle.file.ino))[0].attrs)
         elif path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
+        elif (fresh := self.directories.take(path, self.callers.identity())) is not None:
+            st = fresh  # what the create or unlink just made of this directory
         else:
             st = self._as_caller(lambda fs: fs.stat(path))
             self.links.seen(path, st.ino, st.nlink)
@@ -385,7 +403,11 @@ class TectofsOperations(mfusepy.Operations):
     @_errno
     def unlink(self, path: str) -> int:
         others = self.links.others(path)
-        self._as_caller(lambda fs: fs.remove(path))
+        started, directory = self.directories.begin_change(), None
+        try:
+            directory = self._as_caller(lambda fs: fs.remove(path))
+        finally:
+            self.directories.end_change(started, _directory_of(path), self.callers.identity(), directory)
         self.links.removed(path)
         self._changed_through(path, others)  # their link count dropped
         return 0
@@ -460,7 +482,12 @@ class TectofsOperations(mfusepy.Operations):
             client_mode = "w+b"
         else:
             client_mode = "a+b"  # create if missing, keep content if another client just made it
-        file = self._as_caller(lambda fs: fs.open(path, client_mode, file_mode=mode & 0o7777))
+        started, file = self.directories.begin_change(), None
+        try:
+            file = self._as_caller(lambda fs: fs.open(path, client_mode, file_mode=mode & 0o7777))
+        finally:
+            self.directories.end_change(started, _directory_of(path), self.callers.identity(),
+                                        None if file is None else file.directory)
         file.readable = True  # the kernel enforces the access mode of each descriptor
         fh = self._register(file, flags, dirty=True)
         self._handles[fh].just_created = True
@@ -564,6 +591,11 @@ class TectofsOperations(mfusepy.Operations):
             with handle.lock:
                 self._run(handle.file.close())
         return 0
+
+
+def _directory_of(path: str) -> str:
+    """The mount path of the directory holding ``path`` (``/`` for a top-level name)."""
+    return path.rsplit("/", 1)[0] or "/"
 
 
 def _raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:

@@ -125,8 +125,17 @@ class Empty(Message, kw_only=True):
 
 
 class CreateReply(Message, kw_only=True):
+    """``directory``: the attributes of the file's directory after the call."""
+
     attrs: Attrs
     created: bool = False  # the file did not exist before this call
+    directory: Attrs | None = None
+
+
+class UnlinkReply(Message, kw_only=True):
+    """``directory``: the attributes of the directory the name was in, after the call."""
+
+    directory: Attrs | None = None
 
 
 class UnlinkRequest(Message, kw_only=True):
@@ -198,6 +207,17 @@ class ReleaseRequest(Message, kw_only=True):
 
     ino: Ino
     reader: Id
+
+
+class HeldLease(Message, array_like=True):
+    ino: Ino
+    reader: Id
+
+
+class ReleaseLeasesRequest(Message, kw_only=True):
+    """Handles closed: each of their leases ends (``release`` for many, sent in batches)."""
+
+    leases: Annotated[list[HeldLease], msgspec.Meta(min_length=1, max_length=limits.leases_per_release_max)]
 
 
 class SymlinkRequest(Message, kw_only=True):
@@ -614,12 +634,13 @@ META_OPERATIONS = _table(
     Operation("rename", RenameRequest, AttrsReply, False),
     Operation("link", LinkRequest, AttrsReply, False),
     Operation("release", ReleaseRequest, Empty, True),
+    Operation("release_leases", ReleaseLeasesRequest, Empty, True),
     Operation("getxattr", XattrRequest, XattrReply, True),
     Operation("listxattr", PathRequest, ListxattrReply, True),
     Operation("setxattr", SetxattrRequest, Empty, True),
     Operation("removexattr", XattrRequest, Empty, False),
     Operation("exchange", ExchangeRequest, Empty, False),
-    Operation("unlink", UnlinkRequest, Empty, False),
+    Operation("unlink", UnlinkRequest, UnlinkReply, False),
     Operation("rmdir", PathRequest, Empty, False),
     Operation("statfs", Empty, StatfsReply, True),
     Operation("layout", LayoutRequest, LayoutSegment, True),

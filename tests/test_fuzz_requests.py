@@ -69,6 +69,7 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
         "exchange": lambda: {"a": path(), "b": path()},
         "link": lambda: {"src": path(), "dst": path()},
         "release": lambda: {"ino": ino(), "reader": rng.randrange(2**63)},
+        "release_leases": lambda: {"leases": [[ino(), rng.randrange(2**63)] for _ in range(rng.randrange(0, 600))]},
         "getxattr": lambda: {"path": path(), "name": rng.choice(["user.a", "trusted.b", "system.x", "bad"])},
         "listxattr": lambda: {"path": path()},
         "setxattr": lambda: {"path": path(), "name": rng.choice(["user.a", "security.s", "user." + "n" * 300]),

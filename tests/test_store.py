@@ -201,9 +201,10 @@ class StoreContract:
 
     def test_a_file_unlinked_while_held_lives_until_released(self, store):
         ids = self._servers(store, 6)
-        f, created = store.create_file(["f"], reader=7)
-        assert created
-        store.unlink(["f"])
+        f, created, directory = store.create_file(["f"], reader=7)
+        assert created and directory == store.lookup([])  # the directory after the create
+        after = store.unlink(["f"])
+        assert after == store.lookup([]) and after["mtime"] >= directory["mtime"]
         with pytest.raises(errors.NotFound):
             store.lookup(["f"])
         assert store.getattr_ino(f["ino"])["nlink"] == 0
@@ -217,7 +218,7 @@ class StoreContract:
     def test_an_unlinked_file_whose_holder_vanished_is_collected(self, store):
         now = [time.time()]
         store.clock = lambda: now[0]
-        g, _ = store.create_file(["g"], reader=9)
+        g, *_ = store.create_file(["g"], reader=9)
         store.rename(["g"], ["h"])
         store.create(["x"])
         store.rename(["x"], ["h"])  # replaced while held

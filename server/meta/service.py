@@ -199,10 +199,11 @@ class MetadataService:
         return _attrs(attrs), b""
 
     async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply:
-        attrs, created = await self._as_caller(
+        attrs, created, *directory = await self._as_caller(  # a replayed record of 0.1.0: no directory
             "create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive, r.reader
         )
-        return messages.CreateReply(attrs=messages.Attrs(**attrs), created=created), b""
+        return messages.CreateReply(attrs=messages.Attrs(**attrs), created=created,
+                                    directory=messages.Attrs(**directory[0]) if directory else None), b""
 
     async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
         return _attrs(await self._as_caller("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
@@ -236,6 +237,10 @@ class MetadataService:
         await self._as_caller("release", r.ino, r.reader)
         return messages.Empty(), b""
 
+    async def rpc_release_leases(self, r: messages.ReleaseLeasesRequest, _: memoryview) -> Reply:
+        await self._as_caller("release_leases", [(lease.ino, lease.reader) for lease in r.leases])
+        return messages.Empty(), b""
+
     async def rpc_getxattr(self, r: messages.XattrRequest, _: memoryview) -> Reply:
         return messages.XattrReply(value=await self._as_caller("getxattr", paths.split(r.path), r.name)), b""
 
@@ -255,8 +260,8 @@ class MetadataService:
         return messages.Empty(), b""
 
     async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply:
-        await self._as_caller("unlink", paths.split(r.path), r.ino, r.only_if_empty)
-        return messages.Empty(), b""
+        directory = await self._as_caller("unlink", paths.split(r.path), r.ino, r.only_if_empty)
+        return messages.UnlinkReply(directory=messages.Attrs(**directory) if directory else None), b""
 
     async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply:
         await self._as_caller("rmdir", paths.split(r.path))
