@@ -60,9 +60,12 @@ class LocalCluster:
         meta_args: list[str] | None = None,
         chunk_args: list[str] | None = None,
         tls: bool = False,
+        s3_port: int | None = None,
     ) -> None:
         """``tls``: every connection uses TLS, with a throwaway CA and certificate made under
-        ``root/tls`` (``tls_files``); this process's clients trust it too (``$TECTOFS_TLS_CA``)."""
+        ``root/tls`` (``tls_files``); this process's clients trust it too (``$TECTOFS_TLS_CA``).
+        ``s3_port``: also run the S3 gateway there (0: any port; ``s3_address``), with root's
+        S3 keys in ``s3_env_file`` (mode 0600)."""
         self.root = os.path.abspath(root)
         self.server_count = servers
         self.port = port
@@ -93,6 +96,11 @@ class LocalCluster:
         self.key_file = os.path.join(self.root, "cluster.key")  # made at the first start (tectofs.auth)
         self.credential_file = os.path.join(self.root, "root.credentials")  # root's, for this cluster
         self.meta_process: subprocess.Popen[bytes] | None = None
+        self.s3_port = s3_port
+        self.s3_process: subprocess.Popen[bytes] | None = None
+        self.s3_address = ""
+        self.s3_env_file = os.path.join(self.root, "credentials", "s3.env")
+        self.s3_users_dir = os.path.join(self.root, "credentials", "s3-users")  # credentials of other S3 users
         self.chunk_processes: list[subprocess.Popen[bytes] | None] = []
         self.address = ""
         # child name -> (restarts so far, time of the next try or 0, time of the last restart)
@@ -127,7 +135,24 @@ class LocalCluster:
         credential.save(auth.default_credential_path(self.address))
         self.chunk_processes = [self._start_chunk(i) for i in range(self.server_count)]
         self.wait_live(self.server_count, timeout_s)
+        if self.s3_port is not None:
+            self._start_s3(self.s3_port, timeout_s)
         return self.address
+
+    def _start_s3(self, port: int, timeout_s: float) -> None:
+        """Start the S3 gateway (serving root, and the users whose credential files are in
+        ``s3_users_dir``) and write root's S3 keys to ``s3_env_file``."""
+        from tectofs.s3.cli import write_env_file
+
+        os.makedirs(self.s3_users_dir, mode=0o700, exist_ok=True)
+        ready = os.path.join(self.root, "s3.address")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        self.s3_process = self._spawn(
+            ["s3", "--meta", self.address, "--listen", f"{self.host}:{port}", "--key-file", self.key_file,
+             "--users", self.s3_users_dir, "--ready-file", ready], "s3.log")
+        self.s3_address = wait_for_file(ready, timeout_s, self.s3_process)
+        write_env_file(self.s3_env_file, auth.Credential.root_from_keys(auth.KeyRing(self.key_file), self.address))
 
     def _forget_credential(self) -> None:
         """Remove root's credential from the user's configuration, if it is still this cluster's."""
@@ -233,7 +258,7 @@ class LocalCluster:
         now = time.monotonic()
         children = [("metadata service", "meta", self.meta_process)] + [
             (f"chunk server {i}", f"chunk-{i}", p) for i, p in enumerate(self.chunk_processes)
-        ]
+        ] + [("S3 gateway", "s3", self.s3_process)]
         for label, name, process in children:
             if process is None:
                 continue
@@ -251,6 +276,8 @@ class LocalCluster:
                 try:
                     if name == "meta":
                         self.restart_meta()
+                    elif name == "s3":
+                        self._start_s3(int(self.s3_address.rsplit(":", 1)[1]), 30.0)
                     else:
                         self.restart_chunk(int(name.split("-")[1]))
                     self._restarts[name] = (attempts + 1, 0.0, time.monotonic())
@@ -268,7 +295,8 @@ class LocalCluster:
             process.wait(timeout=10)
 
     def stop(self) -> None:
-        processes = [p for p in self.chunk_processes if p is not None] + ([self.meta_process] if self.meta_process else [])
+        processes = ([self.s3_process] if self.s3_process else []) + [p for p in self.chunk_processes if p is not None] + (
+            [self.meta_process] if self.meta_process else [])
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)

@@ -103,7 +103,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     cluster = LocalCluster(args.root or os.path.join(os.getcwd(), "tectofs-data"), args.servers, args.port,
                            args.policy, args.block_size, args.host,
                            meta_args=["--repair-after", str(args.repair_after)],
-                           chunk_args=["--scrub-rate", str(args.scrub_rate)], tls=args.tls)
+                           chunk_args=["--scrub-rate", str(args.scrub_rate)], tls=args.tls, s3_port=args.s3)
     print(f"starting a local cluster under {cluster.root}: 1 metadata service + {args.servers} chunk servers ...",
           flush=True)
     stop = {"now": False}
@@ -120,6 +120,10 @@ def cmd_up(args: argparse.Namespace) -> None:
         print(f"  cluster key {cluster.key_file}; root's credential {cluster.credential_file}, also where this user's"
               " client commands find it (other users and hosts: tectofs user add, --credentials FILE)", flush=True)
         print(f"  try: tectofs put FILE /  |  tectofs ls /  |  tectofs status   (logs in {cluster.root}/logs)", flush=True)
+        if cluster.s3_address:
+            print(f"S3 gateway: http://{cluster.s3_address}  (root's keys: {cluster.s3_env_file}; try:"
+                  f" set -a; . {cluster.s3_env_file}; aws --endpoint-url http://{cluster.s3_address} s3 ls); other users:"
+                  f" copy their credential file into {cluster.s3_users_dir}", flush=True)
         if args.mount:
             from .client.fuse import start_mount_process
 
@@ -494,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"rebuild the chunks of a server dead this long (default {limits.repair_after_s:.0f})")
     p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="background checksum verification per chunk server, MiB/s (0: off; default %(default)s)")
+    p.add_argument("--s3", type=int, metavar="PORT",
+                   help="also serve S3 on this port (0: any); root's keys go to ROOT/credentials/s3.env")
     p.add_argument("--tls", action="store_true",
                    help="TLS on every connection, with a CA and certificate made under --root (clients then need"
                    " TECTOFS_TLS_CA=ROOT/tls/ca.pem)")
@@ -660,6 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="only the user running the mount may use it, as the credential's user")
     p.add_argument("--no-default-permissions", dest="default_permissions", action="store_false",
                    help="multi-user: leave permission checks to the metadata service alone (no kernel check first)")
+    from .s3 import cli as s3_cli
+
+    s3_cli.add_parser(sub, _serve_bound)
     p = sub.add_parser("bench", help="run benchmarks (client-io, checkpoint, fuse, burst, all); 'tectofs bench --help'",
                        add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)

@@ -3,26 +3,13 @@ beside a local directory, the 1,500/s target as met / not met, in the table and 
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import shutil
 
 import pytest
 
 from tectofs.bench import load_script, main
-
-
-def _fuse_unavailable() -> str | None:
-    if not os.path.exists("/dev/fuse"):
-        return "/dev/fuse is missing"
-    if shutil.which("fusermount3") is None:
-        return "fusermount3 is not installed (apt-get install fuse3)"
-    try:
-        importlib.import_module("mfusepy")
-    except Exception as exc:  # ImportError, or OSError when libfuse3 cannot be loaded
-        return f"mfusepy/libfuse3 unavailable: {exc}"
-    return None
+from tests.test_fuse import _fuse_unavailable
 
 
 def test_target_verdict_follows_the_medians():

@@ -1,0 +1,92 @@
+"""``tectofs s3``: serve the gateway, or print a user's S3 keys (``tectofs s3 keys``).
+
+Kept beside the gateway so ``tectofs/cli.py`` only registers it (:func:`add_parser`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Callable
+
+ENV_FILE_NAME = "s3.env"
+
+
+def env_lines(access_key: str, secret_key: str) -> str:
+    """The lines of an ``s3.env`` file (``source``-able, and what ``--env-file`` options read)."""
+    return f"AWS_ACCESS_KEY_ID={access_key}\nAWS_SECRET_ACCESS_KEY={secret_key}\n"
+
+
+def write_env_file(path: str, credential: Any) -> str:
+    """Write the credential's S3 keys to ``path`` (mode 0600, atomically) as :func:`env_lines`."""
+    from tectofs import auth
+
+    from .principals import keys_of
+
+    auth._write_private(path, env_lines(*keys_of(credential)))  # the key file's writer: 0600, never half-written
+    return path
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad --listen {text!r}: use HOST:PORT") from None
+
+
+def cmd_serve(args: argparse.Namespace, serve: Callable[..., None]) -> None:
+    from tectofs import auth
+
+    try:
+        from .server import S3Gateway
+    except ImportError as exc:
+        raise SystemExit(f"tectofs s3: {exc}: the gateway needs aiohttp (pip install 'tectofs[s3]')") from None
+
+    meta = args.meta or os.environ.get("TECTOFS_META")
+    key_file = auth.key_file_from(args.key_file)
+    if not meta or not key_file:
+        raise SystemExit("tectofs s3: needs --meta HOST:PORT (or $TECTOFS_META) and --key-file (or $TECTOFS_KEY_FILE):"
+                         " the gateway acts as each S3 user, which only a cluster key holder may")
+    args.host, args.port = args.listen
+    serve(lambda: S3Gateway(meta, key_file, args.users), args,
+          lambda address: f"tectofs S3 gateway on http://{address} (metadata {meta})")
+
+
+def cmd_keys(args: argparse.Namespace) -> None:
+    """Print the caller's S3 key pair (from their credential, or root's from a key file)."""
+    from tectofs import auth
+
+    from .principals import keys_of
+
+    if args.key_file:
+        credential = auth.Credential.root_from_keys(auth.KeyRing(args.key_file))
+    else:
+        meta = getattr(args, "meta", None) or os.environ.get("TECTOFS_META") or ""
+        found = auth.find_credential(meta, args.credentials) if (meta or args.credentials) else None
+        if found is None:
+            raise SystemExit("tectofs s3 keys: no credential: pass --credentials FILE or --meta HOST:PORT (or --key-file"
+                             " for root's keys)")
+        credential = found
+    print(env_lines(*keys_of(credential)), end="")
+
+
+def add_parser(sub: Any, serve: Callable[..., None]) -> None:
+    """Register ``tectofs s3`` (``serve`` runs a server until SIGINT/SIGTERM: cli's ``_serve_bound``)."""
+    p = sub.add_parser("s3", help="run the S3-compatible gateway; 'tectofs s3 keys' prints your S3 keys",
+                       description="Serve S3 (SigV4, path-style) over the cluster: buckets are top-level directories,"
+                       " objects are files. Access keys: a user's name and a secret derived from its credential"
+                       " ('tectofs s3 keys').")
+    p.add_argument("--meta", help="metadata service HOST:PORT[,HOST:PORT...] (default: $TECTOFS_META)")
+    p.add_argument("--listen", type=_listen, default=("127.0.0.1", 9000), metavar="HOST:PORT",
+                   help="address to serve S3 on (default 127.0.0.1:9000; port 0: any)")
+    p.add_argument("--key-file", help="cluster key file (default: $TECTOFS_KEY_FILE)")
+    p.add_argument("--users", metavar="DIR", help="credential files (*.credentials) of the users served besides root")
+    p.add_argument("--ready-file", help="write the listening address here once serving")
+    p.set_defaults(fn=lambda args: cmd_serve(args, serve))
+    actions = p.add_subparsers(dest="s3_command", metavar="ACTION")
+    k = actions.add_parser("keys", help="print your S3 keys as AWS_ACCESS_KEY_ID= / AWS_SECRET_ACCESS_KEY= lines")
+    k.add_argument("--meta", default=argparse.SUPPRESS, help="metadata service whose credential to use")
+    k.add_argument("--credentials", metavar="FILE", help="credential file (default: as other client commands find it)")
+    k.add_argument("--key-file", default=None, dest="key_file", help="print root's keys, derived from this cluster key")
+    k.set_defaults(fn=cmd_keys)

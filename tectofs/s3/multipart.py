@@ -1,0 +1,172 @@
+"""Multipart uploads: parts staged as files of a hidden directory, assembled into the
+object by streaming them, in order, into one atomically published file.
+
+Layout: ``/<bucket>/.tectofs-multipart/`` (made by the gateway, mode 1777 like ``/tmp``:
+anyone may start an upload there, only its owner may touch it) holds one directory per upload
+(``<upload id>``, mode 0700, made as the uploading user; the extended attribute
+``user.s3.upload`` holds the key, content type and metadata), and in it ``part-NNNNN`` per
+part, each published like an object (staged, recorded with its MD5, renamed), so a part
+upload that fails leaves the previous part of that number, or none.
+
+Complete checks the part list (ascending numbers, ETags matching, every part but the last
+at least 5 MiB, as S3 requires), streams the parts into the object (two reads in memory at a
+time, whatever the object's size), publishes it with the multipart ETag (MD5 of the parts'
+MD5s, ``-N``), and removes the upload; the list is checked before the (long) assembly
+starts, so a wrong list is an ordinary error answer. Abort removes the upload directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from typing import AsyncIterator, Awaitable, Callable
+
+from tectofs import errors, paths
+from tectofs.client import AsyncFileSystem, Stat
+
+from .objects import INTERNAL_PREFIX, Record, object_path, record_of, require_bucket, stream_file, write_file
+from .xml import S3Error, from_tectofs
+
+UPLOADS_DIR = INTERNAL_PREFIX + "multipart"
+UPLOAD_XATTR = "user.s3.upload"
+PART_NUMBER_MAX = 10_000
+PART_BYTES_MIN = 5 << 20
+
+
+def uploads_path(bucket: str) -> str:
+    return paths.join("/" + bucket, UPLOADS_DIR)
+
+
+def upload_path(bucket: str, upload_id: str) -> str:
+    if not upload_id or not all(c in "0123456789abcdef" for c in upload_id) or len(upload_id) != 32:
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id)
+    return paths.join(uploads_path(bucket), upload_id)
+
+
+def part_path(bucket: str, upload_id: str, number: int) -> str:
+    if not 1 <= number <= PART_NUMBER_MAX:
+        raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and {PART_NUMBER_MAX}, inclusive")
+    return paths.join(upload_path(bucket, upload_id), f"part-{number:05d}")
+
+
+async def create(fs: AsyncFileSystem, gateway_fs: AsyncFileSystem, bucket: str, key: str, content_type: str,
+                 metadata: dict[str, str]) -> str:
+    """Start an upload of ``key``; returns its id. ``gateway_fs`` (root) makes the shared
+    uploads directory of the bucket if it is not there yet."""
+    object_path(bucket, key)  # refuse keys that cannot be stored now, not at the end
+    await require_bucket(fs, bucket)
+    await gateway_fs.mkdir(uploads_path(bucket), mode=0o1777, exist_ok=True)
+    upload_id = secrets.token_hex(16)
+    directory = paths.join(uploads_path(bucket), upload_id)
+    try:
+        await fs.mkdir(directory, mode=0o700)
+        info = {"key": key, "content_type": content_type, "metadata": metadata}
+        await fs.setxattr(directory, UPLOAD_XATTR, json.dumps(info).encode())
+    except errors.TectofsError as exc:
+        raise from_tectofs(exc, f"/{bucket}/{key}") from None
+    return upload_id
+
+
+async def info(fs: AsyncFileSystem, bucket: str, key: str | None, upload_id: str) -> dict[str, object]:
+    """An upload's key, content type and metadata; NoSuchUpload unless it exists (and, when
+    ``key`` is given, is an upload of that key)."""
+    try:
+        found = json.loads(await fs.getxattr(upload_path(bucket, upload_id), UPLOAD_XATTR))
+    except (errors.TectofsError, ValueError) as exc:
+        if isinstance(exc, errors.PermissionDenied):
+            raise S3Error("AccessDenied", "Access Denied", upload_id) from None
+        await require_bucket(fs, bucket)
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id) from None
+    if key is not None and found.get("key") != key:
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id)
+    return dict(found)
+
+
+async def upload_part(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str, number: int,
+                      body: AsyncIterator[memoryview | bytes], md5: "hashlib._Hash") -> Record:
+    """Store one part (``body`` updates ``md5`` as it is read); returns its record."""
+    path = part_path(bucket, upload_id, number)
+    await info(fs, bucket, key, upload_id)
+    try:
+        return await write_file(fs, path, body, lambda: Record(etag=md5.hexdigest()), make_parents=False)
+    except errors.NotFound:
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id) from None
+
+
+async def parts(fs: AsyncFileSystem, bucket: str, upload_id: str) -> list[tuple[int, Stat, Record]]:
+    """The upload's parts: ``(number, stat, record)`` by number."""
+    found = []
+    directory = upload_path(bucket, upload_id)
+    for name, st in await fs.scandir(directory):
+        if name.startswith("part-") and st.is_file:
+            found.append((int(name[5:]), st, await record_of(fs, paths.join(directory, name), st)))
+    return sorted(found, key=lambda p: p[0])
+
+
+def _check_list(wanted: list[tuple[int, str]], have: dict[int, tuple[Stat, Record]]) -> None:
+    numbers = [n for n, _ in wanted]
+    if numbers != sorted(set(numbers)):
+        raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.")
+    for i, (number, etag) in enumerate(wanted):
+        part = have.get(number)
+        if part is None or part[1].etag != etag:
+            raise S3Error("InvalidPart", f"One or more of the specified parts could not be found (part {number}).")
+        if i < len(wanted) - 1 and part[0].size < PART_BYTES_MIN:
+            raise S3Error("EntityTooSmall", f"Your proposed upload is smaller than the minimum allowed object size"
+                          f" (part {number}: {part[0].size} bytes).")
+
+
+async def prepare_complete(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str,
+                           wanted: list[tuple[int, str]]) -> Callable[[], Awaitable[Record]]:
+    """Check a Complete's part list (``wanted``: part number, ETag) at once; returns what
+    assembles and publishes the object (which may take minutes) and removes the upload."""
+    upload = await info(fs, bucket, key, upload_id)
+    have = {n: (st, record) for n, st, record in await parts(fs, bucket, upload_id)}
+    _check_list(wanted, have)
+
+    async def concatenated() -> AsyncIterator[bytes]:
+        for number, _ in wanted:
+            async for data in stream_file(fs, part_path(bucket, upload_id, number), 0, have[number][0].size):
+                yield data
+
+    digest = hashlib.md5(b"".join(bytes.fromhex(have[n][1].etag) for n, _ in wanted)).hexdigest()
+
+    async def assemble() -> Record:
+        record = await write_file(fs, object_path(bucket, key), concatenated(), lambda: Record(
+            etag=f"{digest}-{len(wanted)}", content_type=str(upload.get("content_type") or Record.content_type),
+            metadata=dict(upload.get("metadata") or {})))  # type: ignore[call-overload]
+        await abort(fs, bucket, upload_id)
+        return record
+
+    return assemble
+
+
+async def abort(fs: AsyncFileSystem, bucket: str, upload_id: str) -> None:
+    """Remove an upload and its parts."""
+    try:
+        await fs.rmtree(upload_path(bucket, upload_id))
+    except errors.NotFound:
+        await require_bucket(fs, bucket)
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id) from None
+    except errors.TectofsError as exc:
+        raise from_tectofs(exc, upload_id, missing="NoSuchUpload") from None
+
+
+async def uploads(fs: AsyncFileSystem, bucket: str, prefix: str) -> list[tuple[str, str, float]]:
+    """Uploads in progress whose key starts with ``prefix``: ``(key, upload id, started)``,
+    sorted by key (those the caller may not read are left out)."""
+    try:
+        entries = await fs.scandir(uploads_path(bucket))
+    except errors.NotFound:
+        await require_bucket(fs, bucket)
+        return []
+    found = []
+    for upload_id, st in entries:
+        try:
+            key = str(json.loads(await fs.getxattr(paths.join(uploads_path(bucket), upload_id), UPLOAD_XATTR))["key"])
+        except (errors.TectofsError, ValueError, KeyError):
+            continue
+        if key.startswith(prefix):
+            found.append((key, upload_id, st.ctime))
+    return sorted(found)

@@ -1,0 +1,247 @@
+"""Objects as files: where a key lives, what the gateway records about it, and the
+streaming write, read and copy every object operation is built from.
+
+- Bucket ``b``, key ``k/x`` is the file ``/b/k/x``; the directories on the way are made as
+  needed (and removed again when a delete leaves them empty). Names starting with
+  ``.tectofs-`` are the gateway's own (staging files, multipart uploads): never keys, never
+  listed.
+- **Atomic publish.** An object is written to a hidden staging file beside its final name
+  (``.tectofs-put-<random>``), closed (one commit), given its record, then renamed onto the
+  key (one metadata transaction). A body that fails midway — the client went away, a
+  signature or digest did not check out, a chunk server failed — aborts the staging file:
+  readers keep the previous object, or find none.
+- **Record.** The extended attribute ``user.s3`` holds JSON: ETag, content type, user
+  metadata, and the size and mtime the object had when they were recorded. A file changed
+  since (through the client or the mount) no longer matches them: its ETag is then derived
+  from its inode, size and mtime (not an MD5, but it changes whenever the content does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from tectofs import errors, paths
+from tectofs.client import AsyncFileSystem, Stat
+
+from .xml import S3Error, from_tectofs
+
+RECORD_XATTR = "user.s3"
+INTERNAL_PREFIX = ".tectofs-"
+READ_BYTES = 4 << 20  # a GET reads and sends this much at a time (one ahead)
+KEY_BYTES_MAX = 1024
+
+
+def hidden(name: str) -> bool:
+    """A directory entry that is the gateway's own, never a key."""
+    return name.startswith(INTERNAL_PREFIX)
+
+
+def parent_of(path: str) -> str:
+    """``/b/k/x`` -> ``/b/k``."""
+    return path.rsplit("/", 1)[0] or "/"
+
+
+def bucket_path(bucket: str) -> str:
+    return "/" + bucket
+
+
+def object_path(bucket: str, key: str) -> str:
+    """The file of ``key``, refusing keys that name no file (empty or dot components,
+    reserved names)."""
+    if not key or len(key.encode()) > KEY_BYTES_MAX:
+        raise S3Error("KeyTooLongError" if key else "InvalidArgument", "keys are 1 to 1024 bytes", key)
+    parts = key.rstrip("/").split("/")
+    if any(p in ("", ".", "..") or hidden(p) or "\0" in p for p in parts):
+        raise S3Error("InvalidArgument", f"key {key!r} cannot be stored: tectofs keys have no empty, '.', '..' or"
+                      f" '{INTERNAL_PREFIX}*' components", key)
+    return paths.join(bucket_path(bucket), *parts)
+
+
+@dataclass
+class Record:
+    """What the gateway keeps about an object beside its bytes."""
+
+    etag: str
+    content_type: str = "binary/octet-stream"
+    metadata: dict[str, str] = field(default_factory=dict)
+    size: int = -1
+    mtime: float = -1.0
+
+    def encode(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Record | None":
+        try:
+            fields = json.loads(raw)
+            return cls(etag=str(fields["etag"]), content_type=str(fields.get("content_type") or cls.content_type),
+                       metadata={str(k): str(v) for k, v in dict(fields.get("metadata") or {}).items()},
+                       size=int(fields.get("size", -1)), mtime=float(fields.get("mtime", -1.0)))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def derived_etag(st: Stat) -> str:
+    """The ETag of a file without a valid record: changes with its content."""
+    return hashlib.md5(f"{st.ino}:{st.size}:{st.mtime!r}".encode()).hexdigest()
+
+
+async def record_of(fs: AsyncFileSystem, path: str, st: Stat) -> Record:
+    """The object's record if it still describes the file, else one with a derived ETag."""
+    try:
+        record = Record.decode(await fs.getxattr(path, RECORD_XATTR))
+    except errors.TectofsError:
+        record = None
+    if record is None or record.size != st.size or record.mtime != st.mtime:
+        return Record(etag=derived_etag(st), size=st.size, mtime=st.mtime)
+    return record
+
+
+async def stat_object(fs: AsyncFileSystem, bucket: str, key: str) -> tuple[str, Stat, Record]:
+    """``(path, stat, record)`` of an existing object; NoSuchKey (or NoSuchBucket) otherwise."""
+    path = object_path(bucket, key)
+    try:
+        st = await fs.stat(path)
+    except errors.TectofsError as exc:
+        await require_bucket(fs, bucket)
+        raise from_tectofs(exc, f"/{bucket}/{key}") from None
+    if not st.is_file or key.endswith("/"):
+        raise S3Error("NoSuchKey", "The specified key does not exist.", f"/{bucket}/{key}")
+    return path, st, await record_of(fs, path, st)
+
+
+async def require_bucket(fs: AsyncFileSystem, bucket: str) -> Stat:
+    """The bucket's directory; NoSuchBucket if there is none."""
+    try:
+        st = await fs.stat(bucket_path(bucket))
+    except errors.TectofsError as exc:
+        raise from_tectofs(exc, f"/{bucket}", missing="NoSuchBucket") from None
+    if not st.is_dir:
+        raise S3Error("NoSuchBucket", "The specified bucket does not exist", f"/{bucket}")
+    return st
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+async def _make_parents(fs: AsyncFileSystem, path: str) -> None:
+    parent = parent_of(path)
+    if paths.split(parent)[1:]:  # below the bucket itself
+        await fs.mkdir(parent, parents=True, exist_ok=True)
+
+
+async def write_file(fs: AsyncFileSystem, path: str, body: AsyncIterator[memoryview | bytes],
+                     make_record: "Any", make_parents: bool = True) -> Record:
+    """Publish ``body`` as the file ``path`` atomically (see the module docstring): staged
+    beside it, committed, recorded (``make_record()`` is called once the body is complete
+    and returns the :class:`Record`; its size and mtime are filled in here), renamed into
+    place. Nothing is published if anything fails. ``make_parents``: make the directories
+    on the way (an object's), else they must exist (a part's upload directory)."""
+    try:
+        return await _write_file(fs, path, body, make_record, make_parents)
+    except (errors.NotADirectory, errors.AlreadyExists, errors.IsADirectory):
+        raise S3Error("InvalidRequest", f"{path}: a key cannot be both an object and a prefix of other keys (objects"
+                      " are files and prefixes directories in tectofs)") from None
+
+
+async def _write_file(fs: AsyncFileSystem, path: str, body: AsyncIterator[memoryview | bytes], make_record: "Any",
+                      make_parents: bool) -> Record:
+    parent = parent_of(path)
+    staging = paths.join(parent, f"{INTERNAL_PREFIX}put-{secrets.token_hex(8)}")
+    for attempt in range(3):  # a concurrent delete may remove the empty parent just made
+        if make_parents:
+            await _make_parents(fs, path)
+        try:
+            handle = await fs.open(staging, "xb", file_mode=0o644)
+            break
+        except errors.NotFound:
+            if attempt == 2 or not make_parents:
+                raise
+    try:
+        offset = 0
+        async for piece in body:
+            await handle.write(offset, piece)
+            offset += len(piece)
+        await handle.close()
+    except BaseException:
+        await handle.abort()
+        raise
+    try:
+        record = make_record()
+        record.size, record.mtime = handle.attrs.size, handle.attrs.mtime
+        await fs.setxattr(staging, RECORD_XATTR, record.encode())
+        await fs.rename(staging, path)
+    except BaseException:
+        await _discard(fs, staging)
+        raise
+    return record
+
+
+async def _discard(fs: AsyncFileSystem, path: str) -> None:
+    try:
+        await asyncio.shield(fs.remove(path))
+    except errors.TectofsError:
+        pass
+
+
+async def remove_object(fs: AsyncFileSystem, bucket: str, key: str) -> None:
+    """Delete a key (absent already is success, as in S3) and the directories it leaves empty."""
+    path = object_path(bucket, key)
+    try:
+        st = await fs.stat(path)
+        if st.is_dir:
+            return  # a prefix, not an object
+        await fs.remove(path)
+    except (errors.NotFound, errors.NotADirectory):
+        await require_bucket(fs, bucket)
+        return
+    await prune(fs, parent_of(path), bucket_path(bucket))
+
+
+async def prune(fs: AsyncFileSystem, directory: str, stop: str) -> None:
+    """Remove ``directory`` and its parents up to (not including) ``stop`` while empty."""
+    while directory != stop and directory.startswith(stop + "/"):
+        try:
+            await fs.rmdir(directory)
+        except errors.TectofsError:
+            return  # not empty (or not ours): S3 prefixes live as long as their keys
+        directory = parent_of(directory)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+async def stream_file(fs: AsyncFileSystem, path: str, start: int, end: int,
+                      md5: "hashlib._Hash | None" = None) -> AsyncIterator[bytes]:
+    """Bytes ``[start, end)`` of ``path`` in :data:`READ_BYTES` pieces, the next piece read
+    while the caller sends the last (two pieces in memory at most). The handle (and its
+    lease: the version opened stays readable) is opened at the first iteration."""
+    handle = await fs.open(path, "rb")
+    try:
+        end = min(end, handle.size)
+        position = start
+        ahead = asyncio.ensure_future(handle.read(position, min(READ_BYTES, end - position))) if position < end else None
+        while ahead is not None:
+            data = await ahead
+            position += len(data)
+            ahead = (asyncio.ensure_future(handle.read(position, min(READ_BYTES, end - position)))
+                     if position < end and data else None)
+            if md5 is not None:
+                md5.update(data)
+            yield data
+    finally:
+        if ahead is not None and not ahead.done():
+            ahead.cancel()
+        await handle.close()
+
+
+async def copy_file(fs: AsyncFileSystem, src: str, dst: str, make_record: Any,
+                    src_fs: AsyncFileSystem | None = None) -> Record:
+    """Copy ``src`` onto ``dst`` through the gateway, streamed and published atomically."""
+    return await write_file(fs, dst, stream_file(src_fs or fs, src, 0, 1 << 62), make_record)

@@ -1,0 +1,172 @@
+"""The S3 gateway process: an aiohttp server that authenticates each request (SigV4),
+picks the operation from method, path and sub-resource, and runs it as the caller's tectofs
+user through one client connection (root's, acting for each user).
+
+Why aiohttp: measured on this 2-core machine (loopback, 1 GiB through a minimal streaming
+handler, median of 3, ``python bench/s3_bench.py --candidates``): aiohttp GET 2.90 GB/s,
+PUT 1.66 GB/s; uvicorn + httptools 3.43 / 1.27; uvicorn + h11 2.19 / 0.93. aiohttp's PUT
+(request body streaming, what checkpoints do most) is the fastest, its GET close to the best,
+and it is one dependency with back-pressured request streams and ``StreamResponse``.
+
+Contract: path-style addressing (``/bucket/key``); every request must be signed (header or
+presigned URL) by a key :class:`~tectofs.s3.principals.Principals` knows; errors are S3
+XML documents with S3's codes; a response already streaming when a read fails is cut short
+(the client sees fewer bytes than Content-Length, never wrong ones).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Awaitable, Callable
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from tectofs import auth, errors
+from tectofs.client import AsyncFileSystem
+
+from . import handlers, sigv4
+from . import xml as s3xml
+from .principals import Principals
+from .xml import S3Error
+
+log = logging.getLogger("tectofs.s3")
+
+Handler = Callable[[handlers.Call], Awaitable[web.StreamResponse]]
+
+# (level, method, sub-resource) -> operation; the sub-resource is the first of SUBRESOURCES
+# in the query (None: a plain request).
+SUBRESOURCES = ("uploadId", "uploads", "delete", "list-type", "location", "versioning")
+ROUTES: dict[tuple[str, str, str | None], Handler] = {
+    ("service", "GET", None): handlers.list_buckets,
+    ("bucket", "PUT", None): handlers.create_bucket,
+    ("bucket", "DELETE", None): handlers.delete_bucket,
+    ("bucket", "HEAD", None): handlers.head_bucket,
+    ("bucket", "GET", None): handlers.list_objects_v1,
+    ("bucket", "GET", "list-type"): handlers.list_objects_v2,
+    ("bucket", "GET", "location"): handlers.bucket_location,
+    ("bucket", "GET", "versioning"): handlers.bucket_versioning,
+    ("bucket", "GET", "uploads"): handlers.list_uploads,
+    ("bucket", "POST", "delete"): handlers.delete_objects,
+    ("object", "PUT", None): handlers.put_object,
+    ("object", "PUT", "uploadId"): handlers.upload_part,
+    ("object", "GET", None): handlers.get_object,
+    ("object", "GET", "uploadId"): handlers.list_parts,
+    ("object", "HEAD", None): handlers.head_object,
+    ("object", "DELETE", None): handlers.delete_object,
+    ("object", "DELETE", "uploadId"): handlers.abort_upload,
+    ("object", "POST", "uploads"): handlers.create_upload,
+    ("object", "POST", "uploadId"): handlers.complete_upload,
+}
+# Sub-resources S3 has and this gateway does not (answered NotImplemented, never mistaken
+# for a plain GET or PUT of the object).
+UNSUPPORTED = frozenset({
+    "acl", "tagging", "policy", "cors", "lifecycle", "website", "logging", "notification", "replication",
+    "encryption", "object-lock", "retention", "legal-hold", "torrent", "restore", "select", "versions",
+    "accelerate", "requestPayment", "analytics", "inventory", "metrics", "ownershipControls",
+    "publicAccessBlock", "intelligent-tiering", "attributes", "policyStatus",
+})
+
+
+def route(method: str, bucket: str, key: str, query: dict[str, str]) -> Handler:
+    """The operation a request asks for; NotImplemented / MethodNotAllowed otherwise."""
+    for name in query:
+        if name in UNSUPPORTED:
+            raise S3Error("NotImplemented", f"the ?{name} sub-resource is not supported by the tectofs gateway")
+    level = "object" if key else "bucket" if bucket else "service"
+    sub = next((s for s in SUBRESOURCES if s in query), None)
+    handler = ROUTES.get((level, method, sub)) or ROUTES.get((level, method, None))
+    if handler is None:
+        raise S3Error("MethodNotAllowed", f"{method} is not allowed on this {level}")
+    return handler
+
+
+def split_path(raw_path: str) -> tuple[str, str]:
+    """``/bucket/some%20key`` -> (``bucket``, ``some key``) (path-style addressing)."""
+    bucket, _, key = unquote(raw_path).lstrip("/").partition("/")
+    return bucket, key
+
+
+class S3Gateway:
+    """Serves S3 for the cluster at ``meta_address``. ``key_file``: the cluster key (the
+    gateway acts as root, and for every user); ``users_dir``: credential files of the users
+    it serves besides root (:mod:`tectofs.s3.principals`)."""
+
+    def __init__(self, meta_address: str, key_file: str, users_dir: str | None = None) -> None:
+        self.ring = auth.KeyRing(key_file)
+        self.fs = AsyncFileSystem(meta_address, auth.Credential.root_from_keys(self.ring, meta_address))
+        self.principals = Principals(self.fs, self.ring, users_dir)
+        self.runner: web.AppRunner | None = None
+        self.address = ""
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=s3xml.BODY_MAX_BYTES)
+        app.router.add_route("*", "/{path:.*}", self.handle)
+        app.on_response_prepare.append(self._tag)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen; returns ``HOST:PORT``."""
+        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, read_bufsize=1 << 20)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, backlog=1024)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
+        self.address = f"{bound[0]}:{bound[1]}"
+        return self.address
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+        await self.fs.close()
+
+    async def _call(self, request: web.Request) -> handlers.Call:
+        """Authenticate ``request`` and say what it asks for."""
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        pairs = sigv4.parse_query(raw_query)
+        bucket, key = split_path(raw_path)
+        signed = sigv4.parse(request.headers, pairs)
+        if signed is None:
+            raise S3Error("AccessDenied", "Access Denied: requests must be signed (AWS Signature Version 4)")
+        principal = await self.principals.lookup(signed.access_key)
+        if principal is None:
+            raise S3Error("InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records.",
+                          AWSAccessKeyId=signed.access_key[:128])
+        signing_key = sigv4.verify(signed, principal.secret, request.method, raw_path, pairs, request.headers)
+        return handlers.Call(request, self.principals.filesystem(principal), self.fs, principal, signed, signing_key,
+                             bucket, key, dict(pairs))
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        request["request_id"] = secrets.token_hex(8).upper()
+        try:
+            call = await self._call(request)
+            return await route(request.method, call.bucket, call.key, call.query)(call)
+        except (ConnectionError, web.HTTPException):
+            raise
+        except Exception as exc:
+            if request.get("streaming"):
+                raise  # the status went out already: the connection is cut short
+            return self._error(request, exc)
+
+    @staticmethod
+    async def _tag(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["x-amz-request-id"] = request.get("request_id", "")
+
+    @staticmethod
+    def _error(request: web.Request, exc: Exception) -> web.Response:
+        """The S3 error document for whatever a request raised."""
+        resource = unquote(request.raw_path.partition("?")[0])
+        if isinstance(exc, errors.TectofsError):
+            exc = s3xml.from_tectofs(exc, resource)
+        elif not isinstance(exc, S3Error):  # a bug or a failure not foreseen: logged, answered 500
+            log.error("%s %s failed", request.method, resource, exc_info=exc)
+            exc = S3Error("InternalError", f"{type(exc).__name__}: {exc}")
+        if exc.status >= 500:
+            log.warning("%s %s: %s %s", request.method, resource, exc.code, exc.message)
+        headers = None
+        if exc.code == "InvalidRange" and "ActualObjectSize" in exc.extra:
+            headers = {"Content-Range": f"bytes */{exc.extra['ActualObjectSize']}"}
+        exc.resource = exc.resource or resource
+        return web.Response(body=s3xml.error_document(exc, request["request_id"]), status=exc.status,
+                            content_type="application/xml", headers=headers)
