@@ -293,7 +293,11 @@ class AsyncFile:
     def _keep_lease(self, lease_s: float) -> None:
         """While this handle is open, renew its allocations a few times per lease, so a write
         of any length commits; a writer that crashed stops renewing and its chunks expire."""
+        renewing_too_seldom = self._writer_lease_s is None or lease_s < self._writer_lease_s
         self._writer_lease_s = lease_s
+        if renewing_too_seldom and self._lease_task is not None:  # e.g. at the read lease's pace
+            self._lease_task.cancel()
+            self._lease_task = None
         self._start_leases()
 
     def hold_read_lease(self, reader: int) -> None:

@@ -100,7 +100,6 @@ class LocalCluster:
         self.s3_process: subprocess.Popen[bytes] | None = None
         self.s3_address = ""
         self.s3_env_file = os.path.join(self.root, "credentials", "s3.env")
-        self.s3_users_dir = os.path.join(self.root, "credentials", "s3-users")  # credentials of other S3 users
         self.chunk_processes: list[subprocess.Popen[bytes] | None] = []
         self.address = ""
         # child name -> (restarts so far, time of the next try or 0, time of the last restart)
@@ -140,17 +139,15 @@ class LocalCluster:
         return self.address
 
     def _start_s3(self, port: int, timeout_s: float) -> None:
-        """Start the S3 gateway (serving root, and the users whose credential files are in
-        ``s3_users_dir``) and write root's S3 keys to ``s3_env_file``."""
+        """Start the S3 gateway (serving every user) and write root's S3 keys to ``s3_env_file``."""
         from tectofs.s3.cli import write_env_file
 
-        os.makedirs(self.s3_users_dir, mode=0o700, exist_ok=True)
         ready = os.path.join(self.root, "s3.address")
         if os.path.exists(ready):
             os.unlink(ready)
         self.s3_process = self._spawn(
             ["s3", "--meta", self.address, "--listen", f"{self.host}:{port}", "--key-file", self.key_file,
-             "--users", self.s3_users_dir, "--ready-file", ready], "s3.log")
+             "--ready-file", ready], "s3.log")
         self.s3_address = wait_for_file(ready, timeout_s, self.s3_process)
         write_env_file(self.s3_env_file, auth.Credential.root_from_keys(auth.KeyRing(self.key_file), self.address))
 

@@ -206,6 +206,12 @@ def root_secret(key: bytes) -> bytes:
     return mac(key, "tectofs root credential v1")
 
 
+def s3_secret_key(secret: bytes) -> str:
+    """The S3 secret access key of the user whose tectofs secret this is (its access key id
+    is the user name): ``HMAC-SHA256(secret, "tectofs s3 secret v1")``, hex."""
+    return hmac.new(secret, b"tectofs s3 secret v1", hashlib.sha256).hexdigest()
+
+
 @dataclass
 class Credential:
     """A user's credential for one cluster (``cluster``: its metadata address or group)."""

@@ -123,7 +123,7 @@ def cmd_up(args: argparse.Namespace) -> None:
         if cluster.s3_address:
             print(f"S3 gateway: http://{cluster.s3_address}  (root's keys: {cluster.s3_env_file}; try:"
                   f" set -a; . {cluster.s3_env_file}; aws --endpoint-url http://{cluster.s3_address} s3 ls); other users:"
-                  f" copy their credential file into {cluster.s3_users_dir}", flush=True)
+                  " tectofs s3 keys", flush=True)
         if args.mount:
             from .client.fuse import start_mount_process
 
@@ -649,8 +649,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=cmd_key)
     p = client_command("gc", cmd_gc, "remove leftovers of interrupted checkpoint saves (pending directories)")
     p.add_argument("path", nargs="?", default="/", help="where to look, recursively (default /)")
-    p.add_argument("--older-than", type=float, default=3600.0,
-                   help="only leftovers untouched for this many seconds (default 3600)")
+    # Same default as the writer's own clean-up (tectofs.torch.PENDING_GRACE_S; not imported
+    # here: that would load torch for every command). A failed save deletes its pending
+    # directory itself; only crashed saves leave one.
+    p.add_argument("--older-than", type=float, default=24 * 3600.0,
+                   help="only leftovers untouched for this many seconds (default 86400 = 24 h, as the "
+                        "automatic clean-up after each checkpoint commit; use less only when no save is running)")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed")
     p = client_command("mount", cmd_mount, "mount tectofs with FUSE (unmount with fusermount3 -u or Ctrl-C)")
     p.add_argument("mountpoint")

@@ -582,6 +582,18 @@ class UserNameRequest(Message, kw_only=True):
     name: UserName
 
 
+class S3KeyRequest(Message, kw_only=True):
+    access_key: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class S3PrincipalReply(Message, kw_only=True):
+    """Who signs with an S3 access key, and the secret it signs with (members only: the S3
+    gateway checks signatures with it)."""
+
+    user: UserInfo
+    secret_key: str
+
+
 class UserListReply(Message, kw_only=True):
     users: list[UserInfo]
     more: bool = False
@@ -663,6 +675,7 @@ META_OPERATIONS = _table(
     Operation("user_add", UserAddRequest, UserAddReply, False),
     Operation("user_remove", UserNameRequest, Empty, True),
     Operation("user_list", Empty, UserListReply, True),
+    Operation("s3_principal", S3KeyRequest, S3PrincipalReply, True),
     Operation("whoami", Empty, WhoamiReply, True),
 )
 

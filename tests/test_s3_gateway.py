@@ -76,11 +76,12 @@ def s3(gateway: ClusterWithClient, root_keys: tuple[str, str]) -> Any:
 
 @pytest.fixture(scope="module")
 def bob(gateway: ClusterWithClient) -> Any:
-    """A second user (uid 1000) whose credential file the gateway serves."""
+    """A second user (uid 1000), added while the gateway runs: it serves them at once (it asks
+    the metadata service for their secret; no file is copied anywhere)."""
     reply, _ = gateway.fs.run(gateway.fs.aio.meta("user_add", name="bob", uid=1000, gid=1000, groups=[]))
     credential = auth.Credential(user="bob", secret=reply.secret, cluster=gateway.address,
                                  s3_access_key=reply.user.s3_access_key or "", s3_secret_key=reply.s3_secret_key)
-    credential.save(os.path.join(gateway.s3_users_dir, "bob.credentials"))
+    credential.save(os.path.join(gateway.root, "bob.credentials"))  # bob's own copy, as `tectofs user add` writes it
     return _client(f"http://{gateway.s3_address}", *keys_of(credential))
 
 
@@ -262,7 +263,7 @@ def test_users_act_with_their_own_permissions(gateway: ClusterWithClient, s3: An
     bob.put_object(Bucket="shared", Key="from-bob", Body=b"hello")
     assert gateway.fs.stat("/shared/from-bob").uid == 1000
     assert bob.get_object(Bucket="shared", Key="from-bob")["Body"].read() == b"hello"
-    stored = auth.Credential.load(os.path.join(gateway.s3_users_dir, "bob.credentials"))
+    stored = auth.Credential.load(os.path.join(gateway.root, "bob.credentials"))
     as_bob = _client(f"http://{gateway.s3_address}", stored.s3_access_key, stored.s3_secret_key)  # `user add`'s pair
     assert as_bob.get_object(Bucket="shared", Key="from-bob")["Body"].read() == b"hello"
     with pytest.raises(ClientError) as err:
@@ -517,7 +518,7 @@ def test_s3fs_reads_through_the_gateway(gateway: ClusterWithClient, s3: Any, roo
 
 
 def test_cli_prints_keys(gateway: ClusterWithClient, bob: Any, tmp_path: Any) -> None:
-    credential = os.path.join(gateway.s3_users_dir, "bob.credentials")
+    credential = os.path.join(gateway.root, "bob.credentials")
     for args in (["--credentials", credential], ["--key-file", gateway.key_file]):
         done = subprocess.run([sys.executable, "-m", "tectofs.cli", "s3", "keys", *args], capture_output=True,
                               text=True, timeout=60)

@@ -195,6 +195,12 @@ def test_rogue_server_cannot_register_or_take_an_identity(cluster: Any, alice: s
     root = auth.ClientAuth(credential=auth.Credential.load(cluster.credential_file))
     with pytest.raises(PermissionDenied, match="only the cluster's own servers"):  # even root is not a server
         _run(_call(cluster.address, "register_server", {**register, "uuid": "new-eavesdropper"}, root))
+    for who in (root, auth.ClientAuth(credential=auth.Credential.load(alice))):  # nor may read users' S3 secrets
+        with pytest.raises(PermissionDenied, match="only the cluster's own servers"):
+            _run(_call(cluster.address, "s3_principal", {"access_key": "root"}, who))
+    header, _ = _run(_call(cluster.address, "s3_principal", {"access_key": "root"},
+                           auth.ClientAuth(ring=auth.KeyRing(cluster.key_file))))  # a key holder may (the gateway)
+    assert header["user"]["uid"] == 0 and len(header["secret_key"]) == 64
     with pytest.raises(PermissionDenied):
         _run(_call(cluster.address, "heartbeat", {"server_id": servers_before[0]["server_id"], "address": "127.0.0.1:9",
                                                   "capacity": 1 << 50, "used": 0, "inflight": 0, "chunks": 0}, root))

@@ -60,7 +60,9 @@ def _server_id(c: Any, i: int) -> int:
 
 
 def test_lost_server_is_rebuilt_then_two_more_losses_read_back(make_cluster):
-    c = make_cluster(servers=7, block_size=256 * KiB, meta_args=HEAL)
+    # Repair starts 6 s after the loss (not 2): room for fsck, a process of its own, to see the
+    # damage first on a loaded machine.
+    c = make_cluster(servers=7, block_size=256 * KiB, meta_args=["--repair-after", "6", "--repair-interval", "0.5"])
     c.fs.mkdir("/heal")
     files = _write_files(c, 6, [3 * MiB + 17, 700 * KiB, 1])
     assert _fsck(c)[0] == 0

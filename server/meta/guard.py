@@ -20,9 +20,11 @@ from tectofs import auth, limits, messages
 from tectofs.errors import AuthenticationFailed, PermissionDenied
 from tectofs.store.access import Caller
 
-# Operations only chunk servers (cluster members) call.
+# Operations only cluster members call: chunk servers, and the S3 gateway (``s3_principal``:
+# users' S3 secrets, to check request signatures).
 MEMBER_OPERATIONS = frozenset({
     "register_server", "heartbeat", "inventory_begin", "inventory", "repair_done", "repair_failed",
+    "s3_principal",
 })
 # Operations of administrators (members, root, users added with --admin).
 ADMIN_OPERATIONS = frozenset({"drain", "user_add", "user_remove", "user_list"})
@@ -96,7 +98,7 @@ class MetaGuard:
                 f"{operation}: not authenticated: this client has no credential for the cluster (tectofs up writes"
                 " root's where client commands find it; others pass --credentials FILE or $TECTOFS_CREDENTIALS)")
         if operation in MEMBER_OPERATIONS:
-            raise PermissionDenied(f"{operation}: only the cluster's own servers (holders of its key) may call it")
+            raise PermissionDenied(f"{operation}: only the cluster's own servers and gateways (holders of its key) may call it")
         if operation in ADMIN_OPERATIONS and not peer.admin:
             raise PermissionDenied(f"{operation}: {peer.describe()} is not an administrator")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from tectofs import auth, limits, messages, paths
 from tectofs.diagnostics import RateLimitedLog
-from tectofs.errors import Busy, InvalidArgument
+from tectofs.errors import Busy, InvalidArgument, NotFound
 from tectofs.rpc import RpcServer, current_peer
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import dialect_for
@@ -413,6 +413,21 @@ class MetadataService:
         users = await self._call("user_list")
         budget = limits.reply_header_budget_bytes // USER_ENTRY_BYTES_MAX
         return messages.UserListReply(users=[_user_info(u) for u in users[:budget]], more=len(users) > budget), b""
+
+    async def rpc_s3_principal(self, r: messages.S3KeyRequest, _: memoryview) -> Reply:
+        """The user an S3 access key names (its user name, or the pair ``user add`` made) and
+        the secret that key signs with; NotFound for any other key."""
+        if r.access_key == "root":
+            root = messages.UserInfo(name="root", uid=0, gid=0, groups=[], admin=True, proxy=True)
+            return messages.S3PrincipalReply(
+                user=root, secret_key=auth.s3_secret_key(auth.root_secret(self.keys.signing[1]))), b""
+        user = await self._call("user_get", r.access_key)
+        if user is not None:
+            return messages.S3PrincipalReply(user=_user_info(user), secret_key=auth.s3_secret_key(bytes.fromhex(user["secret"]))), b""
+        user = await self._call("user_by_s3_key", r.access_key)
+        if user is None:
+            raise NotFound(f"no user has the S3 access key {r.access_key!r}")
+        return messages.S3PrincipalReply(user=_user_info(user), secret_key=user["s3_secret"]), b""
 
     async def rpc_whoami(self, r: messages.Empty, _: memoryview) -> Reply:
         peer = current_peer.get()

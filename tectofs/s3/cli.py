@@ -49,7 +49,7 @@ def cmd_serve(args: argparse.Namespace, serve: Callable[..., None]) -> None:
         raise SystemExit("tectofs s3: needs --meta HOST:PORT (or $TECTOFS_META) and --key-file (or $TECTOFS_KEY_FILE):"
                          " the gateway acts as each S3 user, which only a cluster key holder may")
     args.host, args.port = args.listen
-    serve(lambda: S3Gateway(meta, key_file, args.users), args,
+    serve(lambda: S3Gateway(meta, key_file), args,
           lambda address: f"tectofs S3 gateway on http://{address} (metadata {meta})")
 
 
@@ -81,7 +81,6 @@ def add_parser(sub: Any, serve: Callable[..., None]) -> None:
     p.add_argument("--listen", type=_listen, default=("127.0.0.1", 9000), metavar="HOST:PORT",
                    help="address to serve S3 on (default 127.0.0.1:9000; port 0: any)")
     p.add_argument("--key-file", help="cluster key file (default: $TECTOFS_KEY_FILE)")
-    p.add_argument("--users", metavar="DIR", help="credential files (*.credentials) of the users served besides root")
     p.add_argument("--ready-file", help="write the listening address here once serving")
     p.set_defaults(fn=lambda args: cmd_serve(args, serve))
     actions = p.add_subparsers(dest="s3_command", metavar="ACTION")

@@ -90,13 +90,13 @@ def split_path(raw_path: str) -> tuple[str, str]:
 
 class S3Gateway:
     """Serves S3 for the cluster at ``meta_address``. ``key_file``: the cluster key (the
-    gateway acts as root, and for every user); ``users_dir``: credential files of the users
-    it serves besides root (:mod:`tectofs.s3.principals`)."""
+    gateway acts as root, and for every user; with it, the metadata service tells the gateway
+    each user's S3 secret: :mod:`tectofs.s3.principals`)."""
 
-    def __init__(self, meta_address: str, key_file: str, users_dir: str | None = None) -> None:
+    def __init__(self, meta_address: str, key_file: str) -> None:
         self.ring = auth.KeyRing(key_file)
         self.fs = AsyncFileSystem(meta_address, auth.Credential.root_from_keys(self.ring, meta_address))
-        self.principals = Principals(self.fs, self.ring, users_dir)
+        self.principals = Principals(self.fs, self.ring)
         self.runner: web.AppRunner | None = None
         self.address = ""
 
@@ -119,6 +119,7 @@ class S3Gateway:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+        await self.principals.close()
         await self.fs.close()
 
     async def _call(self, request: web.Request) -> handlers.Call:

@@ -3,6 +3,9 @@
     import torch.distributed.checkpoint as dcp
     import tectofs.torch
 
+    # primary: explicit storage objects
+    dcp.save(state_dict, storage_writer=tectofs.torch.CheckpointWriter("tectofs://10.0.0.1:7420/runs/a/step_99"))
+    # or the id alone (see tectofs.torch._hook for how DCP is taught the scheme)
     dcp.save(state_dict, checkpoint_id="tectofs://10.0.0.1:7420/runs/a/step_100")
     dcp.load(state_dict, checkpoint_id=tectofs.torch.latest("tectofs://10.0.0.1:7420/runs/a"))
 
@@ -11,13 +14,17 @@
 
 Saving is atomic (ranks write into a hidden pending directory that the coordinator renames
 into place), every item carries a crc32c checked at load, tensors are stored as raw bytes.
-``save``/``load`` are the single-file ``torch.save``/``torch.load`` equivalents.
+``save``/``load`` are the single-file ``torch.save``/``torch.load`` equivalents;
+``dcp_to_torch_save``/``torch_save_to_dcp`` convert between the two. A tectofs failure
+inside DCP is raised as :class:`CheckpointFailed`, its message starting with the cause.
 """
 
 from __future__ import annotations
 
 from . import _hook
-from ._dcp import CheckpointWriter
+from ._convert import dcp_to_torch_save, torch_save_to_dcp
+from ._dcp import PENDING_GRACE_S, CheckpointWriter
+from ._failures import CheckpointFailed
 from ._reader import CheckpointReader
 from ._manage import checkpoints, gc_pending, latest, load, save
 from ._staging import StagingPool
@@ -26,12 +33,15 @@ from ._uri import Location, close_all, filesystem, is_uri, parse
 _hook.install()
 
 __all__ = [
+    "CheckpointFailed",
     "CheckpointReader",
     "CheckpointWriter",
     "Location",
     "StagingPool",
     "checkpoints",
+    "PENDING_GRACE_S",
     "close_all",
+    "dcp_to_torch_save",
     "filesystem",
     "gc_pending",
     "is_uri",
@@ -39,4 +49,5 @@ __all__ = [
     "load",
     "parse",
     "save",
+    "torch_save_to_dcp",
 ]

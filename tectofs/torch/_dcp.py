@@ -17,8 +17,9 @@ Commit protocol
     is recorded with its file, offset, length, format and crc32c.
   * ``finish`` (coordinator) writes ``.metadata`` into the pending directory, then renames
     the directory onto the final name: one metadata transaction. Until that rename the
-    checkpoint does not exist; after it, it is complete. A crash anywhere leaves a hidden
-    ``.pending-`` directory that :func:`tectofs.torch.gc_pending` removes.
+    checkpoint does not exist; after it, it is complete. A failed save's pending directory
+    is deleted (:meth:`CheckpointWriter.abandon`, best effort); a crash anywhere leaves a
+    hidden ``.pending-`` directory that :func:`tectofs.torch.gc_pending` removes.
   * An existing non-empty checkpoint at the final path is an error unless the writer was
     built with ``overwrite=True``; then the new directory and the old one swap names in
     one atomic ``exchange`` (readers see the old checkpoint or the new one, never a gap),
@@ -60,6 +61,7 @@ from torch.futures import Future
 from .. import errors, limits
 from ..checksum import crc
 from . import _uri
+from ._failures import step
 from ._staging import StagingPool
 
 METADATA_NAME = ".metadata"
@@ -67,6 +69,11 @@ DATA_SUFFIX = ".distcp"
 PENDING_MARK = ".pending-"
 REPLACED_MARK = ".replaced-"
 FORMAT_VERSION = 1
+# How long a pending directory must sit untouched before automatic and manual clean-up
+# (the writer after each commit, gc_pending, `tectofs gc`) may delete it: far above any
+# single file's write, since a running save touches its directory only as files complete.
+# A failed save deletes its own at once; only crashed saves wait for this.
+PENDING_GRACE_S = 24 * 3600.0
 
 MiB = 1024 * 1024
 
@@ -241,7 +248,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         overwrite: bool = False,
         staging_max_bytes: int | None = None,
         staging_timeout_s: float | None = limits.staging_timeout_s,
-        pending_grace_s: float | None = 24 * 3600.0,
+        pending_grace_s: float | None = PENDING_GRACE_S,
     ) -> None:
         super().__init__()
         if thread_count < 1:
@@ -255,11 +262,13 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
         self.save_id = uuid.uuid4().hex
         self.rank = 0
+        self.last_failure: BaseException | None = None  # the last labelled storage failure
         self.is_coordinator = True
         self._plan_data: _PlanData | None = None
         self._pool: StagingPool | None = None
         self._pool_lock = threading.Lock()
         self._unclaimed_lease: Any = None
+        self._pending_owned: str | None = None  # coordinator: a pending directory not yet committed
 
     # -- pickling (AsyncCheckpointerType.PROCESS ships the writer to a subprocess) -------
     def __getstate__(self) -> dict[str, Any]:
@@ -267,6 +276,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         state["_pool"] = None
         state["_pool_lock"] = None
         state["_unclaimed_lease"] = None
+        state["last_failure"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -296,13 +306,19 @@ class CheckpointWriter(StorageWriter, AsyncStager):
     def _fs(self) -> Any:
         return _uri.filesystem(self._location().address)
 
+    def _step(self, operation: str, path: str) -> Any:
+        """Label a failure of this storage step (see :mod:`tectofs.torch._failures`)."""
+        return step(self.rank, operation, path, self._loc.address if self._loc else None, record=self)
+
     # -- StorageWriter --------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self._claim_lease()
+        self.abandon()  # a previous save through this writer failed and was not cleaned up
         if checkpoint_id:
             self._loc = _uri.parse(checkpoint_id)
         self.save_id = uuid.uuid4().hex
         self._plan_data = None
+        self.last_failure = None
 
     def storage_meta(self) -> StorageMeta | None:
         self._claim_lease()
@@ -323,16 +339,25 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        with self._step("create checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"):
+            return self._prepare_global_plan(plans)
+
+    def _prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         loc = self._location()
         fs = self._fs()
-        if not self.overwrite and self._nonempty(fs, loc.path):
+        with self._step("stat", loc.path):
+            exists = not self.overwrite and self._nonempty(fs, loc.path)
+        if exists:
             raise errors.AlreadyExists(
                 f"checkpoint {loc.uri()} already exists; use another path or CheckpointWriter(..., overwrite=True)"
             )
         token = f"{uuid.uuid4().hex[:16]}"
         pending = _uri.Location(loc.address, loc.parent).child(pending_name(loc.name, token)).path
-        fs.mkdir(loc.parent, parents=True, exist_ok=True)
-        fs.mkdir(pending)
+        with self._step("create directory", loc.parent):
+            fs.mkdir(loc.parent, parents=True, exist_ok=True)
+        with self._step("create directory", pending):
+            fs.mkdir(pending)
+        self._pending_owned = pending
         return [
             dataclasses.replace(plan, storage_data=_PlanData(prefix=f"__{i}_", pending=pending, token=token))
             for i, plan in enumerate(plans)
@@ -349,7 +374,9 @@ class CheckpointWriter(StorageWriter, AsyncStager):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         fut: Future[list[WriteResult]] = Future()
         try:
-            fut.set_result(self._write_all(plan, planner))
+            with self._step("write checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"):
+                results = self._write_all(plan, planner)
+            fut.set_result(results)
         except BaseException as exc:  # surfaces through DCP on every rank
             fut.set_exception(exc)
         return fut
@@ -379,10 +406,18 @@ class CheckpointWriter(StorageWriter, AsyncStager):
     def _write_file(
         self, fs: Any, pending: str, name: str, items: list[WriteItem], planner: SavePlanner
     ) -> list[WriteResult]:
+        with self._step("write file", f"{pending}/{name}"):
+            return self._write_items(fs, f"{pending}/{name}", name, items, planner)
+
+    def _write_items(
+        self, fs: Any, path: str, name: str, items: list[WriteItem], planner: SavePlanner
+    ) -> list[WriteResult]:
+        """Write ``items`` into the new file ``path`` (``name`` in the checkpoint), each
+        recorded with its offset, length, format and crc32c."""
         results = []
         # Small objects first, then tensors (like FileSystemWriter): cheap items never wait.
         items = sorted(items, key=lambda it: it.type != WriteItemType.BYTE_IO)
-        with fs.open(f"{pending}/{name}", "wb") as raw:
+        with fs.open(path, "wb") as raw:
             out = _CountingWriter(raw)
             for item in items:
                 data = planner.resolve_data(item)
@@ -432,6 +467,10 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         return results
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        with self._step("commit checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"):
+            self._finish(metadata, results)
+
+    def _finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         loc = self._location()
         data = self._plan_data
         if data is None:
@@ -447,9 +486,31 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 
             metadata.version = CURRENT_DCP_VERSION
-        fs.write_bytes(f"{data.pending}/{METADATA_NAME}", pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
-        self._commit(fs, data.pending, loc, data.token)
+        with self._step("write file", f"{data.pending}/{METADATA_NAME}"):
+            fs.write_bytes(f"{data.pending}/{METADATA_NAME}", pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
+        with self._step("commit (rename onto)", loc.path):
+            self._commit(fs, data.pending, loc, data.token)
+        self._pending_owned = None
         self._collect_leftovers(loc)
+
+    def abandon(self) -> bool:
+        """After a failed save: delete this coordinator's pending directory (best effort;
+        anything left is collected later by :func:`tectofs.torch.gc_pending`). Call it only
+        once every rank is done writing (DCP raises a save's failure on all ranks after its
+        collective, so the ``dcp.save`` wrapper of :mod:`tectofs.torch._hook` can).
+        Returns whether a directory was deleted."""
+        pending, self._pending_owned = self._pending_owned, None
+        if pending is None or self._loc is None:
+            return False
+        try:
+            self._fs().rmtree(pending)
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            warnings.warn(f"tectofs: could not delete the pending directory {self._loc.uri(pending)} of a failed "
+                          f"save ({exc}); `tectofs gc` removes it later", stacklevel=2)
+            return False
+        return True
 
     def _collect_leftovers(self, loc: _uri.Location) -> list[str]:
         """Best effort: delete stale leftovers of interrupted saves next to ``loc``."""
@@ -472,6 +533,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             return
         except (FileExistsError, errors.DirectoryNotEmpty, NotADirectoryError, IsADirectoryError) as exc:
             if not self.overwrite:
+                self._pending_owned = None  # kept on purpose: the message below points at it
                 raise errors.AlreadyExists(
                     f"checkpoint {loc.uri()} appeared while saving; the new one is left at "
                     f"{loc.uri(pending)} (use overwrite=True to replace)"

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from . import _uri
-from ._dcp import METADATA_NAME, PENDING_MARK, REPLACED_MARK, pending_name
+from ._dcp import METADATA_NAME, PENDING_GRACE_S, PENDING_MARK, REPLACED_MARK, pending_name
 
 _STEP = re.compile(r"(\d+)$")
 
@@ -62,7 +62,7 @@ def _is_leftover(name: str) -> bool:
 
 def gc_pending(
     uri: str | os.PathLike,
-    older_than_s: float = 24 * 3600.0,
+    older_than_s: float = PENDING_GRACE_S,
     *,
     recursive: bool = False,
     dry_run: bool = False,

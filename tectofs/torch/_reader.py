@@ -22,6 +22,7 @@ from torch.futures import Future
 from .. import errors
 from ..checksum import crc
 from . import _uri
+from ._failures import step
 from ._dcp import METADATA_NAME, CheckpointWriter, MiB, _describe, _dtype_from_name, _dtype_name, _ItemInfo
 
 
@@ -55,6 +56,8 @@ class CheckpointReader(StorageReader):
         self.max_read_bytes = max_read_bytes
         self.storage_data: dict[MetadataIndex, _ItemInfo] = {}
         self.load_id = uuid.uuid4().hex
+        self.rank = 0
+        self.last_failure: BaseException | None = None  # the last labelled storage failure
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -69,8 +72,13 @@ class CheckpointReader(StorageReader):
             raise errors.CheckpointError("no checkpoint_id: pass tectofs://HOST:PORT/path to the reader or to dcp.load")
         return self._loc
 
+    def _step(self, operation: str, path: str) -> Any:
+        """Label a failure of this storage step (see :mod:`tectofs.torch._failures`)."""
+        return step(self.rank, operation, path, self._loc.address if self._loc else None, record=self)
+
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
+        self.last_failure = None
         if checkpoint_id:
             self._loc = _uri.parse(checkpoint_id)
         self.load_id = uuid.uuid4().hex
@@ -79,13 +87,13 @@ class CheckpointReader(StorageReader):
         loc = self._location()
         if kwargs.get("rank") is not None:
             raise errors.CheckpointError("tectofs checkpoints have no per-rank metadata")
-        fs = _uri.filesystem(loc.address)
-        try:
-            blob = fs.read_bytes(f"{loc.path}/{METADATA_NAME}")
-        except FileNotFoundError:
-            raise errors.NotFound(
-                f"no complete checkpoint at {loc.uri()} (no {METADATA_NAME}; an interrupted save leaves nothing here)"
-            ) from None
+        with self._step("read file", f"{loc.path}/{METADATA_NAME}"):
+            try:
+                blob = _uri.filesystem(loc.address).read_bytes(f"{loc.path}/{METADATA_NAME}")
+            except FileNotFoundError:
+                raise errors.NotFound(
+                    f"no complete checkpoint at {loc.uri()} (no {METADATA_NAME}; an interrupted save leaves nothing here)"
+                ) from None
         metadata = pickle.loads(blob)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -93,6 +101,7 @@ class CheckpointReader(StorageReader):
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.rank = kwargs.get("rank") or 0
         if not metadata.storage_data:
             self.storage_data = {}
         else:
@@ -113,7 +122,8 @@ class CheckpointReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         fut: Future[None] = Future()
         try:
-            self._read_all(plan, planner)
+            with self._step("read checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"):
+                self._read_all(plan, planner)
             fut.set_result(None)
         except BaseException as exc:
             fut.set_exception(exc)
@@ -140,7 +150,7 @@ class CheckpointReader(StorageReader):
         ordered = sorted(loads.values(), key=lambda ld: (ld.info.relative_path, ld.info.offset))
         files = sorted({ld.info.relative_path for ld in ordered})
         with cf.ThreadPoolExecutor(max_workers=max(1, self.thread_count), thread_name_prefix="tectofs-load") as pool:
-            block_sizes = dict(zip(files, pool.map(lambda f: fs.stat(f"{loc.path}/{f}").block_size, files)))
+            block_sizes = dict(zip(files, pool.map(lambda f: self._block_size(fs, f"{loc.path}/{f}"), files)))
             tasks = _plan_tasks(ordered, block_sizes, self.max_read_bytes, self.coalesce_gap_bytes)
             lock = threading.Lock()
 
@@ -182,6 +192,10 @@ class CheckpointReader(StorageReader):
 
     def _run_task(self, fs: Any, loc: _uri.Location, task: "_Task", lock: threading.Lock) -> list["_Load"]:
         """One block-aligned piece of one file: read its spans, then check the items it completed."""
+        with self._step("read file", f"{loc.path}/{task.path}"):
+            return self._read_task(fs, loc, task, lock)
+
+    def _read_task(self, fs: Any, loc: _uri.Location, task: "_Task", lock: threading.Lock) -> list["_Load"]:
         completed: list[_Load] = []
         if task.spans:
             raw = fs.open(f"{loc.path}/{task.path}", "rb", buffering=0)
@@ -207,6 +221,10 @@ class CheckpointReader(StorageReader):
                 self._check(loc, load.index, load.info, load.dest)
                 completed.append(load)
         return completed
+
+    def _block_size(self, fs: Any, path: str) -> int:
+        with self._step("stat", path):
+            return fs.stat(path).block_size
 
     @staticmethod
     def _read_exact(raw: Any, loc: _uri.Location, path: str, offset: int, into: memoryview) -> None:
