@@ -51,9 +51,8 @@ import time
 from typing import Any, Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from burst_worker import METADATA_HEADER_BYTES, BurstError, MiB, _describe  # noqa: E402
 from common import parse_size, print_table, process_cpu_s, write_results  # noqa: E402
-
-from burst_worker import METADATA_HEADER_BYTES, MiB, BurstError, _describe  # noqa: E402
 
 PROGRESS_STEPS = 6  # baseline, setup, save, commit, load, metadata storm
 

@@ -26,8 +26,6 @@ from tectofs.rpc import RpcClient
 from tectofs.server.cluster import LocalCluster
 
 
-
-
 def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:
     """MiB/s and server CPU seconds for ``count`` concurrent puts under ``mode``."""
     data = os.urandom(chunk_bytes)

@@ -58,8 +58,14 @@ from tectofs.errors import TectofsError
 from . import connect
 from .core import AsyncFileSystem, Stat
 from .files import AsyncFile
-from .fuse_process import MountProcess, _unescape_mount_path, is_mounted, mount_wait_s, start_mount_process
-from .fuse_process import unmount_wait_s
+from .fuse_process import (
+    MountProcess,
+    _unescape_mount_path,
+    is_mounted,
+    mount_wait_s,
+    start_mount_process,
+    unmount_wait_s,
+)
 
 __all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "mount", "start_mount_process",
            "unmount_wait_s"]

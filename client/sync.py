@@ -181,11 +181,11 @@ class _AbortsOnError:
             self.close()  # type: ignore[attr-defined]
 
 
-class BufferedWriter(_AbortsOnError, io.BufferedWriter):
+class BufferedWriter(_AbortsOnError, io.BufferedWriter):  # type: ignore[misc]  # raw: our RawFile, typeshed says RawIOBase
     pass
 
 
-class BufferedRandom(_AbortsOnError, io.BufferedRandom):
+class BufferedRandom(_AbortsOnError, io.BufferedRandom):  # type: ignore[misc]  # raw: our RawFile, typeshed says RawIOBase
     pass
 
 

@@ -187,7 +187,7 @@ def _burst_figure(plt: Any, result: dict[str, Any], title: str) -> Any:
     left.set_ylabel("GB/s (aggregate)")
     left.set_title("throughput vs. one large client", fontsize=10)
     left.tick_params(axis="x", labelrotation=15)
-    series = [("save", save.get("latency_s")), ("close/commit", save.get("close_latency_s")),
+    series: list[tuple[str, Any]] = [("save", save.get("latency_s")), ("close/commit", save.get("close_latency_s")),
               ("commit RPC", save.get("rpc_commit_s")), ("load", load.get("latency_s"))]
     series = [(n, s) for n, s in series if s]
     width = 0.25

@@ -48,7 +48,7 @@ class BufferPool:
             buffer = bytearray(size)
         return memoryview(buffer)[:n]
 
-    def put(self, view: memoryview) -> None:
+    def put(self, view: bytes | bytearray | memoryview) -> None:
         if not isinstance(view, memoryview):
             return
         buffer = view.obj

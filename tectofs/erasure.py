@@ -16,7 +16,7 @@ run these functions off the event loop.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 from .errors import DataUnavailable
 from .policy import Policy
@@ -80,7 +80,7 @@ def encode(policy: Policy, block: Buffer, allocate: Allocator | None = None) -> 
             chunk[position : position + f] = fragment
         position += f
     assert position == size
-    return chunks
+    return cast(list[Buffer], chunks)
 
 
 def decode_into(policy: Policy, chunks: dict[int, Buffer], out: memoryview) -> None:

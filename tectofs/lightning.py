@@ -31,8 +31,8 @@ try:  # the unified "lightning" package, else the standalone "pytorch_lightning"
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 except ImportError:  # pragma: no cover - depends on which package is installed
-    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
-    from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO  # type: ignore[assignment]  # same class
+    from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO  # type: ignore[assignment]
 
 from .torch import _uri
 from .torch import load as _load

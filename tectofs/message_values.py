@@ -42,7 +42,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
 # ---------------------------------------------------------------------- shared values
 
 
-class Attrs(Message, kw_only=True):
+class Attrs(Message, frozen=True, kw_only=True):
     """An inode's attributes. ``stored``: bytes of data really stored (holes excluded)."""
 
     ino: Ino
@@ -70,7 +70,7 @@ KeyId = Annotated[str, msgspec.Meta(max_length=64)]
 UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
-class Capability(Message, kw_only=True):
+class Capability(Message, frozen=True, kw_only=True):
     """The metadata service's permission to read (layouts) or write (allocations) one block's
     chunks until ``expiry`` (seconds since 1970), signed with cluster key ``key``
     (``tectofs.auth``): chunk servers check it on every anonymous get and put."""
@@ -80,7 +80,7 @@ class Capability(Message, kw_only=True):
     key: KeyId
 
 
-class ChunkRef(Message, kw_only=True):
+class ChunkRef(Message, frozen=True, kw_only=True):
     """Where one chunk of a block lives, and its whole-chunk crc32c."""
 
     position: Position
@@ -90,7 +90,7 @@ class ChunkRef(Message, kw_only=True):
     crc: Crc
 
 
-class Block(Message, kw_only=True):
+class Block(Message, frozen=True, kw_only=True):
     """One committed (or written, not yet committed) block of a file.
 
     It covers file bytes ``[idx * block_size, idx * block_size + valid)``; its ``length``
@@ -106,14 +106,14 @@ class Block(Message, kw_only=True):
     cap: Capability | None = None  # to read its chunks (layouts); None in what a writer commits
 
 
-class WrittenChunk(Message, kw_only=True):
+class WrittenChunk(Message, frozen=True, kw_only=True):
     position: Position
     server_id: Id
     length: ChunkLength
     crc: Crc
 
 
-class WrittenBlock(Message, kw_only=True):
+class WrittenBlock(Message, frozen=True, kw_only=True):
     """A block as a writer commits (or stages) it: where its chunks went."""
 
     idx: Int64
@@ -123,7 +123,7 @@ class WrittenBlock(Message, kw_only=True):
     chunks: Annotated[list[WrittenChunk], msgspec.Meta(min_length=1, max_length=limits.policy_width_max)]
 
 
-class LayoutSegment(Message, kw_only=True):
+class LayoutSegment(Message, frozen=True, kw_only=True):
     """The blocks of a file with index in ``[first, end)`` (``end`` None: to the end of the
     file); an index in that range without a block is a hole. Bounded by construction: the
     metadata service ends a segment early (a smaller ``end``) rather than exceed the frame."""
@@ -134,12 +134,12 @@ class LayoutSegment(Message, kw_only=True):
     end: Int64 | None = None
 
 
-class ServerRef(Message, kw_only=True):
+class ServerRef(Message, frozen=True, kw_only=True):
     server_id: Id
     address: Address
 
 
-class Allocation(Message, kw_only=True):
+class Allocation(Message, frozen=True, kw_only=True):
     """A block id reserved for a file and where to put its chunks: ``width`` servers, then spares."""
 
     block_id: Id
@@ -149,12 +149,12 @@ class Allocation(Message, kw_only=True):
     cap: Capability | None = None  # to put its chunks
 
 
-class DirEntry(Message, kw_only=True):
+class DirEntry(Message, frozen=True, kw_only=True):
     name: Name
     attrs: Attrs
 
 
-class ServerInfo(Message, kw_only=True):
+class ServerInfo(Message, frozen=True, kw_only=True):
     server_id: Id
     uuid: Text
     address: Address

@@ -19,49 +19,47 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from . import limits
-
 from .message_values import (  # noqa: F401 (re-exported)
-    Int64,
-    Ino,
-    Id,
-    Crc,
-    Position,
-    Mode,
-    Owner,
-    Time,
-    Path,
-    Name,
-    Text,
-    PolicyText,
     Address,
-    BlockSize,
-    BlockOffset,
-    ChunkLength,
-    Kind,
-    Role,
-    Message,
-    Attrs,
-    Nonce,
-    Proof,
-    KeyId,
-    UserName,
-    Capability,
-    ChunkRef,
-    Block,
-    WrittenChunk,
-    WrittenBlock,
-    LayoutSegment,
-    ServerRef,
     Allocation,
+    Attrs,
+    Block,
+    BlockOffset,
+    BlockSize,
+    Capability,
+    ChunkLength,
+    ChunkRef,
+    Crc,
     DirEntry,
+    Id,
+    Ino,
+    Int64,
+    KeyId,
+    Kind,
+    LayoutSegment,
+    Message,
+    Mode,
+    Name,
+    Nonce,
+    Owner,
+    Path,
+    PolicyText,
+    Position,
+    Proof,
+    Role,
     ServerInfo,
+    ServerRef,
+    Text,
+    Time,
+    UserName,
+    WrittenBlock,
+    WrittenChunk,
 )
-
 
 # ---------------------------------------------------------------------- handshake
 
 
-class ActAs(Message, kw_only=True):
+class ActAs(Message, frozen=True, kw_only=True):
     """The local user a proxy credential (a multi-user FUSE mount) acts for on this connection."""
 
     uid: Owner
@@ -69,7 +67,7 @@ class ActAs(Message, kw_only=True):
     groups: Annotated[list[Owner], msgspec.Meta(max_length=256)] = []
 
 
-class HelloAuth(Message, kw_only=True):
+class HelloAuth(Message, frozen=True, kw_only=True):
     """Who a connection claims to be (``tectofs.auth``): a cluster member proving the key
     ``key_id``, or ``user`` (root: with the key its secret derives from); ``nonce`` is the
     client's challenge to the server."""
@@ -81,7 +79,7 @@ class HelloAuth(Message, kw_only=True):
     act_as: ActAs | None = None
 
 
-class Hello(Message, kw_only=True):
+class Hello(Message, frozen=True, kw_only=True):
     """First request on every connection."""
 
     role: Role
@@ -90,7 +88,7 @@ class Hello(Message, kw_only=True):
     auth: HelloAuth | None = None
 
 
-class HelloReply(Message, kw_only=True):
+class HelloReply(Message, frozen=True, kw_only=True):
     role: Role
     version: int
     software: str = ""
@@ -98,7 +96,7 @@ class HelloReply(Message, kw_only=True):
     proof: bytes = b""  # the server's answer to the client's challenge
 
 
-class AuthRequest(Message, kw_only=True):
+class AuthRequest(Message, frozen=True, kw_only=True):
     """Second frame of an authenticating connection: the client's answer to the server's
     challenge. Not answered: a wrong one closes the connection with an error."""
 
@@ -108,23 +106,23 @@ class AuthRequest(Message, kw_only=True):
 # ---------------------------------------------------------------------- metadata service
 
 
-class PathRequest(Message, kw_only=True):
+class PathRequest(Message, frozen=True, kw_only=True):
     path: Path
 
 
-class InoRequest(Message, kw_only=True):
+class InoRequest(Message, frozen=True, kw_only=True):
     ino: Ino
 
 
-class AttrsReply(Message, kw_only=True):
+class AttrsReply(Message, frozen=True, kw_only=True):
     attrs: Attrs
 
 
-class Empty(Message, kw_only=True):
+class Empty(Message, frozen=True, kw_only=True):
     pass
 
 
-class CreateReply(Message, kw_only=True):
+class CreateReply(Message, frozen=True, kw_only=True):
     """``directory``: the attributes of the file's directory after the call."""
 
     attrs: Attrs
@@ -132,13 +130,13 @@ class CreateReply(Message, kw_only=True):
     directory: Attrs | None = None
 
 
-class UnlinkReply(Message, kw_only=True):
+class UnlinkReply(Message, frozen=True, kw_only=True):
     """``directory``: the attributes of the directory the name was in, after the call."""
 
     directory: Attrs | None = None
 
 
-class UnlinkRequest(Message, kw_only=True):
+class UnlinkRequest(Message, frozen=True, kw_only=True):
     """``ino``: only if the name still leads to this inode; ``only_if_empty``: only if the
     file holds no data (a failed writer taking back the file it created)."""
 
@@ -147,7 +145,7 @@ class UnlinkRequest(Message, kw_only=True):
     only_if_empty: bool = False
 
 
-class MkdirRequest(Message, kw_only=True):
+class MkdirRequest(Message, frozen=True, kw_only=True):
     path: Path
     mode: Mode = 0o755
     uid: Owner = 0
@@ -157,7 +155,7 @@ class MkdirRequest(Message, kw_only=True):
     exist_ok: bool = False
 
 
-class CreateRequest(Message, kw_only=True):
+class CreateRequest(Message, frozen=True, kw_only=True):
     """``reader``: the opening handle's lease (see RenewRequest), taken in the same call."""
 
     path: Path
@@ -168,7 +166,7 @@ class CreateRequest(Message, kw_only=True):
     reader: Id = 0
 
 
-class LinkRequest(Message, kw_only=True):
+class LinkRequest(Message, frozen=True, kw_only=True):
     """A new name ``dst`` for the file ``src`` (a hard link)."""
 
     src: Path
@@ -178,14 +176,14 @@ class LinkRequest(Message, kw_only=True):
 XattrName = Annotated[str, msgspec.Meta(min_length=1, max_length=4 * limits.xattr_name_max_bytes)]
 
 
-class XattrRequest(Message, kw_only=True):
+class XattrRequest(Message, frozen=True, kw_only=True):
     """One extended attribute of ``path`` (``getxattr``, ``removexattr``)."""
 
     path: Path
     name: XattrName
 
 
-class SetxattrRequest(Message, kw_only=True):
+class SetxattrRequest(Message, frozen=True, kw_only=True):
     """``flags``: 1 fails if it exists (XATTR_CREATE), 2 if it does not (XATTR_REPLACE)."""
 
     path: Path
@@ -194,40 +192,40 @@ class SetxattrRequest(Message, kw_only=True):
     flags: Annotated[int, msgspec.Meta(ge=0, le=3)] = 0
 
 
-class XattrReply(Message, kw_only=True):
+class XattrReply(Message, frozen=True, kw_only=True):
     value: Annotated[bytes, msgspec.Meta(max_length=limits.xattr_value_max_bytes)]
 
 
-class ListxattrReply(Message, kw_only=True):
+class ListxattrReply(Message, frozen=True, kw_only=True):
     names: Annotated[list[XattrName], msgspec.Meta(max_length=limits.xattr_names_max_bytes // 2)]
 
 
-class ReleaseRequest(Message, kw_only=True):
+class ReleaseRequest(Message, frozen=True, kw_only=True):
     """A handle closed: its lease ``reader`` on ``ino`` ends."""
 
     ino: Ino
     reader: Id
 
 
-class HeldLease(Message, array_like=True):
+class HeldLease(Message, frozen=True, array_like=True):
     ino: Ino
     reader: Id
 
 
-class ReleaseLeasesRequest(Message, kw_only=True):
+class ReleaseLeasesRequest(Message, frozen=True, kw_only=True):
     """Handles closed: each of their leases ends (``release`` for many, sent in batches)."""
 
     leases: Annotated[list[HeldLease], msgspec.Meta(min_length=1, max_length=limits.leases_per_release_max)]
 
 
-class SymlinkRequest(Message, kw_only=True):
+class SymlinkRequest(Message, frozen=True, kw_only=True):
     path: Path
     target: Annotated[str, msgspec.Meta(min_length=1, max_length=limits.symlink_target_max_bytes)]
     uid: Owner = 0
     gid: Owner = 0
 
 
-class MknodRequest(Message, kw_only=True):
+class MknodRequest(Message, frozen=True, kw_only=True):
     """A FIFO, socket, or character or block device node: ``mode`` carries the type bits."""
 
     path: Path
@@ -237,18 +235,18 @@ class MknodRequest(Message, kw_only=True):
     gid: Owner = 0
 
 
-class ReaddirRequest(Message, kw_only=True):
+class ReaddirRequest(Message, frozen=True, kw_only=True):
     path: Path
     after: Name = ""  # the cursor: entries with names after this one
     limit: Annotated[int, msgspec.Meta(ge=1, le=limits.readdir_page_entries_max)] = limits.readdir_page_entries_max
 
 
-class ReaddirReply(Message, kw_only=True):
+class ReaddirReply(Message, frozen=True, kw_only=True):
     entries: list[DirEntry]
     next: Name | None = None  # pass as ``after`` for the next page; None: that was the last
 
 
-class SetattrRequest(Message, kw_only=True):
+class SetattrRequest(Message, frozen=True, kw_only=True):
     path: Path
     mode: Mode | None = None
     uid: Owner | None = None
@@ -257,30 +255,30 @@ class SetattrRequest(Message, kw_only=True):
     mtime: Time | None = None
 
 
-class TruncateRequest(Message, kw_only=True):
+class TruncateRequest(Message, frozen=True, kw_only=True):
     path: Path
     size: Int64
 
 
-class SetPolicyRequest(Message, kw_only=True):
+class SetPolicyRequest(Message, frozen=True, kw_only=True):
     path: Path
     policy: PolicyText | None = None
     block_size: BlockSize | None = None
     write_min: Annotated[int, msgspec.Meta(ge=1, le=limits.policy_width_max)] | None = None
 
 
-class RenameRequest(Message, kw_only=True):
+class RenameRequest(Message, frozen=True, kw_only=True):
     src: Path
     dst: Path
     noreplace: bool = False
 
 
-class ExchangeRequest(Message, kw_only=True):
+class ExchangeRequest(Message, frozen=True, kw_only=True):
     a: Path
     b: Path
 
 
-class StatfsReply(Message, kw_only=True):
+class StatfsReply(Message, frozen=True, kw_only=True):
     """Raw bytes of the live chunk servers (``capacity``, ``used``) and what files can use of
     them under the root directory's policy (``usable``, ``usable_free``: raw times the share
     of data in a stripe, e.g. 4/6 for rs(4,2), 1/3 for rep(3))."""
@@ -294,7 +292,7 @@ class StatfsReply(Message, kw_only=True):
     policy: PolicyText = ""
 
 
-class LayoutRequest(Message, kw_only=True):
+class LayoutRequest(Message, frozen=True, kw_only=True):
     """By ``ino``, or by ``path`` when ``ino`` is 0. ``first``: the first block index wanted."""
 
     path: Path | None = None
@@ -304,7 +302,7 @@ class LayoutRequest(Message, kw_only=True):
     write_only: bool = False  # that handle only writes: it needs write permission, not read
 
 
-class AllocateRequest(Message, kw_only=True):
+class AllocateRequest(Message, frozen=True, kw_only=True):
     """``writer``: the handle's id; its lease (``renew``) keeps these allocations alive."""
 
     ino: Ino
@@ -314,12 +312,12 @@ class AllocateRequest(Message, kw_only=True):
     exclude: Annotated[list[Id], msgspec.Meta(max_length=limits.servers_max)] = []
 
 
-class AllocateReply(Message, kw_only=True):
+class AllocateReply(Message, frozen=True, kw_only=True):
     blocks: list[Allocation]
     lease_s: float = limits.allocation_grace_s  # uncommitted allocations not renewed for this long expire
 
 
-class RenewRequest(Message, kw_only=True):
+class RenewRequest(Message, frozen=True, kw_only=True):
     """Leases on ``ino``: a writer's (its uncommitted allocations and staged blocks live on)
     and a reader's (the file's chunks are kept, even after an unlink or replace)."""
 
@@ -328,7 +326,7 @@ class RenewRequest(Message, kw_only=True):
     reader: Id = 0
 
 
-class RenewReply(Message, kw_only=True):
+class RenewReply(Message, frozen=True, kw_only=True):
     renewed: int
 
 
@@ -336,7 +334,7 @@ BlockList = Annotated[list[WrittenBlock], msgspec.Meta(max_length=limits.commit_
 HoleList = Annotated[list[Int64], msgspec.Meta(max_length=limits.commit_blocks_max)]
 
 
-class StageRequest(Message, kw_only=True):
+class StageRequest(Message, frozen=True, kw_only=True):
     """Part of a commit sent ahead (a writer with more blocks than one commit carries).
     Staged blocks and holes are invisible until the same ``writer`` commits the file;
     ``cut_from`` first withdraws what this writer staged at that index and above."""
@@ -348,7 +346,7 @@ class StageRequest(Message, kw_only=True):
     cut_from: Int64 | None = None
 
 
-class CommitRequest(Message, kw_only=True):
+class CommitRequest(Message, frozen=True, kw_only=True):
     ino: Ino
     size: Int64
     blocks: BlockList = []
@@ -359,7 +357,7 @@ class CommitRequest(Message, kw_only=True):
     writer: Id | None = None  # publish what this writer staged, too
 
 
-class ReportBadChunkRequest(Message, kw_only=True):
+class ReportBadChunkRequest(Message, frozen=True, kw_only=True):
     """A chunk that could not be read. ``kind`` "corrupt" (failed its checksum) or "missing"
     (its server does not have it) marks it bad and schedules its repair; "unreachable" (or
     nothing: an older client) is only counted, since its server may just be down."""
@@ -371,21 +369,21 @@ class ReportBadChunkRequest(Message, kw_only=True):
     kind: Literal["corrupt", "missing", "unreachable", ""] = ""
 
 
-class RegisterServerRequest(Message, kw_only=True):
+class RegisterServerRequest(Message, frozen=True, kw_only=True):
     uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     address: Address
     capacity: Int64 = 0
     used: Int64 = 0
 
 
-class RegisterServerReply(Message, kw_only=True):
+class RegisterServerReply(Message, frozen=True, kw_only=True):
     server_id: Id
 
 
 ServerStats = Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Int64], msgspec.Meta(max_length=64)]
 
 
-class HeartbeatRequest(Message, kw_only=True):
+class HeartbeatRequest(Message, frozen=True, kw_only=True):
     server_id: Id
     address: Address | None = None  # where it serves now: the metadata service follows it
     capacity: Int64 = 0
@@ -395,7 +393,7 @@ class HeartbeatRequest(Message, kw_only=True):
     stats: ServerStats = {}  # scrub and repair progress, shown by ``tectofs status``
 
 
-class RepairOrder(Message, kw_only=True):
+class RepairOrder(Message, frozen=True, kw_only=True):
     """Rebuild chunk ``position`` of a block and store it here. ``length`` is the block's
     stored bytes (what was encoded); ``crc`` the chunk's recorded crc32c, when one was ever
     stored (None: a position a degraded write left out). ``sources`` are the block's readable
@@ -409,12 +407,12 @@ class RepairOrder(Message, kw_only=True):
     sources: Annotated[list[ChunkRef], msgspec.Meta(max_length=limits.policy_width_max)]
 
 
-class HeartbeatReply(Message, kw_only=True):
+class HeartbeatReply(Message, frozen=True, kw_only=True):
     delete: Annotated[list[Id], msgspec.Meta(max_length=limits.gc_orders_per_heartbeat_max)]
     repairs: Annotated[list[RepairOrder], msgspec.Meta(max_length=limits.repair_orders_per_heartbeat_max)] = []
 
 
-class RepairDoneRequest(Message, kw_only=True):
+class RepairDoneRequest(Message, frozen=True, kw_only=True):
     block_id: Id
     position: Position
     server_id: Id
@@ -422,7 +420,7 @@ class RepairDoneRequest(Message, kw_only=True):
     crc: Crc
 
 
-class RepairFailedRequest(Message, kw_only=True):
+class RepairFailedRequest(Message, frozen=True, kw_only=True):
     block_id: Id
     position: Position
     server_id: Id
@@ -430,15 +428,15 @@ class RepairFailedRequest(Message, kw_only=True):
     occupied: bool = False  # the target holds a sound chunk of another position of the block
 
 
-class InventoryBeginRequest(Message, kw_only=True):
+class InventoryBeginRequest(Message, frozen=True, kw_only=True):
     server_id: Id
 
 
-class InventoryBeginReply(Message, kw_only=True):
+class InventoryBeginReply(Message, frozen=True, kw_only=True):
     report: Id
 
 
-class InventoryRequest(Message, kw_only=True):
+class InventoryRequest(Message, frozen=True, kw_only=True):
     """Part of a chunk server's full report of the chunks it holds (``last``: the final part)."""
 
     server_id: Id
@@ -447,27 +445,27 @@ class InventoryRequest(Message, kw_only=True):
     last: bool = False
 
 
-class InventoryReply(Message, kw_only=True):
+class InventoryReply(Message, frozen=True, kw_only=True):
     missing: Int64 = 0  # chunks the store expected on the server and the report lacked (marked bad)
     orphans: Int64 = 0  # chunks held that no block refers to (collected after a grace period)
 
 
-class DrainRequest(Message, kw_only=True):
+class DrainRequest(Message, frozen=True, kw_only=True):
     server: Annotated[str, msgspec.Meta(min_length=1, max_length=limits.address_length_max_bytes)]  # id, uuid or address
     cancel: bool = False
 
 
-class DrainReply(Message, kw_only=True):
+class DrainReply(Message, frozen=True, kw_only=True):
     server_id: Id
     state: Text
     chunks: Int64  # chunks the store still places on it
 
 
-class BlockHealthRequest(Message, kw_only=True):
+class BlockHealthRequest(Message, frozen=True, kw_only=True):
     inos: Annotated[list[Ino], msgspec.Meta(max_length=limits.health_inos_per_call_max)]
 
 
-class FileHealth(Message, kw_only=True):
+class FileHealth(Message, frozen=True, kw_only=True):
     """Blocks of one file: ``healthy`` have every chunk readable; ``under_redundant`` can be
     read but lost at least one chunk; ``unreadable`` have fewer readable chunks than a read needs."""
 
@@ -478,15 +476,15 @@ class FileHealth(Message, kw_only=True):
     unreadable: Int64
 
 
-class BlockHealthReply(Message, kw_only=True):
+class BlockHealthReply(Message, frozen=True, kw_only=True):
     files: Annotated[list[FileHealth], msgspec.Meta(max_length=limits.health_inos_per_call_max)]
 
 
-class ServersReply(Message, kw_only=True):
+class ServersReply(Message, frozen=True, kw_only=True):
     servers: Annotated[list[ServerInfo], msgspec.Meta(max_length=limits.servers_max)]
 
 
-class StatsReply(Message, kw_only=True):
+class StatsReply(Message, frozen=True, kw_only=True):
     uptime_s: float
     store: dict[str, int]
     counts: dict[str, int]
@@ -496,14 +494,14 @@ class StatsReply(Message, kw_only=True):
     queued: int
 
 
-class PingReply(Message, kw_only=True):
+class PingReply(Message, frozen=True, kw_only=True):
     ok: bool = True
 
 
 # ---------------------------------------------------------------------- chunk server
 
 
-class PutChunkRequest(Message, kw_only=True):
+class PutChunkRequest(Message, frozen=True, kw_only=True):
     """Plus the chunk's bytes as payload."""
 
     block_id: Id
@@ -514,14 +512,14 @@ class PutChunkRequest(Message, kw_only=True):
     cap: Capability | None = None  # write capability (from the allocation); members need none
 
 
-class GetChunkRequest(Message, kw_only=True):
+class GetChunkRequest(Message, frozen=True, kw_only=True):
     block_id: Id
     cap: Capability | None = None  # read capability (from the layout); members need none
     offset: BlockOffset = 0  # within the chunk: never negative, never past the largest chunk
     length: Annotated[int, msgspec.Meta(ge=-1, le=limits.block_size_max_bytes)] = -1  # -1: to the end
 
 
-class GetChunkReply(Message, kw_only=True):
+class GetChunkReply(Message, frozen=True, kw_only=True):
     """Plus the bytes as payload."""
 
     crcs: list[int]
@@ -530,15 +528,15 @@ class GetChunkReply(Message, kw_only=True):
     crc: int
 
 
-class DeleteChunksRequest(Message, kw_only=True):
+class DeleteChunksRequest(Message, frozen=True, kw_only=True):
     block_ids: Annotated[list[Id], msgspec.Meta(max_length=limits.gc_orders_per_heartbeat_max)]
 
 
-class DeleteChunksReply(Message, kw_only=True):
+class DeleteChunksReply(Message, frozen=True, kw_only=True):
     deleted: int
 
 
-class ChunkStatReply(Message, kw_only=True):
+class ChunkStatReply(Message, frozen=True, kw_only=True):
     capacity: int
     used: int
     inflight: int
@@ -551,7 +549,7 @@ class ChunkStatReply(Message, kw_only=True):
 # ---------------------------------------------------------------------- users
 
 
-class UserAddRequest(Message, kw_only=True):
+class UserAddRequest(Message, frozen=True, kw_only=True):
     name: UserName
     uid: Owner
     gid: Owner
@@ -560,7 +558,7 @@ class UserAddRequest(Message, kw_only=True):
     proxy: bool = False
 
 
-class UserInfo(Message, kw_only=True):
+class UserInfo(Message, frozen=True, kw_only=True):
     name: str
     uid: int
     gid: int
@@ -570,7 +568,7 @@ class UserInfo(Message, kw_only=True):
     s3_access_key: str | None = None
 
 
-class UserAddReply(Message, kw_only=True):
+class UserAddReply(Message, frozen=True, kw_only=True):
     """The new user and its secrets, shown this once (the credential file is made from them)."""
 
     user: UserInfo
@@ -578,15 +576,15 @@ class UserAddReply(Message, kw_only=True):
     s3_secret_key: str
 
 
-class UserNameRequest(Message, kw_only=True):
+class UserNameRequest(Message, frozen=True, kw_only=True):
     name: UserName
 
 
-class S3KeyRequest(Message, kw_only=True):
+class S3KeyRequest(Message, frozen=True, kw_only=True):
     access_key: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 
-class S3PrincipalReply(Message, kw_only=True):
+class S3PrincipalReply(Message, frozen=True, kw_only=True):
     """Who signs with an S3 access key, and the secret it signs with (members only: the S3
     gateway checks signatures with it)."""
 
@@ -594,12 +592,12 @@ class S3PrincipalReply(Message, kw_only=True):
     secret_key: str
 
 
-class UserListReply(Message, kw_only=True):
+class UserListReply(Message, frozen=True, kw_only=True):
     users: list[UserInfo]
     more: bool = False
 
 
-class WhoamiReply(Message, kw_only=True):
+class WhoamiReply(Message, frozen=True, kw_only=True):
     kind: str
     name: str
     uid: int

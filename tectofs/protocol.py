@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeAlias
 
 import crc32c
 import msgspec
@@ -80,7 +80,7 @@ def encode_frame(kind: FrameKind, request_id: int, header: Any, payload_length: 
     return fixed + _CRC.pack(crc) + body
 
 
-Buffer = "bytearray | memoryview"
+Buffer: TypeAlias = "bytearray | memoryview"
 def encode_error(request_id: int, exc: BaseException) -> bytes:
     """An ERROR frame carrying ``exc`` (request id 0: about the connection as a whole)."""
     code, message = to_wire(exc)

@@ -165,7 +165,7 @@ class _FramedProtocol(asyncio.BufferedProtocol):
     def frame_received(self, frame: Frame) -> None:
         raise NotImplementedError
 
-    def protocol_failed(self, exc: ProtocolError) -> None:
+    def protocol_failed(self, exc: TectofsError) -> None:
         raise NotImplementedError
 
     async def send(self, kind: FrameKind, request_id: int, header: Any, payload: Payload = b"") -> None:
@@ -244,7 +244,7 @@ class _ServerConnection(_FramedProtocol):
         if abandoned and release is not None:
             release(abandoned)
 
-    def protocol_failed(self, exc: ProtocolError) -> None:
+    def protocol_failed(self, exc: TectofsError) -> None:
         log.warning("%s: closing connection from %s after protocol error: %s", self.server.name, self.peer, exc)
         assert self.transport is not None
         if self.transport.is_closing():
@@ -417,7 +417,7 @@ class RpcServer:
         handler: object,
         name: str,
         operations: dict[str, messages.Operation],
-        role: str,
+        role: messages.Role,
         allocate_payload: PayloadAllocator | None = None,
         authenticator: "Authenticator | None" = None,
     ) -> None:

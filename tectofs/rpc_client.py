@@ -25,7 +25,6 @@ from .errors import (
 from .protocol import PROTOCOL_VERSION, Frame, FrameKind, PayloadAllocator, encode_frame
 from .rpc import SOFTWARE, HelloTimeout, Payload, Reply, _FramedProtocol, parse_address, parse_group
 
-
 # --------------------------------------------------------------------------- client
 
 
@@ -114,7 +113,7 @@ class _ClientConnection(_FramedProtocol):
                 fut.set_exception(exc)
         self.pending.clear()
 
-    def protocol_failed(self, exc: ProtocolError) -> None:
+    def protocol_failed(self, exc: TectofsError) -> None:
         if self.greeted:
             failure = ProtocolError(f"{self.address} sent an invalid frame: {exc}")
         else:

@@ -40,7 +40,15 @@ from dataclasses import dataclass, field
 from typing import Any, Coroutine
 
 from tectofs import checksum, erasure, limits, messages
-from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, ConnectionLost, InvalidArgument, NoSpace, TectofsError
+from tectofs.errors import (
+    AlreadyExists,
+    ChecksumMismatch,
+    ChunkMissing,
+    ConnectionLost,
+    InvalidArgument,
+    NoSpace,
+    TectofsError,
+)
 from tectofs.policy import parse as parse_policy
 from tectofs.server.chunk.repair import Repairer
 from tectofs.server.chunk.scrub import Inventory, report

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tectofs import limits, messages
+from tectofs import limits
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCKS = 20_000

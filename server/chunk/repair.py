@@ -124,7 +124,7 @@ class Repairer:
         """Pull ``needed`` verified chunks (data chunks first: fewer decodes), then rebuild."""
         candidates = sorted((s for s in order.sources if s.position != order.position), key=lambda s: s.position)
         got: dict[int, Any] = {}
-        failures = []
+        failures: list[str] = []
         while len(got) < policy.needed:
             wanted = policy.needed - len(got)
             batch, candidates = candidates[:wanted], candidates[wanted:]

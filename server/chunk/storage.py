@@ -216,7 +216,7 @@ class ChunkStore:
 
     def block_ids(self) -> list[int]:
         """Every chunk on disk now, by block id (a directory listing: what an inventory reports)."""
-        out = []
+        out: list[int] = []
         for sub in os.listdir(self.root):
             directory = os.path.join(self.root, sub)
             if os.path.isdir(directory):

@@ -3,7 +3,12 @@ connection helpers, clock and settings. ``SqlStore`` (``engine.py``) provides th
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    import random
+
+    from .access import Caller
 
 
 class StoreParts:
@@ -30,3 +35,16 @@ class StoreParts:
     def heartbeat(self, server_id: int, capacity: int, used: int, inflight: int, chunks: int,
                   address: str | None = None, orders_max: int = 0, stats: dict[str, int] | None = None) -> list[int]:
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # for the type checker only: provided by SqlStore and the other mixins
+        rng: random.Random
+
+        def _get(self, ino: int) -> dict[str, Any]: ...
+
+        def _resolve(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]: ...
+
+        def _drop_blocks(self, ino: int, from_idx: int = 0, only_idx: int | None = None) -> None: ...
+
+        def live_servers(self) -> list[dict[str, Any]]: ...
+
+        def renew(self, ino: int, writer: int = 0, reader: int = 0, reader_lease_s: float = ...) -> int: ...

@@ -11,7 +11,7 @@ from .. import limits
 from ..errors import InvalidArgument, IsADirectory, NoSpace, StaleFile
 from ..policy import parse as parse_policy
 from . import access
-from .access import R, W, Caller
+from .access import Caller, R, W
 from .base import StoreParts
 
 # Upper bounds of encoded sizes (msgpack, field names included), for bounded layout replies:
@@ -191,7 +191,8 @@ class BlockMaps(StoreParts):
                 self._release_allocation(block_id, set())
             self._x("DELETE FROM staged WHERE ino = ? AND writer = ? AND idx >= ?", (ino, writer, cut_from))
         now = self.clock()
-        for idx, block in [(idx, None) for idx in holes] + [(b["idx"], b) for b in blocks]:
+        entries: list[tuple[int, dict[str, Any] | None]] = [(idx, None) for idx in holes]
+        for idx, block in entries + [(b["idx"], b) for b in blocks]:
             old = self._one("SELECT block_id FROM staged WHERE ino = ? AND writer = ? AND idx = ?", (ino, writer, idx))
             if old is not None:
                 if old[0] is not None and (block is None or old[0] != block["block_id"]):
@@ -282,6 +283,7 @@ class BlockMaps(StoreParts):
         that is gone (unlinked while open) are renewed unchecked: there is nothing to check
         them against, and they only delay the collection of its chunks."""
         if caller is not None:
+            attrs: dict[str, Any] | None
             try:
                 attrs = self._get(ino)
             except StaleFile:

@@ -44,16 +44,18 @@ from ..errors import (
     TooManyLinks,
 )
 from ..paths import check_name
-from ..policy import DEFAULT_POLICY, parse as parse_policy
+from ..policy import DEFAULT_POLICY
+from ..policy import parse as parse_policy
 from . import access
-from .access import R, W, X, Caller
+from .access import Caller, R, W, X
 from .blockmaps import BlockMaps, _p
 from .dialect import Dialect
 from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
 from .registry import ServersAndLeases
 from .schema import ADDED_COLUMNS, SCHEMA, WIDENED_COLUMNS_POSTGRESQL
 from .users import Users
-from .xattrs import SCHEMA as XATTR_SCHEMA, ExtendedAttributes
+from .xattrs import SCHEMA as XATTR_SCHEMA
+from .xattrs import ExtendedAttributes
 
 ROOT_INO = 1
 _KINDS = {"f": "file", "d": "dir", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}

@@ -22,7 +22,6 @@ reported durable; a GC order is never sent for a chunk a block still places on t
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Iterable
 
 from .. import limits

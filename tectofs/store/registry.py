@@ -7,7 +7,6 @@ the store's transactions (see ``engine.py`` for the contract).
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from .. import limits

@@ -24,9 +24,17 @@ from __future__ import annotations
 from typing import Any
 
 from .. import limits
-from ..errors import AlreadyExists, AttributeNameTooLong, AttributeTooLarge, NoAttribute, NoSpace, NotPermitted, NotSupported
+from ..errors import (
+    AlreadyExists,
+    AttributeNameTooLong,
+    AttributeTooLarge,
+    NoAttribute,
+    NoSpace,
+    NotPermitted,
+    NotSupported,
+)
 from . import access
-from .access import R, W, Caller
+from .access import Caller, R, W
 from .base import StoreParts
 
 SCHEMA = [

@@ -25,8 +25,8 @@ from . import _hook
 from ._convert import dcp_to_torch_save, torch_save_to_dcp
 from ._dcp import PENDING_GRACE_S, CheckpointWriter
 from ._failures import CheckpointFailed
-from ._reader import CheckpointReader
 from ._manage import checkpoints, gc_pending, latest, load, save
+from ._reader import CheckpointReader
 from ._staging import StagingPool
 from ._uri import Location, close_all, filesystem, is_uri, parse
 

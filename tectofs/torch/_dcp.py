@@ -44,7 +44,7 @@ import threading
 import uuid
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
@@ -141,7 +141,7 @@ def _raw_view(t: torch.Tensor) -> memoryview | None:
     if t.numel() == 0:
         return memoryview(b"")
     try:
-        return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+        return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
     except (RuntimeError, TypeError):
         return None
 
@@ -378,7 +378,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                 results = self._write_all(plan, planner)
             fut.set_result(results)
         except BaseException as exc:  # surfaces through DCP on every rank
-            fut.set_exception(exc)
+            fut.set_exception(exc)  # type: ignore[arg-type]  # torch's Future stub types it as the result
         return fut
 
     def _write_all(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
@@ -423,13 +423,14 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                 data = planner.resolve_data(item)
                 offset = out.offset
                 dtype = shape = None
+                view: memoryview | None
                 if item.type == WriteItemType.BYTE_IO:
                     if not isinstance(data, io.BytesIO):
                         raise errors.CheckpointError(f"item {_describe(item.index)}: expected BytesIO, got {type(data)}")
                     view = data.getbuffer()
                     fmt = "bytes"
                 else:
-                    tensor = data.detach()
+                    tensor = cast(torch.Tensor, data).detach()
                     if tensor.device.type != "cpu":
                         tensor = tensor.cpu()
                     if tensor.layout != torch.strided:

@@ -211,6 +211,6 @@ def uninstall() -> None:
     names = [(m, n) for m, n, _ in PUBLIC_ENTRY_POINTS] + [(m, "_storage_setup") for m in _STORAGE_SETUP_MODULES]
     for module_name, name in names + [(_PACKAGE, n) for _, n, _ in PUBLIC_ENTRY_POINTS]:
         module = importlib.import_module(module_name)
-        current = getattr(module, name, None)
+        current: Any = getattr(module, name, None)
         if getattr(current, _MARK, False):
             setattr(module, name, current.__wrapped__)

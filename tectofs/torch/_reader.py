@@ -22,8 +22,8 @@ from torch.futures import Future
 from .. import errors
 from ..checksum import crc
 from . import _uri
-from ._failures import step
 from ._dcp import METADATA_NAME, CheckpointWriter, MiB, _describe, _dtype_from_name, _dtype_name, _ItemInfo
+from ._failures import step
 
 
 class CheckpointReader(StorageReader):
@@ -126,7 +126,7 @@ class CheckpointReader(StorageReader):
                 self._read_all(plan, planner)
             fut.set_result(None)
         except BaseException as exc:
-            fut.set_exception(exc)
+            fut.set_exception(exc)  # type: ignore[arg-type]  # torch's Future stub types it as the result
         return fut
 
     def _read_all(self, plan: LoadPlan, planner: LoadPlanner) -> None:
@@ -204,12 +204,14 @@ class CheckpointReader(StorageReader):
                     if len(parts) == 1 and parts[0][0] == start and parts[0][2] == length:
                         _, load, _ = parts[0]
                         lo = start - load.info.offset
+                        assert load.dest is not None  # resolved before the task is read
                         self._read_exact(raw, loc, task.path, start, load.dest[lo : lo + length])
                     else:  # small neighbours: one read, then copied out
                         buf = memoryview(bytearray(length))
                         self._read_exact(raw, loc, task.path, start, buf)
                         for offset, load, n in parts:
                             lo = offset - load.info.offset
+                            assert load.dest is not None
                             load.dest[lo : lo + n] = buf[offset - start : offset - start + n]
             finally:
                 raw.close()
@@ -218,6 +220,7 @@ class CheckpointReader(StorageReader):
                 load.remaining -= 1
                 last = load.remaining == 0
             if last:
+                assert load.dest is not None
                 self._check(loc, load.index, load.info, load.dest)
                 completed.append(load)
         return completed
@@ -376,7 +379,7 @@ def _fits_whole(req: ReadItem, info: _ItemInfo, target: torch.Tensor) -> bool:
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:

@@ -213,6 +213,7 @@ def _walk(obj: Any, collect: Any, memo: dict[int, torch.Tensor] | None) -> Any:
             if collect is not None:
                 collect(o._local_tensor)
                 return None
+            assert memo is not None  # no collect: a memo
             local = _stage_tensor(o._local_tensor, memo)
             return DTensor(local, o._spec, requires_grad=False)
         if isinstance(o, ShardedTensor):
@@ -224,6 +225,7 @@ def _walk(obj: Any, collect: Any, memo: dict[int, torch.Tensor] | None) -> Any:
                 return None
             if not on_cpu:
                 return o.cpu()
+            assert memo is not None
             shards = [Shard(_stage_tensor(s.tensor, memo), s.metadata) for s in o.local_shards()]
             return ShardedTensor._init_from_local_shards_and_global_metadata(
                 shards, o.metadata(), process_group=o._process_group, init_rrefs=False
@@ -232,6 +234,7 @@ def _walk(obj: Any, collect: Any, memo: dict[int, torch.Tensor] | None) -> Any:
             if collect is not None:
                 collect(o)
                 return None
+            assert memo is not None
             return _stage_tensor(o, memo)
         if isinstance(o, _PRIMITIVES):
             return o
