@@ -61,11 +61,14 @@ class LocalCluster:
         chunk_args: list[str] | None = None,
         tls: bool = False,
         s3_port: int | None = None,
+        metrics: bool = False,
     ) -> None:
         """``tls``: every connection uses TLS, with a throwaway CA and certificate made under
         ``root/tls`` (``tls_files``); this process's clients trust it too (``$TECTOFS_TLS_CA``).
         ``s3_port``: also run the S3 gateway there (0: any port; ``s3_address``), with root's
-        S3 keys in ``s3_env_file`` (mode 0600)."""
+        S3 keys in ``s3_env_file`` (mode 0600). ``metrics``: the metadata service and every chunk
+        server serve Prometheus metrics on a free port of ``host``; ``metrics_urls`` maps each
+        ("meta", "chunk-0", ...) to its ``http://HOST:PORT/metrics`` (kept up to date across restarts)."""
         self.root = os.path.abspath(root)
         self.server_count = servers
         self.port = port
@@ -102,6 +105,8 @@ class LocalCluster:
         self.s3_env_file = os.path.join(self.root, "credentials", "s3.env")
         self.chunk_processes: list[subprocess.Popen[bytes] | None] = []
         self.address = ""
+        self.metrics = metrics
+        self.metrics_urls: dict[str, str] = {}
         # child name -> (restarts so far, time of the next try or 0, time of the last restart)
         self._restarts: dict[str, tuple[int, float, float]] = {}
 
@@ -134,9 +139,25 @@ class LocalCluster:
         credential.save(auth.default_credential_path(self.address))
         self.chunk_processes = [self._start_chunk(i) for i in range(self.server_count)]
         self.wait_live(self.server_count, timeout_s)
+        for i, process in enumerate(self.chunk_processes):
+            self._read_metrics(f"chunk-{i}", process, timeout_s)
         if self.s3_port is not None:
             self._start_s3(self.s3_port, timeout_s)
         return self.address
+
+    def _metrics_args(self, name: str) -> list[str]:
+        """Flags for child ``name`` to serve metrics on a free port and say which (``_read_metrics``)."""
+        if not self.metrics:
+            return []
+        ready = os.path.join(self.root, f"{name}.metrics-address")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        return ["--metrics", f"{self.host}:0", "--metrics-ready-file", ready]
+
+    def _read_metrics(self, name: str, process: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+        if self.metrics:
+            address = wait_for_file(os.path.join(self.root, f"{name}.metrics-address"), timeout_s, process)
+            self.metrics_urls[name] = f"http://{address}/metrics"
 
     def _start_s3(self, port: int, timeout_s: float) -> None:
         """Start the S3 gateway (serving every user) and write root's S3 keys to ``s3_env_file``."""
@@ -168,10 +189,13 @@ class LocalCluster:
             ["meta", "--store", self.store, "--host", self.host, "--port", str(port),
              "--policy", self.policy, "--block-size", str(self.block_size), "--ready-file", ready,
              "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s),
-             "--allocation-grace", str(self.allocation_grace_s), "--key-file", self.key_file, *self.meta_args],
+             "--allocation-grace", str(self.allocation_grace_s), "--key-file", self.key_file, *self.meta_args,
+             *self._metrics_args("meta")],
             "meta.log",
         )
-        return wait_for_file(ready, timeout_s, self.meta_process)
+        address = wait_for_file(ready, timeout_s, self.meta_process)
+        self._read_metrics("meta", self.meta_process, timeout_s)  # written before the address
+        return address
 
     def start_extra_meta(self, timeout_s: float = 30.0) -> tuple[str, subprocess.Popen[bytes]]:
         """Another metadata service on the same store (PostgreSQL: several MDS, one namespace).
@@ -210,7 +234,8 @@ class LocalCluster:
             os.unlink(ready)
         args = ["chunk", "--data", self.chunk_data_dirs[i], "--meta", self.address, "--host", self.host,
                 "--heartbeat", str(self.heartbeat_interval_s), "--ready-file", ready,
-                "--inflight-max", str(self.chunk_inflight_bytes_max), "--key-file", self.key_file, *self.chunk_args]
+                "--inflight-max", str(self.chunk_inflight_bytes_max), "--key-file", self.key_file, *self.chunk_args,
+                *self._metrics_args(f"chunk-{i}")]
         if self.sync is False or self.sync == "none":
             args.append("--no-sync")
         elif isinstance(self.sync, str):
@@ -223,6 +248,7 @@ class LocalCluster:
         process = self._start_chunk(i)
         self.chunk_processes[i] = process
         wait_for_file(os.path.join(self.root, f"chunk-{i}.address"), timeout_s, process)
+        self._read_metrics(f"chunk-{i}", process, timeout_s)
 
     def servers(self) -> list[dict[str, Any]]:
         from tectofs.client import connect

@@ -77,10 +77,15 @@ def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: C
         server = start()
         address = await server.start(args.host, args.port)
         print(describe(address), flush=True)
+        if getattr(args, "metrics", None):
+            from . import metrics
+
+            metrics_address = metrics.serve(server.metrics.registry, *args.metrics)
+            print(f"metrics: {metrics.url(metrics_address)}", flush=True)
+            if args.metrics_ready_file:
+                _write_atomically(args.metrics_ready_file, metrics_address)
         if args.ready_file:
-            with open(args.ready_file + ".tmp", "w") as f:
-                f.write(address)
-            os.rename(args.ready_file + ".tmp", args.ready_file)
+            _write_atomically(args.ready_file, address)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         diagnostics.dump_tasks_on_sigusr1(loop)
@@ -90,6 +95,21 @@ def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: C
         await server.close()
 
     asyncio.run(main())
+
+
+def _metrics_listen(text: str) -> tuple[str, int]:
+    from .metrics import parse_listen  # prometheus_client only for servers that export
+
+    try:
+        return parse_listen(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _write_atomically(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
 
 
 def cmd_up(args: argparse.Namespace) -> None:
@@ -103,7 +123,8 @@ def cmd_up(args: argparse.Namespace) -> None:
     cluster = LocalCluster(args.root or os.path.join(os.getcwd(), "tectofs-data"), args.servers, args.port,
                            args.policy, args.block_size, args.host,
                            meta_args=["--repair-after", str(args.repair_after)],
-                           chunk_args=["--scrub-rate", str(args.scrub_rate)], tls=args.tls, s3_port=args.s3)
+                           chunk_args=["--scrub-rate", str(args.scrub_rate)], tls=args.tls, s3_port=args.s3,
+                           metrics=not args.no_metrics)
     print(f"starting a local cluster under {cluster.root}: 1 metadata service + {args.servers} chunk servers ...",
           flush=True)
     stop = {"now": False}
@@ -120,6 +141,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         print(f"  cluster key {cluster.key_file}; root's credential {cluster.credential_file}, also where this user's"
               " client commands find it (other users and hosts: tectofs user add, --credentials FILE)", flush=True)
         print(f"  try: tectofs put FILE /  |  tectofs ls /  |  tectofs status   (logs in {cluster.root}/logs)", flush=True)
+        for name, url in cluster.metrics_urls.items():
+            print(f"  metrics of {name}: {url}", flush=True)
         if cluster.s3_address:
             print(f"S3 gateway: http://{cluster.s3_address}  (root's keys: {cluster.s3_env_file}; try:"
                   f" set -a; . {cluster.s3_env_file}; aws --endpoint-url http://{cluster.s3_address} s3 ls); other users:"
@@ -473,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--tls-ca", metavar="FILE",
                        help="connect with TLS, trusting servers this CA signed (default: $TECTOFS_TLS_CA)")
 
+    def add_metrics_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--metrics", metavar="HOST:PORT", type=_metrics_listen,
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free one; default: off)")
+        p.add_argument("--metrics-ready-file", metavar="FILE", help="write the metrics HOST:PORT here once serving")
+
     def add_client_flags(p: argparse.ArgumentParser) -> None:
         add_tls_flags(p, serves=False)
         p.add_argument("--meta", help="metadata service HOST:PORT, or several (HOST:PORT,HOST:PORT: failover) (default: $TECTOFS_META)")
@@ -503,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true",
                    help="TLS on every connection, with a CA and certificate made under --root (clients then need"
                    " TECTOFS_TLS_CA=ROOT/tls/ca.pem)")
+    p.add_argument("--no-metrics", action="store_true",
+                   help="no Prometheus endpoints (default: one per server, on a free port, URLs printed)")
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("meta", help="run the metadata service")
@@ -528,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tls_flags(p, serves=True)
     p.add_argument("--capability-ttl", type=float, default=limits.capability_ttl_s, metavar="SECONDS",
                    help="how long the chunk capabilities in layouts and allocations are valid (default %(default)s)")
+    add_metrics_flags(p)
     p.set_defaults(fn=cmd_meta)
 
     p = sub.add_parser("chunk", help="run a chunk server")
@@ -557,6 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-file")
     p.add_argument("--key-file", help=key_help)
     add_tls_flags(p, serves=True)
+    add_metrics_flags(p)
     p.set_defaults(fn=cmd_chunk)
 
     p = client_command("put", cmd_put, "copy a local file into tectofs")

@@ -420,8 +420,12 @@ class RpcServer:
         role: messages.Role,
         allocate_payload: PayloadAllocator | None = None,
         authenticator: "Authenticator | None" = None,
+        observe: Callable[[str, str, float], None] | None = None,
     ) -> None:
         self.handler = handler
+        # Told (operation, outcome: "ok" or the error's wire code, seconds) of every request of a
+        # known operation once it is answered (tectofs.metrics.RequestMetrics.observe).
+        self.observe = observe
         self.authenticator = authenticator
         self.auth_failures = 0
         self.name = name
@@ -487,6 +491,21 @@ class RpcServer:
         operation = self._operation(frame.header)
         if operation is None:
             raise self._invalid(peer, f"{self.name}: unknown operation {str(frame.header.get('op'))[:64]!r}")
+        if self.observe is None:
+            return await self._authorized(operation, frame, peer, identity)
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            reply = await self._authorized(operation, frame, peer, identity)
+            outcome = "ok"
+            return reply
+        except TectofsError as exc:
+            outcome = exc.code
+            raise
+        finally:
+            self.observe(operation.name, outcome, time.perf_counter() - started)
+
+    async def _authorized(self, operation: messages.Operation, frame: Frame, peer: str, identity: auth.Peer) -> Reply:
         if self.authorize is not None:
             try:
                 self.authorize(identity, operation.name)

@@ -73,6 +73,7 @@ def test_up_check_smoke(tmp_path):
     result = tectofs("up", "--root", str(tmp_path / "root"), "--port", "0", "--servers", "6", "--check", timeout=120)
     assert "self-check" in result.stdout and "OK" in result.stdout
     assert "cluster stopped" in result.stdout
+    assert "metrics of meta: http://127.0.0.1:" in result.stdout and "metrics of chunk-5: http://" in result.stdout
 
 
 def test_users_and_keys_as_an_administrator_makes_them(cluster, tmp_path):

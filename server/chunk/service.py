@@ -43,6 +43,7 @@ from tectofs.errors import (
     PermissionDenied,
     TectofsError,
 )
+from tectofs.metrics import ChunkMetrics
 from tectofs.rpc import RpcClient, RpcServer, current_peer
 
 from .repair import Repairer
@@ -79,7 +80,9 @@ class ChunkServer:
         self.meta_address = meta_address
         self.inflight_bytes_max = inflight_bytes_max
         self.heartbeat_interval_s = heartbeat_interval_s
-        self.store = ChunkStore(self.data_dir, sync=sync)
+        self.metrics = ChunkMetrics()  # exported by `tectofs chunk --metrics` (tectofs.metrics.serve)
+        self.store = ChunkStore(self.data_dir, sync=sync, on_sync=self.metrics.sync_seconds.observe)
+        self.metrics.watch_disk_free(self.store.disk_free_bytes)
         self.uuid = self._identity()
         self.inflight_bytes = 0
         self.buffers = BufferPool(inflight_bytes_max)
@@ -88,7 +91,7 @@ class ChunkServer:
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")
         self._gc_io = ThreadPoolExecutor(1, thread_name_prefix="chunk-gc")
         self.rpc = RpcServer(self, "chunk server", messages.CHUNK_OPERATIONS, "chunk", allocate_payload=self._admit,
-                             authenticator=self)
+                             authenticator=self, observe=self.metrics.requests.observe)
         member = auth.ClientAuth(ring=self.keys)  # to the metadata service and to peers: we hold the key
         self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1, role="chunk", default_auth=member)
         self.meta.expect_role(meta_address, "meta")
@@ -153,6 +156,7 @@ class ChunkServer:
         close (``tectofs.connlimits``)."""
         if self.inflight_bytes + length > self.inflight_bytes_max and self.inflight_bytes > 0:
             self.stats["busy"] += 1
+            self.metrics.busy_answers.inc()
             return None
         self.inflight_bytes += length
         return lambda: self.buffers.get(length)
@@ -232,11 +236,13 @@ class ChunkServer:
         except TectofsError as exc:
             if exc.code == "checksum":
                 self.stats["checksum_errors"] += 1
+                self.metrics.checksum_errors.inc()
             raise
         finally:
             self.inflight_bytes -= len(payload)
             self.buffers.put(payload)
         self.stats["puts"] += 1
+        self.metrics.bytes_in.inc(len(payload))
         return messages.Empty(), b""
 
     async def rpc_get_chunk(self, r: messages.GetChunkRequest, payload: memoryview) -> tuple[messages.Message, Any]:
@@ -249,9 +255,11 @@ class ChunkServer:
         except TectofsError as exc:
             if exc.code == "checksum":
                 self.stats["checksum_errors"] += 1
+                self.metrics.checksum_errors.inc()
                 log.error("chunk %x failed its checksum on read: %s", r.block_id, exc)
             raise
         self.stats["gets"] += 1
+        self.metrics.bytes_out.inc(len(data))
         return messages.GetChunkReply(crcs=crcs, chunk_length=info.length, position=info.position, crc=info.whole_crc), data
 
     async def rpc_delete_chunks(self, r: messages.DeleteChunksRequest, payload: memoryview) -> tuple[messages.Message, bytes]:

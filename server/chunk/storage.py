@@ -29,6 +29,7 @@ import errno
 import os
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -53,11 +54,13 @@ class ChunkInfo:
 class ChunkStore:
     """The chunk files under one data directory."""
 
-    def __init__(self, data_dir: str, sync: str = "each") -> None:
+    def __init__(self, data_dir: str, sync: str = "each", on_sync: Callable[[float], None] | None = None) -> None:
+        """``on_sync(seconds)``: told how long each write waited to be durable (metrics)."""
         if sync not in SYNC_MODES:
             raise InvalidArgument(f"sync mode {sync!r}: use one of {', '.join(SYNC_MODES)}")
         self.root = os.path.join(data_dir, "chunks")
         self.sync = sync
+        self._on_sync = on_sync
         os.makedirs(self.root, exist_ok=True)
         self._group = GroupSync(self.root) if sync == "group" else None
         self.used_bytes = 0
@@ -124,6 +127,7 @@ class ChunkStore:
             try:
                 _write_all(fd, [data, crc_bytes, footer])
                 if self.sync == "each":
+                    synced = time.perf_counter()
                     os.fdatasync(fd)
                     # Clean pages of a chunk just written are unlikely to be read soon, and
                     # copying into fresh page-cache pages is what this VM is slowest at:
@@ -134,8 +138,11 @@ class ChunkStore:
             os.rename(tmp, final)
             if self.sync == "each":
                 _fsync_dir(os.path.dirname(final))
+                self._synced(synced)
             elif self._group is not None:
+                synced = time.perf_counter()
                 self._group.wait_durable()
+                self._synced(synced)
         except OSError as exc:
             _unlink_quietly(tmp)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -145,6 +152,10 @@ class ChunkStore:
             self.used_bytes += len(data) + len(crc_bytes) + FOOTER.size - replaced
             if not replaced:
                 self.chunk_count += 1
+
+    def _synced(self, started: float) -> None:
+        if self._on_sync is not None:
+            self._on_sync(time.perf_counter() - started)
 
     def _sound(self, block_id: int) -> bool:
         try:

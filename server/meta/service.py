@@ -21,6 +21,7 @@ from typing import Any
 from tectofs import auth, limits, messages, paths
 from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, InvalidArgument, NotFound
+from tectofs.metrics import MetaMetrics
 from tectofs.rpc import RpcServer, current_peer
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import dialect_for
@@ -91,7 +92,9 @@ class MetadataService:
             store.heartbeats_seen = self.heartbeats_seen
             return store
 
-        self.runner = StoreRunner(open_store)
+        self.metrics = MetaMetrics()  # exported by `tectofs meta --metrics` (tectofs.metrics.serve)
+        self.runner = StoreRunner(open_store, on_batch=self.metrics.batch_sizes.observe)
+        self.metrics.watch_queue(lambda: self.runner.queued)
         self.allocation_grace_s = allocation_grace_s
         self.repair_after_s = repair_after_s
         self.server_dead_after_s = server_dead_after_s
@@ -100,7 +103,8 @@ class MetadataService:
         self.repairs = {"scheduled": 0, "done": 0, "failed": 0}
         self.guard = MetaGuard(self.keys, lambda name: self.runner.call("user_get", name))
         self.authorize = self.guard.authorize  # RpcServer asks it before every request
-        self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", authenticator=self.guard)
+        self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", authenticator=self.guard,
+                             observe=self.metrics.requests.observe)
         self.started = time.time()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
@@ -160,6 +164,7 @@ class MetadataService:
         # off and retries) instead of growing the queue and everyone's latency without bound.
         if self.runner.queued >= limits.meta_queue_max and method != "heartbeat_with_orders":
             self.busy_answers += 1
+            self.metrics.busy_answers.inc()
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         return await self.runner.call(method, *args, **kwargs)
 

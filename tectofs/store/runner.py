@@ -38,8 +38,11 @@ _STOP = object()
 class StoreRunner:
     """Runs ``SqlStore`` methods for asyncio callers, batching them into group commits."""
 
-    def __init__(self, open_store: Callable[[], SqlStore], batch_max: int = limits.group_commit_batch_max) -> None:
+    def __init__(self, open_store: Callable[[], SqlStore], batch_max: int = limits.group_commit_batch_max,
+                 on_batch: Callable[[int], None] | None = None) -> None:
+        """``on_batch(size)`` is called on the store thread after each group commit (metrics)."""
         self.batch_max = batch_max
+        self._on_batch = on_batch
         self._queue: queue.Queue[Any] = queue.Queue()
         self._open_store = open_store
         self._ready = threading.Event()
@@ -122,6 +125,8 @@ class StoreRunner:
         outcomes = self._execute(store, batch)
         self.stats["operations"] += len(batch)
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
+        if self._on_batch is not None:
+            self._on_batch(len(batch))
         for (_method, _args, _kwargs, _key, loop, future), (result, error) in zip(batch, outcomes):
             if loop is None:
                 future(result, error)
