@@ -156,11 +156,17 @@ class TectofsOperations(mfusepy.Operations):
     use_ns = True  # times cross the boundary as integer nanoseconds
 
     def __init__(self, fs: FileSystem, mountpoint: str, attr_timeout_s: float = 1.0,
-                 on_ready: Callable[[], None] | None = None, callers: Callers | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None, callers: Callers | None = None,
+                 entry_timeout_s: float | None = None) -> None:
+        """``entry_timeout_s`` (default ``attr_timeout_s``): how long the kernel may reuse a name
+        it looked up without asking again. 0 when the metadata service alone checks permissions:
+        a path walk through a cached name asks nobody, so a caller who lost search permission
+        on a directory would still reach the names below it."""
         assert attr_timeout_s >= 0
         self.fs = fs
         self.mountpoint = os.path.abspath(mountpoint)
         self.attr_timeout_s = attr_timeout_s
+        self.entry_timeout_s = attr_timeout_s if entry_timeout_s is None else entry_timeout_s
         self._on_ready = on_ready
         self._handles: dict[int, _OpenFile] = {}
         self._by_ino: dict[int, set[_OpenFile]] = {}
@@ -286,7 +292,7 @@ class TectofsOperations(mfusepy.Operations):
             # differs from the -o max_read mount option.
         if config is not None:
             config.attr_timeout = self.attr_timeout_s
-            config.entry_timeout = self.attr_timeout_s
+            config.entry_timeout = self.entry_timeout_s
             config.negative_timeout = 0.0
             config.use_ino = 1
             config.hard_remove = 1
@@ -674,7 +680,9 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
         else:  # fell back to single-user: say why
             log.warning("%s: %s", mountpoint, why)
         callers = Callers(acting=shared, plain_uid=euid if who is not None and who.uid == euid else None)
-        operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready, callers)
+        kernel_checks = not shared or default_permissions
+        operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready, callers,
+                                       entry_timeout_s=None if kernel_checks else 0.0)
         try:
             TectofsFuse(
                 operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
@@ -703,7 +711,8 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     (None: when possible, see :func:`choose_sharing`; True: or fail; False: only the user
     running the mount). ``default_permissions=False`` leaves permission checks of a
     multi-user mount to the metadata service alone (the kernel then does not check mode bits
-    against cached attributes first; ``access(2)`` then always says yes).
+    against cached attributes first; ``access(2)`` then always says yes), and makes every path
+    walk ask the service again (no cached names: slower lookups).
 
     Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
     Background (``foreground=False``): returns once the mount is serving, leaving a detached

@@ -170,6 +170,19 @@ def test_what_a_user_creates_is_theirs(base: str) -> None:
     refused(as_user(NOBODY, "cat", mine), "Permission denied")
 
 
+def test_search_permission_taken_away_holds_at_once(base: str) -> None:
+    """A directory whose owner removes its search permission is closed to them at once, even
+    for names just looked up (the kernel may have cached them: with the metadata service as
+    the only checker, names are not cached). Found by the mount model: ``link`` gave EEXIST."""
+    _, _, shared = _root_makes(base)
+    ok(as_user(NOBODY, "sh", "-c", f"mkdir {shared}/d && echo x > {shared}/d/f && cat {shared}/d/f"))
+    script = (f"import os\nos.stat({shared + '/d/f'!r})\nos.chmod({shared + '/d'!r}, 0o644)\n"
+              f"try:\n    os.link({shared + '/d/f'!r}, {shared + '/d'!r})\n"
+              "except OSError as e:\n    print(os.strerror(e.errno))\n")
+    assert ok(as_user(NOBODY, sys.executable, "-c", script)).strip() == b"Permission denied"  # not "File exists"
+    refused(as_user(NOBODY, "cat", f"{shared}/d/f"), "Permission denied")
+
+
 def test_sticky_directory(base: str) -> None:
     _, _, shared = _root_makes(base)
     ok(as_user(NOBODY, "sh", "-c", f"echo keep > {shared}/keep"))
