@@ -84,6 +84,7 @@ repair_concurrency_per_server = 2         # rebuilds one chunk server runs at on
 repair_rate_bytes_per_s = 64 * MiB        # bytes a chunk server fetches for rebuilds per second
 repair_busy_rate_bytes_per_s = 16 * MiB   # ... while clients have writes in flight on it
 repair_timeout_s = 120.0                  # an order not reported done by then is given to another server
+repair_unreported_max = 4096              # rebuild outcomes a chunk server keeps to resend while the MDS is away
 repair_orders_per_heartbeat_max = 16       # (each names up to 48 sources: the reply stays bounded)
 repair_scheduled_per_round_max = 4096     # rebuilds one scheduling round queues
 repair_candidates_per_round_max = 50_000  # troubled blocks one scheduling round looks at

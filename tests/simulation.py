@@ -322,6 +322,8 @@ class Simulation:
             self.stats["deletes"] += server.disk.pop(block_id, None) is not None
         for order in self.call("repair_orders", server.server_id, limits.repair_orders_per_heartbeat_max):
             server.orders.setdefault((order["block_id"], order["position"]), messages.convert(order, messages.RepairOrder))
+        if server.repairer.unreported:  # outcomes the service missed while it was away (as service.py does)
+            self.run_async(server.repairer.resend_reports())
 
     def work(self, server: ChunkServer) -> None:
         """Rebuild orders run (some later: a rebuild takes time), scrubbing, inventories."""

@@ -196,3 +196,41 @@ def test_a_position_a_degraded_write_left_out_is_rebuilt(store, clock):
     assert store.repair_done(block, 5, ids[5], 100, 12345)
     assert store.health_summary()["healthy"] == 1
     assert store._one("SELECT missing FROM blocks WHERE block_id = ?", (block,))[0] == 0
+
+
+def test_a_late_report_of_a_rebuild_is_placed_while_the_chunk_still_fits(store, clock):
+    """The metadata service was away when the rebuild finished and withdrew the order: the
+    chunk server's report, sent again later, still places the chunk (else a block whose other
+    chunks fail meanwhile looks unreadable while it is not)."""
+    ids, block = _first_server_out(store, clock)
+    ((_, _, target, _),) = _queued(store)
+    store.repair_orders(target, 10)
+    clock.now += 200  # past the repair timeout: withdrawn
+    _beat(store, ids[1:])
+    store.schedule_repairs(repair_after_s=10, timeout_s=120, per_server_max=0)
+    assert _queued(store) == []
+    assert store.repair_done(block, 0, target, 100, 7)
+    assert store.health_summary()["healthy"] == 1
+    assert _beat(store, [target])[target] == []  # never deleted: it is placed
+
+
+def test_a_late_report_is_an_orphan_once_another_server_rebuilt_the_chunk(store, clock):
+    ids = _servers(store, 8)
+    (block,) = _file(store, "f", [ids[0:6]])
+    clock.now += 20
+    _beat(store, ids[1:])
+    store.schedule_repairs(repair_after_s=10, per_server_max=1)
+    ((_, _, first, _),) = _queued(store)
+    store.repair_orders(first, 10)
+    clock.now += 200
+    _beat(store, ids[1:])
+    store._x("DELETE FROM repairs")  # withdrawn; a second rebuild elsewhere placed the chunk
+    second = next(s for s in ids[6:] if s != first)
+    store._x("INSERT INTO repairs (block_id, position, target, priority, created) VALUES (?, 0, ?, 0, ?)",
+             (block, second, clock.now))
+    assert store.repair_done(block, 0, second, 100, 7)
+    assert not store.repair_done(block, 0, first, 100, 7)  # late, and the position is held: an orphan
+    assert store._one("SELECT server_id FROM chunks WHERE block_id = ? AND position = 0", (block,))[0] == second
+    clock.now += 1
+    assert _beat(store, [first])[first] == [block]
+    assert not store.repair_done(block, 1, ids[7], 100, 999)  # wrong crc: never placed

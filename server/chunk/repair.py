@@ -54,6 +54,10 @@ class Repairer:
         # Waits for every delete order received so far: one for this block sent before the
         # rebuild was ordered must not remove the rebuilt chunk.
         self.deletes_done = deletes_done
+        # Outcomes the metadata service did not hear (it was restarting): sent again after the
+        # next heartbeat it answers. A rebuilt chunk it never hears of is never placed, and a
+        # block whose other chunks fail meanwhile would look unreadable though it is not.
+        self.unreported: dict[tuple[int, int], tuple[str, dict[str, Any]]] = {}
 
     def submit(self, order: messages.RepairOrder) -> None:
         """Start an order unless the same one is already running (a heartbeat resent it)."""
@@ -96,11 +100,33 @@ class Repairer:
                 "length": length, "crc": crc,
             })
 
-    async def _tell(self, op: str, fields: dict[str, Any]) -> None:
+    async def _tell(self, op: str, fields: dict[str, Any]) -> bool:
+        """Report one outcome; one that does not get through is kept for ``resend_reports``
+        (the newest outcome per chunk wins). Returns whether it got through."""
+        key = (int(fields["block_id"]), int(fields["position"]))
         try:
             await self.call_meta(op, fields)
-        except TectofsError as exc:  # the order times out at the MDS and is given again
-            log.warning("could not report %s for block %d: %s", op, fields["block_id"], exc)
+        except TectofsError as exc:
+            log.warning("could not report %s for block %d: %s (sent again after the next heartbeat)",
+                        op, fields["block_id"], exc)
+            if len(self.unreported) < limits.repair_unreported_max or key in self.unreported:
+                self.unreported[key] = (op, fields)
+            return False
+        self.unreported.pop(key, None)
+        return True
+
+    async def resend_reports(self) -> int:
+        """Send the outcomes the metadata service did not hear, oldest first; stops at the
+        first that fails again. Returns how many got through. The service accepts a late
+        ``repair_done`` whose chunk still fits the block's placement, and orphans it otherwise."""
+        sent = 0
+        for key, (op, fields) in list(self.unreported.items()):
+            if self.unreported.get(key) != (op, fields):
+                continue  # a newer outcome for that chunk was reported meanwhile
+            if not await self._tell(op, fields):
+                break
+            sent += 1
+        return sent
 
     async def _rebuild(self, order: messages.RepairOrder) -> tuple[int, int]:
         policy = parse_policy(order.policy)

@@ -338,6 +338,8 @@ class ChunkServer:
                 asyncio.get_running_loop().run_in_executor(self._gc_io, self._delete, [int(b) for b in reply["delete"]])
             for order in reply.get("repairs", []):
                 self.repairer.submit(messages.convert(order, messages.RepairOrder))
+            if self.repairer.unreported:
+                await self.repairer.resend_reports()
         except NotFound:
             async with self._register_lock:
                 await self._register()

@@ -354,14 +354,19 @@ class BlockHealth(StoreParts):
 
     def repair_done(self, block_id: int, position: int, server_id: int, length: int, crc: int) -> bool:
         """``server_id`` stored a rebuilt chunk durably: place it there (the old copy goes to
-        the GC queue). An order that was withdrawn, a block that is gone, or a chunk whose crc
-        differs from the one recorded leaves the new chunk an orphan, queued for deletion.
-        Returns whether the placement changed."""
+        the GC queue). A late report (its order withdrawn: this service was away when the
+        rebuild finished) is placed too while it still fits: the position is not held by a
+        sound chunk on a live server, the crc is the one recorded, and the server holds no
+        other chunk of the block. Otherwise (another server rebuilt it, the block is gone, the
+        crc differs) the new chunk is an orphan, queued for deletion. Returns whether the
+        placement changed."""
         order = self._one("SELECT target FROM repairs WHERE block_id = ? AND position = ?", (block_id, position))
         block = self._one("SELECT policy FROM blocks WHERE block_id = ?", (block_id,))
         old = self._one(
-            "SELECT server_id, crc FROM chunks WHERE block_id = ? AND position = ?", (block_id, position)
+            "SELECT server_id, crc, state FROM chunks WHERE block_id = ? AND position = ?", (block_id, position)
         )
+        if order is None and block is not None and self._late_rebuild_fits(block_id, position, server_id, crc, old):
+            order = (server_id,)
         if order is None or int(order[0]) != server_id or block is None:
             if order is not None and int(order[0]) == server_id:
                 self._x("DELETE FROM repairs WHERE block_id = ? AND position = ?", (block_id, position))
@@ -391,6 +396,15 @@ class BlockHealth(StoreParts):
                 (server_id, now, length, block_id, position),
             )
         return True
+
+    def _late_rebuild_fits(self, block_id: int, position: int, server_id: int, crc: int, old: Any) -> bool:
+        if old is None or int(old[1]) != crc:
+            return False
+        if int(old[2]) == OK and int(old[0]) != server_id and int(old[0]) in self._live_ids():
+            return False  # a sound copy is placed elsewhere (another server rebuilt it meanwhile)
+        other = self._one("SELECT 1 FROM chunks WHERE block_id = ? AND server_id = ? AND position != ?",
+                          (block_id, server_id, position))
+        return other is None
 
     def repair_failed(self, block_id: int, position: int, server_id: int, occupied: bool = False) -> None:
         """The target gave up (sources unreadable, disk full...): withdraw the order; the next
