@@ -34,9 +34,9 @@ def test_no_top_level_client_or_server_imports():
 
 
 def test_no_print_in_library_code():
-    allowed = {"cli.py", "bench.py"}
+    allowed = {"cli.py", "bench.py"}  # and the command modules under tectofs/cli/
     for path in _library_files():
-        if path.name in allowed:
+        if path.name in allowed or path.parent.name == "cli":
             continue
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):

@@ -1,0 +1,5 @@
+"""``python -m tectofs.cli``."""
+
+from . import main
+
+main()

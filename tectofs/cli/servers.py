@@ -1,0 +1,264 @@
+"""``tectofs up``, ``meta``, ``chunk`` and ``mount``: the commands that run servers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import time
+from typing import Any, Callable
+
+from tectofs import diagnostics, limits
+
+from .common import (
+    DEFAULT_PORT,
+    KEY_HELP,
+    _human,
+    _meta_address,
+    _size,
+    _write_atomically,
+    add_metrics_flags,
+    add_tls_flags,
+    client_command,
+)
+
+
+def cmd_meta(args: argparse.Namespace) -> None:
+    from tectofs.server.meta import MetadataService
+
+    def start() -> MetadataService:
+        return MetadataService(
+            args.store, args.policy, args.block_size, server_dead_after_s=args.dead_after, gc_delay_s=args.gc_delay,
+            allocation_grace_s=args.allocation_grace, repair_after_s=args.repair_after,
+            repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace, key_file=args.key_file,
+            capability_ttl_s=args.capability_ttl,
+        )
+
+    _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {args.store})")
+
+
+def cmd_chunk(args: argparse.Namespace) -> None:
+    from tectofs.server.chunk import ChunkServer
+
+    def start() -> ChunkServer:
+        return ChunkServer(
+            args.data, args.meta, args.inflight_max, args.heartbeat, sync="none" if args.no_sync else args.sync,
+            scrub_rate_bytes_per_s=args.scrub_rate * limits.MiB, repair_concurrency=args.repair_concurrency,
+            repair_rate_bytes_per_s=args.repair_rate * limits.MiB, inventory_interval_s=args.inventory_interval,
+            scrub_interval_s=args.scrub_interval, key_file=args.key_file,
+        )
+
+    _serve_bound(start, args, lambda a: f"tectofs chunk server on {a} (data {args.data}, metadata {args.meta})")
+
+
+def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: Callable[[str], str]) -> None:
+    async def main() -> None:
+        server = start()
+        address = await server.start(args.host, args.port)
+        print(describe(address), flush=True)
+        if getattr(args, "metrics", None):
+            from tectofs import metrics
+
+            metrics_address = metrics.serve(server.metrics.registry, *args.metrics)
+            print(f"metrics: {metrics.url(metrics_address)}", flush=True)
+            if args.metrics_ready_file:
+                _write_atomically(args.metrics_ready_file, metrics_address)
+        if args.ready_file:
+            _write_atomically(args.ready_file, address)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        diagnostics.dump_tasks_on_sigusr1(loop)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.close()
+
+    asyncio.run(main())
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from tectofs.server.cluster import LocalCluster
+
+    temporary = args.check and args.root is None  # a smoke test never touches a real cluster's state
+    if temporary:
+        args.root = tempfile.mkdtemp(prefix="tectofs-check-")
+    cluster = LocalCluster(args.root or os.path.join(os.getcwd(), "tectofs-data"), args.servers, args.port,
+                           args.policy, args.block_size, args.host,
+                           meta_args=["--repair-after", str(args.repair_after)],
+                           chunk_args=["--scrub-rate", str(args.scrub_rate)], tls=args.tls, s3_port=args.s3,
+                           metrics=not args.no_metrics)
+    print(f"starting a local cluster under {cluster.root}: 1 metadata service + {args.servers} chunk servers ...",
+          flush=True)
+    stop = {"now": False}
+
+    def request_stop(*_: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    mount = None
+    try:
+        address = cluster.start()
+        print(f"cluster is up: export TECTOFS_META={address}" + (
+            f" TECTOFS_TLS_CA={cluster.tls_files['ca']}" if cluster.tls_files else ""), flush=True)
+        print(f"  cluster key {cluster.key_file}; root's credential {cluster.credential_file}, also where this user's"
+              " client commands find it (other users and hosts: tectofs user add, --credentials FILE)", flush=True)
+        print(f"  try: tectofs put FILE /  |  tectofs ls /  |  tectofs status   (logs in {cluster.root}/logs)", flush=True)
+        for name, url in cluster.metrics_urls.items():
+            print(f"  metrics of {name}: {url}", flush=True)
+        if cluster.s3_address:
+            print(f"S3 gateway: http://{cluster.s3_address}  (root's keys: {cluster.s3_env_file}; try:"
+                  f" set -a; . {cluster.s3_env_file}; aws --endpoint-url http://{cluster.s3_address} s3 ls); other users:"
+                  " tectofs s3 keys", flush=True)
+        if args.mount:
+            from tectofs.client.fuse import start_mount_process
+
+            mount = start_mount_process(address, args.mount)
+            print(f"mounted at {args.mount}", flush=True)
+        if args.check:
+            _self_check(address)
+            return
+        print("press Ctrl-C to stop", flush=True)
+        while not stop["now"]:
+            time.sleep(0.5)
+            for event in cluster.supervise():  # children that died are reported and restarted
+                print(f"tectofs up: {event}", flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if mount is not None:
+            mount.stop()
+        cluster.stop()
+        if temporary:
+            shutil.rmtree(args.root, ignore_errors=True)
+        print("cluster stopped", flush=True)
+
+
+def _self_check(address: str) -> None:
+    """Write a file, read it back and compare: the quick proof that a fresh install works."""
+    import hashlib
+
+    from tectofs.client import connect
+
+    data = os.urandom(3 * limits.MiB + 12345)
+    with connect(address) as fs:
+        fs.mkdir("/selfcheck", exist_ok=True)
+        fs.write_bytes("/selfcheck/data.bin", data)
+        back = fs.read_bytes("/selfcheck/data.bin")
+        servers = fs.servers()
+    ok = hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
+    print(f"self-check: wrote and read {_human(len(data))} through {len(servers)} chunk servers: "
+          + ("OK" if ok else "MISMATCH"), flush=True)
+    if not ok:
+        raise SystemExit(1)
+
+
+def cmd_mount(args: argparse.Namespace) -> None:
+    from tectofs.client.fuse import mount
+
+    address = _meta_address(args)
+    mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
+          attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
+          multi_user=args.multi_user, default_permissions=args.default_permissions)
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("up", help="run a local cluster (1 metadata service + N chunk servers) in the foreground",
+                       description="Run a whole cluster on this machine until Ctrl-C. All state lives under --root; "
+                       "running it again with the same root brings the same files back.")
+    p.add_argument("--root", default=None,
+                   help="state directory (default ./tectofs-data; with --check a new temporary one)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"metadata service port (default {DEFAULT_PORT}; 0 = any)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--servers", type=int, default=6, help="chunk servers to start (default 6)")
+    p.add_argument("--policy", default="rs(4,2)", help="durability policy of / (default rs(4,2); or rep(n))")
+    p.add_argument("--block-size", type=_size, default=limits.block_size_default_bytes, help="block size (default 64M)")
+    p.add_argument("--mount", metavar="MOUNTPOINT", help="also mount the cluster there with FUSE")
+    p.add_argument("--check", action="store_true", help="start, write and verify a file, then stop (a smoke test)")
+    p.add_argument("--repair-after", type=float, default=limits.repair_after_s, metavar="SECONDS",
+                   help=f"rebuild the chunks of a server dead this long (default {limits.repair_after_s:.0f})")
+    p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+                   help="background checksum verification per chunk server, MiB/s (0: off; default %(default)s)")
+    p.add_argument("--s3", type=int, metavar="PORT",
+                   help="also serve S3 on this port (0: any); root's keys go to ROOT/credentials/s3.env")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS on every connection, with a CA and certificate made under --root (clients then need"
+                   " TECTOFS_TLS_CA=ROOT/tls/ca.pem)")
+    p.add_argument("--no-metrics", action="store_true",
+                   help="no Prometheus endpoints (default: one per server, on a free port, URLs printed)")
+    p.set_defaults(fn=cmd_up)
+
+    p = sub.add_parser("meta", help="run the metadata service")
+    p.add_argument("--store", default="meta.db", help="SQLite file or postgresql:// URL (default meta.db)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--policy", default="rs(4,2)", help="policy of / on a new store")
+    p.add_argument("--block-size", type=_size, default=limits.block_size_default_bytes)
+    p.add_argument("--dead-after", type=float, default=limits.server_dead_after_s,
+                   help="seconds without heartbeat before a chunk server counts as dead")
+    p.add_argument("--gc-delay", type=float, default=30.0, help="seconds before deleted chunks are removed")
+    p.add_argument("--allocation-grace", type=float, default=limits.allocation_grace_s,
+                   help="seconds before blocks allocated but never committed (a crashed writer) are collected")
+    p.add_argument("--repair-after", type=float, default=limits.repair_after_s, metavar="SECONDS",
+                   help="rebuild elsewhere the chunks of a chunk server dead this long (default %(default)s, like"
+                   " Ceph's down-out interval: a reboot does not trigger a rebuild)")
+    p.add_argument("--repair-interval", type=float, default=limits.repair_interval_s, metavar="SECONDS",
+                   help="how often to look for chunks to rebuild (default %(default)s)")
+    p.add_argument("--orphan-grace", type=float, default=limits.orphan_grace_s, metavar="SECONDS",
+                   help="collect chunks no file refers to this long after an inventory found them (default %(default)s)")
+    p.add_argument("--ready-file", help="write the listening address here once serving")
+    p.add_argument("--key-file", help=KEY_HELP)
+    add_tls_flags(p, serves=True)
+    p.add_argument("--capability-ttl", type=float, default=limits.capability_ttl_s, metavar="SECONDS",
+                   help="how long the chunk capabilities in layouts and allocations are valid (default %(default)s)")
+    add_metrics_flags(p)
+    p.set_defaults(fn=cmd_meta)
+
+    p = sub.add_parser("chunk", help="run a chunk server")
+    p.add_argument("--data", required=True, help="directory for chunk files (local flash)")
+    p.add_argument("--meta", required=True, help="metadata service HOST:PORT, or several over one store (HOST:PORT,HOST:PORT: failover)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="port (default: any free one)")
+    p.add_argument("--inflight-max", type=_size, default=limits.chunk_inflight_bytes_max,
+                   help="bytes being received at once before answering BUSY (default 512M)")
+    p.add_argument("--heartbeat", type=float, default=limits.heartbeat_interval_s, help="heartbeat interval, seconds")
+    p.add_argument("--sync", choices=["each", "group"], default="each",
+                   help="durability before acknowledging a chunk: fdatasync + directory fsync per chunk "
+                   "(each, default) or one syncfs shared by concurrent writes (group: for a dedicated data device)")
+    p.add_argument("--no-sync", action="store_true", help="acknowledge before data is durable (network benchmarks only)")
+    p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+                   help="re-verify every chunk's checksums in the background at this rate (0: off; default %(default)s)")
+    p.add_argument("--scrub-interval", type=float, default=limits.scrub_pass_interval_s, metavar="SECONDS",
+                   help="start a scrub pass at most this often (default %(default)s; a pass over a large disk"
+                   " takes longer at the rate)")
+    p.add_argument("--repair-rate", type=float, default=limits.repair_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+                   help="bytes pulled from peers to rebuild chunks, per second (0: unlimited; default %(default)s)")
+    p.add_argument("--repair-concurrency", type=int, default=limits.repair_concurrency_per_server, metavar="N",
+                   help="chunks rebuilt at once (default %(default)s)")
+    p.add_argument("--inventory-interval", type=float, default=limits.inventory_interval_s, metavar="SECONDS",
+                   help="full report of the chunks on disk to the metadata service, after the one at start"
+                   " (default %(default)s)")
+    p.add_argument("--ready-file")
+    p.add_argument("--key-file", help=KEY_HELP)
+    add_tls_flags(p, serves=True)
+    add_metrics_flags(p)
+    p.set_defaults(fn=cmd_chunk)
+
+    p = client_command(sub, "mount", cmd_mount, "mount tectofs with FUSE (unmount with fusermount3 -u or Ctrl-C)")
+    p.add_argument("mountpoint")
+    p.add_argument("--daemon", action="store_true", help="detach into the background")
+    p.add_argument("--single-thread", action="store_true", help="serve one kernel request at a time")
+    p.add_argument("--attr-timeout", type=float, default=1.0, help="attribute/entry cache seconds (default 1)")
+    p.add_argument("--debug", action="store_true")
+    sharing = p.add_mutually_exclusive_group()
+    sharing.add_argument("--allow-other", dest="multi_user", action="store_true", default=None,
+                         help="every local user may use the mount, as themselves (the default when run by root"
+                         " with a proxy credential; a non-root mount needs user_allow_other in /etc/fuse.conf)")
+    sharing.add_argument("--single-user", dest="multi_user", action="store_false",
+                         help="only the user running the mount may use it, as the credential's user")
+    p.add_argument("--no-default-permissions", dest="default_permissions", action="store_false",
+                   help="multi-user: leave permission checks to the metadata service alone (no kernel check first)")
+    p.set_defaults(fn=cmd_mount)
