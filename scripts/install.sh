@@ -51,5 +51,5 @@ fi
 rm -f "$log"
 # pyenv only creates a shim for a new console script on rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
-python3 -c "import tectofs.client, tectofs.s3, mfusepy, pyeclib, crc32c, torch, psycopg, fsspec, aiohttp, boto3, s3fs, pyarrow" || { echo "install.sh: import check failed" >&2; exit 1; }
+python3 -c "import tectofs.client, tectofs.s3, tectofs.tensor_codec, mfusepy, pyeclib, crc32c, torch, psycopg, fsspec, aiohttp, boto3, s3fs, pyarrow" || { echo "install.sh: import check failed" >&2; exit 1; }
 command -v tectofs >/dev/null || { echo "install.sh: the tectofs command is not on PATH ($(python3 -m site --user-base)/bin?)" >&2; exit 1; }

@@ -46,6 +46,7 @@ class ConnectionPolicy:
     frame_stall_timeout_s: float = limits.frame_stall_timeout_s
     frame_receive_rate_min_bytes_per_s: float = limits.frame_receive_rate_min_bytes_per_s
     connection_idle_timeout_s: float = limits.connection_idle_timeout_s
+    hello_wait_s: float = limits.hello_wait_server_s  # a connection that sent no hello by then is closed
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ConnectionPolicy":

@@ -13,7 +13,7 @@ gets the same class re-raised by :meth:`RpcClient.call`.
 
 Every connection opens with a hello (``messages.Hello``: role and protocol version) before
 anything else: a server closes a connection that sends anything else first (at once), or
-nothing within ``limits.hello_wait_server_s``; a client that gets bytes that are not a tectofs
+nothing within ``limits.hello_wait_server_s`` (``ConnectionPolicy.hello_wait_s``); a client that gets bytes that are not a tectofs
 frame fails at once with an error that says the peer is not a tectofs server, and one that
 gets no answer within ``limits.hello_timeout_s`` (twice) says that.
 
@@ -222,7 +222,7 @@ class _ServerConnection(_FramedProtocol):
         if not self.server.guard.admit(self):
             return  # over a connection cap: refused with an ERROR frame
         self.server.connections.add(self)
-        self._hello_deadline = asyncio.get_running_loop().call_later(limits.hello_wait_server_s, self._no_hello)
+        self._hello_deadline = asyncio.get_running_loop().call_later(self.server.guard.policy.hello_wait_s, self._no_hello)
 
     def _admit_payload(self, header: dict[str, Any], length: int) -> "bytearray | memoryview | None":
         """Nothing is admitted before the hello (a payload reserved then would never be
@@ -231,7 +231,7 @@ class _ServerConnection(_FramedProtocol):
 
     def _no_hello(self) -> None:
         if not self.greeted:
-            self.protocol_failed(ProtocolError(f"no tectofs hello within {limits.hello_wait_server_s:g} s"))
+            self.protocol_failed(ProtocolError(f"no tectofs hello within {self.server.guard.policy.hello_wait_s:g} s"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
