@@ -19,8 +19,9 @@ with the mantissa (noise) and gains little (bf16 weights: 0.78). So, for a float
    mantissa planes, mostly).
 
 Integer dtypes get steps 2 and 4 (their high bytes are often zero or sign); one-byte dtypes
-and anything else plain zstd. Measured on this machine (``python3 bench/compression.py``
-reports the current figures): bf16 weights 0.66 against 0.78 for zstd on the raw bytes.
+and anything else plain zstd. Measured on this machine (N(0, 0.02) weights, zstd level 1):
+bf16 0.66 against 0.78 for zstd on the raw bytes; fp32 0.83 (0.92); Adam's squared gradients
+0.83; ``tests/test_tensor_codec.py`` holds bf16 to <= 0.67.
 
 ``encode`` returns ``None`` when compression saves less than ``min_saving`` (store the item
 raw); ``decode`` gives back the exact bytes ``encode`` was given, or raises
