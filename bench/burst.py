@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from burst_worker import METADATA_HEADER_BYTES, BurstError, MiB, _describe  # noqa: E402
-from common import parse_size, print_table, process_cpu_s, write_results  # noqa: E402
+from common import parse_size, print_table, process_cpu_s, work_dir, write_results  # noqa: E402
 
 PROGRESS_STEPS = 6  # baseline, setup, save, commit, load, metadata storm
 
@@ -627,7 +627,7 @@ def _row(what: str, phase: dict[str, Any] | None, latency_key: str = "latency_s"
 
     return {
         "what": what,
-        "ok": f"{phase['ranks_ok']}/{phase['ranks']}" if phase and "ranks" in phase else "-",
+        "ranks ok": f"{phase['ranks_ok']}/{phase['ranks']}" if phase and "ranks" in phase else "-",
         "GB/s": fmt(gbps if gbps is not None else (phase or {}).get("aggregate_GBps")),
         "p50 s": fmt(lat.get("p50")), "p99 s": fmt(lat.get("p99")), "max s": fmt(lat.get("max")),
         "MDS ops/s": fmt((phase or {}).get("mds_ops_per_s")) if phase and "mds_ops_per_s" in phase else "-",
@@ -719,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delete-previous", type=parse_size, default=0,
                         help="write a previous checkpoint of this size and delete it at the barrier (GC during the save)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (cluster logs, worker logs)")
+    parser.add_argument("--work-dir", default=None,
+                        help="where the cluster and worker logs go, created if missing (default: $TMPDIR)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
     result = run(args.out, args.ranks, args.shard, args.processes, block_size=args.block_size,
@@ -726,7 +728,8 @@ def main(argv: list[str] | None = None) -> int:
                  baseline_bytes=args.baseline, meta_address=args.meta, phase_timeout_s=args.phase_timeout,
                  seed=args.seed,
                  memory_check=not args.no_memory_check, metadata_files_per_rank=args.metadata_files,
-                 gc_delay_s=args.gc_delay, delete_previous_bytes=args.delete_previous, keep_work_dir=args.keep)
+                 gc_delay_s=args.gc_delay, delete_previous_bytes=args.delete_previous, keep_work_dir=args.keep,
+                 work_dir=work_dir(args.work_dir))
     print_summary(result)
     return 1 if result["error_count"] else 0
 

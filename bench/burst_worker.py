@@ -209,6 +209,11 @@ def worker_main(config_json: str) -> None:
             loop.close()
 
 
-
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print("usage: burst_worker.py CONFIG_JSON\n\nThe worker side of bench/burst.py, which starts it; "
+              "not run by hand: run bench/burst.py --help.")
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
+    import common  # noqa: F401  (from a checkout: import tectofs from it, as the coordinator does)
+
     worker_main(sys.argv[1])

@@ -20,10 +20,10 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import drop_caches, parse_size, print_table, write_results  # noqa: E402
+from common import drop_caches, parse_size, print_table, work_dir, write_results  # noqa: E402
 
-from tectofs.client import connect
-from tectofs.server.cluster import LocalCluster
+from tectofs.client import connect  # noqa: E402
+from tectofs.server.cluster import LocalCluster  # noqa: E402
 
 CHUNK = 8 << 20
 
@@ -100,10 +100,12 @@ def run(out_dir: str, size_bytes: int, repeats: int = 3, work_dir: str | None = 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=parse_size, default=parse_size("1G"))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure, the median is reported (default 3)")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--work-dir", default=None,
+                        help="where the cluster and local file go, created if missing (default: $TMPDIR)")
     args = parser.parse_args()
-    result = run(args.out, args.size, args.repeats)
+    result = run(args.out, args.size, args.repeats, work_dir=work_dir(args.work_dir))
     print_table(result)
     print(json.dumps(result["ratios"], indent=2))
 

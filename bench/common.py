@@ -1,10 +1,30 @@
-"""Helpers shared by the benchmarks: sizes, cache dropping, result tables and files."""
+"""Helpers shared by the benchmarks: sizes, cache dropping, result tables and files.
+
+Importing it makes a script run against the source tree it belongs to: from a checkout
+(``python3 bench/X.py``), ``tectofs`` is imported from that checkout, not from whatever tree
+is installed (an editable install of another clone) or from nowhere (nothing installed), and
+so are the clusters, mounts and workers it starts (``PYTHONPATH``).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TREE = os.path.dirname(_HERE)
+if os.path.exists(os.path.join(_TREE, "tectofs", "__init__.py")):
+    if _TREE not in sys.path:
+        sys.path.insert(0, _TREE)
+    _PATHS = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if sys.argv and os.path.dirname(os.path.abspath(sys.argv[0])) == _HERE and _PATHS[0] != _TREE:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TREE, *_PATHS) if p)  # run as a script
+try:
+    _LOAD_AT_START: list[float] | None = [round(x, 2) for x in os.getloadavg()]
+except OSError:
+    _LOAD_AT_START = None
 
 
 def parse_size(text: str) -> int:
@@ -38,11 +58,24 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def write_results(out_dir: str, name: str, result: dict[str, Any]) -> str:
+    """``<out_dir>/<name>.json``, with commit, date, host and load average (before: when this
+    process imported this module, for a script run alone; ``tectofs bench`` rewrites the file
+    with the load average from just before each benchmark)."""
+    from tectofs.bench import run_info
+
+    result.update(run_info(_LOAD_AT_START))
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.json")
     with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+        json.dump(result, f, indent=2, default=str)
     return path
+
+
+def work_dir(path: str | None) -> str | None:
+    """``--work-dir``, created if missing (``tectofs.bench.ensure_work_dir``)."""
+    from tectofs.bench import ensure_work_dir
+
+    return ensure_work_dir(path)
 
 
 def process_cpu_s(pid: int) -> float:

@@ -38,8 +38,10 @@ from collections import defaultdict
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import drop_caches, parse_size, process_cpu_s, write_results  # noqa: E402
+from common import drop_caches, parse_size, process_cpu_s, work_dir, write_results  # noqa: E402
 
+from tectofs.bench import print_targets, verdict  # noqa: E402
+from tectofs.bench import target as goal  # noqa: E402
 from tectofs.client import connect  # noqa: E402
 from tectofs.client.fuse import start_mount_process  # noqa: E402
 from tectofs.server.cluster import LocalCluster  # noqa: E402
@@ -220,9 +222,11 @@ def _metadata_results(files: int, repeats: int, meta_modes: tuple[str, ...], tim
         if where != "local":
             met = all(rates[f"{where} {op}"] >= target for op, target in META_TARGETS.items())
             verdicts[where] = {"met": met, **{op: round(rates[f"{where} {op}"]) for op in META_TARGETS}}
-            ratios[f"{where} metadata target ({META_TARGET_TEXT})"] = "met" if met else "not met"
+            ratios[f"{where} metadata target ({META_TARGET_TEXT})"] = verdict(met)
+    targets = [goal(f"{where} {op}", rates[f"{where} {op}"], at_least=bound, unit="/s")
+               for where in meta_modes for op, bound in META_TARGETS.items()]
     return {
-        "files": files, "repeats": repeats, "rows": rows, "ratios": ratios,
+        "files": files, "repeats": repeats, "rows": rows, "ratios": ratios, "targets": targets,
         "target": {"text": META_TARGET_TEXT, **META_TARGETS, "by_mode": verdicts,
                    "met": all(v["met"] for v in verdicts.values())},
     }
@@ -298,6 +302,7 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
                     mounted.stop()
     rows = []
     ratios: dict[str, Any] = {}
+    targets: list[dict[str, Any]] = []
     if data:
         gbps = {name: size_bytes / statistics.median(t) / 1e9 for name, t in times.items()}
         ratios["client write / local write+fsync"] = gbps["client write"] / gbps["local write+fsync"]
@@ -306,6 +311,11 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
             ratios[f"{mode} write / client write (target >= 0.5)"] = gbps[f"{mode} write"] / gbps["client write"]
             ratios[f"{mode} read / client read (target >= 0.7)"] = gbps[f"{mode} read"] / gbps["client read"]
         ratios = {k: round(v, 3) for k, v in ratios.items()}
+        for mode in modes:
+            targets.append(goal(f"{mode} write / client write", ratios[f"{mode} write / client write (target >= 0.5)"],
+                                  at_least=0.5))
+            targets.append(goal(f"{mode} read / client read", ratios[f"{mode} read / client read (target >= 0.7)"],
+                                  at_least=0.7))
         for name, value in gbps.items():
             row: dict[str, Any] = {"what": name, "GB/s (median)": round(value, 3),
                                    "runs_s": [round(t, 2) for t in times[name]]}
@@ -314,7 +324,7 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
             rows.append(row)
     result: dict[str, Any] = {
         "benchmark": "fuse_bench", "size_bytes": size_bytes if data else 0, "repeats": repeats if data else 0,
-        "call_bytes": CALL_BYTES, "rows": rows, "ratios": ratios,
+        "call_bytes": CALL_BYTES, "rows": rows, "ratios": ratios, "targets": targets,
         "caches_dropped": caches_dropped, "cpus": os.cpu_count(),
         "note": "one sequential stream; cluster: 6 chunk servers, rs(4,2), 64 MiB blocks, same host"
                 + ("" if caches_dropped or not data else "; page cache NOT dropped (needs root): local reads may be cached"),
@@ -329,6 +339,7 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
                         f"mount (as for files made long ago); local directory on {local_fs}, no fsync")
         result["metadata"] = meta
         result["ratios"].update(meta["ratios"])
+        targets.extend(meta["targets"])
     write_results(out_dir, "fuse_bench", result)
     return result
 
@@ -350,10 +361,6 @@ def print_summary(result: dict[str, Any]) -> None:
         print(f"{name}: {value}")
     meta = result.get("metadata")
     if meta:
-        for mode, verdict in meta["target"]["by_mode"].items():
-            rates = ", ".join(f"{op} {verdict[op]:,}" for op in META_TARGETS)
-            print(f"target {meta['target']['text']} through the mount ({mode}): "
-                  f"{'MET' if verdict['met'] else 'NOT MET'} ({rates})")
         print(meta["note"])
 
 
@@ -362,7 +369,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=parse_size, default=parse_size("2G"), help="file size (default 2G)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the median is reported")
     parser.add_argument("--out", default="bench/results", help="directory for fuse_bench.json")
-    parser.add_argument("--work-dir", help="where the cluster and local file live (default: system temp dir)")
+    parser.add_argument("--work-dir", help="where the cluster and local file live, created if missing "
+                                           "(default: system temp dir)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                         help="FUSE serving modes to measure")
     parser.add_argument("--files", type=int, default=META_FILES_DEFAULT,
@@ -373,11 +381,12 @@ def main(argv: list[str] | None = None) -> None:
     part.add_argument("--metadata-only", action="store_true", help="only creates/stats/unlinks, no data streams")
     part.add_argument("--data-only", action="store_true", help="only the data streams")
     args = parser.parse_args(argv)
-    result = run(args.out, args.size, args.repeats, args.work_dir, tuple(args.modes), files=args.files,
+    result = run(args.out, args.size, args.repeats, work_dir(args.work_dir), tuple(args.modes), files=args.files,
                  meta_repeats=args.repeats, data=not args.metadata_only, metadata=not args.data_only,
                  meta_modes=tuple(args.meta_modes))
     print_summary(result)
     print(json.dumps({"caches_dropped": result["caches_dropped"], "note": result["note"]}, indent=2))
+    print_targets(result)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What a 24,576-GPU job would need from tectofs, derived from figures measured here.
 
     python bench/scale_model.py --burst bench/results/burst.json --client-io bench/results/client_io.json
+    python bench/scale_model.py        # no burst results here: the figures SCALE.md was made from
 
 Reads the burst results (``bench/burst.py``: MDS operations per rank, MDS and chunk-server
 CPU seconds per phase) and optionally the large-stream results (``bench/client_io.py``),
@@ -12,6 +13,10 @@ The transferable figures are *costs*, not speeds: CPU seconds per GB a chunk-ser
 process spends, and CPU seconds per metadata operation. Speeds measured on this machine
 are bounded by its one shared virtual disk and two cores, which a storage host does not
 share with anything.
+
+Without burst results (a fresh clone: ``bench/results/`` is not in git) it models from
+``bench/scale_figures.json``, the measured figures the committed ``SCALE.md`` was made from;
+``--json FILE`` writes a run's figures in the same form (its ``measured`` part).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from typing import Any
 
 GB = 1e9
 MiB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_BURST = os.path.join(HERE, "results", "burst.json")
+DEFAULT_FIGURES = os.path.join(HERE, "scale_figures.json")
 
 
 @dataclass
@@ -390,24 +398,38 @@ def _conclusions(job: Job, storage: Storage, figures: dict[str, Any], out: dict[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--burst", default="bench/results/burst.json", help="results of bench/burst.py")
+    parser.add_argument("--burst", default=None,
+                        help="results of bench/burst.py (default: bench/results/burst.json if there, else --figures)")
     parser.add_argument("--client-io", default=None, help="results of bench/client_io.py (optional)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "SCALE.md"))
+    parser.add_argument("--figures", default=DEFAULT_FIGURES,
+                        help="measured figures to model from when there are no burst results (a --json output; "
+                             "default: bench/scale_figures.json, what SCALE.md was made from)")
+    parser.add_argument("--out", default=os.path.join(HERE, "SCALE.md"))
     parser.add_argument("--json", default=None, help="also write inputs and results as JSON here")
     for group in (Job, Storage):
         for field in fields(group):
             parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = parser.parse_args(argv)
-    burst = _load(args.burst)
-    if burst is None or not burst.get("phases", {}).get("save"):
-        print(f"{args.burst}: no burst results with a save phase; run bench/burst.py first", file=sys.stderr)
+    burst_path = args.burst or (DEFAULT_BURST if os.path.exists(DEFAULT_BURST) else None)
+    try:
+        if burst_path is None:
+            figures = _load(args.figures)["measured"]  # type: ignore[index]
+            sources = [os.path.relpath(args.figures)]
+            print(f"no burst results ({os.path.relpath(DEFAULT_BURST)}): modelling from {sources[0]}")
+        else:
+            burst = _load(burst_path)
+            if burst is None or not burst.get("phases", {}).get("save"):
+                print(f"{burst_path}: no burst results with a save phase; run bench/burst.py first", file=sys.stderr)
+                return 1
+            client_io = _load(args.client_io) if args.client_io and os.path.exists(args.client_io) else None
+            figures = measured_figures(burst, client_io)
+            sources = [burst_path] + ([args.client_io] if client_io else [])
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"scale_model: cannot read the measured figures: {exc}", file=sys.stderr)
         return 1
-    client_io = _load(args.client_io) if args.client_io and os.path.exists(args.client_io) else None
     job = Job(**{f.name: getattr(args, f.name) for f in fields(Job)})
     storage = Storage(**{f.name: getattr(args, f.name) for f in fields(Storage)})
-    figures = measured_figures(burst, client_io)
     out = model(job, storage, figures)
-    sources = [args.burst] + ([args.client_io] if client_io else [])
     with open(args.out, "w") as f:
         f.write(render(job, storage, figures, out, sources))
     if args.json:

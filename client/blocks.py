@@ -31,6 +31,7 @@ from tectofs.errors import (
     TectofsError,
     Timeout,
 )
+from tectofs.metrics import ClientMetrics
 from tectofs.policy import parse as parse_policy
 from tectofs.rpc import RpcClient
 
@@ -45,15 +46,23 @@ _SERVER_FAILURES = (ConnectionLost, Timeout, Busy, NoSpace, ChecksumMismatch)
 class BlockIO:
     """Block-level data path shared by every open file of one client."""
 
-    def __init__(self, rpc: RpcClient, meta_address: str, executor: Executor, buffers: BufferPool) -> None:
+    def __init__(
+        self, rpc: RpcClient, meta_address: str, executor: Executor, buffers: BufferPool, metrics: ClientMetrics,
+    ) -> None:
         """``buffers`` backs block buffers, encoded chunks and received chunks; ``rpc`` must
-        receive reply payloads into it."""
+        receive reply payloads into it. Events go to ``stats`` (this client's counts) and to
+        ``metrics`` (the process's)."""
         self.buffers = buffers
         self.rpc = rpc
         self.meta_address = meta_address
         self.executor = executor
+        self.metrics = metrics
         self.stats = {"degraded_reads": 0, "degraded_writes": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
-                      "bad_chunks": 0}
+                      "bad_chunks": 0, "checksum_failures": 0}
+
+    def _note(self, event: str) -> None:
+        self.stats[event] += 1
+        self.metrics.event(event)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -79,6 +88,7 @@ class BlockIO:
                     if reallocate is None or not failed or attempt + 1 == limits.placement_attempts_max:
                         raise
                     log.info("block %d: servers %s failed; asking for a new placement", idx, sorted(failed))
+                    self.metrics.retried("chunk", "placement")
                     allocation = await reallocate(failed)
             raise AssertionError("unreachable")
         finally:
@@ -151,10 +161,10 @@ class BlockIO:
                             raise NoSpace(f"block {block_id} chunk {position}: no chunk server accepted it ({'; '.join(errors)})")
                         spare = spares.pop(0)
                         if done:
-                            self.stats["spare_writes"] += 1
+                            self._note("spare_writes")
                         else:
                             hedged = True
-                            self.stats["hedged_writes"] += 1
+                            self._note("hedged_writes")
                         log.info("chunk %d of block %d also goes to spare %s", position, block_id, spare.address)
                         pending.add(loop.create_task(attempt(position, spare)))
             finally:
@@ -183,7 +193,7 @@ class BlockIO:
                 f" {minimum}" + (f" ({reasons})" if reasons else "")
             )
         if len(placed) < policy.width:
-            self.stats["degraded_writes"] += 1
+            self._note("degraded_writes")
             log.info("block %d stored degraded: %d of %d chunks", block_id, len(placed), policy.width)
         return messages.Block(  # the write capability also reads it back (a partial block patched before commit)
             idx=idx, block_id=block_id, policy=str(policy), length=len(data), valid=len(data), chunks=placed,
@@ -270,7 +280,7 @@ class BlockIO:
                          if hedge else None)
                 done, _ = await asyncio.wait(list(running), timeout=delay, return_when=asyncio.FIRST_COMPLETED)
                 if not done:
-                    self.stats["hedged_reads"] += 1
+                    self._note("hedged_reads")
                     launch()
                     continue
                 for task in done:
@@ -281,6 +291,7 @@ class BlockIO:
                     elif isinstance(exc, CapabilityRefused):
                         raise exc  # the layout's capability expired (or was refused): the caller fetches a new one
                     elif isinstance(exc, ChecksumMismatch):
+                        self._note("checksum_failures")
                         failed[position] = str(exc)
                         corrupt.append(position)
                     elif isinstance(exc, (TectofsError, OSError)):
@@ -296,7 +307,7 @@ class BlockIO:
         for position in list(got)[policy.needed :]:  # a hedge and its original both arrived
             self.buffers.put(got.pop(position))
         if failed:
-            self.stats["degraded_reads"] += 1
+            self._note("degraded_reads")
             for position in failed:
                 kind = "corrupt" if position in corrupt else "missing" if position in missing else "unreachable"
                 await self._report(block, by_position[position], failed[position], kind)
@@ -336,7 +347,7 @@ class BlockIO:
 
     async def _report(self, block: messages.Block, chunk: messages.ChunkRef, reason: str, kind: str) -> None:
         """Tell the metadata service; "corrupt" and "missing" chunks get rebuilt."""
-        self.stats["bad_chunks"] += 1
+        self._note("bad_chunks")
         try:
             await self.rpc.call(
                 self.meta_address, "report_bad_chunk",

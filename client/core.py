@@ -11,14 +11,15 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from tectofs import auth, limits, messages, paths
+from tectofs import auth, limits, messages, metrics, paths
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound, ProtocolError
-from tectofs.rpc import RpcClient, parse_group
+from tectofs.rpc import parse_group
 
 from .blocks import BlockIO
 from .files import AsyncFile
 from .leases import LeaseEndings
+from .metered import MeteredRpcClient
 
 _MODES = {
     # mode: (readable, writable, create, truncate, exclusive, append)
@@ -107,18 +108,24 @@ class AsyncFileSystem:
         metadata services sharing one store (``tectofs.rpc.RpcClient``). ``credentials``: a
         credential file or :class:`tectofs.auth.Credential`; by default the one
         :func:`tectofs.auth.find_credential` finds (``$TECTOFS_CREDENTIALS``, or the file ``tectofs
-        up`` wrote for this address). Without one, every metadata call is refused."""
+        up`` wrote for this address). Without one, every metadata call is refused.
+
+        Counts in the process's client metrics (:func:`tectofs.metrics.client_metrics`); the
+        first client of a process serves them if asked (``$TECTOFS_METRICS``:
+        :func:`tectofs.metrics.serve_client_if_asked`)."""
         parse_group(meta_address)
         self.meta_address = meta_address
         self.credential = (credentials if isinstance(credentials, auth.Credential)
                            else auth.find_credential(meta_address, credentials))
         self.buffers, executor = _process_resources()
-        self.rpc = RpcClient(allocate_payload=lambda header, n: self.buffers.get(n))
+        self.metrics = metrics.client_metrics()
+        metrics.serve_client_if_asked()
+        self.rpc = MeteredRpcClient(self.metrics, allocate_payload=lambda header, n: self.buffers.get(n))
         self.rpc.expect_role(meta_address, "meta")
         if self.credential is not None:
             self.rpc.authenticate(meta_address, auth.ClientAuth(credential=self.credential))
         self.meta_rpc = self.rpc  # metadata calls; chunk traffic always goes through self.rpc
-        self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers)
+        self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers, self.metrics)
         self._views: dict[tuple[int, int, tuple[int, ...]], AsyncFileSystem] = {}
         self.lease_endings = LeaseEndings(self)  # shared with the views: sent as this client
 
@@ -136,7 +143,7 @@ class AsyncFileSystem:
             view = object.__new__(AsyncFileSystem)
             view.__dict__.update(self.__dict__)
             view._views = {}
-            view.meta_rpc = RpcClient(allocate_payload=lambda header, n: self.buffers.get(n))
+            view.meta_rpc = MeteredRpcClient(self.metrics, allocate_payload=lambda header, n: self.buffers.get(n))
             view.meta_rpc.expect_role(self.meta_address, "meta")
             view.meta_rpc.authenticate(self.meta_address, auth.ClientAuth(credential=self.credential, act_as=key))
             while len(self._views) >= limits.acting_views_max:

@@ -115,10 +115,12 @@ class AsyncFile:
         if offset < 0:
             raise InvalidArgument("negative offset")
         try:
-            return await self._write(offset, view)
+            written = await self._write(offset, view)
         except BaseException as exc:
             self._poison(exc)
             raise
+        self.fs.metrics.wrote(written)
+        return written
 
     async def _write(self, offset: int, view: memoryview) -> int:
         written = 0
@@ -519,6 +521,7 @@ class AsyncFile:
             position += n
         if whole:
             await self._read_whole_blocks(whole)
+        self.fs.metrics.read(max(0, end - offset))
         return max(0, end - offset)
 
     async def _read_whole_blocks(self, reads: list[tuple[int, memoryview]]) -> None:
@@ -599,6 +602,7 @@ class AsyncFile:
         try:
             return await self.fs.blocks.read_block(block, into=into)
         except CapabilityExpired:
+            self.fs.metrics.retried("chunk", "capability")
             segment, _ = await self.fs.meta("layout", ino=self.ino, first=block.idx)
             fresh = next((b for b in segment.blocks if b.block_id == block.block_id), None)
             if fresh is None:

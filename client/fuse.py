@@ -43,7 +43,6 @@ import functools
 import itertools
 import logging
 import os
-import select
 import stat as statmod
 import threading
 import time
@@ -62,13 +61,13 @@ from .fuse_process import (
     MountProcess,
     _unescape_mount_path,
     is_mounted,
-    mount_wait_s,
     start_mount_process,
     unmount_wait_s,
 )
 
 __all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "mount", "start_mount_process",
            "unmount_wait_s"]
+from .fuse_daemon import daemonize
 from .fuse_directories import FreshDirectories
 from .fuse_links import LinkedNames
 from .fuse_users import Callers, choose_sharing, on_view
@@ -703,7 +702,7 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
           attr_timeout_s: float = 1.0, debug: bool = False, credentials: str | None = None,
-          multi_user: bool | None = None, default_permissions: bool = True) -> None:
+          multi_user: bool | None = None, default_permissions: bool = True) -> str | None:
     """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
 
     ``credentials``: the credential file (default: ``tectofs.auth.find_credential``).
@@ -716,7 +715,8 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
 
     Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
     Background (``foreground=False``): returns once the mount is serving, leaving a detached
-    daemon behind; raises ``SystemExit`` with the daemon's reason if it could not mount."""
+    daemon behind, and returns the file it logs to (``fuse_daemon.log_path``: ``--log-file``, else
+    one per mount point); raises ``SystemExit`` with the daemon's reason if it could not mount."""
     mountpoint = os.path.abspath(mountpoint)
     if is_mounted(mountpoint):
         raise SystemExit(f"tectofs mount: {mountpoint} is already a mount point: fusermount3 -u {mountpoint} first")
@@ -726,56 +726,5 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
                               multi_user=multi_user, default_permissions=default_permissions)
     if foreground:
         serve()
-        return
-    _daemonize(lambda ready: serve(on_ready=ready), mountpoint)
-
-
-def _daemonize(serve: Callable[[Callable[[], None]], None], mountpoint: str) -> None:
-    """Fork before any thread exists; the child detaches and serves, the parent waits until
-    the kernel has initialized the mount (or the child failed) and returns."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(write_fd)
-        status = _read_status(read_fd, mount_wait_s)
-        os.close(read_fd)
-        if status != "ok":
-            raise SystemExit(f"tectofs mount: {mountpoint}: {status or 'the daemon exited without mounting'}")
-        return
-    code = 1
-    try:
-        os.close(read_fd)
-        os.setsid()
-        os.chdir("/")
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-
-        def ready() -> None:
-            os.write(write_fd, b"ok\n")
-
-        serve(ready)
-        code = 0
-    except BaseException as exc:  # report to the waiting parent, never return into its code
-        try:
-            os.write(write_fd, f"{type(exc).__name__}: {exc}\n".encode()[:4000])
-        except OSError:
-            pass
-    finally:
-        os._exit(code)
-
-
-def _read_status(fd: int, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    text = b""
-    while b"\n" not in text:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return f"no answer from the mount daemon within {timeout_s:.0f}s"
-        readable, _, _ = select.select([fd], [], [], remaining)
-        if readable:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            text += chunk
-    return text.decode(errors="replace").strip()
+        return None
+    return daemonize(lambda ready: serve(on_ready=ready), mountpoint)

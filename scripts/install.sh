@@ -26,6 +26,12 @@ if ! command -v openssl >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1;
     apt_install openssl util-linux
 fi
 
+if ! command -v ip >/dev/null 2>&1; then
+    # ip netns, veth, bridges: the multi-host test runs each server in its own network namespace
+    echo "install.sh: installing iproute2 (apt)" >&2
+    apt_install iproute2
+fi
+
 if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || ! command -v runuser >/dev/null 2>&1; then
     echo "install.sh: installing postgresql (apt; its service is not started)" >&2
     # policy-rc.d exit 101: Debian maintainer scripts must not start the service.

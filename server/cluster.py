@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from tectofs import auth, limits
-from tectofs.errors import TectofsError, Timeout
+from tectofs.errors import InvalidArgument, TectofsError, Timeout
+from tectofs.server import addresses
 
 
 def _python_command(*args: str) -> list[str]:
@@ -62,13 +63,20 @@ class LocalCluster:
         tls: bool = False,
         s3_port: int | None = None,
         metrics: bool = False,
+        advertise: str | None = None,
     ) -> None:
         """``tls``: every connection uses TLS, with a throwaway CA and certificate made under
         ``root/tls`` (``tls_files``); this process's clients trust it too (``$TECTOFS_TLS_CA``).
         ``s3_port``: also run the S3 gateway there (0: any port; ``s3_address``), with root's
         S3 keys in ``s3_env_file`` (mode 0600). ``metrics``: the metadata service and every chunk
         server serve Prometheus metrics on a free port of ``host``; ``metrics_urls`` maps each
-        ("meta", "chunk-0", ...) to its ``http://HOST:PORT/metrics`` (kept up to date across restarts)."""
+        ("meta", "chunk-0", ...) to its ``http://HOST:PORT/metrics`` (kept up to date across restarts).
+        ``advertise``: the host every server gives out (``--advertise``, each with its own port);
+        required when ``host`` is a wildcard (``server/addresses.py``)."""
+        if addresses.is_wildcard(host) and not advertise:
+            raise InvalidArgument(f"--host {host or '*'} listens on every address, which no client can connect to:"
+                                  " add --advertise HOST, the address other hosts reach this machine at")
+        self.advertise = advertise
         self.root = os.path.abspath(root)
         self.server_count = servers
         self.port = port
@@ -145,6 +153,9 @@ class LocalCluster:
             self._start_s3(self.s3_port, timeout_s)
         return self.address
 
+    def _advertise_args(self) -> list[str]:
+        return ["--advertise", self.advertise] if self.advertise else []
+
     def _metrics_args(self, name: str) -> list[str]:
         """Flags for child ``name`` to serve metrics on a free port and say which (``_read_metrics``)."""
         if not self.metrics:
@@ -157,7 +168,7 @@ class LocalCluster:
     def _read_metrics(self, name: str, process: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
         if self.metrics:
             address = wait_for_file(os.path.join(self.root, f"{name}.metrics-address"), timeout_s, process)
-            self.metrics_urls[name] = f"http://{address}/metrics"
+            self.metrics_urls[name] = addresses.metrics_url(address, self.advertise)
 
     def _start_s3(self, port: int, timeout_s: float) -> None:
         """Start the S3 gateway (serving every user) and write root's S3 keys to ``s3_env_file``."""
@@ -190,7 +201,7 @@ class LocalCluster:
              "--policy", self.policy, "--block-size", str(self.block_size), "--ready-file", ready,
              "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s),
              "--allocation-grace", str(self.allocation_grace_s), "--key-file", self.key_file, *self.meta_args,
-             *self._metrics_args("meta")],
+             *self._advertise_args(), *self._metrics_args("meta")],
             "meta.log",
         )
         address = wait_for_file(ready, timeout_s, self.meta_process)
@@ -205,7 +216,7 @@ class LocalCluster:
         process = self._spawn(
             ["meta", "--store", self.store, "--host", self.host, "--port", "0", "--ready-file", ready,
              "--dead-after", str(self.server_dead_after_s), "--gc-delay", str(self.gc_delay_s),
-             "--key-file", self.key_file, *self.meta_args],
+             "--key-file", self.key_file, *self.meta_args, *self._advertise_args()],
             f"meta-extra-{n}.log",
         )
         return wait_for_file(ready, timeout_s, process), process
@@ -235,7 +246,7 @@ class LocalCluster:
         args = ["chunk", "--data", self.chunk_data_dirs[i], "--meta", self.address, "--host", self.host,
                 "--heartbeat", str(self.heartbeat_interval_s), "--ready-file", ready,
                 "--inflight-max", str(self.chunk_inflight_bytes_max), "--key-file", self.key_file, *self.chunk_args,
-                *self._metrics_args(f"chunk-{i}")]
+                *self._advertise_args(), *self._metrics_args(f"chunk-{i}")]
         if self.sync is False or self.sync == "none":
             args.append("--no-sync")
         elif isinstance(self.sync, str):

@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - depends on which package is installed
     from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO  # type: ignore[assignment]  # same class
     from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO  # type: ignore[assignment]
 
-from .torch import _uri
+from . import uri as _uri
 from .torch import load as _load
 from .torch import save as _save
 

@@ -28,6 +28,8 @@ Name = Annotated[str, msgspec.Meta(max_length=limits.name_length_max_bytes)]
 Text = Annotated[str, msgspec.Meta(max_length=limits.message_text_max_bytes)]
 PolicyText = Annotated[str, msgspec.Meta(max_length=32)]
 Address = Annotated[str, msgspec.Meta(min_length=3, max_length=limits.address_length_max_bytes)]
+# http://HOST:PORT/metrics of a server's Prometheus endpoint (server/addresses.py)
+MetricsUrl = Annotated[str, msgspec.Meta(pattern="^https?://", max_length=limits.address_length_max_bytes + 32)]
 BlockSize = Annotated[int, msgspec.Meta(ge=limits.block_size_min_bytes, le=limits.block_size_max_bytes)]
 BlockOffset = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
 ChunkLength = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
@@ -166,3 +168,4 @@ class ServerInfo(Message, frozen=True, kw_only=True):
     live: bool
     state: Text = "in"  # "in" | "draining"
     stats: dict[str, int] = {}
+    metrics_url: MetricsUrl | None = None  # its Prometheus endpoint; None: off (or a server of 0.1.0)

@@ -38,6 +38,7 @@ from .message_values import (  # noqa: F401 (re-exported)
     Kind,
     LayoutSegment,
     Message,
+    MetricsUrl,
     Mode,
     Name,
     Nonce,
@@ -371,9 +372,10 @@ class ReportBadChunkRequest(Message, frozen=True, kw_only=True):
 
 class RegisterServerRequest(Message, frozen=True, kw_only=True):
     uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-    address: Address
+    address: Address  # where clients reach it (``--advertise``; never a wildcard)
     capacity: Int64 = 0
     used: Int64 = 0
+    metrics_url: MetricsUrl | None = None  # its Prometheus endpoint (``--metrics``); None: off
 
 
 class RegisterServerReply(Message, frozen=True, kw_only=True):
@@ -391,6 +393,7 @@ class HeartbeatRequest(Message, frozen=True, kw_only=True):
     inflight: Int64 = 0
     chunks: Int64 = 0
     stats: ServerStats = {}  # scrub and repair progress, shown by ``tectofs status``
+    metrics_url: MetricsUrl | None = None  # as at registration; None: unchanged (a server of 0.1.0 sends none)
 
 
 class RepairOrder(Message, frozen=True, kw_only=True):
@@ -492,6 +495,8 @@ class StatsReply(Message, frozen=True, kw_only=True):
     busy_answers: int
     invalid_requests: int
     queued: int
+    address: Address | None = None  # the answering service's advertised address (one of a failover group)
+    metrics_url: MetricsUrl | None = None  # its Prometheus endpoint; None: off
 
 
 class PingReply(Message, frozen=True, kw_only=True):

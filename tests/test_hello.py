@@ -21,6 +21,7 @@ from tectofs.client import connect
 from tectofs.connlimits import ConnectionPolicy
 from tectofs.protocol import FrameDecoder, FrameKind, encode_frame
 from tectofs.rpc import RpcServer
+from tests.test_exhaustion import _Handler as _Silent  # answers anything; never reached here
 
 
 @contextlib.contextmanager
@@ -154,20 +155,6 @@ def test_a_connection_that_says_nothing_is_closed_at_the_hello_deadline() -> Non
     assert 1.0 < elapsed < 4
     assert frames and frames[-1].kind == FrameKind.ERROR and "no tectofs hello within 1.5 s" in frames[-1].header["message"]
     assert ConnectionPolicy().hello_wait_s == limits.hello_wait_server_s
-
-
-class _Silent:
-    """A handler whose operations answer nothing useful: the connections under test never get
-    past the hello."""
-
-    def __getattr__(self, name: str) -> Any:
-        if not name.startswith("rpc_"):
-            raise AttributeError(name)
-
-        async def answer(request: Any, payload: memoryview) -> tuple[Any, bytes]:
-            return messages.Empty(), b""
-
-        return answer
 
 
 @pytest.mark.parametrize("role", ["meta", "chunk"])

@@ -298,7 +298,7 @@ def test_commit_removes_stale_leftovers(cluster: Any, monkeypatch: pytest.Monkey
     def broken(*args: Any, **kwargs: Any) -> list[str]:
         raise ConnectionError("metadata service went away")
 
-    monkeypatch.setattr(tt._manage, "gc_pending", broken)
+    monkeypatch.setattr(tt._dcp, "gc_pending", broken)  # the name the writer calls
     with pytest.warns(UserWarning, match="could not clean up"):
         dcp.save(sd, storage_writer=tt.CheckpointWriter(f"{run}/step_5", pending_grace_s=0))
     assert tt.latest(run) == f"{run}/step_5"

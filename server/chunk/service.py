@@ -45,6 +45,7 @@ from tectofs.errors import (
 )
 from tectofs.metrics import ChunkMetrics
 from tectofs.rpc import RpcClient, RpcServer, current_peer
+from tectofs.server import addresses
 
 from .repair import Repairer
 from .scrub import Inventory, Scrubber
@@ -68,8 +69,12 @@ class ChunkServer:
         inventory_interval_s: float = limits.inventory_interval_s,
         scrub_interval_s: float = limits.scrub_pass_interval_s,
         key_file: str | None = None,
+        advertise: str | None = None,
     ) -> None:
-        """``key_file``: the cluster key (required; ``tectofs.auth``)."""
+        """``key_file``: the cluster key (required; ``tectofs.auth``). ``advertise``
+        (``HOST[:PORT]``): the address registered with the metadata service, which hands it to
+        every client and peer (``server/addresses.py``; default: the bound address; a wildcard
+        bind needs it)."""
         path = auth.key_file_from(key_file)
         if path is None:
             raise InvalidArgument("a chunk server needs the cluster key: --key-file FILE or $TECTOFS_KEY_FILE")
@@ -81,6 +86,11 @@ class ChunkServer:
         self.inflight_bytes_max = inflight_bytes_max
         self.heartbeat_interval_s = heartbeat_interval_s
         self.metrics = ChunkMetrics()  # exported by `tectofs chunk --metrics` (tectofs.metrics.serve)
+        self.advertise = advertise
+        # Where `--metrics` serves (HOST:PORT, set before start()), and what start() derives and registers:
+        self.metrics_address: str | None = None
+        self.address = ""
+        self.metrics_url: str | None = None
         self.store = ChunkStore(self.data_dir, sync=sync, on_sync=self.metrics.sync_seconds.observe)
         self.metrics.watch_disk_free(self.store.disk_free_bytes)
         self.uuid = self._identity()
@@ -126,14 +136,28 @@ class ChunkServer:
             return ident
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        address = await self.rpc.start(host, port)
+        """Listen on ``host:port``, register, start heartbeats; returns the advertised address.
+        InvalidArgument for a wildcard ``host`` without ``advertise`` (nobody can reach that
+        address; refused before listening), or a metrics URL that would name no reachable host
+        (refused before registering)."""
+        if addresses.is_wildcard(host) and not self.advertise:
+            raise InvalidArgument(
+                f"a chunk server listening on {host or '*'} (every address) has no address to register: add"
+                " --advertise HOST[:PORT], the address clients and other servers reach it at")
+        bound = await self.rpc.start(host, port)
+        try:
+            self.address = addresses.advertised(bound, self.advertise) or bound
+            self.metrics_url = addresses.metrics_url(self.metrics_address, self.address) if self.metrics_address else None
+        except InvalidArgument:
+            await self.rpc.close()
+            raise
         await self._register()
         loop = asyncio.get_running_loop()
         self._heartbeat_task = loop.create_task(self._heartbeat_loop())
         self._tasks.append(loop.create_task(self.inventory.run(self.inventory_interval_s)))
         if self.scrub_enabled:
             self._tasks.append(loop.create_task(self.scrubber.run()))
-        return address
+        return self.address
 
     async def close(self) -> None:
         for task in [self._heartbeat_task, *self._tasks]:
@@ -300,7 +324,8 @@ class ChunkServer:
         load = self._load()
         reply, _ = await self.meta.call(
             self.meta_address, "register_server",
-            {"uuid": self.uuid, "address": self.rpc.address, "capacity": load["capacity"], "used": load["used"]},
+            {"uuid": self.uuid, "address": self.address, "capacity": load["capacity"], "used": load["used"],
+             "metrics_url": self.metrics_url},
             idempotent=True, retries_max=limits.rpc_retries_max,
         )
         self.server_id = int(reply["server_id"])
@@ -330,7 +355,8 @@ class ChunkServer:
         try:
             reply, _ = await self.meta.call(
                 self.meta_address, "heartbeat",
-                {"server_id": self.server_id, "address": self.rpc.address, **self._load(), "stats": self.progress()},
+                {"server_id": self.server_id, "address": self.address, **self._load(), "stats": self.progress(),
+                 "metrics_url": self.metrics_url},
                 idempotent=True, retries_max=0,
             )
             if reply.get("delete"):

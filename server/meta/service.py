@@ -23,6 +23,7 @@ from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, InvalidArgument, NotFound
 from tectofs.metrics import MetaMetrics
 from tectofs.rpc import RpcServer, current_peer
+from tectofs.server import addresses
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import dialect_for
 
@@ -74,9 +75,12 @@ class MetadataService:
         orphan_grace_s: float = limits.orphan_grace_s,
         key_file: str | None = None,
         capability_ttl_s: float = limits.capability_ttl_s,
+        advertise: str | None = None,
     ) -> None:
         """``key_file``: the cluster key (``tectofs.auth``), required: peers authenticate
-        against it and chunk capabilities are signed with it."""
+        against it and chunk capabilities are signed with it. ``advertise`` (``HOST[:PORT]``):
+        the address others reach this service at, which ``stats`` reports with the metrics URL
+        (``server/addresses.py``; default: the bound address, none for a wildcard)."""
         path = auth.key_file_from(key_file)
         if path is None:
             raise InvalidArgument("the metadata service needs the cluster key: --key-file FILE or $TECTOFS_KEY_FILE"
@@ -93,6 +97,11 @@ class MetadataService:
             return store
 
         self.metrics = MetaMetrics()  # exported by `tectofs meta --metrics` (tectofs.metrics.serve)
+        self.advertise = advertise
+        # Where `--metrics` serves (HOST:PORT, set before start()), and what start() derives:
+        self.metrics_address: str | None = None
+        self.address: str | None = None  # advertised; None: bound to a wildcard, nothing advertised
+        self.metrics_url: str | None = None
         self.runner = StoreRunner(open_store, on_batch=self.metrics.batch_sizes.observe)
         self.metrics.watch_queue(lambda: self.runner.queued)
         self.allocation_grace_s = allocation_grace_s
@@ -113,7 +122,16 @@ class MetadataService:
         self._repair_task: asyncio.Task[None] | None = None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        address = await self.rpc.start(host, port)
+        """Listen on ``host:port``; returns the advertised address (the bound one if none).
+        InvalidArgument, before serving anything, if the metrics URL would name no reachable host."""
+        bound = await self.rpc.start(host, port)
+        try:
+            self.address = addresses.advertised(bound, self.advertise)
+            self.metrics_url = addresses.metrics_url(self.metrics_address, self.address) if self.metrics_address else None
+        except InvalidArgument:
+            await self.rpc.close()
+            raise
+        address = self.address or bound
         self._gc_task = asyncio.get_running_loop().create_task(self._gc_loop())
         self._repair_task = asyncio.get_running_loop().create_task(self._repair_loop())
         return address
@@ -359,7 +377,7 @@ class MetadataService:
     # ------------------------------------------------------------------ chunk servers
 
     async def rpc_register_server(self, r: messages.RegisterServerRequest, _: memoryview) -> Reply:
-        server_id = await self._call("register_server", r.uuid, r.address, r.capacity, r.used)
+        server_id = await self._call("register_server", r.uuid, r.address, r.capacity, r.used, r.metrics_url)
         return messages.RegisterServerReply(server_id=server_id), b""
 
     async def rpc_heartbeat(self, r: messages.HeartbeatRequest, _: memoryview) -> Reply:
@@ -367,7 +385,8 @@ class MetadataService:
         if r.server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
             self.heartbeats_seen[r.server_id] = arrived
         delete, orders = await self._call(
-            "heartbeat_with_orders", r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address, r.stats
+            "heartbeat_with_orders", r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address, r.stats,
+            metrics_url=r.metrics_url,
         )
         # Liveness counts from arrival, not from when the store got to it (see SqlStore.heartbeats_seen).
         self.heartbeats_seen[r.server_id] = max(arrived, self.heartbeats_seen.get(r.server_id, 0.0))
@@ -389,6 +408,8 @@ class MetadataService:
             busy_answers=self.busy_answers,
             invalid_requests=self.rpc.invalid_requests,
             queued=self.runner.queued,
+            address=self.address,
+            metrics_url=self.metrics_url,
         ), b""
 
     async def rpc_ping(self, r: messages.Empty, _: memoryview) -> Reply:

@@ -1,8 +1,12 @@
 """The ``tectofs`` command: servers (``up``, ``meta``, ``chunk``, ``mount``) and client commands.
 
-Client commands find the metadata service through ``--meta HOST:PORT[,HOST:PORT...]`` (a failover group) or
-``$TECTOFS_META``. One module per family of commands: ``servers``, ``files``, ``admin``; what they share is in
-``common``.
+Client commands find the metadata service through ``--meta HOST:PORT[,HOST:PORT...]`` (a failover group),
+``$TECTOFS_META`` or the config file (:mod:`.config`). One module per family of commands: ``servers``,
+``files`` (copying), ``listing`` (ls, stat, du, df), ``admin``; what they share is in ``common``, ``output``,
+``options`` (global options), ``exits`` (exit statuses and error messages).
+
+Contract of :func:`main`: every expected failure is one line ``tectofs CMD: message`` on stderr and an exit
+status from :mod:`.exits`; Ctrl-C exits 130 and a closed stdout 141, without a traceback.
 """
 
 from __future__ import annotations
@@ -12,29 +16,55 @@ import logging
 import os
 import sys
 
-from tectofs.errors import TectofsError
-
-from . import admin, files, servers
+from . import admin, completion, exits, files, listing, options, servers
 from .servers import _serve_bound
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = options.Parser(
         prog="tectofs",
-        description="Distributed checkpoint storage: erasure-coded chunk servers, a metadata service, "
-        "a client library, a FUSE mount and a PyTorch plugin.",
-        epilog="Start here: 'tectofs up --root /tmp/tectofs' runs a local cluster; then "
-        "'export TECTOFS_META=127.0.0.1:7420' and use put/get/ls.",
+        description="Distributed checkpoint storage: erasure-coded chunk servers, a metadata service,\n"
+        "a client library, a FUSE mount and a PyTorch plugin. 'tectofs COMMAND --help' for each command.",
+        epilog="start here:\n  tectofs up --root /tmp/tectofs      # a local cluster, in one terminal\n"
+        "  export TECTOFS_META=127.0.0.1:7420  # in another; then put, get, ls, cp ...\n\n"
+        "configuration:\n  $TECTOFS_CONFIG, default ~/.config/tectofs/config.toml (TOML): meta, credentials, tls_ca;\n"
+        "  a flag beats the environment, which beats the file.\n\n" + exits.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    options.add_top_level(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     servers.add_parsers(sub)
     files.add_parsers(sub)
+    listing.add_parsers(sub)
     admin.add_parsers(sub)
     from tectofs.s3 import cli as s3_cli
 
     s3_cli.add_parser(sub, _serve_bound)
+    completion.add_parser(sub, parser)
+    options.spread(parser)
     return parser
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    """``put``, ``user add``, ``admin drain``: what the error messages start with."""
+    words = [args.command]
+    for dest in ("admin_command", "user_command", "key_command", "s3_command"):
+        if getattr(args, dest, None):
+            words.append(getattr(args, dest))
+    return " ".join(words)
+
+
+def _fail(name: str, message: str, status: int) -> None:
+    print(f"tectofs {name}: {message}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+def _stdout_closed() -> None:
+    """The reader of stdout went away: exit like coreutils under SIGPIPE, silently. Later
+    writes (and the interpreter's final flush) go to /dev/null instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(exits.BROKEN_PIPE)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,22 +73,28 @@ def main(argv: list[str] | None = None) -> None:
         from tectofs.bench import main as bench_main
 
         raise SystemExit(bench_main(argv[1:]))
-    args = build_parser().parse_args(argv)
-    for flag, env in (("tls_cert", "TECTOFS_TLS_CERT"), ("tls_key", "TECTOFS_TLS_KEY"), ("tls_ca", "TECTOFS_TLS_CA")):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    name = _command_name(args)
+    for flag, env in (("tls_cert", "TECTOFS_TLS_CERT"), ("tls_key", "TECTOFS_TLS_KEY")):
         if getattr(args, flag, None):
             os.environ[env] = getattr(args, flag)  # every connection this process makes or serves
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
     try:
+        options.apply(args, parser)
         args.fn(args)
-    except TectofsError as exc:
-        raise SystemExit(f"tectofs {args.command}: {exc}") from None
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-        raise SystemExit(f"tectofs {args.command}: {exc}") from None
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except KeyboardInterrupt:
         # What was being written was aborted on the way out (nothing half-written is published).
-        print(f"\ntectofs {args.command}: interrupted; nothing it was writing was published", file=sys.stderr)
-        raise SystemExit(130) from None
-
+        _fail(name, "interrupted; nothing it was writing was published", exits.INTERRUPTED)
+    except BrokenPipeError:
+        _stdout_closed()
+    except Exception as exc:
+        known = exits.describe(exc)
+        if known is not None:
+            logging.getLogger("tectofs.cli").debug("%s failed", name, exc_info=True)
+            _fail(name, *known)
+        if logging.getLogger().isEnabledFor(logging.INFO):
+            logging.getLogger("tectofs.cli").exception("%s: internal error", name)
+        _fail(name, f"internal error (a bug, please report it): {type(exc).__name__}: {exc}"
+              f"{'' if logging.getLogger().isEnabledFor(logging.INFO) else ' (-v shows the traceback)'}",
+              exits.INTERNAL)

@@ -8,16 +8,20 @@ import sys
 import time
 from typing import Any
 
-from tectofs import messages
-
+from . import output
 from .common import _client, _human, _meta_address, add_client_flags, client_command
 
 
 def cmd_status(args: argparse.Namespace) -> None:
+    from tectofs import messages
+
     with _client(args) as fs:
         servers = fs.servers()
         statfs = fs.statfs()
         stats = messages.to_plain(fs.run(fs.aio.meta("stats"))[0])
+    if args.json:  # every field the service sends, as it sends them: nothing added, nothing dropped
+        output.print_json({"meta": {"address": fs.meta_address, **stats}, "statfs": statfs, "servers": servers})
+        return
     now = time.time()
     live = sum(1 for s in servers if s["live"])
     print(f"metadata service {fs.meta_address}: {statfs['files']} inodes, "
@@ -42,14 +46,12 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 
 def cmd_fsck(args: argparse.Namespace) -> None:
-    import json
-
     from tectofs.fsck import check
 
     with _client(args) as fs:
         report = fs.run(check(fs.aio, args.path))
     if args.json:
-        print(json.dumps(report.as_dict(), indent=1))
+        output.print_json(report.as_dict())
     else:
         for f in report.damaged:
             print(f"{f['path']}: {f['unreadable']} unreadable, {f['under_redundant']} under-redundant"
@@ -81,7 +83,7 @@ def cmd_drain(args: argparse.Namespace) -> None:
 
 
 def cmd_gc(args: argparse.Namespace) -> None:
-    from tectofs.torch import gc_pending
+    from tectofs.checkpoint_gc import gc_pending
 
     address = _meta_address(args)
     if args.credentials:
@@ -165,11 +167,12 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    client_command(sub, "status", cmd_status, "show chunk servers, block health, rebuilds, scrub progress")
+    client_command(sub, "status", cmd_status, "show chunk servers, block health, rebuilds, scrub progress",
+                   json_output=True)
     p = client_command(sub, "fsck", cmd_fsck, "check every block below PATH: healthy, under-redundant or unreadable;"
-                       " exit 0 only if all are fully redundant (1: some under-redundant, 2: some unreadable)")
-    p.add_argument("path", nargs="?", default="/")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+                       " exit 0 only if all are fully redundant (1: some under-redundant, 2: some unreadable)",
+                       json_output=True)
+    p.add_argument("path", nargs="?", default="/", help="where to check, recursively (default /)")
     admin = sub.add_parser("admin", help="cluster administration (drain)", description="Cluster administration.")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ADMIN_COMMAND")
     p = admin_sub.add_parser("drain", help="move every chunk off a chunk server so it can be stopped safely",
@@ -194,9 +197,9 @@ def add_parsers(sub: Any) -> None:
     p = users_sub.add_parser("add", help="add a user and write its credential file",
                              description="Add a user (administrators only) and write its credential (and S3 key"
                              " pair) to --out, mode 0600.")
-    p.add_argument("name")
-    p.add_argument("--uid", type=int, required=True)
-    p.add_argument("--gid", type=int, required=True)
+    p.add_argument("name", help="user name (what 'whoami' and 'user list' show)")
+    p.add_argument("--uid", type=int, required=True, help="the user's uid in the cluster")
+    p.add_argument("--gid", type=int, required=True, help="the user's primary gid")
     p.add_argument("--groups", default="", help="supplementary gids, comma-separated")
     p.add_argument("--admin", action="store_true", help="may add and remove users and drain servers")
     p.add_argument("--proxy", action="store_true",
@@ -204,11 +207,13 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--out", help="credential file to write (default ./NAME.credentials)")
     add_client_flags(p)
     p.set_defaults(fn=cmd_user_add)
-    p = users_sub.add_parser("list", help="list users")
+    p = users_sub.add_parser("list", help="list users", description="List users: name, uid, gid, groups, flags.")
     add_client_flags(p)
     p.set_defaults(fn=cmd_user_list)
-    p = users_sub.add_parser("remove", help="remove a user (its credential stops working)")
-    p.add_argument("name")
+    p = users_sub.add_parser("remove", help="remove a user (its credential stops working)",
+                             description="Remove a user: new connections with its credential are refused (open ones"
+                             " live until closed).")
+    p.add_argument("name", help="user name")
     add_client_flags(p)
     p.set_defaults(fn=cmd_user_remove)
     client_command(sub, "whoami", cmd_whoami, "show who the credential in use makes you")
@@ -219,16 +224,16 @@ def add_parsers(sub: Any) -> None:
     keys_sub = keys.add_subparsers(dest="key_command", required=True, metavar="KEY_COMMAND")
     for name, text in (("add", "add a new key (accepted, not yet signing)"), ("use", "make key ID the signing key"),
                        ("remove", "remove key ID")):
-        p = keys_sub.add_parser(name, help=text)
+        p = keys_sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         if name != "add":
-            p.add_argument("id")
-        p.add_argument("--key-file", required=True)
+            p.add_argument("id", help="key id (the file lists them: 'tectofs-key ID HEX')")
+        p.add_argument("--key-file", required=True, help="the cluster key file to edit")
         p.set_defaults(fn=cmd_key)
     p = client_command(sub, "gc", cmd_gc, "remove leftovers of interrupted checkpoint saves (pending directories)")
     p.add_argument("path", nargs="?", default="/", help="where to look, recursively (default /)")
-    # Same default as the writer's own clean-up (tectofs.torch.PENDING_GRACE_S; not imported
-    # here: that would load torch for every command). A failed save deletes its pending
-    # directory itself; only crashed saves leave one.
+    # Same default as the writer's own clean-up (tectofs.checkpoint_gc.PENDING_GRACE_S, not
+    # imported for every command's --help; test_cli_options checks they agree). A failed save
+    # deletes its pending directory itself; only crashed saves leave one.
     p.add_argument("--older-than", type=float, default=24 * 3600.0,
                    help="only leftovers untouched for this many seconds (default 86400 = 24 h, as the "
                         "automatic clean-up after each checkpoint commit; use less only when no save is running)")

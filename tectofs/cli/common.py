@@ -1,13 +1,14 @@
-"""What every ``tectofs`` command shares: sizes, flags, the client connection, progress."""
+"""What every ``tectofs`` command shares: sizes, flags, the client connection, usage errors."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any, Callable
 
 from tectofs import limits
+
+from .output import human as _human  # noqa: F401  # servers and admin print sizes with it
 
 DEFAULT_PORT = 7420
 KEY_HELP = "cluster key file (default: $TECTOFS_KEY_FILE; 'tectofs init' or 'tectofs up' makes one)"
@@ -23,14 +24,6 @@ def _size(text: str) -> int:
         return int(float(number) * units[unit])
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 4096, 64M, 1G") from None
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 def _metrics_listen(text: str) -> tuple[str, int]:
@@ -64,50 +57,45 @@ def add_metrics_flags(p: argparse.ArgumentParser) -> None:
 
 def add_client_flags(p: argparse.ArgumentParser) -> None:
     add_tls_flags(p, serves=False)
-    p.add_argument("--meta", help="metadata service HOST:PORT, or several (HOST:PORT,HOST:PORT: failover) (default: $TECTOFS_META)")
+    p.add_argument("--meta", metavar="HOST:PORT[,...]",
+                   help="metadata service HOST:PORT, or several (HOST:PORT,HOST:PORT: failover) (default:"
+                   " $TECTOFS_META, else 'meta' in the config file)")
     p.add_argument("--credentials", metavar="FILE",
-                   help="credential file of the user to act as (default: $TECTOFS_CREDENTIALS, else the one"
-                   " 'tectofs up' wrote for this address under ~/.config/tectofs/credentials/)")
+                   help="credential file of the user to act as (default: $TECTOFS_CREDENTIALS, else 'credentials' in"
+                   " the config file, else the one 'tectofs up' wrote for this address under"
+                   " ~/.config/tectofs/credentials/)")
 
 
-def client_command(sub: Any, name: str, fn: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
-    """A subcommand that talks to a cluster: the connection flags, and ``fn`` to run."""
-    p = sub.add_parser(name, help=help_text, description=help_text)
+def client_command(sub: Any, name: str, fn: Callable[[argparse.Namespace], None], help_text: str,
+                   json_output: bool = False, short_help_flag: bool = True) -> argparse.ArgumentParser:
+    """A subcommand that talks to a cluster: the connection flags, ``--json`` if it has such
+    output, and ``fn`` to run. ``short_help_flag=False``: only ``--help`` (``-h`` means
+    human-readable sizes there, as in ls, du and df)."""
+    p = sub.add_parser(name, help=help_text, description=help_text, add_help=short_help_flag)
+    if not short_help_flag:
+        p.add_argument("--help", action="help", help="show this help message and exit")
     add_client_flags(p)
+    if json_output:
+        p.add_argument("--json", action="store_true", help="print JSON instead of text (for scripts)")
     p.set_defaults(fn=fn)
     return p
 
 
 def _meta_address(args: argparse.Namespace) -> str:
-    address = args.meta or os.environ.get("TECTOFS_META")
+    """``--meta``, else ``$TECTOFS_META``, else the config file's (``options.apply`` resolved it)."""
+    address = getattr(args, "meta", None) or os.environ.get("TECTOFS_META")
     if not address:
-        raise SystemExit("tectofs: no metadata service given: use --meta HOST:PORT[,HOST:PORT...] or set TECTOFS_META")
+        raise UsageError("no metadata service given: use --meta HOST:PORT[,HOST:PORT...], set TECTOFS_META, or put"
+                         " meta = \"HOST:PORT\" in the config file")
     return str(address)
 
 
-def _client(args: argparse.Namespace) -> Any:
+def _client(args: argparse.Namespace, address: str | None = None) -> Any:
+    """A connected ``tectofs.client.FileSystem`` (use it in ``with``): to ``address``, else the command's cluster."""
     from tectofs.client import connect
 
-    return connect(_meta_address(args), getattr(args, "credentials", None))
+    return connect(address or _meta_address(args), getattr(args, "credentials", None))
 
 
-def _progress(total: int, desc: str, enabled: bool) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled,
-                file=sys.stderr, leave=False)
-
-
-def _copy(src: Any, dst: Any, total: int, desc: str, show: bool) -> int:
-    buffer = bytearray(8 * limits.MiB)
-    view = memoryview(buffer)
-    done = 0
-    with _progress(total, desc, show) as bar:
-        while True:
-            n = src.readinto(view)
-            if not n:
-                break
-            dst.write(view[:n])
-            done += n
-            bar.update(n)
-    return done
+class UsageError(Exception):
+    """The command line cannot work as given (exit status 2, one line, no traceback)."""

@@ -1,61 +1,71 @@
-"""Client commands on files and directories: put, get, ls, stat, mkdir, set-policy, mv, rm."""
+"""Client commands on files and directories: put, get, cp, cat, mkdir, set-policy, mv, rm."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import time
+import sys
 from typing import Any
 
-from tectofs import paths
+from tectofs import limits, paths
 
-from .common import _client, _copy, _human, _size, client_command
+from . import transfer
+from .common import UsageError, _client, _human, _size, client_command
+
+
+def _remote_path(argument: str) -> tuple[str | None, str]:
+    """A tectofs path given to put/get/cat: ``/a``, ``tectofs:/a`` or ``tectofs://HOST:PORT/a``."""
+    return transfer.parse(argument) or (None, argument)
+
+
+_LOCAL = transfer.Local()
+
+
+def _local_or_remote(clusters: transfer.Clusters, argument: str) -> tuple[transfer.Endpoint, str]:
+    parsed = transfer.parse(argument)
+    if parsed is None:
+        return _LOCAL, argument
+    return clusters.remote(parsed[0]), parsed[1]
+
+
+def _one_cluster(arguments: list[str]) -> tuple[str | None, list[str]]:
+    parsed = [_remote_path(a) for a in arguments]
+    addresses = {address for address, _ in parsed}
+    if len(addresses) > 1:
+        raise UsageError("all tectofs sources must be on one cluster (use cp for several)")
+    return addresses.pop(), [path for _, path in parsed]
 
 
 def cmd_put(args: argparse.Namespace) -> None:
-    with _client(args) as fs:
-        target = args.dst
-        try:
-            if fs.stat(target).is_dir:
-                target = target.rstrip("/") + "/" + os.path.basename(args.src)
-        except FileNotFoundError:
-            if target.endswith("/"):
-                raise SystemExit(f"tectofs put: {target} is not a directory (no such directory)") from None
-        started = time.monotonic()
-        with open(args.src, "rb") as src, fs.open(target, "wb") as dst:
-            n = _copy(src, dst, os.fstat(src.fileno()).st_size, os.path.basename(args.src), not args.quiet)
-        elapsed = time.monotonic() - started
-        print(f"{args.src} -> {target}: {_human(n)} in {elapsed:.2f}s ({_human(n / max(elapsed, 1e-9))}/s)")
+    address, (target,) = _one_cluster([args.dst])
+    with transfer.Clusters(args) as clusters:
+        transfer.copy(_LOCAL, args.src, clusters.remote(address), target, args.recursive, args.quiet)
 
 
 def cmd_get(args: argparse.Namespace) -> None:
-    with _client(args) as fs:
-        target = os.path.join(args.dst, os.path.basename(args.src)) if os.path.isdir(args.dst) else args.dst
-        started = time.monotonic()
-        with fs.open(args.src, "rb") as src, open(target, "wb") as dst:
-            n = _copy(src, dst, fs.stat(args.src).size, os.path.basename(args.src), not args.quiet)
-        elapsed = time.monotonic() - started
-        print(f"{args.src} -> {target}: {_human(n)} in {elapsed:.2f}s ({_human(n / max(elapsed, 1e-9))}/s)")
+    address, sources = _one_cluster(args.src)
+    with transfer.Clusters(args) as clusters:
+        transfer.copy(clusters.remote(address), sources, _LOCAL, args.dst, args.recursive, args.quiet)
 
 
-def cmd_ls(args: argparse.Namespace) -> None:
-    with _client(args) as fs:
-        st = fs.stat(args.path)
-        entries = fs.iter_scandir(args.path) if st.is_dir else iter([(os.path.basename(args.path), st)])
-        for name, e in entries:
-            kind = {"dir": "d", "file": "-", "symlink": "l", "fifo": "p", "socket": "s", "char": "c", "block": "b"}[e.kind]
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime))
-            suffix = "/" if e.is_dir else (f" -> {e.target}" if e.kind == "symlink" else "")
-            print(f"{kind}{oct(e.mode & 0o777)[2:]:>4} {e.size:>14} {when} {e.policy:>8}  {name}{suffix}")
+def cmd_cp(args: argparse.Namespace) -> None:
+    with transfer.Clusters(args) as clusters:
+        sources = [_local_or_remote(clusters, a) for a in args.src]
+        if len({id(endpoint) for endpoint, _ in sources}) > 1:
+            raise UsageError("all sources must be on one side (all local, or all on one tectofs cluster)")
+        dst, target = _local_or_remote(clusters, args.dst)
+        transfer.copy(sources[0][0], [path for _, path in sources], dst, target, args.recursive, args.quiet)
 
 
-def cmd_stat(args: argparse.Namespace) -> None:
-    with _client(args) as fs:
-        st = fs.stat(args.path)
-        for key, value in st.__dict__.items():
-            print(f"{key:>10}: {value}")
-        if st.is_file:
-            print(f"{'blocks':>10}: {fs.run(fs.aio.block_count(args.path))}")
+def cmd_cat(args: argparse.Namespace) -> None:
+    out = sys.stdout.buffer
+    buffer = memoryview(bytearray(limits.MiB))
+    with transfer.Clusters(args) as clusters:
+        for argument in args.paths:
+            address, path = _remote_path(argument)
+            with clusters.remote(address).fs.open(path, "rb") as f:
+                while n := f.readinto(buffer):
+                    out.write(buffer[:n])
+        out.flush()
 
 
 def cmd_mkdir(args: argparse.Namespace) -> None:
@@ -64,9 +74,20 @@ def cmd_mkdir(args: argparse.Namespace) -> None:
 
 
 def cmd_set_policy(args: argparse.Namespace) -> None:
-    if args.policy is None and args.block_size is None and args.write_min is None:
-        raise SystemExit("tectofs set-policy: give --policy, --block-size, --write-min or several")
+    if args.policy is None and args.block_size is None and args.write_min is None and args.compress is None:
+        raise UsageError("give --policy, --block-size, --write-min, --compress or several")
     with _client(args) as fs:
+        if args.compress is not None:
+            if not fs.stat(args.path).is_dir:
+                raise UsageError(f"{args.path} is not a directory")
+            from tectofs.checkpoint_gc import COMPRESS_XATTR
+
+            fs.setxattr(args.path, COMPRESS_XATTR, args.compress.encode())
+            print(f"{args.path}: checkpoints saved below it through the PyTorch plugin are"
+                  f" {'compressed (zstd on tensor planes)' if args.compress == 'zstd' else 'not compressed'}"
+                  " unless the writer says otherwise")
+        if args.policy is None and args.block_size is None and args.write_min is None:
+            return
         st = fs.set_policy(args.path, policy=args.policy, block_size=args.block_size, write_min=args.write_min)
         minimum = f"write minimum {st.write_min}" if st.write_min else "the policy's write minimum"
         print(f"{args.path}: new files below it get {st.policy}, {_human(st.block_size)} blocks, {minimum}"
@@ -81,45 +102,57 @@ def cmd_mv(args: argparse.Namespace) -> None:
 def cmd_rm(args: argparse.Namespace) -> None:
     for path in args.paths:  # before anything is deleted, like GNU rm's --preserve-root
         if args.recursive and not paths.split(path):
-            raise SystemExit(f"tectofs rm: refusing to remove {path!r} (the root directory); remove what is in it by name")
+            raise UsageError(f"refusing to remove {path!r} (the root directory); remove what is in it by name")
     with _client(args) as fs:
         for path in args.paths:
             st = fs.stat(path)
             if st.is_dir:
                 if not args.recursive:
-                    raise SystemExit(f"tectofs: {path} is a directory (use -r)")
+                    raise IsADirectoryError(f"{path} is a directory (use -r)")
                 fs.rmtree(path)
             else:
                 fs.remove(path)
 
 
 def add_parsers(sub: Any) -> None:
-    p = client_command(sub, "put", cmd_put, "copy a local file into tectofs")
-    p.add_argument("src")
-    p.add_argument("dst")
-    p.add_argument("-q", "--quiet", action="store_true")
-    p = client_command(sub, "get", cmd_get, "copy a file out of tectofs")
-    p.add_argument("src")
-    p.add_argument("dst")
-    p.add_argument("-q", "--quiet", action="store_true")
-    p = client_command(sub, "ls", cmd_ls, "list a directory")
-    p.add_argument("path", nargs="?", default="/")
-    p = client_command(sub, "stat", cmd_stat, "show a file's attributes")
-    p.add_argument("path")
+    copying = ("Copies are published whole or not at all: an error or Ctrl-C leaves the previous version (or no"
+               " file). Progress on stderr when it is a terminal; -q: none, and no summary.")
+    p = client_command(sub, "put", cmd_put, "copy local files (-r: directories) into tectofs")
+    p.description = f"Copy local files into tectofs: into DST if it is a directory, else as DST. {copying}"
+    p.add_argument("src", nargs="+", metavar="SRC", help="local file (or directory, with -r); '-': standard input")
+    p.add_argument("dst", metavar="DST", help="tectofs path (/path, tectofs:/path or tectofs://HOST:PORT/path)")
+    p.add_argument("-r", "--recursive", action="store_true", help="copy directories and everything below them")
+    p = client_command(sub, "get", cmd_get, "copy files (-r: directories) out of tectofs")
+    p.description = f"Copy files out of tectofs: into DST if it is a local directory, else as DST. {copying}"
+    p.add_argument("src", nargs="+", metavar="SRC", help="tectofs path (/path, tectofs:/path or tectofs://HOST:PORT/path)")
+    p.add_argument("dst", metavar="DST", help="local file or directory")
+    p.add_argument("-r", "--recursive", action="store_true", help="copy directories and everything below them")
+    p = client_command(sub, "cp", cmd_cp, "copy local -> tectofs, tectofs -> local or within tectofs ('tectofs:' paths)")
+    p.description = f"Copy files (-r: directories). {transfer.CP_HELP} {copying}"
+    p.epilog = ("examples: tectofs cp model.bin tectofs:/ckpt/  |  tectofs cp -r tectofs:/ckpt ./backup  |"
+                "  tectofs cp tectofs:/ckpt/a.bin tectofs:/ckpt/b.bin")
+    p.add_argument("src", nargs="+", metavar="SRC", help="source: a local path or a tectofs: path")
+    p.add_argument("dst", metavar="DST", help="destination: a local path or a tectofs: path")
+    p.add_argument("-r", "--recursive", action="store_true", help="copy directories and everything below them")
+    p = client_command(sub, "cat", cmd_cat, "write files from tectofs to stdout")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="tectofs path (/path or tectofs:/path)")
     p = client_command(sub, "mkdir", cmd_mkdir, "create a directory")
-    p.add_argument("path")
-    p.add_argument("-p", "--parents", action="store_true")
-    p.add_argument("--policy", help="durability policy for files below it: rs(k,m) or rep(n)")
-    p.add_argument("--block-size", type=_size)
+    p.add_argument("path", help="tectofs path of the new directory")
+    p.add_argument("-p", "--parents", action="store_true", help="make missing parents too; no error if it exists")
+    p.add_argument("--policy", help="durability policy for files below it: rs(k,m) or rep(n) (default: inherited)")
+    p.add_argument("--block-size", type=_size, help="block size of new files below it, e.g. 64M (default: inherited)")
     p = client_command(sub, "set-policy", cmd_set_policy, "change the durability policy or block size new files below a directory get")
-    p.add_argument("path")
+    p.add_argument("path", help="tectofs directory")
     p.add_argument("--policy", help="rs(k,m) or rep(n)")
-    p.add_argument("--block-size", type=_size)
+    p.add_argument("--block-size", type=_size, help="block size of new files below it, e.g. 64M")
     p.add_argument("--write-min", type=int, help="chunks a block needs to be accepted while servers are missing"
                    " (default: k+1 for rs(k,m), 2 for rep(n)); the full width refuses degraded writes")
+    p.add_argument("--compress", choices=["zstd", "off"],
+                   help="default for PyTorch checkpoints saved below it: tensors compressed (zstd on byte planes:"
+                   " bf16 weights to about 2/3) or not; a CheckpointWriter(compress=...) overrides it")
     p = client_command(sub, "mv", cmd_mv, "rename (atomically replacing the target)")
-    p.add_argument("src")
-    p.add_argument("dst")
+    p.add_argument("src", help="tectofs path to rename")
+    p.add_argument("dst", help="new tectofs path (an existing file there is replaced atomically)")
     p = client_command(sub, "rm", cmd_rm, "remove files or (with -r) directories")
-    p.add_argument("paths", nargs="+")
-    p.add_argument("-r", "--recursive", action="store_true")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="tectofs paths")
+    p.add_argument("-r", "--recursive", action="store_true", help="remove directories and everything below them")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import signal
+import sys
 import time
 from typing import Any, Callable
 
@@ -25,6 +25,27 @@ from .common import (
 )
 
 
+def _advertise(text: str) -> str:
+    """``--advertise HOST[:PORT]``, checked (no wildcard, a valid port)."""
+    from tectofs.errors import InvalidArgument
+    from tectofs.server import addresses
+
+    try:
+        addresses.split(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _advertise_host(text: str) -> str:
+    """``tectofs up --advertise HOST``: a host only (every server keeps its own port)."""
+    from tectofs.server import addresses
+
+    if addresses.split(_advertise(text))[1] is not None:
+        raise argparse.ArgumentTypeError(f"bad host {text!r}: give the host only; every server keeps its own port")
+    return text
+
+
 def cmd_meta(args: argparse.Namespace) -> None:
     from tectofs.server.meta import MetadataService
 
@@ -33,10 +54,20 @@ def cmd_meta(args: argparse.Namespace) -> None:
             args.store, args.policy, args.block_size, server_dead_after_s=args.dead_after, gc_delay_s=args.gc_delay,
             allocation_grace_s=args.allocation_grace, repair_after_s=args.repair_after,
             repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace, key_file=args.key_file,
-            capability_ttl_s=args.capability_ttl,
+            capability_ttl_s=args.capability_ttl, advertise=args.advertise,
         )
 
-    _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {args.store})")
+    _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {_without_password(args.store)})")
+
+
+def _without_password(store: str) -> str:
+    """A store URL fit to print: ``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(store)
+    if not parts.password:
+        return store
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 def cmd_chunk(args: argparse.Namespace) -> None:
@@ -47,22 +78,32 @@ def cmd_chunk(args: argparse.Namespace) -> None:
             args.data, args.meta, args.inflight_max, args.heartbeat, sync="none" if args.no_sync else args.sync,
             scrub_rate_bytes_per_s=args.scrub_rate * limits.MiB, repair_concurrency=args.repair_concurrency,
             repair_rate_bytes_per_s=args.repair_rate * limits.MiB, inventory_interval_s=args.inventory_interval,
-            scrub_interval_s=args.scrub_interval, key_file=args.key_file,
+            scrub_interval_s=args.scrub_interval, key_file=args.key_file, advertise=args.advertise,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs chunk server on {a} (data {args.data}, metadata {args.meta})")
 
 
 def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: Callable[[str], str]) -> None:
+    """Run the server ``start()`` makes on ``--host``/``--port`` until SIGINT or SIGTERM. Its
+    metrics (``--metrics``) are served first, so a server with a ``metrics_address`` attribute
+    (the metadata service, a chunk server) knows their URL before it registers or answers."""
+    import asyncio  # not at the top: every ``tectofs --help`` would pay for it
+
     async def main() -> None:
         server = start()
-        address = await server.start(args.host, args.port)
-        print(describe(address), flush=True)
+        metrics_address = None
         if getattr(args, "metrics", None):
             from tectofs import metrics
 
             metrics_address = metrics.serve(server.metrics.registry, *args.metrics)
-            print(f"metrics: {metrics.url(metrics_address)}", flush=True)
+            if hasattr(server, "metrics_address"):
+                server.metrics_address = metrics_address
+        address = await server.start(args.host, args.port)
+        bound = getattr(getattr(server, "rpc", None), "address", address)
+        print(describe(bound) + (f", advertised as {address}" if address != bound else ""), flush=True)
+        if metrics_address:
+            print(f"metrics: {getattr(server, 'metrics_url', None) or metrics.url(metrics_address)}", flush=True)
             if args.metrics_ready_file:
                 _write_atomically(args.metrics_ready_file, metrics_address)
         if args.ready_file:
@@ -90,7 +131,7 @@ def cmd_up(args: argparse.Namespace) -> None:
                            args.policy, args.block_size, args.host,
                            meta_args=["--repair-after", str(args.repair_after)],
                            chunk_args=["--scrub-rate", str(args.scrub_rate)], tls=args.tls, s3_port=args.s3,
-                           metrics=not args.no_metrics)
+                           metrics=not args.no_metrics, advertise=args.advertise)
     print(f"starting a local cluster under {cluster.root}: 1 metadata service + {args.servers} chunk servers ...",
           flush=True)
     stop = {"now": False}
@@ -160,9 +201,22 @@ def cmd_mount(args: argparse.Namespace) -> None:
     from tectofs.client.fuse import mount
 
     address = _meta_address(args)
-    mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
+    if args.metrics:  # the mount's client metrics (tectofs_client_*)
+        from tectofs import metrics
+
+        if args.daemon:  # no thread before the fork: the daemon's first connection serves them
+            if not args.metrics[1]:
+                raise SystemExit("tectofs mount: --daemon needs a fixed --metrics port (the daemon cannot tell you"
+                                 " which free one it took)")
+            metrics.serve_client_on_connect(*args.metrics)
+            print(f"metrics: {metrics.url('%s:%d' % args.metrics)} (once mounted)", flush=True)
+        else:
+            print(f"metrics: {metrics.url(metrics.serve_client(*args.metrics))}", flush=True)
+    log_path = mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
           attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
           multi_user=args.multi_user, default_permissions=args.default_permissions)
+    if log_path is not None:
+        print(f"tectofs mount: {args.mountpoint} mounted in the background; log: {log_path}", file=sys.stderr)
 
 
 def add_parsers(sub: Any) -> None:
@@ -172,7 +226,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--root", default=None,
                    help="state directory (default ./tectofs-data; with --check a new temporary one)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"metadata service port (default {DEFAULT_PORT}; 0 = any)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 needs"
+                   " --advertise)")
+    p.add_argument("--advertise", metavar="HOST", type=_advertise_host,
+                   help="the host others reach every server at (each keeps its own port)")
     p.add_argument("--servers", type=int, default=6, help="chunk servers to start (default 6)")
     p.add_argument("--policy", default="rs(4,2)", help="durability policy of / (default rs(4,2); or rep(n))")
     p.add_argument("--block-size", type=_size, default=limits.block_size_default_bytes, help="block size (default 64M)")
@@ -191,12 +248,20 @@ def add_parsers(sub: Any) -> None:
                    help="no Prometheus endpoints (default: one per server, on a free port, URLs printed)")
     p.set_defaults(fn=cmd_up)
 
-    p = sub.add_parser("meta", help="run the metadata service")
+    p = sub.add_parser("meta", help="run the metadata service",
+                       description="Run the metadata service: the namespace, the layouts (which chunk servers hold"
+                       " which chunks), users, leases and the rebuild schedule. Data never passes through it. Its"
+                       " state is one SQLite file (one host) or a PostgreSQL database (several services over one"
+                       " store, for failover). Runs until SIGINT/SIGTERM.")
     p.add_argument("--store", default="meta.db", help="SQLite file or postgresql:// URL (default meta.db)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every one)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: any)")
+    p.add_argument("--advertise", metavar="HOST[:PORT]", type=_advertise,
+                   help="the address other hosts reach this service at (PORT: the bound one by default), reported by"
+                   " 'tectofs status' with the metrics URL; needed with --metrics on a wildcard and --host 0.0.0.0")
     p.add_argument("--policy", default="rs(4,2)", help="policy of / on a new store")
-    p.add_argument("--block-size", type=_size, default=limits.block_size_default_bytes)
+    p.add_argument("--block-size", type=_size, default=limits.block_size_default_bytes,
+                   help="block size of / on a new store (default 64M; directories can set their own)")
     p.add_argument("--dead-after", type=float, default=limits.server_dead_after_s,
                    help="seconds without heartbeat before a chunk server counts as dead")
     p.add_argument("--gc-delay", type=float, default=30.0, help="seconds before deleted chunks are removed")
@@ -217,11 +282,21 @@ def add_parsers(sub: Any) -> None:
     add_metrics_flags(p)
     p.set_defaults(fn=cmd_meta)
 
-    p = sub.add_parser("chunk", help="run a chunk server")
+    p = sub.add_parser("chunk", help="run a chunk server",
+                       description="Run a chunk server: it stores chunks (erasure-coded or replicated pieces of"
+                       " blocks) with their checksums under --data, registers with the metadata service,"
+                       " scrubs in the background and rebuilds chunks the service orders. One per disk. Runs"
+                       " until SIGINT/SIGTERM.")
     p.add_argument("--data", required=True, help="directory for chunk files (local flash)")
-    p.add_argument("--meta", required=True, help="metadata service HOST:PORT, or several over one store (HOST:PORT,HOST:PORT: failover)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--meta", required=not os.environ.get("TECTOFS_META"), default=os.environ.get("TECTOFS_META"),
+                   help="metadata service HOST:PORT, or several over one store (HOST:PORT,HOST:PORT: failover)"
+                   " (default: $TECTOFS_META)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 needs"
+                   " --advertise)")
     p.add_argument("--port", type=int, default=0, help="port (default: any free one)")
+    p.add_argument("--advertise", metavar="HOST[:PORT]", type=_advertise,
+                   help="the address registered with the metadata service, which clients and other chunk servers"
+                   " connect to (PORT: the bound one by default; default: --host:--port, refused for a wildcard)")
     p.add_argument("--inflight-max", type=_size, default=limits.chunk_inflight_bytes_max,
                    help="bytes being received at once before answering BUSY (default 512M)")
     p.add_argument("--heartbeat", type=float, default=limits.heartbeat_interval_s, help="heartbeat interval, seconds")
@@ -241,18 +316,20 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--inventory-interval", type=float, default=limits.inventory_interval_s, metavar="SECONDS",
                    help="full report of the chunks on disk to the metadata service, after the one at start"
                    " (default %(default)s)")
-    p.add_argument("--ready-file")
+    p.add_argument("--ready-file", help="write the listening address here once serving")
     p.add_argument("--key-file", help=KEY_HELP)
     add_tls_flags(p, serves=True)
     add_metrics_flags(p)
     p.set_defaults(fn=cmd_chunk)
 
     p = client_command(sub, "mount", cmd_mount, "mount tectofs with FUSE (unmount with fusermount3 -u or Ctrl-C)")
-    p.add_argument("mountpoint")
-    p.add_argument("--daemon", action="store_true", help="detach into the background")
+    p.add_argument("mountpoint", help="an existing empty directory")
+    p.add_argument("--daemon", action="store_true",
+                   help="detach into the background; it logs to --log-file, else ~/.local/state/tectofs/")
     p.add_argument("--single-thread", action="store_true", help="serve one kernel request at a time")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="attribute/entry cache seconds (default 1)")
-    p.add_argument("--debug", action="store_true")
+    p.add_argument("--debug", action="store_true", help="libfuse's debug output: every kernel request (very verbose)")
+    add_metrics_flags(p)
     sharing = p.add_mutually_exclusive_group()
     sharing.add_argument("--allow-other", dest="multi_user", action="store_true", default=None,
                          help="every local user may use the mount, as themselves (the default when run by root"

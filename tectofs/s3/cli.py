@@ -82,6 +82,9 @@ def add_parser(sub: Any, serve: Callable[..., None]) -> None:
                    help="address to serve S3 on (default 127.0.0.1:9000; port 0: any)")
     p.add_argument("--key-file", help="cluster key file (default: $TECTOFS_KEY_FILE)")
     p.add_argument("--ready-file", help="write the listening address here once serving")
+    from tectofs.cli.common import add_metrics_flags  # here: tectofs.cli imports this module
+
+    add_metrics_flags(p)  # the gateway's client registry: tectofs_s3_*, tectofs_client_*
     p.set_defaults(fn=lambda args: cmd_serve(args, serve))
     actions = p.add_subparsers(dest="s3_command", metavar="ACTION")
     k = actions.add_parser("keys", help="print your S3 keys as AWS_ACCESS_KEY_ID= / AWS_SECRET_ACCESS_KEY= lines")

@@ -11,19 +11,22 @@ and it is one dependency with back-pressured request streams and ``StreamRespons
 Contract: path-style addressing (``/bucket/key``); every request must be signed (header or
 presigned URL) by a key :class:`~tectofs.s3.principals.Principals` knows; errors are S3
 XML documents with S3's codes; a response already streaming when a read fails is cut short
-(the client sees fewer bytes than Content-Length, never wrong ones).
+(the client sees fewer bytes than Content-Length, never wrong ones). Every request is
+counted in :class:`tectofs.metrics.S3Metrics` (``S3Gateway.metrics``; its ``registry`` is the
+process's client registry, which ``--metrics`` serves).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import time
 from typing import Awaitable, Callable
 from urllib.parse import unquote
 
 from aiohttp import web
 
-from tectofs import auth, errors
+from tectofs import auth, errors, metrics
 from tectofs.client import AsyncFileSystem
 
 from . import handlers, sigv4
@@ -82,6 +85,15 @@ def route(method: str, bucket: str, key: str, query: dict[str, str]) -> Handler:
     return handler
 
 
+def _operation(request: web.Request) -> str:
+    """The name of the operation ``request`` asks for (``unknown``: none)."""
+    raw_path, _, raw_query = request.raw_path.partition("?")
+    try:
+        return route(request.method, *split_path(raw_path), dict(sigv4.parse_query(raw_query))).__name__
+    except S3Error:
+        return "unknown"
+
+
 def split_path(raw_path: str) -> tuple[str, str]:
     """``/bucket/some%20key`` -> (``bucket``, ``some key``) (path-style addressing)."""
     bucket, _, key = unquote(raw_path).lstrip("/").partition("/")
@@ -97,6 +109,7 @@ class S3Gateway:
         self.ring = auth.KeyRing(key_file)
         self.fs = AsyncFileSystem(meta_address, auth.Credential.root_from_keys(self.ring, meta_address))
         self.principals = Principals(self.fs, self.ring)
+        self.metrics = metrics.s3_metrics()
         self.runner: web.AppRunner | None = None
         self.address = ""
 
@@ -140,15 +153,35 @@ class S3Gateway:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         request["request_id"] = secrets.token_hex(8).upper()
+        started = time.perf_counter()
+        handler: Handler | None = None
+        response: web.StreamResponse | None = None
         try:
             call = await self._call(request)
-            return await route(request.method, call.bucket, call.key, call.query)(call)
+            handler = route(request.method, call.bucket, call.key, call.query)
+            response = await handler(call)
+            return response
         except (ConnectionError, web.HTTPException):
             raise
         except Exception as exc:
             if request.get("streaming"):
                 raise  # the status went out already: the connection is cut short
-            return self._error(request, exc)
+            response = self._error(request, exc)
+            return response
+        finally:
+            self._count(request, handler, response, started)
+
+    def _count(self, request: web.Request, handler: Handler | None, response: web.StreamResponse | None,
+               started: float) -> None:
+        """Count one request: its operation (for one that never reached a handler, the one it
+        asked for, or ``unknown``), status (``cut``: none was answered, or a streamed answer
+        was cut short), latency, body bytes received and sent."""
+        sent = 0
+        if response is not None and request.method != "HEAD":
+            sent = response.body_length if response.prepared else (response.content_length or 0)
+        self.metrics.observe(_operation(request) if handler is None else handler.__name__,
+                             "cut" if response is None else response.status, time.perf_counter() - started,
+                             request.content.total_bytes, sent)
 
     @staticmethod
     async def _tag(request: web.Request, response: web.StreamResponse) -> None:

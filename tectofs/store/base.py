@@ -33,7 +33,8 @@ class StoreParts:
         raise NotImplementedError
 
     def heartbeat(self, server_id: int, capacity: int, used: int, inflight: int, chunks: int,
-                  address: str | None = None, orders_max: int = 0, stats: dict[str, int] | None = None) -> list[int]:
+                  address: str | None = None, orders_max: int = 0, stats: dict[str, int] | None = None,
+                  metrics_url: str | None = None) -> list[int]:
         raise NotImplementedError
 
     if TYPE_CHECKING:  # for the type checker only: provided by SqlStore and the other mixins

@@ -317,10 +317,12 @@ class BlockHealth(StoreParts):
     def heartbeat_with_orders(
         self, server_id: int, capacity: int, used: int, inflight: int, chunks: int, address: str | None,
         stats: dict[str, int], orders_max: int = limits.repair_orders_per_heartbeat_max,
+        metrics_url: str | None = None,
     ) -> tuple[list[int], list[dict[str, Any]]]:
         """A heartbeat (``heartbeat``: its delete orders) and the rebuild orders for that server,
         in one operation: one queue entry and one transaction per heartbeat."""
-        deletes = self.heartbeat(server_id, capacity, used, inflight, chunks, address, stats=stats)
+        deletes = self.heartbeat(server_id, capacity, used, inflight, chunks, address, stats=stats,
+                                 metrics_url=metrics_url)
         return deletes, self.repair_orders(server_id, orders_max)
 
     def repair_orders(self, server_id: int, count: int) -> list[dict[str, Any]]:

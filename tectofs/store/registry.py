@@ -17,36 +17,41 @@ from .base import StoreParts
 class ServersAndLeases(StoreParts):
     """Registry and lease operations; ``SqlStore`` provides the connection helpers."""
 
-    def register_server(self, uuid: str, address: str, capacity: int, used: int) -> int:
+    def register_server(self, uuid: str, address: str, capacity: int, used: int, metrics_url: str | None = None) -> int:
+        """Register (or re-register, by ``uuid``) a chunk server reached at ``address``, whose
+        metrics are at ``metrics_url`` (None: not served); returns its server id."""
         now = self.clock()
         row = self._one("SELECT server_id FROM servers WHERE uuid = ?", (uuid,))
         if row is None and self._one("SELECT COUNT(*) FROM servers")[0] >= limits.servers_max:
             raise NoSpace(f"this metadata service already has {limits.servers_max} chunk servers registered")
         if row is not None:
             self._x(
-                "UPDATE servers SET address = ?, capacity = ?, used = ?, last_heartbeat = ? WHERE server_id = ?",
-                (address, capacity, used, now, row[0]),
+                "UPDATE servers SET address = ?, capacity = ?, used = ?, last_heartbeat = ?, metrics_url = ?"
+                " WHERE server_id = ?",
+                (address, capacity, used, now, metrics_url, row[0]),
             )
             return int(row[0])
         (server_id,) = self._one("SELECT COALESCE(MAX(server_id), 0) + 1 FROM servers")
         self._x(
             "INSERT INTO servers (server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat,"
-            " registered) VALUES (?, ?, ?, ?, ?, 0, 0, ?, ?)",
-            (server_id, uuid, address, capacity, used, now, now),
+            " registered, metrics_url) VALUES (?, ?, ?, ?, ?, 0, 0, ?, ?, ?)",
+            (server_id, uuid, address, capacity, used, now, now, metrics_url),
         )
         return int(server_id)
 
     def heartbeat(
         self, server_id: int, capacity: int, used: int, inflight: int, chunks: int, address: str | None = None,
         orders_max: int = limits.gc_orders_per_heartbeat_max, stats: dict[str, int] | None = None,
+        metrics_url: str | None = None,
     ) -> list[int]:
-        """Record a server's load, progress ``stats`` (scrub, repair) and address (which may
-        have changed since it registered); return (and forget) block ids whose chunk it must
-        delete."""
+        """Record a server's load, progress ``stats`` (scrub, repair), address and metrics URL
+        (None: unchanged; a store upgraded under running servers learns their URLs this way);
+        return (and forget) block ids whose chunk it must delete."""
         cur = self._x(
             "UPDATE servers SET capacity = ?, used = ?, inflight = ?, chunks = ?, last_heartbeat = ?,"
-            " address = COALESCE(?, address), stats = COALESCE(?, stats) WHERE server_id = ?",
-            (capacity, used, inflight, chunks, self.clock(), address, _kept(stats), server_id),
+            " address = COALESCE(?, address), stats = COALESCE(?, stats), metrics_url = COALESCE(?, metrics_url)"
+            " WHERE server_id = ?",
+            (capacity, used, inflight, chunks, self.clock(), address, _kept(stats), metrics_url, server_id),
         )
         if cur.rowcount == 0:
             raise NotFound(f"chunk server {server_id} is not registered; register again")
@@ -65,8 +70,8 @@ class ServersAndLeases(StoreParts):
     def servers(self) -> list[dict[str, Any]]:
         now = self.clock()
         rows = self._all(
-            "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat, state, stats FROM servers"
-            " ORDER BY server_id"
+            "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat, state, stats,"
+            " metrics_url FROM servers ORDER BY server_id"
         )
         out = []
         for r in rows:
@@ -75,6 +80,7 @@ class ServersAndLeases(StoreParts):
                 "server_id": r[0], "uuid": r[1], "address": r[2], "capacity": r[3], "used": r[4],
                 "inflight": r[5], "chunks": r[6], "last_heartbeat": last,
                 "live": now - last <= self.server_dead_after_s, "state": r[8], "stats": json.loads(r[9] or "{}"),
+                "metrics_url": r[10],
             })
         return out
 

@@ -62,6 +62,8 @@ ADDED_COLUMNS = [
     ("inodes", "rdev", "rdev BIGINT NOT NULL DEFAULT 0", None),  # device number of a char or block node
     ("inodes", "stored", "stored BIGINT NOT NULL DEFAULT 0",
      "UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE blocks.ino = inodes.ino)"),
+    # a chunk server's Prometheus URL (NULL: off); filled in by the next heartbeat of a running server
+    ("servers", "metrics_url", "metrics_url TEXT", None),
 ]
 
 # Columns widened since the first release, on PostgreSQL (SQLite's integers are 64-bit

@@ -21,14 +21,15 @@ inside DCP is raised as :class:`CheckpointFailed`, its message starting with the
 
 from __future__ import annotations
 
+from ..checkpoint_gc import gc_pending
+from ..uri import Location, close_all, filesystem, is_uri, parse
 from . import _hook
 from ._convert import dcp_to_torch_save, torch_save_to_dcp
 from ._dcp import PENDING_GRACE_S, CheckpointWriter
 from ._failures import CheckpointFailed
-from ._manage import checkpoints, gc_pending, latest, load, save
+from ._manage import checkpoints, latest, load, save
 from ._reader import CheckpointReader
 from ._staging import StagingPool
-from ._uri import Location, close_all, filesystem, is_uri, parse
 
 _hook.install()
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from . import _uri
+from .. import uri as _uri
 from ._dcp import CheckpointWriter
 from ._reader import CheckpointReader
 

@@ -58,28 +58,18 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import errors, limits
+from .. import errors, limits, tensor_codec
+from .. import uri as _uri
+from ..checkpoint_gc import COMPRESS_XATTR, METADATA_NAME, PENDING_GRACE_S, REPLACED_MARK, gc_pending, pending_name
 from ..checksum import crc
-from . import _uri
+from . import _timing
 from ._failures import step
 from ._staging import StagingPool
 
-METADATA_NAME = ".metadata"
 DATA_SUFFIX = ".distcp"
-PENDING_MARK = ".pending-"
-REPLACED_MARK = ".replaced-"
 FORMAT_VERSION = 1
-# How long a pending directory must sit untouched before automatic and manual clean-up
-# (the writer after each commit, gc_pending, `tectofs gc`) may delete it: far above any
-# single file's write, since a running save touches its directory only as files complete.
-# A failed save deletes its own at once; only crashed saves wait for this.
-PENDING_GRACE_S = 24 * 3600.0
 
 MiB = 1024 * 1024
-
-
-def pending_name(name: str, token: str) -> str:
-    return f".{name}{PENDING_MARK}{token}"
 
 
 @dataclass
@@ -90,7 +80,8 @@ class _ItemInfo:
     offset: int
     length: int
     crc32c: int
-    fmt: str  # "raw" (tensor bytes), "torch" (torch.save of a tensor), "bytes" (planner BytesIO)
+    fmt: str  # "raw" (tensor bytes), "zraw" (tensor bytes, compressed: tensor_codec), "torch" (torch.save of a
+    # tensor), "bytes" (planner BytesIO); crc32c is of the bytes stored (a zraw item's frame)
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
 
@@ -102,6 +93,7 @@ class _PlanData:
     prefix: str
     pending: str
     token: str
+    compress: bool = False  # store raw tensors through tectofs.tensor_codec (the writer's option or the directory's)
 
 
 def _item_nbytes(item: WriteItem) -> int:
@@ -154,6 +146,22 @@ def _minimal(t: torch.Tensor) -> torch.Tensor:
     except (RuntimeError, NotImplementedError):
         pass
     return t
+
+
+def directory_compresses(fs: Any, path: str) -> bool:
+    """Whether checkpoints saved below ``path`` are compressed by default: the
+    ``user.tectofs.compress`` attribute (``zstd``: yes, ``off``: no) of ``path`` or of its
+    nearest ancestor that has one; no if none has. Unreadable attributes count as absent."""
+    while True:
+        try:
+            value = bytes(fs.getxattr(path, COMPRESS_XATTR)).decode(errors="replace").strip().lower()
+        except (errors.TectofsError, OSError):
+            value = ""
+        if value:
+            return value in ("zstd", "on", "1", "true", "yes")
+        if path in ("", "/"):
+            return False
+        path = path.rstrip("/").rsplit("/", 1)[0] or "/"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -223,6 +231,11 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         staging_timeout_s: how long ``async_save`` may wait for the previous upload
             to release the staging buffers (default ``limits.staging_timeout_s``, 300 s:
             training never freezes behind a stuck upload; None: forever).
+        compress: store tensors compressed (``tectofs.tensor_codec``: zstd on floats split into
+            planes; bf16 weights to about 0.66 of their bytes; incompressible items stay raw).
+            None (default): as the checkpoint's directory says: the extended attribute
+            ``user.tectofs.compress`` (``zstd`` or ``off``) on the nearest ancestor that has it
+            (``tectofs set-policy DIR --compress zstd``), else off. Loads need no option.
         pending_grace_s: after each commit the coordinator deletes leftovers of
             interrupted saves (``.<name>.pending-*``/``.replaced-*``) in the checkpoint's
             parent directory that nothing has touched for this long (see
@@ -249,6 +262,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         staging_max_bytes: int | None = None,
         staging_timeout_s: float | None = limits.staging_timeout_s,
         pending_grace_s: float | None = PENDING_GRACE_S,
+        compress: bool | None = None,
     ) -> None:
         super().__init__()
         if thread_count < 1:
@@ -259,6 +273,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self.staging_max_bytes = staging_max_bytes
         self.staging_timeout_s = staging_timeout_s
         self.pending_grace_s = pending_grace_s
+        self.compress = compress
         self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
         self.save_id = uuid.uuid4().hex
         self.rank = 0
@@ -269,6 +284,9 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self._pool_lock = threading.Lock()
         self._unclaimed_lease: Any = None
         self._pending_owned: str | None = None  # coordinator: a pending directory not yet committed
+        self._staged_s: float | None = None  # the last stage()'s copy time, for the save that follows it
+        self._phases: dict[str, float] = {}  # this save's timings (tectofs.torch._timing)
+        self._saved_bytes = 0
 
     # -- pickling (AsyncCheckpointerType.PROCESS ships the writer to a subprocess) -------
     def __getstate__(self) -> dict[str, Any]:
@@ -319,6 +337,9 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self.save_id = uuid.uuid4().hex
         self._plan_data = None
         self.last_failure = None
+        self._phases = {} if self._staged_s is None else {"stage": self._staged_s}
+        self._staged_s = None
+        self._saved_bytes = 0
 
     def storage_meta(self) -> StorageMeta | None:
         self._claim_lease()
@@ -358,8 +379,10 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         with self._step("create directory", pending):
             fs.mkdir(pending)
         self._pending_owned = pending
+        compress = self.compress if self.compress is not None else directory_compresses(fs, loc.parent)
         return [
-            dataclasses.replace(plan, storage_data=_PlanData(prefix=f"__{i}_", pending=pending, token=token))
+            dataclasses.replace(plan, storage_data=_PlanData(prefix=f"__{i}_", pending=pending, token=token,
+                                                             compress=compress))
             for i, plan in enumerate(plans)
         ]
 
@@ -374,8 +397,12 @@ class CheckpointWriter(StorageWriter, AsyncStager):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         fut: Future[list[WriteResult]] = Future()
         try:
-            with self._step("write checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"):
+            with self._step("write checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"), \
+                    _timing.timed(self._phases, "upload"):
                 results = self._write_all(plan, planner)
+            self._saved_bytes = sum(r.size_in_bytes for r in results)
+            if not self.is_coordinator:  # its part of the save is over (the coordinator's ends in finish)
+                _timing.saved(self.checkpoint_id, self.rank, self._phases, self._saved_bytes)
             fut.set_result(results)
         except BaseException as exc:  # surfaces through DCP on every rank
             fut.set_exception(exc)  # type: ignore[arg-type]  # torch's Future stub types it as the result
@@ -414,6 +441,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
     ) -> list[WriteResult]:
         """Write ``items`` into the new file ``path`` (``name`` in the checkpoint), each
         recorded with its offset, length, format and crc32c."""
+        compress = self._plan_data is not None and self._plan_data.compress
         results = []
         # Small objects first, then tensors (like FileSystemWriter): cheap items never wait.
         items = sorted(items, key=lambda it: it.type != WriteItemType.BYTE_IO)
@@ -441,6 +469,9 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                     view = _raw_view(tensor)
                     if view is not None:
                         fmt, dtype, shape = "raw", _dtype_name(tensor.dtype), tuple(tensor.shape)
+                        encoded = tensor_codec.encode(view, dtype) if compress and view.nbytes else None
+                        if encoded is not None:
+                            view, fmt = memoryview(encoded.frame), "zraw"
                     else:
                         buf = io.BytesIO()
                         torch.save(_minimal(tensor), buf)
@@ -468,8 +499,10 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         return results
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        with self._step("commit checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"):
+        with self._step("commit checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"), \
+                _timing.timed(self._phases, "commit"):
             self._finish(metadata, results)
+        _timing.saved(self.checkpoint_id, self.rank, self._phases, self._saved_bytes)
 
     def _finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         loc = self._location()
@@ -519,8 +552,6 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             return []
         parent = _uri.Location(loc.address, loc.parent).uri()
         try:
-            from ._manage import gc_pending
-
             return gc_pending(parent, older_than_s=self.pending_grace_s)
         except Exception as exc:  # never fails a save that is already committed
             warnings.warn(f"tectofs: could not clean up leftovers of interrupted saves in {parent}: {exc}",
@@ -568,7 +599,10 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         Waits first for the previous ``async_save`` through this writer to finish: one
         staged checkpoint in flight per writer, so memory stays bounded and DCP's
         collectives of two saves never interleave."""
-        staged, lease = self._staging_pool().stage(state_dict, timeout=self.staging_timeout_s)
+        phases: dict[str, float] = {}
+        with _timing.timed(phases, "stage"):
+            staged, lease = self._staging_pool().stage(state_dict, timeout=self.staging_timeout_s)
+        self._staged_s = phases["stage"]
         self._unclaimed_lease = lease
         return staged
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 import warnings
 from typing import Any, Callable
 
-from ._uri import is_uri
+from ..uri import is_uri
 
 _MARK = "_tectofs_wrapped"
 _P = inspect.Parameter
@@ -94,12 +95,20 @@ def _wrap_save_or_load(original: Callable[..., Any], storage_key: str) -> Callab
 
 def _wrap_async_save(original: Callable[..., Any]) -> Callable[..., Any]:
     """``dcp.async_save``: an explicit tectofs writer for tectofs ids (it is also the stager,
-    and in PROCESS mode it carries ``tectofs.torch`` into the background process)."""
+    and in PROCESS mode it carries ``tectofs.torch`` into the background process). With a
+    tectofs writer, the time the caller was blocked and the background upload's are
+    recorded (:func:`tectofs.torch._timing.track_async_save`)."""
+    from ._dcp import CheckpointWriter
+    from ._timing import track_async_save
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _with_tectofs_storage(kwargs, "storage_writer")
-        return original(*args, **kwargs)
+        storage = _with_tectofs_storage(kwargs, "storage_writer")
+        started = time.perf_counter()
+        result = original(*args, **kwargs)
+        if isinstance(storage, CheckpointWriter):
+            track_async_save(result, started, storage)
+        return result
 
     return wrapper
 

@@ -1,18 +1,18 @@
-"""Checkpoint housekeeping (latest, gc of pending leftovers) and single-file save/load."""
+"""Checkpoint housekeeping (latest; gc of pending leftovers is ``tectofs.checkpoint_gc``) and
+single-file save/load."""
 
 from __future__ import annotations
 
 import io
 import os
 import re
-import time
 import uuid
 from typing import Any
 
 import torch
 
-from . import _uri
-from ._dcp import METADATA_NAME, PENDING_GRACE_S, PENDING_MARK, REPLACED_MARK, pending_name
+from .. import uri as _uri
+from ..checkpoint_gc import METADATA_NAME, pending_name
 
 _STEP = re.compile(r"(\d+)$")
 
@@ -54,62 +54,6 @@ def latest(uri: str | os.PathLike) -> str | None:
         if fs.exists(_uri.parse(candidate).path + "/" + METADATA_NAME):
             return candidate
     return None
-
-
-def _is_leftover(name: str) -> bool:
-    return name.startswith(".") and (PENDING_MARK in name or REPLACED_MARK in name)
-
-
-def gc_pending(
-    uri: str | os.PathLike,
-    older_than_s: float = PENDING_GRACE_S,
-    *,
-    recursive: bool = False,
-    dry_run: bool = False,
-    now: float | None = None,
-) -> list[str]:
-    """Delete leftovers of interrupted saves under ``uri``: hidden ``.<name>.pending-<token>``
-    (and ``.<name>.replaced-<token>``) entries whose newest mtime (the entry's own or any
-    direct child's) is more than ``older_than_s`` seconds old. A save that is still running
-    keeps touching its pending directory; pick ``older_than_s`` well above the longest
-    single file write. Returns the ids deleted (or that would be, with ``dry_run``).
-    ``recursive`` also descends into visible subdirectories (not into checkpoints)."""
-    fs, loc = _uri.resolve(uri)
-    now = time.time() if now is None else now
-    removed: list[str] = []
-
-    def visit(path: str, top: bool) -> None:
-        try:
-            entries = fs.scandir(path)
-        except FileNotFoundError:
-            return
-        if not top and any(n == METADATA_NAME for n, _ in entries):
-            return  # a checkpoint: nothing of ours inside
-        for name, st in entries:
-            child = path.rstrip("/") + "/" + name
-            if _is_leftover(name):
-                newest = st.mtime
-                if st.kind == "dir":
-                    try:
-                        newest = max([newest] + [s.mtime for _, s in fs.scandir(child)])
-                    except FileNotFoundError:
-                        continue
-                if now - newest < older_than_s:
-                    continue
-                if not dry_run:
-                    try:
-                        if st.kind == "dir":
-                            fs.rmtree(child)
-                        else:
-                            fs.remove(child)
-                    except FileNotFoundError:
-                        continue
-                removed.append(loc.uri(child))
-            elif recursive and st.kind == "dir" and not name.startswith("."):
-                visit(child, False)
-
-    visit(loc.path, True)
-    return removed
 
 
 def save(obj: Any, uri: str | os.PathLike, **kwargs: Any) -> None:

@@ -5,10 +5,13 @@ checkpoint layout are described in :mod:`tectofs.torch._dcp`."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import io
+import math
 import os
 import pickle
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +22,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from .. import errors
+from .. import errors, tensor_codec
+from .. import uri as _uri
 from ..checksum import crc
-from . import _uri
+from . import _timing
 from ._dcp import METADATA_NAME, CheckpointWriter, MiB, _describe, _dtype_from_name, _dtype_name, _ItemInfo
 from ._failures import step
 
@@ -58,6 +62,7 @@ class CheckpointReader(StorageReader):
         self.load_id = uuid.uuid4().hex
         self.rank = 0
         self.last_failure: BaseException | None = None  # the last labelled storage failure
+        self._verify_s: list[float] = []  # crc checks of this load, one entry per item (any thread)
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -121,9 +126,15 @@ class CheckpointReader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         fut: Future[None] = Future()
+        phases: dict[str, float] = {}
+        self._verify_s = []
         try:
-            with self._step("read checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"):
+            with self._step("read checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"), \
+                    _timing.timed(phases, "read"):
                 self._read_all(plan, planner)
+            phases["verify"] = sum(self._verify_s)
+            nbytes = sum(self.storage_data[i].length for i in {req.storage_index for req in plan.items})
+            _timing.loaded(self.checkpoint_id, self.rank, phases, nbytes)
             fut.set_result(None)
         except BaseException as exc:
             fut.set_exception(exc)  # type: ignore[arg-type]  # torch's Future stub types it as the result
@@ -222,6 +233,8 @@ class CheckpointReader(StorageReader):
             if last:
                 assert load.dest is not None
                 self._check(loc, load.index, load.info, load.dest)
+                if load.info.fmt == "zraw":
+                    self._decode(loc, load)  # here, in the reading thread: zstd runs beside the others
                 completed.append(load)
         return completed
 
@@ -254,13 +267,32 @@ class CheckpointReader(StorageReader):
         load.reqs = []
 
     def _check(self, loc: _uri.Location, index: MetadataIndex, info: _ItemInfo, item: memoryview) -> None:
+        started = time.perf_counter()
         got = crc(item)
+        self._verify_s.append(time.perf_counter() - started)
         if got != info.crc32c:
             raise errors.ChecksumMismatch(
                 f"checkpoint {loc.uri()}: item {_describe(index)} in file {info.relative_path} "
                 f"(offset {info.offset}, {info.length} bytes) fails its crc32c check: "
                 f"recorded {info.crc32c:#010x}, read {got:#010x}"
             )
+
+    @staticmethod
+    def _decode(loc: _uri.Location, load: "_Load") -> None:
+        """A compressed item (checked already): its tensor bytes replace the frame, and it is
+        a raw item from here on."""
+        info = load.info
+        assert load.dest is not None
+        where = f"checkpoint {loc.uri()}: item {_describe(load.index)} in file {info.relative_path}"
+        try:
+            raw = tensor_codec.decode(load.dest)
+        except tensor_codec.CorruptPayload as exc:
+            raise errors.CheckpointError(f"{where}: {exc}") from None
+        expected = math.prod(info.shape or ()) * _dtype_from_name(info.dtype or "").itemsize
+        if len(raw) != expected:
+            raise errors.CheckpointError(f"{where}: decompressed to {len(raw)} bytes, its shape and dtype make {expected}")
+        load.dest = memoryview(raw)
+        load.info = dataclasses.replace(info, fmt="raw", length=len(raw))
 
     @staticmethod
     def _apply(req: ReadItem, info: _ItemInfo, item: memoryview, planner: LoadPlanner) -> None:

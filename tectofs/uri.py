@@ -7,9 +7,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .. import paths
-from ..errors import InvalidArgument
-from ..rpc import parse_group
+from . import paths
+from .errors import InvalidArgument
+from .rpc import parse_group
 
 SCHEME = "tectofs"
 PREFIX = SCHEME + "://"

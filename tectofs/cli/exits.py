@@ -1,0 +1,68 @@
+"""Exit statuses of ``tectofs`` and the one-line message for each expected failure.
+
+Scripts can rely on these (``tectofs --help`` lists them):
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+
+OK = 0
+FAILED = 1  # the operation failed: not found, permission denied, exists, not a directory, I/O ...
+USAGE = 2  # bad options or arguments, no metadata service configured, bad config file
+UNREACHABLE = 3  # the cluster could not be reached (refused, timed out, connection lost)
+INTERNAL = 70  # a bug in tectofs (EX_SOFTWARE): -v or --log-level debug shows the traceback
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): nothing being written was published
+BROKEN_PIPE = 141  # the reader of stdout went away, e.g. '| head' (128 + SIGPIPE), like coreutils
+
+EPILOG = """exit status:
+  0    success
+  1    the operation failed (not found, permission denied, exists, I/O ...)
+  2    usage or configuration error
+  3    the cluster could not be reached
+  70   internal error (a bug: -v shows the traceback)
+  130  interrupted by Ctrl-C (nothing half-written is published)
+  141  stdout closed early (e.g. '| head'), like coreutils
+  'tectofs fsck' also exits 1 (under-redundant blocks) and 2 (unreadable blocks)."""
+
+# optional modules -> the extra that installs them
+EXTRAS = {"mfusepy": "fuse", "torch": "torch", "numpy": "torch", "aiohttp": "s3", "psycopg": "postgresql",
+          "matplotlib": "bench", "fsspec": "fsspec", "lightning": "lightning"}
+_WHAT = {"fuse": "the FUSE mount", "torch": "the PyTorch plugin", "s3": "the S3 gateway",
+         "postgresql": "a PostgreSQL store", "bench": "the benchmark charts", "fsspec": "fsspec",
+         "lightning": "the Lightning plugin"}
+_ERRNO_PREFIX = re.compile(r"^\[Errno \d+\] ")
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip()) or "failed"
+
+
+def describe(exc: BaseException) -> tuple[str, int] | None:
+    """``(message, status)`` for an expected failure; None for anything else (a bug)."""
+    from tectofs.errors import ConnectionLost, TectofsError, Timeout
+
+    from .common import UsageError
+    from .config import ConfigError
+
+    if isinstance(exc, (UsageError, ConfigError)):
+        return _one_line(str(exc)), USAGE
+    if isinstance(exc, (ConnectionLost, Timeout, ConnectionRefusedError)):
+        return _one_line(str(exc)), UNREACHABLE
+    if isinstance(exc, TectofsError):
+        return _one_line(str(exc)), FAILED
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.split(".")[0]
+        extra = EXTRAS.get(top)
+        if extra is None:
+            return None  # a module tectofs always needs is missing: a broken install, show everything
+        return (f"{_WHAT[extra]} needs the '{extra}' extra, which is not installed (no module {top!r}):"
+                f" pip install 'tectofs[{extra}]'" + (" (and the fuse3 package)" if extra == "fuse" else "")), FAILED
+    if isinstance(exc, OSError):
+        if exc.errno == errno.EADDRINUSE:
+            return f"{_ERRNO_PREFIX.sub('', str(exc))} (another server is on that port: choose another with --port)", FAILED
+        if exc.filename is not None and exc.strerror:
+            return f"{exc.filename}: {exc.strerror}", FAILED
+        return _one_line(_ERRNO_PREFIX.sub("", str(exc))), FAILED
+    return None

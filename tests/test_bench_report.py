@@ -1,0 +1,281 @@
+"""``tectofs bench`` reports honestly: targets as met / NOT met in the table, the summary and
+the chart (never "ok" while one is unmet); latencies on their own axis in seconds; baselines
+and tectofs in their own colours; every JSON with commit, date, host and load average;
+medians of at least 3 runs, --quick included; the work directory created."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tectofs.bench as bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _checkpoint_like() -> dict:
+    return {
+        "benchmark": "checkpoint",
+        "rows": [
+            {"what": "dcp local save", "GB/s (median)": 0.4, "median_s": 0.6, "runs_s": [0.6, 0.6, 0.7]},
+            {"what": "tectofs save", "GB/s (median)": 0.25, "median_s": 1.0, "runs_s": [1.0, 1.1, 0.9]},
+            {"what": "torch.save local", "GB/s (median)": 0.45, "median_s": 0.5, "runs_s": [0.5, 0.5, 0.5]},
+            {"what": "tectofs async_save blocking", "GB/s (median)": None, "median_s": 0.05, "runs_s": [0.05] * 3},
+        ],
+        "ratios": {"tectofs save / dcp local save": 0.625},
+        "targets": [
+            bench.target("tectofs save / dcp local save", 0.625, at_least=1.0),
+            bench.target("async_save blocking / tectofs sync save", 0.04, at_most=0.05),
+        ],
+    }
+
+
+# ---------------------------------------------------------------------- targets
+
+
+def test_target_verdicts():
+    assert bench.target("x", 1.0, at_least=1.0)["met"] is True
+    assert bench.target("x", 0.99, at_least=1.0)["met"] is False
+    assert bench.target("x", 0.05, at_most=0.05)["met"] is True
+    assert bench.target("x", 0.06, at_most=0.05) == {"name": "x", "measured": 0.06, "target": "<= 0.05x", "met": False}
+    assert bench.target("x", float("nan"), at_least=0.0)["met"] is False  # nothing measured: not met
+    assert bench.target("x", None, at_least=0.0)["met"] is False
+    # results written before the targets list: {name: bool}
+    assert bench.targets_of({"targets_met": {"save >= 1.0x": False}})[0]["met"] is False
+
+
+def test_table_and_summary_say_not_met_never_ok(tmp_path, capsys, monkeypatch):
+    result = _checkpoint_like()
+    bench.print_targets(result)
+    table = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in table.splitlines()[1:-1]}
+    assert lines["tectofs"].rstrip().endswith("NOT met") and "0.625" in lines["tectofs"]
+    assert lines["async_save"].rstrip().endswith(" met")
+    assert "targets: 1 of 2 met, 1 NOT met" in table
+
+    entries = {
+        "client-io": {"ok": True, "targets": [], "ratios": {"client write / local write+fsync": 0.2}, "error_count": 0},
+        "checkpoint": {"ok": True, "targets": result["targets"], "ratios": result["ratios"], "error_count": 0},
+        "fuse": {"ok": True, "targets": [bench.target("creates/s", 2000, at_least=1500, unit="/s")], "error_count": 0},
+        "burst": {"ok": False, "error": "RuntimeError: boom"},
+        "repair": {"ok": False, "skipped": True, "error": "not found"},
+    }
+    monkeypatch.setattr(bench, "run_one", lambda name, args: dict(entries[name]))
+    assert bench.main(["all", "--out", str(tmp_path)]) == 1  # burst failed
+    summary = capsys.readouterr().out.split("== summary ==")[1]
+    rows = {line.split()[0]: line for line in summary.splitlines() if line and not line.startswith(" ")}
+    assert "targets NOT met (1 of 2)" in rows["checkpoint"]
+    assert "targets met (1 of 1)" in rows["fuse"]
+    assert "no targets" in rows["client-io"]
+    assert "FAILED" in rows["burst"] and "skipped" in rows["repair"]
+    assert " ok" not in summary.lower().replace("tectofs", "")
+    assert "NOT met tectofs save / dcp local save 0.625 (needs >= 1x)" in summary
+    assert "met     creates/s 2000 (needs >= 1500/s)" in summary
+    with open(tmp_path / "summary.json") as f:
+        saved = json.load(f)
+    assert saved["benchmarks"]["checkpoint"]["state"] == "targets NOT met (1 of 2)"
+    assert saved["commit"] and saved["date"]
+
+
+def test_checkpoint_and_fuse_results_carry_targets():
+    """The scripts build their targets with ``tectofs.bench.target`` (fuse: the metadata part)."""
+    fuse = bench.load_script("fuse_bench")
+    times = {f"{where} {op}": [1.0, 1.0, 1.0] for where in ("local", "mount multi-thread")
+             for op in ("creates/s", "stats/s", "unlinks/s")}
+    meta = fuse._metadata_results(1000, 3, ("mount multi-thread",), times, {}, {})
+    assert [(t["name"], t["met"]) for t in meta["targets"]] == [
+        ("mount multi-thread creates/s", False), ("mount multi-thread unlinks/s", False)]
+    assert meta["ratios"]["mount multi-thread metadata target (1,500 creates/s and 1,500 unlinks/s)"] == "NOT met"
+
+
+# ---------------------------------------------------------------------- charts
+
+
+def _bars(axis):
+    return {label.get_text(): patch for label, patch in zip(axis.get_yticklabels(), axis.patches)}
+
+
+def test_chart_puts_latencies_on_their_own_axis_in_seconds():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure = bench.chart_figure(plt, _checkpoint_like(), "checkpoint")
+    try:
+        axes = [a for a in figure.axes if a.patches]
+        assert len(axes) == 2
+        rates, latencies = axes
+        assert "GB/s" in rates.get_xlabel() and "seconds" in latencies.get_xlabel()
+        assert set(_bars(rates)) == {"dcp local save", "tectofs save", "torch.save local"}
+        assert set(_bars(latencies)) == {"tectofs async_save blocking"}  # not a 0 GB/s bar
+        assert _bars(latencies)["tectofs async_save blocking"].get_width() == pytest.approx(0.05)
+        colours = {name: bar.get_facecolor() for name, bar in _bars(rates).items()}
+        assert colours["dcp local save"] == colours["torch.save local"] != colours["tectofs save"]
+        for axis in axes:
+            assert axis.get_legend() is not None
+        texts = [t for a in figure.axes for t in a.texts if t.get_text().startswith("target ")]
+        verdicts = {t.get_text().rsplit(": ", 1)[1]: t.get_color() for t in texts}
+        assert set(verdicts) == {"NOT met", "met"} and verdicts["NOT met"] != verdicts["met"]
+    finally:
+        plt.close(figure)
+
+
+def test_burst_chart_keeps_latencies_apart():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    latency = {"p50": 1.5, "p99": 3.0, "max": 4.0}
+    result = {"benchmark": "burst", "ranks": 8, "shard_bytes": 1 << 20, "error_count": 0,
+              "baseline": {"write_GBps": 0.4, "read_GBps": 0.8},
+              "phases": {"save": {"aggregate_GBps": 0.1, "latency_s": latency},
+                         "load": {"aggregate_GBps": 0.2, "latency_s": latency}}}
+    figure = bench.chart_figure(plt, result, "burst")
+    try:
+        rates, latencies = [a for a in figure.axes if a.patches]
+        assert "GB/s" in rates.get_xlabel() and latencies.get_xlabel() == "seconds"
+        assert "save p99" in _bars(latencies) and "save p99" not in _bars(rates)
+        colours = {name: bar.get_facecolor() for name, bar in _bars(rates).items()}
+        assert colours["1 client write (baseline)"] != colours["8 ranks save"]
+    finally:
+        plt.close(figure)
+
+
+# ---------------------------------------------------------------------- provenance, samples, work dir
+
+
+def test_run_info_records_commit_date_host_and_load(monkeypatch):
+    info = bench.run_info([1.0, 0.5, 0.25])
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0 and os.path.realpath(os.path.dirname(os.path.dirname(bench.__file__))) == ROOT:
+        assert info["commit"] == head.stdout.strip() and info["commit_source"] == "git"
+    assert datetime.datetime.strptime(info["date"], "%Y-%m-%dT%H:%M:%SZ")
+    assert info["host"]["hostname"] and info["host"]["cpus"] >= 1 and info["host"]["kernel"]
+    assert info["load_average"]["before"] == [1.0, 0.5, 0.25] and len(info["load_average"]["after"]) == 3
+    assert "10^9" in info["units"]
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(bench.subprocess, "run", no_git)  # an installed package, not a checkout
+    assert bench.run_info(None)["commit"].startswith("tectofs ")
+
+
+def test_quick_still_takes_three_samples():
+    parser = bench.build_parser()
+    assert bench.samples(parser.parse_args(["client-io", "--quick"])) == 3
+    assert bench.samples(parser.parse_args(["fuse", "--quick", "--repeats", "5"])) == 5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["client-io", "--repeats", "1"])
+
+
+def test_work_dir_is_created_or_refused_clearly(tmp_path, capsys):
+    made = tmp_path / "a" / "b"
+    assert bench.ensure_work_dir(str(made)) == str(made) and made.is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        bench.ensure_work_dir(str(tmp_path / "file" / "sub"))
+    assert "cannot create --work-dir" in str(exc.value)
+
+
+@pytest.mark.timeout(60)
+def test_quick_client_io_run_records_medians_of_three_and_run_info(tmp_path, capsys):
+    """A tiny real run: --quick keeps 3 samples, the missing work dir is made, the JSON says
+    when, where and how loaded."""
+    work = tmp_path / "not" / "yet"
+    code = bench.main(["client-io", "--quick", "--size", "2M", "--out", str(tmp_path / "out"), "--work-dir", str(work)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert work.is_dir()
+    with open(tmp_path / "out" / "client_io.json") as f:
+        result = json.load(f)
+    assert result["repeats"] == 3 and all(len(row["runs_s"]) == 3 for row in result["rows"])
+    for key in ("commit", "date", "host", "load_average"):
+        assert result[key], key
+    assert result["load_average"]["before"] is not None and result["load_average"]["after"] is not None
+    assert "client-io: ran, no targets" in printed and " ok" not in printed
+
+
+# ---------------------------------------------------------------------- from a fresh clone, from a wheel
+
+
+def _fresh_copy(dest) -> str:
+    """The files a clone of this working tree would have (tracked + new, not ignored)."""
+    listed = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    for rel in filter(None, listed.stdout.decode().split("\0")):
+        src, dst = os.path.join(ROOT, rel), os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        elif os.path.isfile(src):
+            with open(src, "rb") as fin, open(dst, "wb") as fout:
+                fout.write(fin.read())
+    return str(dest)
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+
+
+@pytest.mark.timeout(120)
+def test_scripts_run_from_a_fresh_clone(tmp_path):
+    """``python3 bench/scale_model.py`` models from the committed figures and reproduces the
+    committed SCALE.md; every script answers --help and uses the clone's own tectofs."""
+    clone = _fresh_copy(tmp_path / "clone")
+    assert not os.path.exists(os.path.join(clone, "bench", "results"))
+    run = subprocess.run([sys.executable, "bench/scale_model.py", "--out", str(tmp_path / "SCALE.md")], cwd=clone,
+                         env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    with open(os.path.join(clone, "bench", "SCALE.md")) as f:
+        committed = f.read().splitlines()
+    made = (tmp_path / "SCALE.md").read_text().splitlines()
+    assert [line for line in made if not line.startswith("Generated by")] == \
+        [line for line in committed if not line.startswith("Generated by")]
+
+    which = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'bench'); import common, tectofs; "
+                            "print(tectofs.__file__)"], cwd=clone, env=_clean_env(), capture_output=True, text=True)
+    assert which.stdout.strip().startswith(clone), which
+    scripts = sorted(n for n in os.listdir(os.path.join(clone, "bench")) if n.endswith(".py") and n != "common.py")
+    for name in scripts:
+        done = subprocess.run([sys.executable, f"bench/{name}", "--help"], cwd=clone, env=_clean_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "usage" in done.stdout, (name, done.stderr[-2000:])
+
+
+@pytest.mark.timeout(120)
+def test_a_built_package_ships_the_benchmarks(tmp_path):
+    """A wheel (non-editable install) has the scripts as tectofs/benchmarks/, and
+    ``tectofs.bench`` loads them from there."""
+    pytest.importorskip("setuptools")
+    clone = _fresh_copy(tmp_path / "src")
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(wheels), clone], capture_output=True, text=True, timeout=100)
+    if built.returncode != 0 and "setuptools" in built.stderr and "requirement" in built.stderr.lower():
+        pytest.skip(f"cannot build offline: {built.stderr.strip()[-300:]}")
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = wheels.iterdir()
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                                str(wheel)], capture_output=True, text=True, timeout=100)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    code = ("import tectofs.bench as b; print(b.bench_dir()); b.load_script('checkpoint_bench'); "
+            "print(b.run_info(None)['commit'])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), capture_output=True, text=True,
+                          env={**_clean_env(), "PYTHONPATH": str(site)}, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, commit = done.stdout.split("\n")[:2]
+    assert where == str(site / "tectofs" / "benchmarks")
+    assert commit.startswith("tectofs ")  # not a checkout: the package version
