@@ -48,8 +48,15 @@ from tectofs.server.cluster import LocalCluster  # noqa: E402
 
 CALL_BYTES = 8 << 20           # bytes per write/readinto call
 PATTERN_BYTES = 256 << 20      # random bytes repeated to make the file (content does not matter for speed)
-MODES = {"mount multi-thread": False, "mount single-thread": True}  # name -> single_thread
-META_MODES_DEFAULT = ("mount multi-thread",)  # mounts the metadata part measures (the default mount)
+# name -> start_mount_process options
+MODES: dict[str, dict[str, Any]] = {
+    "mount multi-thread": {},
+    "mount single-thread": {"single_thread": True},
+    "mount negative cache": {"negative_cache_s": 1.0},  # --negative-entry-cache 1 (off by default)
+}
+DATA_MODES_DEFAULT = ("mount multi-thread", "mount single-thread")
+# mounts the metadata part measures: the default mount, and with the negative entry cache
+META_MODES_DEFAULT = ("mount multi-thread", "mount negative cache")
 META_FILES_DEFAULT = 2000      # empty files created, stat'ed and unlinked per metadata run
 META_TARGETS = {"creates/s": 1500, "unlinks/s": 1500}  # through the mount, one process, one directory
 META_TARGET_TEXT = "1,500 creates/s and 1,500 unlinks/s"
@@ -233,7 +240,7 @@ def _metadata_results(files: int, repeats: int, meta_modes: tuple[str, ...], tim
 
 
 def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str | None = None,
-        modes: tuple[str, ...] = tuple(MODES), progress: Callable[[int], None] | None = None,
+        modes: tuple[str, ...] = DATA_MODES_DEFAULT, progress: Callable[[int], None] | None = None,
         files: int = META_FILES_DEFAULT, meta_repeats: int | None = None, data: bool = True,
         metadata: bool = True, meta_modes: tuple[str, ...] = META_MODES_DEFAULT) -> dict[str, Any]:
     """Measure and return ``{"rows": [...], "ratios": {...}, "metadata": {...}, ...}``; writes
@@ -264,8 +271,8 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
                 for mode in dict.fromkeys((*(modes if data else ()), *(meta_modes if metadata else ()))):
                     mountpoint = os.path.join(tmp, mode.replace(" ", "-"))
                     log_path = os.path.join(out_dir, f"fuse_bench-{mode.replace(' ', '-')}.log")
-                    mounts[mode] = start_mount_process(cluster.address, mountpoint, single_thread=MODES[mode],
-                                                       log_path=log_path, attr_timeout_s=ATTR_TIMEOUT_S)
+                    mounts[mode] = start_mount_process(cluster.address, mountpoint, log_path=log_path,
+                                                       attr_timeout_s=ATTR_TIMEOUT_S, **MODES[mode])
                 local = os.path.join(tmp, "local.bin")
                 for i in range(repeats if data else 0):
                     times["local write+fsync"].append(_write_file(local, pattern, size_bytes))
@@ -371,12 +378,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="bench/results", help="directory for fuse_bench.json")
     parser.add_argument("--work-dir", help="where the cluster and local file live, created if missing "
                                            "(default: system temp dir)")
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
-                        help="FUSE serving modes to measure")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(DATA_MODES_DEFAULT),
+                        help="FUSE serving modes the data part measures (default: multi- and single-thread)")
     parser.add_argument("--files", type=int, default=META_FILES_DEFAULT,
                         help=f"metadata: empty files per run (default {META_FILES_DEFAULT})")
     parser.add_argument("--meta-modes", nargs="+", choices=list(MODES), default=list(META_MODES_DEFAULT),
-                        help="FUSE serving modes the metadata part measures (default: multi-thread)")
+                        help="mounts the metadata part measures (default: multi-thread, and multi-thread with"
+                        " --negative-entry-cache 1)")
     part = parser.add_mutually_exclusive_group()
     part.add_argument("--metadata-only", action="store_true", help="only creates/stats/unlinks, no data streams")
     part.add_argument("--data-only", action="store_true", help="only the data streams")

@@ -66,6 +66,21 @@ class Stat:
         return self.kind == "file"
 
 
+@dataclass(frozen=True)
+class DirectoryChange:
+    """What a create or an unlink did to its directory (NFSv3's ``wcc_data``): the directory's
+    attributes ``after`` the call and its ctime before (None from a metadata service that does
+    not say). A client that recorded the ctime after its previous change there knows, when
+    ``ctime_before`` equals it, that nobody else changed the directory in between."""
+
+    after: Stat
+    ctime_before: float | None
+
+    @classmethod
+    def from_reply(cls, directory: messages.Attrs | None, ctime_before: float | None) -> "DirectoryChange | None":
+        return None if directory is None else cls(Stat.from_attrs(directory), ctime_before)
+
+
 _shared: tuple[BufferPool, ThreadPoolExecutor] | None = None
 _shared_lock = threading.Lock()
 
@@ -229,12 +244,12 @@ class AsyncFileSystem:
         """Atomically swap two entries (files or directories, empty or not)."""
         await self.meta("exchange", a=a, b=b)
 
-    async def remove(self, path: str) -> Stat | None:
+    async def remove(self, path: str) -> DirectoryChange | None:
         """Remove a name; the file goes with its last name, once no handle has it open.
-        Returns the attributes of the directory it was in, after the removal (None from a
-        metadata service that does not send them)."""
+        Returns what that did to the directory it was in (None from a metadata service that
+        does not say)."""
         reply, _ = await self.meta("unlink", path=path)
-        return None if reply.directory is None else Stat.from_attrs(reply.directory)
+        return DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
 
     async def getxattr(self, path: str, name: str) -> bytes:
         """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``)."""
@@ -326,13 +341,14 @@ class AsyncFileSystem:
         unlink or a replace, and a file unlinked while open lives on (no name, ``nlink`` 0)
         until its last handle closes."""
         readable, writable, create, truncate, exclusive, append = _MODES[normalize_mode(mode)]
-        created, directory = False, None
+        created, directory, ctime_before = False, None, None
         lease = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         if create:
             reply, _ = await self.meta(
                 "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease
             )
-            attrs, created, directory = reply.attrs, reply.created, reply.directory
+            attrs, created, directory, ctime_before = (reply.attrs, reply.created, reply.directory,
+                                                        reply.directory_ctime_before)
             # a new file has no blocks yet (and its creator may write it whatever its mode)
             layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate or created else (
                 await self.meta("layout", ino=attrs.ino)
@@ -344,7 +360,7 @@ class AsyncFileSystem:
         # unless something is written)
         handle = AsyncFile(self, path, layout, readable, writable, truncate and not created)
         handle.created = created
-        handle.directory = None if directory is None else Stat.from_attrs(directory)
+        handle.directory = DirectoryChange.from_reply(directory, ctime_before)
         handle.hold_read_lease(lease)
         return handle
 

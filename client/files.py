@@ -73,7 +73,7 @@ class AsyncFile:
         self._holes: set[int] = set()
         self._holes_staged: set[int] = set()  # those of them already sent ahead
         self.created = False  # this handle's open created the file (``abort`` removes it again)
-        self.directory: Any = None  # the file's directory's Stat after a creating open (else None)
+        self.directory: Any = None  # a creating open's DirectoryChange (else None)
         self._lease_task: asyncio.Task[None] | None = None
         self._writer_lease_s: float | None = None  # set by the first allocation
         self._reader = 0  # a reader's lease id (0: none)

@@ -55,7 +55,7 @@ from tectofs import diagnostics, limits
 from tectofs.errors import TectofsError
 
 from . import connect
-from .core import AsyncFileSystem, Stat
+from .core import AsyncFileSystem, DirectoryChange, Stat
 from .files import AsyncFile
 from .fuse_process import (
     MountProcess,
@@ -70,6 +70,7 @@ __all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "mo
 from .fuse_daemon import daemonize
 from .fuse_directories import FreshDirectories
 from .fuse_links import LinkedNames
+from .fuse_listings import KnownListings
 from .fuse_users import Callers, choose_sharing, on_view
 from .sync import FileSystem
 
@@ -105,11 +106,15 @@ _LEAVE_DIRECTORIES = frozenset({
 
 def _errno(method: F) -> F:
     """Turn tectofs errors into ``FuseOSError(errno)``; anything unexpected is EIO, logged.
-    A request that may change a directory is a change for ``FreshDirectories``."""
+    A request that may change a directory is a change for ``FreshDirectories``, and drops the
+    ``KnownListings`` when it starts and ends (``mkdir`` keeps track itself)."""
     changes = method.__name__ not in _LEAVE_DIRECTORIES
+    drops_listings = changes and method.__name__ != "mkdir"
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if drops_listings:
+            args[0].listings.forget_all()
         started = args[0].directories.begin_change() if changes else 0
         try:
             return method(*args, **kwargs)
@@ -124,6 +129,8 @@ def _errno(method: F) -> F:
         finally:
             if changes:
                 args[0].directories.end_change(started)
+            if drops_listings:
+                args[0].listings.forget_all()
 
     return wrapper  # type: ignore[return-value]
 
@@ -156,11 +163,13 @@ class TectofsOperations(mfusepy.Operations):
 
     def __init__(self, fs: FileSystem, mountpoint: str, attr_timeout_s: float = 1.0,
                  on_ready: Callable[[], None] | None = None, callers: Callers | None = None,
-                 entry_timeout_s: float | None = None) -> None:
+                 entry_timeout_s: float | None = None, negative_cache_s: float = 0.0) -> None:
         """``entry_timeout_s`` (default ``attr_timeout_s``): how long the kernel may reuse a name
         it looked up without asking again. 0 when the metadata service alone checks permissions:
         a path walk through a cached name asks nobody, so a caller who lost search permission
-        on a directory would still reach the names below it."""
+        on a directory would still reach the names below it. ``negative_cache_s`` (0: off):
+        how long after its last change to a directory it made the mount answers lookups of
+        absent names there itself (``KnownListings``; not when ``entry_timeout_s`` is 0)."""
         assert attr_timeout_s >= 0
         self.fs = fs
         self.mountpoint = os.path.abspath(mountpoint)
@@ -178,6 +187,7 @@ class TectofsOperations(mfusepy.Operations):
         self.callers = callers or Callers()
         self.links = LinkedNames()
         self.directories = FreshDirectories(attr_timeout_s)
+        self.listings = KnownListings(negative_cache_s if self.entry_timeout_s > 0 else 0.0)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -322,6 +332,8 @@ class TectofsOperations(mfusepy.Operations):
             st = Stat.from_attrs(self._run(handle.file.fs.meta("getattr", ino=handle.file.ino))[0].attrs)
         elif path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
+        elif path != "/" and self.listings.absent(_directory_of(path), path.rsplit("/", 1)[1]):
+            raise mfusepy.FuseOSError(errno.ENOENT)  # the lookup before a create, mostly
         elif (fresh := self.directories.take(path, self.callers.identity())) is not None:
             st = fresh  # what the create or unlink just made of this directory
         else:
@@ -403,7 +415,12 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def mkdir(self, path: str, mode: int) -> int:
-        self._as_caller(lambda fs: fs.mkdir(path, mode & 0o7777))
+        self.listings.forget(_directory_of(path))
+        try:
+            st = self._as_caller(lambda fs: fs.mkdir(path, mode & 0o7777))
+        finally:
+            self.listings.forget(_directory_of(path))
+        self.listings.made(path, st.ctime)  # empty, as of its creation: lookups in it answered here
         return 0
 
     @_errno
@@ -414,11 +431,13 @@ class TectofsOperations(mfusepy.Operations):
     @_errno
     def unlink(self, path: str) -> int:
         others = self.links.others(path)
-        started, directory = self.directories.begin_change(), None
+        started, change = self.directories.begin_change(), None
         try:
-            directory = self._as_caller(lambda fs: fs.remove(path))
+            change = self._as_caller(lambda fs: fs.remove(path))
         finally:
-            self.directories.end_change(started, _directory_of(path), self.callers.identity(), directory)
+            self.directories.end_change(started, _directory_of(path), self.callers.identity(),
+                                        None if change is None else change.after)
+            self._follow(path, change, present=False)
         self.links.removed(path)
         self._changed_through(path, others)  # their link count dropped
         return 0
@@ -497,8 +516,10 @@ class TectofsOperations(mfusepy.Operations):
         try:
             file = self._as_caller(lambda fs: fs.open(path, client_mode, file_mode=mode & 0o7777))
         finally:
+            change = None if file is None else file.directory
             self.directories.end_change(started, _directory_of(path), self.callers.identity(),
-                                        None if file is None else file.directory)
+                                        None if change is None else change.after)
+            self._follow(path, change, present=True)
         file.readable = True  # the kernel enforces the access mode of each descriptor
         fh = self._register(file, flags, dirty=True)
         self._handles[fh].just_created = True
@@ -562,6 +583,15 @@ class TectofsOperations(mfusepy.Operations):
                 handle.dirty = False
         self._changed_through(path)
         return 0
+
+    def _follow(self, path: str, change: DirectoryChange | None, present: bool) -> None:
+        """A create (``present``) or unlink of ``path`` through this mount ended; ``change``
+        (None: it failed, or the service did not say) keeps its directory's listing current."""
+        directory = _directory_of(path)
+        if change is None:
+            self.listings.forget(directory)
+        else:
+            self.listings.changed(directory, path.rsplit("/", 1)[1], present, change.ctime_before, change.after.ctime)
 
     def _commit(self, path: str | None, fh: int) -> int:
         handle = self._handle(fh)
@@ -664,7 +694,7 @@ class TectofsFuse(mfusepy.FUSE):
 
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
            on_ready: Callable[[], None] | None = None, credentials: str | None = None,
-           multi_user: bool | None = None, default_permissions: bool = True) -> None:
+           multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0) -> None:
     client: list[FileSystem] = []
     diagnostics.dump_tasks_on_sigusr1_from_thread(lambda: client[0].loop if client else None)
     # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
@@ -681,7 +711,8 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
         callers = Callers(acting=shared, plain_uid=euid if who is not None and who.uid == euid else None)
         kernel_checks = not shared or default_permissions
         operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready, callers,
-                                       entry_timeout_s=None if kernel_checks else 0.0)
+                                       entry_timeout_s=None if kernel_checks else 0.0,
+                                       negative_cache_s=negative_cache_s)
         try:
             TectofsFuse(
                 operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
@@ -702,7 +733,8 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
           attr_timeout_s: float = 1.0, debug: bool = False, credentials: str | None = None,
-          multi_user: bool | None = None, default_permissions: bool = True) -> str | None:
+          multi_user: bool | None = None, default_permissions: bool = True,
+          negative_cache_s: float = 0.0) -> str | None:
     """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
 
     ``credentials``: the credential file (default: ``tectofs.auth.find_credential``).
@@ -711,7 +743,11 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     running the mount). ``default_permissions=False`` leaves permission checks of a
     multi-user mount to the metadata service alone (the kernel then does not check mode bits
     against cached attributes first; ``access(2)`` then always says yes), and makes every path
-    walk ask the service again (no cached names: slower lookups).
+    walk ask the service again (no cached names: slower lookups). ``negative_cache_s`` > 0:
+    lookups of names absent from a directory this mount made are answered without a call for
+    that long after the mount's last change there (creates take one call instead of two;
+    another client's new name there may read as absent that long: JuiceFS's
+    ``--negative-entry-cache``, off by default there too).
 
     Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
     Background (``foreground=False``): returns once the mount is serving, leaving a detached
@@ -723,7 +759,8 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     if not os.path.isdir(mountpoint):
         raise SystemExit(f"tectofs mount: {mountpoint} is not a directory")
     serve = functools.partial(_serve, address, mountpoint, threads, attr_timeout_s, debug, credentials=credentials,
-                              multi_user=multi_user, default_permissions=default_permissions)
+                              multi_user=multi_user, default_permissions=default_permissions,
+                              negative_cache_s=negative_cache_s)
     if foreground:
         serve()
         return None

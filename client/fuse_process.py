@@ -104,7 +104,8 @@ def _fusermount(args: list[str]) -> int:
 def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = False,
                         attr_timeout_s: float | None = None, timeout_s: float = mount_wait_s,
                         log_path: str | None = None, debug: bool = False, credentials: str | None = None,
-                        multi_user: bool | None = None, default_permissions: bool = True) -> MountProcess:
+                        multi_user: bool | None = None, default_permissions: bool = True,
+                        negative_cache_s: float | None = None) -> MountProcess:
     """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
     return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
     if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount. The other
@@ -129,6 +130,8 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
         command.append("--allow-other" if multi_user else "--single-user")
     if not default_permissions:
         command.append("--no-default-permissions")
+    if negative_cache_s is not None:
+        command += ["--negative-entry-cache", str(negative_cache_s)]
     with open(log_path, "ab") as out:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)

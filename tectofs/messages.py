@@ -124,17 +124,22 @@ class Empty(Message, frozen=True, kw_only=True):
 
 
 class CreateReply(Message, frozen=True, kw_only=True):
-    """``directory``: the attributes of the file's directory after the call."""
+    """``directory``: the attributes of the file's directory after the call;
+    ``directory_ctime_before``: its ctime before (NFSv3's ``wcc_data``: equal to the ctime a
+    client saw after its previous change there if nobody else changed the directory since)."""
 
     attrs: Attrs
     created: bool = False  # the file did not exist before this call
     directory: Attrs | None = None
+    directory_ctime_before: Time | None = None
 
 
 class UnlinkReply(Message, frozen=True, kw_only=True):
-    """``directory``: the attributes of the directory the name was in, after the call."""
+    """``directory``: the attributes of the directory the name was in, after the call;
+    ``directory_ctime_before``: its ctime before (as ``CreateReply``)."""
 
     directory: Attrs | None = None
+    directory_ctime_before: Time | None = None
 
 
 class UnlinkRequest(Message, frozen=True, kw_only=True):

@@ -386,7 +386,7 @@ class Simulation:
         allocate, encode, put (a dead server is replaced by a spare) and commit; a block
         below its ``write_min`` aborts the write. ``crash``: the client dies before its commit."""
         parts = [self.rng.choice(list(POLICIES)), name] if name not in self.files else self.files[name].parts
-        attrs, created, _ = self.call("create_file", parts)
+        attrs, created, *_ = self.call("create_file", parts)
         writer = self.rng.getrandbits(32) + 1
         indexes = sorted(self.rng.sample(range(4), self.rng.randint(1, 3)))
         contents = {idx: self.rng.randbytes(self.rng.choice((1, 100, 2000, 5000, 20000))) for idx in indexes}

@@ -125,7 +125,8 @@ def test_creating_needs_write_and_search_on_the_parent(store):
     with pytest.raises(AlreadyExists):
         store.mkdir(["pub"], caller=NOBODY)
     assert store.mkdir(["pub"], exist_ok=True, caller=NOBODY)["kind"] == "dir"
-    assert store.create_file(["pub", "f"], caller=NOBODY) == (existing, False, store.lookup(["pub"]))
+    directory = store.lookup(["pub"])
+    assert store.create_file(["pub", "f"], caller=NOBODY) == (existing, False, directory, directory["ctime"])
 
 
 def test_new_inodes_belong_to_the_caller(store):

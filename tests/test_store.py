@@ -201,10 +201,13 @@ class StoreContract:
 
     def test_a_file_unlinked_while_held_lives_until_released(self, store):
         ids = self._servers(store, 6)
-        f, created, directory = store.create_file(["f"], reader=7)
+        root_before = store.lookup([])
+        f, created, directory, ctime_before = store.create_file(["f"], reader=7)
         assert created and directory == store.lookup([])  # the directory after the create
-        after = store.unlink(["f"])
+        assert ctime_before == root_before["ctime"] < directory["ctime"]  # wcc_data: nobody else in between
+        after, unlink_before = store.unlink(["f"])
         assert after == store.lookup([]) and after["mtime"] >= directory["mtime"]
+        assert unlink_before == directory["ctime"] < after["ctime"]
         with pytest.raises(errors.NotFound):
             store.lookup(["f"])
         assert store.getattr_ino(f["ino"])["nlink"] == 0

@@ -222,11 +222,12 @@ class MetadataService:
         return _attrs(attrs), b""
 
     async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply:
-        attrs, created, *directory = await self._as_caller(  # a replayed record of 0.1.0: no directory
+        attrs, created, *directory = await self._as_caller(  # replayed records of older releases: less
             "create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive, r.reader
         )
         return messages.CreateReply(attrs=messages.Attrs(**attrs), created=created,
-                                    directory=messages.Attrs(**directory[0]) if directory else None), b""
+                                    directory=messages.Attrs(**directory[0]) if directory else None,
+                                    directory_ctime_before=directory[1] if len(directory) > 1 else None), b""
 
     async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
         return _attrs(await self._as_caller("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
@@ -283,8 +284,10 @@ class MetadataService:
         return messages.Empty(), b""
 
     async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply:
-        directory = await self._as_caller("unlink", paths.split(r.path), r.ino, r.only_if_empty)
-        return messages.UnlinkReply(directory=messages.Attrs(**directory) if directory else None), b""
+        result = await self._as_caller("unlink", paths.split(r.path), r.ino, r.only_if_empty)
+        directory, before = result if isinstance(result, (list, tuple)) else (result, None)  # a replayed old record
+        return messages.UnlinkReply(directory=messages.Attrs(**directory) if directory else None,
+                                    directory_ctime_before=before), b""
 
     async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply:
         await self._as_caller("rmdir", paths.split(r.path))

@@ -214,7 +214,8 @@ def cmd_mount(args: argparse.Namespace) -> None:
             print(f"metrics: {metrics.url(metrics.serve_client(*args.metrics))}", flush=True)
     log_path = mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
           attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
-          multi_user=args.multi_user, default_permissions=args.default_permissions)
+          multi_user=args.multi_user, default_permissions=args.default_permissions,
+          negative_cache_s=args.negative_entry_cache)
     if log_path is not None:
         print(f"tectofs mount: {args.mountpoint} mounted in the background; log: {log_path}", file=sys.stderr)
 
@@ -328,6 +329,11 @@ def add_parsers(sub: Any) -> None:
                    help="detach into the background; it logs to --log-file, else ~/.local/state/tectofs/")
     p.add_argument("--single-thread", action="store_true", help="serve one kernel request at a time")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="attribute/entry cache seconds (default 1)")
+    p.add_argument("--negative-entry-cache", type=float, default=0.0, metavar="SECONDS",
+                   help="in directories made through this mount, answer lookups of absent names without asking the"
+                   " metadata service for this long after the mount's last change there: creates take one call"
+                   " instead of two, but another client's new file there may read as absent that long (default 0:"
+                   " off; at most --attr-timeout is sensible)")
     p.add_argument("--debug", action="store_true", help="libfuse's debug output: every kernel request (very verbose)")
     add_metrics_flags(p)
     sharing = p.add_mutually_exclusive_group()

@@ -319,20 +319,22 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
     def create_file(
         self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False,
         reader: int = 0, *, caller: Caller | None = None,
-    ) -> tuple[dict[str, Any], bool, dict[str, Any]]:
+    ) -> tuple[dict[str, Any], bool, dict[str, Any], float]:
         """``create``, also saying whether the file is new (a writer that fails removes it),
-        and the attributes of its directory after the call (a mount answers the kernel's next
-        question about the directory with them); with ``reader``, the opening handle takes
+        the attributes of its directory after the call and its ctime before (NFSv3's
+        ``wcc_data``: a mount answers the kernel's next questions about the directory with
+        them, and knows whether anyone else changed it meanwhile); with ``reader``, the opening handle takes
         its lease. Opening an existing file needs only the path's search permissions: read
         and write permission are checked when the handle asks for the layout or writes."""
         attrs, created, directory = self._create_file(parts, mode, uid, gid, exclusive, caller)
         if reader:
             self.renew(attrs["ino"], reader=reader)
-        return attrs, created, self._get(directory)
+        return attrs, created, self._get(directory["ino"]), directory["ctime"]
 
     def _create_file(
         self, parts: list[str], mode: int, uid: int, gid: int, exclusive: bool, caller: Caller | None
-    ) -> tuple[dict[str, Any], bool, int]:
+    ) -> tuple[dict[str, Any], bool, dict[str, Any]]:
+        """The file's attributes, whether this call made it, and its directory's attributes before."""
         if not parts:
             raise IsADirectory("/ is a directory")
         parent = self._parent_dir(parts, caller)
@@ -343,10 +345,10 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
             attrs = self._get(existing)
             if attrs["kind"] == "dir":
                 raise IsADirectory(f"/{'/'.join(parts)} is a directory")
-            return attrs, False, parent["ino"]
+            return attrs, False, parent
         return self._insert_inode(
             parent, parts, "f", statmod.S_IFREG | (mode & 0o7777), uid, gid, caller=caller
-        ), True, parent["ino"]
+        ), True, parent
 
     def symlink(
         self, parts: list[str], target: str, uid: int = 0, gid: int = 0, *, caller: Caller | None = None
@@ -472,8 +474,9 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     def unlink(
         self, parts: list[str], ino: int = 0, only_if_empty: bool = False, *, caller: Caller | None = None
-    ) -> dict[str, Any]:
-        """Remove a name (and its file); returns the directory's attributes after the call.
+    ) -> tuple[dict[str, Any], float]:
+        """Remove a name (and its file); returns the directory's attributes after the call and
+        its ctime before (``wcc_data``, as ``create_file``).
         With ``ino``, only if the name still leads to that inode; with ``only_if_empty``, only
         if the file has no data yet (how a writer that failed takes back the file it created,
         without touching anyone else's)."""
@@ -485,12 +488,12 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         access.require_removable(parent, attrs, caller, _p(parts), _p(parts[:-1]))
         if (ino and attrs["ino"] != ino) or (only_if_empty and (attrs["size"] or self._one(
                 "SELECT 1 FROM blocks WHERE ino = ? LIMIT 1", (attrs["ino"],)))):
-            return parent
+            return parent, parent["ctime"]
         now = self.clock()
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (parent["ino"], parts[-1]))
         self._touch(parent["ino"], now)
         self._drop_link(attrs, now)
-        return self._get(parent["ino"])
+        return self._get(parent["ino"]), parent["ctime"]
 
     def link(self, src: list[str], dst: list[str], *, caller: Caller | None = None) -> dict[str, Any]:
         """A second name ``dst`` for the file ``src`` (``link(2)``): any kind but a directory.

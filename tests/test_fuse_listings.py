@@ -1,0 +1,111 @@
+"""With ``--negative-entry-cache``, the mount answers lookups of names it knows are absent
+(``client/fuse_listings.py``): fewer metadata calls per create in a directory it made, never
+a wrong answer for its own changes, and another client's changes seen within the option's
+time. Without it (the default) another client's new file is seen at once
+(``tests/test_fuse.py::test_client_and_mount_see_the_same_bytes``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from tectofs.client.fuse_listings import KnownListings
+from tests.test_fuse import _REASON
+from tests.test_metrics import scrape
+
+
+def test_a_listing_follows_its_own_changes_and_drops_on_any_other() -> None:
+    known = KnownListings(timeout_s=5.0)
+    known.made("/d", ctime=10.0)
+    assert known.absent("/d", "a") and not known.absent("/other", "a")
+    known.changed("/d", "a", True, ctime_before=10.0, ctime_after=11.0)
+    assert not known.absent("/d", "a") and known.absent("/d", "b")
+    known.changed("/d", "a", False, ctime_before=11.0, ctime_after=12.0)
+    assert known.absent("/d", "a")
+    known.changed("/d", "b", True, ctime_before=12.5, ctime_after=13.0)  # someone else changed it at 12.5
+    assert not known.absent("/d", "zzz")  # dropped: no longer answered here
+    known.made("/e", ctime=1.0)
+    known.changed("/e", "x", True, ctime_before=None, ctime_after=2.0)  # an older service: no wcc_data
+    assert not known.absent("/e", "y")
+    known.made("/f", ctime=1.0)
+    known.forget_all()
+    assert not known.absent("/f", "y")
+
+
+def test_listings_expire_and_a_zero_timeout_keeps_none() -> None:
+    known = KnownListings(timeout_s=0.2)
+    known.made("/d", ctime=1.0)
+    assert known.absent("/d", "x")
+    time.sleep(0.3)
+    assert not known.absent("/d", "x")
+    off = KnownListings(timeout_s=0.0)
+    off.made("/d", ctime=1.0)
+    assert not off.absent("/d", "x")
+
+
+def test_a_listing_that_grows_too_big_is_dropped() -> None:
+    known = KnownListings(timeout_s=5.0, max_names=3)
+    known.made("/d", ctime=0.0)
+    for i in range(4):
+        known.changed("/d", f"n{i}", True, ctime_before=float(i), ctime_after=float(i + 1))
+    assert not known.absent("/d", "other")
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_creates_in_a_directory_the_mount_made_skip_the_lookup(make_cluster: Any, tmp_path: Any) -> None:
+    from tectofs.client.fuse import start_mount_process
+
+    cluster = make_cluster(metrics=True)
+    mnt = str(tmp_path / "mnt")
+    os.mkdir(mnt)
+
+    def lookups() -> float:
+        metrics = scrape(cluster.metrics_urls["meta"])
+        return sum(v for (name, labels), v in metrics.items()
+                   if name == "tectofs_meta_requests_total" and dict(labels).get("op") in ("lookup", "getattr"))
+
+    def lookups_while_creating(directory: str) -> float:
+        """Metadata lookups while 200 files are created in ``directory``."""
+        before = lookups()
+        for i in range(200):
+            with open(f"{directory}/f{i}", "wb") as f:
+                f.write(b"x" * i)
+        return lookups() - before
+
+    with start_mount_process(cluster.address, mnt, log_path=str(tmp_path / "mount.log"), negative_cache_s=1.0):
+        os.mkdir(f"{mnt}/made")
+        made_calls = lookups_while_creating(f"{mnt}/made")
+        os.mkdir(f"{mnt}/other")
+        cluster.fs.write_bytes("/other/seed", b"")  # another client changed it: not a listing the mount knows
+        os.stat(f"{mnt}/other")
+        other_calls = lookups_while_creating(f"{mnt}/other")
+        assert made_calls < 20, made_calls  # the lookup before each create answered by the mount
+        assert other_calls >= 200, other_calls
+        assert sorted(os.listdir(f"{mnt}/made")) == sorted(f"f{i}" for i in range(200))
+        assert all(os.path.getsize(f"{mnt}/made/f{i}") == i for i in range(200))
+        # never wrong about its own changes: a removed name is gone, a renamed-in one is there
+        os.unlink(f"{mnt}/made/f0")
+        assert not os.path.exists(f"{mnt}/made/f0")
+        os.rename(f"{mnt}/other/f1", f"{mnt}/made/moved")
+        assert os.path.exists(f"{mnt}/made/moved")
+        with pytest.raises(FileExistsError):
+            os.open(f"{mnt}/made/f5", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+
+        # another client's create is seen within the negative cache time (1 s here) ...
+        os.mkdir(f"{mnt}/shared")
+        open(f"{mnt}/shared/mine", "wb").close()
+        cluster.fs.write_bytes("/shared/theirs", b"hello")
+        deadline = time.monotonic() + 1.5
+        while not os.path.exists(f"{mnt}/shared/theirs"):
+            assert time.monotonic() < deadline, "another client's file unseen past the negative cache time"
+            time.sleep(0.05)
+        # ... and at once after the mount's own next change there shows the directory changed
+        os.mkdir(f"{mnt}/shared2")
+        open(f"{mnt}/shared2/a", "wb").close()
+        cluster.fs.write_bytes("/shared2/theirs", b"hello")
+        open(f"{mnt}/shared2/b", "wb").close()  # its wcc_data: the ctime before is not the one known
+        assert os.path.exists(f"{mnt}/shared2/theirs")
