@@ -21,12 +21,35 @@ def _python_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "tectofs.cli", *args]
 
 
+def _exit_reason(process: subprocess.Popen[bytes]) -> str:
+    """``what exited with code N: the last line it logged (log: PATH)``."""
+    args = [str(a) for a in process.args]  # type: ignore[union-attr]
+    what = _ROLES.get(args[3], args[3]) if len(args) > 3 else "a child process"
+    log_path = getattr(process, "log_path", None)
+    last = ""
+    if log_path:
+        try:
+            with open(log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(log_path) - 4096))
+                lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+            last = lines[-1] if lines else ""
+        except OSError:
+            pass
+    return (f"{what} exited with code {process.returncode}" + (f": {last}" if last else "")
+            + (f" (log: {log_path})" if log_path else ""))
+
+
+_ROLES = {"meta": "the metadata service", "chunk": "a chunk server", "s3": "the S3 gateway"}
+
+
 def wait_for_file(path: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> str:
-    """Wait until ``path`` exists and is non-empty; return its content."""
+    """Wait until ``path`` exists and is non-empty; return its content. A ``process`` that
+    exits first raises ``TectofsError`` with the last line it logged (its reason, e.g. a port
+    in use) and where its log is."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise TectofsError(f"process {' '.join(process.args)} exited with code {process.returncode}")  # type: ignore[arg-type]
+            raise TectofsError(_exit_reason(process))
         try:
             with open(path) as f:
                 content = f.read().strip()
@@ -124,13 +147,16 @@ class LocalCluster:
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         os.makedirs(os.path.join(self.root, "logs"), exist_ok=True)
+        log_path = os.path.join(self.root, "logs", log_name)
         if self.log_to_files:
-            out: Any = open(os.path.join(self.root, "logs", log_name), "ab")
+            out: Any = open(log_path, "ab")
         else:
             out = None
         try:
-            return subprocess.Popen(_python_command(*args), stdout=out, stderr=subprocess.STDOUT if out else None,
-                                    env=self.env, start_new_session=True)
+            process = subprocess.Popen(_python_command(*args), stdout=out, stderr=subprocess.STDOUT if out else None,
+                                       env=self.env, start_new_session=True)
+            process.log_path = log_path if out is not None else None  # type: ignore[attr-defined]  # for _exit_reason
+            return process
         finally:
             if out is not None:
                 out.close()

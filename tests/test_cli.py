@@ -291,6 +291,19 @@ def test_port_in_use_is_one_line_and_server_logs_follow_the_format(cluster, tmp_
     assert events and all({"ts", "level", "logger", "msg"} <= set(e) for e in events)
 
 
+def test_up_on_a_port_in_use_says_why_in_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = tectofs("up", "--root", str(tmp_path / "root"), "--port", str(port), "--servers", "1", "--check",
+                         "--no-metrics", check=False, timeout=120)
+    error = one_line_error(result, "up")
+    assert result.returncode == 1
+    assert "the metadata service exited with code 1" in error and "address already in use" in error
+    assert "tectofs.cli meta --store" not in error and str(tmp_path / "root" / "logs" / "meta.log") in error
+
+
 def test_config_file_and_precedence(cluster, tmp_path):
     a = cluster.address
     config = tmp_path / "config.toml"

@@ -87,7 +87,10 @@ def add_parser(sub: Any, serve: Callable[..., None]) -> None:
     add_metrics_flags(p)  # the gateway's client registry: tectofs_s3_*, tectofs_client_*
     p.set_defaults(fn=lambda args: cmd_serve(args, serve))
     actions = p.add_subparsers(dest="s3_command", metavar="ACTION")
-    k = actions.add_parser("keys", help="print your S3 keys as AWS_ACCESS_KEY_ID= / AWS_SECRET_ACCESS_KEY= lines")
+    k = actions.add_parser("keys", help="print your S3 keys as AWS_ACCESS_KEY_ID= / AWS_SECRET_ACCESS_KEY= lines",
+                           description="Print the S3 key pair of the user your credential names, as"
+                           " AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=... lines (eval or source them for"
+                           " awscli, boto3, s3fs). With --key-file, root's pair, derived from the cluster key.")
     k.add_argument("--meta", default=argparse.SUPPRESS, help="metadata service whose credential to use")
     k.add_argument("--credentials", metavar="FILE", help="credential file (default: as other client commands find it)")
     k.add_argument("--key-file", default=None, dest="key_file", help="print root's keys, derived from this cluster key")
