@@ -36,7 +36,7 @@ import warnings
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import drop_caches, parse_size, print_table, work_dir, write_results  # noqa: E402
+from common import drop_caches, parse_size, print_table, process_cpu_s, work_dir, write_results  # noqa: E402
 
 from tectofs.bench import print_targets  # noqa: E402
 from tectofs.bench import target as goal  # noqa: E402
@@ -149,6 +149,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     times: dict[str, list[float]] = {}
     checks: dict[str, bool] = {}
     stored: dict[str, int] = {}
+    cpu: dict[str, list[float]] = {}  # "<what> <role>" -> CPU seconds per run
     cache_dropped = True
 
     def record(name: str, seconds: float) -> None:
@@ -177,16 +178,37 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
                 load_into_target(lambda: dcp.load(target, storage_reader=FileSystemReader(path)), "dcp local load")
                 shutil.rmtree(path)
 
+            def roles() -> dict[str, float]:
+                """CPU seconds so far of this process (the client), the chunk servers, the MDS."""
+                chunk = [p.pid for p in cluster.chunk_processes if p is not None]
+                return {"client": time.process_time(), "chunk servers": sum(process_cpu_s(p) for p in chunk),
+                        "metadata service": process_cpu_s(cluster.meta_process.pid) if cluster.meta_process else 0.0}
+
+            def metered(what: str, run: Callable[[], None]) -> None:
+                before = roles()
+                run()
+                for role, seconds in roles().items():
+                    cpu.setdefault(f"{what} {role}", []).append(seconds - before[role])
+
+            def raw_disk(i: int) -> None:  # the disk itself: durable sequential write, then read, of as many bytes
+                path = os.path.join(local_dir, f"raw_{i}")
+                record("raw disk write+fsync", _timed(lambda: _raw_write(path, nbytes)))
+                drop_caches()
+                record("raw disk read", _timed(lambda: _raw_read(path)))
+                os.unlink(path)
+
             def plugin(i: int) -> None:  # (a)
                 uri = f"{base}/sync/step_{i}"
-                record("tectofs save", _timed(lambda: dcp.save(sd, storage_writer=tt.CheckpointWriter(uri))))
-                load_into_target(lambda: dcp.load(target, storage_reader=tt.CheckpointReader(uri)), "tectofs load")
+                metered("save", lambda: record("tectofs save", _timed(
+                    lambda: dcp.save(sd, storage_writer=tt.CheckpointWriter(uri)))))
+                metered("load", lambda: load_into_target(
+                    lambda: dcp.load(target, storage_reader=tt.CheckpointReader(uri)), "tectofs load"))
 
             def plugin_compressed(i: int) -> None:  # (a) with CheckpointWriter(compress=True)
                 uri = f"{base}/zstd/step_{i}"
                 record("tectofs save, compressed",
                        _timed(lambda: dcp.save(sd, storage_writer=tt.CheckpointWriter(uri, compress=True))))
-                stored["compressed"] = sum(st.size for name, st in cluster.fs.scandir(tt.parse(uri).path)
+                stored["compressed"] = sum(st.size for name, st in tt.filesystem(cluster.address).scandir(tt.parse(uri).path)
                                            if name != ".metadata")
                 load_into_target(lambda: dcp.load(target, storage_reader=tt.CheckpointReader(uri)),
                                  "tectofs load, compressed")
@@ -210,7 +232,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
                 loaded.clear()
                 os.unlink(file)
 
-            methods = [dcp_local, plugin, plugin_compressed, torch_file]
+            methods = [raw_disk, dcp_local, plugin, plugin_compressed, torch_file]
             for i in range(repeats):
                 # Rotate the order: what ran before (page cache, memory) weighs on each in turn.
                 for method in methods[i % len(methods) :] + methods[: i % len(methods)]:
@@ -253,7 +275,8 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     def gbps(name: str) -> float:
         return nbytes / med(name) / 1e9
 
-    order = ["dcp local save", "dcp local load", "tectofs save", "tectofs load", "tectofs save, compressed",
+    order = ["raw disk write+fsync", "raw disk read", "dcp local save", "dcp local load", "tectofs save", "tectofs load",
+             "tectofs save, compressed",
              "tectofs load, compressed", "torch.save local",
              "torch.load local", "tectofs async_save blocking (cold, 1st)", "tectofs async_save blocking",
              "tectofs async_save total", "tectofs load, 2 of 6 servers down"]
@@ -274,6 +297,13 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     }
     ratios["tectofs compressed save / dcp local save"] = round(gbps("tectofs save, compressed") / gbps("dcp local save"), 3)
     ratios["tectofs compressed load / dcp local load"] = round(gbps("tectofs load, compressed") / gbps("dcp local load"), 3)
+    # rs(4,2): 6 chunks of a quarter block each reach a disk per block saved; a load reads the 4 data chunks.
+    width, needed = 6, 4
+    ratios["tectofs save disk efficiency (chunk bytes written/s / raw disk write)"] = round(
+        gbps("tectofs save") * width / needed / gbps("raw disk write+fsync"), 3)
+    ratios["tectofs load disk efficiency (bytes read/s / raw disk read)"] = round(
+        gbps("tectofs load") / gbps("raw disk read"), 3)
+    cpu_per_gb = {key: round(statistics.median(runs) / (nbytes / 1e9), 2) for key, runs in sorted(cpu.items())}
     compression = compression_by_dtype(sd)
     compression["whole checkpoint (stored / tensor bytes)"] = {"ratio": round(stored["compressed"] / nbytes, 4)}
     if "tectofs load, 2 of 6 servers down" in times:
@@ -287,6 +317,10 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
         goal("tectofs compressed save / dcp local save", ratios["tectofs compressed save / dcp local save"],
              at_least=0.8),
         goal("bf16 weights compression ratio", compression["bf16 weights"]["ratio"], at_most=0.67),
+        goal("tectofs save disk efficiency", ratios["tectofs save disk efficiency (chunk bytes written/s / raw disk write)"],
+             at_least=0.9),
+        goal("tectofs load disk efficiency", ratios["tectofs load disk efficiency (bytes read/s / raw disk read)"],
+             at_least=0.9),
     ]
     result = {
         "benchmark": "checkpoint",
@@ -301,11 +335,29 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
         "rows": rows,
         "ratios": ratios,
         "compression": compression,
+        "cpu_seconds_per_GB": cpu_per_gb,
         "targets": targets,
         "targets_met": {t["name"]: t["met"] for t in targets},
     }
     write_results(out_dir, "checkpoint_bench", result)
     return result
+
+
+def _raw_write(path: str, nbytes: int) -> None:
+    block = os.urandom(8 * MiB)
+    with open(path, "wb") as f:
+        for offset in range(0, nbytes, len(block)):
+            f.write(block[: min(len(block), nbytes - offset)])
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(os.path.dirname(path))
+
+
+def _raw_read(path: str) -> None:
+    buffer = bytearray(8 * MiB)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
 
 
 def compression_by_dtype(sd: Any) -> dict[str, dict[str, float]]:
@@ -380,6 +432,9 @@ def main() -> None:
     args = parser.parse_args()
     result = run(args.out, args.size, args.repeats, work_dir=work_dir(args.work_dir), degraded=not args.no_degraded)
     print_table(result)
+    print("CPU seconds per GB saved/loaded (client = this process):")
+    for key, value in result["cpu_seconds_per_GB"].items():
+        print(f"  {key:<42} {value}")
     print("compression (tectofs.tensor_codec, one core):")
     for kind, c in result["compression"].items():
         speed = f"  encode {c['encode_MB_s']} MB/s, decode {c['decode_MB_s']} MB/s" if "encode_MB_s" in c else ""
