@@ -325,11 +325,13 @@ class RpcClient:
             except Busy:
                 if attempt >= retries:
                     raise
+                reason = "busy"
             except (ConnectionLost, Timeout) as exc:
                 self.forget(member)
                 group.failed(member)
                 failures[member] = str(exc)
                 if group.member not in failures:
+                    self.retrying(op, "failover")
                     continue  # another member, at once: this round is not over
                 if isinstance(exc, HelloTimeout):
                     # Silent peers: not tectofs, or hung. Few tries, so the caller hears in seconds.
@@ -339,9 +341,17 @@ class RpcClient:
                 if attempt >= retries:
                     raise _group_down(group, exc, failures) from None
                 failures = {}
+                reason = "connection"
+            self.retrying(op, reason)
             attempt += 1
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, limits.rpc_backoff_max_s)
+
+    def retrying(self, op: str, reason: str) -> None:
+        """Called before each retry of a call of ``op``: ``reason`` is ``busy`` (the server
+        answered BUSY), ``failover`` (on to the next member of a group at once) or
+        ``connection`` (the connection was lost or timed out; after a backoff). Nothing here:
+        a subclass counts them (``tectofs.client.metered``)."""
 
     def forget(self, address: str) -> None:
         """Drop pooled connections to ``address`` (every member of a group; e.g. a server
