@@ -296,12 +296,19 @@ def test_up_on_a_port_in_use_says_why_in_one_line(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = tectofs("up", "--root", str(tmp_path / "root"), "--port", str(port), "--servers", "1", "--check",
-                         "--no-metrics", check=False, timeout=120)
+        result = tectofs("up", "--root", str(tmp_path / "root"), "--port", str(port), "--servers", "1", "--policy",
+                         "rep(1)", "--check", "--no-metrics", check=False, timeout=120)
     error = one_line_error(result, "up")
     assert result.returncode == 1
     assert "the metadata service exited with code 1" in error and "address already in use" in error
     assert "tectofs.cli meta --store" not in error and str(tmp_path / "root" / "logs" / "meta.log") in error
+
+
+def test_up_refuses_fewer_servers_than_its_policy_writes_to(tmp_path):
+    result = tectofs("up", "--root", str(tmp_path / "root"), "--servers", "3", "--check", check=False)
+    error = one_line_error(result, "up")
+    assert result.returncode == 2 and "3 chunk servers cannot take a write under rs(4,2)" in error
+    assert "--policy rep(3)" in error and not (tmp_path / "root").exists()
 
 
 def test_config_file_and_precedence(cluster, tmp_path):

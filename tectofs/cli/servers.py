@@ -15,6 +15,7 @@ from tectofs import diagnostics, limits
 from .common import (
     DEFAULT_PORT,
     KEY_HELP,
+    UsageError,
     _human,
     _meta_address,
     _size,
@@ -122,8 +123,18 @@ def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: C
 def cmd_up(args: argparse.Namespace) -> None:
     import tempfile
 
+    from tectofs.errors import TectofsError
+    from tectofs.policy import parse as parse_policy
     from tectofs.server.cluster import LocalCluster
 
+    try:
+        policy = parse_policy(args.policy)
+    except TectofsError as exc:
+        raise UsageError(str(exc)) from None
+    if args.servers < policy.write_min:
+        raise UsageError(f"{args.servers} chunk servers cannot take a write under {policy} (a block needs at"
+                         f" least {policy.write_min} of its {policy.width} chunks stored): use --servers"
+                         f" {policy.width} or more, or a policy such as --policy rep({max(1, args.servers)})")
     temporary = args.check and args.root is None  # a smoke test never touches a real cluster's state
     if temporary:
         args.root = tempfile.mkdtemp(prefix="tectofs-check-")
