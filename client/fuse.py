@@ -537,7 +537,22 @@ class TectofsOperations(mfusepy.Operations):
         file = self._as_caller(lambda fs: fs.open(path, client_mode, write_only=access == os.O_WRONLY))
         file.readable = True
         self._invalidate_if_changed(path, file)
-        return self._register(file, flags, dirty=client_mode == "w+b")
+        fh = self._register(file, flags, dirty=client_mode == "w+b")
+        self._commit_peers(file.ino, self._handles[fh])
+        return fh
+
+    def _commit_peers(self, ino: int, opener: _OpenFile) -> None:
+        """A new descriptor reads what the file's other descriptors on this mount wrote, as on a
+        local disk (not only while the kernel's page cache still holds it): their changes are
+        committed now and shared (``_share_commit``). A peer's failure is its own: it surfaces
+        at that descriptor's close, and the opener reads the last commit."""
+        for handle in self._writers(ino):
+            if handle is opener or not handle.dirty:
+                continue
+            try:
+                self._commit_handle(handle, None)
+            except TectofsError as exc:
+                log.debug("committing another descriptor of inode %d for an open: %s", ino, exc)
 
     @_errno
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -594,7 +609,9 @@ class TectofsOperations(mfusepy.Operations):
             self.listings.changed(directory, path.rsplit("/", 1)[1], present, change.ctime_before, change.after.ctime)
 
     def _commit(self, path: str | None, fh: int) -> int:
-        handle = self._handle(fh)
+        return self._commit_handle(self._handle(fh), path)
+
+    def _commit_handle(self, handle: _OpenFile, path: str | None) -> int:
         with handle.lock:
             changed = handle.dirty
             self._run(handle.file.flush())

@@ -212,6 +212,30 @@ def test_python_open_seek_read_write(mounted: Mounted, tmp_path: Any, rng: rando
     assert mounted.fs.read_bytes(f"{tectofs_dir}/f") == expected
 
 
+def test_a_new_descriptor_reads_what_an_open_one_wrote_after_the_cache_expires(mounted: Mounted) -> None:
+    """As on a local disk: a second open of a file on the same mount reads the bytes another
+    open descriptor wrote and has not closed, also once the kernel's cached attributes have
+    expired and its page cache no longer serves the read (found by the mount-vs-local model:
+    keep_open, write_kept, a pause, read)."""
+    where, _ = mounted.fresh_dir("peers")
+    path = f"{where}/f"
+    with open(path, "wb") as f:
+        f.write(b"old content")
+    writer = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(writer, b"N", 0)
+        time.sleep(1.3)  # past the mount's 1 s attribute timeout
+        with open(path, "rb") as f:
+            assert f.read() == b"Nld content"
+        os.pwrite(writer, b"E", 1)
+        with open(path, "rb") as f:
+            assert f.read() == b"NEd content"
+    finally:
+        os.close(writer)
+    with open(path, "rb") as f:
+        assert f.read() == b"NEd content"
+
+
 def test_client_and_mount_see_the_same_bytes(mounted: Mounted, rng: random.Random) -> None:
     where, tectofs_dir = mounted.fresh_dir("xchg")
     through_mount = rng.randbytes(2 * MiB + 4321)
