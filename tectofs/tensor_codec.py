@@ -97,10 +97,11 @@ def encode(data: Any, dtype: str, level: int = 1, min_saving: float = MIN_SAVING
         planes = [raw[:body_length]]
     else:
         planes = _split(raw[:body_length], itemsize, transform == FLOAT_PLANES)
-        center = int(np.bincount(planes[0][:_NIBBLE_SAMPLE_BYTES], minlength=256).argmax()) if len(planes[0]) else 0
-        if transform == FLOAT_PLANES and _nibbles_pay(planes[0], center, compressor):
-            transform = FLOAT_NIBBLES
-            planes[0:1] = _nibble_planes(planes[0], center)
+        if transform == FLOAT_PLANES and len(planes[0]):
+            mode = int(np.bincount(planes[0][:_NIBBLE_SAMPLE_BYTES], minlength=256).argmax())
+            if _nibbles_pay(planes[0], mode, compressor):
+                transform, center = FLOAT_NIBBLES, mode
+                planes[0:1] = _nibble_planes(planes[0], center)
     if body_length != len(raw):
         planes.append(raw[body_length:])  # a tail shorter than one element (not a whole tensor)
     headers, payloads = [], []
