@@ -107,7 +107,7 @@ class _ClientConnection(_FramedProtocol):
         self._fail_all(ConnectionLost(f"connection to {self.address} lost{hint}" + (f": {exc}" if exc else "")))
 
     def _fail_all(self, exc: BaseException) -> None:
-        self.failure = exc
+        self.failure = self.failure or exc  # the first failure is the cause (a close follows it)
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(exc)
@@ -162,10 +162,13 @@ class _ClientConnection(_FramedProtocol):
                 raise Timeout(f"{header.get('op')} to {self.address} timed out after {timeout_s:.0f}s") from None
         except TectofsError as exc:
             greeting = self.greeting
+            failed: BaseException | None = None
             if greeting is not None and greeting.done() and not greeting.cancelled():
                 failed = greeting.exception()
-                if failed is not None and failed is not exc:
-                    raise failed from None  # the peer's answer to the hello says more than ours
+            elif not self.greeted:
+                failed = self.failure  # the hello failed (e.g. not tectofs); its task has not run yet
+            if failed is not None and failed is not exc:
+                raise failed from None  # the peer's answer to the hello says more than ours
             raise
         finally:
             self.pending.pop(request_id, None)

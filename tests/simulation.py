@@ -52,6 +52,7 @@ from tectofs.errors import (
 from tectofs.policy import parse as parse_policy
 from tectofs.server.chunk.repair import Repairer
 from tectofs.server.chunk.scrub import Inventory, report
+from tectofs.server.chunk.storage import ChunkInfo
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 
@@ -178,6 +179,11 @@ class ChunkServer:
         if not chunk.sound:
             raise ChecksumMismatch(f"chunk {block_id:x} on {self.address} is damaged")
         return chunk
+
+    def verify(self, block_id: int) -> ChunkInfo:
+        """As ``ChunkStore.verify`` (the scrubber's whole-chunk check)."""
+        chunk = self.read(block_id)
+        return ChunkInfo(block_id, chunk.position, len(chunk.data), chunk.crc, [])
 
     def load(self) -> tuple[int, int]:
         return sum(len(c.data) for c in self.disk.values()), len(self.disk)

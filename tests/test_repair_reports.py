@@ -4,10 +4,14 @@ moment a rebuild finished: they are kept and sent again after the next heartbeat
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
+from tectofs import checksum
 from tectofs.errors import ConnectionLost
 from tectofs.server.chunk.repair import Repairer
+from tectofs.server.chunk.storage import ChunkStore
 
 
 class FlakyService:
@@ -22,16 +26,23 @@ class FlakyService:
         return {}
 
 
-def _repairer(service: FlakyService) -> Repairer:
-    return Repairer(None, None, service, None, concurrency=1, rate_bytes_per_s=1e9)  # type: ignore[arg-type]
+def _repairer(service: FlakyService, store: ChunkStore) -> Repairer:
+    return Repairer(store, None, service, asyncio.to_thread, concurrency=1, rate_bytes_per_s=1e9)  # type: ignore[arg-type]
 
 
-def test_outcomes_the_service_missed_are_sent_after_it_returns() -> None:
+def _rebuilt(store: ChunkStore, block_id: int, position: int, data: bytes) -> dict[str, Any]:
+    """A chunk as a rebuild leaves it on disk, and the repair_done that reports it."""
+    store.write(block_id, position, memoryview(data), checksum.piece_crcs(data), checksum.crc(data), True)
+    return {"block_id": block_id, "position": position, "server_id": 5, "length": len(data), "crc": checksum.crc(data)}
+
+
+def test_outcomes_the_service_missed_are_sent_after_it_returns(tmp_path: Path) -> None:
     service = FlakyService()
-    repairer = _repairer(service)
+    store = ChunkStore(str(tmp_path))
+    repairer = _repairer(service, store)
+    done = _rebuilt(store, 8, 3, os.urandom(5080))
 
     async def scenario() -> None:
-        done = {"block_id": 8, "position": 3, "server_id": 5, "length": 5080, "crc": 1888196745}
         failed = {"block_id": 9, "position": 0, "server_id": 5, "reason": "sources unreadable", "occupied": False}
         assert not await repairer._tell("repair_done", done)
         assert not await repairer._tell("repair_failed", failed)
@@ -45,15 +56,45 @@ def test_outcomes_the_service_missed_are_sent_after_it_returns() -> None:
     asyncio.run(scenario())
 
 
-def test_the_newest_outcome_per_chunk_is_the_one_kept() -> None:
+def test_the_newest_outcome_per_chunk_is_the_one_kept(tmp_path: Path) -> None:
     service = FlakyService()
-    repairer = _repairer(service)
+    store = ChunkStore(str(tmp_path))
+    repairer = _repairer(service, store)
+    done = _rebuilt(store, 1, 2, b"x")
 
     async def scenario() -> None:
         await repairer._tell("repair_failed", {"block_id": 1, "position": 2, "server_id": 5, "reason": "x"})
-        await repairer._tell("repair_done", {"block_id": 1, "position": 2, "server_id": 5, "length": 1, "crc": 3})
+        await repairer._tell("repair_done", done)
         service.up = True
         assert await repairer.resend_reports() == 1
         assert [op for op, _ in service.heard] == ["repair_done"]
+
+    asyncio.run(scenario())
+
+
+def test_a_rebuilt_chunk_lost_before_its_late_report_is_reported_failed_not_done(tmp_path: Path) -> None:
+    """Bit rot or a deleted file between the rebuild and the service's return: placing the
+    chunk would place a bad one as sound, so the resend says the rebuild failed instead."""
+    service = FlakyService()
+    store = ChunkStore(str(tmp_path))
+    repairer = _repairer(service, store)
+    damaged = _rebuilt(store, 8, 3, os.urandom(5080))
+    deleted = _rebuilt(store, 9, 1, os.urandom(100))
+
+    async def scenario() -> None:
+        assert not await repairer._tell("repair_done", damaged)
+        assert not await repairer._tell("repair_done", deleted)
+        with open(store.path(8), "r+b") as chunk_file:
+            chunk_file.seek(100)
+            byte = chunk_file.read(1)
+            chunk_file.seek(100)
+            chunk_file.write(bytes([byte[0] ^ 0x10]))
+        store.delete(9)
+        service.up = True
+        assert await repairer.resend_reports() == 2
+        assert [(op, f["block_id"], f["position"]) for op, f in service.heard] == [
+            ("repair_failed", 8, 3), ("repair_failed", 9, 1)]
+        assert all("lost before its report" in f["reason"] and not f["occupied"] for _, f in service.heard)
+        assert repairer.unreported == {}
 
     asyncio.run(scenario())

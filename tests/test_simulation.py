@@ -90,6 +90,9 @@ REGRESSION_SEEDS = {
     # A rebuild finished while the metadata service restarted; its report was lost, the order
     # timed out, and with two other chunks failed the block looked unreadable for good.
     3671570310: "lost repair_done",
+    # A rebuilt chunk was damaged while its report waited for the restarting service; the
+    # late report placed it as sound (now the resend verifies it and reports a failure).
+    1731809590: "late repair_done of a chunk damaged since",
 }
 
 

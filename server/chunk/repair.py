@@ -123,10 +123,30 @@ class Repairer:
         for key, (op, fields) in list(self.unreported.items()):
             if self.unreported.get(key) != (op, fields):
                 continue  # a newer outcome for that chunk was reported meanwhile
+            if op == "repair_done":
+                op, fields = await self._still_stored(fields)
             if not await self._tell(op, fields):
                 break
             sent += 1
         return sent
+
+    async def _still_stored(self, done: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A late ``repair_done`` stands only if its chunk is still on disk, intact and as
+        rebuilt: one lost or damaged since (the report waited for the service) would be placed
+        as sound. Otherwise it becomes ``repair_failed``, and the block is scheduled again."""
+        try:
+            info = await self.in_thread(self.store.verify, done["block_id"])
+            if (info.position, info.whole_crc) != (done["position"], done["crc"]):
+                raise ChunkMissing(f"chunk {done['block_id']:x} here is now position {info.position},"
+                                   f" crc {info.whole_crc:08x}")
+        except (ChecksumMismatch, ChunkMissing) as exc:
+            log.warning("rebuilt chunk %d of block %d was lost before its report got through: %s",
+                        done["position"], done["block_id"], exc)
+            return "repair_failed", {
+                "block_id": done["block_id"], "position": done["position"], "server_id": done["server_id"],
+                "reason": f"rebuilt chunk lost before its report: {exc}"[:500], "occupied": False,
+            }
+        return "repair_done", done
 
     async def _rebuild(self, order: messages.RepairOrder) -> tuple[int, int]:
         policy = parse_policy(order.policy)
