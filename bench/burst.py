@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -280,9 +281,13 @@ class _LivenessMonitor:
 
 def _baseline(fs: Any, size_bytes: int, cpu: _CpuMeter) -> dict[str, Any]:
     """One client, one large file (the cluster's block size): write then read ``size_bytes``.
-    GB/s each, and the servers' CPU seconds for each (large-chunk cost per GB)."""
+    GB/s each, and the servers' CPU seconds for each (large-chunk cost per GB). The reader
+    checks a SHA-256 of what it reads, as every rank of the burst does."""
     piece = 8 * MiB
     data = memoryview(os.urandom(min(size_bytes, piece)))
+    expected = hashlib.sha256()
+    for offset in range(0, size_bytes, len(data)):
+        expected.update(data[: min(len(data), size_bytes - offset)])
     cpu.start()
     started = time.perf_counter()
     with fs.open("/burst-baseline.bin", "wb") as f:
@@ -297,11 +302,14 @@ def _baseline(fs: Any, size_bytes: int, cpu: _CpuMeter) -> dict[str, Any]:
     buffer = bytearray(piece)
     cpu.start()
     started = time.perf_counter()
+    digest = hashlib.sha256()
     with fs.open("/burst-baseline.bin", "rb", buffering=0) as f:
-        while f.readinto(buffer):
-            pass
+        while n := f.readinto(buffer):
+            digest.update(memoryview(buffer)[:n])
     read_s = time.perf_counter() - started
     read_cpu = cpu.stop()
+    if digest.digest() != expected.digest():
+        raise BurstError("the baseline file read back differs from what was written")
     fs.remove("/burst-baseline.bin")
     return {"bytes": size_bytes, "blocks": blocks, "write_s": write_s, "read_s": read_s,
             "write_GBps": size_bytes / write_s / 1e9, "read_GBps": size_bytes / read_s / 1e9,
@@ -402,6 +410,7 @@ def run(
     memory_check: bool = True,
     metadata_files_per_rank: int = 2,
     gc_delay_s: float = 30.0,
+    pack_max_bytes: int = 0,
     delete_previous_bytes: int = 0,
     keep_work_dir: bool = False,
     progress: Callable[[int], None] | None = None,
@@ -419,7 +428,8 @@ def run(
     checkpoint" of that size before the burst and deletes it at the barrier, as a retention
     policy would: its chunks' deletion orders reach the chunk servers ``gc_delay_s`` later,
     during the save if that is shorter than the save. ``keep_work_dir`` keeps the cluster's
-    logs and data."""
+    logs and data. ``pack_max_bytes``: the chunk servers pack chunks up to this size into
+    segment files (``tectofs chunk --pack-max``; 0: a file per chunk)."""
     assert ranks >= 1
     assert 1 <= processes <= ranks
     assert shard_bytes >= 1
@@ -432,6 +442,7 @@ def run(
     result: dict[str, Any] = {
         "benchmark": "burst", "ranks": ranks, "shard_bytes": shard_bytes, "processes": processes,
         "block_size": block_size, "dir_block_size": dir_block_size, "servers": servers, "policy": policy,
+        "pack_max_bytes": pack_max_bytes,
         "seed": seed, "errors": [], "phases": {},
     }
     errors: list[str] = result["errors"]
@@ -445,7 +456,8 @@ def run(
         cluster = None
         if meta_address is None:
             cluster = LocalCluster(os.path.join(tmp, "cluster"), servers=servers, policy=policy, block_size=block_size,
-                                   gc_delay_s=gc_delay_s, log_to_files=True)
+                                   gc_delay_s=gc_delay_s, log_to_files=True,
+                                   chunk_args=["--pack-max", str(pack_max_bytes)] if pack_max_bytes else None)
             cluster.start()
             meta_address = cluster.address
         workers: list[_WorkerProcess] = []
@@ -640,7 +652,7 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     base = result.get("baseline")
     if base:
         rows.append(_row(f"baseline: 1 client writes {base['bytes'] >> 20} MiB", None, gbps=base["write_GBps"]))
-        rows.append(_row(f"baseline: 1 client reads {base['bytes'] >> 20} MiB", None, gbps=base["read_GBps"]))
+        rows.append(_row(f"baseline: 1 client reads + SHA-256 {base['bytes'] >> 20} MiB", None, gbps=base["read_GBps"]))
     phases = result["phases"]
     n, shard = result["ranks"], result["shard_bytes"]
     if "save" in phases:
@@ -716,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="empty files each rank creates in the metadata storm (0: skip it)")
     parser.add_argument("--gc-delay", type=float, default=30.0,
                         help="seconds before the MDS orders unused chunks deleted (LocalCluster's default: 30)")
+    parser.add_argument("--pack-max", type=parse_size, default=0,
+                        help="chunk servers pack chunks up to this size into segment files (tectofs chunk --pack-max;"
+                        " default 0: a file per chunk)")
     parser.add_argument("--delete-previous", type=parse_size, default=0,
                         help="write a previous checkpoint of this size and delete it at the barrier (GC during the save)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (cluster logs, worker logs)")
@@ -728,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
                  baseline_bytes=args.baseline, meta_address=args.meta, phase_timeout_s=args.phase_timeout,
                  seed=args.seed,
                  memory_check=not args.no_memory_check, metadata_files_per_rank=args.metadata_files,
-                 gc_delay_s=args.gc_delay, delete_previous_bytes=args.delete_previous, keep_work_dir=args.keep,
+                 gc_delay_s=args.gc_delay, pack_max_bytes=args.pack_max, delete_previous_bytes=args.delete_previous,
+                 keep_work_dir=args.keep,
                  work_dir=work_dir(args.work_dir))
     print_summary(result)
     return 1 if result["error_count"] else 0

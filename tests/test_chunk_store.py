@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from tectofs import checksum, errors
-from tectofs.server.chunk.storage import ChunkStore, GroupSync
+from tectofs.server.chunk.storage import ChunkStore, syncfs_group
 
 
 def _put(store: ChunkStore, block_id: int, data: bytes, position: int = 0, **kw) -> None:
@@ -78,7 +78,7 @@ def test_bit_flip_on_disk_is_never_served(tmp_path):
 
 
 def test_group_sync_covers_concurrent_writers_with_fewer_syncs(tmp_path):
-    group = GroupSync(str(tmp_path))
+    group = syncfs_group(str(tmp_path))
     barrier = threading.Barrier(32)
 
     def waiter() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Any, Awaitable, Callable
 
@@ -65,7 +64,7 @@ class Scrubber:
     async def check(self, block_id: int) -> bool:
         """Verify one chunk; report it if it is damaged. Returns whether it was sound."""
         try:
-            size = await self.in_thread(_size, self.store, block_id)
+            size = await self.in_thread(self.store.stored_bytes, block_id)
             await self.limiter.take(size)
             while self.busy():
                 await asyncio.sleep(limits.scrub_busy_pause_s)
@@ -92,13 +91,6 @@ async def report(call_meta: CallMeta, server_id: int | None, block_id: int, kind
         })
     except TectofsError as exc:
         log.warning("could not report chunk %x as %s: %s", block_id, kind, exc)
-
-
-def _size(store: ChunkStore, block_id: int) -> int:
-    try:
-        return os.path.getsize(store.path(block_id))
-    except FileNotFoundError:
-        raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
 
 
 class Inventory:

@@ -70,8 +70,10 @@ class ChunkServer:
         scrub_interval_s: float = limits.scrub_pass_interval_s,
         key_file: str | None = None,
         advertise: str | None = None,
+        pack_max_bytes: int = limits.chunk_pack_max_bytes_default,
     ) -> None:
-        """``key_file``: the cluster key (required; ``tectofs.auth``). ``advertise``
+        """``key_file``: the cluster key (required; ``tectofs.auth``). ``pack_max_bytes``:
+        chunks up to this size are packed into segment files (``packs.py``; 0: a file each). ``advertise``
         (``HOST[:PORT]``): the address registered with the metadata service, which hands it to
         every client and peer (``server/addresses.py``; default: the bound address; a wildcard
         bind needs it)."""
@@ -91,7 +93,8 @@ class ChunkServer:
         self.metrics_address: str | None = None
         self.address = ""
         self.metrics_url: str | None = None
-        self.store = ChunkStore(self.data_dir, sync=sync, on_sync=self.metrics.sync_seconds.observe)
+        self.store = ChunkStore(self.data_dir, sync=sync, on_sync=self.metrics.sync_seconds.observe,
+                                pack_max_bytes=pack_max_bytes)
         self.metrics.watch_disk_free(self.store.disk_free_bytes)
         self.uuid = self._identity()
         self.inflight_bytes = 0

@@ -20,6 +20,12 @@ both (benchmarks of the network path only). A crash leaves no acknowledged chunk
 unacknowledged one may be torn, fails its footer or piece checks, and is overwritten if the
 writer retries (``.tmp`` leftovers are removed at start). Every read verifies the crc of each piece it
 returns, so a flipped bit on disk is reported and never served.
+
+With ``pack_max_bytes`` (``tectofs chunk --pack-max``), chunks up to that size are instead
+records in segment files under ``<data dir>/packs`` (``packs.py``): one fdatasync per batch
+of concurrent writes, no file to create, rename and fsync its directory for. A block's chunk
+is in one place or the other; a rebuild that changes its size moves it, and the old copy is
+removed once the new one is durable.
 """
 
 from __future__ import annotations
@@ -30,11 +36,16 @@ import os
 import struct
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from tectofs import checksum
+from tectofs import checksum, limits
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, InvalidArgument, NoSpace
+
+from . import pieces
+from .chunkinfo import ChunkInfo
+from .fileio import fsync_dir, write_all
+from .groupsync import GroupSync
+from .packs import PackStore
 
 SYNC_MODES = ("each", "group", "none")
 FOOTER = struct.Struct("<8sQQIII")
@@ -42,31 +53,51 @@ MAGIC = b"TFSCHNK1"
 PIECE = checksum.PIECE
 
 
-@dataclass
-class ChunkInfo:
-    block_id: int
-    position: int
-    length: int
-    whole_crc: int
-    piece_crcs: list[int]
+__all__ = ["ChunkInfo", "ChunkStore", "GroupSync", "SYNC_MODES", "syncfs_group"]
 
 
 class ChunkStore:
-    """The chunk files under one data directory."""
+    """The chunks under one data directory: one file each, or, for chunks of at most
+    ``pack_max_bytes``, records in segment files (``packs.PackStore``)."""
 
-    def __init__(self, data_dir: str, sync: str = "each", on_sync: Callable[[float], None] | None = None) -> None:
-        """``on_sync(seconds)``: told how long each write waited to be durable (metrics)."""
+    def __init__(self, data_dir: str, sync: str = "each", on_sync: Callable[[float], None] | None = None,
+                 pack_max_bytes: int = 0) -> None:
+        """``on_sync(seconds)``: told how long each write waited to be durable (metrics).
+        ``pack_max_bytes``: new chunks up to this size are packed (0: none). Chunks packed
+        before stay readable whatever it is now."""
         if sync not in SYNC_MODES:
             raise InvalidArgument(f"sync mode {sync!r}: use one of {', '.join(SYNC_MODES)}")
+        if pack_max_bytes < 0 or pack_max_bytes > limits.chunk_pack_max_bytes_max:
+            raise InvalidArgument(f"packed chunks of up to {pack_max_bytes} bytes: use 0 (none) to"
+                                  f" {limits.chunk_pack_max_bytes_max}")
         self.root = os.path.join(data_dir, "chunks")
         self.sync = sync
         self._on_sync = on_sync
         os.makedirs(self.root, exist_ok=True)
-        self._group = GroupSync(self.root) if sync == "group" else None
-        self.used_bytes = 0
-        self.chunk_count = 0
+        self._group = syncfs_group(self.root) if sync == "group" else None
+        self._file_bytes = 0
+        self._file_count = 0
         self._counts_lock = threading.Lock()  # writes and deletes run on several threads
         self._scan()
+        self.pack_max_bytes = pack_max_bytes
+        packs_dir = os.path.join(data_dir, "packs")
+        self.packs = PackStore(
+            packs_dir, pack_max_bytes or limits.chunk_pack_max_bytes_max, limits.chunk_pack_segment_bytes,
+            sync=sync != "none", on_sync=on_sync,
+        ) if pack_max_bytes or os.path.isdir(packs_dir) else None
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes the chunks take on disk (files, and packed records with their alignment)."""
+        return self._file_bytes + (self.packs.used_bytes if self.packs is not None else 0)
+
+    @property
+    def chunk_count(self) -> int:
+        return self._file_count + (self.packs.chunk_count if self.packs is not None else 0)
+
+    def _packed(self, block_id: int) -> PackStore | None:
+        """The pack store if it holds the block's chunk."""
+        return self.packs if self.packs is not None and self.packs.holds(block_id) else None
 
     def _scan(self) -> None:
         """Remove half-written leftovers and count what is stored."""
@@ -79,15 +110,26 @@ class ChunkStore:
                 if name.endswith(".tmp"):
                     os.unlink(path)
                 elif name.endswith(".chunk"):
-                    self.used_bytes += os.path.getsize(path)
-                    self.chunk_count += 1
+                    self._file_bytes += os.path.getsize(path)
+                    self._file_count += 1
 
     def path(self, block_id: int) -> str:
         name = f"{block_id:016x}"
         return os.path.join(self.root, name[-2:], name + ".chunk")
 
     def exists(self, block_id: int) -> bool:
-        return os.path.exists(self.path(block_id))
+        return self._packed(block_id) is not None or os.path.exists(self.path(block_id))
+
+    def stored_bytes(self, block_id: int) -> int:
+        """How many bytes of disk the chunk takes (ChunkMissing if it is not here)."""
+        packed = self._packed(block_id)
+        if packed is not None:
+            info = packed.info(block_id)
+            return info.length + 4 * len(info.piece_crcs)
+        try:
+            return os.path.getsize(self.path(block_id))
+        except FileNotFoundError:
+            raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
 
     def write(
         self, block_id: int, position: int, data: memoryview, piece_crcs: list[int], whole_crc: int, overwrite: bool = False
@@ -101,21 +143,35 @@ class ChunkStore:
         # The piece crcs cover every byte; the whole-chunk crc is checked end to end by
         # readers against the value the metadata service recorded at commit.
         checksum.verify_pieces(data, piece_crcs, f"chunk {block_id:x} as received")
-        final = self.path(block_id)
-        if os.path.exists(final):
+        if self.exists(block_id):
             try:
                 existing = self.info(block_id)
             except (ChecksumMismatch, ChunkMissing):
                 existing = None  # torn by a crash before it was acknowledged (or gone): write it again
-            if existing is not None and not overwrite:
-                if (existing.whole_crc, existing.length, existing.position, existing.piece_crcs) == (
-                        whole_crc, len(data), position, list(piece_crcs)):
-                    return  # the same bytes again (a retry): every piece's crc matches, not only the claimed whole one
+            same = existing is not None and (existing.whole_crc, existing.length, existing.position,
+                                             existing.piece_crcs) == (whole_crc, len(data), position, list(piece_crcs))
+            if same and not overwrite and self._sound(block_id):
+                return  # the same bytes again (a retry): every piece's crc matches, and the stored ones are intact
+            if existing is not None and not overwrite and not same:
                 raise AlreadyExists(f"chunk {block_id:x} already stored with other content")
             if existing is not None and existing.position != position and self._sound(block_id):
                 raise AlreadyExists(
                     f"chunk {block_id:x}: this server holds position {existing.position} of the block, not {position}"
                 )
+        if self.packs is not None and len(data) <= self.pack_max_bytes:
+            try:
+                self.packs.append(block_id, position, data, piece_crcs, whole_crc)
+            except OSError as exc:
+                self._raise_no_space_for(exc)
+                raise
+            self._delete_file(block_id)  # the block's chunk file a rebuild replaced, if any
+            return
+        self._write_file(block_id, position, data, piece_crcs, whole_crc)
+        if self.packs is not None:
+            self.packs.delete(block_id)  # the packed chunk a rebuild replaced, if any
+
+    def _write_file(self, block_id: int, position: int, data: memoryview, piece_crcs: list[int], whole_crc: int) -> None:
+        final = self.path(block_id)
         os.makedirs(os.path.dirname(final), exist_ok=True)
         crc_bytes = struct.pack(f"<{len(piece_crcs)}I", *piece_crcs)
         head = FOOTER.pack(MAGIC, block_id, len(data), position, whole_crc, 0)[:-4]
@@ -125,7 +181,7 @@ class ChunkStore:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                _write_all(fd, [data, crc_bytes, footer])
+                write_all(fd, [data, crc_bytes, footer])
                 if self.sync == "each":
                     synced = time.perf_counter()
                     os.fdatasync(fd)
@@ -137,7 +193,7 @@ class ChunkStore:
                 os.close(fd)
             os.rename(tmp, final)
             if self.sync == "each":
-                _fsync_dir(os.path.dirname(final))
+                fsync_dir(os.path.dirname(final))
                 self._synced(synced)
             elif self._group is not None:
                 synced = time.perf_counter()
@@ -145,13 +201,16 @@ class ChunkStore:
                 self._synced(synced)
         except OSError as exc:
             _unlink_quietly(tmp)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise NoSpace(f"chunk server disk is full ({self.root})") from None
+            self._raise_no_space_for(exc)
             raise
         with self._counts_lock:
-            self.used_bytes += len(data) + len(crc_bytes) + FOOTER.size - replaced
+            self._file_bytes += len(data) + len(crc_bytes) + FOOTER.size - replaced
             if not replaced:
-                self.chunk_count += 1
+                self._file_count += 1
+
+    def _raise_no_space_for(self, exc: OSError) -> None:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpace(f"chunk server disk is full ({self.root})") from None
 
     def _synced(self, started: float) -> None:
         if self._on_sync is not None:
@@ -166,6 +225,9 @@ class ChunkStore:
 
     def info(self, block_id: int) -> ChunkInfo:
         """Read and check the footer and piece checksums of a stored chunk."""
+        packed = self._packed(block_id)
+        if packed is not None:
+            return packed.info(block_id)
         fd = self._open(block_id)
         try:
             return self._info(fd, block_id)
@@ -201,63 +263,49 @@ class ChunkStore:
         ``offset`` must be a multiple of 64 KiB; the range returned is extended to the end of
         its last piece (or of the chunk); ``length=-1`` reads to the end. Raises
         ChecksumMismatch (never returns data) if any returned piece is damaged."""
-        if offset % PIECE:
-            raise InvalidArgument(f"read offset {offset} is not a multiple of {PIECE}")
+        packed = self._packed(block_id)
+        if packed is not None:
+            return packed.read(block_id, offset, length, allocate)
         fd = self._open(block_id)
         try:
             info = self._info(fd, block_id)
-            if offset > info.length:
-                raise InvalidArgument(f"read offset {offset} past the chunk's {info.length} bytes")
-            # Whole pieces only: a piece's crc can only be checked over all of it.
-            end = info.length if length < 0 else min(info.length, -(-(offset + length) // PIECE) * PIECE)
-            buffer = allocate(end - offset)
-            view = memoryview(buffer)
-            done = 0
-            while done < len(buffer):
-                n = os.preadv(fd, [view[done:]], offset + done)
-                if n == 0:
-                    raise ChecksumMismatch(f"chunk {block_id:x}: short read")
-                done += n
+            buffer, crcs = pieces.read_range(fd, info, 0, offset, length, allocate)
         finally:
             os.close(fd)
-        first = offset // PIECE
-        crcs = info.piece_crcs[first : first + (len(buffer) + PIECE - 1) // PIECE]
-        checksum.verify_pieces(buffer, info.piece_crcs, f"chunk {block_id:x} on disk", first_piece=first)
         return buffer, crcs, info
 
     def block_ids(self) -> list[int]:
-        """Every chunk on disk now, by block id (a directory listing: what an inventory reports)."""
-        out: list[int] = []
+        """Every chunk on disk now, by block id (a directory listing and the packed index:
+        what an inventory reports)."""
+        out: list[int] = self.packs.block_ids() if self.packs is not None else []
         for sub in os.listdir(self.root):
             directory = os.path.join(self.root, sub)
             if os.path.isdir(directory):
                 out.extend(int(name[:-6], 16) for name in os.listdir(directory)
                            if name.endswith(".chunk") and len(name) == 22)
-        return out
+        return list(dict.fromkeys(out))  # a block between a rebuild's write and its old copy's removal: once
 
     def verify(self, block_id: int, step_bytes: int = 16 * PIECE) -> ChunkInfo:
         """Re-read a whole chunk and check its footer, every piece crc and the whole-chunk crc
         (the scrubber); raises ChecksumMismatch or ChunkMissing. Reads ``step_bytes`` at a time."""
+        packed = self._packed(block_id)
+        if packed is not None:
+            return packed.verify(block_id, step_bytes)
         fd = self._open(block_id)
         try:
             info = self._info(fd, block_id)
-            buffer = bytearray(step_bytes)
-            whole = 0
-            for offset in range(0, info.length, step_bytes):
-                n = os.preadv(fd, [memoryview(buffer)[: min(step_bytes, info.length - offset)]], offset)
-                view = memoryview(buffer)[:n]
-                if n < min(step_bytes, info.length - offset):
-                    raise ChecksumMismatch(f"chunk {block_id:x}: short read")
-                checksum.verify_pieces(view, info.piece_crcs, f"chunk {block_id:x} on disk", first_piece=offset // PIECE)
-                whole = checksum.crc(view, whole)
+            pieces.verify_all(fd, info, 0, step_bytes)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a scrub must not evict what clients read
         finally:
             os.close(fd)
-        if whole != info.whole_crc:
-            raise ChecksumMismatch(f"chunk {block_id:x}: whole-chunk crc differs from its footer")
         return info
 
     def delete(self, block_id: int) -> bool:
+        """Remove the block's chunk (packed or a file); False if none was here."""
+        packed = self.packs is not None and self.packs.delete(block_id)
+        return self._delete_file(block_id) or packed
+
+    def _delete_file(self, block_id: int) -> bool:
         path = self.path(block_id)
         try:
             size = os.path.getsize(path)
@@ -265,8 +313,8 @@ class ChunkStore:
         except FileNotFoundError:
             return False
         with self._counts_lock:
-            self.used_bytes -= size
-            self.chunk_count -= 1
+            self._file_bytes -= size
+            self._file_count -= 1
         return True
 
     def disk_free_bytes(self) -> int:
@@ -274,40 +322,11 @@ class ChunkStore:
         return st.f_bavail * st.f_frsize
 
 
-class GroupSync:
-    """Group commit of chunk writes: one ``syncfs`` makes every write before it durable.
-
-    ``wait_durable()`` returns once a sync that *started after the call* has finished. The
-    first waiter becomes the leader and syncs; waiters arriving meanwhile are covered by the
-    leader's next round. Thread-safe; blocking (the chunk server calls it from I/O threads)."""
-
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        self._cond = threading.Condition()
-        self._requested = 0
-        self._done = 0
-        self._syncing = False
-        self.syncs = 0
-
-    def wait_durable(self) -> None:
-        with self._cond:
-            self._requested += 1
-            ticket = self._requested
-            while self._done < ticket:
-                if self._syncing:
-                    self._cond.wait()
-                    continue
-                self._syncing = True
-                target = self._requested
-                self._cond.release()
-                try:
-                    _syncfs(self._fd)
-                finally:
-                    self._cond.acquire()
-                    self._syncing = False
-                    self._cond.notify_all()
-                self._done = max(self._done, target)
-                self.syncs += 1
+def syncfs_group(path: str) -> GroupSync:
+    """Group commit of chunk writes (``--sync group``): one ``syncfs`` of the filesystem
+    holding ``path`` makes every write before it durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    return GroupSync(lambda: _syncfs(fd))
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -317,27 +336,6 @@ def _syncfs(fd: int) -> None:
     if _libc.syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"syncfs failed: {os.strerror(err)}")
-
-
-def _write_all(fd: int, buffers: list[bytes | bytearray | memoryview]) -> None:
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    while views:
-        n = os.writev(fd, views)
-        while n and views:
-            if n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: str) -> None:

@@ -26,6 +26,15 @@ from .common import (
 )
 
 
+def _pack_max(text: str) -> int:
+    """``--pack-max SIZE``: 0 (off) up to ``limits.chunk_pack_max_bytes_max``."""
+    size = _size(text)
+    if not 0 <= size <= limits.chunk_pack_max_bytes_max:
+        raise argparse.ArgumentTypeError(f"{text}: packed chunks can be 0 (off) to"
+                                         f" {limits.chunk_pack_max_bytes_max // limits.MiB}M")
+    return size
+
+
 def _advertise(text: str) -> str:
     """``--advertise HOST[:PORT]``, checked (no wildcard, a valid port)."""
     from tectofs.errors import InvalidArgument
@@ -80,6 +89,7 @@ def cmd_chunk(args: argparse.Namespace) -> None:
             scrub_rate_bytes_per_s=args.scrub_rate * limits.MiB, repair_concurrency=args.repair_concurrency,
             repair_rate_bytes_per_s=args.repair_rate * limits.MiB, inventory_interval_s=args.inventory_interval,
             scrub_interval_s=args.scrub_interval, key_file=args.key_file, advertise=args.advertise,
+            pack_max_bytes=args.pack_max,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs chunk server on {a} (data {args.data}, metadata {args.meta})")
@@ -141,8 +151,8 @@ def cmd_up(args: argparse.Namespace) -> None:
     cluster = LocalCluster(args.root or os.path.join(os.getcwd(), "tectofs-data"), args.servers, args.port,
                            args.policy, args.block_size, args.host,
                            meta_args=["--repair-after", str(args.repair_after)],
-                           chunk_args=["--scrub-rate", str(args.scrub_rate)], tls=args.tls, s3_port=args.s3,
-                           metrics=not args.no_metrics, advertise=args.advertise)
+                           chunk_args=["--scrub-rate", str(args.scrub_rate), "--pack-max", str(args.pack_max)],
+                           tls=args.tls, s3_port=args.s3, metrics=not args.no_metrics, advertise=args.advertise)
     print(f"starting a local cluster under {cluster.root}: 1 metadata service + {args.servers} chunk servers ...",
           flush=True)
     stop = {"now": False}
@@ -249,6 +259,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--check", action="store_true", help="start, write and verify a file, then stop (a smoke test)")
     p.add_argument("--repair-after", type=float, default=limits.repair_after_s, metavar="SECONDS",
                    help=f"rebuild the chunks of a server dead this long (default {limits.repair_after_s:.0f})")
+    p.add_argument("--pack-max", type=_pack_max, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",
+                   help="chunk servers pack chunks up to SIZE into shared segment files (tectofs chunk --pack-max;"
+                   " 0: off, the default)")
     p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="background checksum verification per chunk server, MiB/s (0: off; default %(default)s)")
     p.add_argument("--s3", type=int, metavar="PORT",
@@ -316,6 +329,10 @@ def add_parsers(sub: Any) -> None:
                    help="durability before acknowledging a chunk: fdatasync + directory fsync per chunk "
                    "(each, default) or one syncfs shared by concurrent writes (group: for a dedicated data device)")
     p.add_argument("--no-sync", action="store_true", help="acknowledge before data is durable (network benchmarks only)")
+    p.add_argument("--pack-max", type=_pack_max, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",
+                   help="pack chunks up to SIZE (e.g. 1M) into shared segment files, made durable by one fdatasync"
+                   " per batch of writes instead of a file, a sync and a directory fsync each: for bursts of small"
+                   f" shards (0: off, the default; at most {limits.chunk_pack_max_bytes_max // limits.MiB}M)")
     p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="re-verify every chunk's checksums in the background at this rate (0: off; default %(default)s)")
     p.add_argument("--scrub-interval", type=float, default=limits.scrub_pass_interval_s, metavar="SECONDS",

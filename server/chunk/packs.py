@@ -1,0 +1,374 @@
+"""Small chunks packed into segment files, made durable by one fdatasync per batch.
+
+A chunk file costs the kernel about 1 ms of CPU to create, sync, rename and fsync its
+directory, whatever its size: 1,024 ranks saving 1 MiB each write 6,144 chunks of 256 KiB,
+and the file work, not the bytes, is what the chunk servers spend their time on. Packed,
+the same chunks are appended to one open file, and concurrent writers share each fdatasync
+(``bench/chunk_put.py``, ``bench/burst.py --pack-max``).
+
+Layout, under ``<data dir>/packs/``::
+
+    <segment number, 8 hex digits>.pack     records, each at a 4 KiB-aligned offset:
+        header       magic "TFSPACK1" (live) or "TFSPDEAD" (deleted), block_id u64,
+                     length u64, position u32, whole crc32c u32, crc32c of the header so far u32
+        piece crcs   uint32 little endian, one per 64 KiB piece of data
+        data         length bytes, then zeros to the next 4 KiB boundary
+
+Appends are written in order under one lock, so records never leave holes: a record is
+acknowledged only after an fdatasync that started after it was written, which also covers
+every record before it. After a crash, an unacknowledged record may be torn: its pieces
+fail their checks when read or scrubbed, as a torn chunk file does. A damaged header is
+skipped by probing the following 4 KiB boundaries for the next valid one.
+
+The index (block id -> segment, offset, header) lives in memory and is rebuilt at start by
+reading every header; a later record of a block supersedes an earlier one (a rebuild). A
+delete rewrites the record's magic to dead (not synced: a delete lost in a crash brings the
+chunk back as an orphan, which the inventory reports and the metadata service deletes
+again). A segment is removed once it holds no live record. Each start appends to a new
+segment. Not done yet: compacting segments that keep a few live records among dead ones.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tectofs import checksum
+from tectofs.errors import ChecksumMismatch, ChunkMissing, InvalidArgument
+
+from . import pieces
+from .chunkinfo import ChunkInfo
+from .fileio import fsync_dir, write_all
+from .groupsync import GroupSync
+
+HEADER = struct.Struct("<8sQQIII")
+LIVE = b"TFSPACK1"
+DEAD = b"TFSPDEAD"
+ALIGN = 4096
+PIECE = checksum.PIECE
+SUFFIX = ".pack"
+
+
+@dataclass
+class _Segment:
+    number: int
+    path: str
+    end: int = 0  # where the next record goes (the active segment only)
+    live: int = 0  # live records
+    pending: int = 0  # records written, not yet durable and indexed
+    fd: int = -1  # open for appends and syncs while it is the active one, else -1
+    group: GroupSync | None = None  # its fdatasyncs, shared by the writers waiting for one
+    broken: OSError | None = None  # an fdatasync failed: nothing written to it since is durable
+
+    def fdatasync(self) -> None:
+        """Sync for ``group``. After a failure every later sync fails too: Linux may mark the
+        lost pages clean, so a later success would not mean the data reached the disk."""
+        if self.broken is not None:
+            raise OSError(self.broken.errno, f"segment {self.path} failed to sync before: {self.broken}")
+        try:
+            os.fdatasync(self.fd)
+        except OSError as exc:
+            self.broken = exc
+            raise
+
+
+@dataclass
+class _Entry:
+    segment: _Segment
+    offset: int
+    info: ChunkInfo = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        return _record_size(self.info.length)
+
+
+def _pieces(length: int) -> int:
+    return (length + PIECE - 1) // PIECE
+
+
+def _record_size(length: int) -> int:
+    raw = HEADER.size + 4 * _pieces(length) + length
+    return -(-raw // ALIGN) * ALIGN
+
+
+def _header(magic: bytes, block_id: int, length: int, position: int, whole_crc: int) -> bytes:
+    head = HEADER.pack(magic, block_id, length, position, whole_crc, 0)[:-4]
+    return head + struct.pack("<I", checksum.crc(head))
+
+
+class PackStore:
+    """Chunks of at most ``max_chunk_bytes`` in segment files under ``root``. Thread-safe;
+    blocking (the chunk server calls it from I/O threads). ``sync``: whether appends wait for
+    an fdatasync (False only for benchmarks of the network path)."""
+
+    def __init__(self, root: str, max_chunk_bytes: int, segment_bytes: int = 256 << 20, sync: bool = True,
+                 on_sync: Callable[[float], None] | None = None) -> None:
+        if max_chunk_bytes <= 0 or segment_bytes < _record_size(max_chunk_bytes):
+            raise InvalidArgument(f"packed chunks of up to {max_chunk_bytes} bytes need segments of at least"
+                                  f" {_record_size(max(max_chunk_bytes, 1))} bytes, not {segment_bytes}")
+        self.root = root
+        self.max_chunk_bytes = max_chunk_bytes
+        self.segment_bytes = segment_bytes
+        self.sync = sync
+        self._on_sync = on_sync
+        self._lock = threading.Lock()
+        self._index: dict[int, _Entry] = {}
+        self._segments: dict[int, _Segment] = {}
+        self._active: _Segment | None = None
+        self._next_number = 1  # segment numbers are never reused: a reader may still name a removed one
+        self.used_bytes = 0
+        os.makedirs(root, exist_ok=True)
+        self._loading = True
+        self._load()
+        self._loading = False
+
+    # ------------------------------------------------------------------ start
+
+    def _load(self) -> None:
+        """Rebuild the index from every segment's headers, oldest first; remove empty ones."""
+        numbers = sorted(int(name[: -len(SUFFIX)], 16) for name in os.listdir(self.root)
+                         if name.endswith(SUFFIX) and len(name) == 8 + len(SUFFIX))
+        self._next_number = max(numbers, default=0) + 1
+        for number in numbers:
+            segment = _Segment(number, os.path.join(self.root, f"{number:08x}{SUFFIX}"))
+            self._segments[number] = segment
+            fd = os.open(segment.path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                offset = 0
+                while offset + HEADER.size <= size:
+                    info, live = _parse_header(os.pread(fd, HEADER.size, offset))
+                    if info is None:
+                        offset += ALIGN  # damaged or torn: the next record starts at a later boundary
+                        continue
+                    if live:
+                        self._place(info.block_id, _Entry(segment, offset, info))
+                    offset += _record_size(info.length)
+            finally:
+                os.close(fd)
+        for segment in list(self._segments.values()):
+            if segment.live == 0:
+                self._remove(segment)
+
+    def _place(self, block_id: int, entry: _Entry) -> None:
+        """Index ``entry`` as the block's chunk; the one it supersedes is marked dead. Under the lock."""
+        old = self._index.get(block_id)
+        self._index[block_id] = entry
+        entry.segment.live += 1
+        self.used_bytes += entry.size
+        if old is not None:
+            self._unplace(old)
+
+    def _unplace(self, entry: _Entry) -> None:
+        entry.segment.live -= 1
+        self.used_bytes -= entry.size
+        info = entry.info
+        try:
+            fd = os.open(entry.segment.path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, _header(DEAD, info.block_id, info.length, info.position, info.whole_crc), entry.offset)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            pass
+        self._remove_if_empty(entry.segment)
+
+    def _remove_if_empty(self, segment: _Segment) -> None:
+        """Remove a segment no longer appended to, with no live record and no writer waiting. Under the lock."""
+        if segment.live or segment.pending or segment is self._active or self._loading:
+            return
+        if segment.fd >= 0:
+            os.close(segment.fd)
+            segment.fd = -1
+        self._remove(segment)
+
+    def _remove(self, segment: _Segment) -> None:
+        self._segments.pop(segment.number, None)
+        try:
+            os.unlink(segment.path)
+        except FileNotFoundError:
+            pass
+
+    # ------------------------------------------------------------------ writes
+
+    def append(self, block_id: int, position: int, data: memoryview, piece_crcs: list[int], whole_crc: int) -> None:
+        """Store a chunk (already verified against ``piece_crcs``) durably; it supersedes
+        any chunk of the block stored here before."""
+        if len(data) > self.max_chunk_bytes:
+            raise InvalidArgument(f"chunk of {len(data)} bytes is larger than packed chunks ({self.max_chunk_bytes})")
+        info = ChunkInfo(block_id, position, len(data), whole_crc, [])  # the index keeps the header only
+        head = _header(LIVE, block_id, len(data), position, whole_crc)
+        crcs = struct.pack(f"<{len(piece_crcs)}I", *piece_crcs)
+        size = _record_size(len(data))
+        padding = bytes(size - HEADER.size - len(crcs) - len(data))
+        with self._lock:
+            segment = self._writable(size)
+            offset = segment.end
+            write_all(segment.fd, [head, crcs, data, padding], offset)  # in order: no holes
+            segment.end += size
+            segment.pending += 1
+        try:
+            if self.sync:
+                assert segment.group is not None  # appends go to segments this process made
+                segment.group.wait_durable()  # the fd stays open: this writer counts in pending
+        except BaseException:
+            with self._lock:
+                if segment.broken is not None and segment is self._active:
+                    self._retire(segment)  # new chunks go to a new segment
+                self._written(segment)
+            raise
+        with self._lock:
+            self._place(block_id, _Entry(segment, offset, info))
+            self._written(segment)
+
+    def _written(self, segment: _Segment) -> None:
+        """A writer is done with ``segment``: the last one of a retired segment closes it. Under the lock."""
+        segment.pending -= 1
+        if segment.pending == 0 and segment is not self._active and segment.fd >= 0:
+            os.close(segment.fd)  # no writer syncs it any more
+            segment.fd = -1
+            self._remove_if_empty(segment)
+
+    def _writable(self, size: int) -> _Segment:
+        """The active segment, with room for ``size`` bytes (a new one if not). Under the lock."""
+        active = self._active
+        if active is not None and active.end + size <= self.segment_bytes:
+            return active
+        if active is not None:
+            self._retire(active)
+        number = self._next_number
+        self._next_number += 1
+        segment = _Segment(number, os.path.join(self.root, f"{number:08x}{SUFFIX}"))
+        segment.fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        segment.group = GroupSync(segment.fdatasync, self._on_sync)
+        fsync_dir(self.root)  # the new segment's name is durable before any record in it is acknowledged
+        self._segments[number] = segment
+        self._active = segment
+        return segment
+
+    def _retire(self, segment: _Segment) -> None:
+        """Stop appending to ``segment``; its fd closes once no writer waits on it. Under the lock."""
+        self._active = None
+        if segment.pending == 0:
+            os.close(segment.fd)
+            segment.fd = -1
+            self._remove_if_empty(segment)
+
+    # ------------------------------------------------------------------ reads
+
+    def holds(self, block_id: int) -> bool:
+        return block_id in self._index
+
+    def block_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._index)
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self._index)
+
+    def info(self, block_id: int) -> ChunkInfo:
+        """The chunk's header and piece crcs as on disk (ChecksumMismatch if damaged)."""
+        _, fd, info = self._open(block_id)
+        os.close(fd)
+        return info
+
+    def _entry(self, block_id: int) -> _Entry:
+        entry = self._index.get(block_id)
+        if entry is None:
+            raise ChunkMissing(f"chunk {block_id:x} is not stored here")
+        return entry
+
+    def read(self, block_id: int, offset: int = 0, length: int = -1,
+             allocate: Callable[[int], Any] = bytearray) -> tuple[Any, list[int], ChunkInfo]:
+        """As ``ChunkStore.read``: whole 64 KiB pieces covering ``[offset, offset + length)``,
+        verified (ChecksumMismatch, never damaged data)."""
+        entry, fd, info = self._open(block_id)
+        try:
+            buffer, crcs = pieces.read_range(fd, info, self._data_at(entry), offset, length, allocate)
+        finally:
+            os.close(fd)
+        return buffer, crcs, info
+
+    def verify(self, block_id: int, step_bytes: int = 16 * PIECE) -> ChunkInfo:
+        """Re-read a whole chunk: its header, every piece crc and the whole-chunk crc (the
+        scrubber); raises ChecksumMismatch or ChunkMissing."""
+        entry, fd, info = self._open(block_id)
+        try:
+            pieces.verify_all(fd, info, self._data_at(entry), step_bytes)
+        finally:
+            os.close(fd)
+        return info
+
+    def _open(self, block_id: int) -> tuple[_Entry, int, ChunkInfo]:
+        """The block's record: its entry, an open fd on its segment and its checked header.
+        A record deleted or superseded (a rebuild) since it was looked up is looked up again."""
+        for _ in range(3):
+            entry = self._entry(block_id)
+            try:
+                fd = os.open(entry.segment.path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # its segment was removed: the chunk was deleted meanwhile
+            try:
+                return entry, fd, self._checked(fd, entry)
+            except _Superseded:
+                os.close(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+        raise ChunkMissing(f"chunk {block_id:x} is not stored here (deleted while being read)")
+
+    @staticmethod
+    def _data_at(entry: _Entry) -> int:
+        return entry.offset + HEADER.size + 4 * _pieces(entry.info.length)
+
+    @staticmethod
+    def _checked(fd: int, entry: _Entry) -> ChunkInfo:
+        """The record's header, as on disk now and as indexed, with its piece crcs (which the
+        data read is verified against)."""
+        indexed = entry.info
+        count = _pieces(indexed.length)
+        raw = os.pread(fd, HEADER.size + 4 * count, entry.offset)
+        found, live = _parse_header(raw[: HEADER.size])
+        if found is not None and not live:
+            raise _Superseded()
+        if found is None or len(raw) != HEADER.size + 4 * count or (
+                found.block_id, found.length, found.position, found.whole_crc) != (
+                indexed.block_id, indexed.length, indexed.position, indexed.whole_crc):
+            raise ChecksumMismatch(f"chunk {indexed.block_id:x}: packed record header damaged")
+        found.piece_crcs = list(struct.unpack(f"<{count}I", raw[HEADER.size :]))
+        return found
+
+    # ------------------------------------------------------------------ deletes
+
+    def delete(self, block_id: int) -> bool:
+        """Forget a chunk and mark its record dead; a segment left with no live record is removed."""
+        with self._lock:
+            entry = self._index.pop(block_id, None)
+            if entry is None:
+                return False
+            self._unplace(entry)
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._active is not None:
+                self._retire(self._active)
+
+
+class _Superseded(Exception):
+    """The record was marked dead (deleted, or a newer record of the block written) after it was looked up."""
+
+
+def _parse_header(raw: bytes) -> tuple[ChunkInfo | None, bool]:
+    """``(info, live)`` from a record header, or ``(None, False)`` if it is not a valid one."""
+    if len(raw) < HEADER.size:
+        return None, False
+    magic, block_id, length, position, whole_crc, header_crc = HEADER.unpack(raw)
+    if magic not in (LIVE, DEAD) or checksum.crc(raw[:-4]) != header_crc:
+        return None, False
+    return ChunkInfo(block_id, position, length, whole_crc, []), magic == LIVE

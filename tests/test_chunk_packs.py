@@ -1,0 +1,295 @@
+"""Packed chunks (``server/chunk/packs.py``, ``tectofs chunk --pack-max``): small chunks in
+segment files, one fdatasync per batch; as durable, verified and healable as chunk files."""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tectofs import checksum
+from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing
+from tectofs.server.chunk import packs
+from tectofs.server.chunk.packs import ALIGN, HEADER, PackStore
+from tectofs.server.chunk.storage import ChunkStore
+from tests.test_self_healing import _server_id, _wait_clean
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _chunk(n: int, seed: int = 0) -> tuple[memoryview, list[int], int]:
+    data = memoryview(os.urandom(n) if seed == 0 else bytes((seed + i) % 251 for i in range(n)))
+    return data, checksum.piece_crcs(data), checksum.crc(data)
+
+
+def _put(store: ChunkStore, block_id: int, position: int, data: memoryview, overwrite: bool = False) -> None:
+    store.write(block_id, position, data, checksum.piece_crcs(data), checksum.crc(data), overwrite)
+
+
+def _records(data_dir: str) -> dict[int, tuple[str, int]]:
+    """Live records on disk: block id -> (segment path, offset), read as the store's start does."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(data_dir, "packs", "*.pack"))):
+        with open(path, "rb") as f:
+            raw = f.read()
+        offset = 0
+        while offset + HEADER.size <= len(raw):
+            info, live = packs._parse_header(raw[offset : offset + HEADER.size])
+            if info is None:
+                offset += ALIGN
+                continue
+            if live:
+                out[info.block_id] = (path, offset)
+            offset += packs._record_size(info.length)
+    return out
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x04]))
+
+
+def test_round_trip_ranges_verify_and_restart(tmp_path: Any) -> None:
+    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    chunks = {block_id: _chunk(n)[0] for block_id, n in enumerate([1, 65536, 65537, 300_000, 1 * MiB], start=1)}
+    for block_id, data in chunks.items():
+        _put(store, block_id, block_id % 6, data)
+    assert not glob.glob(os.path.join(tmp_path, "chunks", "*", "*.chunk"))  # all packed
+    assert sorted(store.block_ids()) == sorted(chunks) and store.chunk_count == len(chunks)
+    for block_id, data in chunks.items():
+        assert bytes(store.read(block_id)[0]) == bytes(data)
+        assert store.verify(block_id).position == block_id % 6
+    whole, crcs, info = store.read(4, 65536, 10)  # whole pieces covering the range
+    assert bytes(whole) == bytes(chunks[4][65536 : 2 * 65536]) and crcs == info.piece_crcs[1:2]
+    used = store.used_bytes
+    assert used >= sum(len(d) for d in chunks.values()) and used % ALIGN == 0
+    _put(store, 2, 2, chunks[2])  # the same chunk again: a retry, nothing new stored
+    assert store.used_bytes == used
+    with pytest.raises(AlreadyExists):
+        _put(store, 2, 2, _chunk(65536)[0])
+    assert store.delete(3) and not store.delete(3) and not store.exists(3)
+    with pytest.raises(ChunkMissing):
+        store.read(3)
+
+    again = ChunkStore(str(tmp_path), pack_max_bytes=0)  # restarted without packing: still readable
+    assert sorted(again.block_ids()) == sorted(set(chunks) - {3}) and again.used_bytes == used - packs._record_size(65537)
+    for block_id in set(chunks) - {3}:
+        assert bytes(again.read(block_id)[0]) == bytes(chunks[block_id])
+    _put(again, 9, 0, _chunk(1000)[0])  # new chunks go to files again
+    assert glob.glob(os.path.join(tmp_path, "chunks", "*", "*.chunk"))
+
+
+def test_a_rebuild_replaces_the_chunk_between_files_and_packs(tmp_path: Any) -> None:
+    store = ChunkStore(str(tmp_path), pack_max_bytes=64 * KiB)
+    big, small = _chunk(100_000)[0], _chunk(50_000)[0]
+    _put(store, 7, 1, big)  # too big to pack: a file
+    assert store.chunk_count == 1 and os.path.exists(store.path(7))
+    _put(store, 7, 1, small, overwrite=True)  # rebuilt smaller: packed, the file removed
+    assert not os.path.exists(store.path(7)) and store.block_ids() == [7] and store.chunk_count == 1
+    assert bytes(store.read(7)[0]) == bytes(small)
+    _put(store, 7, 1, big, overwrite=True)  # and back
+    assert os.path.exists(store.path(7)) and not store.packs.holds(7)  # type: ignore[union-attr]
+    assert bytes(store.read(7)[0]) == bytes(big) and store.chunk_count == 1
+    assert store.packs.used_bytes == 0  # type: ignore[union-attr]
+    ChunkStore(str(tmp_path))  # a restart removes the segment with nothing live in it
+    assert not glob.glob(os.path.join(tmp_path, "packs", "*.pack"))
+    with pytest.raises(AlreadyExists):  # a rebuild never replaces a sound chunk of another position
+        _put(store, 7, 2, big, overwrite=True)
+
+
+def test_damage_is_detected_and_a_damaged_header_skips_only_its_record(tmp_path: Any) -> None:
+    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    chunks = {block_id: _chunk(200_000)[0] for block_id in range(1, 6)}
+    for block_id, data in chunks.items():
+        _put(store, block_id, 0, data)
+    records = _records(str(tmp_path))
+    path, offset = records[2]
+    _flip(path, offset + HEADER.size + 4 * 4 + 150_000)  # a data byte of block 2
+    with pytest.raises(ChecksumMismatch):
+        store.read(2)
+    with pytest.raises(ChecksumMismatch):
+        store.verify(2)
+    assert bytes(store.read(2, 0, 65536)[0]) == bytes(chunks[2][:65536])  # undamaged pieces still serve
+    path, offset = records[3]
+    _flip(path, offset + 12)  # block 3's header
+    with pytest.raises(ChecksumMismatch):
+        store.info(3)
+    again = ChunkStore(str(tmp_path))
+    assert sorted(again.block_ids()) == [1, 2, 4, 5]  # 3 lost its header; the records after it are found
+    for block_id in (1, 4, 5):
+        assert bytes(again.read(block_id)[0]) == bytes(chunks[block_id])
+
+
+def test_a_torn_tail_loses_only_unacknowledged_records(tmp_path: Any) -> None:
+    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    chunks = {block_id: _chunk(100_000)[0] for block_id in range(1, 5)}
+    for block_id, data in chunks.items():
+        _put(store, block_id, 0, data)
+    path, offset = _records(str(tmp_path))[4]
+    os.truncate(path, offset + HEADER.size + 1000)  # the last record cut off mid-way, as by a crash
+    again = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    for block_id in (1, 2, 3):
+        assert bytes(again.read(block_id)[0]) == bytes(chunks[block_id])
+    with pytest.raises(ChecksumMismatch):
+        again.read(4)  # indexed by its header, but its pieces fail: reported, rewritten by a retry
+    _put(again, 4, 0, chunks[4])  # the writer's retry (a damaged chunk may be replaced)
+    assert bytes(again.read(4)[0]) == bytes(chunks[4])
+    assert bytes(ChunkStore(str(tmp_path)).read(4)[0]) == bytes(chunks[4])  # the newer record wins at start
+
+
+def test_concurrent_writers_share_syncs_and_segments_roll_and_go(tmp_path: Any) -> None:
+    synced: list[float] = []
+    store = PackStore(str(tmp_path), 64 * KiB, segment_bytes=1 * MiB, on_sync=synced.append)
+    chunks = {block_id: _chunk(40_000, seed=block_id)[0] for block_id in range(1, 401)}
+
+    def put(block_id: int) -> None:
+        data = chunks[block_id]
+        store.append(block_id, 0, data, checksum.piece_crcs(data), checksum.crc(data))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, chunks))
+    segments = glob.glob(os.path.join(tmp_path, "*.pack"))
+    assert len(segments) >= 400 * packs._record_size(40_000) // MiB
+    assert len(synced) < len(chunks), "every write synced alone"
+    for block_id, data in chunks.items():
+        assert bytes(store.read(block_id)[0]) == bytes(data)
+    for block_id in range(1, 301):
+        store.delete(block_id)
+    left = glob.glob(os.path.join(tmp_path, "*.pack"))
+    assert len(left) < len(segments)  # segments whose records were all deleted are gone
+    reopened = PackStore(str(tmp_path), 64 * KiB, segment_bytes=1 * MiB)
+    assert sorted(reopened.block_ids()) == list(range(301, 401))
+    assert reopened.used_bytes == 100 * packs._record_size(40_000)
+
+
+def test_reads_and_deletes_during_writes(tmp_path: Any) -> None:
+    store = PackStore(str(tmp_path), 64 * KiB, segment_bytes=512 * KiB)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    data = _chunk(30_000, seed=3)[0]
+    crcs, whole = checksum.piece_crcs(data), checksum.crc(data)
+
+    def writer(first: int) -> None:
+        for block_id in range(first, first + 150):
+            store.append(block_id, 0, data, crcs, whole)
+
+    def reader() -> None:
+        while not stop.is_set():
+            for block_id in store.block_ids():
+                try:
+                    assert bytes(store.read(block_id)[0]) == bytes(data)
+                    if block_id % 3 == 0:
+                        store.delete(block_id)
+                except ChunkMissing:
+                    pass  # deleted meanwhile
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(writer, [1, 1001, 2001, 3001]))
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors[:3]
+    kept = store.block_ids()
+    assert len(kept) >= 400 and all(bytes(store.read(b)[0]) == bytes(data) for b in kept)
+    assert sorted(PackStore(str(tmp_path), 64 * KiB, segment_bytes=512 * KiB).block_ids()) == sorted(kept)
+
+
+def test_pack_max_out_of_range_is_refused(tmp_path: Any) -> None:
+    from tectofs.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="packed chunks"):
+        ChunkStore(str(tmp_path), pack_max_bytes=64 * MiB)
+
+
+def test_a_cluster_with_packed_chunks_heals_and_reads_back(make_cluster: Any) -> None:
+    """End to end with every chunk packed: a lost server is rebuilt (into packs), a flipped
+    byte in a packed record is found by the scrubber and rebuilt, and files read back."""
+    c = make_cluster(servers=7, block_size=256 * KiB, chunk_args=["--pack-max", "1M", "--scrub-rate", "64",
+                                                                   "--scrub-interval", "1"],
+                     meta_args=["--repair-after", "2", "--repair-interval", "0.5"])
+    files = {f"/p/f{i}": os.urandom(n) for i, n in enumerate([3 * MiB + 17, 700 * KiB, 1, 64 * KiB])}
+    c.fs.mkdir("/p")
+    for path, data in files.items():
+        c.fs.write_bytes(path, data)
+    assert not glob.glob(os.path.join(c.root, "chunk-*", "chunks", "*", "*.chunk"))
+    assert glob.glob(os.path.join(c.root, "chunk-*", "packs", "*.pack"))
+    layout, _ = c.fs.run(c.fs.aio.meta("layout", path="/p/f0"))
+    block_id = layout.blocks[0].block_id
+    flipped = [d for d in c.chunk_data_dirs if block_id in _records(d)][0]
+    path, offset = _records(flipped)[block_id]
+    _flip(path, offset + ALIGN + 100)  # inside the record's data
+    deadline = time.monotonic() + 60
+    while not any(s["stats"].get("scrub_corrupt") for s in c.fs.servers()):
+        assert time.monotonic() < deadline, "the scrubber did not report the flipped byte in a packed chunk"
+        time.sleep(0.3)
+    _wait_clean(c, timeout_s=60)  # the damaged chunk rebuilt
+    lost = _server_id(c, 0)
+    c.kill_chunk_server(0)
+    shutil.rmtree(c.chunk_data_dirs[0])  # lost for good: its chunks are rebuilt into the others' packs
+    deadline = time.monotonic() + 60
+    while any(s["server_id"] == lost and s["live"] for s in c.fs.servers()):
+        assert time.monotonic() < deadline, "the metadata service did not notice the lost server"
+        time.sleep(0.2)
+    _wait_clean(c, timeout_s=120)
+    assert lost not in {chunk.server_id for path in files
+                        for block in c.fs.run(c.fs.aio.meta("layout", path=path))[0].blocks for chunk in block.chunks}
+    c.kill_chunk_server(1)
+    c.kill_chunk_server(2)
+    for path, data in files.items():
+        assert c.fs.read_bytes(path) == data, path
+
+
+def test_a_failed_sync_fails_its_writers_and_new_chunks_go_to_a_new_segment(tmp_path: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an fdatasync error, Linux may mark the lost pages clean: a later sync of the same
+    file succeeding would not mean the data is on disk. The segment is never trusted again."""
+    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    first = _chunk(10_000)[0]
+    _put(store, 1, 0, first)
+    real = os.fdatasync
+    calls = {"n": 0}
+
+    def failing_once(fd: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", failing_once)
+    with pytest.raises(OSError, match="Input/output"):
+        _put(store, 2, 0, _chunk(10_000)[0])
+    assert not store.exists(2)
+    second = _chunk(10_000)[0]
+    _put(store, 3, 0, second)  # a new segment, synced for real
+    assert len(glob.glob(os.path.join(tmp_path, "packs", "*.pack"))) == 2
+    assert bytes(store.read(1)[0]) == bytes(first) and bytes(store.read(3)[0]) == bytes(second)
+
+
+def test_a_full_disk_is_no_space(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tectofs.errors import NoSpace
+
+    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+
+    def full(*_: Any, **__: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(packs, "write_all", full)
+    with pytest.raises(NoSpace, match="disk is full"):
+        _put(store, 1, 0, _chunk(1000)[0])
+    assert not store.exists(1) and store.chunk_count == 0
