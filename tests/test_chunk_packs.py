@@ -340,3 +340,69 @@ def test_a_chunk_server_killed_mid_burst_keeps_every_acknowledged_packed_chunk(m
     c.kill_chunk_server(2)
     for path, data in written.items():
         assert c.fs.read_bytes(path) == data, path
+
+
+def _segment_bytes(root: str) -> int:
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(root, "*.pack")))
+
+
+def test_compaction_returns_the_space_of_deleted_chunks(tmp_path: Any) -> None:
+    store = PackStore(str(tmp_path), 64 * KiB, segment_bytes=1 * MiB)
+    chunks = {block_id: _chunk(30_000, seed=block_id)[0] for block_id in range(1, 201)}
+    for block_id, data in chunks.items():
+        store.append(block_id, block_id % 6, data, checksum.piece_crcs(data), checksum.crc(data))
+    for block_id in chunks:
+        if block_id % 4:  # three in four deleted, spread over every segment
+            store.delete(block_id)
+    kept = {b: d for b, d in chunks.items() if b % 4 == 0}
+    before = _segment_bytes(str(tmp_path))
+    moved = 0
+    while (step := store.compact(segments_max=2)):
+        moved += step
+    after = _segment_bytes(str(tmp_path))
+    assert moved > 0 and after < before / 2, (before, after)
+    assert store.used_bytes == len(kept) * packs._record_size(30_000)
+    for block_id, data in kept.items():
+        assert bytes(store.read(block_id)[0]) == bytes(data) and store.verify(block_id).position == block_id % 6
+    reopened = PackStore(str(tmp_path), 64 * KiB, segment_bytes=1 * MiB)
+    assert sorted(reopened.block_ids()) == sorted(kept)  # no moved copy of a deleted chunk comes back
+    for block_id, data in kept.items():
+        assert bytes(reopened.read(block_id)[0]) == bytes(data)
+
+
+def test_compaction_races_deletes_and_rebuilds_without_resurrecting_anything(tmp_path: Any) -> None:
+    store = PackStore(str(tmp_path), 64 * KiB, segment_bytes=512 * KiB)
+    old, new = _chunk(20_000, seed=1)[0], _chunk(20_000, seed=2)[0]
+    for block_id in range(1, 301):
+        store.append(block_id, 0, old, checksum.piece_crcs(old), checksum.crc(old))
+    for block_id in range(1, 301, 2):
+        store.delete(block_id)  # half dead: every segment a candidate
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    moved = [0]
+
+    def compactor() -> None:
+        try:
+            while not stop.is_set():
+                moved[0] += store.compact(live_fraction_max=0.9, segments_max=4)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=compactor)
+    thread.start()
+    try:
+        for block_id in range(2, 301, 2):
+            if block_id % 3 == 0:
+                store.delete(block_id)
+            elif block_id % 3 == 1:  # a rebuild: the newer record must win, now and after a restart
+                store.append(block_id, 0, new, checksum.piece_crcs(new), checksum.crc(new))
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert moved[0] > 0  # compaction ran while chunks were deleted and rebuilt
+    expected = {b: (new if b % 3 == 1 else old) for b in range(2, 301, 2) if b % 3}
+    for view in (store, PackStore(str(tmp_path), 64 * KiB, segment_bytes=512 * KiB)):
+        assert sorted(view.block_ids()) == sorted(expected)
+        for block_id, data in expected.items():
+            assert bytes(view.read(block_id)[0]) == bytes(data), block_id

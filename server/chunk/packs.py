@@ -25,7 +25,9 @@ reading every header; a later record of a block supersedes an earlier one (a reb
 delete rewrites the record's magic to dead (not synced: a delete lost in a crash brings the
 chunk back as an orphan, which the inventory reports and the metadata service deletes
 again). A segment is removed once it holds no live record. Each start appends to a new
-segment. Not done yet: compacting segments that keep a few live records among dead ones.
+segment. ``compact`` moves the live records of mostly dead segments (at most half live) to
+the active one, so their space returns too; the chunk server runs it every
+``limits.chunk_pack_compact_interval_s`` while no client writes to it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class _Segment:
     path: str
     end: int = 0  # where the next record goes (the active segment only)
     live: int = 0  # live records
+    live_bytes: int = 0  # the space they take
     pending: int = 0  # records written, not yet durable and indexed
     fd: int = -1  # open for appends and syncs while it is the active one, else -1
     group: GroupSync | None = None  # its fdatasyncs, shared by the writers waiting for one
@@ -148,6 +151,7 @@ class PackStore:
                     if live:
                         self._place(info.block_id, _Entry(segment, offset, info))
                     offset += _record_size(info.length)
+                segment.end = size
             finally:
                 os.close(fd)
         for segment in list(self._segments.values()):
@@ -159,12 +163,14 @@ class PackStore:
         old = self._index.get(block_id)
         self._index[block_id] = entry
         entry.segment.live += 1
+        entry.segment.live_bytes += entry.size
         self.used_bytes += entry.size
         if old is not None:
             self._unplace(old)
 
     def _unplace(self, entry: _Entry) -> None:
         entry.segment.live -= 1
+        entry.segment.live_bytes -= entry.size
         self.used_bytes -= entry.size
         info = entry.info
         try:
@@ -203,12 +209,20 @@ class PackStore:
         info = ChunkInfo(block_id, position, len(data), whole_crc, [])  # the index keeps the header only
         head = _header(LIVE, block_id, len(data), position, whole_crc)
         crcs = struct.pack(f"<{len(piece_crcs)}I", *piece_crcs)
-        size = _record_size(len(data))
-        padding = bytes(size - HEADER.size - len(crcs) - len(data))
+        padding = bytes(_record_size(len(data)) - HEADER.size - len(crcs) - len(data))
+        segment, offset = self._durable([head, crcs, data, padding])
+        with self._lock:
+            self._place(block_id, _Entry(segment, offset, info))
+            self._written(segment)
+
+    def _durable(self, record: list[Any]) -> tuple[_Segment, int]:
+        """Append one record (its buffers, a multiple of ``ALIGN`` in all) and wait until it is
+        durable. Returns where it went; the caller indexes it, then calls ``_written``."""
+        size = sum(len(b) for b in record)
         with self._lock:
             segment = self._writable(size)
             offset = segment.end
-            write_all(segment.fd, [head, crcs, data, padding], offset)  # in order: no holes
+            write_all(segment.fd, record, offset)  # in order: no holes
             segment.end += size
             segment.pending += 1
         try:
@@ -221,9 +235,7 @@ class PackStore:
                     self._retire(segment)  # new chunks go to a new segment
                 self._written(segment)
             raise
-        with self._lock:
-            self._place(block_id, _Entry(segment, offset, info))
-            self._written(segment)
+        return segment, offset
 
     def _written(self, segment: _Segment) -> None:
         """A writer is done with ``segment``: the last one of a retired segment closes it. Under the lock."""
@@ -257,6 +269,52 @@ class PackStore:
             os.close(segment.fd)
             segment.fd = -1
             self._remove_if_empty(segment)
+
+    # ------------------------------------------------------------------ compaction
+
+    def compact(self, live_fraction_max: float = 0.5, segments_max: int = 1) -> int:
+        """Move the live records of up to ``segments_max`` segments that are no longer
+        appended to and whose live records fill at most ``live_fraction_max`` of them (the
+        emptiest first) to the active segment; each is removed once its last record moved.
+        Returns the bytes moved. A record deleted or rebuilt meanwhile is not moved (its copy
+        is marked dead). Records are copied as stored: a damaged one stays damaged (and is
+        found by reads and the scrubber), never repaired or hidden here."""
+        with self._lock:
+            candidates = sorted(
+                (s for s in self._segments.values()
+                 if s is not self._active and s.pending == 0 and s.end
+                 and s.live_bytes <= live_fraction_max * s.end),
+                key=lambda s: s.live_bytes / s.end)[:segments_max]
+            moves = [(s, [e for e in self._index.values() if e.segment is s]) for s in candidates]
+        moved = 0
+        for segment, entries in moves:
+            for entry in sorted(entries, key=lambda e: e.offset):
+                moved += self._move(entry)
+        return moved
+
+    def _move(self, entry: _Entry) -> int:
+        try:
+            fd = os.open(entry.segment.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return 0  # everything in it was deleted meanwhile
+        try:
+            record = os.pread(fd, entry.size, entry.offset)
+        finally:
+            os.close(fd)
+        found, live = _parse_header(record[: HEADER.size])
+        if len(record) != entry.size or found is None or not live or found.block_id != entry.info.block_id:
+            return 0  # deleted or superseded since (or a damaged header: left where it is)
+        segment, offset = self._durable([record])
+        with self._lock:
+            if self._index.get(entry.info.block_id) is entry:
+                self._place(entry.info.block_id, _Entry(segment, offset, entry.info))
+            else:  # deleted or rebuilt while it was copied: the copy must not come back at a restart
+                segment.live += 1
+                segment.live_bytes += entry.size
+                self.used_bytes += entry.size
+                self._unplace(_Entry(segment, offset, entry.info))
+            self._written(segment)
+        return entry.size
 
     # ------------------------------------------------------------------ reads
 

@@ -100,7 +100,7 @@ class ChunkServer:
         self.inflight_bytes = 0
         self.buffers = BufferPool(inflight_bytes_max)
         self.server_id: int | None = None
-        self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0}
+        self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0, "pack_bytes_compacted": 0}
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")
         self._gc_io = ThreadPoolExecutor(1, thread_name_prefix="chunk-gc")
         self.rpc = RpcServer(self, "chunk server", messages.CHUNK_OPERATIONS, "chunk", allocate_payload=self._admit,
@@ -160,7 +160,23 @@ class ChunkServer:
         self._tasks.append(loop.create_task(self.inventory.run(self.inventory_interval_s)))
         if self.scrub_enabled:
             self._tasks.append(loop.create_task(self.scrubber.run()))
+        if self.store.packs is not None:
+            self._tasks.append(loop.create_task(self._compact_loop()))
         return self.address
+
+    async def _compact_loop(self) -> None:
+        """Return the space of deleted packed chunks: one mostly dead segment at a time, while
+        no client writes here (a checkpoint keeps its speed)."""
+        while True:
+            await asyncio.sleep(limits.chunk_pack_compact_interval_s)
+            try:
+                while self.inflight_bytes == 0:
+                    moved = await self._in_thread(self.store.compact_packs)
+                    if not moved:
+                        break
+                    self.stats["pack_bytes_compacted"] += moved
+            except OSError as exc:
+                log.warning("compacting packed chunks failed: %s (tried again later)", exc)
 
     async def close(self) -> None:
         for task in [self._heartbeat_task, *self._tasks]:

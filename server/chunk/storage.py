@@ -317,6 +317,10 @@ class ChunkStore:
             self._file_count -= 1
         return True
 
+    def compact_packs(self) -> int:
+        """Compact one mostly dead segment of packed chunks (``PackStore.compact``); bytes moved."""
+        return self.packs.compact() if self.packs is not None else 0
+
     def disk_free_bytes(self) -> int:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
