@@ -127,11 +127,19 @@ class StoreRunner:
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
         if self._on_batch is not None:
             self._on_batch(len(batch))
+        # One wakeup per event loop and batch, not per operation: each call_soon_threadsafe
+        # writes to the loop's self-pipe.
+        settled: dict[Any, list[tuple[Any, Any, BaseException | None]]] = {}
         for (_method, _args, _kwargs, _key, loop, future), (result, error) in zip(batch, outcomes):
             if loop is None:
                 future(result, error)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                settled.setdefault(loop, []).append((future, result, error))
+        for loop, outcomes_of_loop in settled.items():
+            try:
+                loop.call_soon_threadsafe(_settle_all, outcomes_of_loop)
+            except RuntimeError:
+                pass  # that loop is closed: nobody waits for these results any more
 
     def _execute(self, store: SqlStore, batch: list[Any]) -> list[tuple[Any, BaseException | None]]:
         """Run ``batch`` in one transaction; return each operation's (result, error).
@@ -206,6 +214,11 @@ def _run_once(store: SqlStore, method: str, args: Any, kwargs: Any, key: str | N
     if key is not None:
         requests.record(store, key, result, time.time())
     return result
+
+
+def _settle_all(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, result, error in outcomes:
+        _settle(future, result, error)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
