@@ -79,7 +79,8 @@ def measured_figures(burst: dict[str, Any], client_io: dict[str, Any] | None) ->
     raw_bytes = client_bytes * expansion
     figures: dict[str, Any] = {
         "source": {"ranks": burst["ranks"], "shard_bytes": burst["shard_bytes"], "servers": burst["servers"],
-                   "policy": burst["policy"], "errors": burst.get("error_count", 0)},
+                   "policy": burst["policy"], "errors": burst.get("error_count", 0),
+                   "pack_max_bytes": burst.get("pack_max_bytes", 0)},
         "mds_ops_per_rank_save": save["mds_operations"] / save["ranks_ok"],
         "mds_ops_per_rank_load": load["mds_operations"] / max(1, load["ranks_ok"]) if load else None,
         "burst_save_GBps": save["aggregate_GBps"],
@@ -271,7 +272,9 @@ def render(job: Job, storage: Storage, figures: dict[str, Any], out: dict[str, A
         "## Measured here (2 cores, one shared virtual disk, every process on one host)",
         "",
         f"Burst: {src['ranks']} ranks x {src['shard_bytes'] / MiB:g} MiB, {src['servers']} chunk servers, "
-        f"{src['policy']}, errors {src['errors']}.",
+        f"{src['policy']}, "
+        + (f"chunks up to {src['pack_max_bytes'] / MiB:g} MiB packed (`--pack-max`), " if src.get("pack_max_bytes") else "")
+        + f"errors {src['errors']}.",
         "",
         "| figure | value | use |",
         "|---|---|---|",
