@@ -17,7 +17,10 @@ What one run does, on a local cluster of its own (or ``--meta HOST:PORT``):
    pending directory to ``/burst/step-<id>`` (one atomic metadata transaction).
 5. **Load** (barrier): every rank reads its own digest from ``.metadata`` and its shard, and
    checks both against what it wrote.
-6. **Metadata storm** (barrier): every rank creates and closes ``--metadata-files`` empty
+6. **Next save** (barrier): every rank saves a second checkpoint, its connections to the
+   chunk servers already open, as a job's later checkpoints are (the first save also opens
+   them: 6 per rank here); committed like the first. ``--no-next-save`` skips it.
+7. **Metadata storm** (barrier): every rank creates and closes ``--metadata-files`` empty
    files: what the MDS sustains without data.
 
 Reported: per-rank and aggregate GB/s, p50/p99/max of save, close (commit) and load
@@ -411,6 +414,7 @@ def run(
     metadata_files_per_rank: int = 2,
     gc_delay_s: float = 30.0,
     pack_max_bytes: int = 0,
+    next_save: bool = True,
     delete_previous_bytes: int = 0,
     keep_work_dir: bool = False,
     progress: Callable[[int], None] | None = None,
@@ -429,7 +433,9 @@ def run(
     policy would: its chunks' deletion orders reach the chunk servers ``gc_delay_s`` later,
     during the save if that is shorter than the save. ``keep_work_dir`` keeps the cluster's
     logs and data. ``pack_max_bytes``: the chunk servers pack chunks up to this size into
-    segment files (``tectofs chunk --pack-max``; 0: a file per chunk)."""
+    segment files (``tectofs chunk --pack-max``; 0: a file per chunk). ``next_save``: after
+    the load, every rank saves a second checkpoint with its chunk-server connections already
+    open (the first save also pays for opening them), reported as ``next_save``."""
     assert ranks >= 1
     assert 1 <= processes <= ranks
     assert shard_bytes >= 1
@@ -521,17 +527,7 @@ def run(
 
             # Commit: the coordinator records every digest and renames the directory into place.
             mds_before = _mds_stats(fs)
-            started = time.perf_counter()
-            header = json.dumps({"format": "tectofs-burst-1", "ranks": ranks, "shard_bytes": shard_bytes,
-                                 "step": step}).encode()
-            assert len(header) < METADATA_HEADER_BYTES
-            metadata = bytearray(header.ljust(METADATA_HEADER_BYTES, b" "))
-            for rank in range(ranks):
-                metadata += bytes.fromhex(digests[rank])
-            fs.write_bytes(f"{pending}/.metadata", metadata)
-            metadata_s = time.perf_counter() - started
-            fs.rename(pending, final)
-            commit_s = time.perf_counter() - started
+            metadata_s, commit_s = _commit(fs, pending, final, step, ranks, shard_bytes, digests)
             mds_after = _mds_stats(fs)
             result["phases"]["commit"] = {
                 "phase": "commit", "metadata_write_s": metadata_s, "rename_s": commit_s - metadata_s,
@@ -552,6 +548,21 @@ def run(
             result["phases"]["load"] = load
             errors.extend(load["errors"][:50])
             tick(1)
+
+            # The next checkpoint: every rank saves again, its connections to the chunk servers
+            # open, as a job's later checkpoints are (within limits.connection_idle_timeout_s).
+            if next_save:
+                fs.mkdir(f"{pending}-next")
+                mds_before, start_at = begin_phase("save", dir=f"{pending}-next")
+                replies = _collect(workers, "save", phase_timeout_s + 60 + (start_at - time.time()))
+                again = _phase_summary("save", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
+                again["cpu_s"] = cpu.stop()
+                again["liveness"] = monitor.stop()
+                digests = again.pop("_digests")
+                result["phases"]["next_save"] = again
+                errors.extend(again["errors"][:50])
+                if not again["error_count"]:
+                    _commit(fs, f"{pending}-next", f"{final}-next", step, ranks, shard_bytes, digests)
 
             # Metadata storm: every rank creates and closes empty files, no data.
             if metadata_files_per_rank > 0:
@@ -585,6 +596,23 @@ def run(
     if not result["servers_alive"]["ok"]:
         errors.append(f"servers did not survive: {result['servers_alive']}")
     return _finish(out_dir, name, result)
+
+
+def _commit(fs: Any, pending: str, final: str, step: str, ranks: int, shard_bytes: int,
+            digests: dict[int, str]) -> tuple[float, float]:
+    """Write ``.metadata`` (every rank's digest) and rename ``pending`` to ``final``; returns
+    the seconds until the metadata was written and until the rename."""
+    started = time.perf_counter()
+    header = json.dumps({"format": "tectofs-burst-1", "ranks": ranks, "shard_bytes": shard_bytes,
+                         "step": step}).encode()
+    assert len(header) < METADATA_HEADER_BYTES
+    metadata = bytearray(header.ljust(METADATA_HEADER_BYTES, b" "))
+    for rank in range(ranks):
+        metadata += bytes.fromhex(digests[rank])
+    fs.write_bytes(f"{pending}/.metadata", metadata)
+    metadata_s = time.perf_counter() - started
+    fs.rename(pending, final)
+    return metadata_s, time.perf_counter() - started
 
 
 @contextlib.contextmanager
@@ -666,6 +694,8 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                      "p50 s": round(commit["wall_s"], 3)})
     if "load" in phases:
         rows.append(_row(f"load + verify: {n} ranks", phases["load"]))
+    if "next_save" in phases:
+        rows.append(_row("next save, connections open (a job's later checkpoints)", phases["next_save"]))
     if "metadata" in phases:
         storm = phases["metadata"]
         rows.append(_row(f"metadata storm: {storm['files']} empty files", storm, gbps=float("nan")))
@@ -680,13 +710,15 @@ def _ratios(result: dict[str, Any]) -> dict[str, float]:
         out["burst save / single writer"] = round(phases["save"]["aggregate_GBps"] / base["write_GBps"], 3)
     if base and "load" in phases and phases["load"]["ranks_ok"]:
         out["burst load / single reader"] = round(phases["load"]["aggregate_GBps"] / base["read_GBps"], 3)
+    if base and "next_save" in phases and phases["next_save"]["ranks_ok"]:
+        out["burst next save / single writer"] = round(phases["next_save"]["aggregate_GBps"] / base["write_GBps"], 3)
     return out
 
 
 def print_summary(result: dict[str, Any]) -> None:
     if result["rows"]:
         print_table(result)
-    for name in ("save", "load", "metadata"):
+    for name in ("save", "load", "next_save", "metadata"):
         phase = result["phases"].get(name)
         if not phase:
             continue
@@ -731,6 +763,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pack-max", type=parse_size, default=0,
                         help="chunk servers pack chunks up to this size into segment files (tectofs chunk --pack-max;"
                         " default 0: a file per chunk)")
+    parser.add_argument("--no-next-save", action="store_true",
+                        help="skip the second save (with connections open) after the load")
     parser.add_argument("--delete-previous", type=parse_size, default=0,
                         help="write a previous checkpoint of this size and delete it at the barrier (GC during the save)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (cluster logs, worker logs)")
@@ -743,7 +777,8 @@ def main(argv: list[str] | None = None) -> int:
                  baseline_bytes=args.baseline, meta_address=args.meta, phase_timeout_s=args.phase_timeout,
                  seed=args.seed,
                  memory_check=not args.no_memory_check, metadata_files_per_rank=args.metadata_files,
-                 gc_delay_s=args.gc_delay, pack_max_bytes=args.pack_max, delete_previous_bytes=args.delete_previous,
+                 gc_delay_s=args.gc_delay, pack_max_bytes=args.pack_max, next_save=not args.no_next_save,
+                 delete_previous_bytes=args.delete_previous,
                  keep_work_dir=args.keep,
                  work_dir=work_dir(args.work_dir))
     print_summary(result)

@@ -34,6 +34,8 @@ def _figures(result: dict[str, Any]) -> dict[str, float]:
         "save wall s": phases["save"]["wall_s"],
         "load wall s": phases["load"]["wall_s"],
         "save p99 s": phases["save"]["latency_s"]["p99"],
+        "next save / single writer": result["ratios"]["burst next save / single writer"],
+        "next save wall s": phases["next_save"]["wall_s"],
         "chunk server CPU s per GB saved": phases["save"]["cpu_s"]["chunk_servers"] / saved_gb,
         "chunk server CPU s per GB loaded": phases["load"]["cpu_s"]["chunk_servers"] / saved_gb,
     }

@@ -32,12 +32,15 @@ def test_burst_of_128_ranks_commits_and_verifies(make_cluster, burst, tmp_path, 
     assert save["mds_operations"] >= 3 * 128  # create + allocate + commit per rank at least
     assert save["mds_ops_per_s"] > 0
     assert result["ratios"]["burst save / single writer"] > 0
+    # The next checkpoint, with the ranks' connections open.
+    assert result["phases"]["next_save"]["ranks_ok"] == 128 and result["ratios"]["burst next save / single writer"] > 0
     assert (tmp_path / "out" / "burst.json").exists()
-    # The checkpoint is in place, complete, and nothing pending is left behind.
+    # Both checkpoints are in place, complete, and nothing pending is left behind.
     entries = cluster.fs.listdir("/burst")
-    assert [e for e in entries if e.startswith("step-")] and not [e for e in entries if e.startswith(".pending")]
-    step = next(e for e in entries if e.startswith("step-"))
-    assert len(cluster.fs.listdir(f"/burst/{step}")) == 128 + 1
+    steps = [e for e in entries if e.startswith("step-")]
+    assert len(steps) == 2 and not [e for e in entries if e.startswith(".pending")]
+    for step in steps:
+        assert len(cluster.fs.listdir(f"/burst/{step}")) == 128 + 1
     # Every server survived the burst.
     assert cluster.meta_process is not None and cluster.meta_process.poll() is None
     assert all(p is not None and p.poll() is None for p in cluster.chunk_processes)
