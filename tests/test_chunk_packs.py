@@ -406,3 +406,94 @@ def test_compaction_races_deletes_and_rebuilds_without_resurrecting_anything(tmp
         assert sorted(view.block_ids()) == sorted(expected)
         for block_id, data in expected.items():
             assert bytes(view.read(block_id)[0]) == bytes(data), block_id
+
+
+def test_a_later_copy_that_never_became_durable_does_not_cost_the_sound_earlier_one(tmp_path: Any) -> None:
+    """A crash during a compaction's (or a retry's) sync can leave the later copy of a block
+    with its header on disk and its data not: at start the earlier, sound copy is kept."""
+    root = str(tmp_path / "packs")  # where a ChunkStore keeps them, as _records reads them
+    store = PackStore(root, 256 * KiB, segment_bytes=1 * MiB)
+    data = _chunk(100_000)[0]
+    crcs, whole = checksum.piece_crcs(data), checksum.crc(data)
+    store.append(7, 2, data, crcs, whole)
+    (first_path, first_offset), = _records(str(tmp_path)).values()
+    store.append(7, 2, data, crcs, whole)  # a second copy supersedes the first (marked dead)...
+    store.close()
+    with open(first_path, "r+b") as f:  # ...but the crash came before that mark reached the disk
+        f.seek(first_offset)
+        f.write(packs._header(packs.LIVE, 7, len(data), 2, whole))
+    later_path, later_offset = _records(str(tmp_path))[7]
+    assert (later_path, later_offset) != (first_path, first_offset)
+    _flip(later_path, later_offset + ALIGN + 10)  # the later copy's data never made it
+    reopened = PackStore(root, 256 * KiB, segment_bytes=1 * MiB)
+    assert bytes(reopened.read(7)[0]) == bytes(data) and reopened.verify(7).position == 2
+    assert _records(str(tmp_path))[7] == (first_path, first_offset)  # the damaged later copy is the one marked dead
+
+
+def test_a_block_in_both_layouts_after_a_crash_keeps_the_copy_that_verifies(tmp_path: Any) -> None:
+    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    sound, damaged = _chunk(50_000)[0], _chunk(50_000)[0]
+    _put(store, 1, 0, sound)
+    _put(store, 2, 0, damaged)
+    for block_id, data in ((1, sound), (2, damaged)):  # the file copy a rebuild wrote before the crash
+        store._write_file(block_id, 0, data, checksum.piece_crcs(data), checksum.crc(data))
+    path, offset = _records(str(tmp_path))[2]
+    _flip(path, offset + ALIGN + 5)  # block 2's packed copy is damaged
+    again = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    assert again.packs is not None and again.packs.holds(1) and not os.path.exists(again.path(1))
+    assert not again.packs.holds(2) and os.path.exists(again.path(2))
+    assert bytes(again.read(1)[0]) == bytes(sound) and bytes(again.read(2)[0]) == bytes(damaged)
+    assert again.chunk_count == 2 and sorted(again.block_ids()) == [1, 2]
+
+
+def test_a_dead_mark_that_cannot_be_written_leaves_the_store_consistent(tmp_path: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    store = PackStore(str(tmp_path), 64 * KiB, segment_bytes=1 * MiB)
+    data = _chunk(1000)[0]
+    crcs, whole = checksum.piece_crcs(data), checksum.crc(data)
+    store.append(1, 0, data, crcs, whole)
+    real = os.pwrite
+
+    def failing_pwrite(fd: int, buffer: Any, offset: int) -> int:
+        if bytes(buffer[:8]) == packs.DEAD:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffer, offset)
+
+    monkeypatch.setattr(os, "pwrite", failing_pwrite)
+    store.append(1, 0, data, crcs, whole)  # supersedes: the dead mark fails, the write does not
+    assert store.delete(1) and not store.holds(1) and store.used_bytes == 0
+    store.append(2, 0, data, crcs, whole)
+    assert bytes(store.read(2)[0]) == bytes(data)
+    assert all(s.pending == 0 for s in store._segments.values())
+
+
+def test_reads_never_miss_a_chunk_a_rebuild_moves_between_files_and_packs(tmp_path: Any) -> None:
+    store = ChunkStore(str(tmp_path), pack_max_bytes=64 * KiB)
+    small, big = _chunk(60_000, seed=5)[0], _chunk(70_000, seed=6)[0]  # packed / a file
+    _put(store, 9, 1, small)
+    stop = threading.Event()
+    problems: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                got = bytes(store.read(9)[0])
+                if got not in (bytes(small), bytes(big)):
+                    problems.append("read bytes of neither version")
+                if 9 not in store.block_ids():
+                    problems.append("the listing missed the block")
+            except (ChunkMissing, ChecksumMismatch) as exc:
+                problems.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(150):  # rebuilds of position 1, alternately into a file and into a pack
+            _put(store, 9, 1, big if i % 2 == 0 else small, overwrite=True)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not problems, problems[:5]
+    assert store.chunk_count == 1

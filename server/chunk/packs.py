@@ -21,7 +21,8 @@ fail their checks when read or scrubbed, as a torn chunk file does. A damaged he
 skipped by probing the following 4 KiB boundaries for the next valid one.
 
 The index (block id -> segment, offset, header) lives in memory and is rebuilt at start by
-reading every header; a later record of a block supersedes an earlier one (a rebuild). A
+reading every header; a later record of a block supersedes an earlier one (a rebuild, a
+retry, a compaction's copy) if it verifies whole, else the earlier sound one is kept. A
 delete rewrites the record's magic to dead (not synced: a delete lost in a crash brings the
 chunk back as an orphan, which the inventory reports and the metadata service deletes
 again). A segment is removed once it holds no live record. Each start appends to a new
@@ -32,6 +33,7 @@ the active one, so their space returns too; the chunk server runs it every
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -52,6 +54,8 @@ DEAD = b"TFSPDEAD"
 ALIGN = 4096
 PIECE = checksum.PIECE
 SUFFIX = ".pack"
+
+log = logging.getLogger("tectofs.chunk.packs")
 
 
 @dataclass
@@ -123,6 +127,7 @@ class PackStore:
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None
         self._next_number = 1  # segment numbers are never reused: a reader may still name a removed one
+        self._unmovable: set[int] = set()  # segments compaction failed to empty (a damaged header)
         self.used_bytes = 0
         os.makedirs(root, exist_ok=True)
         self._loading = True
@@ -133,8 +138,14 @@ class PackStore:
 
     def _load(self) -> None:
         """Rebuild the index from every segment's headers, oldest first; remove empty ones."""
-        numbers = sorted(int(name[: -len(SUFFIX)], 16) for name in os.listdir(self.root)
-                         if name.endswith(SUFFIX) and len(name) == 8 + len(SUFFIX))
+        numbers = []
+        for name in os.listdir(self.root):
+            try:
+                if name.endswith(SUFFIX) and len(name) == 8 + len(SUFFIX):
+                    numbers.append(int(name[: -len(SUFFIX)], 16))
+            except ValueError:
+                log.warning("ignoring %s in %s: not a segment name", name, self.root)
+        numbers.sort()
         self._next_number = max(numbers, default=0) + 1
         for number in numbers:
             segment = _Segment(number, os.path.join(self.root, f"{number:08x}{SUFFIX}"))
@@ -149,7 +160,7 @@ class PackStore:
                         offset += ALIGN  # damaged or torn: the next record starts at a later boundary
                         continue
                     if live:
-                        self._place(info.block_id, _Entry(segment, offset, info))
+                        self._load_record(_Entry(segment, offset, info))
                     offset += _record_size(info.length)
                 segment.end = size
             finally:
@@ -157,6 +168,35 @@ class PackStore:
         for segment in list(self._segments.values()):
             if segment.live == 0:
                 self._remove(segment)
+
+    def _load_record(self, entry: _Entry) -> None:
+        """At start: a later record of a block supersedes an earlier one only if it verifies.
+        The later one may be a copy whose data never became durable (a crash during a
+        compaction's or a retry's sync): it must not cost the sound earlier copy."""
+        block_id = entry.info.block_id
+        old = self._index.get(block_id)
+        if old is not None and not self._sound(entry) and self._sound(old):
+            log.warning("chunk %x: keeping its record in segment %d, the later copy in segment %d is damaged",
+                        block_id, old.segment.number, entry.segment.number)
+            entry.segment.live += 1  # accounted, then unplaced: marked dead like any superseded record
+            entry.segment.live_bytes += entry.size
+            self.used_bytes += entry.size
+            self._unplace(entry)
+            return
+        self._place(block_id, entry)
+
+    def _sound(self, entry: _Entry) -> bool:
+        try:
+            fd = os.open(entry.segment.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            pieces.verify_all(fd, self._checked(fd, entry), self._data_at(entry), 16 * PIECE)
+            return True
+        except (ChecksumMismatch, _Superseded):
+            return False
+        finally:
+            os.close(fd)
 
     def _place(self, block_id: int, entry: _Entry) -> None:
         """Index ``entry`` as the block's chunk; the one it supersedes is marked dead. Under the lock."""
@@ -168,7 +208,7 @@ class PackStore:
         if old is not None:
             self._unplace(old)
 
-    def _unplace(self, entry: _Entry) -> None:
+    def _unplace(self, entry: _Entry, durable: bool = False) -> None:
         entry.segment.live -= 1
         entry.segment.live_bytes -= entry.size
         self.used_bytes -= entry.size
@@ -177,10 +217,14 @@ class PackStore:
             fd = os.open(entry.segment.path, os.O_WRONLY)
             try:
                 os.pwrite(fd, _header(DEAD, info.block_id, info.length, info.position, info.whole_crc), entry.offset)
+                if durable:
+                    os.fdatasync(fd)
             finally:
                 os.close(fd)
         except FileNotFoundError:
             pass
+        except OSError as exc:  # the index is right; at a restart the record is back: an orphan, or superseded
+            log.warning("could not mark chunk %x dead in %s: %s", info.block_id, entry.segment.path, exc)
         self._remove_if_empty(entry.segment)
 
     def _remove_if_empty(self, segment: _Segment) -> None:
@@ -212,8 +256,10 @@ class PackStore:
         padding = bytes(_record_size(len(data)) - HEADER.size - len(crcs) - len(data))
         segment, offset = self._durable([head, crcs, data, padding])
         with self._lock:
-            self._place(block_id, _Entry(segment, offset, info))
-            self._written(segment)
+            try:
+                self._place(block_id, _Entry(segment, offset, info))
+            finally:
+                self._written(segment)
 
     def _durable(self, record: list[Any]) -> tuple[_Segment, int]:
         """Append one record (its buffers, a multiple of ``ALIGN`` in all) and wait until it is
@@ -257,7 +303,12 @@ class PackStore:
         segment = _Segment(number, os.path.join(self.root, f"{number:08x}{SUFFIX}"))
         segment.fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         segment.group = GroupSync(segment.fdatasync, self._on_sync)
-        fsync_dir(self.root)  # the new segment's name is durable before any record in it is acknowledged
+        try:
+            fsync_dir(self.root)  # the new segment's name is durable before any record in it is acknowledged
+        except OSError:
+            os.close(segment.fd)
+            os.unlink(segment.path)
+            raise
         self._segments[number] = segment
         self._active = segment
         return segment
@@ -282,14 +333,17 @@ class PackStore:
         with self._lock:
             candidates = sorted(
                 (s for s in self._segments.values()
-                 if s is not self._active and s.pending == 0 and s.end
+                 if s is not self._active and s.pending == 0 and s.end and s.number not in self._unmovable
                  and s.live_bytes <= live_fraction_max * s.end),
                 key=lambda s: s.live_bytes / s.end)[:segments_max]
             moves = [(s, [e for e in self._index.values() if e.segment is s]) for s in candidates]
         moved = 0
         for segment, entries in moves:
-            for entry in sorted(entries, key=lambda e: e.offset):
-                moved += self._move(entry)
+            moved_here = sum(self._move(entry) for entry in sorted(entries, key=lambda e: e.offset))
+            with self._lock:
+                if segment.number in self._segments:  # a record could not be moved: not picked again
+                    self._unmovable.add(segment.number)
+            moved += moved_here
         return moved
 
     def _move(self, entry: _Entry) -> int:
@@ -306,14 +360,16 @@ class PackStore:
             return 0  # deleted or superseded since (or a damaged header: left where it is)
         segment, offset = self._durable([record])
         with self._lock:
-            if self._index.get(entry.info.block_id) is entry:
-                self._place(entry.info.block_id, _Entry(segment, offset, entry.info))
-            else:  # deleted or rebuilt while it was copied: the copy must not come back at a restart
-                segment.live += 1
-                segment.live_bytes += entry.size
-                self.used_bytes += entry.size
-                self._unplace(_Entry(segment, offset, entry.info))
-            self._written(segment)
+            try:
+                if self._index.get(entry.info.block_id) is entry:
+                    self._place(entry.info.block_id, _Entry(segment, offset, entry.info))
+                else:  # deleted or rebuilt while it was copied: the copy must not come back at a restart
+                    segment.live += 1
+                    segment.live_bytes += entry.size
+                    self.used_bytes += entry.size
+                    self._unplace(_Entry(segment, offset, entry.info))
+            finally:
+                self._written(segment)
         return entry.size
 
     # ------------------------------------------------------------------ reads
@@ -392,6 +448,9 @@ class PackStore:
         count = _pieces(indexed.length)
         raw = os.pread(fd, HEADER.size + 4 * count, entry.offset)
         found, live = _parse_header(raw[: HEADER.size])
+        if found is None:  # maybe read while a delete rewrote it: look again before calling it damaged
+            raw = os.pread(fd, HEADER.size + 4 * count, entry.offset)
+            found, live = _parse_header(raw[: HEADER.size])
         if found is not None and not live:
             raise _Superseded()
         if found is None or len(raw) != HEADER.size + 4 * count or (
@@ -403,13 +462,15 @@ class PackStore:
 
     # ------------------------------------------------------------------ deletes
 
-    def delete(self, block_id: int) -> bool:
-        """Forget a chunk and mark its record dead; a segment left with no live record is removed."""
+    def delete(self, block_id: int, durable: bool = False) -> bool:
+        """Forget a chunk and mark its record dead; a segment left with no live record is
+        removed. ``durable``: the dead mark is synced (the block now lives elsewhere, and this
+        record back after a crash would shadow it)."""
         with self._lock:
             entry = self._index.pop(block_id, None)
             if entry is None:
                 return False
-            self._unplace(entry)
+            self._unplace(entry, durable)
             return True
 
     def close(self) -> None:

@@ -175,7 +175,7 @@ class ChunkServer:
                     if not moved:
                         break
                     self.stats["pack_bytes_compacted"] += moved
-            except OSError as exc:
+            except Exception as exc:  # the loop must outlive one bad segment
                 log.warning("compacting packed chunks failed: %s (tried again later)", exc)
 
     async def close(self) -> None:

@@ -78,6 +78,9 @@ class ChunkStore:
         self._file_bytes = 0
         self._file_count = 0
         self._counts_lock = threading.Lock()  # writes and deletes run on several threads
+        # Held by a write that replaces a chunk already here (a rebuild, which may move it
+        # between a file and a pack) and by listings, which would otherwise miss it mid-move.
+        self._replacing = threading.Lock()
         self._scan()
         self.pack_max_bytes = pack_max_bytes
         packs_dir = os.path.join(data_dir, "packs")
@@ -85,6 +88,20 @@ class ChunkStore:
             packs_dir, pack_max_bytes or limits.chunk_pack_max_bytes_max, limits.chunk_pack_segment_bytes,
             sync=sync != "none", on_sync=on_sync,
         ) if pack_max_bytes or os.path.isdir(packs_dir) else None
+        if self.packs is not None:
+            self._settle_duplicates()
+
+    def _settle_duplicates(self) -> None:
+        """A crash between a rebuild's new copy becoming durable and its old copy's removal
+        leaves a block both packed and in a file (blocks never change: sound copies are the
+        same chunk). Keep the packed one if it verifies, else the file."""
+        assert self.packs is not None
+        for block_id in set(self.packs.block_ids()).intersection(self._file_ids()):
+            try:
+                self.packs.verify(block_id)
+                self._delete_file(block_id, durable=True)
+            except (ChecksumMismatch, ChunkMissing):
+                self.packs.delete(block_id, durable=True)
 
     @property
     def used_bytes(self) -> int:
@@ -143,7 +160,10 @@ class ChunkStore:
         # The piece crcs cover every byte; the whole-chunk crc is checked end to end by
         # readers against the value the metadata service recorded at commit.
         checksum.verify_pieces(data, piece_crcs, f"chunk {block_id:x} as received")
-        if self.exists(block_id):
+        if not self.exists(block_id):
+            self._store(block_id, position, data, piece_crcs, whole_crc)
+            return
+        with self._replacing:
             try:
                 existing = self.info(block_id)
             except (ChecksumMismatch, ChunkMissing):
@@ -158,17 +178,21 @@ class ChunkStore:
                 raise AlreadyExists(
                     f"chunk {block_id:x}: this server holds position {existing.position} of the block, not {position}"
                 )
+            self._store(block_id, position, data, piece_crcs, whole_crc)
+
+    def _store(self, block_id: int, position: int, data: memoryview, piece_crcs: list[int], whole_crc: int) -> None:
+        """Write the chunk in its layout (by size), then remove a copy in the other one."""
         if self.packs is not None and len(data) <= self.pack_max_bytes:
             try:
                 self.packs.append(block_id, position, data, piece_crcs, whole_crc)
             except OSError as exc:
                 self._raise_no_space_for(exc)
                 raise
-            self._delete_file(block_id)  # the block's chunk file a rebuild replaced, if any
+            self._delete_file(block_id, durable=True)  # the block's chunk file a rebuild replaced, if any
             return
         self._write_file(block_id, position, data, piece_crcs, whole_crc)
         if self.packs is not None:
-            self.packs.delete(block_id)  # the packed chunk a rebuild replaced, if any
+            self.packs.delete(block_id, durable=True)  # the packed chunk a rebuild replaced, if any
 
     def _write_file(self, block_id: int, position: int, data: memoryview, piece_crcs: list[int], whole_crc: int) -> None:
         final = self.path(block_id)
@@ -223,16 +247,28 @@ class ChunkStore:
         except (ChecksumMismatch, ChunkMissing):
             return False
 
+    def _either(self, block_id: int, packed: Callable[[PackStore], Any], in_file: Callable[[], Any]) -> Any:
+        """``packed(pack store)`` if the block is packed, else ``in_file()``; a chunk a rebuild
+        moved from one layout to the other meanwhile is looked for in the other once."""
+        for attempt in range(3):
+            store = self._packed(block_id)
+            try:
+                return packed(store) if store is not None else in_file()
+            except ChunkMissing:
+                if attempt == 2 or (self._packed(block_id) is None) == (store is None):
+                    raise
+        raise AssertionError("unreachable")
+
     def info(self, block_id: int) -> ChunkInfo:
         """Read and check the footer and piece checksums of a stored chunk."""
-        packed = self._packed(block_id)
-        if packed is not None:
-            return packed.info(block_id)
-        fd = self._open(block_id)
-        try:
-            return self._info(fd, block_id)
-        finally:
-            os.close(fd)
+        def in_file() -> ChunkInfo:
+            fd = self._open(block_id)
+            try:
+                return self._info(fd, block_id)
+            finally:
+                os.close(fd)
+
+        return self._either(block_id, lambda packs: packs.info(block_id), in_file)  # type: ignore[no-any-return]
 
     def _open(self, block_id: int) -> int:
         try:
@@ -263,55 +299,66 @@ class ChunkStore:
         ``offset`` must be a multiple of 64 KiB; the range returned is extended to the end of
         its last piece (or of the chunk); ``length=-1`` reads to the end. Raises
         ChecksumMismatch (never returns data) if any returned piece is damaged."""
-        packed = self._packed(block_id)
-        if packed is not None:
-            return packed.read(block_id, offset, length, allocate)
-        fd = self._open(block_id)
-        try:
-            info = self._info(fd, block_id)
-            buffer, crcs = pieces.read_range(fd, info, 0, offset, length, allocate)
-        finally:
-            os.close(fd)
-        return buffer, crcs, info
+        def in_file() -> tuple[Any, list[int], ChunkInfo]:
+            fd = self._open(block_id)
+            try:
+                info = self._info(fd, block_id)
+                buffer, crcs = pieces.read_range(fd, info, 0, offset, length, allocate)
+            finally:
+                os.close(fd)
+            return buffer, crcs, info
+
+        return self._either(  # type: ignore[no-any-return]
+            block_id, lambda packs: packs.read(block_id, offset, length, allocate), in_file)
 
     def block_ids(self) -> list[int]:
         """Every chunk on disk now, by block id (a directory listing and the packed index:
-        what an inventory reports)."""
-        out: list[int] = self.packs.block_ids() if self.packs is not None else []
+        what an inventory reports); not while a rebuild moves a chunk between the layouts."""
+        if self.packs is None:
+            return self._file_ids()
+        with self._replacing:
+            return list(dict.fromkeys([*self._file_ids(), *self.packs.block_ids()]))
+
+    def _file_ids(self) -> list[int]:
+        out: list[int] = []
         for sub in os.listdir(self.root):
             directory = os.path.join(self.root, sub)
             if os.path.isdir(directory):
                 out.extend(int(name[:-6], 16) for name in os.listdir(directory)
                            if name.endswith(".chunk") and len(name) == 22)
-        return list(dict.fromkeys(out))  # a block between a rebuild's write and its old copy's removal: once
+        return out
 
     def verify(self, block_id: int, step_bytes: int = 16 * PIECE) -> ChunkInfo:
         """Re-read a whole chunk and check its footer, every piece crc and the whole-chunk crc
         (the scrubber); raises ChecksumMismatch or ChunkMissing. Reads ``step_bytes`` at a time."""
-        packed = self._packed(block_id)
-        if packed is not None:
-            return packed.verify(block_id, step_bytes)
-        fd = self._open(block_id)
-        try:
-            info = self._info(fd, block_id)
-            pieces.verify_all(fd, info, 0, step_bytes)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a scrub must not evict what clients read
-        finally:
-            os.close(fd)
-        return info
+        def in_file() -> ChunkInfo:
+            fd = self._open(block_id)
+            try:
+                info = self._info(fd, block_id)
+                pieces.verify_all(fd, info, 0, step_bytes)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a scrub must not evict what clients read
+            finally:
+                os.close(fd)
+            return info
+
+        return self._either(block_id, lambda packs: packs.verify(block_id, step_bytes), in_file)  # type: ignore[no-any-return]
 
     def delete(self, block_id: int) -> bool:
         """Remove the block's chunk (packed or a file); False if none was here."""
         packed = self.packs is not None and self.packs.delete(block_id)
         return self._delete_file(block_id) or packed
 
-    def _delete_file(self, block_id: int) -> bool:
+    def _delete_file(self, block_id: int, durable: bool = False) -> bool:
+        """Remove the block's chunk file; ``durable``: and its directory entry for good (the
+        other layout now holds the block: a file back after a crash would shadow it)."""
         path = self.path(block_id)
         try:
             size = os.path.getsize(path)
             os.unlink(path)
         except FileNotFoundError:
             return False
+        if durable:
+            fsync_dir(os.path.dirname(path))
         with self._counts_lock:
             self._file_bytes -= size
             self._file_count -= 1
