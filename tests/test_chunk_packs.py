@@ -41,7 +41,7 @@ def _records(data_dir: str) -> dict[int, tuple[str, int]]:
             raw = f.read()
         offset = 0
         while offset + HEADER.size <= len(raw):
-            info, live = packs._parse_header(raw[offset : offset + HEADER.size])
+            info, live = packs._parse_header(raw[offset : offset + HEADER.size], _number(path), offset)
             if info is None:
                 offset += ALIGN
                 continue
@@ -49,6 +49,10 @@ def _records(data_dir: str) -> dict[int, tuple[str, int]]:
                 out[info.block_id] = (path, offset)
             offset += packs._record_size(info.length)
     return out
+
+
+def _number(segment_path: str) -> int:
+    return int(os.path.basename(segment_path)[: -len(packs.SUFFIX)], 16)
 
 
 def _flip(path: str, offset: int) -> None:
@@ -421,7 +425,7 @@ def test_a_later_copy_that_never_became_durable_does_not_cost_the_sound_earlier_
     store.close()
     with open(first_path, "r+b") as f:  # ...but the crash came before that mark reached the disk
         f.seek(first_offset)
-        f.write(packs._header(packs.LIVE, 7, len(data), 2, whole))
+        f.write(packs._header(packs.LIVE, 7, len(data), 2, whole, _number(first_path), first_offset))
     later_path, later_offset = _records(str(tmp_path))[7]
     assert (later_path, later_offset) != (first_path, first_offset)
     _flip(later_path, later_offset + ALIGN + 10)  # the later copy's data never made it
@@ -497,3 +501,32 @@ def test_reads_never_miss_a_chunk_a_rebuild_moves_between_files_and_packs(tmp_pa
             t.join(timeout=60)
     assert not problems, problems[:5]
     assert store.chunk_count == 1
+
+
+def test_a_header_shaped_run_of_client_bytes_is_never_taken_for_a_record(tmp_path: Any) -> None:
+    """Start-up probes 4 KiB boundaries after a damaged header, inside the damaged record's
+    data too, which a client chose. A header is valid only where it was written (its crc
+    covers its segment and offset), so a forged one inside data is skipped."""
+    root = str(tmp_path / "packs")
+    store = PackStore(root, 256 * KiB, segment_bytes=1 * MiB)
+    victim = _chunk(10_000)[0]
+    store.append(1, 0, victim, checksum.piece_crcs(victim), checksum.crc(victim))
+    (path, victim_at), = _records(str(tmp_path)).values()
+    forged_data = _chunk(5_000)[0]
+    payload = bytearray(3 * ALIGN)
+    data_at = HEADER.size + 4 * 1  # where the attacker's data starts in its record (one piece of crcs)
+    boundary = ALIGN - data_at  # its data at the segment's next 4 KiB boundary: a whole record for block 1,
+    head = HEADER.pack(packs.LIVE, 1, len(forged_data), 0, checksum.crc(forged_data), 0)[:-4]
+    forged = head + checksum.crc(head).to_bytes(4, "little")  # with the crc a header not bound to its place has
+    forged += checksum.crc(forged_data).to_bytes(4, "little") + bytes(forged_data)
+    payload[boundary : boundary + len(forged)] = forged
+    attacker = memoryview(bytes(payload))
+    store.append(2, 0, attacker, checksum.piece_crcs(attacker), checksum.crc(attacker))
+    store.close()
+    _, attacker_at = _records(str(tmp_path))[2]
+    with open(path, "r+b") as f:  # the attacker's own header torn: start-up probes into its data
+        f.seek(attacker_at)
+        f.write(bytes(HEADER.size))
+    reopened = PackStore(root, 256 * KiB, segment_bytes=1 * MiB)
+    assert reopened.block_ids() == [1]
+    assert bytes(reopened.read(1)[0]) == bytes(victim)

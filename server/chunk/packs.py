@@ -10,7 +10,9 @@ Layout, under ``<data dir>/packs/``::
 
     <segment number, 8 hex digits>.pack     records, each at a 4 KiB-aligned offset:
         header       magic "TFSPACK1" (live) or "TFSPDEAD" (deleted), block_id u64,
-                     length u64, position u32, whole crc32c u32, crc32c of the header so far u32
+                     length u64, position u32, whole crc32c u32, crc32c u32 of the header so far
+                     and of where it lies (segment number u32, offset u64: not stored), so
+                     header-shaped bytes anywhere else, e.g. in a chunk's data, never parse
         piece crcs   uint32 little endian, one per 64 KiB piece of data
         data         length bytes, then zeros to the next 4 KiB boundary
 
@@ -102,9 +104,14 @@ def _record_size(length: int) -> int:
     return -(-raw // ALIGN) * ALIGN
 
 
-def _header(magic: bytes, block_id: int, length: int, position: int, whole_crc: int) -> bytes:
+_PLACE = struct.Struct("<IQ")  # segment number, offset: covered by the header crc, not stored
+
+
+def _header(magic: bytes, block_id: int, length: int, position: int, whole_crc: int, segment: int, offset: int) -> bytes:
+    """A record header whose crc also covers where it lies, so a header-shaped run of bytes
+    anywhere else (inside a chunk's data, which clients choose) never parses as one."""
     head = HEADER.pack(magic, block_id, length, position, whole_crc, 0)[:-4]
-    return head + struct.pack("<I", checksum.crc(head))
+    return head + struct.pack("<I", checksum.crc(_PLACE.pack(segment, offset), checksum.crc(head)))
 
 
 class PackStore:
@@ -155,7 +162,7 @@ class PackStore:
                 size = os.fstat(fd).st_size
                 offset = 0
                 while offset + HEADER.size <= size:
-                    info, live = _parse_header(os.pread(fd, HEADER.size, offset))
+                    info, live = _parse_header(os.pread(fd, HEADER.size, offset), number, offset)
                     if info is None:
                         offset += ALIGN  # damaged or torn: the next record starts at a later boundary
                         continue
@@ -216,7 +223,8 @@ class PackStore:
         try:
             fd = os.open(entry.segment.path, os.O_WRONLY)
             try:
-                os.pwrite(fd, _header(DEAD, info.block_id, info.length, info.position, info.whole_crc), entry.offset)
+                os.pwrite(fd, _header(DEAD, info.block_id, info.length, info.position, info.whole_crc,
+                                      entry.segment.number, entry.offset), entry.offset)
                 if durable:
                     os.fdatasync(fd)
             finally:
@@ -251,24 +259,24 @@ class PackStore:
         if len(data) > self.max_chunk_bytes:
             raise InvalidArgument(f"chunk of {len(data)} bytes is larger than packed chunks ({self.max_chunk_bytes})")
         info = ChunkInfo(block_id, position, len(data), whole_crc, [])  # the index keeps the header only
-        head = _header(LIVE, block_id, len(data), position, whole_crc)
         crcs = struct.pack(f"<{len(piece_crcs)}I", *piece_crcs)
         padding = bytes(_record_size(len(data)) - HEADER.size - len(crcs) - len(data))
-        segment, offset = self._durable([head, crcs, data, padding])
+        segment, offset = self._durable(_record_size(len(data)), lambda number, at: [
+            _header(LIVE, block_id, len(data), position, whole_crc, number, at), crcs, data, padding])
         with self._lock:
             try:
                 self._place(block_id, _Entry(segment, offset, info))
             finally:
                 self._written(segment)
 
-    def _durable(self, record: list[Any]) -> tuple[_Segment, int]:
-        """Append one record (its buffers, a multiple of ``ALIGN`` in all) and wait until it is
-        durable. Returns where it went; the caller indexes it, then calls ``_written``."""
-        size = sum(len(b) for b in record)
+    def _durable(self, size: int, record: Callable[[int, int], list[Any]]) -> tuple[_Segment, int]:
+        """Append one record of ``size`` bytes (a multiple of ``ALIGN``; ``record(segment
+        number, offset)`` gives its buffers for where it goes) and wait until it is durable.
+        Returns where it went; the caller indexes it, then calls ``_written``."""
         with self._lock:
             segment = self._writable(size)
             offset = segment.end
-            write_all(segment.fd, record, offset)  # in order: no holes
+            write_all(segment.fd, record(segment.number, offset), offset)  # in order: no holes
             segment.end += size
             segment.pending += 1
         try:
@@ -355,10 +363,13 @@ class PackStore:
             record = os.pread(fd, entry.size, entry.offset)
         finally:
             os.close(fd)
-        found, live = _parse_header(record[: HEADER.size])
+        found, live = _parse_header(record, entry.segment.number, entry.offset)
         if len(record) != entry.size or found is None or not live or found.block_id != entry.info.block_id:
             return 0  # deleted or superseded since (or a damaged header: left where it is)
-        segment, offset = self._durable([record])
+        info = entry.info
+        segment, offset = self._durable(entry.size, lambda number, at: [
+            _header(LIVE, info.block_id, info.length, info.position, info.whole_crc, number, at),
+            memoryview(record)[HEADER.size :]])
         with self._lock:
             try:
                 if self._index.get(entry.info.block_id) is entry:
@@ -447,10 +458,10 @@ class PackStore:
         indexed = entry.info
         count = _pieces(indexed.length)
         raw = os.pread(fd, HEADER.size + 4 * count, entry.offset)
-        found, live = _parse_header(raw[: HEADER.size])
+        found, live = _parse_header(raw, entry.segment.number, entry.offset)
         if found is None:  # maybe read while a delete rewrote it: look again before calling it damaged
             raw = os.pread(fd, HEADER.size + 4 * count, entry.offset)
-            found, live = _parse_header(raw[: HEADER.size])
+            found, live = _parse_header(raw, entry.segment.number, entry.offset)
         if found is not None and not live:
             raise _Superseded()
         if found is None or len(raw) != HEADER.size + 4 * count or (
@@ -483,11 +494,12 @@ class _Superseded(Exception):
     """The record was marked dead (deleted, or a newer record of the block written) after it was looked up."""
 
 
-def _parse_header(raw: bytes) -> tuple[ChunkInfo | None, bool]:
-    """``(info, live)`` from a record header, or ``(None, False)`` if it is not a valid one."""
+def _parse_header(raw: bytes, segment: int, offset: int) -> tuple[ChunkInfo | None, bool]:
+    """``(info, live)`` from the record header at ``offset`` of segment ``segment``, or
+    ``(None, False)`` if it is not a valid one there."""
     if len(raw) < HEADER.size:
         return None, False
-    magic, block_id, length, position, whole_crc, header_crc = HEADER.unpack(raw)
-    if magic not in (LIVE, DEAD) or checksum.crc(raw[:-4]) != header_crc:
+    magic, block_id, length, position, whole_crc, header_crc = HEADER.unpack(raw[: HEADER.size])
+    if magic not in (LIVE, DEAD) or checksum.crc(_PLACE.pack(segment, offset), checksum.crc(raw[: HEADER.size - 4])) != header_crc:
         return None, False
     return ChunkInfo(block_id, position, length, whole_crc, []), magic == LIVE
