@@ -530,3 +530,22 @@ def test_a_header_shaped_run_of_client_bytes_is_never_taken_for_a_record(tmp_pat
     reopened = PackStore(root, 256 * KiB, segment_bytes=1 * MiB)
     assert reopened.block_ids() == [1]
     assert bytes(reopened.read(1)[0]) == bytes(victim)
+
+
+def test_compaction_makes_a_batch_of_copies_durable_with_one_sync(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packs, "COMPACT_BATCH_BYTES", 5 * packs._record_size(20_000))  # several batches
+    synced: list[float] = []
+    store = PackStore(str(tmp_path), 64 * KiB, segment_bytes=1 * MiB, on_sync=synced.append)
+    chunks = {b: _chunk(20_000, seed=b)[0] for b in range(1, 81)}
+    for block_id, data in chunks.items():
+        store.append(block_id, 0, data, checksum.piece_crcs(data), checksum.crc(data))
+    for block_id in range(1, 81, 2):
+        store.delete(block_id)
+    kept = {b: d for b, d in chunks.items() if b % 2 == 0}
+    synced.clear()
+    moved = store.compact(live_fraction_max=0.6, segments_max=10)
+    records = moved // packs._record_size(20_000)
+    assert records >= 10 and len(synced) <= -(-records // 5) + 1, (records, len(synced))
+    for view in (store, PackStore(str(tmp_path), 64 * KiB, segment_bytes=1 * MiB)):
+        assert sorted(view.block_ids()) == sorted(kept)
+        assert all(bytes(view.read(b)[0]) == bytes(d) for b, d in kept.items())

@@ -56,17 +56,17 @@ DEAD = b"TFSPDEAD"
 ALIGN = 4096
 PIECE = checksum.PIECE
 SUFFIX = ".pack"
+COMPACT_BATCH_BYTES = 32 << 20  # records a compaction copies, then makes durable with one sync
 
 log = logging.getLogger("tectofs.chunk.packs")
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity
 class _Segment:
     number: int
     path: str
     end: int = 0  # where the next record goes (the active segment only)
-    live: int = 0  # live records
-    live_bytes: int = 0  # the space they take
+    live_bytes: int = 0  # the space its live records take (0: none left)
     pending: int = 0  # records written, not yet durable and indexed
     fd: int = -1  # open for appends and syncs while it is the active one, else -1
     group: GroupSync | None = None  # its fdatasyncs, shared by the writers waiting for one
@@ -155,7 +155,7 @@ class PackStore:
         numbers.sort()
         self._next_number = max(numbers, default=0) + 1
         for number in numbers:
-            segment = _Segment(number, os.path.join(self.root, f"{number:08x}{SUFFIX}"))
+            segment = _Segment(number, self._segment_path(number))
             self._segments[number] = segment
             fd = os.open(segment.path, os.O_RDONLY)
             try:
@@ -173,8 +173,11 @@ class PackStore:
             finally:
                 os.close(fd)
         for segment in list(self._segments.values()):
-            if segment.live == 0:
+            if not segment.live_bytes:
                 self._remove(segment)
+
+    def _segment_path(self, number: int) -> str:
+        return os.path.join(self.root, f"{number:08x}{SUFFIX}")
 
     def _load_record(self, entry: _Entry) -> None:
         """At start: a later record of a block supersedes an earlier one only if it verifies.
@@ -185,10 +188,7 @@ class PackStore:
         if old is not None and not self._sound(entry) and self._sound(old):
             log.warning("chunk %x: keeping its record in segment %d, the later copy in segment %d is damaged",
                         block_id, old.segment.number, entry.segment.number)
-            entry.segment.live += 1  # accounted, then unplaced: marked dead like any superseded record
-            entry.segment.live_bytes += entry.size
-            self.used_bytes += entry.size
-            self._unplace(entry)
+            self._mark_dead(entry)
             return
         self._place(block_id, entry)
 
@@ -209,16 +209,20 @@ class PackStore:
         """Index ``entry`` as the block's chunk; the one it supersedes is marked dead. Under the lock."""
         old = self._index.get(block_id)
         self._index[block_id] = entry
-        entry.segment.live += 1
         entry.segment.live_bytes += entry.size
         self.used_bytes += entry.size
         if old is not None:
             self._unplace(old)
 
     def _unplace(self, entry: _Entry, durable: bool = False) -> None:
-        entry.segment.live -= 1
+        """Take an indexed record out of the counts and mark it dead. Under the lock."""
         entry.segment.live_bytes -= entry.size
         self.used_bytes -= entry.size
+        self._mark_dead(entry, durable)
+
+    def _mark_dead(self, entry: _Entry, durable: bool = False) -> None:
+        """Rewrite the record's header as dead (``durable``: synced); remove its segment if
+        nothing live is left in it. Under the lock."""
         info = entry.info
         try:
             fd = os.open(entry.segment.path, os.O_WRONLY)
@@ -237,7 +241,7 @@ class PackStore:
 
     def _remove_if_empty(self, segment: _Segment) -> None:
         """Remove a segment no longer appended to, with no live record and no writer waiting. Under the lock."""
-        if segment.live or segment.pending or segment is self._active or self._loading:
+        if segment.live_bytes or segment.pending or segment is self._active or self._loading:
             return
         if segment.fd >= 0:
             os.close(segment.fd)
@@ -246,6 +250,7 @@ class PackStore:
 
     def _remove(self, segment: _Segment) -> None:
         self._segments.pop(segment.number, None)
+        self._unmovable.discard(segment.number)
         try:
             os.unlink(segment.path)
         except FileNotFoundError:
@@ -270,26 +275,39 @@ class PackStore:
                 self._written(segment)
 
     def _durable(self, size: int, record: Callable[[int, int], list[Any]]) -> tuple[_Segment, int]:
+        """Append one record (``_write``) and wait until it is durable. Returns where it
+        went; the caller indexes it, then calls ``_written``."""
+        segment, offset = self._write(size, record)
+        self._wait_durable([segment])
+        return segment, offset
+
+    def _write(self, size: int, record: Callable[[int, int], list[Any]]) -> tuple[_Segment, int]:
         """Append one record of ``size`` bytes (a multiple of ``ALIGN``; ``record(segment
-        number, offset)`` gives its buffers for where it goes) and wait until it is durable.
-        Returns where it went; the caller indexes it, then calls ``_written``."""
+        number, offset)`` gives its buffers for where it goes), not yet durable. The caller
+        counts in the segment's ``pending`` until it calls ``_written``."""
         with self._lock:
             segment = self._writable(size)
             offset = segment.end
             write_all(segment.fd, record(segment.number, offset), offset)  # in order: no holes
             segment.end += size
             segment.pending += 1
+        return segment, offset
+
+    def _wait_durable(self, written: list[_Segment]) -> None:
+        """Wait until everything written so far to these segments is durable (one shared
+        fdatasync each). On failure the writers' ``pending`` is released and the error raised."""
         try:
             if self.sync:
-                assert segment.group is not None  # appends go to segments this process made
-                segment.group.wait_durable()  # the fd stays open: this writer counts in pending
+                for segment in dict.fromkeys(written):
+                    assert segment.group is not None  # appends go to segments this process made
+                    segment.group.wait_durable()  # the fd stays open: its writers count in pending
         except BaseException:
             with self._lock:
-                if segment.broken is not None and segment is self._active:
-                    self._retire(segment)  # new chunks go to a new segment
-                self._written(segment)
+                for segment in written:
+                    if segment.broken is not None and segment is self._active:
+                        self._retire(segment)  # new chunks go to a new segment
+                    self._written(segment)
             raise
-        return segment, offset
 
     def _written(self, segment: _Segment) -> None:
         """A writer is done with ``segment``: the last one of a retired segment closes it. Under the lock."""
@@ -308,7 +326,7 @@ class PackStore:
             self._retire(active)
         number = self._next_number
         self._next_number += 1
-        segment = _Segment(number, os.path.join(self.root, f"{number:08x}{SUFFIX}"))
+        segment = _Segment(number, self._segment_path(number))
         segment.fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         segment.group = GroupSync(segment.fdatasync, self._on_sync)
         try:
@@ -347,41 +365,64 @@ class PackStore:
             moves = [(s, [e for e in self._index.values() if e.segment is s]) for s in candidates]
         moved = 0
         for segment, entries in moves:
-            moved_here = sum(self._move(entry) for entry in sorted(entries, key=lambda e: e.offset))
+            batch: list[_Entry] = []
+            batch_bytes = moved_here = 0
+            for entry in sorted(entries, key=lambda e: e.offset):
+                if batch and batch_bytes + entry.size > COMPACT_BATCH_BYTES:
+                    moved_here += self._move(batch)
+                    batch, batch_bytes = [], 0
+                batch.append(entry)
+                batch_bytes += entry.size
+            moved_here += self._move(batch) if batch else 0
             with self._lock:
                 if segment.number in self._segments:  # a record could not be moved: not picked again
                     self._unmovable.add(segment.number)
             moved += moved_here
         return moved
 
-    def _move(self, entry: _Entry) -> int:
+    def _move(self, entries: list[_Entry]) -> int:
+        """Copy these live records to the active segment, make the copies durable with one
+        sync, then index them (or mark a copy dead if its record was deleted or rebuilt
+        meanwhile). Returns the bytes moved."""
+        copies: list[tuple[_Entry, _Segment, int]] = []
+        try:
+            for entry in entries:
+                record = self._live_record(entry)
+                if record is not None:
+                    copies.append((entry, *self._write(entry.size, _relocated(entry.info, record))))
+        except BaseException:
+            with self._lock:
+                for _, segment, _ in copies:
+                    self._written(segment)
+            raise
+        self._wait_durable([segment for _, segment, _ in copies])
+        with self._lock:
+            for entry, segment, offset in copies:
+                try:
+                    copy = _Entry(segment, offset, entry.info)
+                    if self._index.get(entry.info.block_id) is entry:
+                        self._place(entry.info.block_id, copy)
+                    else:  # deleted or rebuilt while it was copied: the copy must not come back at a restart
+                        self._mark_dead(copy)
+                finally:
+                    self._written(segment)
+        return sum(entry.size for entry, _, _ in copies)
+
+    def _live_record(self, entry: _Entry) -> bytes | None:
+        """The record as stored, if it is still live and its header intact; else None (deleted
+        or superseded since, or a damaged header: left where it is)."""
         try:
             fd = os.open(entry.segment.path, os.O_RDONLY)
         except FileNotFoundError:
-            return 0  # everything in it was deleted meanwhile
+            return None  # everything in it was deleted meanwhile
         try:
             record = os.pread(fd, entry.size, entry.offset)
         finally:
             os.close(fd)
         found, live = _parse_header(record, entry.segment.number, entry.offset)
         if len(record) != entry.size or found is None or not live or found.block_id != entry.info.block_id:
-            return 0  # deleted or superseded since (or a damaged header: left where it is)
-        info = entry.info
-        segment, offset = self._durable(entry.size, lambda number, at: [
-            _header(LIVE, info.block_id, info.length, info.position, info.whole_crc, number, at),
-            memoryview(record)[HEADER.size :]])
-        with self._lock:
-            try:
-                if self._index.get(entry.info.block_id) is entry:
-                    self._place(entry.info.block_id, _Entry(segment, offset, entry.info))
-                else:  # deleted or rebuilt while it was copied: the copy must not come back at a restart
-                    segment.live += 1
-                    segment.live_bytes += entry.size
-                    self.used_bytes += entry.size
-                    self._unplace(_Entry(segment, offset, entry.info))
-            finally:
-                self._written(segment)
-        return entry.size
+            return None
+        return record
 
     # ------------------------------------------------------------------ reads
 
@@ -395,6 +436,10 @@ class PackStore:
     @property
     def chunk_count(self) -> int:
         return len(self._index)
+
+    def stored_bytes(self, block_id: int) -> int:
+        """The disk space the chunk's record takes (from the index: no I/O)."""
+        return self._entry(block_id).size
 
     def info(self, block_id: int) -> ChunkInfo:
         """The chunk's header and piece crcs as on disk (ChecksumMismatch if damaged)."""
@@ -488,6 +533,12 @@ class PackStore:
         with self._lock:
             if self._active is not None:
                 self._retire(self._active)
+
+
+def _relocated(info: ChunkInfo, record: bytes) -> Callable[[int, int], list[Any]]:
+    """A stored record's buffers for a new place: its header made for there, the rest as is."""
+    return lambda number, at: [_header(LIVE, info.block_id, info.length, info.position, info.whole_crc, number, at),
+                               memoryview(record)[HEADER.size :]]
 
 
 class _Superseded(Exception):

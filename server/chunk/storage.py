@@ -141,8 +141,7 @@ class ChunkStore:
         """How many bytes of disk the chunk takes (ChunkMissing if it is not here)."""
         packed = self._packed(block_id)
         if packed is not None:
-            info = packed.info(block_id)
-            return info.length + 4 * len(info.piece_crcs)
+            return packed.stored_bytes(block_id)
         try:
             return os.path.getsize(self.path(block_id))
         except FileNotFoundError:
