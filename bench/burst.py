@@ -508,18 +508,25 @@ def run(
                     w.send({"op": op, "start_at": at, "timeout_s": phase_timeout_s, **fields})
                 return before, at
 
+            def end_phase(op: str, key: str, mds_before: dict[str, Any], start_at: float,
+                          shard: int) -> tuple[dict[str, Any], dict[int, Any], dict[int, str]]:
+                """Collect every worker's reply to ``op``; record the phase as ``key`` with its
+                CPU seconds and liveness view. Returns it, the replies and the ranks' digests."""
+                replies = _collect(workers, op, phase_timeout_s + 60 + (start_at - time.time()))
+                phase = _phase_summary(op, replies, start_at, shard, mds_before, _mds_stats(fs))
+                phase["cpu_s"] = cpu.stop()
+                phase["liveness"] = monitor.stop()
+                digests = phase.pop("_digests")
+                result["phases"][key] = phase
+                errors.extend(phase["errors"][:50])
+                return phase, replies, digests
+
             # Save: every rank at the same moment.
             mds_before, start_at = begin_phase("save", dir=pending)
             if delete_previous_bytes:
                 time.sleep(max(0.0, start_at - time.time()))
                 fs.remove("/burst/previous.bin")
-            replies = _collect(workers, "save", phase_timeout_s + 60 + (start_at - time.time()))
-            save = _phase_summary("save", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
-            save["cpu_s"] = cpu.stop()
-            save["liveness"] = monitor.stop()
-            digests = save.pop("_digests")
-            result["phases"]["save"] = save
-            errors.extend(save["errors"][:50])
+            save, _, digests = end_phase("save", "save", mds_before, start_at, shard_bytes)
             tick(1)
             if save["error_count"]:
                 raise BurstError(f"save: {save['error_count']} ranks failed; checkpoint not committed "
@@ -538,15 +545,9 @@ def run(
 
             # Load: every rank at the same moment, then verify.
             mds_before, start_at = begin_phase("load", dir=final)
-            replies = _collect(workers, "load", phase_timeout_s + 60 + (start_at - time.time()))
-            load = _phase_summary("load", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
-            load["cpu_s"] = cpu.stop()
-            load["liveness"] = monitor.stop()
-            load.pop("_digests")
+            load, replies, _ = end_phase("load", "load", mds_before, start_at, shard_bytes)
             load["verified"] = sum(1 for reply in replies.values() for row in reply.get("rows", [])
                                    if row[5] is None and row[3].get("verified"))
-            result["phases"]["load"] = load
-            errors.extend(load["errors"][:50])
             tick(1)
 
             # The next checkpoint: every rank saves again, its connections to the chunk servers
@@ -554,13 +555,7 @@ def run(
             if next_save:
                 fs.mkdir(f"{pending}-next")
                 mds_before, start_at = begin_phase("save", dir=f"{pending}-next")
-                replies = _collect(workers, "save", phase_timeout_s + 60 + (start_at - time.time()))
-                again = _phase_summary("save", replies, start_at, shard_bytes, mds_before, _mds_stats(fs))
-                again["cpu_s"] = cpu.stop()
-                again["liveness"] = monitor.stop()
-                digests = again.pop("_digests")
-                result["phases"]["next_save"] = again
-                errors.extend(again["errors"][:50])
+                again, _, digests = end_phase("save", "next_save", mds_before, start_at, shard_bytes)
                 if not again["error_count"]:
                     _commit(fs, f"{pending}-next", f"{final}-next", step, ranks, shard_bytes, digests)
 
@@ -569,14 +564,8 @@ def run(
                 storm_dir = f"/burst/metadata-{step}"
                 fs.mkdir(storm_dir)
                 mds_before, start_at = begin_phase("metadata", dir=storm_dir, files_per_rank=metadata_files_per_rank)
-                replies = _collect(workers, "metadata", phase_timeout_s + 60 + (start_at - time.time()))
-                storm = _phase_summary("metadata", replies, start_at, 0, mds_before, _mds_stats(fs))
-                storm["cpu_s"] = cpu.stop()
-                storm["liveness"] = monitor.stop()
+                storm, _, _ = end_phase("metadata", "metadata", mds_before, start_at, 0)
                 storm["files"] = storm["ranks_ok"] * metadata_files_per_rank
-                storm.pop("_digests")
-                result["phases"]["metadata"] = storm
-                errors.extend(storm["errors"][:50])
             tick(1)
         except BurstError as exc:
             errors.append(str(exc))
