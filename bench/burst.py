@@ -55,8 +55,10 @@ import time
 from typing import Any, Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import burst_report  # noqa: E402
+from burst_report import print_summary  # noqa: E402
 from burst_worker import METADATA_HEADER_BYTES, BurstError, MiB, _describe  # noqa: E402
-from common import parse_size, print_table, process_cpu_s, work_dir, write_results  # noqa: E402
+from common import parse_size, process_cpu_s, work_dir, write_results  # noqa: E402
 
 PROGRESS_STEPS = 6  # baseline, setup, save, commit, load, metadata storm
 
@@ -587,6 +589,22 @@ def run(
     return _finish(out_dir, name, result)
 
 
+def run_repeated(out_dir: str, repeats: int, *args: Any, seed: int | None = None, **kwargs: Any) -> dict[str, Any]:
+    """``run`` ``repeats`` times (each run its own cluster; ``seed``, if given, plus the run's
+    index), combined by ``burst_report.combine``: the median run with every run's figures,
+    the medians and the targets. Each run is written as ``burst-run<i>.json``, the whole as
+    ``burst.json``. A run refused before it started (not enough memory) is not repeated."""
+    assert repeats >= 1
+    results: list[dict[str, Any]] = []
+    for i in range(repeats):
+        results.append(run(out_dir, *args, seed=None if seed is None else seed + i, name=f"burst-run{i + 1}", **kwargs))
+        if results[-1]["error_count"] and not results[-1]["phases"]:
+            break
+    combined = burst_report.combine(results)
+    write_results(out_dir, "burst", combined)
+    return combined
+
+
 def _commit(fs: Any, pending: str, final: str, step: str, ranks: int, shard_bytes: int,
             digests: dict[int, str]) -> tuple[float, float]:
     """Write ``.metadata`` (every rank's digest) and rename ``pending`` to ``final``; returns
@@ -704,31 +722,6 @@ def _ratios(result: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def print_summary(result: dict[str, Any]) -> None:
-    if result["rows"]:
-        print_table(result)
-    for name in ("save", "load", "next_save", "metadata"):
-        phase = result["phases"].get(name)
-        if not phase:
-            continue
-        slow = phase.get("slowest_rank") or {}
-        print(f"{name}: wall {phase['wall_s']:.2f}s, per-rank MB/s p50 {phase['per_rank_GBps']['p50'] * 1e3:.2f} "
-              f"min {phase['per_rank_GBps']['min'] * 1e3:.2f}, slowest rank {slow.get('rank')} "
-              f"({slow.get('seconds', float('nan')):.2f}s), start lag p99 {phase['start_lag_s']['p99']:.3f}s, "
-              f"MDS {phase['mds_operations']} ops in {phase['mds_transactions']} transactions, "
-              f"worker max RSS {phase['worker_max_rss_bytes'] / 2**30:.2f} GiB, server CPU s {phase.get('cpu_s')}, "
-              f"MDS view of chunk servers {phase.get('liveness')}")
-    chunk = result.get("chunk_servers")
-    if chunk:
-        print(f"chunk servers: {chunk['total_puts']} puts, {chunk['total_gets']} gets, "
-              f"{chunk['total_busy']} BUSY, {chunk['total_checksum_errors']} checksum errors, "
-              f"{chunk['total_deleted']} chunks deleted by GC orders")
-    print(f"servers alive: {result['servers_alive']}")
-    print(f"errors: {result['error_count']}")
-    for error in result["errors"][:10]:
-        print(f"  {error}")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -759,9 +752,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory (cluster logs, worker logs)")
     parser.add_argument("--work-dir", default=None,
                         help="where the cluster and worker logs go, created if missing (default: $TMPDIR)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs, each on a cluster of its own; figures and targets are their medians (default 3)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
-    result = run(args.out, args.ranks, args.shard, args.processes, block_size=args.block_size,
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    result = run_repeated(args.out, args.repeats, args.ranks, args.shard, args.processes, block_size=args.block_size,
                  dir_block_size=args.dir_block_size, servers=args.servers, policy=args.policy,
                  baseline_bytes=args.baseline, meta_address=args.meta, phase_timeout_s=args.phase_timeout,
                  seed=args.seed,
@@ -771,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
                  keep_work_dir=args.keep,
                  work_dir=work_dir(args.work_dir))
     print_summary(result)
+    from tectofs.bench import print_targets
+
+    print_targets(result)
     return 1 if result["error_count"] else 0
 
 

@@ -13,32 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import burst  # noqa: E402
+from burst_report import figures, medians  # noqa: E402
 from common import parse_size, work_dir, write_results  # noqa: E402
 
 MiB = 1 << 20
 MODES = (("files", 0), ("packed", None))  # None: --pack-max
-
-
-def _figures(result: dict[str, Any]) -> dict[str, float]:
-    phases = result["phases"]
-    saved_gb = result["ranks"] * result["shard_bytes"] / 1e9
-    return {
-        "save / single writer": result["ratios"]["burst save / single writer"],
-        "load / single reader": result["ratios"]["burst load / single reader"],
-        "save wall s": phases["save"]["wall_s"],
-        "load wall s": phases["load"]["wall_s"],
-        "save p99 s": phases["save"]["latency_s"]["p99"],
-        "next save / single writer": result["ratios"]["burst next save / single writer"],
-        "next save wall s": phases["next_save"]["wall_s"],
-        "chunk server CPU s per GB saved": phases["save"]["cpu_s"]["chunk_servers"] / saved_gb,
-        "chunk server CPU s per GB loaded": phases["load"]["cpu_s"]["chunk_servers"] / saved_gb,
-    }
 
 
 def run(out_dir: str, ranks: int, shard_bytes: int, pack_max_bytes: int, repeats: int,
@@ -56,18 +40,17 @@ def run(out_dir: str, ranks: int, shard_bytes: int, pack_max_bytes: int, repeats
             if result["error_count"]:
                 errors.extend(f"{name} run {i}: {e}" for e in result["errors"][:5])
                 continue
-            samples[name].append(_figures(result))
+            samples[name].append(figures(result))
             print(f"  {name} run {i + 1}/{repeats}: " + ", ".join(f"{k} {v:.3g}" for k, v in samples[name][-1].items()))
-    medians = {name: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
-               for name, runs in samples.items() if runs}
+    median = {name: medians(runs) for name, runs in samples.items() if runs}
     rows = []
-    if len(medians) == len(MODES):
-        for key in medians["files"]:
-            files, packed = medians["files"][key], medians["packed"][key]
+    if len(median) == len(MODES):
+        for key in median["files"]:
+            files, packed = median["files"][key], median["packed"].get(key, float("nan"))
             rows.append({"what": key, "files": round(files, 3), "packed": round(packed, 3),
                          "packed / files": round(packed / files, 3) if files else None})
     result = {"benchmark": "burst_packing", "ranks": ranks, "shard_bytes": shard_bytes, "pack_max_bytes": pack_max_bytes,
-              "repeats": repeats, "samples": samples, "medians": medians, "rows": rows, "errors": errors}
+              "repeats": repeats, "samples": samples, "medians": median, "rows": rows, "errors": errors}
     write_results(out_dir, "burst_packing", result)
     return result
 
@@ -82,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
     result = run(args.out, args.ranks, args.shard, args.pack_max, args.repeats, work_dir(args.work_dir))
-    widths = (34, 10, 10, 15)
+    widths = (42, 10, 10, 15)
     print("".join(h.ljust(w) for h, w in zip(("median of runs", "files", "packed", "packed / files"), widths)))
     for row in result["rows"]:
         print("".join(str(v).ljust(w) for v, w in zip(row.values(), widths)))

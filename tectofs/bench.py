@@ -459,8 +459,8 @@ def _burst(module: ModuleType, args: argparse.Namespace, progress: Callable[...,
     # Until the client sizes write buffers to the data (not a whole block per open file),
     # the checkpoint directory gets blocks close to the shard size; see bench/burst.py.
     dir_block_size = args.dir_block_size or max(64 << 10, 1 << (shard - 1).bit_length())
-    return module.run(  # type: ignore[no-any-return]
-        args.out, ranks, shard, args.processes or (2 if args.quick else 4), dir_block_size=dir_block_size,
+    return module.run_repeated(  # type: ignore[no-any-return]
+        args.out, samples(args), ranks, shard, args.processes or (2 if args.quick else 4), dir_block_size=dir_block_size,
         baseline_bytes=64 * MiB if args.quick else 256 * MiB, work_dir=args.work_dir, progress=progress,
     )
 
@@ -472,7 +472,7 @@ _RUNNERS: dict[str, tuple[str, Runner, Callable[[argparse.Namespace], int | None
     # checkpoint: per run 6 timings, a warm async_save and a degraded load; one async load check
     "checkpoint": ("checkpoint_bench", _checkpoint, lambda a: 8 * samples(a) + 1),
     "fuse": ("fuse_bench", _fuse, _fuse_steps),
-    "burst": ("burst", _burst, lambda a: 5),
+    "burst": ("burst", _burst, lambda a: 6 * samples(a)),  # per run: bench/burst.py's PROGRESS_STEPS
     "repair": ("repair", _checkpoint, lambda a: None),  # same options as checkpoint: --quick, --size, --repeats
 }
 
@@ -489,7 +489,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     except BenchmarkMissing as exc:
         print(f"{name}: skipped: {exc}")
         return {"ok": False, "skipped": True, "error": str(exc)}
-    progress = _Progress(name, getattr(module, "PROGRESS_STEPS", None) or total(args))
+    progress = _Progress(name, total(args))
     load_before = load_average()
     started = time.perf_counter()
     try:
@@ -527,7 +527,7 @@ def build_parser(prog: str = "tectofs bench") -> argparse.ArgumentParser:
                         help="where clusters and local files live, created if missing (default: temp dir)")
     parser.add_argument("--size", type=_size, default=None, help="client-io/fuse/checkpoint: bytes per run")
     parser.add_argument("--repeats", type=_repeats, default=None,
-                        help=f"client-io/fuse/checkpoint/repair: runs per figure, the median is reported "
+                        help=f"client-io/fuse/checkpoint/repair/burst: runs per figure, the median is reported "
                              f"(default and minimum {MIN_SAMPLES}, --quick included)")
     parser.add_argument("--ranks", type=int, default=None, help="burst: simulated ranks (default 1024, quick 128)")
     parser.add_argument("--shard", type=_size, default=None, help="burst: bytes per rank (default 1M, quick 256K)")

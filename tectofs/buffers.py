@@ -9,11 +9,14 @@ exact-size memoryviews.
 
 Contract: ``get(n)`` returns a writable memoryview of exactly ``n`` bytes whose content is
 undefined; ``put(view)`` gives it back (once, and only after nothing uses it any more).
-At most ``capacity_bytes`` are kept idle; beyond that returned buffers are dropped.
+At most ``capacity_bytes`` are kept idle; beyond that returned buffers are dropped. With
+``aligned=True`` every buffer starts on a page boundary (anonymous private memory maps):
+what a chunk server receives into can then be written to disk with ``O_DIRECT``.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 
 _MIN_CLASS = 1 << 16
@@ -29,9 +32,10 @@ def _size_class(n: int) -> int:
 
 
 class BufferPool:
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, aligned: bool = False) -> None:
         self.capacity_bytes = capacity_bytes
-        self._idle: dict[int, list[bytearray]] = {}
+        self.aligned = aligned
+        self._idle: dict[int, list[bytearray | mmap.mmap]] = {}
         self._idle_bytes = 0
         self._lock = threading.Lock()
 
@@ -45,14 +49,14 @@ class BufferPool:
             else:
                 buffer = None
         if buffer is None:
-            buffer = bytearray(size)
+            buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if self.aligned else bytearray(size)
         return memoryview(buffer)[:n]
 
     def put(self, view: bytes | bytearray | memoryview) -> None:
         if not isinstance(view, memoryview):
             return
         buffer = view.obj
-        if not isinstance(buffer, bytearray):
+        if not isinstance(buffer, (bytearray, mmap.mmap)):
             return
         size = len(buffer)
         with self._lock:

@@ -60,6 +60,7 @@ file_descriptors_reserved = 256           # descriptors a server keeps for its o
 chunk_inflight_bytes_max = 512 * MiB      # admission: above this new puts are answered BUSY
 chunk_pack_max_bytes_default = 0          # chunk servers pack chunks up to this size into segment files (0: off; --pack-max)
 chunk_pack_max_bytes_max = 4 * MiB        # the largest --pack-max (bigger chunks gain nothing from packing)
+chunk_direct_io_min_bytes = 1 * MiB       # chunk files at least this big are written with O_DIRECT (if aligned)
 chunk_pack_segment_bytes = 256 * MiB      # a packed-chunk segment file grows to this, then a new one starts
 chunk_pack_compact_interval_s = 60.0      # how often a chunk server looks for mostly dead segments to compact
 heartbeat_interval_s = 1.0

@@ -9,8 +9,10 @@ has a timeout.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
 import tempfile
 from typing import Any, Callable, Iterator
 
@@ -22,8 +24,12 @@ from tectofs.server.cluster import LocalCluster
 MiB = 1 << 20
 
 # Clusters write root's credential where client commands find it (tectofs.auth.config_dir):
-# tests keep those files out of the user's home, in one directory per test session.
-os.environ.setdefault("TECTOFS_CONFIG_DIR", tempfile.mkdtemp(prefix="tectofs-test-config-"))
+# tests keep those files out of the user's home, in one directory per test session, removed
+# when the session ends (unless the caller chose the directory).
+if "TECTOFS_CONFIG_DIR" not in os.environ:
+    _session_config_dir = tempfile.mkdtemp(prefix="tectofs-test-config-")
+    os.environ["TECTOFS_CONFIG_DIR"] = _session_config_dir
+    atexit.register(shutil.rmtree, _session_config_dir, ignore_errors=True)
 
 
 class TestCluster(LocalCluster):

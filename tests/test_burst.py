@@ -49,6 +49,34 @@ def test_burst_of_128_ranks_commits_and_verifies(make_cluster, burst, tmp_path, 
     assert draw_chart(result, str(tmp_path / "burst.png"), "test") in (None, str(tmp_path / "burst.png"))
 
 
+def test_repeated_bursts_report_medians_and_targets(make_cluster, burst, tmp_path, rng):
+    import statistics
+
+    cluster = make_cluster()
+    out = tmp_path / "out"
+    result = burst.run_repeated(str(out), 3, ranks=16, shard_bytes=64 * KiB, processes=2, meta_address=cluster.address,
+                                baseline_bytes=2 << 20, phase_timeout_s=60, seed=rng.randrange(1 << 30))
+    assert result["error_count"] == 0, result["errors"]
+    assert result["repeats"] == 3 and result["runs_ok"] == 3 and len(result["samples"]) == 3
+    saves = [s["save / single writer"] for s in result["samples"]]
+    assert result["medians"]["save / single writer"] == statistics.median(saves)
+    # the run shown is the one with the median save ratio
+    assert result["ratios"]["burst save / single writer (median of 3)"] == round(statistics.median(saves), 3)
+    assert round(result["phases"]["save"]["aggregate_GBps"] / result["baseline"]["write_GBps"], 3) == \
+        round(statistics.median(saves), 3)
+    assert all(s["metadata storm MDS ops/s"] > 0 for s in result["samples"])
+    targets = {t["name"]: t for t in result["targets"]}
+    assert set(targets) == {"burst save / single writer", "burst save p99 / p50", "burst load / single reader",
+                            "burst metadata storm MDS ops/s"}
+    storm = targets["burst metadata storm MDS ops/s"]
+    assert storm["met"] == (storm["measured"] >= 20_000) and storm["target"] == ">= 20000/s"
+    tail = targets["burst save p99 / p50"]
+    assert tail["met"] == (tail["measured"] <= 2.0)
+    for name in ("burst.json", "burst-run1.json", "burst-run2.json", "burst-run3.json"):
+        assert (out / name).exists(), name
+    assert len([e for e in cluster.fs.listdir("/burst") if e.startswith("step-")]) == 6
+
+
 def test_burst_that_overruns_its_deadline_fails_with_a_clear_error(make_cluster, burst, tmp_path):
     cluster = make_cluster()
     started = time.monotonic()
@@ -67,6 +95,11 @@ def test_burst_refuses_a_run_that_cannot_fit_in_memory(burst, tmp_path):
                        memory_limit_bytes=1 << 30)
     assert result["error_count"] == 1
     assert "block buffer" in result["errors"][0] and "--dir-block-size" in result["errors"][0]
+    # repeated: refused once, not three times; every target unmet for want of a measurement
+    repeated = burst.run_repeated(str(tmp_path), 3, ranks=4096, shard_bytes=1 << 20, processes=4,
+                                  block_size=64 << 20, memory_limit_bytes=1 << 30)
+    assert repeated["repeats"] == 1 and repeated["runs_ok"] == 0 and repeated["error_count"] == 1
+    assert repeated["targets"] and not any(t["met"] for t in repeated["targets"])
 
 
 def test_bench_entry_point_reports_a_missing_benchmark(tmp_path, capsys, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import threading
 
@@ -131,3 +133,69 @@ def test_verify_reads_every_byte_and_the_block_ids_are_listed(tmp_path):
         f.write(b"\x00" if data[2 * 65536 + 3] else b"\x01")
     with pytest.raises(errors.ChecksumMismatch, match="piece at offset 131072"):
         store.verify(0x1234)
+
+
+def _aligned(data: bytes):
+    from tectofs.buffers import BufferPool
+
+    view = BufferPool(1 << 30, aligned=True).get(len(data))  # as a chunk server receives it
+    view[:] = data
+    return view
+
+
+@pytest.mark.parametrize("extra", [0, 100, 4095])
+def test_large_chunks_are_written_with_o_direct_and_read_back_whole(tmp_path, monkeypatch, extra):
+    from tectofs.server.chunk import fileio, storage
+
+    direct_writes: list[int] = []
+    real = fileio.write_direct_then_rest
+
+    def counting(fd, data, prefix, rest):
+        assert os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL)
+        direct_writes.append(prefix)
+        return real(fd, data, prefix, rest)
+
+    monkeypatch.setattr(storage, "write_direct_then_rest", counting)
+    store = ChunkStore(str(tmp_path))
+    data = os.urandom((1 << 20) + extra)  # an unaligned tail goes through the page cache
+    store.write(9, 2, _aligned(data), checksum.piece_crcs(data), checksum.crc(data))
+    assert direct_writes == [1 << 20] and store.direct_io
+    back, _, info = store.read(9)
+    assert bytes(back) == data and info.position == 2
+    store.verify(9)  # footer, every piece, the whole crc
+    # Small chunks, unaligned buffers and read-only bytes go through the page cache.
+    _put(store, 10, data)
+    store.write(11, 0, _aligned(data[:4096]), checksum.piece_crcs(data[:4096]), checksum.crc(data[:4096]))
+    assert direct_writes == [1 << 20]
+    assert bytes(store.read(10)[0]) == data and bytes(store.read(11)[0]) == data[:4096]
+
+
+@pytest.mark.parametrize("refused_at", ["open", "write"])
+def test_a_file_system_that_refuses_o_direct_gets_buffered_writes(tmp_path, monkeypatch, refused_at):
+    from tectofs.server.chunk import fileio
+
+    real_open, real_pwritev = os.open, os.pwritev
+    refused: list[str] = []
+
+    def open_(path, flags, *args):
+        if refused_at == "open" and flags & os.O_DIRECT:
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    def pwritev(fd, buffers, offset):
+        if refused_at == "write" and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(str(fd))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(fileio.os, "pwritev", pwritev)
+    store = ChunkStore(str(tmp_path))
+    data = os.urandom(3 << 20)
+    store.write(4, 0, _aligned(data), checksum.piece_crcs(data), checksum.crc(data))
+    assert len(refused) == 1 and not store.direct_io  # tried once, then never again
+    assert bytes(store.read(4)[0]) == data
+    store.verify(4)
+    store.write(5, 0, _aligned(data), checksum.piece_crcs(data), checksum.crc(data))
+    assert len(refused) == 1 and bytes(store.read(5)[0]) == data

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import os
 from typing import Any
 
@@ -30,3 +33,42 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# O_DIRECT: the kernel moves the data from the caller's buffer to the disk without copying it
+# into the page cache first. For a 16 MiB chunk written and fdatasync'ed, that cost 0.05 CPU s
+# per GB instead of 0.65, and half the wall time, on this machine's ext4 (measured by writing
+# 64 chunks of 16 MiB both ways, alternated, medians of 3). Both the buffer's address and the
+# file offset and length must be multiples of the device's block size: 4096 covers them all.
+DIRECT_ALIGN = 4096
+
+
+def direct_prefix(data: Any, min_bytes: int) -> int:
+    """How many leading bytes of ``data`` can go to disk with ``O_DIRECT``: the largest multiple
+    of ``DIRECT_ALIGN`` in it when it starts on an aligned address and holds at least
+    ``min_bytes``; 0 otherwise (read-only or unaligned buffers, small chunks)."""
+    if len(data) < max(min_bytes, DIRECT_ALIGN):
+        return 0
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(data))
+    except (TypeError, ValueError):  # read-only: not one of our receive buffers
+        return 0
+    return 0 if address % DIRECT_ALIGN else len(data) // DIRECT_ALIGN * DIRECT_ALIGN
+
+
+def write_direct_then_rest(fd: int, data: memoryview, prefix: int, rest: list[Any]) -> bool:
+    """Write ``data`` and then ``rest`` from the start of ``fd``, a new file opened with
+    ``O_DIRECT``: ``data[:prefix]`` directly, the remainder through the page cache (``O_DIRECT``
+    is turned off for it). If the file system refuses direct writes (EINVAL), everything is
+    written through the page cache instead and False is returned; True otherwise. The caller
+    still has to fdatasync: a direct write does not make the file's extents durable."""
+    direct = True
+    try:
+        write_all(fd, [data[:prefix]], 0)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        direct, prefix = False, 0
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+    write_all(fd, [data[prefix:], *rest], prefix)
+    return direct

@@ -98,7 +98,7 @@ class ChunkServer:
         self.metrics.watch_disk_free(self.store.disk_free_bytes)
         self.uuid = self._identity()
         self.inflight_bytes = 0
-        self.buffers = BufferPool(inflight_bytes_max)
+        self.buffers = BufferPool(inflight_bytes_max, aligned=True)  # received chunks can go to disk with O_DIRECT
         self.server_id: int | None = None
         self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0, "pack_bytes_compacted": 0}
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")

@@ -43,7 +43,7 @@ from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, Invali
 
 from . import pieces
 from .chunkinfo import ChunkInfo
-from .fileio import fsync_dir, write_all
+from .fileio import direct_prefix, fsync_dir, write_all, write_direct_then_rest
 from .groupsync import GroupSync
 from .packs import PackStore
 
@@ -72,6 +72,9 @@ class ChunkStore:
                                   f" {limits.chunk_pack_max_bytes_max}")
         self.root = os.path.join(data_dir, "chunks")
         self.sync = sync
+        # Chunks of at least limits.chunk_direct_io_min_bytes received into aligned buffers
+        # are written with O_DIRECT (fileio); off for good once the file system refuses it.
+        self.direct_io = True
         self._on_sync = on_sync
         os.makedirs(self.root, exist_ok=True)
         self._group = syncfs_group(self.root) if sync == "group" else None
@@ -201,10 +204,14 @@ class ChunkStore:
         footer = head + struct.pack("<I", checksum.crc(head))
         tmp = final + ".tmp"
         replaced = os.path.getsize(final) if os.path.exists(final) else 0
+        prefix = direct_prefix(data, limits.chunk_direct_io_min_bytes) if self.direct_io else 0
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = self._create(tmp, direct=prefix > 0)
             try:
-                write_all(fd, [data, crc_bytes, footer])
+                if prefix and self.direct_io:
+                    self.direct_io = write_direct_then_rest(fd, data, prefix, [crc_bytes, footer])
+                else:
+                    write_all(fd, [data, crc_bytes, footer])
                 if self.sync == "each":
                     synced = time.perf_counter()
                     os.fdatasync(fd)
@@ -230,6 +237,19 @@ class ChunkStore:
             self._file_bytes += len(data) + len(crc_bytes) + FOOTER.size - replaced
             if not replaced:
                 self._file_count += 1
+
+    def _create(self, path: str, direct: bool) -> int:
+        """A new file for writing, with ``O_DIRECT`` if ``direct`` and the file system takes it
+        (if it refuses, this store writes through the page cache from then on)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        if direct:
+            try:
+                return os.open(path, flags | os.O_DIRECT, 0o644)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self.direct_io = False
+        return os.open(path, flags, 0o644)
 
     def _raise_no_space_for(self, exc: OSError) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -25,7 +25,7 @@ from torch.futures import Future
 from .. import errors, tensor_codec
 from .. import uri as _uri
 from ..checksum import crc
-from . import _timing
+from . import _share, _timing
 from ._dcp import METADATA_NAME, CheckpointWriter, MiB, _describe, _dtype_from_name, _dtype_name, _ItemInfo
 from ._failures import step
 
@@ -41,6 +41,13 @@ class CheckpointReader(StorageReader):
     less than ``coalesce_gap_bytes`` apart share one read. Every item is checked against
     the crc32c recorded at save (in the thread that completes it) before it reaches the
     planner; planner calls stay on the calling thread.
+
+    ``share_metadata``: the checkpoint's ``.metadata``, which every rank reads, is read from
+    storage by one rank and broadcast to the others over ``torch.distributed``
+    (:mod:`tectofs.torch._share`): ``True`` for the default process group, or the
+    ``ProcessGroup`` that ``dcp.load`` is given. It is a collective, so it is off by default:
+    turn it on only when every rank of that group loads with this reader (as ``dcp.load``
+    does on every rank of its group); a subgroup's load must pass its group.
     """
 
     def __init__(
@@ -51,8 +58,10 @@ class CheckpointReader(StorageReader):
         inflight_bytes: int = 256 * MiB,
         coalesce_gap_bytes: int = 1 * MiB,
         max_read_bytes: int = 64 * MiB,
+        share_metadata: Any = False,
     ) -> None:
         super().__init__()
+        self.share_metadata = share_metadata
         self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
         self.thread_count = thread_count
         self.inflight_bytes = inflight_bytes
@@ -89,21 +98,30 @@ class CheckpointReader(StorageReader):
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        loc = self._location()
         if kwargs.get("rank") is not None:
             raise errors.CheckpointError("tectofs checkpoints have no per-rank metadata")
-        with self._step("read file", f"{loc.path}/{METADATA_NAME}"):
-            try:
-                blob = _uri.filesystem(loc.address).read_bytes(f"{loc.path}/{METADATA_NAME}")
-            except FileNotFoundError:
-                raise errors.NotFound(
-                    f"no complete checkpoint at {loc.uri()} (no {METADATA_NAME}; an interrupted save leaves nothing here)"
-                ) from None
-        metadata = pickle.loads(blob)
+        metadata = pickle.loads(self.metadata_bytes())
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def metadata_bytes(self) -> bytes:
+        """The checkpoint's ``.metadata`` as stored: read from storage, or with
+        ``share_metadata`` read by the group's first rank and received from it (a collective)."""
+        loc = self._location()
+        group = _share.group_of(self.share_metadata)
+        return self._fetch_metadata(loc) if group is None else _share.read_once(group, lambda: self._fetch_metadata(loc))
+
+    def _fetch_metadata(self, loc: _uri.Location) -> bytes:
+        """The checkpoint's ``.metadata`` bytes, read from storage."""
+        with self._step("read file", f"{loc.path}/{METADATA_NAME}"):
+            try:
+                return _uri.filesystem(loc.address).read_bytes(f"{loc.path}/{METADATA_NAME}")
+            except FileNotFoundError:
+                raise errors.NotFound(
+                    f"no complete checkpoint at {loc.uri()} (no {METADATA_NAME}; an interrupted save leaves nothing here)"
+                ) from None
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.rank = kwargs.get("rank") or 0
