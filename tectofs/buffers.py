@@ -56,8 +56,8 @@ class BufferPool:
         if not isinstance(view, memoryview):
             return
         buffer = view.obj
-        if not isinstance(buffer, (bytearray, mmap.mmap)):
-            return
+        if not isinstance(buffer, mmap.mmap if self.aligned else bytearray):
+            return  # not one of this pool's kind (e.g. a view of a file's mapping): never reused
         size = len(buffer)
         with self._lock:
             if self._idle_bytes + size > self.capacity_bytes:

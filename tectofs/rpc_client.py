@@ -64,6 +64,9 @@ class _ClientConnection(_FramedProtocol):
         self.transport.write(encode_frame(FrameKind.REQUEST, request_id, header))
         self.greeting = asyncio.get_running_loop().create_task(
             self._greeted(request_id, answer, expect_role, (client_auth, secret, nonce)))
+        # Its failure reaches every call through self.failure; a connection no call waited on
+        # (refused as Busy while a burst opens thousands) must not log "never retrieved".
+        self.greeting.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def _greeted(
         self, request_id: int, answer: "asyncio.Future[Frame]", expect_role: str | None,

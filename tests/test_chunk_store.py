@@ -199,3 +199,21 @@ def test_a_file_system_that_refuses_o_direct_gets_buffered_writes(tmp_path, monk
     store.verify(4)
     store.write(5, 0, _aligned(data), checksum.piece_crcs(data), checksum.crc(data))
     assert len(refused) == 1 and bytes(store.read(5)[0]) == data
+
+
+def test_a_write_goes_by_how_its_own_file_was_opened(tmp_path, monkeypatch):
+    """Another I/O thread turning O_DIRECT off between this write's open and its write
+    must not send unaligned footers through a direct descriptor (EINVAL)."""
+    store = ChunkStore(str(tmp_path))
+    real_create = store._create
+
+    def create_then_other_thread_turns_it_off(path, direct):
+        opened = real_create(path, direct)
+        store.direct_io = False
+        return opened
+
+    monkeypatch.setattr(store, "_create", create_then_other_thread_turns_it_off)
+    data = os.urandom((1 << 20) + 100)
+    store.write(3, 0, _aligned(data), checksum.piece_crcs(data), checksum.crc(data))
+    assert bytes(store.read(3)[0]) == data and not store.direct_io
+    store.verify(3)

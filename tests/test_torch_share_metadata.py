@@ -36,6 +36,11 @@ class _CountingReader(tt.CheckpointReader):
         return super()._fetch_metadata(loc)
 
 
+class _Interrupted(tt.CheckpointReader):
+    def _fetch_metadata(self, loc: Any) -> bytes:
+        raise KeyboardInterrupt
+
+
 def _state(fill: float | None = None) -> dict[str, Any]:
     torch.manual_seed(7)
     state = {f"layer{i}.weight": torch.randn(16, 8) for i in range(40)}
@@ -68,7 +73,22 @@ def _worker(rank: int, port: int, uri: str, missing: str) -> None:
         else:
             raise AssertionError(f"rank {rank}: a missing checkpoint's metadata was read")
         assert reader.fetches == (1 if rank == 0 else 0)
-        dist.barrier()  # every rank got here: nobody was left in the broadcast
+        # Through dcp.load, which reports a read_metadata failure only as text: every rank's
+        # CheckpointFailed still starts with rank 0's cause.
+        try:
+            dcp.load(_state(fill=0.0), storage_reader=_CountingReader(missing, share_metadata=True))
+        except tt.CheckpointFailed as exc:
+            assert str(exc).startswith("rank 0: read file") and "NotFound" in str(exc), str(exc)[:300]
+        else:
+            raise AssertionError("a load of a missing checkpoint succeeded")
+        # Anything rank 0 raises, even KeyboardInterrupt, still reaches the others.
+        try:
+            _Interrupted(uri, share_metadata=True).metadata_bytes()
+        except KeyboardInterrupt:
+            assert rank == 0
+        except errors.TectofsError as exc:
+            assert rank != 0 and "KeyboardInterrupt" in str(exc), exc
+        dist.barrier()  # every rank got here: nobody was left in a broadcast
     finally:
         dist.destroy_process_group()
 
@@ -94,3 +114,5 @@ def test_sharing_is_off_without_a_process_group_or_when_asked() -> None:
     assert not dist.is_initialized()
     assert _share.group_of(True) is None  # no torch.distributed: read directly
     assert _share.group_of(False) is None and _share.group_of(None) is None
+    with pytest.raises(errors.InvalidArgument, match="ProcessGroup"):
+        _share.group_of(1)

@@ -47,13 +47,14 @@ def direct_prefix(data: Any, min_bytes: int) -> int:
     """How many leading bytes of ``data`` can go to disk with ``O_DIRECT``: the largest multiple
     of ``DIRECT_ALIGN`` in it when it starts on an aligned address and holds at least
     ``min_bytes``; 0 otherwise (read-only or unaligned buffers, small chunks)."""
-    if len(data) < max(min_bytes, DIRECT_ALIGN):
-        return 0
     try:
-        address = ctypes.addressof(ctypes.c_char.from_buffer(data))
-    except (TypeError, ValueError):  # read-only: not one of our receive buffers
+        view = memoryview(data).cast("B")
+        if view.nbytes < max(min_bytes, DIRECT_ALIGN):
+            return 0
+        address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):  # read-only or not contiguous: not one of our receive buffers
         return 0
-    return 0 if address % DIRECT_ALIGN else len(data) // DIRECT_ALIGN * DIRECT_ALIGN
+    return 0 if address % DIRECT_ALIGN else view.nbytes // DIRECT_ALIGN * DIRECT_ALIGN
 
 
 def write_direct_then_rest(fd: int, data: memoryview, prefix: int, rest: list[Any]) -> bool:
@@ -62,6 +63,7 @@ def write_direct_then_rest(fd: int, data: memoryview, prefix: int, rest: list[An
     is turned off for it). If the file system refuses direct writes (EINVAL), everything is
     written through the page cache instead and False is returned; True otherwise. The caller
     still has to fdatasync: a direct write does not make the file's extents durable."""
+    data = memoryview(data).cast("B")  # slices of it stay views (and aligned)
     direct = True
     try:
         write_all(fd, [data[:prefix]], 0)

@@ -204,12 +204,15 @@ class ChunkStore:
         footer = head + struct.pack("<I", checksum.crc(head))
         tmp = final + ".tmp"
         replaced = os.path.getsize(final) if os.path.exists(final) else 0
-        prefix = direct_prefix(data, limits.chunk_direct_io_min_bytes) if self.direct_io else 0
+        # O_DIRECT only where the chunk must be durable before it is acknowledged
+        # (--sync none wants the page cache's speed, not the disk's).
+        prefix = direct_prefix(data, limits.chunk_direct_io_min_bytes) if self.direct_io and self.sync != "none" else 0
         try:
-            fd = self._create(tmp, direct=prefix > 0)
+            fd, direct = self._create(tmp, direct=prefix > 0)
             try:
-                if prefix and self.direct_io:
-                    self.direct_io = write_direct_then_rest(fd, data, prefix, [crc_bytes, footer])
+                if direct:
+                    if not write_direct_then_rest(fd, data, prefix, [crc_bytes, footer]):
+                        self.direct_io = False
                 else:
                     write_all(fd, [data, crc_bytes, footer])
                 if self.sync == "each":
@@ -238,18 +241,20 @@ class ChunkStore:
             if not replaced:
                 self._file_count += 1
 
-    def _create(self, path: str, direct: bool) -> int:
-        """A new file for writing, with ``O_DIRECT`` if ``direct`` and the file system takes it
-        (if it refuses, this store writes through the page cache from then on)."""
+    def _create(self, path: str, direct: bool) -> tuple[int, bool]:
+        """A new file for writing and whether it is open with ``O_DIRECT``: it is if ``direct``
+        and the file system takes it (if it refuses, this store writes through the page cache
+        from then on). ``direct_io`` is only ever turned off, by any I/O thread: each write
+        goes by how its own file was opened."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         if direct:
             try:
-                return os.open(path, flags | os.O_DIRECT, 0o644)
+                return os.open(path, flags | os.O_DIRECT, 0o644), True
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 self.direct_io = False
-        return os.open(path, flags, 0o644)
+        return os.open(path, flags, 0o644), False
 
     def _raise_no_space_for(self, exc: OSError) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -111,7 +111,13 @@ class CheckpointReader(StorageReader):
         ``share_metadata`` read by the group's first rank and received from it (a collective)."""
         loc = self._location()
         group = _share.group_of(self.share_metadata)
-        return self._fetch_metadata(loc) if group is None else _share.read_once(group, lambda: self._fetch_metadata(loc))
+        if group is None:
+            return self._fetch_metadata(loc)
+        try:
+            return _share.read_once(group, lambda: self._fetch_metadata(loc))
+        except Exception as exc:  # rank 0's failure, received: DCP reports it only as text
+            self.last_failure = exc
+            raise
 
     def _fetch_metadata(self, loc: _uri.Location) -> bytes:
         """The checkpoint's ``.metadata`` bytes, read from storage."""
