@@ -54,12 +54,15 @@ from .errors import (
     to_wire,
 )
 from .protocol import PROTOCOL_VERSION, Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
+from .sendfile import FileRegion, read_region, send_region
 
 log = logging.getLogger(__name__)
 
 Payload = bytes | bytearray | memoryview
+ReplyPayload = Payload | FileRegion  # what a handler may answer with: a buffer, or a file region (tectofs.sendfile)
 _SEND_SLICE_BYTES = 1 << 20
-Reply = tuple[Any, Payload]
+Reply = tuple[Any, Payload]  # a reply as received
+HandlerReply = tuple[Any, ReplyPayload]  # a reply as a handler gives it
 SOFTWARE = "tectofs 0.1"
 
 
@@ -168,14 +171,20 @@ class _FramedProtocol(asyncio.BufferedProtocol):
     def protocol_failed(self, exc: TectofsError) -> None:
         raise NotImplementedError
 
-    async def send(self, kind: FrameKind, request_id: int, header: Any, payload: Payload = b"") -> None:
+    async def send(self, kind: FrameKind, request_id: int, header: Any, payload: ReplyPayload = b"") -> None:
         await self.send_encoded(encode_frame(kind, request_id, header, len(payload)), payload)
 
-    async def send_encoded(self, head: bytes, payload: Payload = b"") -> None:
+    async def send_encoded(self, head: bytes, payload: ReplyPayload = b"") -> None:
         """Send a frame whose header ``encode_frame`` made, then its payload."""
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionLost("connection closed")
+        if isinstance(payload, FileRegion):
+            async with self._send_lock:
+                await self._writable(transport)
+                transport.write(head)
+                await self._send_file(transport, payload)
+            return
         view = memoryview(payload).cast("B") if payload else None
         # The transport copies what the socket does not take at once into a bytearray and
         # memmoves it forward after every send: handing it a 16 MiB payload costs far more
@@ -190,6 +199,35 @@ class _FramedProtocol(asyncio.BufferedProtocol):
                 if offset:
                     await self._writable(transport)
                 transport.write(view[offset : offset + _SEND_SLICE_BYTES])
+
+    async def _send_file(self, transport: asyncio.Transport, region: FileRegion) -> None:
+        """The payload of a frame whose header was just written, from a file: by sendfile(2)
+        on a worker thread once the transport's buffer is empty (the send lock is held, so
+        nothing else writes meanwhile), or read and written where the bytes must pass through
+        the transport (TLS). A failure midway leaves the frame incomplete: the connection is
+        dropped and ConnectionLost raised."""
+        loop = asyncio.get_running_loop()
+        sock = transport.get_extra_info("socket")
+        try:
+            if transport.get_extra_info("ssl_object") is not None or sock is None:
+                data = memoryview(await loop.run_in_executor(None, read_region, region))
+                for offset in range(0, len(data), _SEND_SLICE_BYTES):
+                    await self._writable(transport)
+                    transport.write(data[offset : offset + _SEND_SLICE_BYTES])
+                return
+            while transport.get_write_buffer_size():
+                if transport.is_closing():
+                    raise ConnectionLost("connection closed")
+                await asyncio.sleep(0.0005)
+            sock_fd = os.dup(sock.fileno())  # stays valid if the transport closes its own meanwhile
+            try:
+                await loop.run_in_executor(None, send_region, sock_fd, region, limits.send_file_stall_s,
+                                           transport.is_closing)
+            finally:
+                os.close(sock_fd)
+        except (TectofsError, OSError) as exc:
+            transport.abort()
+            raise ConnectionLost(f"reply not sent: {exc}") from None
 
     async def _writable(self, transport: asyncio.Transport) -> None:
         await self._can_write.wait()
@@ -372,7 +410,7 @@ class _ServerConnection(_FramedProtocol):
                 if self.transport is not None and not self.transport.is_closing():
                     self.transport.resume_reading()
 
-    async def _answer(self, frame: Frame) -> tuple[bytes, Payload]:
+    async def _answer(self, frame: Frame) -> tuple[bytes, ReplyPayload]:
         """The encoded reply header and the payload for one request: the handler's, or an error."""
         op = str(frame.header.get("op"))[:40]
         try:
@@ -431,7 +469,7 @@ class RpcServer:
         self.name = name
         self.role = role
         self.operations = operations
-        self.methods: dict[str, Callable[[Any, memoryview], Awaitable[Reply]]] = {
+        self.methods: dict[str, Callable[[Any, memoryview], Awaitable[HandlerReply]]] = {
             name: getattr(handler, f"rpc_{name}") for name in operations if name != "hello"
         }
         # Called with each reply payload once the transport no longer needs it (buffer reuse).
@@ -467,8 +505,10 @@ class RpcServer:
             return None  # drained; dispatch answers with the refusal
         return self.allocate_payload(header, length) if self.allocate_payload else (lambda: bytearray(length))
 
-    def release_reply_payload(self, payload: Payload) -> None:
-        if payload and self.payload_sent is not None:
+    def release_reply_payload(self, payload: ReplyPayload) -> None:
+        if isinstance(payload, FileRegion):
+            payload.close()
+        elif payload and self.payload_sent is not None:
             self.payload_sent(payload)
 
     async def start(self, host: str, port: int, policy: ConnectionPolicy | None = None) -> str:
@@ -487,7 +527,7 @@ class RpcServer:
         self.address = f"{sock_host}:{sock_port}"
         return self.address
 
-    async def dispatch(self, frame: Frame, peer: str = "?", identity: auth.Peer = auth.MEMBER) -> Reply:
+    async def dispatch(self, frame: Frame, peer: str = "?", identity: auth.Peer = auth.MEMBER) -> HandlerReply:
         operation = self._operation(frame.header)
         if operation is None:
             raise self._invalid(peer, f"{self.name}: unknown operation {str(frame.header.get('op'))[:64]!r}")
@@ -505,7 +545,7 @@ class RpcServer:
         finally:
             self.observe(operation.name, outcome, time.perf_counter() - started)
 
-    async def _authorized(self, operation: messages.Operation, frame: Frame, peer: str, identity: auth.Peer) -> Reply:
+    async def _authorized(self, operation: messages.Operation, frame: Frame, peer: str, identity: auth.Peer) -> HandlerReply:
         if self.authorize is not None:
             try:
                 self.authorize(identity, operation.name)
@@ -519,7 +559,7 @@ class RpcServer:
         finally:
             current_peer.reset(peer_token)
 
-    async def _dispatch(self, operation: messages.Operation, frame: Frame, peer: str) -> Reply:
+    async def _dispatch(self, operation: messages.Operation, frame: Frame, peer: str) -> HandlerReply:
         if frame.discarded:
             if not operation.payload:
                 raise self._invalid(peer, f"{operation.name} takes no payload")

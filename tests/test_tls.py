@@ -21,6 +21,12 @@ def test_a_tls_cluster_serves_tls_clients_only(make_cluster: Any, tmp_path: Any,
     data = os.urandom(3 * MiB + 11)
     c.fs.write_bytes("/over-tls", data)  # the cluster's own client trusts its CA
     assert c.fs.read_bytes("/over-tls") == data
+    # Chunks of 2 MiB, which a chunk server sends from the file (sendfile) where it can: over
+    # TLS the bytes must pass through the encrypting transport instead.
+    c.fs.mkdir("/large-chunks", block_size=8 * MiB)
+    large = os.urandom(9 * MiB + 5)
+    c.fs.write_bytes("/large-chunks/f", large)
+    assert c.fs.read_bytes("/large-chunks/f") == large
     with open(c.tls_files["cert"], "rb") as f:
         assert b"BEGIN CERTIFICATE" in f.read()
     monkeypatch.delenv(tls.CA_ENV)

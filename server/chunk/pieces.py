@@ -20,17 +20,30 @@ def read_range(fd: int, info: ChunkInfo, data_at: int, offset: int, length: int,
     of the chunk (``length=-1``: to its end), every piece verified against ``info``;
     ``data`` comes from ``allocate(n)``. InvalidArgument for an offset that is not a piece
     boundary or is past the end; ChecksumMismatch (never data) for a damaged piece."""
+    end = range_end(info, offset, length)
+    buffer = allocate(end - offset)
+    read_exactly(fd, memoryview(buffer).cast("B"), data_at + offset, info.block_id)
+    first = offset // PIECE
+    checksum.verify_pieces(buffer, info.piece_crcs, f"chunk {info.block_id:x} on disk", first_piece=first)
+    return buffer, range_crcs(info, offset, end)
+
+
+def range_end(info: ChunkInfo, offset: int, length: int) -> int:
+    """Where the whole pieces covering ``[offset, offset + length)`` of the chunk end
+    (``length=-1``: its end). InvalidArgument for an offset that is not a piece boundary or
+    is past the end."""
     if offset % PIECE:
         raise InvalidArgument(f"read offset {offset} is not a multiple of {PIECE}")
     if offset > info.length:
         raise InvalidArgument(f"read offset {offset} past the chunk's {info.length} bytes")
     # Whole pieces only: a piece's crc can only be checked over all of it.
-    end = info.length if length < 0 else min(info.length, -(-(offset + length) // PIECE) * PIECE)
-    buffer = allocate(end - offset)
-    read_exactly(fd, memoryview(buffer).cast("B"), data_at + offset, info.block_id)
+    return info.length if length < 0 else min(info.length, -(-(offset + length) // PIECE) * PIECE)
+
+
+def range_crcs(info: ChunkInfo, offset: int, end: int) -> list[int]:
+    """The piece crcs of ``[offset, end)``, a range ``range_end`` gave."""
     first = offset // PIECE
-    checksum.verify_pieces(buffer, info.piece_crcs, f"chunk {info.block_id:x} on disk", first_piece=first)
-    return buffer, info.piece_crcs[first : first + (len(buffer) + PIECE - 1) // PIECE]
+    return info.piece_crcs[first : first + (end - offset + PIECE - 1) // PIECE]
 
 
 def verify_all(fd: int, info: ChunkInfo, data_at: int, step_bytes: int) -> None:

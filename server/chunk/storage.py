@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 from tectofs import checksum, limits
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, InvalidArgument, NoSpace
+from tectofs.sendfile import FileRegion
 
 from . import pieces
 from .chunkinfo import ChunkInfo
@@ -323,13 +324,28 @@ class ChunkStore:
         ``offset`` must be a multiple of 64 KiB; the range returned is extended to the end of
         its last piece (or of the chunk); ``length=-1`` reads to the end. Raises
         ChecksumMismatch (never returns data) if any returned piece is damaged."""
+        return self.serve(block_id, offset, length, allocate, None)  # type: ignore[return-value]
+
+    def serve(
+        self, block_id: int, offset: int, length: int, allocate: Callable[[int], Any], region_min_bytes: int | None,
+    ) -> tuple[Any, list[int], ChunkInfo]:
+        """``read``, except that a range of a chunk file of at least ``region_min_bytes`` comes
+        back unread, as a :class:`~tectofs.sendfile.FileRegion` the caller owns (and closes)
+        instead of data: its footer is checked, its data not. Whoever reads it checks it
+        against the piece crcs returned with it (a chunk server's reader does, end to end).
+        Packed chunks and smaller ranges are read and verified as by ``read``."""
         def in_file() -> tuple[Any, list[int], ChunkInfo]:
             fd = self._open(block_id)
             try:
                 info = self._info(fd, block_id)
+                end = pieces.range_end(info, offset, length)
+                if region_min_bytes is not None and end - offset >= region_min_bytes:
+                    region, fd = FileRegion(fd, offset, end - offset), -1  # the region owns fd now
+                    return region, pieces.range_crcs(info, offset, end), info
                 buffer, crcs = pieces.read_range(fd, info, 0, offset, length, allocate)
             finally:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
             return buffer, crcs, info
 
         return self._either(  # type: ignore[no-any-return]
