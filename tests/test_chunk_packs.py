@@ -19,6 +19,7 @@ from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing
 from tectofs.server.chunk import packs
 from tectofs.server.chunk.packs import ALIGN, HEADER, PackStore
 from tectofs.server.chunk.storage import ChunkStore
+from tests.test_cluster import flip_byte
 from tests.test_self_healing import _server_id, _wait_clean
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -53,14 +54,6 @@ def _records(data_dir: str) -> dict[int, tuple[str, int]]:
 
 def _number(segment_path: str) -> int:
     return int(os.path.basename(segment_path)[: -len(packs.SUFFIX)], 16)
-
-
-def _flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x04]))
 
 
 def test_round_trip_ranges_verify_and_restart(tmp_path: Any) -> None:
@@ -118,14 +111,14 @@ def test_damage_is_detected_and_a_damaged_header_skips_only_its_record(tmp_path:
         _put(store, block_id, 0, data)
     records = _records(str(tmp_path))
     path, offset = records[2]
-    _flip(path, offset + HEADER.size + 4 * 4 + 150_000)  # a data byte of block 2
+    flip_byte(path, offset + HEADER.size + 4 * 4 + 150_000)  # a data byte of block 2
     with pytest.raises(ChecksumMismatch):
         store.read(2)
     with pytest.raises(ChecksumMismatch):
         store.verify(2)
     assert bytes(store.read(2, 0, 65536)[0]) == bytes(chunks[2][:65536])  # undamaged pieces still serve
     path, offset = records[3]
-    _flip(path, offset + 12)  # block 3's header
+    flip_byte(path, offset + 12)  # block 3's header
     with pytest.raises(ChecksumMismatch):
         store.info(3)
     again = ChunkStore(str(tmp_path))
@@ -237,7 +230,7 @@ def test_a_cluster_with_packed_chunks_heals_and_reads_back(make_cluster: Any) ->
     block_id = layout.blocks[0].block_id
     flipped = [d for d in c.chunk_data_dirs if block_id in _records(d)][0]
     path, offset = _records(flipped)[block_id]
-    _flip(path, offset + ALIGN + 100)  # inside the record's data
+    flip_byte(path, offset + ALIGN + 100)  # inside the record's data
     deadline = time.monotonic() + 60
     while not any(s["stats"].get("scrub_corrupt") for s in c.fs.servers()):
         assert time.monotonic() < deadline, "the scrubber did not report the flipped byte in a packed chunk"
@@ -428,7 +421,7 @@ def test_a_later_copy_that_never_became_durable_does_not_cost_the_sound_earlier_
         f.write(packs._header(packs.LIVE, 7, len(data), 2, whole, _number(first_path), first_offset))
     later_path, later_offset = _records(str(tmp_path))[7]
     assert (later_path, later_offset) != (first_path, first_offset)
-    _flip(later_path, later_offset + ALIGN + 10)  # the later copy's data never made it
+    flip_byte(later_path, later_offset + ALIGN + 10)  # the later copy's data never made it
     reopened = PackStore(root, 256 * KiB, segment_bytes=1 * MiB)
     assert bytes(reopened.read(7)[0]) == bytes(data) and reopened.verify(7).position == 2
     assert _records(str(tmp_path))[7] == (first_path, first_offset)  # the damaged later copy is the one marked dead
@@ -442,7 +435,7 @@ def test_a_block_in_both_layouts_after_a_crash_keeps_the_copy_that_verifies(tmp_
     for block_id, data in ((1, sound), (2, damaged)):  # the file copy a rebuild wrote before the crash
         store._write_file(block_id, 0, data, checksum.piece_crcs(data), checksum.crc(data))
     path, offset = _records(str(tmp_path))[2]
-    _flip(path, offset + ALIGN + 5)  # block 2's packed copy is damaged
+    flip_byte(path, offset + ALIGN + 5)  # block 2's packed copy is damaged
     again = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
     assert again.packs is not None and again.packs.holds(1) and not os.path.exists(again.path(1))
     assert not again.packs.holds(2) and os.path.exists(again.path(2))

@@ -239,27 +239,36 @@ def test_write_goes_around_a_dead_server(make_cluster):
     assert c.fs.read_bytes("/around") == data
 
 
+def flip_byte(path: str, offset: int) -> bytes:
+    """Damage one byte of a file on disk; returns the byte as it was."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return byte
+
+
+def wait_for_byte(path: str, offset: int, byte: bytes, timeout_s: float = 20.0) -> None:
+    """Wait until ``path`` holds ``byte`` at ``offset`` again (a damaged chunk rebuilt)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            if f.read(1) == byte:
+                return
+        time.sleep(0.1)
+    pytest.fail(f"{path} was not repaired within {timeout_s:g} s")
+
+
 def test_flipped_byte_is_detected_and_repaired(make_cluster):
     c = make_cluster()
     data = os.urandom(2 * MiB + 1)
     c.fs.write_bytes("/flip", data)
     victim = c.chunk_file("/flip", block_index=1, position=2)  # a data chunk: read on every read
-    with open(victim, "r+b") as f:
-        f.seek(100)
-        byte = f.read(1)
-        f.seek(100)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    byte = flip_byte(victim, 100)
     assert c.fs.read_bytes("/flip") == data
-    # the damaged chunk is rewritten from parity in the background
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        with open(victim, "rb") as f:
-            f.seek(100)
-            if f.read(1) == byte:
-                break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the corrupt chunk was not repaired")
+    wait_for_byte(victim, 100, byte)  # the damaged chunk is rewritten from parity in the background
     assert c.fs.read_bytes("/flip") == data
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from tectofs.errors import ChecksumMismatch, ConnectionLost
 from tectofs.rpc import RpcServer
 from tectofs.rpc_client import RpcClient
 from tectofs.sendfile import FileRegion, send_region
+from tests.test_cluster import flip_byte, wait_for_byte
 
 MiB = 1 << 20
 
@@ -106,19 +106,7 @@ def test_large_chunks_are_sent_from_their_files_and_damage_is_still_caught(make_
     assert sent_from_files() >= 8  # the data chunks of two blocks at least
     assert limits.chunk_sendfile_min_bytes <= 2 * MiB
     victim = c.chunk_file("/big", block_index=0, position=1)  # a data chunk: read on every read
-    with open(victim, "r+b") as f:
-        f.seek(MiB + 7)
-        byte = f.read(1)
-        f.seek(MiB + 7)
-        f.write(bytes([byte[0] ^ 0x5A]))
+    byte = flip_byte(victim, MiB + 7)
     assert c.fs.read_bytes("/big") == data  # the reader caught it and decoded from parity
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:  # reported by the reader, rebuilt by the service
-        with open(victim, "rb") as f:
-            f.seek(MiB + 7)
-            if f.read(1) == byte:
-                break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the damaged chunk was not rebuilt")
+    wait_for_byte(victim, MiB + 7, byte)  # reported by the reader, rebuilt by the service
     assert c.fs.read_bytes("/big") == data
