@@ -197,6 +197,9 @@ class ConnectionGuard:
         message = f"the {self.server.name} closed the connection: {what}"
         self._log.warning("%s: closing the connection from %s: %s", self.server.name, conn.peer, what)
         assert conn.transport is not None
+        if getattr(conn, "sending_file", False):  # an error frame now would land inside a file's bytes
+            conn.transport.abort()
+            return
         try:
             conn.transport.write(encode_error(0, Timeout(message)))
         finally:

@@ -46,6 +46,7 @@ from .diagnostics import RateLimitedLog
 from .errors import (
     AuthenticationFailed,
     Busy,
+    ChecksumMismatch,
     ConnectionLost,
     InvalidArgument,
     ProtocolError,
@@ -55,6 +56,7 @@ from .errors import (
 )
 from .protocol import PROTOCOL_VERSION, Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
 from .sendfile import FileRegion, read_region, send_region
+from .sendfile import pool as sendfile_pool
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,7 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._send_lock = asyncio.Lock()
+        self.sending_file = False  # a thread is sending a file region on this socket: write nothing
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,6 +185,12 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         if isinstance(payload, FileRegion):
             async with self._send_lock:
                 await self._writable(transport)
+                if transport.get_extra_info("ssl_object") is not None:  # TLS: the bytes must be encrypted
+                    payload = memoryview(await asyncio.get_running_loop().run_in_executor(
+                        sendfile_pool(), read_region, payload))
+                    transport.write(head)
+                    transport.write(payload)
+                    return
                 transport.write(head)
                 await self._send_file(transport, payload)
             return
@@ -201,33 +210,39 @@ class _FramedProtocol(asyncio.BufferedProtocol):
                 transport.write(view[offset : offset + _SEND_SLICE_BYTES])
 
     async def _send_file(self, transport: asyncio.Transport, region: FileRegion) -> None:
-        """The payload of a frame whose header was just written, from a file: by sendfile(2)
-        on a worker thread once the transport's buffer is empty (the send lock is held, so
-        nothing else writes meanwhile), or read and written where the bytes must pass through
-        the transport (TLS). A failure midway leaves the frame incomplete: the connection is
-        dropped and ConnectionLost raised."""
-        loop = asyncio.get_running_loop()
-        sock = transport.get_extra_info("socket")
+        """The payload of a frame whose header was just written, from a file: sendfile(2) on a
+        thread of ``tectofs.sendfile.pool`` once the transport's buffer is empty (the send lock
+        is held and ``sending_file`` makes error paths abort rather than write, so nothing else
+        reaches the socket meanwhile). Whatever goes wrong after the header — a stalled or
+        too slow peer, a short file, a cancellation — the frame is incomplete: the connection
+        is aborted and ConnectionLost raised; a cancelled send waits for its thread first."""
+        self.sending_file = True
         try:
-            if transport.get_extra_info("ssl_object") is not None or sock is None:
-                data = memoryview(await loop.run_in_executor(None, read_region, region))
-                for offset in range(0, len(data), _SEND_SLICE_BYTES):
-                    await self._writable(transport)
-                    transport.write(data[offset : offset + _SEND_SLICE_BYTES])
-                return
-            while transport.get_write_buffer_size():
-                if transport.is_closing():
-                    raise ConnectionLost("connection closed")
-                await asyncio.sleep(0.0005)
-            sock_fd = os.dup(sock.fileno())  # stays valid if the transport closes its own meanwhile
+            deadline = time.monotonic() + limits.send_file_stall_s
+            pause = 0.0005
+            while transport.get_write_buffer_size():  # the header (and earlier frames) must leave first
+                if transport.is_closing() or time.monotonic() > deadline:
+                    raise ConnectionLost("the peer stopped reading before a file could be sent")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.02)
+            sock = transport.get_extra_info("socket")
+            sending = asyncio.get_running_loop().run_in_executor(
+                sendfile_pool(), send_region, os.dup(sock.fileno()), region, transport.is_closing)
             try:
-                await loop.run_in_executor(None, send_region, sock_fd, region, limits.send_file_stall_s,
-                                           transport.is_closing)
-            finally:
-                os.close(sock_fd)
-        except (TectofsError, OSError) as exc:
+                await asyncio.shield(sending)
+            except asyncio.CancelledError:
+                transport.abort()
+                await asyncio.wait([sending])  # the thread uses the region's descriptor: let it stop
+                raise
+        except BaseException as exc:
             transport.abort()
-            raise ConnectionLost(f"reply not sent: {exc}") from None
+            if isinstance(exc, ChecksumMismatch):
+                log.error("a file region could not be sent whole (%s): the file is shorter than its footer said", exc)
+            if isinstance(exc, (TectofsError, OSError)):
+                raise ConnectionLost(f"reply not sent: {exc}") from None
+            raise
+        finally:
+            self.sending_file = False
 
     async def _writable(self, transport: asyncio.Transport) -> None:
         await self._can_write.wait()
@@ -286,6 +301,9 @@ class _ServerConnection(_FramedProtocol):
         log.warning("%s: closing connection from %s after protocol error: %s", self.server.name, self.peer, exc)
         assert self.transport is not None
         if self.transport.is_closing():
+            return
+        if self.sending_file:  # an error frame now would land inside the file's bytes
+            self.transport.abort()
             return
         code, message = to_wire(exc)
         try:
@@ -486,6 +504,7 @@ class RpcServer:
         self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
         self.address = ""
+        self.tls = False  # set by start(): connections use TLS (the bytes must pass through the transport)
         self.invalid_requests = 0
         self._invalid_log = RateLimitedLog(log, limits.peer_log_lines_per_s, f"invalid requests to the {name}")
 
@@ -518,9 +537,11 @@ class RpcServer:
         (``tectofs.tls``)."""
         loop = asyncio.get_running_loop()
         self.guard = ConnectionGuard(self, policy or ConnectionPolicy.from_env())
+        context = tls.server_context()
+        self.tls = context is not None
         self._server = await loop.create_server(
             lambda: _ServerConnection(self), host, port, reuse_address=True, backlog=limits.listen_backlog_max,
-            ssl=tls.server_context(),
+            ssl=context,
         )
         self.guard.start(self._server)
         sock_host, sock_port = self._server.sockets[0].getsockname()[:2]

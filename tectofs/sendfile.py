@@ -3,34 +3,45 @@
 A chunk server answering a large read would otherwise copy the chunk from the page cache into
 a buffer, check it, and copy it again into the socket. With a :class:`FileRegion` as the
 reply's payload the kernel moves the bytes from the page cache to the socket itself: no copy
-into Python, no check on the server. The reader checks every piece against the crcs sent with
-the reply and the whole chunk against the crc the metadata service recorded at write (end to
-end, as HDFS's datanodes serve reads), and reports a damaged chunk for rebuilding; the
-scrubber still re-reads every chunk in the background.
+into Python, no check on the server. Every reader of a chunk checks it against the crc the
+metadata service recorded at write (end to end, as HDFS's datanodes serve reads) and reports
+a damaged chunk for rebuilding; the scrubber still re-reads every chunk in the background.
 
-:func:`send_region` runs on a worker thread, on a duplicate of the connection's socket, while
-the event loop's transport has nothing buffered and the connection's send lock is held, so no
-other frame can interleave. TLS connections never take this path (the bytes must be
-encrypted): :func:`read_region` reads the region instead.
+:func:`send_region` runs on one of this module's own threads (:func:`pool`, never the event
+loop's default executor), on a duplicate of the connection's socket, while the transport has
+nothing buffered and the connection's send lock is held. At most
+``limits.send_file_regions_max`` regions are open in a process (:func:`try_open`): beyond that,
+and for peers too slow to take a region within its deadline, readers are served the ordinary
+way, so slow peers can never hold up others.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from . import limits
 from .errors import ChecksumMismatch, ConnectionLost, Timeout
+
+_lock = threading.Lock()
+_open_regions = 0
+_pool: ThreadPoolExecutor | None = None
 
 
 class FileRegion:
     """``length`` bytes of the open file ``fd`` from ``offset``, to be sent as a payload. Whoever
-    holds it owns ``fd``: :meth:`close` it once sent, or on any failure (idempotent)."""
+    holds it owns ``fd``: :meth:`close` it once sent, or on any failure (idempotent). Made by
+    :func:`try_open`, which counts it until it is closed."""
 
-    __slots__ = ("fd", "offset", "length")
+    __slots__ = ("fd", "offset", "length", "counted")
 
-    def __init__(self, fd: int, offset: int, length: int) -> None:
+    def __init__(self, fd: int, offset: int, length: int, counted: bool = False) -> None:
         self.fd, self.offset, self.length = fd, offset, length
+        self.counted = counted  # made by try_open: one of the regions open in this process
 
     def __len__(self) -> int:
         return self.length
@@ -39,42 +50,83 @@ class FileRegion:
         return self.length > 0
 
     def close(self) -> None:
+        global _open_regions
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)
+            if self.counted:
+                with _lock:
+                    _open_regions -= 1
 
     def __repr__(self) -> str:
         return f"FileRegion(fd={self.fd}, offset={self.offset}, length={self.length})"
 
 
-def send_region(sock_fd: int, region: FileRegion, timeout_s: float, closing: Callable[[], bool]) -> None:
-    """Send every byte of ``region`` on the (non-blocking) socket ``sock_fd``, waiting for room
-    at most ``timeout_s`` at a time. Blocks: call it on a worker thread. Raises Timeout when the
-    peer stops reading, ConnectionLost when ``closing()`` turns true or the socket fails, and
-    ChecksumMismatch when the file ends before the region does (the chunk was cut short on
-    disk). After any exception the frame is incomplete: the caller must drop the connection."""
-    poller = select.poll()
-    poller.register(sock_fd, select.POLLOUT)
-    offset, left = region.offset, region.length
-    while left:
-        if closing():
-            raise ConnectionLost("connection closed while sending a file")
-        try:
-            sent = os.sendfile(sock_fd, region.fd, offset, left)
-        except BlockingIOError:
-            if not poller.poll(int(timeout_s * 1000)):
-                raise Timeout(f"the peer took no data for {timeout_s:g} s") from None
-            continue
-        except OSError as exc:
-            raise ConnectionLost(f"sending a file: {exc}") from None
-        if sent == 0:
-            raise ChecksumMismatch(f"file ended {left} bytes before the region sent from it")
-        offset += sent
-        left -= sent
+def try_open(fd: int, offset: int, length: int) -> FileRegion | None:
+    """A region of ``fd`` (which it then owns), or None when ``limits.send_file_regions_max``
+    are open already: the caller then reads the bytes itself (and still owns ``fd``)."""
+    global _open_regions
+    with _lock:
+        if _open_regions >= limits.send_file_regions_max:
+            return None
+        _open_regions += 1
+    return FileRegion(fd, offset, length, counted=True)
+
+
+def open_regions() -> int:
+    """Regions open in this process now."""
+    return _open_regions
+
+
+def pool() -> ThreadPoolExecutor:
+    """The threads that run :func:`send_region` (one per region that can be open)."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(limits.send_file_regions_max, thread_name_prefix="tectofs-sendfile")
+        return _pool
+
+
+def deadline_s(length: int) -> float:
+    """How long sending ``length`` bytes may take: the stall allowance plus the bytes at the
+    minimum rate (a peer that trickles never holds a thread longer)."""
+    return limits.send_file_stall_s + length / limits.send_file_rate_min_bytes_per_s
+
+
+def send_region(sock_fd: int, region: FileRegion, closing: Callable[[], bool]) -> None:
+    """Send every byte of ``region`` on the (non-blocking) socket ``sock_fd``, then close
+    ``sock_fd`` (a duplicate this call owns, whatever happens). Blocks: run it on
+    :func:`pool`. Raises Timeout past :func:`deadline_s`, ConnectionLost when ``closing()``
+    turns true (checked at least every 0.1 s) or the socket fails, ChecksumMismatch when the
+    file ends before the region does. After any exception the frame is incomplete: the
+    caller must drop the connection."""
+    try:
+        poller = select.poll()
+        poller.register(sock_fd, select.POLLOUT)
+        deadline = time.monotonic() + deadline_s(region.length)
+        offset, left = region.offset, region.length
+        while left:
+            if closing():
+                raise ConnectionLost("connection closed while sending a file")
+            if time.monotonic() > deadline:
+                raise Timeout(f"the peer took {region.length - left} of {region.length} bytes in {deadline_s(region.length):.0f} s")
+            try:
+                sent = os.sendfile(sock_fd, region.fd, offset, left)
+            except BlockingIOError:
+                poller.poll(100)
+                continue
+            except OSError as exc:
+                raise ConnectionLost(f"sending a file: {exc}") from None
+            if sent == 0:
+                raise ChecksumMismatch(f"file ended {left} bytes before the region sent from it")
+            offset += sent
+            left -= sent
+    finally:
+        os.close(sock_fd)
 
 
 def read_region(region: FileRegion) -> bytearray:
-    """The region's bytes, read (where they cannot be sent from the file: TLS)."""
+    """The region's bytes, read (where they cannot leave by sendfile: a TLS connection)."""
     out = bytearray(region.length)
     view, done = memoryview(out), 0
     while done < region.length:

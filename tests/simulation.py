@@ -172,7 +172,8 @@ class ChunkServer:
         return list(self.disk)
 
     def read(self, block_id: int) -> Chunk:
-        """A verified chunk, as ``get_chunk`` serves it."""
+        """A verified chunk, as ``get_chunk`` serves a small one (the simulation's chunks are far
+        under ``limits.chunk_sendfile_min_bytes``, above which the reader alone checks)."""
         chunk = self.disk.get(block_id)
         if chunk is None:
             raise ChunkMissing(f"chunk {block_id:x} is not stored on {self.address}")

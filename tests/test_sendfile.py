@@ -72,7 +72,7 @@ def test_a_region_arrives_whole_and_a_short_file_drops_only_its_connection(tmp_p
     assert all(region.fd == -1 for region in handler.opened)  # every descriptor closed, sent or not
 
 
-def test_send_region_says_when_the_file_is_short(tmp_path) -> None:
+def test_send_region_says_when_the_file_is_short_and_closes_its_socket(tmp_path) -> None:
     import socket
 
     path = tmp_path / "short"
@@ -80,14 +80,86 @@ def test_send_region_says_when_the_file_is_short(tmp_path) -> None:
     a, b = socket.socketpair()
     a.setblocking(False)
     region = FileRegion(os.open(path, os.O_RDONLY), 0, 200)
+    dup = os.dup(a.fileno())
     try:
         with pytest.raises(ChecksumMismatch, match="ended 100 bytes before"):
-            send_region(a.fileno(), region, 5.0, lambda: False)
+            send_region(dup, region, lambda: False)
         assert b.recv(1000) == b"x" * 100
+        with pytest.raises(OSError):
+            os.fstat(dup)  # send_region owns the duplicate it was given
     finally:
         region.close()
         a.close()
         b.close()
+
+
+def test_a_peer_that_stops_reading_is_dropped_and_never_holds_up_others(tmp_path, monkeypatch) -> None:
+    """A region to a peer that reads nothing ends at its deadline (stall allowance + bytes at
+    the minimum rate) with that connection aborted; meanwhile other clients are served."""
+    import socket
+
+    from tectofs.protocol import PROTOCOL_VERSION, FrameKind, encode_frame
+
+    monkeypatch.setattr(limits, "send_file_stall_s", 1.0)
+    monkeypatch.setattr(limits, "send_file_rate_min_bytes_per_s", 64 * MiB)
+    path = tmp_path / "sparse"
+    with open(path, "wb") as f:
+        f.truncate(64 * MiB)  # more than any socket buffer takes
+    handler = _FileServer(str(path))
+
+    async def main() -> float:
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        address = await server.start("127.0.0.1", 0)
+        host, port = address.rsplit(":", 1)
+        client = RpcClient(connections_per_server=1)
+        loop = asyncio.get_running_loop()
+        try:
+            handler.region = (0, 64 * MiB)
+            stuck = socket.create_connection((host, int(port)))
+            stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stuck.sendall(encode_frame(FrameKind.REQUEST, 1, {"op": "hello", "role": "tool", "version": PROTOCOL_VERSION})
+                          + encode_frame(FrameKind.REQUEST, 2, {"op": "ping"}))
+            started = loop.time()
+            await asyncio.sleep(0.5)
+            handler.region = (0, 4096)
+            _, payload = await asyncio.wait_for(client.call(address, "ping", idempotent=True), 5)  # served meanwhile
+            assert bytes(payload) == bytes(4096)
+            while handler.opened[0].fd != -1:  # the stuck one's region: closed at its deadline
+                assert loop.time() - started < 10, "a peer that reads nothing held its region past the deadline"
+                await asyncio.sleep(0.05)
+            elapsed = loop.time() - started
+            stuck.setblocking(False)
+            with pytest.raises((ConnectionResetError, BlockingIOError)):  # aborted: reset, or data then EOF
+                while stuck.recv(1 << 20):
+                    pass
+            stuck.close()
+            return elapsed
+        finally:
+            await client.close()
+            await server.close()
+
+    elapsed = asyncio.run(main())
+    assert 1.5 < elapsed < 10
+
+
+def test_regions_are_bounded_per_process_beyond_which_reads_are_checked_here(tmp_path, monkeypatch) -> None:
+    from tectofs import checksum, sendfile
+    from tectofs.server.chunk.storage import ChunkStore
+
+    monkeypatch.setattr(limits, "send_file_regions_max", 1)
+    store = ChunkStore(str(tmp_path))
+    data = os.urandom(2 * MiB)
+    store.write(1, 0, memoryview(data), checksum.piece_crcs(data), checksum.crc(data))
+    first, crcs, _ = store.serve(1, 0, -1, bytearray, MiB)
+    assert isinstance(first, FileRegion) and crcs == checksum.piece_crcs(data)
+    second, _, _ = store.serve(1, 0, -1, bytearray, MiB)  # one open already: read and verified here
+    assert not isinstance(second, FileRegion) and bytes(second) == data
+    first.close()
+    first.close()  # idempotent, counted once
+    assert sendfile.open_regions() == 0
+    third, _, _ = store.serve(1, 65536, MiB, bytearray, MiB)
+    assert isinstance(third, FileRegion) and (third.offset, third.length) == (65536, MiB)
+    third.close()
 
 
 def test_large_chunks_are_sent_from_their_files_and_damage_is_still_caught(make_cluster) -> None:

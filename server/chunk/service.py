@@ -4,8 +4,10 @@ RPC operations (``messages.CHUNK_OPERATIONS``; requests arrive validated):
 
 - ``put_chunk`` + payload: verified, stored durably, then acknowledged. Answered BUSY,
   before the payload is buffered, while ``inflight_bytes_max`` is reached.
-- ``get_chunk`` -> ``GetChunkReply`` + payload; every piece returned was verified against
-  its stored crc.
+- ``get_chunk`` -> ``GetChunkReply`` + payload. Ranges under ``limits.chunk_sendfile_min_bytes``,
+  packed chunks and reads over TLS are verified here against the stored crcs; larger ranges of
+  chunk files leave unread by sendfile (``tectofs.sendfile``): every reader checks a chunk
+  against the crc the metadata service recorded at write, end to end.
 - ``delete_chunks`` (cluster members only: the metadata service's GC), ``stat``, ``ping``.
 
 Who may: peers that proved the cluster key in their hello (the metadata service, other chunk
@@ -295,8 +297,15 @@ class ChunkServer:
         try:
             # Large ranges go from the page cache to the socket unread (sendfile; the reader
             # checks them end to end); smaller ones are read and checked here.
-            data, crcs, info = await self._in_thread(self.store.serve, r.block_id, r.offset, r.length, self.buffers.get,
-                                                     limits.chunk_sendfile_min_bytes)
+            # (Not over TLS: those bytes must pass through the transport, so they are checked here.)
+            region_min = None if self.rpc.tls else limits.chunk_sendfile_min_bytes
+            reading = asyncio.get_running_loop().run_in_executor(
+                self._io, self.store.serve, r.block_id, r.offset, r.length, self.buffers.get, region_min)
+            try:
+                data, crcs, info = await asyncio.shield(reading)
+            except asyncio.CancelledError:  # a region it opened must not leak its descriptor
+                reading.add_done_callback(_release_unsent)
+                raise
         except ChunkMissing:
             asyncio.get_running_loop().create_task(self.inventory.report_missing(r.block_id))
             raise
@@ -417,3 +426,11 @@ def _lock_data_dir(data_dir: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _release_unsent(reading: "asyncio.Future[Any]") -> None:
+    """Close the file region of a read whose request was cancelled before it was answered."""
+    if not reading.cancelled() and reading.exception() is None:
+        data = reading.result()[0]
+        if isinstance(data, FileRegion):
+            data.close()

@@ -18,8 +18,9 @@ faster on a disk shared with other writers (syncfs flushes their data too: 0.97x
 0.48x at 256 KiB chunks); it is meant for a dedicated data device. ``sync="none"`` skips
 both (benchmarks of the network path only). A crash leaves no acknowledged chunk behind; an
 unacknowledged one may be torn, fails its footer or piece checks, and is overwritten if the
-writer retries (``.tmp`` leftovers are removed at start). Every read verifies the crc of each piece it
-returns, so a flipped bit on disk is reported and never served.
+writer retries (``.tmp`` leftovers are removed at start). ``read`` verifies the crc of each piece it
+returns, so a flipped bit on disk is reported and never served; ``serve`` may instead hand back
+a large range unread, for sendfile, whose reader checks it end to end.
 
 With ``pack_max_bytes`` (``tectofs chunk --pack-max``), chunks up to that size are instead
 records in segment files under ``<data dir>/packs`` (``packs.py``): one fdatasync per batch
@@ -38,9 +39,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from tectofs import checksum, limits
+from tectofs import checksum, limits, sendfile
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, InvalidArgument, NoSpace
-from tectofs.sendfile import FileRegion
 
 from . import pieces
 from .chunkinfo import ChunkInfo
@@ -331,17 +331,20 @@ class ChunkStore:
     ) -> tuple[Any, list[int], ChunkInfo]:
         """``read``, except that a range of a chunk file of at least ``region_min_bytes`` comes
         back unread, as a :class:`~tectofs.sendfile.FileRegion` the caller owns (and closes)
-        instead of data: its footer is checked, its data not. Whoever reads it checks it
-        against the piece crcs returned with it (a chunk server's reader does, end to end).
-        Packed chunks and smaller ranges are read and verified as by ``read``."""
+        instead of data: its footer is checked, its data not (every reader of a chunk checks
+        it end to end against the crc recorded at write). Packed chunks, smaller ranges, and
+        any range while ``limits.send_file_regions_max`` regions are open are read and
+        verified as by ``read``."""
         def in_file() -> tuple[Any, list[int], ChunkInfo]:
             fd = self._open(block_id)
             try:
                 info = self._info(fd, block_id)
                 end = pieces.range_end(info, offset, length)
                 if region_min_bytes is not None and end - offset >= region_min_bytes:
-                    region, fd = FileRegion(fd, offset, end - offset), -1  # the region owns fd now
-                    return region, pieces.range_crcs(info, offset, end), info
+                    region = sendfile.try_open(fd, offset, end - offset)
+                    if region is not None:  # it owns fd now (None: too many open; read it here)
+                        fd = -1
+                        return region, pieces.range_crcs(info, offset, end), info
                 buffer, crcs = pieces.read_range(fd, info, 0, offset, length, allocate)
             finally:
                 if fd >= 0:
