@@ -191,8 +191,7 @@ class _FramedProtocol(asyncio.BufferedProtocol):
                     transport.write(head)
                     transport.write(payload)
                     return
-                transport.write(head)
-                await self._send_file(transport, payload)
+                await self._send_file(transport, head, payload)
             return
         view = memoryview(payload).cast("B") if payload else None
         # The transport copies what the socket does not take at once into a bytearray and
@@ -209,25 +208,26 @@ class _FramedProtocol(asyncio.BufferedProtocol):
                     await self._writable(transport)
                 transport.write(view[offset : offset + _SEND_SLICE_BYTES])
 
-    async def _send_file(self, transport: asyncio.Transport, region: FileRegion) -> None:
-        """The payload of a frame whose header was just written, from a file: sendfile(2) on a
-        thread of ``tectofs.sendfile.pool`` once the transport's buffer is empty (the send lock
-        is held and ``sending_file`` makes error paths abort rather than write, so nothing else
-        reaches the socket meanwhile). Whatever goes wrong after the header — a stalled or
-        too slow peer, a short file, a cancellation — the frame is incomplete: the connection
-        is aborted and ConnectionLost raised; a cancelled send waits for its thread first."""
+    async def _send_file(self, transport: asyncio.Transport, head: bytes, region: FileRegion) -> None:
+        """A frame whose payload comes from a file: once the transport's buffer is empty (the
+        send lock is held and ``sending_file`` makes error paths abort rather than write, so
+        nothing else reaches the socket meanwhile), a thread of ``tectofs.sendfile.pool``
+        writes the header and sendfile(2)s the region, waiting for room with poll(2). Whatever
+        goes wrong — a stalled or too slow peer, a short file, a cancellation — the frame is
+        incomplete: the connection is aborted and ConnectionLost raised; a cancelled send waits
+        for its thread first."""
         self.sending_file = True
         try:
             deadline = time.monotonic() + limits.send_file_stall_s
             pause = 0.0005
-            while transport.get_write_buffer_size():  # the header (and earlier frames) must leave first
+            while transport.get_write_buffer_size():  # earlier frames must leave first (usually none)
                 if transport.is_closing() or time.monotonic() > deadline:
                     raise ConnectionLost("the peer stopped reading before a file could be sent")
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.02)
             sock = transport.get_extra_info("socket")
             sending = asyncio.get_running_loop().run_in_executor(
-                sendfile_pool(), send_region, os.dup(sock.fileno()), region, transport.is_closing)
+                sendfile_pool(), send_region, os.dup(sock.fileno()), head, region, transport.is_closing)
             try:
                 await asyncio.shield(sending)
             except asyncio.CancelledError:

@@ -93,17 +93,27 @@ def deadline_s(length: int) -> float:
     return limits.send_file_stall_s + length / limits.send_file_rate_min_bytes_per_s
 
 
-def send_region(sock_fd: int, region: FileRegion, closing: Callable[[], bool]) -> None:
-    """Send every byte of ``region`` on the (non-blocking) socket ``sock_fd``, then close
-    ``sock_fd`` (a duplicate this call owns, whatever happens). Blocks: run it on
-    :func:`pool`. Raises Timeout past :func:`deadline_s`, ConnectionLost when ``closing()``
-    turns true (checked at least every 0.1 s) or the socket fails, ChecksumMismatch when the
-    file ends before the region does. After any exception the frame is incomplete: the
-    caller must drop the connection."""
+def send_region(sock_fd: int, head: bytes, region: FileRegion, closing: Callable[[], bool]) -> None:
+    """Send ``head`` (the frame's header), then every byte of ``region``, on the (non-blocking)
+    socket ``sock_fd``; then close ``sock_fd`` (a duplicate this call owns, whatever happens).
+    Blocks: run it on :func:`pool`. Raises Timeout past :func:`deadline_s`, ConnectionLost when
+    ``closing()`` turns true (checked at least every 0.1 s) or the socket fails,
+    ChecksumMismatch when the file ends before the region does. After any exception the
+    frame may be incomplete: the caller must drop the connection."""
     try:
         poller = select.poll()
         poller.register(sock_fd, select.POLLOUT)
-        deadline = time.monotonic() + deadline_s(region.length)
+        deadline = time.monotonic() + deadline_s(region.length + len(head))
+        view = memoryview(head)
+        while view:
+            if closing() or time.monotonic() > deadline:
+                raise ConnectionLost("connection closed, or the peer took nothing, before a file could be sent")
+            try:
+                view = view[os.write(sock_fd, view):]
+            except BlockingIOError:
+                poller.poll(100)
+            except OSError as exc:
+                raise ConnectionLost(f"sending a frame header: {exc}") from None
         offset, left = region.offset, region.length
         while left:
             if closing():

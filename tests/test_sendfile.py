@@ -83,8 +83,8 @@ def test_send_region_says_when_the_file_is_short_and_closes_its_socket(tmp_path)
     dup = os.dup(a.fileno())
     try:
         with pytest.raises(ChecksumMismatch, match="ended 100 bytes before"):
-            send_region(dup, region, lambda: False)
-        assert b.recv(1000) == b"x" * 100
+            send_region(dup, b"head", region, lambda: False)
+        assert b.recv(1000) == b"head" + b"x" * 100
         with pytest.raises(OSError):
             os.fstat(dup)  # send_region owns the duplicate it was given
     finally:
