@@ -1,9 +1,14 @@
-"""Reed-Solomon encode speed by segment size: why tectofs encodes a block in 2 MiB segments.
+"""Reed-Solomon speed: why tectofs encodes a block in 2 MiB segments, and how it decodes one
+with data chunks missing.
 
     python bench/erasure_segments.py --block 64M --policy 'rs(4,2)'
 
 Encodes the same block with pyeclib/ISA-L once whole and in segments of 1, 2, 4 and 8 MiB
-(best of 3 each) and prints GB/s and the ratio to the whole-block call.
+(best of 3 each) and prints GB/s and the ratio to the whole-block call. Then decodes a block
+with its first ``m`` data chunks missing (a degraded read), segment by segment, both with
+pyeclib's ``decode`` and as ``tectofs.erasure.decode_into`` does (``reconstruct`` of the
+missing fragments only), each in a fresh process, checks both give the block back, and
+prints CPU seconds per GB of the first pass and of the best of 3.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import parse_size  # noqa: E402
 
-from tectofs.erasure import _driver
-from tectofs.policy import parse
+from tectofs import erasure  # noqa: E402
+from tectofs.erasure import _driver, _fragment_size, _segments  # noqa: E402
+from tectofs.policy import parse  # noqa: E402
 
 
 def encode_s(block: bytes, segment: int, k: int, m: int) -> float:
@@ -31,11 +37,57 @@ def encode_s(block: bytes, segment: int, k: int, m: int) -> float:
     return best
 
 
+def decode_s(length: int, policy_text: str, how: str) -> tuple[float, float]:
+    """CPU seconds to decode a block of ``length`` random bytes with its first ``m`` data
+    chunks missing, first pass and best of 3: with pyeclib's ``decode`` of every segment
+    (``how="decode"``) or with ``erasure.decode_into`` (reconstruct of the missing fragments)."""
+    policy = parse(policy_text)
+    k, m = policy.data, policy.redundancy
+    block = os.urandom(length)
+    chunks = erasure.encode(policy, block)
+    got: dict[int, erasure.Buffer] = {p: memoryview(chunks[p]) for p in range(m, k + m)}
+    out = memoryview(bytearray(length))
+    driver = _driver(k, m)
+
+    def with_decode() -> None:
+        position = 0
+        for offset, n in _segments(length):
+            f = _fragment_size(k, m, n)
+            fragments = [memoryview(v)[position : position + f].tobytes() for v in got.values()]
+            out[offset : offset + n] = driver.decode(fragments)[:n]
+            position += f
+
+    decode = with_decode if how == "decode" else (lambda: erasure.decode_into(policy, got, out))
+    times = []
+    for _ in range(3):
+        out[:] = bytes(length)
+        started = time.process_time()
+        decode()
+        times.append(time.process_time() - started)
+        if bytes(out) != block:
+            raise SystemExit(f"{how}: the block did not come back")
+    return times[0], min(times)
+
+
+def _decode_in_child(length: int, policy_text: str, how: str) -> tuple[float, float]:
+    """``decode_s`` in a fresh process (the allocator's state changes what pyeclib pays)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--decode", how, "--block", str(length),
+                           "--policy", policy_text], capture_output=True, text=True, check=True)
+    first, best = done.stdout.split()
+    return float(first), float(best)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block", type=parse_size, default=parse_size("64M"))
     parser.add_argument("--policy", default="rs(4,2)")
+    parser.add_argument("--decode", choices=("decode", "decode_into"), help=argparse.SUPPRESS)  # a child's part
     args = parser.parse_args()
+    if args.decode:
+        print(*decode_s(args.block, args.policy, args.decode))
+        return
     policy = parse(args.policy)
     block = os.urandom(args.block)
     whole = encode_s(block, len(block), policy.data, policy.redundancy)
@@ -43,6 +95,12 @@ def main() -> None:
     for mib in (1, 2, 4, 8):
         t = encode_s(block, mib << 20, policy.data, policy.redundancy)
         print(f"{mib} MiB segments: {len(block) / t / 1e9:.2f} GB/s ({whole / t:.1f}x the whole-block call)")
+    gb = args.block / 1e9
+    print(f"degraded decode ({policy.redundancy} data chunks missing), CPU s per GB, each in a fresh process, "
+          f"first pass / best of 3:")
+    for how, what in (("decode", "pyeclib decode of every segment"), ("decode_into", "reconstruct of the missing fragments")):
+        first, best = _decode_in_child(args.block, args.policy, how)
+        print(f"  {what}: {first / gb:.2f} / {best / gb:.2f}")
 
 
 if __name__ == "__main__":

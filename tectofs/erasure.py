@@ -9,7 +9,8 @@ from the block length alone.
 
 The code is systematic: fragment ``i < k`` holds, after pyeclib's 80-byte header, bytes
 ``[i*p, (i+1)*p)`` of its segment. With every data chunk present, decoding is a copy; with
-any missing, each segment goes through pyeclib's decoder. pyeclib holds the GIL: callers
+any missing, pyeclib's reconstruct rebuilds just those fragments of each segment, then it is
+a copy again. pyeclib holds the GIL: callers
 run these functions off the event loop.
 """
 
@@ -101,22 +102,26 @@ def decode_into(policy: Policy, chunks: dict[int, Buffer], out: memoryview) -> N
     for p, v in views.items():
         if len(v) != expected:
             raise DataUnavailable(f"chunk {p} has {len(v)} bytes where {expected} are expected")
-    systematic = all(p in views for p in range(k))
+    # Data chunks that are missing are rebuilt segment by segment with pyeclib's reconstruct
+    # (ISA-L recomputes only them: 0.1 s per GB here, where its decode of the whole segment
+    # took 1.2-1.9 s); then every segment is the concatenation of its data fragments' payloads.
+    lost = sorted(set(range(k)) - views.keys())
     driver = _driver(k, m)
+    payload_at = FRAGMENT_HEADER_BYTES
     position = 0
     for offset, n in _segments(length):
         f = _fragment_size(k, m, n)
-        if systematic:
-            payload = f - FRAGMENT_HEADER_BYTES
-            for i in range(k):
-                start = offset + i * payload
-                take = max(0, min(payload, offset + n - start))
-                if take:
-                    base = position + FRAGMENT_HEADER_BYTES
-                    out[start : start + take] = views[i][base : base + take]
-        else:
+        data = {i: views[i][position : position + f] for i in range(k) if i in views}
+        if lost:
             fragments = [v[position : position + f].tobytes() for v in views.values()]
-            out[offset : offset + n] = driver.decode(fragments)[:n]
+            # (pyeclib sorts the list it is given and answers in that order: it gets a copy)
+            data.update(zip(lost, (memoryview(r) for r in driver.reconstruct(fragments, list(lost)))))
+        payload = f - FRAGMENT_HEADER_BYTES
+        for i in range(k):
+            start = offset + i * payload
+            take = max(0, min(payload, offset + n - start))
+            if take:
+                out[start : start + take] = data[i][payload_at : payload_at + take]
         position += f
 
 
@@ -128,12 +133,13 @@ def reconstruct(policy: Policy, chunks: dict[int, Buffer], missing: Sequence[int
     k, m = policy.data, policy.redundancy
     driver = _driver(k, m)
     views = [memoryview(c).cast("B") for c in chunks.values()]
-    rebuilt = {p: bytearray() for p in missing}
+    wanted = sorted(set(missing))  # pyeclib answers in sorted order (and sorts the list it is given)
+    rebuilt = {p: bytearray() for p in wanted}
     position = 0
     for _, n in _segments(block_length):
         f = _fragment_size(k, m, n)
         fragments = [v[position : position + f].tobytes() for v in views]
-        for p, fragment in zip(missing, driver.reconstruct(fragments, list(missing))):
+        for p, fragment in zip(wanted, driver.reconstruct(fragments, list(wanted))):
             rebuilt[p] += fragment
         position += f
     return rebuilt

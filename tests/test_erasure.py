@@ -44,6 +44,21 @@ def test_reconstruct_rebuilds_the_lost_chunks_exactly(length):
     assert bytes(rebuilt[0]) == bytes(chunks[0]) and bytes(rebuilt[2]) == bytes(chunks[2])
 
 
+@pytest.mark.parametrize("length", [1, SEGMENT - 1, 3 * SEGMENT + 12345])
+def test_every_subset_of_k_chunks_decodes_and_rebuilds_in_any_order(length):
+    """Every way of losing two chunks of rs(4,2), whichever order the survivors and the
+    losses are named in (pyeclib answers in sorted order)."""
+    policy = parse("rs(4,2)")
+    data = os.urandom(length)
+    chunks = erasure.encode(policy, data)
+    for subset in itertools.combinations(range(policy.width), policy.data):
+        survivors = {p: chunks[p] for p in reversed(subset)}
+        assert _decode(policy, survivors, length) == data, subset
+        lost = sorted(set(range(policy.width)) - set(subset), reverse=True)
+        rebuilt = erasure.reconstruct(policy, survivors, lost, length)
+        assert {p: bytes(c) for p, c in rebuilt.items()} == {p: bytes(chunks[p]) for p in lost}, subset
+
+
 def test_replication_and_too_few_chunks():
     rep = parse("rep(3)")
     data = os.urandom(1000)
