@@ -183,16 +183,14 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             raise ConnectionLost("connection closed")
         if isinstance(payload, FileRegion):
-            async with self._send_lock:
-                await self._writable(transport)
-                if transport.get_extra_info("ssl_object") is not None:  # TLS: the bytes must be encrypted
-                    payload = memoryview(await asyncio.get_running_loop().run_in_executor(
-                        sendfile_pool(), read_region, payload))
-                    transport.write(head)
-                    transport.write(payload)
-                    return
-                await self._send_file(transport, head, payload)
-            return
+            if transport.get_extra_info("ssl_object") is None:
+                async with self._send_lock:
+                    await self._writable(transport)
+                    await self._send_file(transport, head, payload)
+                return
+            # TLS: the bytes must pass through the encrypting transport (the caller still
+            # owns and closes the region)
+            payload = await asyncio.get_running_loop().run_in_executor(sendfile_pool(), read_region, payload)
         view = memoryview(payload).cast("B") if payload else None
         # The transport copies what the socket does not take at once into a bytearray and
         # memmoves it forward after every send: handing it a 16 MiB payload costs far more

@@ -72,6 +72,37 @@ def test_a_region_arrives_whole_and_a_short_file_drops_only_its_connection(tmp_p
     assert all(region.fd == -1 for region in handler.opened)  # every descriptor closed, sent or not
 
 
+def test_over_tls_a_region_is_read_and_encrypted(tmp_path, monkeypatch) -> None:
+    """sendfile would bypass TLS: a region answered on a TLS connection goes through the
+    transport instead, and its descriptor is still closed."""
+    from tectofs import tls
+
+    files = tls.make_test_certificates(str(tmp_path / "tls"))
+    monkeypatch.setenv(tls.CERT_ENV, files["cert"])
+    monkeypatch.setenv(tls.KEY_ENV, files["key"])
+    monkeypatch.setenv(tls.CA_ENV, files["ca"])
+    data = os.urandom(3 * MiB + 5)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    handler = _FileServer(str(path))
+    handler.region = (7, len(data) - 7)
+
+    async def main() -> bytes:
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        address = await server.start("127.0.0.1", 0)
+        assert server.tls
+        client = RpcClient(connections_per_server=1)
+        try:
+            _, payload = await client.call(address, "ping", idempotent=True)
+            return bytes(payload)
+        finally:
+            await client.close()
+            await server.close()
+
+    assert asyncio.run(main()) == data[7:]
+    assert [region.fd for region in handler.opened] == [-1]
+
+
 def test_send_region_says_when_the_file_is_short_and_closes_its_socket(tmp_path) -> None:
     import socket
 
