@@ -127,6 +127,22 @@ class StoreContract:
         with pytest.raises(errors.NoSpace, match="at least 5 live chunk servers .*, 3 are live"):
             store.allocate(f["ino"], 1)
 
+    def test_a_new_server_at_an_address_replaces_the_one_registered_there(self, store):
+        """A chunk server restarted on a fresh disk registers under a new uuid at the old
+        address: the old registration is dead at once, so one block can never be given two
+        positions on the one process listening there."""
+        ids = self._servers(store, 6)
+        new = store.register_server("uuid-fresh-disk", "127.0.0.1:1002", 1 << 40, 0)
+        live = {s["server_id"]: s["address"] for s in store.servers() if s["live"]}
+        assert new not in ids and ids[2] not in live and live[new] == "127.0.0.1:1002"
+        assert len(set(live.values())) == len(live) == 6
+        f = store.create(["f"])
+        (b,) = store.allocate(f["ino"], 1)
+        assert len({s["address"] for s in b["servers"]}) == len(b["servers"])
+        # the old server re-registering by its uuid at a new address comes back
+        assert store.register_server("uuid-2", "127.0.0.1:2002", 1 << 40, 0) == ids[2]
+        assert ids[2] in {s["server_id"] for s in store.servers() if s["live"]}
+
     def test_degraded_allocation_and_commit(self, store):
         ids = self._servers(store, 5)  # rs(4,2) writes degraded with 5: k+1
         f = store.create(["f"])

@@ -32,6 +32,11 @@ class ServersAndLeases(StoreParts):
             )
             return int(row[0])
         (server_id,) = self._one("SELECT COALESCE(MAX(server_id), 0) + 1 FROM servers")
+        # Only one process listens at an address: a server registered there under another
+        # uuid is gone (its data directory replaced), not merely late with its heartbeat.
+        # Left live until it missed its heartbeats, it could be given a second position of
+        # the same block as this one, which the process at that address refuses.
+        self._x("UPDATE servers SET last_heartbeat = 0 WHERE address = ? AND uuid <> ?", (address, uuid))
         self._x(
             "INSERT INTO servers (server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat,"
             " registered, metrics_url) VALUES (?, ?, ?, ?, ?, 0, 0, ?, ?, ?)",
