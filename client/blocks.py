@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
+import time
 from concurrent.futures import Executor
 from typing import Any, Awaitable, Callable
 
@@ -58,7 +59,8 @@ class BlockIO:
         self.executor = executor
         self.metrics = metrics
         self.stats = {"degraded_reads": 0, "degraded_writes": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
-                      "bad_chunks": 0, "checksum_failures": 0}
+                      "bad_chunks": 0, "checksum_failures": 0, "skipped_down_servers": 0}
+        self.down = DownServers()
 
     def _note(self, event: str) -> None:
         self.stats[event] += 1
@@ -245,7 +247,11 @@ class BlockIO:
         ``self.buffers.put`` when done."""
         policy = parse_policy(block.policy)
         by_position = {c.position: c for c in block.chunks}
-        candidates = sorted(by_position)  # data chunks first: with all of them, decoding is a copy
+        # Data chunks first (with all of them, decoding is a copy), but chunks on servers this
+        # client just found down last: parity from live servers stands in at once, without a
+        # failed connection and its retry per block. They are still tried if nothing else is left.
+        known_down = {p for p, c in by_position.items() if self.down.is_down(c.address)}
+        candidates = sorted(by_position, key=lambda p: (p in known_down, p))
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
         corrupt: list[int] = []
@@ -298,6 +304,8 @@ class BlockIO:
                         failed[position] = str(exc)
                         if isinstance(exc, ChunkMissing):
                             missing.append(position)
+                        elif isinstance(exc, (ConnectionLost, Timeout)):
+                            self.down.mark(by_position[position].address)
                     else:
                         raise exc
         finally:
@@ -306,7 +314,10 @@ class BlockIO:
                 task.add_done_callback(consume_outcome)  # a stand-in that failed after we stopped waiting
         for position in list(got)[policy.needed :]:  # a hedge and its original both arrived
             self.buffers.put(got.pop(position))
-        if failed:
+        skipped = {p for p in known_down if p not in got and p not in failed and p < policy.needed}
+        if skipped:
+            self._note("skipped_down_servers")
+        if failed or skipped:
             self._note("degraded_reads")
             for position in failed:
                 kind = "corrupt" if position in corrupt else "missing" if position in missing else "unreachable"
@@ -336,6 +347,7 @@ class BlockIO:
         if block.cap is not None:
             request["cap"] = messages.to_plain(block.cap)
         header, payload = await self.rpc.call(chunk.address, "get_chunk", request, idempotent=True, retries_max=1)
+        self.down.answered(chunk.address)
         if len(payload) != chunk.length:
             self.buffers.put(payload)
             raise ChecksumMismatch(f"chunk of {len(payload)} bytes where {chunk.length} were written")
@@ -357,6 +369,33 @@ class BlockIO:
             )
         except TectofsError:
             pass
+
+
+class DownServers:
+    """Chunk servers this client recently failed to reach (connection refused, lost or timed
+    out), so that reads try other chunks first for ``limits.server_down_memo_s``. Advice only:
+    a server marked down is still asked when no other chunk is left, and any answer from it
+    clears the mark."""
+
+    def __init__(self, memo_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.memo_s = limits.server_down_memo_s if memo_s is None else memo_s
+        self.clock = clock
+        self._until: dict[str, float] = {}
+
+    def mark(self, address: str | None) -> None:
+        if address:
+            self._until[address] = self.clock() + self.memo_s
+
+    def answered(self, address: str) -> None:
+        self._until.pop(address, None)
+
+    def is_down(self, address: str | None) -> bool:
+        if not address or address not in self._until:
+            return False
+        if self.clock() >= self._until[address]:
+            del self._until[address]
+            return False
+        return True
 
 
 def consume_outcome(task: "asyncio.Task[Any]") -> None:

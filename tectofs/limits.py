@@ -118,6 +118,7 @@ spare_servers_per_block = 2               # extra placements handed out for hedg
 hedge_after_min_s = 1.0                   # never hedge a chunk put younger than this
 hedge_slowdown_factor = 4.0               # hedge when a put runs this many times the median of its block
 hedge_check_interval_s = 0.25
+server_down_memo_s = 10.0                 # a client reads around a chunk server it failed to reach for this long
 placement_attempts_max = 3                # fresh placements asked for one block before NoSpace
 
 # Failover and exactly-once

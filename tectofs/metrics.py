@@ -223,6 +223,8 @@ class ClientMetrics:
             "checksum_failures": counter("tectofs_client_checksum_failures",
                                          "chunks read that failed their checksum (read around, reported)"),
             "bad_chunks": counter("tectofs_client_bad_chunk_reports", "bad chunks reported to the metadata service"),
+            "skipped_down_servers": counter("tectofs_client_reads_around_down_servers",
+                                            "blocks read from parity without asking a chunk server found down moments before"),
         }
 
     def meta_done(self, op: str, outcome: str, seconds: float) -> None:

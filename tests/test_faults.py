@@ -198,3 +198,40 @@ def test_hung_server_is_hedged_around_for_reads_and_writes(make_cluster):
         assert elapsed < 30, f"took {elapsed:.1f}s: waited for timeouts instead of hedging"
     finally:
         victim.send_signal(signal.SIGCONT)
+
+
+def test_reads_go_around_a_server_found_down_without_asking_it_again(make_cluster):
+    c = make_cluster()
+    data = os.urandom(16 * MiB)  # 16 blocks of rs(4,2) over 6 servers: every block has a chunk on each
+    c.fs.write_bytes("/around", data)
+    c.kill_chunk_server(0)
+    stats = c.fs.aio.blocks.stats
+    assert c.fs.read_bytes("/around") == data  # finds server 0 down (and reports it)
+    reports, skipped, degraded = stats["bad_chunks"], stats["skipped_down_servers"], stats["degraded_reads"]
+    assert reports >= 1
+    assert c.fs.read_bytes("/around") == data
+    assert stats["bad_chunks"] == reports, "asked the server it had just found down again"
+    assert stats["skipped_down_servers"] - skipped == stats["degraded_reads"] - degraded >= 1, stats
+    c.restart_chunk(0)
+    later = time.monotonic() + 3600
+    c.fs.aio.blocks.down.clock = lambda: later  # the memo has run out: the restarted server is asked again
+    skipped, degraded = stats["skipped_down_servers"], stats["degraded_reads"]
+    assert c.fs.read_bytes("/around") == data
+    assert (stats["skipped_down_servers"], stats["degraded_reads"]) == (skipped, degraded)
+
+
+def test_down_server_memo_expires_and_clears_on_an_answer():
+    from tectofs.client.blocks import DownServers
+
+    now = [100.0]
+    down = DownServers(memo_s=10.0, clock=lambda: now[0])
+    down.mark("127.0.0.1:1")
+    down.mark("")  # a chunk without an address is not a server
+    assert down.is_down("127.0.0.1:1") and not down.is_down("127.0.0.1:2") and not down.is_down("")
+    now[0] = 109.9
+    assert down.is_down("127.0.0.1:1")
+    now[0] = 110.0
+    assert not down.is_down("127.0.0.1:1")
+    down.mark("127.0.0.1:1")
+    down.answered("127.0.0.1:1")
+    assert not down.is_down("127.0.0.1:1")
