@@ -35,6 +35,7 @@ from tectofs.errors import (
 from tectofs.metrics import ClientMetrics
 from tectofs.policy import parse as parse_policy
 from tectofs.rpc import RpcClient
+from tectofs.rpc_client import ReplySink
 
 log = logging.getLogger("tectofs.client")
 
@@ -244,14 +245,21 @@ class BlockIO:
 
         The block is decoded into ``into`` (exactly the block's length) when given, saving a
         copy; otherwise into a buffer of the pool, which the caller gives back with
-        ``self.buffers.put`` when done."""
+        ``self.buffers.put`` when done. The data chunks of an rs block are received straight
+        into their place there (``erasure.InPlaceChunk``): with all of them, nothing is copied.
+        Nothing writes into ``into`` once this returns or raises."""
         policy = parse_policy(block.policy)
+        if into is not None and len(into) != block.length:
+            raise InvalidArgument(f"decode target of {len(into)} bytes for a block of {block.length}")
         by_position = {c.position: c for c in block.chunks}
         # Data chunks first (with all of them, decoding is a copy), but chunks on servers this
         # client just found down last: parity from live servers stands in at once, without a
         # failed connection and its retry per block. They are still tried if nothing else is left.
         known_down = {p for p, c in by_position.items() if self.down.is_down(c.address)}
         candidates = sorted(by_position, key=lambda p: (p in known_down, p))
+        out = into if into is not None else self.buffers.get(block.length)
+        placed = {p: erasure.InPlaceChunk(policy, p, out) for p in by_position if policy.kind == "rs" and p < policy.data}
+        sinks = {p: _sink_for(chunk, by_position[p].length) for p, chunk in placed.items()}
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
         corrupt: list[int] = []
@@ -262,7 +270,7 @@ class BlockIO:
 
         async def fetch(position: int) -> Any:
             started = loop.time()
-            payload = await self._get(block, by_position[position])
+            payload = await self._get(block, by_position[position], placed.get(position), sinks.get(position))
             finished_s.append(loop.time() - started)
             return payload
 
@@ -271,61 +279,60 @@ class BlockIO:
             running[loop.create_task(fetch(position))] = position
 
         try:
-            while len(got) < policy.needed:
-                while candidates and len(got) + len(running) < policy.needed:
-                    launch()  # first the needed ones, then stand-ins for failures
-                if not running:
-                    raise DataUnavailable(
-                        f"block {block.block_id}: only {len(got)} of {policy.needed} needed chunks readable; "
-                        + "; ".join(f"chunk {p}: {why}" for p, why in sorted(failed.items()))
-                    )
-                # Hedged read: a chunk much slower than its siblings (a hung server) gets a
-                # stand-in from the remaining chunks instead of waiting for the RPC timeout.
-                hedge = len(finished_s) >= max(1, policy.needed // 2) and bool(candidates)
-                delay = (max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(finished_s))
-                         if hedge else None)
-                done, _ = await asyncio.wait(list(running), timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    self._note("hedged_reads")
-                    launch()
-                    continue
-                for task in done:
-                    position = running.pop(task)
-                    exc = task.exception()
-                    if exc is None:
-                        got[position] = task.result()
-                    elif isinstance(exc, CapabilityRefused):
-                        raise exc  # the layout's capability expired (or was refused): the caller fetches a new one
-                    elif isinstance(exc, ChecksumMismatch):
-                        self._note("checksum_failures")
-                        failed[position] = str(exc)
-                        corrupt.append(position)
-                    elif isinstance(exc, (TectofsError, OSError)):
-                        failed[position] = str(exc)
-                        if isinstance(exc, ChunkMissing):
-                            missing.append(position)
-                        elif isinstance(exc, (ConnectionLost, Timeout)):
-                            self.down.mark(by_position[position].address)
-                    else:
-                        raise exc
-        finally:
-            for task in running:
-                task.cancel()
-                task.add_done_callback(consume_outcome)  # a stand-in that failed after we stopped waiting
-        for position in list(got)[policy.needed :]:  # a hedge and its original both arrived
-            self.buffers.put(got.pop(position))
-        skipped = {p for p in known_down if p not in got and p not in failed and p < policy.needed}
-        if skipped:
-            self._note("skipped_down_servers")
-        if failed or skipped:
-            self._note("degraded_reads")
-            for position in failed:
-                kind = "corrupt" if position in corrupt else "missing" if position in missing else "unreachable"
-                await self._report(block, by_position[position], failed[position], kind)
-        if into is not None and len(into) != block.length:
-            raise InvalidArgument(f"decode target of {len(into)} bytes for a block of {block.length}")
-        out = into if into is not None else self.buffers.get(block.length)
-        try:
+            try:
+                while len(got) < policy.needed:
+                    while candidates and len(got) + len(running) < policy.needed:
+                        launch()  # first the needed ones, then stand-ins for failures
+                    if not running:
+                        raise DataUnavailable(
+                            f"block {block.block_id}: only {len(got)} of {policy.needed} needed chunks readable; "
+                            + "; ".join(f"chunk {p}: {why}" for p, why in sorted(failed.items()))
+                        )
+                    # Hedged read: a chunk much slower than its siblings (a hung server) gets a
+                    # stand-in from the remaining chunks instead of waiting for the RPC timeout.
+                    hedge = len(finished_s) >= max(1, policy.needed // 2) and bool(candidates)
+                    delay = (max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(finished_s))
+                             if hedge else None)
+                    done, _ = await asyncio.wait(list(running), timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+                    if not done:
+                        self._note("hedged_reads")
+                        launch()
+                        continue
+                    for task in done:
+                        position = running.pop(task)
+                        exc = task.exception()
+                        if exc is None:
+                            got[position] = task.result()
+                        elif isinstance(exc, CapabilityRefused):
+                            raise exc  # the layout's capability expired (or was refused): the caller fetches a new one
+                        elif isinstance(exc, ChecksumMismatch):
+                            self._note("checksum_failures")
+                            failed[position] = str(exc)
+                            corrupt.append(position)
+                        elif isinstance(exc, (TectofsError, OSError)):
+                            failed[position] = str(exc)
+                            if isinstance(exc, ChunkMissing):
+                                missing.append(position)
+                            elif isinstance(exc, (ConnectionLost, Timeout)):
+                                self.down.mark(by_position[position].address)
+                        else:
+                            raise exc
+            finally:
+                for task in running:
+                    task.cancel()
+                    task.add_done_callback(consume_outcome)  # a stand-in that failed after we stopped waiting
+                for sink in sinks.values():
+                    sink.divert()  # a straggler's bytes no longer land in ``out`` (now, not when its task unwinds)
+            for position in list(got)[policy.needed :]:  # a hedge and its original both arrived
+                self._release(got.pop(position))
+            skipped = {p for p in known_down if p not in got and p not in failed and p < policy.needed}
+            if skipped:
+                self._note("skipped_down_servers")
+            if failed or skipped:
+                self._note("degraded_reads")
+                for position in failed:
+                    kind = "corrupt" if position in corrupt else "missing" if position in missing else "unreachable"
+                    await self._report(block, by_position[position], failed[position], kind)
             decoding = asyncio.get_running_loop().run_in_executor(self.executor, erasure.decode_into, policy, got, out)
             try:
                 await asyncio.shield(decoding)
@@ -336,18 +343,39 @@ class BlockIO:
             if into is None:
                 self.buffers.put(out)
             raise
-        for payload in got.values():
-            self.buffers.put(payload)
+        finally:
+            for payload in got.values():
+                self._release(payload)
         return out
 
-    async def _get(self, block: messages.Block, chunk: messages.ChunkRef) -> Any:
+    def _release(self, payload: Any) -> None:
+        """Give a received chunk's buffer back to the pool (one received in place has none)."""
+        if not isinstance(payload, erasure.InPlaceChunk):
+            self.buffers.put(payload)
+
+    async def _get(
+        self, block: messages.Block, chunk: messages.ChunkRef, placed: erasure.InPlaceChunk | None = None,
+        sink: ReplySink | None = None,
+    ) -> Any:
+        """Chunk ``chunk`` of ``block``, verified against its recorded crc: a buffer of the pool,
+        or ``placed`` when ``sink`` received it there."""
         if not chunk.address:
             raise ConnectionLost(f"chunk server {chunk.server_id} is not registered")
         request: dict[str, Any] = {"block_id": block.block_id}
         if block.cap is not None:
             request["cap"] = messages.to_plain(block.cap)
-        header, payload = await self.rpc.call(chunk.address, "get_chunk", request, idempotent=True, retries_max=1)
+        try:
+            header, payload = await self.rpc.call(chunk.address, "get_chunk", request, idempotent=True, retries_max=1,
+                                                  receive_into=sink)
+        finally:
+            if sink is not None:
+                sink.divert()  # done, failed or cancelled: no later byte goes into the block
         self.down.answered(chunk.address)
+        if placed is not None and sink is not None and sink.complete:
+            whole = await self._in_thread(checksum.crc_joined, placed.pieces)
+            if whole != chunk.crc:
+                raise ChecksumMismatch(f"chunk from {chunk.address} does not match the checksum recorded at write")
+            return placed
         if len(payload) != chunk.length:
             self.buffers.put(payload)
             raise ChecksumMismatch(f"chunk of {len(payload)} bytes where {chunk.length} were written")
@@ -396,6 +424,12 @@ class DownServers:
             del self._until[address]
             return False
         return True
+
+
+def _sink_for(placed: erasure.InPlaceChunk, chunk_length: int) -> ReplySink:
+    """Receive a chunk of the recorded length into its place (any other length: into a buffer of
+    the pool, and the length check fails it)."""
+    return ReplySink(lambda n: placed.pieces if n == chunk_length else None)
 
 
 def consume_outcome(task: "asyncio.Task[Any]") -> None:

@@ -39,7 +39,9 @@ class MeteredRpcClient(RpcClient):
         except Exception:
             self._done(chunk, op, "error", started, 0)
             raise
-        self._done(chunk, op, "ok", started, len(payload) if op == "put_chunk" else len(reply[1]))
+        sink = options.get("receive_into")
+        received = len(reply[1]) or (sink.received_bytes if sink is not None else 0)
+        self._done(chunk, op, "ok", started, len(payload) if op == "put_chunk" else received)
         return reply
 
     def _done(self, chunk: bool, op: str, outcome: str, started: float, nbytes: int) -> None:

@@ -19,6 +19,14 @@ def crc(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     return _crc32c.crc32c(data, value)
 
 
+def crc_joined(pieces: list[memoryview]) -> int:
+    """crc32c of the pieces' concatenation, without joining them."""
+    value = 0
+    for piece in pieces:
+        value = _crc32c.crc32c(piece, value)
+    return value
+
+
 def piece_crcs(data: bytes | bytearray | memoryview, piece_bytes: int = PIECE) -> list[int]:
     """crc32c of each ``piece_bytes`` slice of ``data`` (the last may be shorter)."""
     view = memoryview(data)

@@ -87,12 +87,13 @@ def encode_error(request_id: int, exc: BaseException) -> bytes:
     return encode_frame(FrameKind.ERROR, request_id, {"code": code, "message": message})
 
 
-PayloadAllocator = Callable[[dict[str, Any], int], "Buffer | Callable[[], Buffer] | None"]
+PayloadAllocator = Callable[[dict[str, Any], int], "Buffer | Scatter | Callable[[], Buffer] | None"]
 """Given a frame's header and payload length, return the buffer to receive it into; or a
-function that makes that buffer, called once a bounded fraction of the payload arrived (the
-buffer's memory is then committed as bytes arrive; the bytes before are copied in once); or
-None to receive and discard it (the frame is then delivered with an empty ``payload`` and
-``discarded`` set)."""
+``Scatter`` of the caller's buffers (the frame is then delivered with an empty ``payload``:
+the bytes are where the scatter put them); or a function that makes that buffer, called once
+a bounded fraction of the payload arrived (the buffer's memory is then committed as bytes
+arrive; the bytes before are copied in once); or None to receive and discard it (the frame is
+then delivered with an empty ``payload`` and ``discarded`` set)."""
 
 
 def _default_allocator(header: dict[str, Any], length: int) -> Callable[[], bytearray]:
@@ -106,6 +107,52 @@ def staged_bytes(length: int) -> int:
 
 
 _SCRATCH = memoryview(bytearray(limits.frame_drain_scratch_bytes))  # drained bytes are never read: one for all
+
+
+class Scatter:
+    """A payload received straight into the caller's buffers: ``views`` in order, as many
+    bytes as they hold together (no copy from a receive buffer afterwards).
+
+    ``divert()`` makes every byte still to come go to scratch memory instead: a caller that
+    stops waiting for the payload (cancelled, timed out, answered by another server) calls it
+    before it hands the buffers on, so a reply arriving late never writes into memory that is
+    no longer its own. Everything runs on the event loop's thread: once ``divert()`` returned,
+    no later byte lands in ``views``."""
+
+    __slots__ = ("views", "total", "filled", "diverted", "_index", "_at")
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views = [v for v in views if len(v)]
+        self.total = sum(len(v) for v in self.views)
+        self.filled = 0
+        self.diverted = False
+        self._index = 0
+        self._at = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every byte arrived, and went into ``views``."""
+        return self.filled == self.total and not self.diverted
+
+    def region(self) -> memoryview:
+        """Where the next bytes go (never empty before the payload is complete)."""
+        if self.diverted:
+            return _SCRATCH[: min(len(_SCRATCH), self.total - self.filled)]
+        return self.views[self._index][self._at :]
+
+    def advance(self, nbytes: int) -> None:
+        self.filled += nbytes
+        if self.diverted:
+            return
+        self._at += nbytes
+        if self._at == len(self.views[self._index]):
+            self._index += 1
+            self._at = 0
+
+    def divert(self) -> None:
+        """From now on, what is still to come goes to scratch (nothing, if all of it arrived)."""
+        if self.filled < self.total:
+            self.diverted = True
 
 
 class _Pieces:
@@ -170,7 +217,7 @@ class FrameDecoder:
         self.dead = False
 
     def _reset(self) -> None:
-        self._state = "fixed"  # then "header", "stage" (a deferred payload's first bytes), "payload" or "discard"
+        self._state = "fixed"  # then "header", "stage" (a deferred payload's first bytes), "payload", "scatter" or "discard"
         self._buf: bytearray | memoryview = self._fixed
         self._filled = 0
         self._pieces = _Pieces(0)
@@ -183,12 +230,18 @@ class FrameDecoder:
         self._expected_crc = 0
         self._fixed_crc = 0
         self._discard_left = 0
+        self._scatter: Scatter | None = None
+
+    @property
+    def request_id(self) -> int:
+        """The request id of the frame being received (what a payload allocator answers for)."""
+        return self._request_id
 
     @property
     def receiving_payload_bytes(self) -> int:
         """Length of the admitted payload being received (0 between payloads, and for one being
         drained): what a connection lost now leaves admitted but never delivered."""
-        return self._payload_length if self._state in ("stage", "payload") else 0
+        return self._payload_length if self._state in ("stage", "payload", "scatter") else 0
 
     @property
     def mid_frame(self) -> bool:
@@ -215,6 +268,8 @@ class FrameDecoder:
             return _SCRATCH[: min(len(_SCRATCH), self._discard_left)]
         if self._state in ("header", "stage"):
             return self._pieces.region()
+        if self._scatter is not None:
+            return self._scatter.region()
         return memoryview(self._buf)[self._filled :]
 
     def advance(self, nbytes: int) -> list[Frame]:
@@ -223,6 +278,11 @@ class FrameDecoder:
         if self._state == "discard":
             self._discard_left -= nbytes
             if self._discard_left == 0:
+                frames.append(self._finish(memoryview(b"")))
+            return frames
+        if self._scatter is not None:
+            self._scatter.advance(nbytes)
+            if self._scatter.filled == self._scatter.total:
                 frames.append(self._finish(memoryview(b"")))
             return frames
         if self._state in ("header", "stage"):
@@ -247,6 +307,8 @@ class FrameDecoder:
     def _complete(self) -> bool:
         if self._state in ("header", "stage"):
             return self._pieces.complete
+        if self._scatter is not None:
+            return False  # advance() finishes a scatter
         return self._filled == len(self._buf)
 
     def feed(self, data: bytes) -> list[Frame]:
@@ -302,6 +364,11 @@ class FrameDecoder:
             if buffer is None:
                 self._state = "discard"
                 self._discard_left = self._payload_length
+            elif isinstance(buffer, Scatter):
+                if buffer.total != self._payload_length:
+                    raise ProtocolError("scatter of the wrong size")  # our bug, not the peer's
+                self._state = "scatter"
+                self._scatter = buffer
             elif callable(buffer):
                 self._state = "stage"
                 self._make_buffer = buffer

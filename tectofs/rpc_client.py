@@ -9,7 +9,7 @@ import itertools
 import os
 import random
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -22,17 +22,51 @@ from .errors import (
     Timeout,
     from_wire,
 )
-from .protocol import PROTOCOL_VERSION, Frame, FrameKind, PayloadAllocator, encode_frame
+from .protocol import PROTOCOL_VERSION, Buffer, Frame, FrameKind, PayloadAllocator, Scatter, encode_frame
 from .rpc import SOFTWARE, HelloTimeout, Payload, Reply, _FramedProtocol, parse_address, parse_group
 
 # --------------------------------------------------------------------------- client
 
 
+class ReplySink:
+    """Where a call's reply payload goes: ``views_for(length)`` gives the caller's buffers for
+    a payload of ``length`` bytes (or None: a buffer of the connection's allocator, as usual).
+    Asked once per attempt of the call; ``divert()`` stops every scatter handed out from
+    writing into those buffers (a caller calls it before reusing them, whatever happened)."""
+
+    def __init__(self, views_for: Callable[[int], "list[memoryview] | None"]) -> None:
+        self._views_for = views_for
+        self.scatters: list[Scatter] = []
+
+    def scatter(self, length: int) -> Scatter | None:
+        views = self._views_for(length)
+        if views is None:
+            return None
+        scatter = Scatter(views)
+        self.scatters.append(scatter)
+        return scatter
+
+    @property
+    def complete(self) -> bool:
+        """The last attempt's payload arrived whole into the caller's buffers."""
+        return bool(self.scatters) and self.scatters[-1].complete
+
+    @property
+    def received_bytes(self) -> int:
+        return self.scatters[-1].total if self.complete else 0
+
+    def divert(self) -> None:
+        for scatter in self.scatters:
+            scatter.divert()
+
+
 class _ClientConnection(_FramedProtocol):
     def __init__(self, address: str, allocate_payload: PayloadAllocator | None = None) -> None:
-        super().__init__(allocate_payload)
+        self._allocate_other = allocate_payload
+        super().__init__(self._allocate_reply)
         self.address = address
         self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self.sinks: dict[int, ReplySink] = {}  # request id -> where its reply's payload goes
         self._ids = itertools.count(1)
         self.failure: BaseException | None = None
         self.greeted = False
@@ -103,6 +137,13 @@ class _ClientConnection(_FramedProtocol):
         self.peer_role = reply.role
         self.greeted = True
 
+    def _allocate_reply(self, header: dict[str, Any], length: int) -> "Buffer | Scatter | Callable[[], Buffer] | None":
+        sink = self.sinks.pop(self.decoder.request_id, None)
+        scatter = sink.scatter(length) if sink is not None and self.decoder.request_id in self.pending else None
+        if scatter is not None:
+            return scatter
+        return self._allocate_other(header, length) if self._allocate_other else bytearray(length)
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         hint = "" if self.greeted else (" before it answered the hello (does it use TLS? --tls-ca / $TECTOFS_TLS_CA;"
@@ -142,10 +183,14 @@ class _ClientConnection(_FramedProtocol):
     def usable(self) -> bool:
         return self.failure is None and self.transport is not None and not self.transport.is_closing()
 
-    async def call(self, header: dict[str, Any], payload: Payload, timeout_s: float) -> Reply:
+    async def call(
+        self, header: dict[str, Any], payload: Payload, timeout_s: float, receive_into: ReplySink | None = None,
+    ) -> Reply:
         request_id = next(self._ids)
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.pending[request_id] = fut
+        if receive_into is not None:
+            self.sinks[request_id] = receive_into
         deadline = asyncio.get_running_loop().time() + timeout_s
         try:
             if self.authenticating and self.greeting is not None:
@@ -175,6 +220,7 @@ class _ClientConnection(_FramedProtocol):
             raise
         finally:
             self.pending.pop(request_id, None)
+            self.sinks.pop(request_id, None)
             if fut.done() and not fut.cancelled():
                 fut.exception()  # failed with the connection after we stopped waiting: seen
         if frame.kind == FrameKind.ERROR:
@@ -309,11 +355,15 @@ class RpcClient:
         timeout_s: float | None = None,
         retries_max: int | None = None,
         call_id: bytes | None = None,
+        receive_into: ReplySink | None = None,
     ) -> Reply:
         """Send ``op`` to ``address`` (or a member of the group it names); return the reply
         header and payload, or raise the server's error. See the class docstring for retries.
         ``call_id``: this call's id (``CALL_ID_BYTES`` bytes), for a caller that retries one
-        logical call itself; by default a non-idempotent call draws a new one."""
+        logical call itself; by default a non-idempotent call draws a new one.
+        ``receive_into``: asked for the reply's buffers once its payload length is known (once per
+        attempt); a payload received into them comes back empty (``receive_into.complete``).
+        The caller calls ``receive_into.divert()`` before it reuses those buffers."""
         group = self._group(address)
         request = {"op": op, **(header or {})}
         if call_id is not None or not idempotent:
@@ -327,7 +377,7 @@ class RpcClient:
             member = group.member
             try:
                 conn = await self._connection(member)
-                return await conn.call(request, payload, timeout_s or self.timeout_s)
+                return await conn.call(request, payload, timeout_s or self.timeout_s, receive_into)
             except Busy:
                 if attempt >= retries:
                     raise

@@ -99,11 +99,12 @@ def test_busy_answers_and_failovers_count_as_retries(metrics_cluster, monkeypatc
     real_call = _ClientConnection.call
     busy_once = {"left": 1}
 
-    async def busy_first(self: _ClientConnection, header: dict[str, Any], payload: Any, timeout_s: float) -> Any:
+    async def busy_first(self: _ClientConnection, header: dict[str, Any], payload: Any, timeout_s: float,
+                         receive_into: Any = None) -> Any:
         if header.get("op") == "lookup" and busy_once["left"]:
             busy_once["left"] -= 1
             raise errors.Busy("store queue full (test)")
-        return await real_call(self, header, payload, timeout_s)
+        return await real_call(self, header, payload, timeout_s, receive_into)
 
     monkeypatch.setattr(_ClientConnection, "call", busy_first)
     before = local()

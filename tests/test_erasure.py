@@ -70,3 +70,42 @@ def test_replication_and_too_few_chunks():
         _decode(rs, {0: chunks[0], 1: chunks[1], 5: chunks[5]}, len(data))
     with pytest.raises(DataUnavailable):
         _decode(rs, {p: chunks[p][:-1] for p in range(4)}, len(data))  # truncated chunks
+
+
+def _received_in_place(policy, chunk, position, out):
+    """What a scattered receive does: chunk ``position``'s bytes, in order, into its pieces."""
+    placed = erasure.InPlaceChunk(policy, position, out)
+    assert sum(len(p) for p in placed.pieces) == len(chunk)
+    at = 0
+    for piece in placed.pieces:
+        piece[:] = memoryview(chunk)[at : at + len(piece)]
+        at += len(piece)
+    return placed
+
+
+@pytest.mark.parametrize("length", [0, 1, 15, SEGMENT - 1, SEGMENT, 3 * SEGMENT + 12345])
+def test_data_chunks_received_in_place_decode_with_any_survivors(length):
+    """Every subset of 4 of rs(4,2), its data chunks received straight into the block's buffer:
+    nothing to copy with all four, and the lost ones rebuilt around those in place."""
+    policy = parse("rs(4,2)")
+    data = os.urandom(length)
+    chunks = erasure.encode(policy, data)
+    for subset in itertools.combinations(range(policy.width), policy.data):
+        out = memoryview(bytearray(os.urandom(length)))  # garbage where lost chunks belong
+        survivors = {p: (_received_in_place(policy, chunks[p], p, out) if p < policy.data else chunks[p])
+                     for p in subset}
+        erasure.decode_into(policy, survivors, out)
+        assert bytes(out) == data, subset
+
+
+def test_only_data_chunks_of_rs_are_placed_and_only_in_their_own_buffer():
+    policy = parse("rs(4,2)")
+    out = memoryview(bytearray(4096))
+    with pytest.raises(ValueError):
+        erasure.InPlaceChunk(policy, 4, out)
+    with pytest.raises(ValueError):
+        erasure.InPlaceChunk(parse("rep(3)"), 0, out)
+    chunks = erasure.encode(policy, os.urandom(4096))
+    elsewhere = _received_in_place(policy, chunks[0], 0, memoryview(bytearray(4096)))
+    with pytest.raises(ValueError):
+        erasure.decode_into(policy, {0: elsewhere, 1: chunks[1], 2: chunks[2], 3: chunks[3]}, out)

@@ -75,3 +75,50 @@ def test_discarded_payload_keeps_stream_in_sync():
     assert [f.request_id for f in frames] == [1, 2]
     assert frames[0].discarded is True
     assert bytes(frames[1].payload) == b"ok"
+
+
+@given(payload=st.binary(min_size=1, max_size=3000), sizes=st.lists(st.integers(0, 700), min_size=1, max_size=6),
+       cuts=st.lists(st.integers(1, 900), max_size=12))
+@settings(max_examples=200, deadline=None)
+def test_a_scattered_payload_lands_in_the_callers_buffers_in_order(payload, sizes, cuts):
+    from tectofs.protocol import Scatter
+
+    sizes = sizes[:-1] + [max(0, len(payload) - sum(sizes[:-1]))]  # the views hold exactly the payload
+    if sum(sizes) != len(payload):
+        return
+    views = [memoryview(bytearray(n)) for n in sizes]
+    decoder = FrameDecoder(lambda header, n: Scatter(list(views)))
+    wire = encode_frame(FrameKind.RESPONSE, 7, {"ok": 1}, len(payload)) + payload + encode_frame(FrameKind.RESPONSE, 8, {})
+    frames, position = [], 0
+    for cut in cuts + [len(wire)]:
+        frames += decoder.feed(wire[position : position + cut])
+        position += cut
+    assert [(f.request_id, bytes(f.payload)) for f in frames] == [(7, b""), (8, b"")]
+    assert b"".join(bytes(v) for v in views) == payload
+
+
+def test_a_diverted_scatter_writes_nothing_more_and_the_stream_goes_on():
+    from tectofs.protocol import Scatter
+
+    views = [memoryview(bytearray(100)), memoryview(bytearray(100))]
+    scatter = Scatter(views)
+    decoder = FrameDecoder(lambda header, n: scatter)
+    payload = bytes(range(200))
+    first = encode_frame(FrameKind.RESPONSE, 1, {}, 200)
+    wire = first + payload + encode_frame(FrameKind.RESPONSE, 2, {"next": True})
+    head = len(first)
+    assert decoder.feed(wire[: head + 50]) == []
+    scatter.divert()  # the caller stopped waiting: the rest must not reach its buffers
+    frames = decoder.feed(wire[head + 50 :])
+    assert [f.request_id for f in frames] == [1, 2] and frames[1].header == {"next": True}
+    assert bytes(views[0][:50]) == payload[:50] and bytes(views[0][50:]) == bytes(50) and bytes(views[1]) == bytes(100)
+    assert not scatter.complete
+    scatter.divert()  # harmless twice
+
+
+def test_a_scatter_of_the_wrong_size_is_refused():
+    from tectofs.protocol import Scatter
+
+    decoder = FrameDecoder(lambda header, n: Scatter([memoryview(bytearray(n - 1))]))
+    with pytest.raises(ProtocolError, match="scatter of the wrong size"):
+        decoder.feed(encode_frame(FrameKind.RESPONSE, 1, {}, 10) + bytes(10))

@@ -1,0 +1,75 @@
+"""Chunks received straight into the reader's buffer (``erasure.InPlaceChunk`` through a
+``protocol.Scatter``): the bytes are right, and a straggler's reply that arrives after the
+read returned never writes into the caller's memory."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import os
+
+from prometheus_client import CollectorRegistry
+
+from tectofs import checksum, erasure, limits, messages
+from tectofs.buffers import BufferPool
+from tectofs.client.blocks import BlockIO
+from tectofs.metrics import ClientMetrics
+from tectofs.policy import parse
+
+
+class _Servers:
+    """Stands in for the RPC client: each chunk server answers get_chunk at once, except
+    ``hung``, which sends the first half of its reply and then stalls."""
+
+    def __init__(self, chunks: dict[str, bytes], hung: str) -> None:
+        self.chunks = chunks
+        self.hung = hung
+        self.stalled: list = []  # the hung server's scatters, to finish "late"
+        self.buffers = BufferPool(1 << 24)
+
+    async def call(self, address, op, header, payload=b"", *, receive_into=None, **options):
+        data = self.chunks[address]
+        if address == self.hung:
+            scatter = receive_into.scatter(len(data))
+            half = len(data) // 2
+            while scatter.filled < half:
+                region = scatter.region()[: half - scatter.filled]
+                region[:] = data[scatter.filled : scatter.filled + len(region)]
+                scatter.advance(len(region))
+            self.stalled.append(scatter)
+            await asyncio.Event().wait()  # hung
+        reply = self.buffers.get(len(data))
+        reply[:] = data
+        return {}, reply
+
+
+def test_a_straggler_finishing_after_the_read_writes_nothing_into_the_callers_buffer(monkeypatch):
+    monkeypatch.setattr(limits, "hedge_after_min_s", 0.05)
+    policy = parse("rs(4,2)")
+    data = os.urandom(3 * erasure.SEGMENT_BYTES + 999)
+    chunks = erasure.encode(policy, data)
+    addresses = [f"127.0.0.1:{1000 + p}" for p in range(policy.width)]
+    block = messages.Block(
+        idx=0, block_id=1, policy=str(policy), length=len(data), valid=len(data),
+        chunks=[messages.ChunkRef(position=p, server_id=p, address=addresses[p], length=len(c), crc=checksum.crc(c))
+                for p, c in enumerate(chunks)],
+    )
+    servers = _Servers({addresses[p]: bytes(c) for p, c in enumerate(chunks)}, hung=addresses[1])
+    with cf.ThreadPoolExecutor(2) as executor:
+        io = BlockIO(servers, "127.0.0.1:1", executor, BufferPool(1 << 26), ClientMetrics(CollectorRegistry()))
+
+        async def read_then_straggle() -> bytes:
+            into = memoryview(bytearray(len(data)))
+            await io.read_block(block, into)
+            got = bytes(into)
+            for scatter in servers.stalled:  # the hung server wakes up and sends the rest
+                while scatter.filled < scatter.total:
+                    region = scatter.region()
+                    region[:] = b"\xff" * len(region)
+                    scatter.advance(len(region))
+            await asyncio.sleep(0.05)
+            assert bytes(into) == got, "a late reply wrote into the caller's buffer"
+            return got
+
+        assert asyncio.run(read_then_straggle()) == data
+    assert servers.stalled and io.stats["hedged_reads"] == 1
