@@ -40,7 +40,7 @@ def one_run(layout: str, chunk_bytes: int, count: int, parent: str | None) -> di
     sync, pack, direct = LAYOUTS[layout]
     data = BufferPool(chunk_bytes, aligned=True).get(chunk_bytes)
     data[:] = os.urandom(chunk_bytes)
-    crcs, whole = checksum.piece_crcs(data), checksum.crc(data)
+    crcs, whole = checksum.piece_and_whole_crcs(data)
     root = tempfile.mkdtemp(dir=parent, prefix="tectofs-layouts-")
     try:
         store = ChunkStore(root, sync=sync, pack_max_bytes=chunk_bytes if pack is None else pack)

@@ -29,7 +29,7 @@ from tectofs.server.cluster import LocalCluster
 def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:
     """MiB/s and server CPU seconds for ``count`` concurrent puts under ``mode``."""
     data = os.urandom(chunk_bytes)
-    crcs, whole = checksum.piece_crcs(data), checksum.crc(data)
+    crcs, whole = checksum.piece_and_whole_crcs(data)
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
         with LocalCluster(os.path.join(tmp, "c"), servers=1, policy="rep(1)", sync=mode) as cluster:
             address = cluster.servers()[0]["address"]

@@ -438,15 +438,11 @@ def consume_outcome(task: "asyncio.Task[Any]") -> None:
         task.exception()
 
 
-def _checksums(data: Any) -> tuple[list[int], int]:
-    return checksum.piece_crcs(data), checksum.crc(data)
-
-
 def _encode_and_checksum(
     policy: Any, data: memoryview, allocate: Any
 ) -> tuple[list[Any], list[tuple[list[int], int]]]:
     chunks = erasure.encode(policy, data, allocate)
     if policy.kind == "rep":
-        sums = _checksums(data)
+        sums = checksum.piece_and_whole_crcs(data)
         return chunks, [sums] * len(chunks)
-    return chunks, [_checksums(c) for c in chunks]
+    return chunks, [checksum.piece_and_whole_crcs(c) for c in chunks]

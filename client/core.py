@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from tectofs import auth, limits, messages, metrics, paths
+from tectofs import allocator, auth, limits, messages, metrics, paths
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound, ProtocolError
 from tectofs.rpc import parse_group
@@ -91,6 +91,7 @@ def _process_resources() -> tuple[BufferPool, ThreadPoolExecutor]:
     global _shared
     with _shared_lock:
         if _shared is None:
+            allocator.tune()  # no page faults per encode (tectofs.allocator)
             _shared = (
                 BufferPool(limits.client_buffer_pool_bytes),
                 ThreadPoolExecutor(limits.client_codec_threads, thread_name_prefix="tectofs-codec"),

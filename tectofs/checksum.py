@@ -33,6 +33,19 @@ def piece_crcs(data: bytes | bytearray | memoryview, piece_bytes: int = PIECE) -
     return [_crc32c.crc32c(view[i : i + piece_bytes]) for i in range(0, len(view), piece_bytes)]
 
 
+def piece_and_whole_crcs(data: bytes | bytearray | memoryview, piece_bytes: int = PIECE) -> tuple[list[int], int]:
+    """``piece_crcs(data)`` and ``crc(data)`` in one pass: each piece is read again for the
+    whole-chunk crc while it is still in the CPU's cache."""
+    view = memoryview(data)
+    pieces: list[int] = []
+    whole = 0
+    for i in range(0, len(view), piece_bytes):
+        piece = view[i : i + piece_bytes]
+        pieces.append(_crc32c.crc32c(piece))
+        whole = _crc32c.crc32c(piece, whole)
+    return pieces, whole
+
+
 def verify_pieces(
     data: bytes | bytearray | memoryview,
     expected: list[int],

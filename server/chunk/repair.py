@@ -155,7 +155,7 @@ class Repairer:
             data = await self._fetch(order.block_id, own[0])
         else:
             data = await self._reconstruct(order, policy)
-        crcs, whole = await self.in_thread(_checksums, data)
+        crcs, whole = await self.in_thread(checksum.piece_and_whole_crcs, data)
         if order.crc is not None and whole != order.crc:
             raise ChecksumMismatch(
                 f"rebuilt chunk has crc {whole:08x}, the metadata service recorded {order.crc:08x}; not stored"
@@ -213,5 +213,3 @@ class Repairer:
         return payload
 
 
-def _checksums(data: Any) -> tuple[list[int], int]:
-    return checksum.piece_crcs(data), checksum.crc(data)

@@ -1,0 +1,81 @@
+"""What ``tectofs.allocator.tune()`` buys the client's encode: page faults and CPU seconds per
+GB encoded by two threads at once, as the client's codec pool does, with and without it.
+
+    python bench/allocator_faults.py --size 1G --repeats 5
+
+Each configuration runs in its own process (malloc settings are per process), alternated
+``--repeats`` times; medians are printed, and the ratio of the tuned encode's CPU to the
+default one's from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import parse_size  # noqa: E402
+
+BLOCK = 64 << 20
+
+
+def child(size: int) -> None:
+    """Encode ``size`` bytes in 64 MiB blocks on two threads (after one warm-up pass); print
+    CPU seconds and minor page faults per GB as JSON."""
+    from tectofs import allocator, erasure
+    from tectofs.buffers import BufferPool
+    from tectofs.policy import parse
+
+    tuned = allocator.tune() if os.environ.get("TECTOFS_MALLOC_TUNING") != "0" else False
+    policy, pool = parse("rs(4,2)"), BufferPool(1 << 30)
+    block = memoryview(bytearray(os.urandom(BLOCK)))
+    blocks = max(1, size // BLOCK)
+
+    def encode(_: int) -> None:
+        for chunk in erasure.encode(policy, block, pool.get):
+            pool.put(chunk)
+
+    with ThreadPoolExecutor(2) as threads:
+        list(threads.map(encode, range(blocks)))  # warm: the pool holds its buffers
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        list(threads.map(encode, range(blocks)))
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    gb = blocks * BLOCK / 1e9
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(json.dumps({"tuned": tuned, "cpu_s_per_gb": cpu / gb, "faults_per_gb": (after.ru_minflt - before.ru_minflt) / gb}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="1G", help="bytes encoded per measurement (default 1G)")
+    parser.add_argument("--repeats", type=int, default=5, help="processes per configuration (default 5)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    size = parse_size(args.size)
+    if args.child:
+        child(size)
+        return
+    runs: dict[str, list[dict]] = {"glibc defaults": [], "tectofs.allocator.tune()": []}
+    for _ in range(args.repeats):
+        for name, setting in (("glibc defaults", "0"), ("tectofs.allocator.tune()", "1")):
+            env = {**os.environ, "TECTOFS_MALLOC_TUNING": setting}
+            out = subprocess.run([sys.executable, __file__, "--child", "--size", str(size)], env=env,
+                                 capture_output=True, text=True, check=True, timeout=600).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("cpu_s_per_gb", "faults_per_gb")}
+               for name, rs in runs.items()}
+    for name, m in medians.items():
+        print(f"{name:28s} encode CPU {m['cpu_s_per_gb']:.3f} s/GB   minor page faults {m['faults_per_gb']:,.0f} per GB")
+    tuned, default = medians["tectofs.allocator.tune()"], medians["glibc defaults"]
+    print(f"tuned / default encode CPU: {tuned['cpu_s_per_gb'] / default['cpu_s_per_gb']:.2f}"
+          f" (medians of {args.repeats}, alternated)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""glibc malloc settings for a process that moves checkpoint data through the client.
+
+pyeclib's encode allocates transient buffers of 0.5-2 MiB per segment (the segment as
+``bytes``, then each fragment). glibc serves blocks that large with ``mmap`` until one is
+freed, then raises its mmap threshold to that size and its trim threshold to twice it
+(about 4 MiB here), and trims the heap back to the kernel whenever more than that is free
+at its top. Two codec threads encoding at once keep crossing that line: every GB saved cost
+the client about 40,000 page faults, each a fresh zeroed page.
+
+``tune()`` sets, once per process, the values glibc's own dynamic thresholds reach after the
+first 32 MiB block is freed: ``M_MMAP_THRESHOLD`` 32 MiB (its ceiling on 64-bit) and
+``M_TRIM_THRESHOLD`` 64 MiB. Blocks above 32 MiB (large tensors) are still mapped and
+unmapped on their own; at most 64 MiB of free memory stays at the top of a heap. Measured with
+two threads encoding 1 GiB through ``erasure.encode`` (``python bench/allocator_faults.py``):
+page faults per GB 41,493 -> 1 and encode CPU 0.422 -> 0.322 s per GB (medians of 5).
+
+Off with ``TECTOFS_MALLOC_TUNING=0``; a no-op where the C library is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import threading
+
+log = logging.getLogger("tectofs.allocator")
+
+MMAP_THRESHOLD_BYTES = 32 << 20
+TRIM_THRESHOLD_BYTES = 64 << 20
+_M_TRIM_THRESHOLD = -1  # from glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
+
+_lock = threading.Lock()
+_done: bool | None = None
+
+
+def tune() -> bool:
+    """Apply the settings above to this process (the first call does; later calls return the
+    same answer). True if they are in effect."""
+    global _done
+    with _lock:
+        if _done is None:
+            _done = _apply()
+        return _done
+
+
+def _apply() -> bool:
+    if os.environ.get("TECTOFS_MALLOC_TUNING", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+        libc.gnu_get_libc_version  # glibc only: other C libraries' mallopt takes other parameters
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+    if not ok:
+        log.debug("glibc refused the malloc thresholds; keeping its defaults")
+    return ok
