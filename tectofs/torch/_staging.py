@@ -21,15 +21,22 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 _PRIMITIVES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+# Large CPU tensors are copied in slices that the staging thread and one helper thread take in
+# turn (``_copy_into``); the rest with ``copy_`` on the staging thread.
+_SLICE_BYTES = 32 << 20
+_SLICED_MIN_BYTES = 4 << 20
 
 
 class StagedStateDict(dict):
@@ -73,6 +80,14 @@ class StagingPool:
         self._lease: _Lease | None = None
         self.allocated_bytes = 0  # bytes of buffers allocated by the pool over its life
         self.reused_bytes = 0  # bytes served from kept buffers
+        self._helper: tuple[int, ThreadPoolExecutor] | None = None  # (pid, the copying helper thread)
+
+    def _copy_helper(self) -> ThreadPoolExecutor:
+        """The pool's helper thread for copies (made again in a forked child: threads do not
+        survive a fork)."""
+        if self._helper is None or self._helper[0] != os.getpid():
+            self._helper = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="tectofs-stage"))
+        return self._helper[1]
 
     # -- leases -----------------------------------------------------------------------
     def _acquire(self, sizes: list[int], timeout: float | None) -> _Lease:
@@ -139,6 +154,9 @@ class StagingPool:
             return True
 
     def close(self) -> None:
+        if self._helper is not None:
+            self._helper[1].shutdown(wait=False)
+            self._helper = None
         with self._cond:
             self._free.clear()
             if self._lease is not None:
@@ -171,10 +189,12 @@ class StagingPool:
         lease = self._acquire([_nbytes(t) for t in sources], timeout)
         try:
             memo: dict[int, torch.Tensor] = {}
+            pairs = []
             for src, buf in zip(sources, lease.buffers):
                 dst = buf.view(src.dtype).view(src.shape)
-                dst.copy_(src.detach())
+                pairs.append((src.detach(), dst))
                 memo[id(src)] = dst
+            _copy_into(pairs, self._copy_helper())
             staged = _walk(state_dict, None, memo)
         except BaseException:
             self.release(lease)
@@ -182,6 +202,47 @@ class StagingPool:
         out = StagedStateDict(staged)
         weakref.finalize(out, _release_weak, weakref.ref(self), weakref.ref(lease))
         return out, lease
+
+
+def _copy_into(pairs: list[tuple[torch.Tensor, torch.Tensor]], helper: ThreadPoolExecutor) -> None:
+    """Copy each source into its destination. Contiguous CPU tensors of ``_SLICED_MIN_BYTES`` or
+    more go in ``_SLICE_BYTES`` slices of plain memory copies (numpy's: no GIL, no OpenMP), taken
+    in turn by this thread and ``helper``: when the other core is busy, whichever thread runs
+    takes the next slice (torch's own ``copy_`` splits a tensor in fixed halves and waits for the
+    slower). Everything else is copied with ``copy_`` here meanwhile. Returns once every byte is
+    copied, whatever failed: the helper never writes into a buffer after this returns."""
+    sliced: list[tuple[np.ndarray, np.ndarray]] = []
+    rest: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for src, dst in pairs:
+        if (src.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous()
+                and _nbytes(src) >= _SLICED_MIN_BYTES and not src.is_conj() and not src.is_neg()):
+            s8, d8 = src.reshape(-1).view(torch.uint8).numpy(), dst.reshape(-1).view(torch.uint8).numpy()
+            sliced += [(d8[i : i + _SLICE_BYTES], s8[i : i + _SLICE_BYTES]) for i in range(0, len(s8), _SLICE_BYTES)]
+        else:
+            rest.append((src, dst))
+    todo: Iterator[tuple[np.ndarray, np.ndarray]] = iter(sliced)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def take_slices() -> None:
+        while not stop.is_set():
+            with lock:
+                job = next(todo, None)
+            if job is None:
+                return
+            np.copyto(job[0], job[1])
+
+    helping: Future[None] | None = helper.submit(take_slices) if len(sliced) > 1 else None
+    try:
+        for src, dst in rest:
+            dst.copy_(src)
+        take_slices()
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        if helping is not None:
+            helping.result()
 
 
 def _release_weak(pool_ref: Any, lease_ref: Any) -> None:
