@@ -81,12 +81,28 @@ class BlockIO:
         fresh placement (at most ``limits.placement_attempts_max`` times in all) before NoSpace
         is raised."""
         policy = parse_policy(allocation.policy)
-        chunks, crcs = await self._in_thread(_encode_and_checksum, policy, data, self.buffers.get)
+        encoded = await self.encode(policy, data)
+        return await self.place_block(idx, len(data), encoded, allocation, reallocate)
+
+    async def encode(self, policy: Any, data: memoryview) -> tuple[list[Any], list[tuple[list[int], int]]]:
+        """The block's chunks under ``policy`` and their (piece, whole) crcs, computed on a codec
+        thread. rs chunks are pool buffers of their own: ``data`` is not needed any more once this
+        returns. rep chunks are ``data`` itself."""
+        return await self._in_thread(_encode_and_checksum, policy, data, self.buffers.get)
+
+    async def place_block(
+        self, idx: int, length: int, encoded: tuple[list[Any], list[tuple[list[int], int]]],
+        allocation: messages.Allocation, reallocate: Reallocate | None = None,
+    ) -> messages.Block:
+        """Store chunks ``encode`` made for a block of ``length`` bytes, as ``write_block`` does;
+        gives rs chunk buffers back to the pool when done, whatever happened."""
+        policy = parse_policy(allocation.policy)
+        chunks, crcs = encoded
         failed: set[int] = set()
         try:
             for attempt in range(limits.placement_attempts_max):
                 try:
-                    return await self._place(idx, data, allocation, policy, chunks, crcs, failed)
+                    return await self._place(idx, length, allocation, policy, chunks, crcs, failed)
                 except NoSpace:
                     if reallocate is None or not failed or attempt + 1 == limits.placement_attempts_max:
                         raise
@@ -100,7 +116,7 @@ class BlockIO:
                     self.buffers.put(chunk)
 
     async def _place(
-        self, idx: int, data: memoryview, allocation: messages.Allocation, policy: Any, chunks: list[Any],
+        self, idx: int, length: int, allocation: messages.Allocation, policy: Any, chunks: list[Any],
         crcs: list[Any], failed: set[int],
     ) -> messages.Block:
         """Put chunk ``p`` on primary server ``p``. A put that fails moves to a spare; a put
@@ -199,7 +215,7 @@ class BlockIO:
             self._note("degraded_writes")
             log.info("block %d stored degraded: %d of %d chunks", block_id, len(placed), policy.width)
         return messages.Block(  # the write capability also reads it back (a partial block patched before commit)
-            idx=idx, block_id=block_id, policy=str(policy), length=len(data), valid=len(data), chunks=placed,
+            idx=idx, block_id=block_id, policy=str(policy), length=length, valid=length, chunks=placed,
             cap=allocation.cap,
         )
 

@@ -128,6 +128,13 @@ class AsyncFile:
             position = offset + written
             idx, within = divmod(position, self.block_size)
             n = min(len(view) - written, self.block_size - within)
+            if n == self.block_size and self._untouched(idx) and await self._send_whole(idx, view[written : written + n]):
+                written += n
+                self._bytes_written += n
+                self.size = max(self.size, position + n)
+                self._changed = True
+                self.modified_at = time.time()
+                continue
             buffer, valid = await self._block_buffer(idx, within + n)
             if within > valid:  # a gap inside the block reads as zeros
                 buffer[valid:within] = bytes(within - valid)
@@ -222,6 +229,36 @@ class AsyncFile:
         )
         await self._reap(wait=False)
         await self._stage_excess()
+
+    def _untouched(self, idx: int) -> bool:
+        """Nothing of block ``idx`` is buffered, in flight or sent by this handle."""
+        return not (idx in self._dirty or idx in self._inflight or idx in self._written or idx in self._staged)
+
+    async def _send_whole(self, idx: int, data: memoryview) -> bool:
+        """A write that covers block ``idx`` whole, sent without copying it into a block buffer:
+        it is encoded straight from the caller's memory, and this returns once the encode is
+        done with it (the puts go on in the background). False, having done nothing, where the
+        block needs the buffered path: a block of zeros (a hole), or a replicated policy (its
+        chunks are the block's bytes themselves)."""
+        start, end = sparse.data_span(data)
+        if (start, end) != (0, len(data)):
+            return False
+        while len(self._inflight) >= self._inflight_max:
+            await self._reap(wait=True)
+        allocation = await self._allocation()
+        policy = parse_policy(allocation.policy)
+        if policy.kind != "rs":
+            self._allocations.insert(0, allocation)  # the buffered path takes it
+            return False
+        encoded = await self.fs.blocks.encode(policy, data)
+        self._holes.discard(idx)
+        self._holes_staged.discard(idx)
+        self._inflight[idx] = asyncio.get_running_loop().create_task(
+            self.fs.blocks.place_block(idx, len(data), encoded, allocation, self._reallocate)
+        )
+        await self._reap(wait=False)
+        await self._stage_excess()
+        return True
 
     async def _write_block(
         self, idx: int, buffer: memoryview, start: int, end: int, allocation: messages.Allocation

@@ -303,3 +303,34 @@ def test_deleted_file_chunks_are_collected(make_cluster):
     while time.monotonic() < deadline and glob.glob(pattern):
         time.sleep(0.2)
     assert glob.glob(pattern) == []
+
+
+def test_whole_block_writes_are_encoded_before_write_returns(cluster, monkeypatch):
+    """A write covering whole blocks is encoded straight from the caller's memory (no copy into
+    a block buffer): the caller may reuse its buffer as soon as write() returns. Mixed with
+    partial blocks, rewrites of blocks in flight, a block of zeros and a replicated file."""
+    from tectofs import erasure
+
+    real_encode = erasure.encode
+
+    def slow_encode(*args, **kwargs):  # an encode that reads its input late would see the reuse
+        time.sleep(0.05)
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(erasure, "encode", slow_encode)
+    MiB = 1 << 20
+    fs = cluster.fs
+    fs.mkdir("/whole-rep", policy="rep(3)")
+    for path in ("/whole-rs", "/whole-rep/f"):
+        expected = bytearray()
+        scratch = bytearray(os.urandom(3 * MiB))
+        with fs.open(path, "wb", buffering=0) as f:
+            for piece in (memoryview(scratch)[: 3 * MiB], memoryview(scratch)[: MiB // 2], memoryview(scratch)[: 2 * MiB]):
+                f.write(piece)
+                expected += piece
+                scratch[:] = os.urandom(len(scratch))  # the caller reuses its buffer at once
+            f.seek(MiB)  # rewrite blocks already sent by this handle, whole
+            zeros = bytes(2 * MiB)
+            f.write(zeros)
+            expected[MiB : 3 * MiB] = zeros
+        assert fs.read_bytes(path) == bytes(expected), path
