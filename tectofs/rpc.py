@@ -55,7 +55,7 @@ from .errors import (
     to_wire,
 )
 from .protocol import PROTOCOL_VERSION, Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
-from .sendfile import FileRegion, read_region, send_region
+from .sendfile import FileRegion, buffer_pool, read_region, send_region
 from .sendfile import pool as sendfile_pool
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._send_lock = asyncio.Lock()
-        self.sending_file = False  # a thread is sending a file region on this socket: write nothing
+        self.sending_file = False  # a thread is sending a frame on this socket: write nothing
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,16 +182,24 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionLost("connection closed")
+        plain = transport.get_extra_info("ssl_object") is None
         if isinstance(payload, FileRegion):
-            if transport.get_extra_info("ssl_object") is None:
+            if plain:
                 async with self._send_lock:
                     await self._writable(transport)
-                    await self._send_file(transport, head, payload)
+                    await self._send_on_thread(transport, head, payload)
                 return
             # TLS: the bytes must pass through the encrypting transport (the caller still
             # owns and closes the region)
             payload = await asyncio.get_running_loop().run_in_executor(sendfile_pool(), read_region, payload)
         view = memoryview(payload).cast("B") if payload else None
+        if view is not None and plain and len(view) >= limits.send_on_thread_min_bytes:
+            # A large payload in memory: a thread writes it in a few large writev(2) calls,
+            # the event loop meanwhile free (far less CPU than slices through the transport).
+            async with self._send_lock:
+                await self._writable(transport)
+                await self._send_on_thread(transport, head, view)
+            return
         # The transport copies what the socket does not take at once into a bytearray and
         # memmoves it forward after every send: handing it a 16 MiB payload costs far more
         # than the payload itself. So payloads go in slices, each once the buffer drained,
@@ -206,38 +214,40 @@ class _FramedProtocol(asyncio.BufferedProtocol):
                     await self._writable(transport)
                 transport.write(view[offset : offset + _SEND_SLICE_BYTES])
 
-    async def _send_file(self, transport: asyncio.Transport, head: bytes, region: FileRegion) -> None:
-        """A frame whose payload comes from a file: once the transport's buffer is empty (the
+    async def _send_on_thread(self, transport: asyncio.Transport, head: bytes, payload: "FileRegion | memoryview") -> None:
+        """A frame sent by a thread, not the transport: once the transport's buffer is empty (the
         send lock is held and ``sending_file`` makes error paths abort rather than write, so
-        nothing else reaches the socket meanwhile), a thread of ``tectofs.sendfile.pool``
-        writes the header and sendfile(2)s the region, waiting for room with poll(2). Whatever
-        goes wrong — a stalled or too slow peer, a short file, a cancellation — the frame is
-        incomplete: the connection is aborted and ConnectionLost raised; a cancelled send waits
-        for its thread first."""
+        nothing else reaches the socket meanwhile), a thread writes the header and the payload —
+        a file region with sendfile(2) (on ``tectofs.sendfile.pool``), a buffer with writev(2)
+        (on ``buffer_pool``) — waiting for room with poll(2). Whatever goes wrong — a stalled or
+        too slow peer, a short file, a cancellation — the frame is incomplete: the connection is
+        aborted and ConnectionLost raised; a cancelled send waits for its thread first (it reads
+        the payload)."""
         self.sending_file = True
         try:
             deadline = time.monotonic() + limits.send_file_stall_s
             pause = 0.0005
             while transport.get_write_buffer_size():  # earlier frames must leave first (usually none)
                 if transport.is_closing() or time.monotonic() > deadline:
-                    raise ConnectionLost("the peer stopped reading before a file could be sent")
+                    raise ConnectionLost("the peer stopped reading before a frame could be sent")
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.02)
             sock = transport.get_extra_info("socket")
+            threads = sendfile_pool() if isinstance(payload, FileRegion) else buffer_pool()
             sending = asyncio.get_running_loop().run_in_executor(
-                sendfile_pool(), send_region, os.dup(sock.fileno()), head, region, transport.is_closing)
+                threads, send_region, os.dup(sock.fileno()), head, payload, transport.is_closing)
             try:
                 await asyncio.shield(sending)
             except asyncio.CancelledError:
                 transport.abort()
-                await asyncio.wait([sending])  # the thread uses the region's descriptor: let it stop
+                await asyncio.wait([sending])  # the thread reads the payload: let it stop
                 raise
         except BaseException as exc:
             transport.abort()
             if isinstance(exc, ChecksumMismatch):
                 log.error("a file region could not be sent whole (%s): the file is shorter than its footer said", exc)
             if isinstance(exc, (TectofsError, OSError)):
-                raise ConnectionLost(f"reply not sent: {exc}") from None
+                raise ConnectionLost(f"frame not sent: {exc}") from None
             raise
         finally:
             self.sending_file = False

@@ -30,6 +30,7 @@ from .errors import ChecksumMismatch, ConnectionLost, Timeout
 _lock = threading.Lock()
 _open_regions = 0
 _pool: ThreadPoolExecutor | None = None
+_buffer_pool: ThreadPoolExecutor | None = None
 
 
 class FileRegion:
@@ -87,33 +88,39 @@ def pool() -> ThreadPoolExecutor:
         return _pool
 
 
+def buffer_pool() -> ThreadPoolExecutor:
+    """The threads that send large payloads from memory (``limits.send_buffer_threads``; apart
+    from :func:`pool`, so that they never hold up regions)."""
+    global _buffer_pool
+    with _lock:
+        if _buffer_pool is None:
+            _buffer_pool = ThreadPoolExecutor(limits.send_buffer_threads, thread_name_prefix="tectofs-send")
+        return _buffer_pool
+
+
 def deadline_s(length: int) -> float:
     """How long sending ``length`` bytes may take: the stall allowance plus the bytes at the
     minimum rate (a peer that trickles never holds a thread longer)."""
     return limits.send_file_stall_s + length / limits.send_file_rate_min_bytes_per_s
 
 
-def send_region(sock_fd: int, head: bytes, region: FileRegion, closing: Callable[[], bool]) -> None:
-    """Send ``head`` (the frame's header), then every byte of ``region``, on the (non-blocking)
-    socket ``sock_fd``; then close ``sock_fd`` (a duplicate this call owns, whatever happens).
-    Blocks: run it on :func:`pool`. Raises Timeout past :func:`deadline_s`, ConnectionLost when
-    ``closing()`` turns true (checked at least every 0.1 s) or the socket fails,
-    ChecksumMismatch when the file ends before the region does. After any exception the
-    frame may be incomplete: the caller must drop the connection."""
+def send_region(sock_fd: int, head: bytes, region: "FileRegion | memoryview", closing: Callable[[], bool]) -> None:
+    """Send ``head`` (the frame's header), then every byte of ``region`` — a file region, with
+    sendfile(2), or a buffer in memory, in writes as large as the socket takes — on the
+    (non-blocking) socket ``sock_fd``; then close ``sock_fd`` (a duplicate this call owns,
+    whatever happens). Blocks: run it on :func:`pool` (a region) or :func:`buffer_pool`.
+    Raises Timeout past :func:`deadline_s`, ConnectionLost when ``closing()`` turns true
+    (checked at least every 0.1 s) or the socket fails, ChecksumMismatch when the file ends
+    before the region does. After any exception the frame may be incomplete: the caller must
+    drop the connection."""
     try:
         poller = select.poll()
         poller.register(sock_fd, select.POLLOUT)
-        deadline = time.monotonic() + deadline_s(region.length + len(head))
-        view = memoryview(head)
-        while view:
-            if closing() or time.monotonic() > deadline:
-                raise ConnectionLost("connection closed, or the peer took nothing, before a file could be sent")
-            try:
-                view = view[os.write(sock_fd, view):]
-            except BlockingIOError:
-                poller.poll(100)
-            except OSError as exc:
-                raise ConnectionLost(f"sending a frame header: {exc}") from None
+        deadline = time.monotonic() + deadline_s(len(region) + len(head))
+        if not isinstance(region, FileRegion):
+            _write_all(sock_fd, poller, [memoryview(head), region], deadline, closing)
+            return
+        _write_all(sock_fd, poller, [memoryview(head)], deadline, closing)
         offset, left = region.offset, region.length
         while left:
             if closing():
@@ -133,6 +140,32 @@ def send_region(sock_fd: int, head: bytes, region: FileRegion, closing: Callable
             left -= sent
     finally:
         os.close(sock_fd)
+
+
+def _write_all(sock_fd: int, poller: "select.poll", views: list[memoryview], deadline: float,
+               closing: Callable[[], bool]) -> None:
+    """Write every byte of ``views`` (writev: as much as the socket takes per call)."""
+    total = sum(len(v) for v in views)
+    views = [v for v in views if len(v)]
+    while views:
+        if closing():
+            raise ConnectionLost("connection closed while sending a frame")
+        if time.monotonic() > deadline:
+            left = sum(len(v) for v in views)
+            raise Timeout(f"the peer took {total - left} of {total} bytes in time")
+        try:
+            sent = os.writev(sock_fd, views)
+        except BlockingIOError:
+            poller.poll(100)
+            continue
+        except OSError as exc:
+            raise ConnectionLost(f"sending a frame: {exc}") from None
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
 
 
 def read_region(region: FileRegion) -> bytearray:

@@ -213,3 +213,75 @@ def test_large_chunks_are_sent_from_their_files_and_damage_is_still_caught(make_
     assert c.fs.read_bytes("/big") == data  # the reader caught it and decoded from parity
     wait_for_byte(victim, MiB + 7, byte)  # reported by the reader, rebuilt by the service
     assert c.fs.read_bytes("/big") == data
+
+
+class _MemoryServer:
+    """Answers ``ping`` with ``self.payload`` (bytes in memory)."""
+
+    def __init__(self) -> None:
+        self.payload = b""
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("rpc_"):
+            raise AttributeError(name)
+
+        async def answer(request: Any, payload: memoryview) -> tuple[Any, Any]:
+            return (messages.PingReply(), self.payload) if name == "rpc_ping" else (messages.Empty(), b"")
+
+        return answer
+
+
+def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeypatch) -> None:
+    """Payloads of ``send_on_thread_min_bytes`` or more leave through a thread (writev), one
+    frame at a time per connection; a peer that stops reading is dropped at the deadline while
+    others are served."""
+    import socket
+
+    import tectofs.rpc
+    from tectofs.protocol import PROTOCOL_VERSION, FrameKind, encode_frame
+
+    threaded: list[int] = []
+    real_send = tectofs.rpc.send_region
+
+    def counting(fd: int, head: bytes, payload: Any, closing: Any) -> None:
+        threaded.append(len(payload))
+        real_send(fd, head, payload, closing)
+
+    monkeypatch.setattr(tectofs.rpc, "send_region", counting)
+    monkeypatch.setattr(limits, "send_file_stall_s", 1.0)
+    monkeypatch.setattr(limits, "send_file_rate_min_bytes_per_s", 64 * MiB)
+    handler = _MemoryServer()
+    data = os.urandom(8 * MiB + 5)
+
+    async def main() -> None:
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        address = await server.start("127.0.0.1", 0)
+        host, port = address.rsplit(":", 1)
+        client = RpcClient(connections_per_server=1)
+        try:
+            handler.payload = data
+            for _, payload in await asyncio.gather(*[client.call(address, "ping", idempotent=True) for _ in range(4)]):
+                assert bytes(payload) == data
+            assert threaded == [len(data)] * 4
+            handler.payload = bytes(64 * MiB)  # more than any socket buffer takes
+            stuck = socket.create_connection((host, int(port)))
+            stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stuck.sendall(encode_frame(FrameKind.REQUEST, 1, {"op": "hello", "role": "tool", "version": PROTOCOL_VERSION})
+                          + encode_frame(FrameKind.REQUEST, 2, {"op": "ping"}))
+            await asyncio.sleep(0.5)
+            handler.payload = b"small"
+            _, payload = await asyncio.wait_for(client.call(address, "ping", idempotent=True), 5)  # served meanwhile
+            assert bytes(payload) == b"small"
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10  # the frame's deadline is 1 s + 64 MiB at 64 MiB/s
+            while len(server.connections) > 1:  # the stuck peer's connection is dropped, the client's kept
+                assert loop.time() < deadline, "a peer that reads nothing held its connection past the deadline"
+                await asyncio.sleep(0.05)
+            _, payload = await asyncio.wait_for(client.call(address, "ping", idempotent=True), 5)
+            assert bytes(payload) == b"small"
+            stuck.close()
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(main())

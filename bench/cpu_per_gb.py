@@ -1,0 +1,146 @@
+"""CPU seconds per GB of a checkpoint saved and loaded through the plugin, per process role
+(client, chunk servers, metadata service), for this tree and a baseline revision in the same
+run: issue 15's "cut the total by at least 40%" as a same-run ratio.
+
+    python bench/cpu_per_gb.py --baseline 90af9df --size 1G --rounds 3 --runs 3
+
+The baseline revision is checked out into a temporary git worktree. Each round runs one fresh
+process per tree, alternating (baseline first in odd rounds, this tree first in even ones);
+each process starts its own local cluster (6 chunk servers, rs(4,2)), saves and loads once to
+warm up, then meters ``--runs`` saves (``dcp.save`` with ``CheckpointWriter``) and loads
+(``dcp.load`` with ``CheckpointReader``, page cache dropped before each, as root). Only the
+plugin calls are metered: not zeroing the target, dropping caches or comparing tensors (which
+``checkpoint_bench.py`` counts in its per-role figures). Medians over every run of a tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import drop_caches, parse_size, process_cpu_s, write_results  # noqa: E402
+
+ROLES = ("client", "chunk servers", "metadata service")
+
+
+def child(size: int, runs: int) -> dict[str, Any]:
+    """In a process whose ``tectofs`` is the tree measured: per-run CPU seconds per GB."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    import tectofs.torch as tt
+    from checkpoint_bench import empty_like_state, make_state_dict, same_state, tensor_bytes
+    from tectofs.server.cluster import LocalCluster
+
+    warnings.simplefilter("ignore")  # DCP: "torch.distributed is ... uninitialized"
+    sd = make_state_dict(size)
+    target = empty_like_state(sd)
+    gb = tensor_bytes(sd) / 1e9
+    per_run: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="tectofs-cpu-per-gb-") as tmp:
+        with LocalCluster(os.path.join(tmp, "cluster"), servers=6, policy="rs(4,2)", gc_delay_s=3600.0) as cluster:
+            base = f"tectofs://{cluster.address}/cpu"
+
+            def roles() -> dict[str, float]:
+                chunk = [p.pid for p in cluster.chunk_processes if p is not None]
+                return {"client": time.process_time(), "chunk servers": sum(process_cpu_s(p) for p in chunk),
+                        "metadata service": process_cpu_s(cluster.meta_process.pid)}
+
+            def metered(way: str, call: Any) -> None:
+                before = roles()
+                call()
+                for role, seconds in roles().items():
+                    per_run.setdefault(f"{way} {role}", []).append((seconds - before[role]) / gb)
+
+            for i in range(runs + 1):
+                uri = f"{base}/step_{i}"
+                save = lambda: dcp.save(sd, storage_writer=tt.CheckpointWriter(uri))  # noqa: E731
+                load = lambda: dcp.load(target, storage_reader=tt.CheckpointReader(uri))  # noqa: E731
+                if i == 0:  # warm-up: pools, connections, staging
+                    save()
+                    load()
+                    continue
+                metered("save", save)
+                drop_caches()
+                metered("load", load)
+                if not same_state(sd, target):
+                    raise SystemExit(f"run {i}: the loaded state differs from the saved one")
+            tt.close_all()
+    return per_run
+
+
+def worktree(revision: str, into: str) -> str:
+    root = subprocess.run(["git", "-C", HERE, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    subprocess.run(["git", "-C", root, "worktree", "add", "--detach", into, revision], capture_output=True, check=True)
+    return root
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", default="90af9df",
+                        help="git revision to compare with (default 90af9df, where issue 15's CPU figures were first measured)")
+    parser.add_argument("--size", default="1G", help="state dict bytes (default 1G)")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per tree, alternated (default 3)")
+    parser.add_argument("--runs", type=int, default=3, help="metered saves and loads per process (default 3)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="where the JSON result goes")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    size = parse_size(args.size)
+    if args.child:
+        print(json.dumps(child(size, args.runs)))
+        return
+    scratch = tempfile.mkdtemp(prefix="tectofs-cpu-baseline-")
+    base_tree = os.path.join(scratch, "tree")
+    root = worktree(args.baseline, base_tree)
+    trees = {"baseline": base_tree, "this tree": os.path.dirname(HERE)}
+    runs: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+    try:
+        for r in range(args.rounds):
+            for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+                env = {**os.environ, "PYTHONPATH": trees[name]}
+                print(f"round {r + 1}/{args.rounds}: {name} ...", flush=True)
+                out = subprocess.run([sys.executable, __file__, "--child", "--size", str(size), "--runs", str(args.runs)],
+                                     env=env, cwd=trees[name], capture_output=True, text=True, timeout=3600)
+                if out.returncode:
+                    raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
+                for key, values in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                    runs[name].setdefault(key, []).extend(values)
+    finally:
+        subprocess.run(["git", "-C", root, "worktree", "remove", "--force", base_tree], capture_output=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    medians = {name: {key: round(statistics.median(v), 3) for key, v in sorted(r.items())} for name, r in runs.items()}
+    from tectofs.bench import print_targets, target
+
+    totals = {name: {way: round(sum(m[f"{way} {role}"] for role in ROLES), 3) for way in ("save", "load")}
+              for name, m in medians.items()}
+    ratios = {f"{way} CPU per GB, this tree / baseline": round(totals["this tree"][way] / totals["baseline"][way], 3)
+              for way in ("save", "load")}
+    result = {
+        "benchmark": "cpu_per_gb", "baseline": args.baseline, "size_bytes": size, "rounds": args.rounds,
+        "runs_per_process": args.runs, "cpu_seconds_per_GB": medians, "totals": totals, "ratios": ratios,
+        "per_run": runs,
+        "targets": [target(name, value, at_most=0.6) for name, value in ratios.items()],
+    }
+    print(f"{'CPU s per GB (medians)':34s} {'baseline ' + args.baseline:>18s} {'this tree':>12s}")
+    for key in medians["baseline"]:
+        print(f"{key:34s} {medians['baseline'][key]:18.3f} {medians['this tree'].get(key, float('nan')):12.3f}")
+    for way in ("save", "load"):
+        print(f"{way + ' total':34s} {totals['baseline'][way]:18.3f} {totals['this tree'][way]:12.3f}")
+    print_targets(result)
+    print("results:", write_results(args.out, "cpu_per_gb", result))
+
+
+if __name__ == "__main__":
+    main()
