@@ -38,9 +38,9 @@ def child(size: int, runs: int) -> dict[str, Any]:
     import warnings
 
     import torch.distributed.checkpoint as dcp
+    from checkpoint_bench import empty_like_state, make_state_dict, same_state, tensor_bytes
 
     import tectofs.torch as tt
-    from checkpoint_bench import empty_like_state, make_state_dict, same_state, tensor_bytes
     from tectofs.server.cluster import LocalCluster
 
     warnings.simplefilter("ignore")  # DCP: "torch.distributed is ... uninitialized"
