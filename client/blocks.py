@@ -189,6 +189,8 @@ class BlockIO:
             finally:
                 for task in pending:
                     task.cancel()
+                if pending:  # a put being sent by a thread reads its chunk until it stopped
+                    await asyncio.wait(pending)
 
         tasks = [loop.create_task(place(p)) for p in range(len(primaries))]
         block_started = loop.time()
@@ -274,8 +276,15 @@ class BlockIO:
         known_down = {p for p, c in by_position.items() if self.down.is_down(c.address)}
         candidates = sorted(by_position, key=lambda p: (p in known_down, p))
         out = into if into is not None else self.buffers.get(block.length)
-        placed = {p: erasure.InPlaceChunk(policy, p, out) for p in by_position if policy.kind == "rs" and p < policy.data}
+        try:
+            placed = {p: erasure.InPlaceChunk(policy, p, out) for p in by_position
+                      if policy.kind == "rs" and p < policy.data}
+        except BaseException:
+            if into is None:
+                self.buffers.put(out)
+            raise
         sinks = {p: _sink_for(chunk, by_position[p].length) for p, chunk in placed.items()}
+        launched: set[int] = set()
         got: dict[int, Any] = {}
         failed: dict[int, str] = {}
         corrupt: list[int] = []
@@ -292,6 +301,7 @@ class BlockIO:
 
         def launch() -> None:
             position = candidates.pop(0)
+            launched.add(position)
             running[loop.create_task(fetch(position))] = position
 
         try:
@@ -341,7 +351,7 @@ class BlockIO:
                     sink.divert()  # a straggler's bytes no longer land in ``out`` (now, not when its task unwinds)
             for position in list(got)[policy.needed :]:  # a hedge and its original both arrived
                 self._release(got.pop(position))
-            skipped = {p for p in known_down if p not in got and p not in failed and p < policy.needed}
+            skipped = {p for p in known_down if p not in launched and p < policy.needed}  # parity read instead
             if skipped:
                 self._note("skipped_down_servers")
             if failed or skipped:
@@ -418,7 +428,7 @@ class BlockIO:
 class DownServers:
     """Chunk servers this client recently failed to reach (connection refused, lost or timed
     out), so that reads try other chunks first for ``limits.server_down_memo_s``. Advice only:
-    a server marked down is still asked when no other chunk is left, and any answer from it
+    a server marked down is still asked when no other chunk is left, and a chunk it serves
     clears the mark."""
 
     def __init__(self, memo_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -445,7 +455,8 @@ class DownServers:
 def _sink_for(placed: erasure.InPlaceChunk, chunk_length: int) -> ReplySink:
     """Receive a chunk of the recorded length into its place (any other length: into a buffer of
     the pool, and the length check fails it)."""
-    return ReplySink(lambda n: placed.pieces if n == chunk_length else None)
+    fits = sum(len(piece) for piece in placed.pieces) == chunk_length  # (a layout that disagrees: not placed)
+    return ReplySink(lambda n: placed.pieces if fits and n == chunk_length else None)
 
 
 def consume_outcome(task: "asyncio.Task[Any]") -> None:

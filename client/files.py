@@ -238,8 +238,9 @@ class AsyncFile:
         """A write that covers block ``idx`` whole, sent without copying it into a block buffer:
         it is encoded straight from the caller's memory, and this returns once the encode is
         done with it (the puts go on in the background). False, having done nothing, where the
-        block needs the buffered path: a block of zeros (a hole), or a replicated policy (its
-        chunks are the block's bytes themselves)."""
+        block needs the buffered path: a block whose data does not run from its first byte to
+        its last (``sparse.data_span``: zeros at either end are left out, a block of zeros is a
+        hole), or a replicated policy (its chunks are the block's bytes themselves)."""
         start, end = sparse.data_span(data)
         if (start, end) != (0, len(data)):
             return False

@@ -96,7 +96,8 @@ arrive; the bytes before are copied in once); or None to receive and discard it 
 then delivered with an empty ``payload`` and ``discarded`` set)."""
 
 
-def _default_allocator(header: dict[str, Any], length: int) -> Callable[[], bytearray]:
+def default_allocator(header: dict[str, Any], length: int) -> Callable[[], bytearray]:
+    """A new bytearray, made once a bounded part of the payload arrived (``staged_bytes``)."""
     return lambda: bytearray(length)
 
 
@@ -150,9 +151,11 @@ class Scatter:
             self._at = 0
 
     def divert(self) -> None:
-        """From now on, what is still to come goes to scratch (nothing, if all of it arrived)."""
+        """From now on, what is still to come goes to scratch (nothing, if all of it arrived),
+        and the caller's buffers are let go."""
         if self.filled < self.total:
             self.diverted = True
+            self.views = []
 
 
 class _Pieces:
@@ -205,7 +208,7 @@ class FrameDecoder:
 
     def __init__(
         self,
-        allocate_payload: PayloadAllocator = _default_allocator,
+        allocate_payload: PayloadAllocator = default_allocator,
         payload_max_bytes: int = limits.frame_payload_max_bytes,
         header_max_bytes: int = limits.frame_header_max_bytes,
     ) -> None:

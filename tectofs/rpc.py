@@ -55,7 +55,7 @@ from .errors import (
     to_wire,
 )
 from .protocol import PROTOCOL_VERSION, Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
-from .sendfile import FileRegion, buffer_pool, read_region, send_region
+from .sendfile import FileRegion, buffer_pool, read_region, release_buffer_send, reserve_buffer_send, send_region
 from .sendfile import pool as sendfile_pool
 
 log = logging.getLogger(__name__)
@@ -193,19 +193,20 @@ class _FramedProtocol(asyncio.BufferedProtocol):
             # owns and closes the region)
             payload = await asyncio.get_running_loop().run_in_executor(sendfile_pool(), read_region, payload)
         view = memoryview(payload).cast("B") if payload else None
-        if view is not None and plain and len(view) >= limits.send_on_thread_min_bytes:
-            # A large payload in memory: a thread writes it in a few large writev(2) calls,
-            # the event loop meanwhile free (far less CPU than slices through the transport).
-            async with self._send_lock:
-                await self._writable(transport)
-                await self._send_on_thread(transport, head, view)
-            return
-        # The transport copies what the socket does not take at once into a bytearray and
-        # memmoves it forward after every send: handing it a 16 MiB payload costs far more
-        # than the payload itself. So payloads go in slices, each once the buffer drained,
-        # and a lock keeps concurrent frames from interleaving.
         async with self._send_lock:
             await self._writable(transport)
+            if view is not None and plain and len(view) >= limits.send_on_thread_min_bytes and reserve_buffer_send():
+                # A large payload in memory: a thread writes it in a few large writev(2) calls,
+                # the event loop meanwhile free (far less CPU than slices through the transport).
+                try:
+                    await self._send_on_thread(transport, head, view)
+                finally:
+                    release_buffer_send()
+                return
+            # The transport copies what the socket does not take at once into a bytearray and
+            # memmoves it forward after every send: handing it a 16 MiB payload costs far more
+            # than the payload itself. So payloads go in slices, each once the buffer drained,
+            # and a lock keeps concurrent frames from interleaving.
             transport.write(head)
             if view is None:
                 return

@@ -22,7 +22,16 @@ from .errors import (
     Timeout,
     from_wire,
 )
-from .protocol import PROTOCOL_VERSION, Buffer, Frame, FrameKind, PayloadAllocator, Scatter, encode_frame
+from .protocol import (
+    PROTOCOL_VERSION,
+    Buffer,
+    Frame,
+    FrameKind,
+    PayloadAllocator,
+    Scatter,
+    default_allocator,
+    encode_frame,
+)
 from .rpc import SOFTWARE, HelloTimeout, Payload, Reply, _FramedProtocol, parse_address, parse_group
 
 # --------------------------------------------------------------------------- client
@@ -37,8 +46,13 @@ class ReplySink:
     def __init__(self, views_for: Callable[[int], "list[memoryview] | None"]) -> None:
         self._views_for = views_for
         self.scatters: list[Scatter] = []
+        self.diverted = False
 
     def scatter(self, length: int) -> Scatter | None:
+        """Where a reply of ``length`` bytes goes (None: a buffer of the connection's allocator).
+        Once diverted, never the caller's buffers again."""
+        if self.diverted:
+            return None
         views = self._views_for(length)
         if views is None:
             return None
@@ -56,6 +70,9 @@ class ReplySink:
         return self.scatters[-1].total if self.complete else 0
 
     def divert(self) -> None:
+        """No byte lands in the caller's buffers after this: the scatters handed out are
+        diverted, and any reply that arrives later goes to an ordinary buffer."""
+        self.diverted = True
         for scatter in self.scatters:
             scatter.divert()
 
@@ -139,10 +156,11 @@ class _ClientConnection(_FramedProtocol):
 
     def _allocate_reply(self, header: dict[str, Any], length: int) -> "Buffer | Scatter | Callable[[], Buffer] | None":
         sink = self.sinks.pop(self.decoder.request_id, None)
-        scatter = sink.scatter(length) if sink is not None and self.decoder.request_id in self.pending else None
+        waiting = self.pending.get(self.decoder.request_id)
+        scatter = sink.scatter(length) if sink is not None and waiting is not None and not waiting.done() else None
         if scatter is not None:
             return scatter
-        return self._allocate_other(header, length) if self._allocate_other else bytearray(length)
+        return self._allocate_other(header, length) if self._allocate_other else default_allocator(header, length)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

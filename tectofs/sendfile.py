@@ -31,6 +31,8 @@ _lock = threading.Lock()
 _open_regions = 0
 _pool: ThreadPoolExecutor | None = None
 _buffer_pool: ThreadPoolExecutor | None = None
+_buffer_sends = 0  # buffer_pool threads claimed (reserve_buffer_send)
+_pid = os.getpid()
 
 
 class FileRegion:
@@ -79,13 +81,42 @@ def open_regions() -> int:
     return _open_regions
 
 
+def _forked() -> None:
+    """In a forked child the parent's threads are gone: start afresh (called with ``_lock``)."""
+    global _pool, _buffer_pool, _buffer_sends, _pid
+    if _pid != os.getpid():
+        _pool = _buffer_pool = None
+        _buffer_sends = 0
+        _pid = os.getpid()
+
+
 def pool() -> ThreadPoolExecutor:
     """The threads that run :func:`send_region` (one per region that can be open)."""
     global _pool
     with _lock:
+        _forked()
         if _pool is None:
             _pool = ThreadPoolExecutor(limits.send_file_regions_max, thread_name_prefix="tectofs-sendfile")
         return _pool
+
+
+def reserve_buffer_send() -> bool:
+    """Claim one of :func:`buffer_pool`'s threads for a send (give it back with
+    :func:`release_buffer_send`); False when all are taken (by peers slow to read, say): the
+    caller then sends through its transport, so a send never waits in the pool's queue."""
+    global _buffer_sends
+    with _lock:
+        _forked()
+        if _buffer_sends >= limits.send_buffer_threads:
+            return False
+        _buffer_sends += 1
+        return True
+
+
+def release_buffer_send() -> None:
+    global _buffer_sends
+    with _lock:
+        _buffer_sends = max(0, _buffer_sends - 1)
 
 
 def buffer_pool() -> ThreadPoolExecutor:
@@ -93,6 +124,7 @@ def buffer_pool() -> ThreadPoolExecutor:
     from :func:`pool`, so that they never hold up regions)."""
     global _buffer_pool
     with _lock:
+        _forked()
         if _buffer_pool is None:
             _buffer_pool = ThreadPoolExecutor(limits.send_buffer_threads, thread_name_prefix="tectofs-send")
         return _buffer_pool

@@ -318,6 +318,17 @@ def test_whole_block_writes_are_encoded_before_write_returns(cluster, monkeypatc
         return real_encode(*args, **kwargs)
 
     monkeypatch.setattr(erasure, "encode", slow_encode)
+    from tectofs.client import files
+
+    whole = []
+    real_send_whole = files.AsyncFile._send_whole
+
+    async def counted(self, idx, data):
+        sent = await real_send_whole(self, idx, data)
+        whole.append(sent)
+        return sent
+
+    monkeypatch.setattr(files.AsyncFile, "_send_whole", counted)
     MiB = 1 << 20
     fs = cluster.fs
     fs.mkdir("/whole-rep", policy="rep(3)")
@@ -334,3 +345,4 @@ def test_whole_block_writes_are_encoded_before_write_returns(cluster, monkeypatc
             f.write(zeros)
             expected[MiB : 3 * MiB] = zeros
         assert fs.read_bytes(path) == bytes(expected), path
+    assert True in whole and False in whole  # rs blocks took the path; zeros and rep(3) did not

@@ -73,3 +73,36 @@ def test_a_straggler_finishing_after_the_read_writes_nothing_into_the_callers_bu
 
         assert asyncio.run(read_then_straggle()) == data
     assert servers.stalled and io.stats["hedged_reads"] == 1
+
+
+def test_a_diverted_sink_never_hands_out_the_callers_buffers_again():
+    """A reply that arrives after the caller diverted its sink (e.g. in the loop turn a cancelled
+    wait still spends on Python 3.11) goes to an ordinary buffer; a diverted scatter lets the
+    caller's buffers go at once."""
+    from tectofs.rpc_client import ReplySink
+
+    target = memoryview(bytearray(100))
+    sink = ReplySink(lambda n: [target[:n]])
+    first = sink.scatter(50)
+    assert first is not None and first.views
+    sink.divert()
+    assert first.diverted and first.views == []  # nothing holds ``target`` any more
+    assert sink.scatter(50) is None
+    assert not sink.complete and sink.received_bytes == 0
+
+
+def test_a_reply_for_a_call_no_longer_waiting_is_not_scattered():
+    from tectofs.rpc_client import ReplySink, _ClientConnection
+
+    async def main() -> None:
+        conn = _ClientConnection("127.0.0.1:1")
+        target = memoryview(bytearray(10))
+        sink = ReplySink(lambda n: [target])
+        waiting = asyncio.get_running_loop().create_future()
+        conn.pending[5], conn.sinks[5] = waiting, sink
+        conn.decoder._request_id = 5
+        waiting.cancel()  # the caller stopped waiting, its cleanup not yet run
+        buffer = conn._allocate_reply({}, 10)
+        assert not sink.scatters and callable(buffer)  # an ordinary (deferred) buffer
+
+    asyncio.run(main())

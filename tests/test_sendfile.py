@@ -285,3 +285,27 @@ def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeyp
             await server.close()
 
     asyncio.run(main())
+
+
+def test_with_every_send_thread_taken_large_payloads_go_through_the_transport(monkeypatch) -> None:
+    import tectofs.rpc
+
+    threaded: list[int] = []
+    monkeypatch.setattr(tectofs.rpc, "send_region", lambda *a: threaded.append(1))
+    monkeypatch.setattr(limits, "send_buffer_threads", 0)  # all taken (peers slow to read, say)
+    handler = _MemoryServer()
+    handler.payload = os.urandom(3 * MiB)
+
+    async def main() -> None:
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        address = await server.start("127.0.0.1", 0)
+        client = RpcClient(connections_per_server=1)
+        try:
+            _, payload = await asyncio.wait_for(client.call(address, "ping", idempotent=True), 10)
+            assert bytes(payload) == handler.payload
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(main())
+    assert threaded == []

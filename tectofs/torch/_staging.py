@@ -210,7 +210,7 @@ def _copy_into(pairs: list[tuple[torch.Tensor, torch.Tensor]], helper: ThreadPoo
     in turn by this thread and ``helper``: when the other core is busy, whichever thread runs
     takes the next slice (torch's own ``copy_`` splits a tensor in fixed halves and waits for the
     slower). Everything else is copied with ``copy_`` here meanwhile. Returns once every byte is
-    copied, whatever failed: the helper never writes into a buffer after this returns."""
+    copied; raises once the helper stopped: it never writes into a buffer after this returns."""
     sliced: list[tuple[np.ndarray, np.ndarray]] = []
     rest: list[tuple[torch.Tensor, torch.Tensor]] = []
     for src, dst in pairs:
