@@ -85,6 +85,17 @@ _shared: tuple[BufferPool, ThreadPoolExecutor] | None = None
 _shared_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads (a DataLoader worker, say): its clients
+    get pools of their own instead of a codec pool whose threads are gone."""
+    global _shared, _shared_lock
+    _shared = None
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _process_resources() -> tuple[BufferPool, ThreadPoolExecutor]:
     """One buffer pool and one codec thread pool per process, shared by every client in it
     (a load generator may run a thousand clients in one process)."""

@@ -346,3 +346,31 @@ def test_whole_block_writes_are_encoded_before_write_returns(cluster, monkeypatc
             expected[MiB : 3 * MiB] = zeros
         assert fs.read_bytes(path) == bytes(expected), path
     assert True in whole and False in whole  # rs blocks took the path; zeros and rep(3) did not
+
+
+def test_a_client_made_in_a_forked_child_works(cluster):
+    """A child forked after the parent's client encoded and decoded (a DataLoader worker)
+    makes its own client, which must not wait on the parent's codec threads (gone in the child)."""
+    data = os.urandom(3 << 20)
+    cluster.fs.write_bytes("/before-fork", data)  # the parent's codec pool is running
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its own client reads and writes
+        code = 1
+        try:
+            with connect(cluster.address, credentials=cluster.credential_file) as fs:
+                fs.write_bytes("/from-child", data[::-1])
+                code = 0 if fs.read_bytes("/before-fork") == data else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child's client hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cluster.fs.read_bytes("/from-child") == data[::-1]
