@@ -163,8 +163,13 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
         for t in _tensors(target):
             t.zero_()
         cache_dropped = drop_caches() and cache_dropped
-        timed = lambda: record(name, _timed(load))  # noqa: E731
-        meter(timed) if meter is not None else timed()
+        def timed() -> None:
+            record(name, _timed(load))
+
+        if meter is not None:
+            meter(timed)
+        else:
+            timed()
         checks[name] = checks.get(name, True) and same_state(sd, target)
 
     with tempfile.TemporaryDirectory(prefix="tectofs-ckpt-bench-", dir=work_dir) as tmp:

@@ -276,13 +276,7 @@ class BlockIO:
         known_down = {p for p, c in by_position.items() if self.down.is_down(c.address)}
         candidates = sorted(by_position, key=lambda p: (p in known_down, p))
         out = into if into is not None else self.buffers.get(block.length)
-        try:
-            placed = {p: erasure.InPlaceChunk(policy, p, out) for p in by_position
-                      if policy.kind == "rs" and p < policy.data}
-        except BaseException:
-            if into is None:
-                self.buffers.put(out)
-            raise
+        placed = {p: erasure.InPlaceChunk(policy, p, out) for p in by_position if policy.kind == "rs" and p < policy.data}
         sinks = {p: _sink_for(chunk, by_position[p].length) for p, chunk in placed.items()}
         launched: set[int] = set()
         got: dict[int, Any] = {}

@@ -221,12 +221,18 @@ class AsyncFile:
             return
         self._holes.discard(idx)
         self._holes_staged.discard(idx)  # the block sent now overrides the staged hole
+        allocation = await self._slot_and_allocation()
+        await self._launch(idx, self._write_block(idx, buffer, start, end, allocation))
+
+    async def _slot_and_allocation(self) -> messages.Allocation:
+        """Wait while too many blocks are in flight; then a placement for the next one."""
         while len(self._inflight) >= self._inflight_max:
             await self._reap(wait=True)
-        allocation = await self._allocation()
-        self._inflight[idx] = asyncio.get_running_loop().create_task(
-            self._write_block(idx, buffer, start, end, allocation)
-        )
+        return await self._allocation()
+
+    async def _launch(self, idx: int, write: Any) -> None:
+        """Put block ``idx``'s write (a coroutine giving its Block) in flight."""
+        self._inflight[idx] = asyncio.get_running_loop().create_task(write)
         await self._reap(wait=False)
         await self._stage_excess()
 
@@ -244,9 +250,7 @@ class AsyncFile:
         start, end = sparse.data_span(data)
         if (start, end) != (0, len(data)):
             return False
-        while len(self._inflight) >= self._inflight_max:
-            await self._reap(wait=True)
-        allocation = await self._allocation()
+        allocation = await self._slot_and_allocation()
         policy = parse_policy(allocation.policy)
         if policy.kind != "rs":
             self._allocations.insert(0, allocation)  # the buffered path takes it
@@ -254,11 +258,7 @@ class AsyncFile:
         encoded = await self.fs.blocks.encode(policy, data)
         self._holes.discard(idx)
         self._holes_staged.discard(idx)
-        self._inflight[idx] = asyncio.get_running_loop().create_task(
-            self.fs.blocks.place_block(idx, len(data), encoded, allocation, self._reallocate)
-        )
-        await self._reap(wait=False)
-        await self._stage_excess()
+        await self._launch(idx, self.fs.blocks.place_block(idx, len(data), encoded, allocation, self._reallocate))
         return True
 
     async def _write_block(

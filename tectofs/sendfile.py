@@ -13,6 +13,10 @@ nothing buffered and the connection's send lock is held. At most
 ``limits.send_file_regions_max`` regions are open in a process (:func:`try_open`): beyond that,
 and for peers too slow to take a region within its deadline, readers are served the ordinary
 way, so slow peers can never hold up others.
+
+Large payloads from memory (a client's chunk puts) go out the same way, with writev(2), on
+threads of their own (:func:`buffer_pool`); a send claims one first
+(:func:`reserve_buffer_send`) and, with all of them taken, goes through the transport instead.
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ from .errors import ChecksumMismatch, ConnectionLost, Timeout
 
 _lock = threading.Lock()
 _open_regions = 0
-_pool: ThreadPoolExecutor | None = None
-_buffer_pool: ThreadPoolExecutor | None = None
+_pools: dict[str, ThreadPoolExecutor] = {}  # thread name prefix -> its pool (pool(), buffer_pool())
 _buffer_sends = 0  # buffer_pool threads claimed (reserve_buffer_send)
 _pid = os.getpid()
 
@@ -83,21 +86,30 @@ def open_regions() -> int:
 
 def _forked() -> None:
     """In a forked child the parent's threads are gone: start afresh (called with ``_lock``)."""
-    global _pool, _buffer_pool, _buffer_sends, _pid
+    global _buffer_sends, _pid
     if _pid != os.getpid():
-        _pool = _buffer_pool = None
+        _pools.clear()
         _buffer_sends = 0
         _pid = os.getpid()
 
 
-def pool() -> ThreadPoolExecutor:
-    """The threads that run :func:`send_region` (one per region that can be open)."""
-    global _pool
+def _threads(name: str, count: int) -> ThreadPoolExecutor:
     with _lock:
         _forked()
-        if _pool is None:
-            _pool = ThreadPoolExecutor(limits.send_file_regions_max, thread_name_prefix="tectofs-sendfile")
-        return _pool
+        if name not in _pools:
+            _pools[name] = ThreadPoolExecutor(count, thread_name_prefix=name)
+        return _pools[name]
+
+
+def pool() -> ThreadPoolExecutor:
+    """The threads that run :func:`send_region` for file regions (one per region that can be open)."""
+    return _threads("tectofs-sendfile", limits.send_file_regions_max)
+
+
+def buffer_pool() -> ThreadPoolExecutor:
+    """The threads that send large payloads from memory (``limits.send_buffer_threads``; apart
+    from :func:`pool`, so that they never hold up regions)."""
+    return _threads("tectofs-send", limits.send_buffer_threads)
 
 
 def reserve_buffer_send() -> bool:
@@ -117,17 +129,6 @@ def release_buffer_send() -> None:
     global _buffer_sends
     with _lock:
         _buffer_sends = max(0, _buffer_sends - 1)
-
-
-def buffer_pool() -> ThreadPoolExecutor:
-    """The threads that send large payloads from memory (``limits.send_buffer_threads``; apart
-    from :func:`pool`, so that they never hold up regions)."""
-    global _buffer_pool
-    with _lock:
-        _forked()
-        if _buffer_pool is None:
-            _buffer_pool = ThreadPoolExecutor(limits.send_buffer_threads, thread_name_prefix="tectofs-send")
-        return _buffer_pool
 
 
 def deadline_s(length: int) -> float:
