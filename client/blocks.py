@@ -34,6 +34,7 @@ from tectofs.errors import (
 )
 from tectofs.metrics import ClientMetrics
 from tectofs.policy import parse as parse_policy
+from tectofs.regions import Regions
 from tectofs.rpc import RpcClient
 from tectofs.rpc_client import ReplySink
 
@@ -84,10 +85,11 @@ class BlockIO:
         encoded = await self.encode(policy, data)
         return await self.place_block(idx, len(data), encoded, allocation, reallocate)
 
-    async def encode(self, policy: Any, data: memoryview) -> tuple[list[Any], list[tuple[list[int], int]]]:
+    async def encode(self, policy: Any, data: memoryview | Regions) -> tuple[list[Any], list[tuple[list[int], int]]]:
         """The block's chunks under ``policy`` and their (piece, whole) crcs, computed on a codec
-        thread. rs chunks are pool buffers of their own: ``data`` is not needed any more once this
-        returns. rep chunks are ``data`` itself."""
+        thread (``data``: one buffer, or several end to end). rs chunks are pool buffers of their
+        own: ``data`` is not needed any more once this returns. rep chunks are ``data`` itself
+        (joined into one buffer if it came in several)."""
         return await self._in_thread(_encode_and_checksum, policy, data, self.buffers.get)
 
     async def place_block(
@@ -256,13 +258,13 @@ class BlockIO:
 
     # ------------------------------------------------------------------ read
 
-    async def read_block(self, block: messages.Block, into: memoryview | None = None) -> memoryview:
+    async def read_block(self, block: messages.Block, into: "memoryview | Regions | None" = None) -> "memoryview | Regions":
         """Return the block's ``length`` bytes, reading any ``needed`` chunks in parallel,
         data chunks first; parity (or other replicas) stand in for chunks that are missing,
         unreachable or fail their checksum, and such chunks are reported (the metadata service rebuilds them).
 
-        The block is decoded into ``into`` (exactly the block's length) when given, saving a
-        copy; otherwise into a buffer of the pool, which the caller gives back with
+        The block is decoded into ``into`` (exactly the block's length: one buffer, or several
+        end to end) when given, saving a copy; otherwise into a buffer of the pool, which the caller gives back with
         ``self.buffers.put`` when done. The data chunks of an rs block are received straight
         into their place there (``erasure.InPlaceChunk``): with all of them, nothing is copied.
         Nothing writes into ``into`` once this returns or raises."""
@@ -275,7 +277,12 @@ class BlockIO:
         # failed connection and its retry per block. They are still tried if nothing else is left.
         known_down = {p for p, c in by_position.items() if self.down.is_down(c.address)}
         candidates = sorted(by_position, key=lambda p: (p in known_down, p))
-        out = into if into is not None else self.buffers.get(block.length)
+        out: memoryview | Regions
+        pooled: memoryview | None
+        if into is None:
+            out = pooled = self.buffers.get(block.length)
+        else:
+            out, pooled = into, None
         placed = {p: erasure.InPlaceChunk(policy, p, out) for p in by_position if policy.kind == "rs" and p < policy.data}
         sinks = {p: _sink_for(chunk, by_position[p].length) for p, chunk in placed.items()}
         launched: set[int] = set()
@@ -360,8 +367,8 @@ class BlockIO:
                 await asyncio.wait([decoding])  # it writes into a caller's buffer: finish before returning
                 raise
         except BaseException:
-            if into is None:
-                self.buffers.put(out)
+            if pooled is not None:
+                self.buffers.put(pooled)
             raise
         finally:
             for payload in got.values():
@@ -460,10 +467,10 @@ def consume_outcome(task: "asyncio.Task[Any]") -> None:
 
 
 def _encode_and_checksum(
-    policy: Any, data: memoryview, allocate: Any
+    policy: Any, data: memoryview | Regions, allocate: Any
 ) -> tuple[list[Any], list[tuple[list[int], int]]]:
     chunks = erasure.encode(policy, data, allocate)
     if policy.kind == "rep":
-        sums = checksum.piece_and_whole_crcs(data)
+        sums = checksum.piece_and_whole_crcs(chunks[0])
         return chunks, [sums] * len(chunks)
     return chunks, [checksum.piece_and_whole_crcs(c) for c in chunks]

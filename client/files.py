@@ -15,13 +15,14 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
 
 from tectofs import limits, messages, sparse
 from tectofs.errors import CapabilityExpired, InvalidArgument, NoSpace, StaleFile, TectofsError
 from tectofs.policy import parse as parse_policy
+from tectofs.regions import Regions
 
 from .blocks import consume_outcome
 from .layout import LayoutMap
@@ -110,25 +111,34 @@ class AsyncFile:
 
     async def write(self, offset: int, data: Buffer) -> int:
         """Write ``data`` at ``offset`` (beyond the end leaves a hole that reads as zeros)."""
+        return await self.pwritev(offset, [data])
+
+    async def pwritev(self, offset: int, buffers: Sequence[Buffer]) -> int:
+        """Write ``buffers`` end to end from ``offset``, as pwritev(2); returns the count
+        written. A block the buffers cover whole is encoded straight from them, however they
+        split it; the rest is copied into block buffers. The buffers may be reused once this
+        returns."""
         self._check_open(write=True)
-        view = memoryview(data).cast("B")
+        data = Regions(buffers)
         if offset < 0:
             raise InvalidArgument("negative offset")
         try:
-            written = await self._write(offset, view)
+            written = await self._write(offset, data)
         except BaseException as exc:
             self._poison(exc)
             raise
         self.fs.metrics.wrote(written)
         return written
 
-    async def _write(self, offset: int, view: memoryview) -> int:
+    async def _write(self, offset: int, data: Regions) -> int:
         written = 0
-        while written < len(view):
+        while written < len(data):
             position = offset + written
             idx, within = divmod(position, self.block_size)
-            n = min(len(view) - written, self.block_size - within)
-            if n == self.block_size and self._untouched(idx) and await self._send_whole(idx, view[written : written + n]):
+            n = min(len(data) - written, self.block_size - within)
+            pieces = data.views(written, n)
+            whole = pieces[0] if len(pieces) == 1 else Regions(pieces)
+            if n == self.block_size and self._untouched(idx) and await self._send_whole(idx, whole):
                 written += n
                 self._bytes_written += n
                 self.size = max(self.size, position + n)
@@ -138,7 +148,10 @@ class AsyncFile:
             buffer, valid = await self._block_buffer(idx, within + n)
             if within > valid:  # a gap inside the block reads as zeros
                 buffer[valid:within] = bytes(within - valid)
-            buffer[within : within + n] = view[written : written + n]
+            at = within
+            for piece in pieces:
+                buffer[at : at + len(piece)] = piece
+                at += len(piece)
             valid = max(valid, within + n)
             self._dirty[idx] = (buffer, valid)
             written += n
@@ -240,15 +253,14 @@ class AsyncFile:
         """Nothing of block ``idx`` is buffered, in flight or sent by this handle."""
         return not (idx in self._dirty or idx in self._inflight or idx in self._written or idx in self._staged)
 
-    async def _send_whole(self, idx: int, data: memoryview) -> bool:
+    async def _send_whole(self, idx: int, data: memoryview | Regions) -> bool:
         """A write that covers block ``idx`` whole, sent without copying it into a block buffer:
         it is encoded straight from the caller's memory, and this returns once the encode is
         done with it (the puts go on in the background). False, having done nothing, where the
         block needs the buffered path: a block whose data does not run from its first byte to
         its last (``sparse.data_span``: zeros at either end are left out, a block of zeros is a
         hole), or a replicated policy (its chunks are the block's bytes themselves)."""
-        start, end = sparse.data_span(data)
-        if (start, end) != (0, len(data)):
+        if not sparse.spans_whole(data):
             return False
         allocation = await self._slot_and_allocation()
         policy = parse_policy(allocation.policy)
@@ -533,41 +545,49 @@ class AsyncFile:
         return bytes(memoryview(buffer)[:n])
 
     async def readinto(self, offset: int, target: Buffer) -> int:
+        """Up to ``len(target)`` bytes at ``offset`` into ``target``; short only at end of file."""
+        return await self.preadv(offset, [target])
+
+    async def preadv(self, offset: int, targets: Sequence[Buffer]) -> int:
+        """Consecutive bytes from ``offset`` into ``targets`` in turn, as preadv(2): the count
+        read, short only at end of file. A block the targets cover whole is decoded straight
+        into them, however they split it (``Regions``); the others are copied from a block read."""
         self._check_open(write=False)
         if not self.readable:
             raise InvalidArgument(f"{self.path} is not open for reading")
         if self._dirty or self._inflight or self._written or self._changed:
             await self.flush()  # read what this handle wrote
-        out = memoryview(target).cast("B")
+        out = Regions(targets)
         end = min(self.size, offset + len(out))
         if end > offset:
             await self._cover(offset // self.block_size, (end - 1) // self.block_size + limits.read_prefetch_blocks)
         position = offset
-        whole: list[tuple[int, memoryview]] = []
+        whole: list[tuple[int, memoryview | Regions]] = []
         while position < end:
             idx, within = divmod(position, self.block_size)
             n = min(end - position, self.block_size - within)
-            target_view = out[position - offset : position - offset + n]
+            at = position - offset
             if within == 0 and self._whole_block_read(idx, n):
-                whole.append((idx, target_view))  # decoded straight into the caller's buffer, below
+                views = out.views(at, n)
+                whole.append((idx, views[0] if len(views) == 1 else Regions(views)))  # decoded in place, below
             else:
                 block = await self._committed_block(idx)
                 available = max(0, min(n, len(block) - within))
-                target_view[:available] = memoryview(block)[within : within + available]
+                out.write(at, memoryview(block)[within : within + available])
                 if available < n:  # hole or clipped tail: zeros
-                    target_view[available:] = bytes(n - available)
+                    out.write(at + available, bytes(n - available))
             position += n
         if whole:
             await self._read_whole_blocks(whole)
         self.fs.metrics.read(max(0, end - offset))
         return max(0, end - offset)
 
-    async def _read_whole_blocks(self, reads: list[tuple[int, memoryview]]) -> None:
+    async def _read_whole_blocks(self, reads: list[tuple[int, memoryview | Regions]]) -> None:
         """Blocks the caller reads whole are decoded straight into its buffer (one copy of
         the block fewer, none on the event loop thread), several at once."""
         gate = asyncio.Semaphore(limits.read_blocks_parallel_max)
 
-        async def read(idx: int, into: memoryview) -> None:
+        async def read(idx: int, into: memoryview | Regions) -> None:
             async with gate:
                 await self._read_block(self.blocks[idx], into)
 
@@ -623,7 +643,9 @@ class AsyncFile:
         the zeros before ``start``, then the stored span."""
         start = block.start
         if not start:
-            return await self._read_block(block)
+            data = await self._read_block(block)
+            assert isinstance(data, memoryview)  # (no target given: a buffer of the pool)
+            return data
         out = self.fs.buffers.get(_stored_end(block))
         out[:start] = bytes(start)
         try:
@@ -633,7 +655,7 @@ class AsyncFile:
             raise
         return out
 
-    async def _read_block(self, block: messages.Block, into: memoryview | None = None) -> memoryview:
+    async def _read_block(self, block: messages.Block, into: memoryview | Regions | None = None) -> memoryview | Regions:
         """``BlockIO.read_block``; a capability that expired while the file was open (they live
         ``limits.capability_ttl_s``) is renewed from a fresh layout segment and the read
         retried. A block the file no longer has (it was rewritten meanwhile) is StaleFile."""

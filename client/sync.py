@@ -98,6 +98,12 @@ class RawFile(io.RawIOBase):
             self._position += n
             return n
 
+    def preadv(self, buffers: Any, offset: int) -> int:
+        """Consecutive bytes from ``offset`` into ``buffers`` in turn, as ``os.preadv``: the
+        count read, short only at end of file; the file position does not move. Blocks the
+        buffers cover whole are decoded straight into them."""
+        return self._fs.run(self.handle.preadv(offset, list(buffers)))
+
     def readall(self) -> bytes:
         with self._lock:
             data = self._fs.run(self.handle.read(self._position, max(0, self.handle.size - self._position)))
@@ -113,6 +119,15 @@ class RawFile(io.RawIOBase):
             n = self._fs.run(self.handle.write(self._position, data))
             self._position += n
             return n
+
+    def pwritev(self, buffers: Any, offset: int) -> int:
+        """Write ``buffers`` end to end from ``offset``, as ``os.pwritev``: the count written;
+        the file position does not move. Blocks the buffers cover whole are encoded straight
+        from them; they may be reused once this returns."""
+        if self._aborted:
+            raise InvalidArgument(f"{self.name}: the write was aborted")
+        with self._lock:
+            return self._fs.run(self.handle.pwritev(offset, list(buffers)))
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         with self._lock:

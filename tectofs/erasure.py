@@ -17,13 +17,18 @@ run these functions off the event loop.
 from __future__ import annotations
 
 import functools
+import logging
+import os
 from typing import Callable, Sequence, cast
 
+from . import isal
 from .errors import DataUnavailable
 from .policy import Policy
+from .regions import Regions, as_regions
 
 Buffer = bytes | bytearray | memoryview
 Allocator = Callable[[int], memoryview]
+log = logging.getLogger("tectofs.erasure")
 
 SEGMENT_BYTES = 2 << 20
 FRAGMENT_HEADER_BYTES = 80
@@ -63,25 +68,94 @@ def backend_name(policy: Policy) -> str:
     return str(_driver(policy.data, policy.redundancy).ec_type) if policy.kind == "rs" else "replication"
 
 
-def encode(policy: Policy, block: Buffer, allocate: Allocator | None = None) -> list[Buffer]:
-    """Return ``policy.width`` chunks for ``block``, data chunks first. For rs, chunk buffers
-    come from ``allocate(n)`` (default: new bytearrays); for rep, every chunk is ``block``."""
+def encode(policy: Policy, block: "Buffer | Regions", allocate: Allocator | None = None) -> list[Buffer]:
+    """Return ``policy.width`` chunks for ``block`` (one buffer, or several end to end), data
+    chunks first. For rs, chunk buffers come from ``allocate(n)`` (default: new bytearrays) and
+    ``block`` is not needed once this returns; for rep, every chunk is ``block`` (joined into one
+    buffer if it came in several)."""
     if policy.kind == "rep":
-        return [block] * policy.width
-    driver = _driver(policy.data, policy.redundancy)
-    view = memoryview(block).cast("B")
-    size = chunk_length(policy, len(view))
+        return [b"".join(block.parts) if isinstance(block, Regions) else block] * policy.width
+    source = block if isinstance(block, Regions) else Regions([memoryview(block)])
+    size = chunk_length(policy, len(source))
     alloc = allocate or (lambda n: memoryview(bytearray(n)))
     chunks = [alloc(size) for _ in range(policy.width)]
+    compute = _direct_parity(policy.data, policy.redundancy)
+    if compute is not None and len(source):
+        _encode_direct(policy.data, policy.redundancy, compute, source, chunks)
+    else:
+        _encode_pyeclib(policy.data, policy.redundancy, source, chunks)
+    return cast(list[Buffer], chunks)
+
+
+def _encode_pyeclib(k: int, m: int, source: Regions, chunks: list[memoryview]) -> None:
+    driver = _driver(k, m)
     position = 0
-    for offset, n in _segments(len(view)):
-        fragments = driver.encode(view[offset : offset + n].tobytes())
+    for offset, n in _segments(len(source)):
+        fragments = driver.encode(b"".join(source.views(offset, n)))
         f = len(fragments[0])
         for chunk, fragment in zip(chunks, fragments):
             chunk[position : position + f] = fragment
         position += f
-    assert position == size
-    return cast(list[Buffer], chunks)
+    assert position == len(chunks[0])
+
+
+def _encode_direct(k: int, m: int, compute: isal.Parity, source: Regions, chunks: list[memoryview]) -> None:
+    """``_encode_pyeclib``'s chunks, byte for byte, with one copy of the data: each data
+    fragment's payload is copied into its chunk (zero-padded), its header is pyeclib's for that
+    segment length, and ISA-L writes the parity fragments in place from the data chunks."""
+    holders = [isal.address(chunk) for chunk in chunks]
+    base = [where for where, _ in holders]
+    position = 0
+    for offset, n in _segments(len(source)):
+        headers = _fragment_headers(k, m, n)
+        f = _fragment_size(k, m, n)
+        payload = f - FRAGMENT_HEADER_BYTES
+        at = position + FRAGMENT_HEADER_BYTES
+        for chunk, header in zip(chunks, headers):
+            chunk[position:at] = header
+        for i in range(k):
+            start = offset + i * payload
+            take = max(0, min(payload, offset + n - start))
+            into = at
+            for piece in source.views(start, take) if take else []:
+                chunks[i][into : into + len(piece)] = piece
+                into += len(piece)
+            if take < payload:
+                chunks[i][at + take : at + payload] = bytes(payload - take)
+        compute(payload, [b + at for b in base[:k]], [b + at for b in base[k:]])
+        position += f
+    assert position == len(chunks[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def _fragment_headers(k: int, m: int, segment_length: int) -> tuple[bytes, ...]:
+    """pyeclib's fragment headers for a segment of that length: they do not depend on the
+    data (``_direct_parity`` checks that), so encoding zeros gives them."""
+    fragments = _driver(k, m).encode(bytes(segment_length))
+    return tuple(bytes(f[:FRAGMENT_HEADER_BYTES]) for f in fragments)
+
+
+@functools.lru_cache(maxsize=32)
+def _direct_parity(k: int, m: int) -> isal.Parity | None:
+    """ISA-L's parity for rs(k, m) if ISA-L is the backend and ``_encode_direct`` gives exactly
+    ``_encode_pyeclib``'s chunks on random blocks (a whole segment and a short one, a block
+    shorter than a segment, a block of one byte); None otherwise, and encodes go through pyeclib."""
+    if _driver(k, m).ec_type.name != "isa_l_rs_vand":
+        return None
+    compute = isal.parity(k, m)
+    if compute is None:
+        return None
+    for length in (SEGMENT_BYTES + 12_345, 1_000, 1):
+        block = Regions([memoryview(os.urandom(length))])
+        size = sum(_fragment_size(k, m, n) for _, n in _segments(length))
+        expected = [memoryview(bytearray(size)) for _ in range(k + m)]
+        got = [memoryview(bytearray(size)) for _ in range(k + m)]
+        _encode_pyeclib(k, m, block, expected)
+        _encode_direct(k, m, compute, block, got)
+        if any(a != b for a, b in zip(expected, got)):
+            log.warning("encoding rs(%d,%d) with ISA-L directly differs from pyeclib; using pyeclib", k, m)
+            return None
+    return compute
 
 
 class InPlaceChunk:
@@ -90,33 +164,40 @@ class InPlaceChunk:
     the last fragment's padding) in a small spill buffer: ``pieces`` in chunk order, to receive
     the chunk into (``tectofs.protocol.Scatter``). Decoding then has nothing to copy for it."""
 
-    def __init__(self, policy: Policy, position: int, out: memoryview) -> None:
+    def __init__(self, policy: Policy, position: int, out: "memoryview | Regions") -> None:
         if policy.kind != "rs" or not 0 <= position < policy.data:
             raise ValueError(f"only the data chunks of an rs policy are placed in the block, not {position} of {policy}")
         k, m = policy.data, policy.redundancy
         self.out = out
-        layout: list[tuple[str, int, int]] = []  # (where, start, length): "spill" or "out"
-        spilled = 0
+        target = as_regions(out)
+        spill_at: list[tuple[int, int]] = []  # per segment: (header, padding) lengths in the spill buffer
+        places: list[list[memoryview]] = []  # per segment: where its payload goes in ``out``
         for offset, n in _segments(len(out)):
             payload = _fragment_size(k, m, n) - FRAGMENT_HEADER_BYTES
             start = offset + position * payload
             take = max(0, min(payload, offset + n - start))
-            layout += [("spill", spilled, FRAGMENT_HEADER_BYTES), ("out", start, take),
-                       ("spill", spilled + FRAGMENT_HEADER_BYTES, payload - take)]
-            spilled += FRAGMENT_HEADER_BYTES + payload - take
-        spill = memoryview(bytearray(spilled))
-        self.pieces = [(spill if where == "spill" else out)[start : start + n] for where, start, n in layout]
-        self._per_fragment = 3
+            places.append(target.views(start, take) if take else [])
+            spill_at.append((FRAGMENT_HEADER_BYTES, payload - take))
+        spill = memoryview(bytearray(sum(h + p for h, p in spill_at)))
+        self.pieces: list[memoryview] = []
+        self._bounds: list[tuple[int, int]] = []  # per segment: its pieces' [first, end)
+        used = 0
+        for (header, padding), place in zip(spill_at, places):
+            first = len(self.pieces)
+            self.pieces += [spill[used : used + header], *place, spill[used + header : used + header + padding]]
+            used += header + padding
+            self._bounds.append((first, len(self.pieces)))
 
     def fragment(self, segment: int) -> bytes:
         """Fragment ``segment`` of the chunk, whole (header, payload, padding), as pyeclib takes it."""
-        return b"".join(self.pieces[segment * self._per_fragment : (segment + 1) * self._per_fragment])
+        first, end = self._bounds[segment]
+        return b"".join(self.pieces[first:end])
 
 
-def decode_into(policy: Policy, chunks: dict[int, "Buffer | InPlaceChunk"], out: memoryview) -> None:
-    """Rebuild a block into ``out`` (exactly the block's length) from any ``policy.needed``
-    chunks, given as position -> bytes, or as an ``InPlaceChunk`` of ``out`` (already in
-    place: nothing to copy)."""
+def decode_into(policy: Policy, chunks: dict[int, "Buffer | InPlaceChunk"], out: "memoryview | Regions") -> None:
+    """Rebuild a block into ``out`` (exactly the block's length: one buffer, or several end to
+    end) from any ``policy.needed`` chunks, given as position -> bytes, or as an
+    ``InPlaceChunk`` of ``out`` (already in place: nothing to copy)."""
     if len(chunks) < policy.needed:
         raise DataUnavailable(f"only {len(chunks)} of the {policy.needed} chunks needed are readable")
     length = len(out)
@@ -129,9 +210,10 @@ def decode_into(policy: Policy, chunks: dict[int, "Buffer | InPlaceChunk"], out:
         source = memoryview(replica)
         if len(source) != length:
             raise DataUnavailable(f"replica of {len(source)} bytes where the block has {length}")
-        out[:] = source
+        as_regions(out).write(0, source)
         return
     k, m = policy.data, policy.redundancy
+    target = as_regions(out)
     views = {p: memoryview(c).cast("B") for p, c in chunks.items() if not isinstance(c, InPlaceChunk)}
     expected = chunk_length(policy, length)
     for p, v in views.items():
@@ -157,7 +239,7 @@ def decode_into(policy: Policy, chunks: dict[int, "Buffer | InPlaceChunk"], out:
             start = offset + i * payload
             take = max(0, min(payload, offset + n - start))
             if take:
-                out[start : start + take] = data[i][payload_at : payload_at + take]
+                target.write(start, data[i][payload_at : payload_at + take])
         position += f
 
 

@@ -13,6 +13,7 @@ block of real data costs two 64 KiB comparisons.
 from __future__ import annotations
 
 from .checksum import PIECE as PIECE_SIZE
+from .regions import Regions
 
 _ZERO_PIECE = bytes(PIECE_SIZE)
 
@@ -40,3 +41,17 @@ def data_span(view: memoryview) -> tuple[int, int]:
     while _is_zero(view[start : min(start + PIECE_SIZE, end)]):
         start += PIECE_SIZE
     return start, end
+
+
+def spans_whole(data: "memoryview | Regions") -> bool:
+    """``data_span(data) == (0, len(data))`` for a block given as one buffer or several end
+    to end: its first piece holds data and its last byte is not zero. Reads two pieces at most."""
+    n = len(data)
+    if not n:
+        return False
+    if isinstance(data, memoryview):
+        head, last = data[: min(n, PIECE_SIZE)], data[n - 1 : n]
+    else:
+        head = memoryview(b"".join(data.views(0, min(n, PIECE_SIZE))))
+        last = data.views(n - 1, 1)[0]
+    return last.tobytes() != b"\0" and not _is_zero(head)

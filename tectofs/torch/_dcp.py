@@ -175,22 +175,54 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
-class _CountingWriter:
-    """Tracks the offset of a write-only stream (``tell`` without asking the server)."""
+class _ItemWriter:
+    """Writes a file's items end to end through ``RawFile.pwritev``, in vectored writes of up
+    to ``batch_bytes``: a block the items cover whole is encoded straight from their memory
+    rather than copied into a block buffer first. Each item's crc32c is computed meanwhile
+    (those of ``_CRC_OVERLAP_BYTES`` or more on the crc threads, beside the upload). Items are
+    held, not copied, until their batch is written; ``results`` records each one written."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, name: str, batch_bytes: int) -> None:
         self.raw = raw
-        self.offset = 0
+        self.name = name
+        self.batch_bytes = batch_bytes
+        self.offset = 0  # where the next item goes
+        self.results: list[WriteResult] = []
+        self._views: list[memoryview] = []
+        self._items: list[tuple[MetadataIndex, int, int, str, str | None, Any, "cf.Future[int] | int"]] = []
+        self._batched = 0
 
-    def write(self, data: Any) -> int:
-        n = memoryview(data).nbytes
+    def add(self, index: MetadataIndex, view: memoryview, fmt: str, dtype: str | None, shape: Any) -> None:
+        n = view.nbytes
+        checksum: cf.Future[int] | int = _crc_pool().submit(crc, view) if n >= _CRC_OVERLAP_BYTES else crc(view)
         if n:
-            self.raw.write(data)
-            self.offset += n
-        return n
+            self._views.append(view)
+        self._items.append((index, self.offset, n, fmt, dtype, shape, checksum))
+        self.offset += n
+        self._batched += n
+        if self._batched >= self.batch_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the items added since the last flush; raise if the file took fewer bytes."""
+        views, items, total = self._views, self._items, self._batched
+        self._views, self._items, self._batched = [], [], 0
+        try:
+            if views:
+                start = items[0][1]
+                written = self.raw.pwritev(views, start)
+                if written != total:
+                    raise errors.CheckpointError(f"{self.name}: wrote {written} of {total} bytes at offset {start}")
+        finally:  # the crc threads read the items: done with them before the caller may reuse them
+            cf.wait([c for *_, c in items if isinstance(c, cf.Future)])
+        for index, offset, n, fmt, dtype, shape, checksum in items:
+            value = checksum.result() if isinstance(checksum, cf.Future) else checksum
+            info = _ItemInfo(self.name, offset, n, value, fmt, dtype, shape)
+            self.results.append(WriteResult(index=index, size_in_bytes=n, storage_data=info))
 
 
 _CRC_OVERLAP_BYTES = 4 * MiB
+_WRITE_BATCH_BYTES = 1024 * MiB  # items held for one vectored write (a block astride two batches is copied)
 _crc_executor: tuple[int, cf.ThreadPoolExecutor] | None = None
 _crc_lock = threading.Lock()
 
@@ -442,14 +474,12 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         """Write ``items`` into the new file ``path`` (``name`` in the checkpoint), each
         recorded with its offset, length, format and crc32c."""
         compress = self._plan_data is not None and self._plan_data.compress
-        results = []
         # Small objects first, then tensors (like FileSystemWriter): cheap items never wait.
         items = sorted(items, key=lambda it: it.type != WriteItemType.BYTE_IO)
-        with fs.open(path, "wb") as raw:
-            out = _CountingWriter(raw)
+        with fs.open(path, "wb", buffering=0) as raw:
+            out = _ItemWriter(raw, name, _WRITE_BATCH_BYTES)
             for item in items:
                 data = planner.resolve_data(item)
-                offset = out.offset
                 dtype = shape = None
                 view: memoryview | None
                 if item.type == WriteItemType.BYTE_IO:
@@ -476,27 +506,10 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                         buf = io.BytesIO()
                         torch.save(_minimal(tensor), buf)
                         view, fmt = buf.getbuffer(), "torch"
-                if view.nbytes >= _CRC_OVERLAP_BYTES:
-                    # crc32c releases the GIL: checksum in a helper thread while the client
-                    # copies the same bytes into its block buffers.
-                    pending_crc = _crc_pool().submit(crc, view)
-                    try:
-                        out.write(view)
-                    finally:
-                        checksum = pending_crc.result()
-                else:
-                    checksum = crc(view)
-                    out.write(view)
-                length = out.offset - offset
+                out.add(item.index, view, fmt, dtype, shape)
                 del view
-                results.append(
-                    WriteResult(
-                        index=item.index,
-                        size_in_bytes=length,
-                        storage_data=_ItemInfo(name, offset, length, checksum, fmt, dtype, shape),
-                    )
-                )
-        return results
+            out.flush()
+        return out.results
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         with self._step("commit checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"), \

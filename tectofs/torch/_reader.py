@@ -235,19 +235,13 @@ class CheckpointReader(StorageReader):
         if task.spans:
             raw = fs.open(f"{loc.path}/{task.path}", "rb", buffering=0)
             try:
-                for start, length, parts in task.spans:
-                    if len(parts) == 1 and parts[0][0] == start and parts[0][2] == length:
-                        _, load, _ = parts[0]
-                        lo = start - load.info.offset
-                        assert load.dest is not None  # resolved before the task is read
-                        self._read_exact(raw, loc, task.path, start, load.dest[lo : lo + length])
-                    else:  # small neighbours: one read, then copied out
-                        buf = memoryview(bytearray(length))
-                        self._read_exact(raw, loc, task.path, start, buf)
-                        for offset, load, n in parts:
-                            lo = offset - load.info.offset
-                            assert load.dest is not None
-                            load.dest[lo : lo + n] = buf[offset - start : offset - start + n]
+                in_order = [part for _, _, parts in task.spans for part in parts]
+                if len(in_order) > 1 and _contiguous(in_order):
+                    # The items fill the window end to end: one vectored read, and a block they
+                    # cover whole is decoded straight into their destinations (no block copy).
+                    self._preadv_exact(raw, loc, task.path, in_order)
+                else:
+                    self._read_spans(raw, loc, task)
             finally:
                 raw.close()
         for load in task.loads:
@@ -262,9 +256,39 @@ class CheckpointReader(StorageReader):
                 completed.append(load)
         return completed
 
+    def _read_spans(self, raw: Any, loc: _uri.Location, task: "_Task") -> None:
+        for start, length, parts in task.spans:
+            if len(parts) == 1 and parts[0][0] == start and parts[0][2] == length:
+                _, load, _ = parts[0]
+                lo = start - load.info.offset
+                assert load.dest is not None  # resolved before the task is read
+                self._read_exact(raw, loc, task.path, start, load.dest[lo : lo + length])
+            else:  # small neighbours: one read, then copied out
+                buf = memoryview(bytearray(length))
+                self._read_exact(raw, loc, task.path, start, buf)
+                for offset, load, n in parts:
+                    lo = offset - load.info.offset
+                    assert load.dest is not None
+                    load.dest[lo : lo + n] = buf[offset - start : offset - start + n]
+
     def _block_size(self, fs: Any, path: str) -> int:
         with self._step("stat", path):
             return fs.stat(path).block_size
+
+    @staticmethod
+    def _preadv_exact(raw: Any, loc: _uri.Location, path: str, parts: list[tuple[int, "_Load", int]]) -> None:
+        """Read consecutive ``parts`` (file offset, load, length) into their loads' destinations."""
+        views = []
+        for offset, load, n in parts:
+            assert load.dest is not None  # resolved before the task is read
+            lo = offset - load.info.offset
+            views.append(load.dest[lo : lo + n])
+        start, total = parts[0][0], sum(n for _, _, n in parts)
+        got = raw.preadv(views, start)
+        if got != total:
+            raise errors.CheckpointError(
+                f"{loc.uri()}: file {path} is shorter than recorded (read {got} of {total} bytes at offset {start})"
+            )
 
     @staticmethod
     def _read_exact(raw: Any, loc: _uri.Location, path: str, offset: int, into: memoryview) -> None:
@@ -378,6 +402,11 @@ class _Task:
 
 
 _SMALL_READ_BYTES = 1 << 20
+
+
+def _contiguous(parts: list[tuple[int, "_Load", int]]) -> bool:
+    """Does each part (file offset, load, length) start where the one before it ends?"""
+    return all(a[0] + a[2] == b[0] for a, b in zip(parts, parts[1:]))
 
 
 def _plan_tasks(ordered: list[_Load], block_sizes: dict[str, int], max_read: int, gap: int) -> list[_Task]:
