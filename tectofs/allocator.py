@@ -5,14 +5,16 @@ pyeclib's encode allocates transient buffers of 0.5-2 MiB per segment (the segme
 freed, then raises its mmap threshold to that size and its trim threshold to twice it
 (about 4 MiB here), and trims the heap back to the kernel whenever more than that is free
 at its top. Two codec threads encoding at once keep crossing that line: every GB saved cost
-the client about 40,000 page faults, each a fresh zeroed page.
+the client about 40,000 page faults, each a fresh zeroed page. (Encodes now call ISA-L
+directly, ``tectofs.isal``, and allocate nothing per segment; pyeclib's path remains where
+ISA-L is not found, for decodes that rebuild fragments, and for repair.)
 
 ``tune()`` sets, once per process, ``M_MMAP_THRESHOLD`` to 32 MiB (the ceiling of glibc's own
 dynamic threshold on 64-bit) and ``M_TRIM_THRESHOLD`` to 64 MiB (twice that, as glibc's dynamic
 rule would set it). Blocks above 32 MiB (large tensors) are still mapped and unmapped on their
 own; at most 64 MiB of free memory stays at the top of each heap (arena) instead of being given
 back, so a process with many allocating threads may hold somewhat more memory. Measured with
-two threads encoding 1 GiB through ``erasure.encode`` (``python bench/allocator_faults.py``):
+two threads encoding 1 GiB through ``erasure.encode`` (``python bench/encode_cpu.py --compare malloc``, on pyeclib's path):
 page faults per GB 41,493 -> 1 and encode CPU 0.422 -> 0.322 s per GB (medians of 5).
 
 Off with ``TECTOFS_MALLOC_TUNING=0``; a no-op where the C library is not glibc.

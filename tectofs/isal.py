@@ -136,27 +136,60 @@ def crc32c(buffer: Buffer, value: int = 0) -> int:
 
 
 def crc32c_pieces(buffer: Buffer, piece_bytes: int, whole: bool) -> tuple[list[int], int]:
-    """crc32c of each ``piece_bytes`` slice of ``buffer``, and (if ``whole``) of all of it,
-    each piece read again for the whole while it is still in the CPU's cache."""
+    """crc32c of each ``piece_bytes`` slice of ``buffer``, and (if ``whole``) of all of it.
+    The whole is folded from the pieces' crcs (``_Shift``) rather than read a second time."""
     lib = _load()
     view = memoryview(buffer).cast("B")
-    pieces: list[int] = []
-    total = 0
     if lib is None or not len(view):
-        for i in range(0, len(view), piece_bytes):
-            piece = view[i : i + piece_bytes]
-            pieces.append(_reference_crc.crc32c(piece))
-            if whole:
-                total = _reference_crc.crc32c(piece, total)
-        return pieces, total
-    where, _keep = address(view)
-    crc = lib.crc32_iscsi
-    for i in range(0, len(view), piece_bytes):
-        n = min(piece_bytes, len(view) - i)
-        pieces.append(crc(where + i, n, 0xFFFFFFFF) ^ 0xFFFFFFFF)
-        if whole:
-            total = crc(where + i, n, total ^ 0xFFFFFFFF) ^ 0xFFFFFFFF
-    return pieces, total
+        pieces = [_reference_crc.crc32c(view[i : i + piece_bytes]) for i in range(0, len(view), piece_bytes)]
+    else:
+        where, _keep = address(view)
+        crc = lib.crc32_iscsi
+        pieces = [crc(where + i, min(piece_bytes, len(view) - i), 0xFFFFFFFF) ^ 0xFFFFFFFF
+                  for i in range(0, len(view), piece_bytes)]
+    if not whole or not pieces:
+        return pieces, 0
+    shift = _shift(piece_bytes)
+    total = 0
+    for value in pieces[:-1]:
+        total = shift(total) ^ value
+    last = len(view) - (len(pieces) - 1) * piece_bytes
+    if last == piece_bytes:
+        return pieces, shift(total) ^ pieces[-1]
+    return pieces, crc32c(view[len(view) - last :], total)  # a short last piece: read again, from where the rest left off
+
+
+class _Shift:
+    """What the crc of some bytes becomes when ``length`` more bytes follow, apart from those
+    bytes' own crc: crc32c(A + B) == shift(crc32c(A)) ^ crc32c(B) for any B of ``length`` bytes
+    (zlib's ``crc32_combine``). The map is linear over GF(2), so it is learnt from the crc
+    library itself: its image of each bit, ``crc32c(zeros, bit) ^ crc32c(zeros, 0)``, in byte
+    tables. Nothing of the crc is computed here but that fold."""
+
+    def __init__(self, length: int) -> None:
+        zeros = bytes(length)
+        base = _reference_crc.crc32c(zeros, 0)
+        images = [_reference_crc.crc32c(zeros, 1 << bit) ^ base for bit in range(32)]
+        self.tables = []
+        for byte in range(4):
+            table = [0] * 256
+            for value in range(1, 256):
+                low = value & -value
+                table[value] = table[value ^ low] ^ images[8 * byte + low.bit_length() - 1]
+            self.tables.append(table)
+        sample = os.urandom(2 * length)
+        a, b = _reference_crc.crc32c(sample[:length]), _reference_crc.crc32c(sample[length:])
+        if self(a) ^ b != _reference_crc.crc32c(sample):  # cannot happen for a crc; checked all the same
+            raise AssertionError(f"crc32c shift by {length} bytes disagrees with the crc32c package")
+
+    def __call__(self, value: int) -> int:
+        t0, t1, t2, t3 = self.tables
+        return t0[value & 0xFF] ^ t1[(value >> 8) & 0xFF] ^ t2[(value >> 16) & 0xFF] ^ t3[value >> 24]
+
+
+@functools.lru_cache(maxsize=8)
+def _shift(length: int) -> _Shift:
+    return _Shift(length)
 
 
 @functools.lru_cache(maxsize=32)

@@ -1,4 +1,4 @@
-"""The one-pass piece and whole-chunk crcs agree with computing them apart."""
+"""The piece crcs and the whole-chunk crc folded from them agree with computing them apart."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tectofs import checksum
 
 
 @pytest.mark.parametrize("length", [0, 1, checksum.PIECE - 1, checksum.PIECE, checksum.PIECE + 1, 5 * checksum.PIECE + 77])
-def test_piece_and_whole_crcs_in_one_pass_match_separate_passes(length):
+def test_piece_and_whole_crcs_match_separate_passes(length):
     data = memoryview(bytearray(os.urandom(length)))
     pieces, whole = checksum.piece_and_whole_crcs(data)
     assert pieces == checksum.piece_crcs(data)

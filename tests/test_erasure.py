@@ -109,3 +109,22 @@ def test_only_data_chunks_of_rs_are_placed_and_only_in_their_own_buffer():
     elsewhere = _received_in_place(policy, chunks[0], 0, memoryview(bytearray(4096)))
     with pytest.raises(ValueError):
         erasure.decode_into(policy, {0: elsewhere, 1: chunks[1], 2: chunks[2], 3: chunks[3]}, out)
+
+
+@pytest.mark.parametrize("length", [1, SEGMENT + 1, 3 * SEGMENT + 12345])
+def test_a_block_split_over_several_buffers_decodes_in_place_with_any_survivors(length):
+    """A vectored read's destination (``Regions``: the block cut at odd places, one cut inside a
+    fragment header's span): data chunks received into it, lost ones rebuilt around them."""
+    from tectofs.regions import Regions
+
+    policy = parse("rs(4,2)")
+    data = os.urandom(length)
+    chunks = erasure.encode(policy, data)
+    cuts = sorted({0, length, min(length, 7), length // 3, length // 2 + 1})
+    for subset in itertools.combinations(range(policy.width), policy.data):
+        parts = [memoryview(bytearray(os.urandom(b - a))) for a, b in zip(cuts, cuts[1:])]
+        out = Regions(parts)
+        survivors = {p: (_received_in_place(policy, chunks[p], p, out) if p < policy.data else chunks[p])
+                     for p in subset}
+        erasure.decode_into(policy, survivors, out)
+        assert b"".join(parts) == data, subset
