@@ -102,7 +102,8 @@ class RawFile(io.RawIOBase):
         """Consecutive bytes from ``offset`` into ``buffers`` in turn, as ``os.preadv``: the
         count read, short only at end of file; the file position does not move. Blocks the
         buffers cover whole are decoded straight into them."""
-        return self._fs.run(self.handle.preadv(offset, list(buffers)))
+        with self._lock:
+            return self._fs.run(self.handle.preadv(offset, list(buffers)))
 
     def readall(self) -> bytes:
         with self._lock:
@@ -122,8 +123,9 @@ class RawFile(io.RawIOBase):
 
     def pwritev(self, buffers: Any, offset: int) -> int:
         """Write ``buffers`` end to end from ``offset``, as ``os.pwritev``: the count written;
-        the file position does not move. Blocks the buffers cover whole are encoded straight
-        from them; they may be reused once this returns."""
+        the file position does not move, and ``offset`` is used as given in append mode too.
+        Blocks the buffers cover whole are encoded straight from them; they may be reused once
+        this returns."""
         if self._aborted:
             raise InvalidArgument(f"{self.name}: the write was aborted")
         with self._lock:

@@ -32,8 +32,8 @@ def piece_crcs(data: bytes | bytearray | memoryview, piece_bytes: int = PIECE) -
 
 
 def piece_and_whole_crcs(data: bytes | bytearray | memoryview, piece_bytes: int = PIECE) -> tuple[list[int], int]:
-    """``piece_crcs(data)`` and ``crc(data)``, reading ``data`` once: the whole-chunk crc is
-    folded from the pieces' (``isal.crc32c_pieces``)."""
+    """``piece_crcs(data)`` and ``crc(data)``: the whole-chunk crc is folded from the pieces'
+    (``isal.crc32c_pieces``), so only a short last piece is read twice."""
     return isal.crc32c_pieces(data, piece_bytes, whole=True)
 
 

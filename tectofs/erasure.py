@@ -80,34 +80,52 @@ def encode(policy: Policy, block: "Buffer | Regions", allocate: Allocator | None
     alloc = allocate or (lambda n: memoryview(bytearray(n)))
     chunks = [alloc(size) for _ in range(policy.width)]
     compute = _direct_parity(policy.data, policy.redundancy)
-    if compute is not None and len(source):
-        _encode_direct(policy.data, policy.redundancy, compute, source, chunks)
+    holders = [isal.address(chunk) for chunk in chunks] if compute is not None and len(source) else []
+    if compute is not None and holders and all(h is not None for h in holders):
+        _encode_direct(policy.data, policy.redundancy, compute, source, chunks, [h[0] for h in holders if h])
     else:
         _encode_pyeclib(policy.data, policy.redundancy, source, chunks)
     return cast(list[Buffer], chunks)
 
 
 def _encode_pyeclib(k: int, m: int, source: Regions, chunks: list[memoryview]) -> None:
-    driver = _driver(k, m)
     position = 0
     for offset, n in _segments(len(source)):
-        fragments = driver.encode(b"".join(source.views(offset, n)))
-        f = len(fragments[0])
-        for chunk, fragment in zip(chunks, fragments):
-            chunk[position : position + f] = fragment
-        position += f
+        position += _pyeclib_segment(k, m, source, offset, n, chunks, position)
     assert position == len(chunks[0])
 
 
-def _encode_direct(k: int, m: int, compute: isal.Parity, source: Regions, chunks: list[memoryview]) -> None:
+def _pyeclib_segment(k: int, m: int, source: Regions, offset: int, n: int, chunks: list[memoryview], position: int) -> int:
+    """Encode the segment ``[offset, offset + n)`` with pyeclib into the chunks at ``position``;
+    returns the fragment size. Its fragments' headers are remembered for ``_encode_direct``."""
+    fragments = _driver(k, m).encode(b"".join(source.views(offset, n)))
+    f = len(fragments[0])
+    for chunk, fragment in zip(chunks, fragments):
+        chunk[position : position + f] = fragment
+    if len(_headers) >= _HEADERS_MAX:
+        _headers.clear()
+    _headers[(k, m, n)] = tuple(bytes(fragment[:FRAGMENT_HEADER_BYTES]) for fragment in fragments)
+    return f
+
+
+_HEADERS_MAX = 4096
+_headers: dict[tuple[int, int, int], tuple[bytes, ...]] = {}  # (k, m, segment length) -> pyeclib's fragment headers
+
+
+def _encode_direct(
+    k: int, m: int, compute: isal.Parity, source: Regions, chunks: list[memoryview], addresses: list[int]
+) -> None:
     """``_encode_pyeclib``'s chunks, byte for byte, with one copy of the data: each data
     fragment's payload is copied into its chunk (zero-padded), its header is pyeclib's for that
-    segment length, and ISA-L writes the parity fragments in place from the data chunks."""
-    holders = [isal.address(chunk) for chunk in chunks]
-    base = [where for where, _ in holders]
+    segment length (they do not depend on the data: ``_direct_parity`` checks that), and ISA-L
+    writes the parity fragments in place from the data chunks. A segment length met for the
+    first time is encoded by pyeclib instead, which gives its headers."""
     position = 0
     for offset, n in _segments(len(source)):
-        headers = _fragment_headers(k, m, n)
+        headers = _headers.get((k, m, n))
+        if headers is None:
+            position += _pyeclib_segment(k, m, source, offset, n, chunks, position)
+            continue
         f = _fragment_size(k, m, n)
         payload = f - FRAGMENT_HEADER_BYTES
         at = position + FRAGMENT_HEADER_BYTES
@@ -122,40 +140,39 @@ def _encode_direct(k: int, m: int, compute: isal.Parity, source: Regions, chunks
                 into += len(piece)
             if take < payload:
                 chunks[i][at + take : at + payload] = bytes(payload - take)
-        compute(payload, [b + at for b in base[:k]], [b + at for b in base[k:]])
+        compute(payload, [a + at for a in addresses[:k]], [a + at for a in addresses[k:]])
         position += f
     assert position == len(chunks[0])
-
-
-@functools.lru_cache(maxsize=4096)
-def _fragment_headers(k: int, m: int, segment_length: int) -> tuple[bytes, ...]:
-    """pyeclib's fragment headers for a segment of that length: they do not depend on the
-    data (``_direct_parity`` checks that), so encoding zeros gives them."""
-    fragments = _driver(k, m).encode(bytes(segment_length))
-    return tuple(bytes(f[:FRAGMENT_HEADER_BYTES]) for f in fragments)
 
 
 @functools.lru_cache(maxsize=32)
 def _direct_parity(k: int, m: int) -> isal.Parity | None:
     """ISA-L's parity for rs(k, m) if ISA-L is the backend and ``_encode_direct`` gives exactly
     ``_encode_pyeclib``'s chunks on random blocks (a whole segment and a short one, a block
-    shorter than a segment, a block of one byte); None otherwise, and encodes go through pyeclib."""
-    if _driver(k, m).ec_type.name != "isa_l_rs_vand":
-        return None
-    compute = isal.parity(k, m)
-    if compute is None:
-        return None
-    for length in (SEGMENT_BYTES + 12_345, 1_000, 1):
-        block = Regions([memoryview(os.urandom(length))])
-        size = sum(_fragment_size(k, m, n) for _, n in _segments(length))
-        expected = [memoryview(bytearray(size)) for _ in range(k + m)]
-        got = [memoryview(bytearray(size)) for _ in range(k + m)]
-        _encode_pyeclib(k, m, block, expected)
-        _encode_direct(k, m, compute, block, got)
-        if any(a != b for a, b in zip(expected, got)):
-            log.warning("encoding rs(%d,%d) with ISA-L directly differs from pyeclib; using pyeclib", k, m)
+    shorter than a segment, a block of one byte; each encoded twice, so that the second time
+    takes the direct path with the headers the first left); None otherwise, and encodes go
+    through pyeclib."""
+    try:
+        if _driver(k, m).ec_type.name != "isa_l_rs_vand":
             return None
-    return compute
+        compute = isal.parity(k, m)
+        if compute is None:
+            return None
+        for length in (SEGMENT_BYTES + 12_345, 1_000, 1):
+            block = Regions([memoryview(os.urandom(length))])
+            size = sum(_fragment_size(k, m, n) for _, n in _segments(length))
+            expected = [memoryview(bytearray(size)) for _ in range(k + m)]
+            _encode_pyeclib(k, m, block, expected)  # (leaves the headers of these lengths)
+            got = [memoryview(bytearray(size)) for _ in range(k + m)]
+            holders = [isal.address(chunk) for chunk in got]
+            _encode_direct(k, m, compute, block, got, [h[0] for h in holders if h])
+            if any(a != b for a, b in zip(expected, got)):
+                log.warning("encoding rs(%d,%d) with ISA-L directly differs from pyeclib; using pyeclib", k, m)
+                return None
+        return compute
+    except Exception as exc:  # whatever went wrong, pyeclib's path still works
+        log.warning("encoding rs(%d,%d) with ISA-L directly failed its check (%s); using pyeclib", k, m, exc)
+        return None
 
 
 class InPlaceChunk:

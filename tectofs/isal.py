@@ -90,17 +90,15 @@ def _open() -> ctypes.CDLL | None:
     return lib
 
 
-def address(buffer: Buffer) -> tuple[int, object]:
-    """The address of ``buffer``'s first byte and an object to keep alive while it is used.
-    ``buffer`` must be C-contiguous and not empty."""
+def address(buffer: Buffer) -> tuple[int, object] | None:
+    """The address of ``buffer``'s first byte and an object to keep alive while it is used, or
+    None for a read-only buffer (ctypes takes the address of writable ones only; callers then
+    use the reference path). ``buffer`` must be C-contiguous and not empty."""
     try:
-        holder: object = ctypes.c_char.from_buffer(buffer)  # writable buffers: no copy, fast
-        return ctypes.addressof(holder), holder  # type: ignore[arg-type]
+        holder = ctypes.c_char.from_buffer(buffer)  # type: ignore[arg-type]  # no copy
     except TypeError:  # read-only (bytes, a view of bytes)
-        import numpy
-
-        array = numpy.frombuffer(buffer, dtype=numpy.uint8)
-        return int(array.ctypes.data), array
+        return None
+    return ctypes.addressof(holder), holder
 
 
 def _crc_at(lib: ctypes.CDLL, where: int, length: int, value: int) -> int:
@@ -112,7 +110,9 @@ def _crc_at(lib: ctypes.CDLL, where: int, length: int, value: int) -> int:
 
 def _crc_agrees(lib: ctypes.CDLL) -> bool:
     data = bytearray(os.urandom(70_001))
-    where, _keep = address(data)
+    found = address(data)
+    assert found is not None  # (a bytearray is writable)
+    where, _keep = found
     for length, value in ((1, 0), (63, 0x12345678), (4096, 0), (65_536, 0xFFFFFFFF), (70_001, 7)):
         if _crc_at(lib, where, length, value) != _reference_crc.crc32c(memoryview(data)[:length], value):
             return False
@@ -129,21 +129,24 @@ def crc32c(buffer: Buffer, value: int = 0) -> int:
     available; the GIL is released during the computation either way."""
     lib = _load()
     n = memoryview(buffer).nbytes
-    if lib is None or n < 4096:  # short buffers: the package's call costs less than ctypes'
+    found = address(buffer) if lib is not None and n >= 4096 else None  # (short: the package's call costs less)
+    if lib is None or found is None:
         return _reference_crc.crc32c(buffer, value)
-    where, _keep = address(buffer)
+    where, _keep = found
     return _crc_at(lib, where, n, value)
 
 
 def crc32c_pieces(buffer: Buffer, piece_bytes: int, whole: bool) -> tuple[list[int], int]:
     """crc32c of each ``piece_bytes`` slice of ``buffer``, and (if ``whole``) of all of it.
-    The whole is folded from the pieces' crcs (``_Shift``) rather than read a second time."""
+    The whole is folded from the pieces' crcs (``_Shift``) rather than read a second time
+    (all but a last piece shorter than the others, which is read again)."""
     lib = _load()
     view = memoryview(buffer).cast("B")
-    if lib is None or not len(view):
+    found = address(view) if lib is not None and len(view) else None
+    if lib is None or found is None:
         pieces = [_reference_crc.crc32c(view[i : i + piece_bytes]) for i in range(0, len(view), piece_bytes)]
     else:
-        where, _keep = address(view)
+        where, _keep = found
         crc = lib.crc32_iscsi
         pieces = [crc(where + i, min(piece_bytes, len(view) - i), 0xFFFFFFFF) ^ 0xFFFFFFFF
                   for i in range(0, len(view), piece_bytes)]

@@ -17,7 +17,8 @@ class Regions:
     covers it; empty parts are dropped."""
 
     def __init__(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-        self.parts = [memoryview(p).cast("B") for p in parts if len(p)]
+        views = (memoryview(p).cast("B") for p in parts)
+        self.parts = [v for v in views if v.nbytes]
         self._starts: list[int] = []
         total = 0
         for part in self.parts:

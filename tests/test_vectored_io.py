@@ -124,3 +124,37 @@ def test_the_plugin_writes_and_reads_items_across_blocks_without_block_copies(cl
     dcp.load(out, storage_reader=tt.CheckpointReader(ckpt))
     assert all(torch.equal(sd[k], out[k]) for k in sd)
     assert paths_taken["read"] >= 5
+
+
+@pytest.mark.torch
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_the_plugin_holds_few_copies_made_for_the_save(cluster, monkeypatch):
+    """Items the save made (compressed frames) are written once they add up to the temporary
+    limit; the caller's own tensors are held up to the larger batch limit."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    import tectofs.torch as tt
+    from tectofs.client import sync
+    from tectofs.torch import _dcp
+
+    monkeypatch.setattr(_dcp, "_WRITE_BATCH_TEMPORARY_BYTES", 1 * MiB)
+    writes = []
+    real = sync.RawFile.pwritev
+
+    def counted(self, buffers, offset):
+        writes.append(len(buffers))
+        return real(self, buffers, offset)
+
+    monkeypatch.setattr(sync.RawFile, "pwritev", counted)
+    torch.manual_seed(5)
+    sd = {f"t{i}": torch.randn(300_000).to(torch.bfloat16) for i in range(8)}  # 0.6 MB each, 0.4 MB compressed
+    for compress, most in ((False, 1), (True, 8)):
+        writes.clear()
+        ckpt = f"tectofs://{cluster.address}/vectored-temporary-{compress}/step_1"
+        dcp.save(sd, storage_writer=tt.CheckpointWriter(ckpt, thread_count=1, compress=compress))
+        assert 1 <= len(writes) <= most and (len(writes) > 1) == compress, (compress, writes)
+        out = {k: torch.empty_like(v) for k, v in sd.items()}
+        dcp.load(out, storage_reader=tt.CheckpointReader(ckpt))
+        assert all(torch.equal(sd[k], out[k]) for k in sd)

@@ -176,23 +176,27 @@ def _dtype_from_name(name: str) -> torch.dtype:
 
 
 class _ItemWriter:
-    """Writes a file's items end to end through ``RawFile.pwritev``, in vectored writes of up
-    to ``batch_bytes``: a block the items cover whole is encoded straight from their memory
-    rather than copied into a block buffer first. Each item's crc32c is computed meanwhile
-    (those of ``_CRC_OVERLAP_BYTES`` or more on the crc threads, beside the upload). Items are
-    held, not copied, until their batch is written; ``results`` records each one written."""
+    """Writes a file's items end to end through ``RawFile.pwritev``, in vectored writes: a
+    block the items cover whole is encoded straight from their memory rather than copied into a
+    block buffer first. Each item's crc32c is computed meanwhile (those of ``_CRC_OVERLAP_BYTES``
+    or more on the crc threads, beside the upload). Items are held, not copied, until their
+    batch is written: a batch is written once it holds ``batch_bytes``, or ``temporary_bytes``
+    of items made for the save (copies, compressed frames, pickles: memory the caller does not
+    already hold). ``results`` records each item written."""
 
-    def __init__(self, raw: Any, name: str, batch_bytes: int) -> None:
+    def __init__(self, raw: Any, name: str, batch_bytes: int, temporary_bytes: int) -> None:
         self.raw = raw
         self.name = name
         self.batch_bytes = batch_bytes
+        self.temporary_bytes = temporary_bytes
         self.offset = 0  # where the next item goes
         self.results: list[WriteResult] = []
         self._views: list[memoryview] = []
         self._items: list[tuple[MetadataIndex, int, int, str, str | None, Any, "cf.Future[int] | int"]] = []
-        self._batched = 0
+        self._batched = self._temporary = 0
 
-    def add(self, index: MetadataIndex, view: memoryview, fmt: str, dtype: str | None, shape: Any) -> None:
+    def add(self, index: MetadataIndex, view: memoryview, fmt: str, dtype: str | None, shape: Any,
+            temporary: bool) -> None:
         n = view.nbytes
         checksum: cf.Future[int] | int = _crc_pool().submit(crc, view) if n >= _CRC_OVERLAP_BYTES else crc(view)
         if n:
@@ -200,13 +204,14 @@ class _ItemWriter:
         self._items.append((index, self.offset, n, fmt, dtype, shape, checksum))
         self.offset += n
         self._batched += n
-        if self._batched >= self.batch_bytes:
+        self._temporary += n if temporary else 0
+        if self._batched >= self.batch_bytes or self._temporary >= self.temporary_bytes:
             self.flush()
 
     def flush(self) -> None:
         """Write the items added since the last flush; raise if the file took fewer bytes."""
         views, items, total = self._views, self._items, self._batched
-        self._views, self._items, self._batched = [], [], 0
+        self._views, self._items, self._batched, self._temporary = [], [], 0, 0
         try:
             if views:
                 start = items[0][1]
@@ -223,6 +228,7 @@ class _ItemWriter:
 
 _CRC_OVERLAP_BYTES = 4 * MiB
 _WRITE_BATCH_BYTES = 1024 * MiB  # items held for one vectored write (a block astride two batches is copied)
+_WRITE_BATCH_TEMPORARY_BYTES = 128 * MiB  # ... of which copies made for the save (what a batch costs in memory)
 _crc_executor: tuple[int, cf.ThreadPoolExecutor] | None = None
 _crc_lock = threading.Lock()
 
@@ -477,10 +483,11 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         # Small objects first, then tensors (like FileSystemWriter): cheap items never wait.
         items = sorted(items, key=lambda it: it.type != WriteItemType.BYTE_IO)
         with fs.open(path, "wb", buffering=0) as raw:
-            out = _ItemWriter(raw, name, _WRITE_BATCH_BYTES)
+            out = _ItemWriter(raw, name, _WRITE_BATCH_BYTES, _WRITE_BATCH_TEMPORARY_BYTES)
             for item in items:
                 data = planner.resolve_data(item)
                 dtype = shape = None
+                temporary = True  # the bytes written were made for this save (not the caller's tensor itself)
                 view: memoryview | None
                 if item.type == WriteItemType.BYTE_IO:
                     if not isinstance(data, io.BytesIO):
@@ -491,6 +498,8 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                     tensor = cast(torch.Tensor, data).detach()
                     if tensor.device.type != "cpu":
                         tensor = tensor.cpu()
+                    else:  # (``_raw_view`` copies these too)
+                        temporary = not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()
                     if tensor.layout != torch.strided:
                         raise errors.CheckpointError(
                             f"item {_describe(item.index)}: {tensor.layout} tensors cannot be checkpointed "
@@ -501,12 +510,12 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                         fmt, dtype, shape = "raw", _dtype_name(tensor.dtype), tuple(tensor.shape)
                         encoded = tensor_codec.encode(view, dtype) if compress and view.nbytes else None
                         if encoded is not None:
-                            view, fmt = memoryview(encoded.frame), "zraw"
+                            view, fmt, temporary = memoryview(encoded.frame), "zraw", True
                     else:
                         buf = io.BytesIO()
                         torch.save(_minimal(tensor), buf)
-                        view, fmt = buf.getbuffer(), "torch"
-                out.add(item.index, view, fmt, dtype, shape)
+                        view, fmt, temporary = buf.getbuffer(), "torch", True
+                out.add(item.index, view, fmt, dtype, shape, temporary)
                 del view
             out.flush()
         return out.results
