@@ -123,3 +123,55 @@ def test_a_damaged_compressed_item_is_named_not_loaded(cluster: Any) -> None:
         dcp.load({"w": torch.zeros(128, 128, dtype=torch.bfloat16)}, checkpoint_id=ckpt)
     ((exc, _),) = excinfo.value.failures.values()
     assert isinstance(exc, ChecksumMismatch) and "w" in str(exc)
+
+
+def test_items_are_compressed_in_parallel_ahead_of_the_upload(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one writer thread, several items are compressed at once (on the codec pool), and
+    they are stored in their order all the same."""
+    import threading
+    import time
+
+    from tectofs import tensor_codec
+
+    real, lock, running, most = tensor_codec.encode, threading.Lock(), [0], [0]
+
+    def slow_encode(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(tensor_codec, "encode", slow_encode)
+    g = torch.Generator().manual_seed(11)
+    sd = {f"w{i}": torch.randn(50_000, generator=g).to(torch.bfloat16) for i in range(8)}
+    ckpt = f"tectofs://{cluster.address}/compress-parallel-{os.getpid()}/step_1"
+    dcp.save(sd, storage_writer=tt.CheckpointWriter(ckpt, thread_count=1, compress=True))
+    assert most[0] >= min(2, os.cpu_count() or 1)
+    fmts, _ = _stored(cluster, ckpt)
+    assert set(fmts.values()) == {"zraw"}
+    out = _blank(sd)
+    dcp.load(out, storage_reader=tt.CheckpointReader(ckpt))
+    _same(sd, out)
+
+
+def test_a_failed_compression_fails_the_save_and_publishes_nothing(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tectofs import tensor_codec
+
+    real = tensor_codec.encode
+
+    def failing(data: Any, dtype: str, *args: Any, **kwargs: Any) -> Any:
+        if memoryview(data).nbytes == 2 * 40_000:  # the fourth tensor
+            raise MemoryError("no memory for the frame")
+        return real(data, dtype, *args, **kwargs)
+
+    monkeypatch.setattr(tensor_codec, "encode", failing)
+    sd = {f"w{i}": torch.randn(10_000 * (i + 1)).to(torch.bfloat16) for i in range(6)}
+    run = f"tectofs://{cluster.address}/compress-failing-{os.getpid()}"
+    with pytest.raises(CheckpointException):
+        dcp.save(sd, storage_writer=tt.CheckpointWriter(f"{run}/step_1", thread_count=1, compress=True))
+    assert tt.latest(run) is None

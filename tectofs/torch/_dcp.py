@@ -35,6 +35,7 @@ objects are the planner's pickled ``BytesIO``.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import dataclasses
 import io
@@ -175,6 +176,18 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+@dataclass
+class _Item:
+    """One item's bytes as they will be stored, and what records them."""
+
+    index: MetadataIndex
+    view: memoryview
+    fmt: str
+    dtype: str | None
+    shape: Any
+    temporary: bool  # the bytes were made for this save (a copy, a pickle, a frame), not the caller's own
+
+
 class _ItemWriter:
     """Writes a file's items end to end through ``RawFile.pwritev``, in vectored writes: a
     block the items cover whole is encoded straight from their memory rather than copied into a
@@ -195,16 +208,15 @@ class _ItemWriter:
         self._items: list[tuple[MetadataIndex, int, int, str, str | None, Any, "cf.Future[int] | int"]] = []
         self._batched = self._temporary = 0
 
-    def add(self, index: MetadataIndex, view: memoryview, fmt: str, dtype: str | None, shape: Any,
-            temporary: bool) -> None:
-        n = view.nbytes
-        checksum: cf.Future[int] | int = _crc_pool().submit(crc, view) if n >= _CRC_OVERLAP_BYTES else crc(view)
+    def add(self, item: _Item) -> None:
+        view, n = item.view, item.view.nbytes
+        checksum: cf.Future[int] | int = _pool("crc", 2).submit(crc, view) if n >= _CRC_OVERLAP_BYTES else crc(view)
         if n:
             self._views.append(view)
-        self._items.append((index, self.offset, n, fmt, dtype, shape, checksum))
+        self._items.append((item.index, self.offset, n, item.fmt, item.dtype, item.shape, checksum))
         self.offset += n
         self._batched += n
-        self._temporary += n if temporary else 0
+        self._temporary += n if item.temporary else 0
         if self._batched >= self.batch_bytes or self._temporary >= self.temporary_bytes:
             self.flush()
 
@@ -229,18 +241,28 @@ class _ItemWriter:
 _CRC_OVERLAP_BYTES = 4 * MiB
 _WRITE_BATCH_BYTES = 1024 * MiB  # items held for one vectored write (a block astride two batches is copied)
 _WRITE_BATCH_TEMPORARY_BYTES = 128 * MiB  # ... of which copies made for the save (what a batch costs in memory)
-_crc_executor: tuple[int, cf.ThreadPoolExecutor] | None = None
-_crc_lock = threading.Lock()
+_COMPRESS_AHEAD_BYTES = 256 * MiB  # raw bytes of items being compressed ahead of the upload
+_pools: dict[str, tuple[int, cf.ThreadPoolExecutor]] = {}
+_pools_lock = threading.Lock()
 
 
-def _crc_pool() -> cf.ThreadPoolExecutor:
-    """Threads for checksums overlapped with uploads (one pool per process: a forked
-    child never inherits its parent's dead workers)."""
-    global _crc_executor
-    with _crc_lock:
-        if _crc_executor is None or _crc_executor[0] != os.getpid():
-            _crc_executor = (os.getpid(), cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="tectofs-crc"))
-        return _crc_executor[1]
+def _pool(kind: str, workers: int) -> cf.ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads for ``kind`` of work beside the uploads
+    (crcs, compression); a forked child makes its own, never inheriting its parent's dead workers."""
+    with _pools_lock:
+        entry = _pools.get(kind)
+        if entry is None or entry[0] != os.getpid():
+            entry = _pools[kind] = (os.getpid(), cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tectofs-{kind}"))
+        return entry[1]
+
+
+def _add_compressed(out: _ItemWriter, item: _Item, job: "cf.Future[Any] | None") -> int:
+    """Hand ``item`` to ``out``, as its compressed frame if ``job`` (its ``tensor_codec.encode``)
+    made one (None: it saves too little, the item stays raw); returns the raw bytes it had
+    ahead (0 without a job)."""
+    encoded = job.result() if job is not None else None
+    out.add(item if encoded is None else dataclasses.replace(item, view=memoryview(encoded.frame), fmt="zraw", temporary=True))
+    return item.view.nbytes if job is not None else 0
 
 
 def _describe(index: MetadataIndex) -> str:
@@ -484,41 +506,53 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         items = sorted(items, key=lambda it: it.type != WriteItemType.BYTE_IO)
         with fs.open(path, "wb", buffering=0) as raw:
             out = _ItemWriter(raw, name, _WRITE_BATCH_BYTES, _WRITE_BATCH_TEMPORARY_BYTES)
-            for item in items:
-                data = planner.resolve_data(item)
-                dtype = shape = None
-                temporary = True  # the bytes written were made for this save (not the caller's tensor itself)
-                view: memoryview | None
-                if item.type == WriteItemType.BYTE_IO:
-                    if not isinstance(data, io.BytesIO):
-                        raise errors.CheckpointError(f"item {_describe(item.index)}: expected BytesIO, got {type(data)}")
-                    view = data.getbuffer()
-                    fmt = "bytes"
-                else:
-                    tensor = cast(torch.Tensor, data).detach()
-                    if tensor.device.type != "cpu":
-                        tensor = tensor.cpu()
-                    else:  # (``_raw_view`` copies these too)
-                        temporary = not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()
-                    if tensor.layout != torch.strided:
-                        raise errors.CheckpointError(
-                            f"item {_describe(item.index)}: {tensor.layout} tensors cannot be checkpointed "
-                            "through DCP (its load planner narrows them into copies); save them dense"
-                        )
-                    view = _raw_view(tensor)
-                    if view is not None:
-                        fmt, dtype, shape = "raw", _dtype_name(tensor.dtype), tuple(tensor.shape)
-                        encoded = tensor_codec.encode(view, dtype) if compress and view.nbytes else None
-                        if encoded is not None:
-                            view, fmt, temporary = memoryview(encoded.frame), "zraw", True
-                    else:
-                        buf = io.BytesIO()
-                        torch.save(_minimal(tensor), buf)
-                        view, fmt, temporary = buf.getbuffer(), "torch", True
-                out.add(item.index, view, fmt, dtype, shape, temporary)
-                del view
+            # Compression runs on a pool, up to _COMPRESS_AHEAD_BYTES ahead of the upload;
+            # items are written in their order all the same.
+            ahead: collections.deque[tuple[_Item, cf.Future[Any] | None]] = collections.deque()
+            ahead_bytes = 0
+            try:
+                for item in items:
+                    prepared = self._prepare_item(item, planner)
+                    job = None
+                    if compress and prepared.fmt == "raw" and prepared.dtype and prepared.view.nbytes:
+                        job = _pool("codec", os.cpu_count() or 1).submit(tensor_codec.encode, prepared.view, prepared.dtype)
+                        ahead_bytes += prepared.view.nbytes
+                    ahead.append((prepared, job))
+                    while ahead and (ahead_bytes > _COMPRESS_AHEAD_BYTES or ahead[0][1] is None or ahead[0][1].done()):
+                        ahead_bytes -= _add_compressed(out, *ahead.popleft())
+                while ahead:
+                    ahead_bytes -= _add_compressed(out, *ahead.popleft())
+            finally:  # (after a failure: the jobs still read the caller's tensors)
+                cf.wait([job for _, job in ahead if job is not None])
             out.flush()
         return out.results
+
+    @staticmethod
+    def _prepare_item(item: WriteItem, planner: SavePlanner) -> _Item:
+        """The item's bytes: a tensor's own (``raw``), a pickle of it (``torch``) or DCP's
+        ``bytes``."""
+        data = planner.resolve_data(item)
+        if item.type == WriteItemType.BYTE_IO:
+            if not isinstance(data, io.BytesIO):
+                raise errors.CheckpointError(f"item {_describe(item.index)}: expected BytesIO, got {type(data)}")
+            return _Item(item.index, data.getbuffer(), "bytes", None, None, temporary=True)
+        tensor = cast(torch.Tensor, data).detach()
+        temporary = True
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        else:  # (``_raw_view`` copies these too)
+            temporary = not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()
+        if tensor.layout != torch.strided:
+            raise errors.CheckpointError(
+                f"item {_describe(item.index)}: {tensor.layout} tensors cannot be checkpointed "
+                "through DCP (its load planner narrows them into copies); save them dense"
+            )
+        view = _raw_view(tensor)
+        if view is not None:
+            return _Item(item.index, view, "raw", _dtype_name(tensor.dtype), tuple(tensor.shape), temporary)
+        buf = io.BytesIO()
+        torch.save(_minimal(tensor), buf)
+        return _Item(item.index, buf.getbuffer(), "torch", None, None, temporary=True)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         with self._step("commit checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"), \
