@@ -80,10 +80,7 @@ def encode(policy: Policy, block: "Buffer | Regions", allocate: Allocator | None
     alloc = allocate or (lambda n: memoryview(bytearray(n)))
     chunks = [alloc(size) for _ in range(policy.width)]
     compute = _direct_parity(policy.data, policy.redundancy)
-    holders = [isal.address(chunk) for chunk in chunks] if compute is not None and len(source) else []
-    if compute is not None and holders and all(h is not None for h in holders):
-        _encode_direct(policy.data, policy.redundancy, compute, source, chunks, [h[0] for h in holders if h])
-    else:
+    if compute is None or not len(source) or not _encode_direct(policy.data, policy.redundancy, compute, source, chunks):
         _encode_pyeclib(policy.data, policy.redundancy, source, chunks)
     return cast(list[Buffer], chunks)
 
@@ -112,14 +109,17 @@ _HEADERS_MAX = 4096
 _headers: dict[tuple[int, int, int], tuple[bytes, ...]] = {}  # (k, m, segment length) -> pyeclib's fragment headers
 
 
-def _encode_direct(
-    k: int, m: int, compute: isal.Parity, source: Regions, chunks: list[memoryview], addresses: list[int]
-) -> None:
+def _encode_direct(k: int, m: int, compute: isal.Parity, source: Regions, chunks: list[memoryview]) -> bool:
     """``_encode_pyeclib``'s chunks, byte for byte, with one copy of the data: each data
     fragment's payload is copied into its chunk (zero-padded), its header is pyeclib's for that
     segment length (they do not depend on the data: ``_direct_parity`` checks that), and ISA-L
     writes the parity fragments in place from the data chunks. A segment length met for the
-    first time is encoded by pyeclib instead, which gives its headers."""
+    first time is encoded by pyeclib instead, which gives its headers. False, having written
+    nothing, when a chunk buffer is read-only (ISA-L needs addresses it may write to)."""
+    holders = [isal.address(chunk) for chunk in chunks]  # (kept alive until ISA-L is done)
+    addresses = [h[0] for h in holders if h is not None]
+    if len(addresses) != len(chunks):
+        return False
     position = 0
     for offset, n in _segments(len(source)):
         headers = _headers.get((k, m, n))
@@ -143,6 +143,7 @@ def _encode_direct(
         compute(payload, [a + at for a in addresses[:k]], [a + at for a in addresses[k:]])
         position += f
     assert position == len(chunks[0])
+    return True
 
 
 @functools.lru_cache(maxsize=32)
@@ -164,9 +165,7 @@ def _direct_parity(k: int, m: int) -> isal.Parity | None:
             expected = [memoryview(bytearray(size)) for _ in range(k + m)]
             _encode_pyeclib(k, m, block, expected)  # (leaves the headers of these lengths)
             got = [memoryview(bytearray(size)) for _ in range(k + m)]
-            holders = [isal.address(chunk) for chunk in got]
-            _encode_direct(k, m, compute, block, got, [h[0] for h in holders if h])
-            if any(a != b for a, b in zip(expected, got)):
+            if not _encode_direct(k, m, compute, block, got) or any(a != b for a, b in zip(expected, got)):
                 log.warning("encoding rs(%d,%d) with ISA-L directly differs from pyeclib; using pyeclib", k, m)
                 return None
         return compute
