@@ -204,16 +204,13 @@ class _ItemWriter:
         self.temporary_bytes = temporary_bytes
         self.offset = 0  # where the next item goes
         self.results: list[WriteResult] = []
-        self._views: list[memoryview] = []
-        self._items: list[tuple[MetadataIndex, int, int, str, str | None, Any, "cf.Future[int] | int"]] = []
+        self._items: list[tuple[_Item, int, "cf.Future[int] | int"]] = []  # (item, its offset, its crc)
         self._batched = self._temporary = 0
 
     def add(self, item: _Item) -> None:
         view, n = item.view, item.view.nbytes
         checksum: cf.Future[int] | int = _pool("crc", 2).submit(crc, view) if n >= _CRC_OVERLAP_BYTES else crc(view)
-        if n:
-            self._views.append(view)
-        self._items.append((item.index, self.offset, n, item.fmt, item.dtype, item.shape, checksum))
+        self._items.append((item, self.offset, checksum))
         self.offset += n
         self._batched += n
         self._temporary += n if item.temporary else 0
@@ -222,20 +219,21 @@ class _ItemWriter:
 
     def flush(self) -> None:
         """Write the items added since the last flush; raise if the file took fewer bytes."""
-        views, items, total = self._views, self._items, self._batched
-        self._views, self._items, self._batched, self._temporary = [], [], 0, 0
+        items, total = self._items, self._batched
+        self._items, self._batched, self._temporary = [], 0, 0
         try:
-            if views:
+            if total:
                 start = items[0][1]
-                written = self.raw.pwritev(views, start)
+                written = self.raw.pwritev([item.view for item, _, _ in items if item.view.nbytes], start)
                 if written != total:
                     raise errors.CheckpointError(f"{self.name}: wrote {written} of {total} bytes at offset {start}")
         finally:  # the crc threads read the items: done with them before the caller may reuse them
-            cf.wait([c for *_, c in items if isinstance(c, cf.Future)])
-        for index, offset, n, fmt, dtype, shape, checksum in items:
+            cf.wait([c for _, _, c in items if isinstance(c, cf.Future)])
+        for item, offset, checksum in items:
             value = checksum.result() if isinstance(checksum, cf.Future) else checksum
-            info = _ItemInfo(self.name, offset, n, value, fmt, dtype, shape)
-            self.results.append(WriteResult(index=index, size_in_bytes=n, storage_data=info))
+            n = item.view.nbytes
+            info = _ItemInfo(self.name, offset, n, value, item.fmt, item.dtype, item.shape)
+            self.results.append(WriteResult(index=item.index, size_in_bytes=n, storage_data=info))
 
 
 _CRC_OVERLAP_BYTES = 4 * MiB
