@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from tectofs import allocator, auth, limits, messages, metrics, paths
+from tectofs import allocator, auth, limits, messages, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound, ProtocolError
 from tectofs.rpc import parse_group
@@ -264,7 +264,9 @@ class AsyncFileSystem:
         return DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
 
     async def getxattr(self, path: str, name: str) -> bytes:
-        """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``)."""
+        """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``; other
+        names fail here, without a call: ``tectofs.xattr_names``)."""
+        xattr_names.namespace_of(name)
         reply, _ = await self.meta("getxattr", path=path, name=name)
         return bytes(reply.value)
 
@@ -274,9 +276,11 @@ class AsyncFileSystem:
 
     async def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
         """``flags``: ``os.XATTR_CREATE`` or ``os.XATTR_REPLACE``, as ``os.setxattr``."""
+        xattr_names.namespace_of(name)
         await self.meta("setxattr", path=path, name=name, value=bytes(value), flags=flags)
 
     async def removexattr(self, path: str, name: str) -> None:
+        xattr_names.namespace_of(name)
         await self.meta("removexattr", path=path, name=name)
 
     async def link(self, src: str, dst: str) -> Stat:
@@ -287,14 +291,31 @@ class AsyncFileSystem:
     async def rmdir(self, path: str) -> None:
         await self.meta("rmdir", path=path)
 
-    async def rmtree(self, path: str) -> None:
-        for name, st in await self.scandir(path):
+    async def rmtree(self, path: str, window: int = limits.removals_parallel_max) -> None:
+        """Remove directory ``path`` and everything below it, up to ``window`` removals in
+        flight (a directory of 30,000 files is not 30,000 round trips one after another),
+        a page of the listing at a time. Stops at the first failure and raises it; what was
+        removed by then stays removed, the rest stays whole."""
+        await self._rmtree(path, asyncio.Semaphore(window))
+
+    async def _rmtree(self, path: str, gate: asyncio.Semaphore) -> None:
+        async def remove(name: str, st: Stat) -> None:
             child = paths.join(path, name)
             if st.is_dir:
-                await self.rmtree(child)
-            else:
+                await self._rmtree(child, gate)  # holds no slot itself: its removals take them
+                return
+            async with gate:
                 await self.remove(child)
-        await self.rmdir(path)
+
+        async for page in self.scandir_pages(path):
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for name, st in page:
+                        group.create_task(remove(name, st))
+            except BaseExceptionGroup as failed:  # the first failure, as a sequential walk raises it
+                raise failed.exceptions[0] from None
+        async with gate:
+            await self.rmdir(path)
 
     async def truncate(self, path: str, size: int) -> None:
         """Set a file's size. Shrinking inside a block rewrites that block (copy-on-write)."""

@@ -1,6 +1,6 @@
 """The FUSE mount: a thin adapter from kernel calls to client-library calls and errno.
 
-    tectofs mount --meta HOST:PORT /mnt/tectofs          # or tectofs.client.fuse.mount(...)
+    tectofs mount --meta HOST:PORT /mnt/tectofs          # or tectofs.client.fuse_mount.mount(...)
 
 Every kernel request becomes one call on the blocking client (:class:`FileSystem`), whose
 event-loop thread moves the data; every tectofs error leaves as its one ``errno``. Nothing
@@ -28,7 +28,9 @@ is rejected by libfuse3), attribute and entry timeouts of ``attr_timeout_s``, no
 cache (a name created on another mount is visible at once), ``use_ino`` (tectofs inode
 numbers), ``hard_remove`` (libfuse must not rename open files to ``.fuse_hidden*`` on
 unlink: the kernel releases files asynchronously, so a ``rm`` right after ``close`` would
-leave such names behind and make ``rmdir`` fail) and no page cache kept across opens.
+leave such names behind and make ``rmdir`` fail), no page cache kept across opens, and
+READDIRPLUS for every listing request (``fuse_readdir``: listings bring each entry's
+attributes, so ``ls -l`` needs no lookup per file).
 
 Files: hard links are names of one inode; a file unlinked while open stays readable and
 writable through the handles that have it open (each holds a lease) and goes with the last
@@ -47,14 +49,13 @@ import stat as statmod
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 import mfusepy
 
-from tectofs import diagnostics, limits
+from tectofs import limits
 from tectofs.errors import TectofsError
 
-from . import connect
 from .core import AsyncFileSystem, DirectoryChange, Stat
 from .files import AsyncFile
 from .fuse_process import (
@@ -65,13 +66,12 @@ from .fuse_process import (
     unmount_wait_s,
 )
 
-__all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "mount", "start_mount_process",
-           "unmount_wait_s"]
-from .fuse_daemon import daemonize
+__all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "start_mount_process", "unmount_wait_s"]
 from .fuse_directories import FreshDirectories
 from .fuse_links import LinkedNames
 from .fuse_listings import KnownListings
-from .fuse_users import Callers, choose_sharing, on_view
+from .fuse_readdir import READDIR_PLUS, Entry, OpenListings, fill
+from .fuse_users import Callers, on_view
 from .sync import FileSystem
 
 log = logging.getLogger("tectofs.fuse")
@@ -84,14 +84,13 @@ max_readahead_bytes = 8 * limits.MiB      # the kernel caps it at the device's r
 io_size_hint_bytes = 1 * limits.MiB       # st_blksize: buffer size that cp, dd conv=... pick
 reported_attrs_max = 65_536               # remembered per-inode attributes (for close-to-open)
 free_inodes_reported = 2**32               # statfs: tectofs has no inode limit; df -i shows this many free
-threads_max = 16                          # libfuse worker threads (-o max_threads)
 
-_FUSE_MAIN_STOPPED = 8  # fuse_main's code after the loop ended by a signal (codes 1-7: could not mount)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 _ACCESS_MODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
+_CAP_READDIRPLUS_AUTO = 1 << 14  # FUSE_CAP_READDIRPLUS_AUTO (libfuse3)
 _KIND_BITS = {"file": statmod.S_IFREG, "dir": statmod.S_IFDIR, "symlink": statmod.S_IFLNK, "fifo": statmod.S_IFIFO,
               "socket": statmod.S_IFSOCK, "char": statmod.S_IFCHR, "block": statmod.S_IFBLK}
 
@@ -180,6 +179,7 @@ class TectofsOperations(mfusepy.Operations):
         self._by_ino: dict[int, set[_OpenFile]] = {}
         self._registry_lock = threading.Lock()
         self._next_fh = itertools.count(1)
+        self.open_listings = OpenListings()
         # (size, mtime) last returned to the kernel per inode; an open that finds the file
         # changed since then tells the kernel to drop its cached attributes.
         self._reported: OrderedDict[int, tuple[int, float]] = OrderedDict()
@@ -297,6 +297,8 @@ class TectofsOperations(mfusepy.Operations):
         if conn is not None:
             conn.max_write = max_write_bytes
             conn.max_readahead = max_readahead_bytes
+            # every listing request a READDIRPLUS, not just the first page of each listing
+            conn.want &= ~_CAP_READDIRPLUS_AUTO
             # conn.max_read stays 0 (unlimited): libfuse3 refuses an init() whose max_read
             # differs from the -o max_read mount option.
         if config is not None:
@@ -402,16 +404,42 @@ class TectofsOperations(mfusepy.Operations):
 
     # ------------------------------------------------------------------ namespace
 
+    def opendir(self, path: str) -> int:
+        """A handle of its own per open directory, for ``OpenListings``."""
+        fh = next(self._next_fh)
+        self.open_listings.opened(fh)
+        return fh
+
+    def releasedir(self, path: str, fh: int) -> int:
+        self.open_listings.released(fh)
+        return 0
+
     @_errno
-    def readdir(self, path: str, fh: int) -> Iterator[Any]:
+    def readdir(self, path: str, fh: int) -> list[tuple[str, Any, int]]:
+        """The whole listing, in mfusepy's form. Defining it is what has mfusepy register the
+        callback; ``TectofsFuse`` pages listings with ``entries_from`` instead."""
+        return [(name, self.entry_attributes(path, name, st), 0) for name, st in self._list(path)]
+
+    def entries_from(self, path: str, fh: int, offset: int) -> list[Entry]:
+        """Directory handle ``fh``'s entries from position ``offset`` on (``OpenListings``)."""
+        return self.open_listings.entries_from(fh, offset, lambda: self._list(path))
+
+    @_errno
+    def _list(self, path: str) -> list[Entry]:
+        """"." and ".." (inode number and type: readdir(3) hides an entry whose d_ino is 0),
+        then every entry with its attributes."""
         directory, entries = self._as_caller(lambda fs: _listing(fs, path))
-        # "." and ".." need inode numbers: readdir(3) hides entries whose d_ino is 0.
-        listing: list[Any] = [
-            (".", {"st_ino": directory.attrs.ino, "st_mode": statmod.S_IFDIR}, 0),
-            ("..", {"st_ino": directory.attrs.parent, "st_mode": statmod.S_IFDIR}, 0),
-        ]
-        listing.extend((name, {"st_ino": st.ino, "st_mode": _KIND_BITS[st.kind]}, 0) for name, st in entries)
-        return iter(listing)
+        dots: list[Entry] = [(".", {"st_ino": directory.attrs.ino, "st_mode": statmod.S_IFDIR}),
+                             ("..", {"st_ino": directory.attrs.parent, "st_mode": statmod.S_IFDIR})]
+        return dots + entries
+
+    def entry_attributes(self, directory: str, name: str, st: Stat | dict[str, int]) -> dict[str, Any]:
+        """The kernel's view of a listed entry, as ``getattr`` would give it."""
+        if isinstance(st, dict):
+            return st
+        if st.nlink > 1:
+            self.links.seen(directory.rstrip("/") + "/" + name, st.ino, st.nlink)
+        return self._stat_dict(st, *self._seen_by_writers(st.ino))
 
     @_errno
     def mkdir(self, path: str, mode: int) -> int:
@@ -693,6 +721,15 @@ class TectofsFuse(mfusepy.FUSE):
             None if path is None else path.decode(self.encoding, self.errors), length, fip.contents.fh if fip else None
         )
 
+    def readdir_fuse_3(self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
+        """A listing paged from ``offset``, with attributes for READDIRPLUS (``fuse_readdir``)."""
+        where = "/" if path is None else path.decode(self.encoding, self.errors)
+        operations: TectofsOperations = self.operations
+        fill(filler, buf, operations.entries_from(where, fip.contents.fh, offset), offset + 1,
+             bool(flags & READDIR_PLUS), functools.partial(operations.entry_attributes, where),
+             self.encoding, self.errors)
+        return 0
+
     def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
         target = (ctypes.c_ubyte * size).from_address(ctypes.addressof(buf.contents))
         return self.operations.readinto(
@@ -704,81 +741,3 @@ class TectofsFuse(mfusepy.FUSE):
         return self.operations.write(
             None if path is None else path.decode(self.encoding, self.errors), data, offset, fip.contents.fh
         )
-
-
-# ---------------------------------------------------------------------- mounting
-
-
-def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
-           on_ready: Callable[[], None] | None = None, credentials: str | None = None,
-           multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0) -> None:
-    client: list[FileSystem] = []
-    diagnostics.dump_tasks_on_sigusr1_from_thread(lambda: client[0].loop if client else None)
-    # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
-    fs = connect(address, credentials)
-    client.append(fs)
-    try:
-        who = fs.run(fs.aio.meta("whoami"))[0] if fs.aio.credential is not None else None
-        euid = os.geteuid()
-        shared, why = choose_sharing(multi_user, who, euid)
-        if shared or multi_user is False:
-            log.info("%s: %s", mountpoint, why)
-        else:  # fell back to single-user: say why
-            log.warning("%s: %s", mountpoint, why)
-        callers = Callers(acting=shared, plain_uid=euid if who is not None and who.uid == euid else None)
-        kernel_checks = not shared or default_permissions
-        operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready, callers,
-                                       entry_timeout_s=None if kernel_checks else 0.0,
-                                       negative_cache_s=negative_cache_s)
-        try:
-            TectofsFuse(
-                operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
-                fsname=f"tectofs:{address}", subtype="tectofs",
-                max_threads=threads_max, max_idle_threads=threads_max,
-                allow_other=shared, default_permissions=shared and default_permissions,
-            )
-        except RuntimeError as exc:
-            code = exc.args[0] if exc.args else None
-            if code == _FUSE_MAIN_STOPPED:  # SIGINT/SIGTERM: libfuse unmounted and stopped serving
-                log.info("%s unmounted by a signal", mountpoint)
-                return
-            # libfuse printed why (mountpoint busy, no /dev/fuse, bad option, ...)
-            raise SystemExit(f"tectofs mount: libfuse could not mount {mountpoint} (fuse_main code {code})") from None
-    finally:
-        fs.close()
-
-
-def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
-          attr_timeout_s: float = 1.0, debug: bool = False, credentials: str | None = None,
-          multi_user: bool | None = None, default_permissions: bool = True,
-          negative_cache_s: float = 0.0) -> str | None:
-    """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
-
-    ``credentials``: the credential file (default: ``tectofs.auth.find_credential``).
-    ``multi_user``: serve every local user, each with their own identity and permissions
-    (None: when possible, see :func:`choose_sharing`; True: or fail; False: only the user
-    running the mount). ``default_permissions=False`` leaves permission checks of a
-    multi-user mount to the metadata service alone (the kernel then does not check mode bits
-    against cached attributes first; ``access(2)`` then always says yes), and makes every path
-    walk ask the service again (no cached names: slower lookups). ``negative_cache_s`` > 0:
-    lookups of names absent from a directory this mount made are answered without a call for
-    that long after the mount's last change there (creates take one call instead of two;
-    another client's new name there may read as absent that long: JuiceFS's
-    ``--negative-entry-cache``, off by default there too).
-
-    Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
-    Background (``foreground=False``): returns once the mount is serving, leaving a detached
-    daemon behind, and returns the file it logs to (``fuse_daemon.log_path``: ``--log-file``, else
-    one per mount point); raises ``SystemExit`` with the daemon's reason if it could not mount."""
-    mountpoint = os.path.abspath(mountpoint)
-    if is_mounted(mountpoint):
-        raise SystemExit(f"tectofs mount: {mountpoint} is already a mount point: fusermount3 -u {mountpoint} first")
-    if not os.path.isdir(mountpoint):
-        raise SystemExit(f"tectofs mount: {mountpoint} is not a directory")
-    serve = functools.partial(_serve, address, mountpoint, threads, attr_timeout_s, debug, credentials=credentials,
-                              multi_user=multi_user, default_permissions=default_permissions,
-                              negative_cache_s=negative_cache_s)
-    if foreground:
-        serve()
-        return None
-    return daemonize(lambda ready: serve(on_ready=ready), mountpoint)

@@ -111,6 +111,7 @@ health_inos_per_call_max = 1000           # files one block_health (fsck) call c
 write_inflight_bytes_max = 256 * MiB      # block bytes being encoded/sent at once per open file
 write_blocks_inflight_range = (2, 8)      # ... as a number of blocks, whatever the block size
 read_prefetch_blocks = 1
+removals_parallel_max = 64                # unlinks one rmtree keeps in flight
 read_blocks_parallel_max = 4              # whole blocks one read call fetches at once
 client_buffer_pool_bytes = 1 * GiB        # idle buffers kept for reuse, per process
 client_codec_threads = 2                  # encode/decode/checksum threads, per process

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import hashlib
 import itertools
@@ -148,6 +149,44 @@ def test_namespace_operations(cluster):
     assert fs.stat("/ns/g").mode & 0o777 == 0o600
     fs.rmtree("/ns")
     assert not fs.exists("/ns")
+
+
+def test_rmtree_removes_a_wide_and_deep_tree_and_raises_the_failure_itself(cluster) -> None:
+    """rmtree keeps many removals in flight (pages of 2,000 entries, nested directories);
+    a failure comes out as itself (not an ExceptionGroup), and stops the walk."""
+    fs = cluster.fs
+    fs.mkdir("/tree")
+
+    async def populate() -> None:
+        made = [fs.aio.mkdir(f"/tree/d{i}") for i in range(3)]
+        await asyncio.gather(*made)
+        await asyncio.gather(*(fs.aio.meta("create", path=f"/tree/f{i:05d}", mode=0o644) for i in range(4500)))
+        await asyncio.gather(*(fs.aio.meta("create", path=f"/tree/d{i % 3}/g{i}", mode=0o644) for i in range(300)))
+        await fs.aio.mkdir("/tree/d0/deeper/still", parents=True)
+
+    fs.run(populate())
+    fs.rmtree("/tree")
+    assert not fs.exists("/tree")
+
+    fs.mkdir("/tree2")
+    for i in range(50):
+        fs.write_bytes(f"/tree2/f{i}", b"x")
+    real_remove = fs.aio.remove
+
+    async def failing_remove(path: str):
+        if path.endswith("/f7"):
+            raise errors.NotPermitted(f"{path}: refused")
+        return await real_remove(path)
+
+    fs.aio.remove = failing_remove  # type: ignore[method-assign]
+    try:
+        with pytest.raises(errors.NotPermitted, match="f7: refused"):
+            fs.rmtree("/tree2")
+    finally:
+        del fs.aio.remove
+    assert fs.exists("/tree2/f7")  # the directory stays, with what was not removed
+    fs.rmtree("/tree2")
+    assert not fs.exists("/tree2")
 
 
 @pytest.mark.parametrize(

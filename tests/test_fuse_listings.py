@@ -6,6 +6,7 @@ time. Without it (the default) another client's new file is seen at once
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from typing import Any
@@ -109,3 +110,39 @@ def test_creates_in_a_directory_the_mount_made_skip_the_lookup(make_cluster: Any
         cluster.fs.write_bytes("/shared2/theirs", b"hello")
         open(f"{mnt}/shared2/b", "wb").close()  # its wcc_data: the ctime before is not the one known
         assert os.path.exists(f"{mnt}/shared2/theirs")
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_a_listing_brings_every_entrys_attributes(make_cluster: Any, tmp_path: Any) -> None:
+    """READDIRPLUS: one listing gives the kernel every entry's attributes, so stat of each
+    listed name (``ls -l``, ``du``) asks the metadata service nothing while they are fresh;
+    and ``ls -l``'s probe of ``system.posix_acl_access`` (a namespace tectofs does not keep)
+    is answered without a call."""
+    from tectofs.client.fuse import start_mount_process
+
+    cluster = make_cluster(metrics=True)
+    mnt = str(tmp_path / "mnt")
+    os.mkdir(mnt)
+    cluster.fs.mkdir("/listed")
+    for i in range(300):
+        cluster.fs.write_bytes(f"/listed/f{i}", b"x" * i)
+
+    def calls(*ops: str) -> float:
+        metrics = scrape(cluster.metrics_urls["meta"])
+        return sum(v for (name, labels), v in metrics.items()
+                   if name == "tectofs_meta_requests_total" and dict(labels).get("op") in ops)
+
+    with start_mount_process(cluster.address, mnt, log_path=str(tmp_path / "mount.log"), attr_timeout_s=60.0):
+        before = calls("lookup", "getattr")
+        names = os.listdir(f"{mnt}/listed")
+        sizes = {name: os.lstat(f"{mnt}/listed/{name}").st_size for name in names}
+        assert sizes == {f"f{i}": i for i in range(300)}
+        assert calls("lookup", "getattr") - before < 10  # the listing's own, not one per file
+
+        before = calls("getxattr")
+        for name in names[:50]:
+            with pytest.raises(OSError) as unsupported:
+                os.getxattr(f"{mnt}/listed/{name}", "system.posix_acl_access")
+            assert unsupported.value.errno == errno.EOPNOTSUPP
+        assert calls("getxattr") == before

@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.fuse, pytest.mark.skipif(_REASON is not None, reason=_
 
 if _REASON is None:
     from tectofs.client import fuse_users
-    from tectofs.client.fuse import choose_sharing, is_mounted, start_mount_process
+    from tectofs.client.fuse import is_mounted, start_mount_process
+    from tectofs.client.fuse_users import choose_sharing
 
 
 def as_user(uid: int, *command: str, groups: tuple[int, ...] = (),

@@ -10,8 +10,7 @@ Rules, as Linux applies them to a local filesystem without security modules:
 - ``trusted.*``: root only, and hidden from others' listings.
 - ``security.*``: anyone who may look the inode up reads them; only root or the owner sets
   or removes them.
-- ``system.*`` (POSIX ACLs) and any other namespace: not supported (EOPNOTSUPP), which tells
-  ``cp -a`` and ``tar`` to go on without them.
+- ``system.*`` (POSIX ACLs) and any other namespace: not supported (``tectofs.xattr_names``).
 
 Bounds: a name of at most ``limits.xattr_name_max_bytes`` (ERANGE beyond, as Linux), a value of
 at most ``limits.xattr_value_max_bytes`` (E2BIG), and all names of one inode together (NUL
@@ -26,13 +25,12 @@ from typing import Any
 from .. import limits
 from ..errors import (
     AlreadyExists,
-    AttributeNameTooLong,
     AttributeTooLarge,
     NoAttribute,
     NoSpace,
     NotPermitted,
-    NotSupported,
 )
+from ..xattr_names import namespace_of
 from . import access
 from .access import Caller, R, W
 from .base import StoreParts
@@ -41,7 +39,6 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS xattrs (
         ino BIGINT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (ino, name))""",
 ]
-NAMESPACES = ("user.", "trusted.", "security.")
 FLAG_CREATE, FLAG_REPLACE = 1, 2  # XATTR_CREATE, XATTR_REPLACE of setxattr(2)
 
 
@@ -49,22 +46,10 @@ def _p(parts: list[str]) -> str:
     return "/" + "/".join(parts)
 
 
-def _check_name(name: str) -> str:
-    """The namespace of ``name`` (``user.`` ...), or an error."""
-    encoded = len(name.encode("utf-8", "surrogateescape"))
-    if encoded > limits.xattr_name_max_bytes:
-        raise AttributeNameTooLong(
-            f"extended attribute name of {encoded} bytes: at most {limits.xattr_name_max_bytes}")
-    for namespace in NAMESPACES:
-        if name.startswith(namespace) and len(name) > len(namespace):
-            return namespace
-    raise NotSupported(f"extended attribute {name[:60]!r}: tectofs keeps the namespaces {', '.join(NAMESPACES)}")
-
-
 class ExtendedAttributes(StoreParts):
     def _xattr_target(self, parts: list[str], name: str, caller: Caller | None, writing: bool) -> dict[str, Any]:
         """The inode at ``parts`` once ``caller`` may read (or, ``writing``, change) ``name`` on it."""
-        namespace = _check_name(name)
+        namespace = namespace_of(name)
         attrs: dict[str, Any] = self._resolve(parts, caller)  # type: ignore[attr-defined]
         path = _p(parts)
         if namespace == "trusted.":
