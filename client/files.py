@@ -568,8 +568,15 @@ class AsyncFile:
             n = min(end - position, self.block_size - within)
             at = position - offset
             if within == 0 and self._whole_block_read(idx, n):
-                views = out.views(at, n)
-                whole.append((idx, views[0] if len(views) == 1 else Regions(views)))  # decoded in place, below
+                spans = self.blocks[idx]
+                stored_end = spans.start + spans.length
+                if spans.start:  # a sparse block's zero head and tail
+                    out.write(at, bytes(spans.start))
+                if stored_end < n:
+                    out.write(at + stored_end, bytes(n - stored_end))
+                if spans.length:
+                    views = out.views(at + spans.start, spans.length)
+                    whole.append((idx, views[0] if len(views) == 1 else Regions(views)))  # decoded in place, below
             else:
                 block = await self._committed_block(idx)
                 available = max(0, min(n, len(block) - within))
@@ -585,7 +592,8 @@ class AsyncFile:
     async def _read_whole_blocks(self, reads: list[tuple[int, memoryview | Regions]]) -> None:
         """Blocks the caller reads whole are decoded straight into its buffer (one copy of
         the block fewer, none on the event loop thread), several at once."""
-        gate = asyncio.Semaphore(limits.read_blocks_parallel_max)
+        fewest, most = limits.read_blocks_parallel_range
+        gate = asyncio.Semaphore(max(fewest, min(most, limits.read_inflight_bytes_max // self.block_size)))
 
         async def read(idx: int, into: memoryview | Regions) -> None:
             async with gate:
@@ -602,9 +610,12 @@ class AsyncFile:
         self._last_read_block = reads[-1][0]
 
     def _whole_block_read(self, idx: int, n: int) -> bool:
+        """A read of ``n`` bytes from the start of block ``idx`` covers all it stores (its
+        zero head and tail, if sparse, are not stored), and it is neither cached nor being
+        prefetched: such blocks are read several at once, straight into the caller's buffer."""
         block = self.blocks.get(idx)
         return (
-            block is not None and block.start == 0 and block.valid == block.length == n
+            block is not None and block.start + block.length <= min(n, block.valid)
             and idx not in self._cache and idx not in self._prefetch
         )
 
