@@ -47,6 +47,27 @@ class StoreContract:
         with pytest.raises(errors.InvalidPath):
             store.mkdir(["a", ".."])
 
+    def test_what_a_create_answers_is_what_it_stored(self, store):
+        """Inserts answer the new inode's (and the directory's) attributes without reading them
+        back: they must be exactly what a later read finds."""
+        store.mkdir(["d"], mode=0o750, uid=5, gid=6, policy="rep(2)", block_size=1 << 20)
+        made = [
+            store.mkdir(["d", "sub"], mode=0o700, uid=7, gid=8),
+            store.create(["d", "f"], mode=0o640, uid=7, gid=8),
+            store.symlink(["d", "l"], "/some/where", uid=7, gid=8),
+            store.mknod(["d", "p"], 0o010644, uid=7, gid=8),
+            store.mknod(["d", "c"], 0o020600, rdev=0x0501),
+        ]
+        for attrs in made:
+            assert attrs == store.getattr_ino(attrs["ino"])
+        assert made[0]["policy"] == "rep(2)" and made[1]["block_size"] == 1 << 20
+        before = store.lookup(["d"])
+        attrs, created, after, ctime_before = store.create_file(["d", "g"], mode=0o600, reader=99)
+        assert created and attrs == store.lookup(["d", "g"])
+        assert after == store.lookup(["d"]) and ctime_before == before["ctime"]
+        attrs, created, after, _ = store.create_file(["d", "g"])  # exists: nothing changes
+        assert not created and after == store.lookup(["d"])
+
     def test_rename_rules(self, store):
         store.mkdir(["d"])
         store.mkdir(["d", "e"])
