@@ -14,7 +14,9 @@ import sys
 from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TREE = os.path.dirname(_HERE)
+# TECTOFS_BENCH_TREE: the checkout to measure instead of this script's own (cpu_per_gb.py runs its
+# children, with their clusters, against another revision's tree this way)
+_TREE = os.environ.get("TECTOFS_BENCH_TREE") or os.path.dirname(_HERE)
 if os.path.exists(os.path.join(_TREE, "tectofs", "__init__.py")):
     if _TREE not in sys.path:
         sys.path.insert(0, _TREE)

@@ -109,7 +109,8 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
-                env = {**os.environ, "PYTHONPATH": trees[name]}
+                # the child, its cluster and their imports all from that tree (bench/common.py)
+                env = {**os.environ, "PYTHONPATH": trees[name], "TECTOFS_BENCH_TREE": trees[name]}
                 print(f"round {r + 1}/{args.rounds}: {name} ...", flush=True)
                 out = subprocess.run([sys.executable, __file__, "--child", "--size", str(size), "--runs", str(args.runs)],
                                      env=env, cwd=trees[name], capture_output=True, text=True, timeout=3600)

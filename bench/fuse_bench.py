@@ -12,7 +12,8 @@ per GB. Targets: mount write >= 0.5x and read >= 0.7x of the client library.
 
 Metadata (``--metadata-only`` runs just this part, in about a minute): one process creates
 ``--files`` (default 2,000) empty files in one new directory (``open(O_CREAT|O_WRONLY)`` +
-``close``), then ``os.stat``s them, then unlinks them, through the mount and in a local
+``close``), then ``os.stat``s them, then lists the directory and ``os.lstat``s every name listed
+(``ls -l``, ``du``: "listed stats"), then unlinks them, through the mount and in a local
 directory beside the cluster (the baseline); medians of ``--repeats`` runs (at least 3),
 ratios to local, CPU milliseconds per operation of the mount daemon and of the metadata
 service, store operations and group commits per operation. Target: 1,500 creates/s and
@@ -164,7 +165,17 @@ def _unlink_files(names: list[str]) -> float:
     return time.perf_counter() - started
 
 
-META_OPS = {"creates/s": _create_files, "stats/s": _stat_files, "unlinks/s": _unlink_files}  # in this order
+def _list_and_stat_files(names: list[str]) -> float:
+    """``ls -l``'s and ``du``'s way: list the directory, then stat every name listed."""
+    started = time.perf_counter()
+    directory = os.path.dirname(names[0])
+    for name in os.listdir(directory):
+        os.lstat(os.path.join(directory, name))
+    return time.perf_counter() - started
+
+
+META_OPS = {"creates/s": _create_files, "stats/s": _stat_files, "listed stats/s": _list_and_stat_files,
+            "unlinks/s": _unlink_files}  # in this order
 
 
 def _metadata_round(where: str, directory: str, files: int, settle_s: float, times: dict[str, list[float]],

@@ -292,18 +292,17 @@ class AsyncFileSystem:
         await self.meta("rmdir", path=path)
 
     async def rmtree(self, path: str, window: int = limits.removals_parallel_max) -> None:
-        """Remove directory ``path`` and everything below it, up to ``window`` removals in
-        flight (a directory of 30,000 files is not 30,000 round trips one after another),
-        a page of the listing at a time. Stops at the first failure and raises it; what was
-        removed by then stays removed, the rest stays whole."""
+        """Remove directory ``path`` and everything below it: the entries of each page of a
+        listing with up to ``window`` removals in flight (a directory of 30,000 files is not
+        30,000 round trips one after another), subdirectories one after another, depth
+        first. Stops at the first failure and raises it; what was removed by then stays
+        removed (other removals in flight with the failing one may or may not have happened)."""
+        if window < 1:
+            raise InvalidArgument(f"rmtree window {window}: at least 1")
         await self._rmtree(path, asyncio.Semaphore(window))
 
     async def _rmtree(self, path: str, gate: asyncio.Semaphore) -> None:
-        async def remove(name: str, st: Stat) -> None:
-            child = paths.join(path, name)
-            if st.is_dir:
-                await self._rmtree(child, gate)  # holds no slot itself: its removals take them
-                return
+        async def remove(child: str) -> None:
             async with gate:
                 await self.remove(child)
 
@@ -311,11 +310,15 @@ class AsyncFileSystem:
             try:
                 async with asyncio.TaskGroup() as group:
                     for name, st in page:
-                        group.create_task(remove(name, st))
+                        if not st.is_dir:
+                            group.create_task(remove(paths.join(path, name)))
             except BaseExceptionGroup as failed:  # the first failure, as a sequential walk raises it
-                raise failed.exceptions[0] from None
-        async with gate:
-            await self.rmdir(path)
+                raise next((e for e in failed.exceptions if not isinstance(e, asyncio.CancelledError)),
+                           failed.exceptions[0]) from None
+            for name, st in page:
+                if st.is_dir:
+                    await self._rmtree(paths.join(path, name), gate)
+        await self.rmdir(path)
 
     async def truncate(self, path: str, size: int) -> None:
         """Set a file's size. Shrinking inside a block rewrites that block (copy-on-write)."""

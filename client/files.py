@@ -610,12 +610,13 @@ class AsyncFile:
         self._last_read_block = reads[-1][0]
 
     def _whole_block_read(self, idx: int, n: int) -> bool:
-        """A read of ``n`` bytes from the start of block ``idx`` covers all it stores (its
-        zero head and tail, if sparse, are not stored), and it is neither cached nor being
-        prefetched: such blocks are read several at once, straight into the caller's buffer."""
+        """A read of ``n`` bytes from the start of block ``idx`` covers all of it (what it
+        stores, and its zero head and tail if sparse), and it is neither cached nor being
+        prefetched: such blocks are read several at once, straight into the caller's buffer.
+        (A read of part of a block goes through the block cache: the next part is likely next.)"""
         block = self.blocks.get(idx)
         return (
-            block is not None and block.start + block.length <= min(n, block.valid)
+            block is not None and block.start + block.length <= block.valid <= n
             and idx not in self._cache and idx not in self._prefetch
         )
 

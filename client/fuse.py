@@ -30,7 +30,7 @@ numbers), ``hard_remove`` (libfuse must not rename open files to ``.fuse_hidden*
 unlink: the kernel releases files asynchronously, so a ``rm`` right after ``close`` would
 leave such names behind and make ``rmdir`` fail), no page cache kept across opens, and
 READDIRPLUS for every listing request (``fuse_readdir``: listings bring each entry's
-attributes, so ``ls -l`` needs no lookup per file).
+attributes, so stats right after a listing need no lookup per file).
 
 Files: hard links are names of one inode; a file unlinked while open stays readable and
 writable through the handles that have it open (each holds a lease) and goes with the last
@@ -179,7 +179,7 @@ class TectofsOperations(mfusepy.Operations):
         self._by_ino: dict[int, set[_OpenFile]] = {}
         self._registry_lock = threading.Lock()
         self._next_fh = itertools.count(1)
-        self.open_listings = OpenListings()
+        self.open_listings = OpenListings(attributes_fresh_s=attr_timeout_s)
         # (size, mtime) last returned to the kernel per inode; an open that finds the file
         # changed since then tells the kernel to drop its cached attributes.
         self._reported: OrderedDict[int, tuple[int, float]] = OrderedDict()
@@ -420,9 +420,10 @@ class TectofsOperations(mfusepy.Operations):
         callback; ``TectofsFuse`` pages listings with ``entries_from`` instead."""
         return [(name, self.entry_attributes(path, name, st), 0) for name, st in self._list(path)]
 
-    def entries_from(self, path: str, fh: int, offset: int) -> list[Entry]:
-        """Directory handle ``fh``'s entries from position ``offset`` on (``OpenListings``)."""
-        return self.open_listings.entries_from(fh, offset, lambda: self._list(path))
+    def listing_page(self, path: str, fh: int, offset: int) -> tuple[list[Entry], bool]:
+        """Directory handle ``fh``'s listing to page from ``offset``, and whether its attributes
+        are fresh (``OpenListings.page``)."""
+        return self.open_listings.page(fh, offset, lambda: self._list(path))
 
     @_errno
     def _list(self, path: str) -> list[Entry]:
@@ -705,7 +706,8 @@ def _raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
 
 
 class TectofsFuse(mfusepy.FUSE):
-    """``mfusepy.FUSE`` with four changes: ``rename`` receives the kernel's flags
+    """``mfusepy.FUSE`` with five changes: listings are paged with every entry's attributes
+    (``readdir_fuse_3``, ``fuse_readdir``), ``rename`` receives the kernel's flags
     (``RENAME_NOREPLACE``, ``RENAME_EXCHANGE``; mfusepy drops them), ``truncate`` receives
     the file handle of an ``ftruncate`` (mfusepy drops it), ``read`` fills the kernel's buffer
     in place and ``write`` hands the kernel's buffer to the client without a copy (the client
@@ -725,9 +727,13 @@ class TectofsFuse(mfusepy.FUSE):
         """A listing paged from ``offset``, with attributes for READDIRPLUS (``fuse_readdir``)."""
         where = "/" if path is None else path.decode(self.encoding, self.errors)
         operations: TectofsOperations = self.operations
-        fill(filler, buf, operations.entries_from(where, fip.contents.fh, offset), offset + 1,
-             bool(flags & READDIR_PLUS), functools.partial(operations.entry_attributes, where),
-             self.encoding, self.errors)
+        entries, fresh = operations.listing_page(where, fip.contents.fh, offset)  # errors: -errno (mfusepy)
+        try:
+            fill(filler, buf, entries, offset, fresh and bool(flags & READDIR_PLUS),
+                 functools.partial(operations.entry_attributes, where), self.encoding, self.errors)
+        except Exception:
+            log.exception("FUSE readdir of %s failed unexpectedly", where)
+            raise mfusepy.FuseOSError(errno.EIO) from None
         return 0
 
     def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:

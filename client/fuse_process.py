@@ -8,11 +8,11 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
 
+from tectofs import children
 from tectofs.errors import TectofsError, Timeout
 
 log = logging.getLogger("tectofs.fuse")
@@ -109,7 +109,7 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
     """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
     return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
     if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount. The other
-    options are :func:`mount`'s."""
+    options are :func:`tectofs.client.fuse_mount.mount`'s."""
     mountpoint = os.path.abspath(mountpoint)
     os.makedirs(mountpoint, exist_ok=True)
     if is_mounted(mountpoint):
@@ -117,7 +117,7 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
     if log_path is None:
         descriptor, log_path = tempfile.mkstemp(prefix="tectofs-mount-", suffix=".log")
         os.close(descriptor)
-    command = [sys.executable, "-m", "tectofs.cli", "mount", "--meta", address, mountpoint]
+    command = children.cli_command("mount", "--meta", address, mountpoint)
     if single_thread:
         command.append("--single-thread")
     if attr_timeout_s is not None:
@@ -134,7 +134,7 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
         command += ["--negative-entry-cache", str(negative_cache_s)]
     with open(log_path, "ab") as out:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True, env=children.cli_env())
     handle = MountProcess(process, mountpoint, log_path)
     deadline = time.monotonic() + timeout_s
     while not is_mounted(mountpoint):

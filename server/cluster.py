@@ -8,23 +8,23 @@ import glob
 import os
 import signal
 import subprocess
-import sys
 import time
 from typing import Any
 
-from tectofs import auth, limits
+from tectofs import auth, children, limits
 from tectofs.errors import InvalidArgument, TectofsError, Timeout
 from tectofs.server import addresses
 
 
 def _python_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tectofs.cli", *args]
+    return children.cli_command(*args)
 
 
 def _exit_reason(process: subprocess.Popen[bytes]) -> str:
     """``what exited with code N: the last line it logged (log: PATH)``."""
     args = [str(a) for a in process.args]  # type: ignore[union-attr]
-    what = _ROLES.get(args[3], args[3]) if len(args) > 3 else "a child process"
+    role = args[args.index("tectofs.cli") + 1] if "tectofs.cli" in args[:-1] else None
+    what = _ROLES.get(role, role) if role else "a child process"
     log_path = getattr(process, "log_path", None)
     last = ""
     if log_path:
@@ -114,7 +114,7 @@ class LocalCluster:
         self.chunk_inflight_bytes_max = chunk_inflight_bytes_max
         self.log_to_files = log_to_files
         self.store = store or os.path.join(self.root, "meta.db")
-        self.env = {**os.environ, **(extra_env or {})}
+        self.env = children.cli_env({**os.environ, **(extra_env or {})})
         self.meta_args = list(meta_args or [])  # further flags for every `tectofs meta` (e.g. --repair-after)
         self.chunk_args = list(chunk_args or [])  # ... and every `tectofs chunk` (e.g. --scrub-rate)
         self.tls_files: dict[str, str] = {}

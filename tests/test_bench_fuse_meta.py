@@ -1,4 +1,4 @@
-"""``tectofs bench fuse --metadata-only``: creates/s, stats/s and unlinks/s through a real mount
+"""``tectofs bench fuse --metadata-only``: creates/s, stats/s, listed stats/s and unlinks/s through a real mount
 beside a local directory, the 1,500/s target as met / not met, in the table and the JSON."""
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ def test_target_verdict_follows_the_medians():
     module = load_script("fuse_bench")
     files = 3000
     times = {
-        "local creates/s": [0.1, 0.2, 0.3], "local stats/s": [0.01] * 3, "local unlinks/s": [0.05] * 3,
+        "local creates/s": [0.1, 0.2, 0.3], "local stats/s": [0.01] * 3, "local listed stats/s": [0.01] * 3,
+        "local unlinks/s": [0.05] * 3,
         # medians: creates 3000/1.5 = 2000/s (met), unlinks 3000/2.5 = 1200/s (not met)
         "mount multi-thread creates/s": [1.0, 1.5, 9.0], "mount multi-thread stats/s": [1.0] * 3,
+        "mount multi-thread listed stats/s": [0.5] * 3,
         "mount multi-thread unlinks/s": [2.5, 2.0, 3.0],
     }
     meta = module._metadata_results(files, 3, ("mount multi-thread",), times, {}, {})
@@ -55,7 +57,7 @@ def test_metadata_only_run_reports_rates_and_target(tmp_path, capsys):
     assert meta["files"] == 40 and meta["repeats"] == 3
     rows = {row["what"]: row for row in meta["rows"]}
     for where in ("local", "mount multi-thread"):
-        for op in ("creates/s", "stats/s", "unlinks/s"):
+        for op in ("creates/s", "stats/s", "listed stats/s", "unlinks/s"):
             row = rows[f"{where} {op}"]
             assert row["ops/s (median)"] > 0
             assert len(row["runs ops/s"]) == 3 and all(rate > 0 for rate in row["runs ops/s"])

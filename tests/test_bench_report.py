@@ -86,7 +86,7 @@ def test_checkpoint_and_fuse_results_carry_targets():
     """The scripts build their targets with ``tectofs.bench.target`` (fuse: the metadata part)."""
     fuse = bench.load_script("fuse_bench")
     times = {f"{where} {op}": [1.0, 1.0, 1.0] for where in ("local", "mount multi-thread")
-             for op in ("creates/s", "stats/s", "unlinks/s")}
+             for op in ("creates/s", "stats/s", "listed stats/s", "unlinks/s")}
     meta = fuse._metadata_results(1000, 3, ("mount multi-thread",), times, {}, {})
     assert [(t["name"], t["met"]) for t in meta["targets"]] == [
         ("mount multi-thread creates/s", False), ("mount multi-thread unlinks/s", False)]

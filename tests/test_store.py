@@ -48,8 +48,9 @@ class StoreContract:
             store.mkdir(["a", ".."])
 
     def test_what_a_create_answers_is_what_it_stored(self, store):
-        """Inserts answer the new inode's (and the directory's) attributes without reading them
-        back: they must be exactly what a later read finds."""
+        """What a create answers (the new inode's attributes, and the directory's after it) is
+        exactly what a later read finds: a guard for any change that builds those answers
+        instead of reading them back."""
         store.mkdir(["d"], mode=0o750, uid=5, gid=6, policy="rep(2)", block_size=1 << 20)
         made = [
             store.mkdir(["d", "sub"], mode=0o700, uid=7, gid=8),
