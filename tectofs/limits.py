@@ -107,6 +107,8 @@ inventory_batch_max = 5000                # block ids in one inventory request
 orphan_grace_s = 600.0                    # an unreferenced chunk is collected this long after a report found it
 health_inos_per_call_max = 1000           # files one block_health (fsck) call covers
 
+server_gc_gen0_allocations = 50_000       # servers' youngest-generation collection threshold (Python: 700)
+
 # Client
 write_inflight_bytes_max = 256 * MiB      # block bytes being encoded/sent at once per open file
 write_blocks_inflight_range = (2, 8)      # ... as a number of blocks, whatever the block size

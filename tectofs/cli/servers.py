@@ -111,6 +111,7 @@ def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: C
             if hasattr(server, "metrics_address"):
                 server.metrics_address = metrics_address
         address = await server.start(args.host, args.port)
+        _collect_garbage_rarely()
         bound = getattr(getattr(server, "rpc", None), "address", address)
         print(describe(bound) + (f", advertised as {address}" if address != bound else ""), flush=True)
         if metrics_address:
@@ -128,6 +129,19 @@ def _serve_bound(start: Callable[[], Any], args: argparse.Namespace, describe: C
         await server.close()
 
     asyncio.run(main())
+
+
+def _collect_garbage_rarely() -> None:
+    """A server's long-lived objects are made at start, and each request allocates many small
+    ones that die young: move everything made so far out of the cyclic collector's sight
+    (``gc.freeze``) and run its youngest generation every ``limits.server_gc_gen0_allocations``
+    allocations rather than every 700. perf put 9% of the metadata service's CPU in a create
+    storm in the collector; cycles are still collected, less often."""
+    import gc
+
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(limits.server_gc_gen0_allocations, older, oldest)
 
 
 def cmd_up(args: argparse.Namespace) -> None:

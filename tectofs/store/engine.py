@@ -68,6 +68,7 @@ _ATTR_COLUMNS = (
     "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min,"
     " rdev"
 )
+_JOINED_ATTR_COLUMNS = ", ".join("i." + c.strip() for c in _ATTR_COLUMNS.split(","))  # of inodes joined as i
 
 def _attrs(row: Iterable[Any]) -> dict[str, Any]:
     (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min,
@@ -202,11 +203,17 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         row = self._one(f"SELECT {_ATTR_COLUMNS} FROM inodes WHERE ino = ?", (ino,))
         if row is None:
             raise StaleFile(f"inode {ino} no longer exists")
-        return _attrs(row)
+        return _attrs(row)  # what the row now holds, without reading it back
 
     def _child(self, parent: int, name: str) -> int | None:
         row = self._one("SELECT ino FROM names WHERE parent = ? AND name = ?", (parent, name))
         return None if row is None else int(row[0])
+
+    def _child_attrs(self, parent: int, name: str) -> dict[str, Any] | None:
+        """The attributes of entry ``name`` of directory ``parent``: one statement, not two."""
+        row = self._one(f"SELECT {_JOINED_ATTR_COLUMNS} FROM names n JOIN inodes i ON i.ino = n.ino"
+                        " WHERE n.parent = ? AND n.name = ?", (parent, name))
+        return None if row is None else _attrs(row)
 
     def _walk(self, parts: list[str], caller: Caller | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """The attributes of the directory holding the last name of ``parts`` and of that
@@ -219,10 +226,10 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
                 raise NotADirectory(f"{walked or '/'} is not a directory")
             access.require(attrs, caller, X, path=_p(parts), on=walked or "/")
             walked += "/" + name
-            ino = self._child(attrs["ino"], name)
-            if ino is None:
+            child = self._child_attrs(attrs["ino"], name)
+            if child is None:
                 raise NotFound(f"{walked}: no such file or directory")
-            parent, attrs = attrs, self._get(ino)
+            parent, attrs = attrs, child
         return parent, attrs
 
     def _resolve(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]:
@@ -264,18 +271,12 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         mode, uid, gid = access.new_owner(parent, caller, mode, uid, gid)
         ino = self._next("ino")
         now = self.clock()
-        self._x(
-            "INSERT INTO inodes (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy,"
-            " block_size, target, parent, write_min, rdev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                ino, kind, mode, uid, gid, len(target.encode()) if target else 0, now, now, now,
-                2 if kind == "d" else 1, policy or parent["policy"], block_size or parent["block_size"],
-                target, parent["ino"], write_min, rdev,
-            ),
-        )
+        row = (ino, kind, mode, uid, gid, len(target.encode()) if target else 0, now, now, now, 2 if kind == "d" else 1,
+               policy or parent["policy"], block_size or parent["block_size"], target, parent["ino"], 0, write_min, rdev)
+        self._x(f"INSERT INTO inodes ({_ATTR_COLUMNS}) VALUES ({', '.join('?' * len(row))})", row)
         self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent["ino"], name, ino))
         self._touch(parent["ino"], now, nlink_delta=1 if kind == "d" else 0)
-        return self._get(ino)
+        return _attrs(row)  # what the row now holds, without reading it back
 
     def _touch(self, ino: int, now: float, nlink_delta: int = 0) -> None:
         self._x("UPDATE inodes SET mtime = ?, ctime = ?, nlink = nlink + ? WHERE ino = ?", (now, now, nlink_delta, ino))
@@ -329,7 +330,9 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         attrs, created, directory = self._create_file(parts, mode, uid, gid, exclusive, caller)
         if reader:
             self.renew(attrs["ino"], reader=reader)
-        return attrs, created, self._get(directory["ino"]), directory["ctime"]
+        # the directory after: as read, or as _touch just changed it (a new file adds no link)
+        after = {**directory, "mtime": attrs["ctime"], "ctime": attrs["ctime"]} if created else directory
+        return attrs, created, after, directory["ctime"]
 
     def _create_file(
         self, parts: list[str], mode: int, uid: int, gid: int, exclusive: bool, caller: Caller | None
@@ -391,7 +394,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         if not after:
             self._accessed(directory)
         rows = self._all(
-            f"SELECT n.name, {', '.join('i.' + c.strip() for c in _ATTR_COLUMNS.split(','))}"
+            f"SELECT n.name, {_JOINED_ATTR_COLUMNS}"
             " FROM names n JOIN inodes i ON i.ino = n.ino WHERE n.parent = ? AND n.name > ? ORDER BY n.name LIMIT ?",
             (directory["ino"], after, limit + 1),
         )
