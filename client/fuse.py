@@ -417,7 +417,7 @@ class TectofsOperations(mfusepy.Operations):
     @_errno
     def readdir(self, path: str, fh: int) -> list[tuple[str, Any, int]]:
         """The whole listing, in mfusepy's form. Defining it is what has mfusepy register the
-        callback; ``TectofsFuse`` pages listings with ``entries_from`` instead."""
+        callback; ``TectofsFuse`` pages listings with ``listing_page`` instead."""
         return [(name, self.entry_attributes(path, name, st), 0) for name, st in self._list(path)]
 
     def listing_page(self, path: str, fh: int, offset: int) -> tuple[list[Entry], bool]:

@@ -203,7 +203,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         row = self._one(f"SELECT {_ATTR_COLUMNS} FROM inodes WHERE ino = ?", (ino,))
         if row is None:
             raise StaleFile(f"inode {ino} no longer exists")
-        return _attrs(row)  # what the row now holds, without reading it back
+        return _attrs(row)
 
     def _child(self, parent: int, name: str) -> int | None:
         row = self._one("SELECT ino FROM names WHERE parent = ? AND name = ?", (parent, name))
@@ -341,11 +341,10 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         if not parts:
             raise IsADirectory("/ is a directory")
         parent = self._parent_dir(parts, caller)
-        existing = self._child(parent["ino"], parts[-1])
-        if existing is not None:
+        attrs = self._child_attrs(parent["ino"], parts[-1])
+        if attrs is not None:
             if exclusive:
                 raise AlreadyExists(f"/{'/'.join(parts)} already exists")
-            attrs = self._get(existing)
             if attrs["kind"] == "dir":
                 raise IsADirectory(f"/{'/'.join(parts)} is a directory")
             return attrs, False, parent
