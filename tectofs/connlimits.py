@@ -92,7 +92,7 @@ def raise_fd_limit() -> int:
 
 def _peer_ip(transport: asyncio.BaseTransport) -> str:
     peer = transport.get_extra_info("peername")
-    ip = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+    ip = str(peer[0]) if isinstance(peer, tuple) and peer else "local"  # a Unix socket (tectofs.local_sockets)
     return ip[7:] if ip.startswith("::ffff:") else ip  # an IPv4 peer on a dual-stack socket
 
 

@@ -43,6 +43,7 @@ message_text_max_bytes = 4096             # free-text fields (reasons, versions)
 peer_log_lines_per_s = 20                 # log lines a peer can provoke (invalid requests, bad-chunk reports), per kind
 address_length_max_bytes = 255            # "HOST:PORT" of a server
 listen_backlog_max = 4096                 # a checkpoint burst connects thousands of clients at once
+local_socket_buffer_bytes = 4 << 20       # SO_SNDBUF/SO_RCVBUF of local (Unix) connections (tectofs.local_sockets)
 frame_receive_first_bytes = 4 * KiB       # first piece a header is received into (pieces grow with what arrived)
 frame_payload_amplification_max = 64      # a (deferred) payload buffer is made once 1/64 of the payload arrived
 frame_payload_staged_min_bytes = 4 * KiB  # ... and at least this much of it (all of a smaller one)

@@ -95,6 +95,7 @@ class HelloReply(Message, frozen=True, kw_only=True):
     software: str = ""
     nonce: bytes = b""  # the server's challenge (when the hello carried auth)
     proof: bytes = b""  # the server's answer to the client's challenge
+    local: str = ""  # an abstract Unix socket name to reach the same server by, from this host (local_sockets)
 
 
 class AuthRequest(Message, frozen=True, kw_only=True):

@@ -40,7 +40,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 import msgspec
 
-from . import auth, limits, messages, tls
+from . import auth, limits, local_sockets, messages, tls
 from .connlimits import ConnectionGuard, ConnectionPolicy
 from .diagnostics import RateLimitedLog
 from .errors import (
@@ -280,7 +280,8 @@ class _ServerConnection(_FramedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "local socket"
+        local_sockets.tune(transport)
         if not self.server.guard.admit(self):
             return  # over a connection cap: refused with an ERROR frame
         self.server.connections.add(self)
@@ -366,9 +367,17 @@ class _ServerConnection(_FramedProtocol):
             task.add_done_callback(self.server.tasks.discard)
             return
         self._welcome(auth.ANONYMOUS)
-        reply = messages.HelloReply(role=self.server.role, version=PROTOCOL_VERSION, software=SOFTWARE)
+        reply = messages.HelloReply(role=self.server.role, version=PROTOCOL_VERSION, software=SOFTWARE,
+                                    local=self._local_offer())
         assert self.transport is not None
         self.transport.write(encode_frame(FrameKind.RESPONSE, frame.request_id, reply))
+
+    def _local_offer(self) -> str:
+        """The server's local socket name for a TCP peer on this host, else "" (tectofs.local_sockets)."""
+        name = self.server.local_name
+        if not name or self.transport is None or not local_sockets.same_host(self.transport):
+            return ""
+        return name
 
     def _welcome(self, identity: auth.Peer) -> None:
         self.identity = identity
@@ -398,7 +407,7 @@ class _ServerConnection(_FramedProtocol):
         self._challenge = (secret, claim.nonce, nonce, identity)
         reply = messages.HelloReply(
             role=self.server.role, version=PROTOCOL_VERSION, software=SOFTWARE, nonce=nonce,
-            proof=auth.server_proof(secret, claim.nonce, nonce, self.server.role),
+            proof=auth.server_proof(secret, claim.nonce, nonce, self.server.role), local=self._local_offer(),
         )
         self.transport.write(encode_frame(FrameKind.RESPONSE, request_id, reply))
 
@@ -512,7 +521,9 @@ class RpcServer:
         self.connections: set[_ServerConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
+        self._local_server: asyncio.base_events.Server | None = None
         self.address = ""
+        self.local_name = ""  # the abstract Unix socket name it also listens on (tectofs.local_sockets), or ""
         self.tls = False  # set by start(): connections use TLS (the bytes must pass through the transport)
         self.invalid_requests = 0
         self._invalid_log = RateLimitedLog(log, limits.peer_log_lines_per_s, f"invalid requests to the {name}")
@@ -555,7 +566,21 @@ class RpcServer:
         self.guard.start(self._server)
         sock_host, sock_port = self._server.sockets[0].getsockname()[:2]
         self.address = f"{sock_host}:{sock_port}"
+        if context is None and local_sockets.enabled():
+            await self._listen_locally()
         return self.address
+
+    async def _listen_locally(self) -> None:
+        """Also listen on a fresh abstract Unix socket name, offered to peers on this host
+        (``tectofs.local_sockets``); without one (an old kernel, say) TCP serves them all."""
+        name = local_sockets.new_name(self.role)
+        try:
+            self._local_server = await asyncio.get_running_loop().create_unix_server(
+                lambda: _ServerConnection(self), local_sockets.abstract_path(name), backlog=limits.listen_backlog_max)
+        except OSError as exc:
+            log.info("%s: no local socket (%s); peers on this host use TCP", self.name, exc)
+            return
+        self.local_name = name
 
     async def dispatch(self, frame: Frame, peer: str = "?", identity: auth.Peer = auth.MEMBER) -> HandlerReply:
         operation = self._operation(frame.header)
@@ -625,6 +650,8 @@ class RpcServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._local_server is not None:
+            self._local_server.close()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
@@ -632,6 +659,8 @@ class RpcServer:
             task.cancel()
         if self._server is not None:
             await self._server.wait_closed()
+        if self._local_server is not None:
+            await self._local_server.wait_closed()
 
 
 # The client side lives in its own module; it is part of this one's interface.

@@ -1,6 +1,10 @@
 """The client side of the RPC layer (``tectofs.rpc``): a pool of connections to many servers,
 address groups with failover, retries with backoff, and the client half of the hello and its
-authentication. Import it from ``tectofs.rpc``."""
+authentication. Import it from ``tectofs.rpc``.
+
+Deadlines use ``asyncio.timeout``, never ``asyncio.wait_for``: Python 3.11's ``wait_for``
+returns the result of a future that completes while its caller is being cancelled, and the
+cancellation is lost (a cancelled write went on to commit; tests/test_atomic_publish.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from . import auth, limits, messages, tls
+from . import auth, limits, local_sockets, messages, tls
 from .errors import (
     Busy,
     ConnectionLost,
@@ -90,6 +94,8 @@ class _ClientConnection(_FramedProtocol):
         self.peer_role = ""
         self.greeting: asyncio.Task[None] | None = None  # the hello's answer, awaited by every call
         self.authenticating = False  # requests must wait for the greeting (they follow our proof)
+        self.local_offer = ""  # the local socket name the server offered in its hello (tectofs.local_sockets)
+        self.retiring = False  # a TCP connection replaced by a local socket: no new calls, closed once idle
 
     def start_hello(self, role: str, expect_role: str | None, client_auth: auth.ClientAuth | None = None) -> None:
         """Open the conversation: the hello goes out now, and requests may follow it on the wire
@@ -125,7 +131,8 @@ class _ClientConnection(_FramedProtocol):
     ) -> None:
         try:
             try:
-                frame = await asyncio.wait_for(answer, limits.hello_timeout_s)
+                async with asyncio.timeout(limits.hello_timeout_s):
+                    frame = await answer
             except asyncio.TimeoutError:
                 raise HelloTimeout(
                     f"{self.address} accepted the connection but did not answer the tectofs hello within"
@@ -152,6 +159,7 @@ class _ClientConnection(_FramedProtocol):
             self.close()
             raise
         self.peer_role = reply.role
+        self.local_offer = reply.local if local_sockets.valid_name(reply.local) else ""
         self.greeted = True
 
     def _allocate_reply(self, header: dict[str, Any], length: int) -> "Buffer | Scatter | Callable[[], Buffer] | None":
@@ -216,14 +224,16 @@ class _ClientConnection(_FramedProtocol):
             try:
                 # The send has the same deadline: a peer that stops reading (hung) must not hold
                 # us waiting for its socket to drain. A frame cut off mid-way ruins the stream.
-                await asyncio.wait_for(self.send(FrameKind.REQUEST, request_id, header, payload), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self.send(FrameKind.REQUEST, request_id, header, payload)
             except asyncio.TimeoutError:
                 self.close()
                 raise Timeout(f"sending {header.get('op')} to {self.address} stalled for {timeout_s:.0f}s") from None
             if self.greeting is not None:
                 await self.greeting  # its error (not tectofs, wrong server, silent) wins over ours
             try:
-                frame = await asyncio.wait_for(fut, max(0.0, deadline - asyncio.get_running_loop().time()))
+                async with asyncio.timeout_at(deadline):
+                    frame = await fut
             except asyncio.TimeoutError:
                 raise Timeout(f"{header.get('op')} to {self.address} timed out after {timeout_s:.0f}s") from None
         except TectofsError as exc:
@@ -308,6 +318,10 @@ class RpcClient:
         self._auth: dict[str, auth.ClientAuth] = {}
         self.default_auth = default_auth
         self.ssl_context = tls.client_context()  # TLS when a CA is configured (tectofs.tls)
+        # Servers on this host reached by a local socket (tectofs.local_sockets): address -> name.
+        self._local: dict[str, str] = {}
+        self._local_refused: set[str] = set()  # names whose socket could not be reached
+        self.local_sockets = self.ssl_context is None and local_sockets.enabled()
         self._groups: dict[str, _Group] = {}
 
     def _group(self, address: str) -> _Group:
@@ -329,14 +343,58 @@ class RpcClient:
             self._auth[member] = client_auth
 
     async def _connect(self, address: str) -> _ClientConnection:
+        """A new connection to ``address``, its hello sent: to the server's local socket when it
+        offered one (a server on this host: ``tectofs.local_sockets``), else by TCP. A TCP
+        connection's hello is not waited for here (requests follow it on the wire); if its
+        answer offers a local socket, the connection *retires* (``_offered``)."""
+        name = self._local.get(address)
+        if name is not None:
+            local = await self._connect_locally(address, name)
+            if local is not None:
+                return local
+        conn = await self._connect_tcp(address)
+        assert conn.transport is not None
+        greeting = conn.greeting
+        if self.local_sockets and greeting is not None and local_sockets.same_host(conn.transport):
+            greeting.add_done_callback(lambda _: self._offered(address, conn))
+        return conn
+
+    def _offered(self, address: str, conn: _ClientConnection) -> None:
+        """``conn``'s hello was answered: with a local socket offered (and not one that refused
+        us), new connections to ``address`` go there, and ``conn`` retires: it finishes its
+        calls and takes no new ones (``_connection`` closes it once idle)."""
+        name = conn.local_offer
+        if conn.greeted and name and name not in self._local_refused:
+            self._local[address] = name
+            conn.retiring = True
+
+    async def _connect_locally(self, address: str, name: str) -> "_ClientConnection | None":
+        """A connection to ``address``'s local socket ``name``, or None when it cannot be reached
+        (the server restarted, or lives in another network namespace): TCP again then, and the
+        name is never tried again (a restarted server offers a new one)."""
+        try:
+            async with asyncio.timeout(limits.rpc_connect_timeout_s):
+                _, proto = await asyncio.get_running_loop().create_unix_connection(
+                    lambda: _ClientConnection(address, self.allocate_payload), local_sockets.abstract_path(name))
+        except (OSError, asyncio.TimeoutError):
+            if self._local.get(address) == name:
+                del self._local[address]
+            if len(self._local_refused) >= 4096:
+                self._local_refused.clear()
+            self._local_refused.add(name)
+            return None
+        assert proto.transport is not None
+        local_sockets.tune(proto.transport)
+        proto.start_hello(self.role, self._expected_roles.get(address), self._auth.get(address, self.default_auth))
+        return proto
+
+    async def _connect_tcp(self, address: str) -> _ClientConnection:
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(address, self.allocate_payload), host, port,
-                                       ssl=self.ssl_context),
-                limits.rpc_connect_timeout_s,
-            )
+            async with asyncio.timeout(limits.rpc_connect_timeout_s):
+                _, proto = await loop.create_connection(
+                    lambda: _ClientConnection(address, self.allocate_payload), host, port, ssl=self.ssl_context)
         except asyncio.TimeoutError:
             raise Timeout(f"connecting to {address} timed out") from None
         except OSError as exc:
@@ -348,19 +406,31 @@ class RpcClient:
         """An idle pooled connection, else a new one (up to ``connections_per_server``), else
         the least busy. Connections open only when concurrency needs them, so a thousand
         clients starting at once do not double their connection storm."""
-        pool = [c for c in self._pools.get(address, []) if c.usable]
-        self._pools[address] = pool
-        idle = [c for c in pool if not c.pending]
+        serving = self._serving(address)
+        idle = [c for c in serving if not c.pending]
         if idle:
             return idle[0]
-        if len(pool) < self.connections_per_server:
+        if len(serving) < self.connections_per_server:
             lock = self._connecting.setdefault(address, asyncio.Lock())
             async with lock:
-                pool = [c for c in self._pools.get(address, []) if c.usable]
-                if len(pool) < self.connections_per_server and not any(not c.pending for c in pool):
-                    pool.append(await self._connect(address))
-                    self._pools[address] = pool
-        return min(pool, key=lambda c: len(c.pending))
+                serving = self._serving(address)
+                if len(serving) < self.connections_per_server and not any(not c.pending for c in serving):
+                    conn = await self._connect(address)
+                    self._pools.setdefault(address, []).append(conn)
+                    serving.append(conn)
+        return min(serving, key=lambda c: len(c.pending))
+
+    def _serving(self, address: str) -> list[_ClientConnection]:
+        """The usable pooled connections to ``address`` that take new calls. Drops the broken
+        ones, and closes retired ones once idle (those still busy stay pooled until then)."""
+        pool = []
+        for c in self._pools.get(address, []):
+            if c.retiring and not c.pending:
+                c.close()
+            elif c.usable:
+                pool.append(c)
+        self._pools[address] = pool
+        return [c for c in pool if not c.retiring]
 
     async def call(
         self,
