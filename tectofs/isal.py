@@ -78,6 +78,8 @@ def _open() -> ctypes.CDLL | None:
         lib.gf_gen_rs_matrix.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.ec_init_tables.restype = None
         lib.ec_init_tables.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.gf_invert_matrix.restype = ctypes.c_int
+        lib.gf_invert_matrix.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         lib.ec_encode_data.restype = None
         lib.ec_encode_data.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                        ctypes.c_void_p, ctypes.c_void_p]
@@ -216,3 +218,34 @@ def parity(k: int, m: int) -> Parity | None:
         lib.ec_encode_data(length, k, m, tables, data_pointers(*data), parity_pointers(*out))
 
     return compute
+
+
+@functools.lru_cache(maxsize=256)
+def rebuild(k: int, m: int, sources: tuple[int, ...], lost: tuple[int, ...]) -> Parity | None:
+    """ISA-L's computation of the data fragments at positions ``lost`` (each below ``k``) from
+    the ``k`` fragments at positions ``sources``, for rs(k, m) set up as ``parity`` sets it up:
+    the rows of ``gf_gen_rs_matrix`` at ``sources``, inverted (``gf_invert_matrix``); the
+    inverse's rows at ``lost`` give each lost fragment from the sources. None without ISA-L or
+    when those rows cannot be inverted. The caller checks it against pyeclib before trusting it.
+
+    The function returned takes the fragment length and the addresses of the sources (in the
+    order of ``sources``) and of the lost fragments to write (in the order of ``lost``)."""
+    lib = _load()
+    if lib is None or len(sources) != k or not lost:
+        return None
+    matrix = (ctypes.c_ubyte * ((k + m) * k))()
+    lib.gf_gen_rs_matrix(matrix, k + m, k)
+    chosen = (ctypes.c_ubyte * (k * k))(*[matrix[p * k + c] for p in sources for c in range(k)])
+    inverse = (ctypes.c_ubyte * (k * k))()
+    if lib.gf_invert_matrix(chosen, inverse, k) != 0:
+        return None
+    rows = (ctypes.c_ubyte * (len(lost) * k))(*[inverse[i * k + c] for i in lost for c in range(k)])
+    tables = (ctypes.c_ubyte * (32 * k * len(lost)))()
+    lib.ec_init_tables(k, len(lost), rows, tables)
+    source_pointers, lost_pointers = ctypes.c_void_p * k, ctypes.c_void_p * len(lost)
+
+    def compute(length: int, data: list[int], out: list[int]) -> None:
+        lib.ec_encode_data(length, k, len(lost), tables, source_pointers(*data), lost_pointers(*out))
+
+    return compute
+

@@ -83,16 +83,33 @@ def _received_in_place(policy, chunk, position, out):
     return placed
 
 
+def _parity(chunk, direct, monkeypatch, policy, length):
+    """A parity chunk as the client holds it: in a writable buffer, which ISA-L decodes from
+    directly (``direct``: pyeclib's reconstruct then must not be called), or as ``bytes``, which
+    go through pyeclib."""
+    if not direct:
+        return chunk
+    if length:
+        def refuse(*args, **kwargs):
+            raise AssertionError("pyeclib's reconstruct was called: ISA-L's direct decode was not taken")
+
+        monkeypatch.setattr(erasure._driver(policy.data, policy.redundancy), "reconstruct", refuse)
+    return memoryview(bytearray(chunk))
+
+
+@pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("length", [0, 1, 15, SEGMENT - 1, SEGMENT, 3 * SEGMENT + 12345])
-def test_data_chunks_received_in_place_decode_with_any_survivors(length):
+def test_data_chunks_received_in_place_decode_with_any_survivors(length, direct, monkeypatch):
     """Every subset of 4 of rs(4,2), its data chunks received straight into the block's buffer:
-    nothing to copy with all four, and the lost ones rebuilt around those in place."""
+    nothing to copy with all four, and the lost ones rebuilt around those in place (by ISA-L
+    directly, or by pyeclib)."""
     policy = parse("rs(4,2)")
     data = os.urandom(length)
     chunks = erasure.encode(policy, data)
     for subset in itertools.combinations(range(policy.width), policy.data):
         out = memoryview(bytearray(os.urandom(length)))  # garbage where lost chunks belong
-        survivors = {p: (_received_in_place(policy, chunks[p], p, out) if p < policy.data else chunks[p])
+        survivors = {p: (_received_in_place(policy, chunks[p], p, out) if p < policy.data
+                         else _parity(chunks[p], direct, monkeypatch, policy, length))
                      for p in subset}
         erasure.decode_into(policy, survivors, out)
         assert bytes(out) == data, subset
@@ -111,8 +128,9 @@ def test_only_data_chunks_of_rs_are_placed_and_only_in_their_own_buffer():
         erasure.decode_into(policy, {0: elsewhere, 1: chunks[1], 2: chunks[2], 3: chunks[3]}, out)
 
 
+@pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("length", [1, SEGMENT + 1, 3 * SEGMENT + 12345])
-def test_a_block_split_over_several_buffers_decodes_in_place_with_any_survivors(length):
+def test_a_block_split_over_several_buffers_decodes_in_place_with_any_survivors(length, direct, monkeypatch):
     """A vectored read's destination (``Regions``: the block cut at odd places, one cut inside a
     fragment header's span): data chunks received into it, lost ones rebuilt around them."""
     from tectofs.regions import Regions
@@ -124,7 +142,8 @@ def test_a_block_split_over_several_buffers_decodes_in_place_with_any_survivors(
     for subset in itertools.combinations(range(policy.width), policy.data):
         parts = [memoryview(bytearray(os.urandom(b - a))) for a, b in zip(cuts, cuts[1:])]
         out = Regions(parts)
-        survivors = {p: (_received_in_place(policy, chunks[p], p, out) if p < policy.data else chunks[p])
+        survivors = {p: (_received_in_place(policy, chunks[p], p, out) if p < policy.data
+                         else _parity(chunks[p], direct, monkeypatch, policy, length))
                      for p in subset}
         erasure.decode_into(policy, survivors, out)
         assert b"".join(parts) == data, subset
