@@ -326,7 +326,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     if degraded:
         ratios["tectofs degraded load / dcp local load"] = round(
             gbps("tectofs load, 2 of 6 servers down") / gbps("dcp local load"), 3)
-        ratios["tectofs degraded load / tectofs load"] = round(
+        ratios["tectofs degraded load / tectofs load back to back"] = round(
             gbps("tectofs load, 2 of 6 servers down") / gbps("tectofs load, back to back"), 3)
         ratios["tectofs load back to back / dcp local load"] = round(
             gbps("tectofs load, back to back") / gbps("dcp local load"), 3)
@@ -344,7 +344,8 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
              at_least=0.9),
     ]
     if degraded:
-        targets.append(goal("tectofs degraded load / tectofs load", ratios["tectofs degraded load / tectofs load"],
+        back_to_back = "tectofs degraded load / tectofs load back to back"
+        targets.append(goal(back_to_back, ratios[back_to_back],
                             at_least=0.9))
     result = {
         "benchmark": "checkpoint",

@@ -96,6 +96,7 @@ class HelloReply(Message, frozen=True, kw_only=True):
     nonce: bytes = b""  # the server's challenge (when the hello carried auth)
     proof: bytes = b""  # the server's answer to the client's challenge
     local: str = ""  # an abstract Unix socket name to reach the same server by, from this host (local_sockets)
+    pid: int = 0  # with ``local``: the server's process id, which the Unix socket's peer must have
 
 
 class AuthRequest(Message, frozen=True, kw_only=True):

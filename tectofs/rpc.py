@@ -367,8 +367,9 @@ class _ServerConnection(_FramedProtocol):
             task.add_done_callback(self.server.tasks.discard)
             return
         self._welcome(auth.ANONYMOUS)
+        local = self._local_offer()
         reply = messages.HelloReply(role=self.server.role, version=PROTOCOL_VERSION, software=SOFTWARE,
-                                    local=self._local_offer())
+                                    local=local, pid=os.getpid() if local else 0)
         assert self.transport is not None
         self.transport.write(encode_frame(FrameKind.RESPONSE, frame.request_id, reply))
 
@@ -405,9 +406,11 @@ class _ServerConnection(_FramedProtocol):
             return
         nonce = os.urandom(auth.NONCE_BYTES)
         self._challenge = (secret, claim.nonce, nonce, identity)
+        local = self._local_offer()
         reply = messages.HelloReply(
             role=self.server.role, version=PROTOCOL_VERSION, software=SOFTWARE, nonce=nonce,
-            proof=auth.server_proof(secret, claim.nonce, nonce, self.server.role), local=self._local_offer(),
+            proof=auth.server_proof(secret, claim.nonce, nonce, self.server.role), local=local,
+            pid=os.getpid() if local else 0,
         )
         self.transport.write(encode_frame(FrameKind.RESPONSE, request_id, reply))
 

@@ -96,6 +96,7 @@ class _ClientConnection(_FramedProtocol):
         self.authenticating = False  # requests must wait for the greeting (they follow our proof)
         self.local_offer = ""  # the local socket name the server offered in its hello (tectofs.local_sockets)
         self.retiring = False  # a TCP connection replaced by a local socket: no new calls, closed once idle
+        self.server_pid = 0  # the server's process id, as its hello said (checked on its local socket)
 
     def start_hello(self, role: str, expect_role: str | None, client_auth: auth.ClientAuth | None = None) -> None:
         """Open the conversation: the hello goes out now, and requests may follow it on the wire
@@ -159,7 +160,8 @@ class _ClientConnection(_FramedProtocol):
             self.close()
             raise
         self.peer_role = reply.role
-        self.local_offer = reply.local if local_sockets.valid_name(reply.local) else ""
+        self.local_offer = reply.local if local_sockets.valid_name(reply.local) and reply.pid > 0 else ""
+        self.server_pid = reply.pid
         self.greeted = True
 
     def _allocate_reply(self, header: dict[str, Any], length: int) -> "Buffer | Scatter | Callable[[], Buffer] | None":
@@ -220,7 +222,7 @@ class _ClientConnection(_FramedProtocol):
         deadline = asyncio.get_running_loop().time() + timeout_s
         try:
             if self.authenticating and self.greeting is not None:
-                await self.greeting  # an authenticated connection serves nothing before our proof
+                await asyncio.shield(self.greeting)  # an authenticated connection serves nothing before our proof
             try:
                 # The send has the same deadline: a peer that stops reading (hung) must not hold
                 # us waiting for its socket to drain. A frame cut off mid-way ruins the stream.
@@ -230,7 +232,7 @@ class _ClientConnection(_FramedProtocol):
                 self.close()
                 raise Timeout(f"sending {header.get('op')} to {self.address} stalled for {timeout_s:.0f}s") from None
             if self.greeting is not None:
-                await self.greeting  # its error (not tectofs, wrong server, silent) wins over ours
+                await asyncio.shield(self.greeting)  # its error (not tectofs, wrong server, silent) wins over ours
             try:
                 async with asyncio.timeout_at(deadline):
                     frame = await fut
@@ -319,7 +321,7 @@ class RpcClient:
         self.default_auth = default_auth
         self.ssl_context = tls.client_context()  # TLS when a CA is configured (tectofs.tls)
         # Servers on this host reached by a local socket (tectofs.local_sockets): address -> name.
-        self._local: dict[str, str] = {}
+        self._local: dict[str, tuple[str, int]] = {}  # address -> (name, the server's pid)
         self._local_refused: set[str] = set()  # names whose socket could not be reached
         self.local_sockets = self.ssl_context is None and local_sockets.enabled()
         self._groups: dict[str, _Group] = {}
@@ -347,9 +349,9 @@ class RpcClient:
         offered one (a server on this host: ``tectofs.local_sockets``), else by TCP. A TCP
         connection's hello is not waited for here (requests follow it on the wire); if its
         answer offers a local socket, the connection *retires* (``_offered``)."""
-        name = self._local.get(address)
-        if name is not None:
-            local = await self._connect_locally(address, name)
+        offer = self._local.get(address)
+        if offer is not None:
+            local = await self._connect_locally(address, *offer)
             if local is not None:
                 return local
         conn = await self._connect_tcp(address)
@@ -365,28 +367,45 @@ class RpcClient:
         calls and takes no new ones (``_connection`` closes it once idle)."""
         name = conn.local_offer
         if conn.greeted and name and name not in self._local_refused:
-            self._local[address] = name
+            self._local[address] = (name, conn.server_pid)
             conn.retiring = True
 
-    async def _connect_locally(self, address: str, name: str) -> "_ClientConnection | None":
-        """A connection to ``address``'s local socket ``name``, or None when it cannot be reached
-        (the server restarted, or lives in another network namespace): TCP again then, and the
-        name is never tried again (a restarted server offers a new one)."""
+    async def _connect_locally(self, address: str, name: str, pid: int) -> "_ClientConnection | None":
+        """A connection to ``address``'s local socket ``name``, or None: TCP then. The kernel's
+        account of the process at the other end (``SO_PEERCRED``) must be the server that
+        offered the name over TCP (its ``pid``): after that server exits, anyone on the host may
+        bind the name. A name that refuses us or leads elsewhere (the server restarted: it
+        offers a new one; another network or process namespace) is never tried again."""
         try:
-            async with asyncio.timeout(limits.rpc_connect_timeout_s):
-                _, proto = await asyncio.get_running_loop().create_unix_connection(
-                    lambda: _ClientConnection(address, self.allocate_payload), local_sockets.abstract_path(name))
-        except (OSError, asyncio.TimeoutError):
-            if self._local.get(address) == name:
-                del self._local[address]
-            if len(self._local_refused) >= 4096:
-                self._local_refused.clear()
-            self._local_refused.add(name)
+            sock = await local_sockets.connect(name, limits.rpc_connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
+                self._refuse_local(address, name)
+            else:  # busy or out of descriptors: TCP this time, the name again next time
+                self._local.pop(address, None)
+            return None
+        if local_sockets.peer_pid(sock) != pid:
+            sock.close()
+            self._refuse_local(address, name)
+            return None
+        try:
+            _, proto = await asyncio.get_running_loop().create_unix_connection(
+                lambda: _ClientConnection(address, self.allocate_payload), sock=sock)
+        except OSError:
+            sock.close()
+            self._local.pop(address, None)
             return None
         assert proto.transport is not None
         local_sockets.tune(proto.transport)
         proto.start_hello(self.role, self._expected_roles.get(address), self._auth.get(address, self.default_auth))
         return proto
+
+    def _refuse_local(self, address: str, name: str) -> None:
+        if self._local.get(address, ("", 0))[0] == name:
+            del self._local[address]
+        if len(self._local_refused) >= 4096:
+            self._local_refused.clear()
+        self._local_refused.add(name)
 
     async def _connect_tcp(self, address: str) -> _ClientConnection:
         host, port = parse_address(address)
@@ -417,7 +436,10 @@ class RpcClient:
                 if len(serving) < self.connections_per_server and not any(not c.pending for c in serving):
                     conn = await self._connect(address)
                     self._pools.setdefault(address, []).append(conn)
-                    serving.append(conn)
+                    return conn
+            serving = self._serving(address)  # (what the awaits above left usable)
+            if not serving:
+                return await self._connection(address)
         return min(serving, key=lambda c: len(c.pending))
 
     def _serving(self, address: str) -> list[_ClientConnection]:
@@ -501,6 +523,7 @@ class RpcClient:
         """Drop pooled connections to ``address`` (every member of a group; e.g. a server
         known to be dead)."""
         for member in address.split(","):
+            self._local.pop(member.strip(), None)  # greet it over TCP again
             for conn in self._pools.pop(member.strip(), []):
                 conn.close()
 

@@ -229,7 +229,7 @@ def test_up_restarts_a_child_that_died(tmp_path: Any) -> None:
             up.kill()
 
 
-def test_a_cancelled_write_is_cancelled_and_publishes_nothing(cluster: Any) -> None:
+def test_a_cancelled_write_raises_cancelled_and_leaves_all_of_its_data_or_none(cluster: Any) -> None:
     """Writes cancelled at every point of their life (open, write, commit): each one raises
     CancelledError, and every file holds all of its data or none. Python 3.11's
     ``asyncio.wait_for`` swallowed a cancellation that arrived as its reply did, so a cancelled

@@ -88,7 +88,7 @@ def _parity(chunk, direct, monkeypatch, policy, length):
     directly (``direct``: pyeclib's reconstruct then must not be called), or as ``bytes``, which
     go through pyeclib."""
     if not direct:
-        return chunk
+        return bytes(chunk)
     if length:
         def refuse(*args, **kwargs):
             raise AssertionError("pyeclib's reconstruct was called: ISA-L's direct decode was not taken")

@@ -41,7 +41,12 @@ def test_a_client_on_the_servers_host_moves_to_its_local_socket() -> None:
             # Several calls at once open more connections: every one on the local socket.
             await asyncio.gather(*(client.call(address, "statfs") for _ in range(20)))
             assert set(_families(client, address)) == {"AF_UNIX"}
-            # The server counts them like any other (connection limits apply the same).
+            # The server counts them like any other (connection limits apply the same), and the
+            # retired TCP connection is closed.
+            deadline = time.monotonic() + 10
+            while server.guard.per_peer.get("127.0.0.1", 0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert server.guard.per_peer.get("127.0.0.1", 0) == 0
             assert server.guard.per_peer.get("local", 0) == len(_families(client, address))
         finally:
             await client.close()
@@ -80,14 +85,14 @@ def test_a_server_restarted_on_its_port_is_reached_by_tcp_then_by_its_new_socket
         try:
             await client.call(address, "ping", idempotent=True)
             old_name = first.local_name
-            assert client._local[address] == old_name
+            assert client._local[address] == (old_name, os.getpid())  # (in-process server: our pid)
             await first.close()
             second = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta")
             await second.start("127.0.0.1", port)
             try:
                 assert second.local_name != old_name
                 await client.call(address, "ping", idempotent=True)  # the old name refuses: TCP, then asked anew
-                assert client._local[address] == second.local_name
+                assert client._local[address][0] == second.local_name
                 await client.call(address, "ping", idempotent=True)
                 assert "AF_UNIX" in _families(client, address)
             finally:
@@ -154,6 +159,43 @@ def test_the_local_socket_keeps_the_same_gates(cluster: Any) -> None:
     data = os.urandom(3 << 20)
     cluster.fs.write_bytes("/after-local-probes", data)
     assert cluster.fs.read_bytes("/after-local-probes") == data
+
+
+def test_a_name_bound_by_another_process_is_not_trusted(cluster: Any) -> None:
+    """Once a server exits, anyone on the host may bind its name: the client checks the peer's
+    process id (SO_PEERCRED) against the one the server gave over TCP, refuses the impostor
+    without sending it a byte, and carries on by TCP."""
+    fs = cluster.fs
+    data = os.urandom(3 << 20)
+    fs.write_bytes("/impostor", data)
+    assert fs.read_bytes("/impostor") == data
+    rpc = fs.aio.rpc
+    chunk_address = cluster.servers()[0]["address"]
+    real_name, real_pid = rpc._local[chunk_address]
+    assert real_pid != os.getpid()
+    impostor_name = local_sockets.new_name("chunk")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as impostor:
+        impostor.bind(local_sockets.abstract_path(impostor_name))
+        impostor.listen(16)
+        impostor.settimeout(0.5)
+
+        async def point_at_impostor() -> None:
+            rpc._local[chunk_address] = (impostor_name, real_pid)
+            for conn in rpc._pools.get(chunk_address, []):
+                conn.close()
+
+        fs.run(point_at_impostor())
+        assert fs.read_bytes("/impostor") == data
+        assert impostor_name in rpc._local_refused
+        accepted, _ = impostor.accept()  # the kernel connected it; the client sent nothing
+        with accepted:
+            accepted.settimeout(0.5)
+            try:
+                assert accepted.recv(100) == b""
+            except socket.timeout:
+                pass
+    assert fs.read_bytes("/impostor") == data
+    assert rpc._local.get(chunk_address, ("", 0))[0] in ("", real_name)
 
 
 class _Transport:
