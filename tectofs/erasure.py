@@ -365,7 +365,11 @@ def _rebuilds_directly(k: int, m: int) -> bool:
                         piece[:] = chunks[p][used : used + len(piece)]
                         used += len(piece)
                 views = {p: memoryview(bytearray(chunks[p])) for p in sources if p not in placed}
-                if not _decode_direct(k, m, views, placed, lost, Regions([got])) or got != block:
+                if not _decode_direct(k, m, views, placed, lost, Regions([got])):
+                    log.warning("decoding rs(%d,%d) with ISA-L directly is not possible for chunks %s (a matrix"
+                                " that cannot be inverted?); using pyeclib", k, m, sources)
+                    return False
+                if got != block:
                     log.warning("decoding rs(%d,%d) with ISA-L directly differs from pyeclib; using pyeclib", k, m)
                     return False
         return True

@@ -80,6 +80,8 @@ def same_host(transport: asyncio.BaseTransport) -> bool:
         peer_ip = ipaddress.ip_address(str(peer[0]).split("%")[0])
     except ValueError:
         return False
+    if isinstance(peer_ip, ipaddress.IPv6Address) and peer_ip.ipv4_mapped is not None:
+        peer_ip = peer_ip.ipv4_mapped  # an IPv4 peer of a server listening on "::"
     return peer_ip.is_loopback or str(peer[0]) == str(own[0])
 
 

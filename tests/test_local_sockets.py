@@ -214,6 +214,8 @@ class _Transport:
     (socket.AF_INET, ("10.1.2.4", 5000), ("10.1.2.3", 6000), False),  # another host
     (socket.AF_INET6, ("::1", 5000, 0, 0), ("::1", 6000, 0, 0), True),
     (socket.AF_INET6, ("fe80::2", 5000, 0, 2), ("fe80::1", 6000, 0, 2), False),
+    (socket.AF_INET6, ("::ffff:127.0.0.1", 5000, 0, 0), ("::ffff:127.0.1.1", 6000, 0, 0), True),  # server on "::"
+    (socket.AF_INET6, ("::ffff:10.1.2.4", 5000, 0, 0), ("::ffff:10.1.2.3", 6000, 0, 0), False),
     (socket.AF_UNIX, "", "", False),  # already local: nothing to offer
 ])
 def test_the_offer_goes_only_to_peers_on_the_same_host(family: socket.AddressFamily, peer: Any, own: Any,
