@@ -123,20 +123,26 @@ def test_client_pointed_at_a_chunk_server_says_what_it_reached(cluster: Any) -> 
 def _raw(address: str, data: bytes, timeout_s: float = 10) -> tuple[list[Any], float]:
     host, port = address.rsplit(":", 1)
     started = time.monotonic()
-    frames: list[Any] = []
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
         if data:
             sock.sendall(data)
-        decoder = FrameDecoder()
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except (ConnectionResetError, socket.timeout):
-                break
-            if not chunk:
-                break
-            frames.extend(decoder.feed(chunk))
+        frames = frames_until_closed(sock)
     return frames, time.monotonic() - started
+
+
+def frames_until_closed(sock: socket.socket) -> list[Any]:
+    """The frames ``sock`` receives until the peer closes it, resets it, or its timeout passes."""
+    frames: list[Any] = []
+    decoder = FrameDecoder()
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not chunk:
+            break
+        frames.extend(decoder.feed(chunk))
+    return frames
 
 
 def test_a_connection_that_says_nothing_is_closed_at_the_hello_deadline() -> None:

@@ -16,6 +16,7 @@ from tectofs import limits, local_sockets, messages
 from tectofs.protocol import FrameDecoder, FrameKind, encode_frame
 from tectofs.rpc import RpcClient, RpcServer
 from tests.test_exhaustion import _Handler
+from tests.test_hello import frames_until_closed
 
 
 def _families(client: RpcClient, address: str) -> list[str]:
@@ -105,21 +106,11 @@ def test_a_server_restarted_on_its_port_is_reached_by_tcp_then_by_its_new_socket
 
 def _exchange(name: str, data: bytes, timeout_s: float = 10) -> list[Any]:
     """Send ``data`` on the local socket ``name``; the frames that come back until it closes."""
-    frames: list[Any] = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         sock.connect(local_sockets.abstract_path(name))
         sock.sendall(data)
-        decoder = FrameDecoder()
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except (ConnectionResetError, socket.timeout):
-                break
-            if not chunk:
-                break
-            frames.extend(decoder.feed(chunk))
-    return frames
+        return frames_until_closed(sock)
 
 
 def _offered_name(address: str) -> str:
