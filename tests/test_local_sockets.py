@@ -170,12 +170,13 @@ def test_a_name_bound_by_another_process_is_not_trusted(cluster: Any) -> None:
         impostor.listen(16)
         impostor.settimeout(0.5)
 
-        async def point_at_impostor() -> None:
+        async def call_through_impostor() -> None:
             rpc._local[chunk_address] = (impostor_name, real_pid)
             for conn in rpc._pools.get(chunk_address, []):
                 conn.close()
+            await rpc.call(chunk_address, "ping", idempotent=True)  # a new connection to that very server
 
-        fs.run(point_at_impostor())
+        fs.run(call_through_impostor())
         assert fs.read_bytes("/impostor") == data
         assert impostor_name in rpc._local_refused
         accepted, _ = impostor.accept()  # the kernel connected it; the client sent nothing
