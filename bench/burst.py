@@ -415,7 +415,7 @@ def run(
     memory_check: bool = True,
     metadata_files_per_rank: int = 2,
     gc_delay_s: float = 30.0,
-    pack_max_bytes: int = 0,
+    pack_max_bytes: int | None = None,
     next_save: bool = True,
     delete_previous_bytes: int = 0,
     keep_work_dir: bool = False,
@@ -435,7 +435,8 @@ def run(
     policy would: its chunks' deletion orders reach the chunk servers ``gc_delay_s`` later,
     during the save if that is shorter than the save. ``keep_work_dir`` keeps the cluster's
     logs and data. ``pack_max_bytes``: the chunk servers pack chunks up to this size into
-    segment files (``tectofs chunk --pack-max``; 0: a file per chunk). ``next_save``: after
+    segment files (``tectofs chunk --pack-max``; 0: a file per chunk; None: the chunk server's
+    default, ``limits.chunk_pack_max_bytes_default``). ``next_save``: after
     the load, every rank saves a second checkpoint with its chunk-server connections already
     open (the first save also pays for opening them), reported as ``next_save``."""
     assert ranks >= 1
@@ -444,13 +445,14 @@ def run(
     seed = random.randrange(1 << 31) if seed is None else seed
     setup_timeout_s = setup_timeout_s if setup_timeout_s is not None else 60.0 + 0.05 * ranks
     tick = progress or (lambda n: None)
+    from tectofs import limits
     from tectofs.client import connect
     from tectofs.server.cluster import LocalCluster
 
     result: dict[str, Any] = {
         "benchmark": "burst", "ranks": ranks, "shard_bytes": shard_bytes, "processes": processes,
         "block_size": block_size, "dir_block_size": dir_block_size, "servers": servers, "policy": policy,
-        "pack_max_bytes": pack_max_bytes,
+        "pack_max_bytes": limits.chunk_pack_max_bytes_default if pack_max_bytes is None else pack_max_bytes,
         "seed": seed, "errors": [], "phases": {},
     }
     errors: list[str] = result["errors"]
@@ -465,7 +467,7 @@ def run(
         if meta_address is None:
             cluster = LocalCluster(os.path.join(tmp, "cluster"), servers=servers, policy=policy, block_size=block_size,
                                    gc_delay_s=gc_delay_s, log_to_files=True,
-                                   chunk_args=["--pack-max", str(pack_max_bytes)] if pack_max_bytes else None)
+                                   chunk_args=None if pack_max_bytes is None else ["--pack-max", str(pack_max_bytes)])
             cluster.start()
             meta_address = cluster.address
         workers: list[_WorkerProcess] = []
@@ -742,9 +744,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="empty files each rank creates in the metadata storm (0: skip it)")
     parser.add_argument("--gc-delay", type=float, default=30.0,
                         help="seconds before the MDS orders unused chunks deleted (LocalCluster's default: 30)")
-    parser.add_argument("--pack-max", type=parse_size, default=0,
+    parser.add_argument("--pack-max", type=parse_size, default=None,
                         help="chunk servers pack chunks up to this size into segment files (tectofs chunk --pack-max;"
-                        " default 0: a file per chunk)")
+                        " 0: a file per chunk; default: the chunk server's own)")
     parser.add_argument("--no-next-save", action="store_true",
                         help="skip the second save (with connections open) after the load")
     parser.add_argument("--delete-previous", type=parse_size, default=0,

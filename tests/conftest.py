@@ -10,18 +10,26 @@ has a timeout.
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import random
 import shutil
 import tempfile
+import time
 from typing import Any, Callable, Iterator
 
 import pytest
 
 from tectofs.client import FileSystem, connect
+from tectofs.server.chunk import packs
 from tectofs.server.cluster import LocalCluster
 
 MiB = 1 << 20
+
+# Chunk servers store chunks up to --pack-max (1 MiB by default) as records in segment files,
+# so the test clusters' small chunks (1 MiB blocks, rs(4,2): 256 KiB) are packed. A test
+# that damages a chunk *file* on disk (truncates or deletes one) asks for a file per chunk.
+FILE_PER_CHUNK = ["--pack-max", "0"]
 
 # Clusters write root's credential where client commands find it (tectofs.auth.config_dir):
 # tests keep those files out of the user's home, in one directory per test session, removed
@@ -43,16 +51,73 @@ class TestCluster(LocalCluster):
         return address
 
     def chunk_file(self, path: str, block_index: int = 0, position: int = 0) -> str:
-        """The file on disk holding chunk ``position`` of block ``block_index`` of ``path``."""
+        """The chunk file of chunk ``position`` of block ``block_index`` of ``path`` (which
+        need not exist): for clusters started with ``chunk_args=FILE_PER_CHUNK``."""
         layout, _ = self.fs.run(self.fs.aio.meta("layout", path=path))
         block = layout.blocks[block_index]
         chunk = next(c for c in block.chunks if c.position == position)
+        name = f"{block.block_id:016x}"
+        return os.path.join(self._data_dir_at(chunk.address), "chunks", name[-2:], name + ".chunk")
+
+    def chunk_place(self, path: str, block_index: int = 0, position: int = 0) -> tuple[str, int]:
+        """``(file, offset)``: where the data of chunk ``position`` of block ``block_index`` of
+        ``path`` lies on disk, in either chunk layout (a chunk file, or a packed record's
+        segment). Looked up afresh on each call: a rebuilt packed chunk is a new record."""
+        layout, _ = self.fs.run(self.fs.aio.meta("layout", path=path))
+        block = layout.blocks[block_index]
+        chunk = next(c for c in block.chunks if c.position == position)
+        data_dir = self._data_dir_at(chunk.address)
+        name = f"{block.block_id:016x}"
+        chunk_file = os.path.join(data_dir, "chunks", name[-2:], name + ".chunk")
+        if os.path.exists(chunk_file):
+            return chunk_file, 0
+        found = [(segment, packs.data_offset(offset, info.length))
+                 for segment, offset, info, live in packs.records(os.path.join(data_dir, "packs"))
+                 if live and info.block_id == block.block_id]
+        if not found:
+            raise LookupError(f"chunk {position} of block {block.block_id:x} is on no disk of {chunk.address}")
+        return found[-1]  # the last live record is the one the server serves
+
+    def flip_chunk_byte(self, path: str, block_index: int, position: int, offset: int) -> bytes:
+        """Damage byte ``offset`` of a chunk's data on disk (either layout); returns it as it was."""
+        file, at = self.chunk_place(path, block_index, position)
+        with open(file, "r+b") as f:
+            f.seek(at + offset)
+            byte = f.read(1)
+            f.seek(at + offset)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        return byte
+
+    def wait_chunk_byte(self, path: str, block_index: int, position: int, offset: int, byte: bytes,
+                        timeout_s: float = 20.0) -> None:
+        """Wait until the chunk holds ``byte`` at ``offset`` again (rebuilt in place, or as a
+        new packed record); fails the test after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            file, at = self.chunk_place(path, block_index, position)
+            with open(file, "rb") as f:
+                f.seek(at + offset)
+                if f.read(1) == byte:
+                    return
+            time.sleep(0.1)
+        pytest.fail(f"chunk {position} of block {block_index} of {path} was not repaired within {timeout_s:g} s")
+
+    def chunk_count(self, server_index: int | None = None) -> int:
+        """Chunks stored on disk (chunk files and live packed records) by one chunk server,
+        or by all of them."""
+        dirs = self.chunk_data_dirs if server_index is None else [self.chunk_data_dirs[server_index]]
+        count = 0
+        for data_dir in dirs:
+            count += len(glob.glob(os.path.join(data_dir, "chunks", "*", "*.chunk")))
+            count += len({info.block_id for _, _, info, live in packs.records(os.path.join(data_dir, "packs")) if live})
+        return count
+
+    def _data_dir_at(self, address: str) -> str:
         for i, data_dir in enumerate(self.chunk_data_dirs):
             with open(os.path.join(self.root, f"chunk-{i}.address")) as f:
-                if f.read().strip() == chunk.address:
-                    name = f"{block.block_id:016x}"
-                    return os.path.join(data_dir, "chunks", name[-2:], name + ".chunk")
-        raise LookupError(f"no local chunk server at {chunk['address']}")
+                if f.read().strip() == address:
+                    return data_dir
+        raise LookupError(f"no local chunk server at {address}")
 
     def stop(self) -> None:
         fs = getattr(self, "fs", None)

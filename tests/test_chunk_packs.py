@@ -36,20 +36,8 @@ def _put(store: ChunkStore, block_id: int, position: int, data: memoryview, over
 
 def _records(data_dir: str) -> dict[int, tuple[str, int]]:
     """Live records on disk: block id -> (segment path, offset), read as the store's start does."""
-    out = {}
-    for path in sorted(glob.glob(os.path.join(data_dir, "packs", "*.pack"))):
-        with open(path, "rb") as f:
-            raw = f.read()
-        offset = 0
-        while offset + HEADER.size <= len(raw):
-            info, live = packs._parse_header(raw[offset : offset + HEADER.size], _number(path), offset)
-            if info is None:
-                offset += ALIGN
-                continue
-            if live:
-                out[info.block_id] = (path, offset)
-            offset += packs._record_size(info.length)
-    return out
+    return {info.block_id: (path, offset)
+            for path, offset, info, live in packs.records(os.path.join(data_dir, "packs")) if live}
 
 
 def _number(segment_path: str) -> int:
@@ -542,3 +530,19 @@ def test_compaction_makes_a_batch_of_copies_durable_with_one_sync(tmp_path: Any,
     for view in (store, PackStore(str(tmp_path), 64 * KiB, segment_bytes=1 * MiB)):
         assert sorted(view.block_ids()) == sorted(kept)
         assert all(bytes(view.read(b)[0]) == bytes(d) for b, d in kept.items())
+
+
+def test_by_default_small_chunks_are_packed_and_large_ones_get_files(make_cluster: Any) -> None:
+    """With no --pack-max, chunks up to 1 MiB are records (one sync per batch), larger ones
+    files (O_DIRECT, sendfile); the suite's own clusters (1 MiB blocks) pack every chunk."""
+    c = make_cluster(block_size=4 * MiB)
+    small, large = os.urandom(3 * MiB), os.urandom(4 * MiB)  # rs(4,2): chunks of 768 KiB and 1 MiB, + 80 B each
+    c.fs.write_bytes("/small", small)
+    c.fs.write_bytes("/large", large)
+    for path, packed in (("/small", True), ("/large", False)):
+        layout, _ = c.fs.run(c.fs.aio.meta("layout", path=path))
+        for chunk in layout.blocks[0].chunks:
+            where, offset = c.chunk_place(path, 0, chunk.position)
+            assert where.endswith(".pack" if packed else ".chunk") and (offset > 0) == packed, (path, where, offset)
+    assert c.chunk_count() == 12
+    assert c.fs.read_bytes("/small") == small and c.fs.read_bytes("/large") == large

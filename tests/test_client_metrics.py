@@ -79,11 +79,7 @@ def test_a_corrupt_chunk_counts_a_checksum_failure_and_a_degraded_read(metrics_c
     c = metrics_cluster
     data = os.urandom(MiB)
     c.fs.write_bytes("/corrupt", data)
-    with open(c.chunk_file("/corrupt", 0, 1), "r+b") as f:  # a data chunk: read on every read
-        f.seek(100)
-        byte = f.read(1)
-        f.seek(100)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    c.flip_chunk_byte("/corrupt", 0, 1, 100)  # a data chunk: read on every read
     before = local()
     assert c.fs.read_bytes("/corrupt") == data
     after = local()

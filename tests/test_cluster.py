@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import glob
 import hashlib
 import itertools
 import os
@@ -304,10 +303,9 @@ def test_flipped_byte_is_detected_and_repaired(make_cluster):
     c = make_cluster()
     data = os.urandom(2 * MiB + 1)
     c.fs.write_bytes("/flip", data)
-    victim = c.chunk_file("/flip", block_index=1, position=2)  # a data chunk: read on every read
-    byte = flip_byte(victim, 100)
+    byte = c.flip_chunk_byte("/flip", 1, 2, 100)  # a data chunk (packed): read on every read
     assert c.fs.read_bytes("/flip") == data
-    wait_for_byte(victim, 100, byte)  # the damaged chunk is rewritten from parity in the background
+    c.wait_chunk_byte("/flip", 1, 2, 100, byte)  # the damaged chunk is rewritten from parity in the background
     assert c.fs.read_bytes("/flip") == data
 
 
@@ -335,13 +333,12 @@ def test_no_live_servers_is_no_space(make_cluster):
 def test_deleted_file_chunks_are_collected(make_cluster):
     c = make_cluster()
     c.fs.write_bytes("/gc", os.urandom(2 * MiB))
-    pattern = os.path.join(c.root, "chunk-*", "chunks", "*", "*.chunk")
-    assert len(glob.glob(pattern)) == 2 * 6
+    assert c.chunk_count() == 2 * 6
     c.fs.remove("/gc")
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and glob.glob(pattern):
+    while time.monotonic() < deadline and c.chunk_count():
         time.sleep(0.2)
-    assert glob.glob(pattern) == []
+    assert c.chunk_count() == 0
 
 
 def test_whole_block_writes_are_encoded_before_write_returns(cluster, monkeypatch):

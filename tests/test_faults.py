@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
@@ -13,12 +12,9 @@ import pytest
 
 from tectofs import errors
 from tectofs.client import connect
+from tests.conftest import FILE_PER_CHUNK
 
 MiB = 1 << 20
-
-
-def _chunk_files(root: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(root, "chunk-*", "chunks", "*", "*.chunk")))
 
 
 def test_metadata_service_killed_and_restarted_loses_nothing_committed(make_cluster):
@@ -86,7 +82,7 @@ def test_crashed_writer_leaves_old_content_and_orphans_are_collected(make_cluste
     c = make_cluster(allocation_grace_s=2.0)
     old = os.urandom(MiB + 5)
     c.fs.write_bytes("/victim", old)
-    before = len(_chunk_files(c.root))
+    before = c.chunk_count()
     script = textwrap.dedent(f"""
         import os, sys, time
         import tectofs.client
@@ -100,20 +96,20 @@ def test_crashed_writer_leaves_old_content_and_orphans_are_collected(make_cluste
     writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "written"
-        assert len(_chunk_files(c.root)) > before  # chunks of uncommitted blocks exist
+        assert c.chunk_count() > before  # chunks of uncommitted blocks exist
     finally:
         writer.kill()
         writer.wait(timeout=10)
     assert c.fs.read_bytes("/victim") == old
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(_chunk_files(c.root)) > before:
+    while time.monotonic() < deadline and c.chunk_count() > before:
         time.sleep(0.3)
-    assert len(_chunk_files(c.root)) == before, "orphan chunks of the crashed writer were not collected"
+    assert c.chunk_count() == before, "orphan chunks of the crashed writer were not collected"
     assert c.fs.read_bytes("/victim") == old
 
 
 def test_truncated_and_missing_chunk_files_are_read_around(make_cluster):
-    c = make_cluster()
+    c = make_cluster(chunk_args=FILE_PER_CHUNK)
     data = os.urandom(MiB)
     c.fs.write_bytes("/damaged", data)
     with open(c.chunk_file("/damaged", 0, 0), "r+b") as f:

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from tests.conftest import FILE_PER_CHUNK
+
 KiB = 1 << 10
 MiB = 1 << 20
 HEAL = ["--repair-after", "2", "--repair-interval", "0.5"]
@@ -92,22 +94,17 @@ def test_scrubber_finds_a_flipped_parity_byte_and_it_is_rebuilt(make_cluster):
     c = make_cluster(servers=6, chunk_args=["--scrub-rate", "64", "--scrub-interval", "1"], meta_args=HEAL)
     data = os.urandom(3 * MiB)
     c.fs.write_bytes("/scrubbed", data)
-    parity = c.chunk_file("/scrubbed", 0, 4)
-    with open(parity, "r+b") as f:
-        f.seek(1000)
-        byte = f.read(1)
-        f.seek(1000)
-        f.write(bytes([byte[0] ^ 0x20]))
+    byte = c.flip_chunk_byte("/scrubbed", 0, 4, 1000)  # a parity chunk (packed): only the scrubber reads it
     deadline = time.monotonic() + 60
     while not any(s["stats"].get("scrub_corrupt") for s in c.fs.servers()):
         assert time.monotonic() < deadline, "the scrubber did not report the flipped byte"
         time.sleep(0.3)
     _wait_clean(c, timeout_s=60)
     layout, _ = c.fs.run(c.fs.aio.meta("layout", path="/scrubbed"))
-    rebuilt = c.chunk_file("/scrubbed", 0, 4)
+    rebuilt, at = c.chunk_place("/scrubbed", 0, 4)
     with open(rebuilt, "rb") as f:
-        f.seek(1000)
-        assert f.read(1) == byte  # rebuilt in place (six servers: nowhere else to put it)
+        f.seek(at + 1000)
+        assert f.read(1) == byte  # rebuilt on its server (six servers: nowhere else to put it)
     # The case that lost data before: the servers with data chunks 0 and 1 die.
     holders = {chunk.position: chunk.address for chunk in layout.blocks[0].chunks}
     for i in range(6):
@@ -144,7 +141,8 @@ def test_drained_server_holds_nothing_and_can_be_stopped(make_cluster):
 
 
 def test_chunk_file_deleted_on_disk_is_noticed_by_the_inventory_and_rebuilt(make_cluster):
-    c = make_cluster(servers=6, chunk_args=["--inventory-interval", "1", "--scrub-rate", "0"], meta_args=HEAL)
+    c = make_cluster(servers=6, chunk_args=["--inventory-interval", "1", "--scrub-rate", "0", *FILE_PER_CHUNK],
+                     meta_args=HEAL)
     data = os.urandom(2 * MiB)
     c.fs.write_bytes("/inventoried", data)
     victim = c.chunk_file("/inventoried", 1, 2)
@@ -163,20 +161,15 @@ def test_a_server_back_after_its_chunks_were_rebuilt_has_its_stale_copies_collec
     c = make_cluster(servers=7, block_size=256 * KiB, meta_args=HEAL)
     c.fs.mkdir("/heal")
     files = _write_files(c, 3, [MiB + 1])
-    chunk_dir = os.path.join(c.chunk_data_dirs[5], "chunks")
-    assert _chunk_count(chunk_dir) > 0
+    assert c.chunk_count(5) > 0
     c.kill_chunk_server(5)
     time.sleep(2.5)
     _wait_clean(c, timeout_s=90)  # rebuilt elsewhere while it was away
     c.restart_chunk(5)
     deadline = time.monotonic() + 60
-    while _chunk_count(chunk_dir):
-        assert time.monotonic() < deadline, f"{_chunk_count(chunk_dir)} stale chunks left on the returned server"
+    while c.chunk_count(5):
+        assert time.monotonic() < deadline, f"{c.chunk_count(5)} stale chunks left on the returned server"
         time.sleep(0.3)
     assert _fsck(c)[0] == 0
     for path, data in files.items():
         assert c.fs.read_bytes(path) == data
-
-
-def _chunk_count(chunk_dir: str) -> int:
-    return sum(len([n for n in names if n.endswith(".chunk")]) for _, _, names in os.walk(chunk_dir))

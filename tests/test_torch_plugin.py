@@ -6,7 +6,6 @@ connects to the cluster by address through the plugin's own connection cache.
 
 from __future__ import annotations
 
-import glob
 import multiprocessing
 import os
 import pickle
@@ -206,22 +205,6 @@ def test_checksum_mismatch_names_the_item(cluster: Any) -> None:
     assert "model.2.weight" in str(exc) and "crc32c" in str(exc) and info.relative_path in str(exc)
 
 
-def _data_chunk_of(cluster: Any, path: str) -> str:
-    """The chunk file holding data chunk 0 of the first block of tectofs file ``path``
-    (loads read data chunks first, so this one is always read)."""
-    from tectofs.server.chunk.storage import FOOTER
-
-    fs = cluster.fs
-    layout, _ = fs.run(fs.aio.meta("layout", path=path))
-    block_id = layout.blocks[0].block_id
-    for chunk_file in glob.glob(os.path.join(cluster.root, "chunk-*", "chunks", "*", f"{block_id:016x}.chunk")):
-        with open(chunk_file, "rb") as f:
-            f.seek(-FOOTER.size, os.SEEK_END)
-            if FOOTER.unpack(f.read())[3] == 0:
-                return chunk_file
-    raise AssertionError(f"no data chunk 0 of block {block_id:x} on disk")
-
-
 def test_corrupted_chunk_is_repaired_from_parity_on_load(cluster: Any) -> None:
     run = _run_dir(cluster, "repair")
     torch.manual_seed(5)
@@ -230,26 +213,16 @@ def test_corrupted_chunk_is_repaired_from_parity_on_load(cluster: Any) -> None:
     dcp.save(sd, storage_writer=tt.CheckpointWriter(ckpt, thread_count=1))
     path = tt.parse(ckpt).path
     (data_file,) = [n for n in cluster.fs.listdir(path) if n.endswith(".distcp")]
-    victim = _data_chunk_of(cluster, f"{path}/{data_file}")
-    with open(victim, "r+b") as f:  # a flipped bit on a chunk server's disk
-        f.seek(4096)
-        original = f.read(1)
-        f.seek(4096)
-        f.write(bytes([original[0] ^ 0x10]))
+    victim = f"{path}/{data_file}"
+    # damaged bits on a chunk server's disk, in data chunk 0 of the first block (loads read
+    # data chunks first, so this one is always read)
+    original = cluster.flip_chunk_byte(victim, 0, 0, 4096)
 
     out = {"w": torch.zeros(700, 1024), "b": torch.zeros(100, dtype=torch.bfloat16), "step": 0}
     dcp.load(out, checkpoint_id=ckpt)  # served from parity, bit-exact
     _assert_same(sd, out)
 
-    deadline = time.monotonic() + 20  # ... and the bad chunk is rewritten in the background
-    while True:
-        with open(victim, "rb") as f:
-            f.seek(4096)
-            if f.read(1) == original:
-                break
-        if time.monotonic() > deadline:
-            pytest.fail(f"corrupt chunk {victim} was not repaired")
-        time.sleep(0.1)
+    cluster.wait_chunk_byte(victim, 0, 0, 4096, original)  # ... and the bad chunk is rewritten in the background
     out["w"].zero_()
     dcp.load(out, checkpoint_id=ckpt)
     _assert_same(sd, out)

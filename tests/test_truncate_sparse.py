@@ -21,11 +21,11 @@ def _name(prefix: str) -> str:
 
 
 def _chunk_bytes(cluster: Any) -> int:
-    """Bytes of chunk files on every chunk server's disk."""
+    """Bytes of chunk files and packed-chunk segments on every chunk server's disk."""
     total = 0
     for data_dir in cluster.chunk_data_dirs:
-        for directory, _, files in os.walk(os.path.join(data_dir, "chunks")):
-            total += sum(os.path.getsize(os.path.join(directory, f)) for f in files if f.endswith(".chunk"))
+        for directory, _, files in os.walk(data_dir):
+            total += sum(os.path.getsize(os.path.join(directory, f)) for f in files if f.endswith((".chunk", ".pack")))
     return total
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(slots=True)  # one per packed chunk in a chunk server's index: keep it small
 class ChunkInfo:
     block_id: int
     position: int

@@ -40,7 +40,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tectofs import checksum
 from tectofs.errors import ChecksumMismatch, ChunkMissing, InvalidArgument
@@ -84,7 +84,7 @@ class _Segment:
             raise
 
 
-@dataclass
+@dataclass(slots=True)  # one per packed chunk, in memory: see PackStore
 class _Entry:
     segment: _Segment
     offset: int
@@ -160,15 +160,9 @@ class PackStore:
             fd = os.open(segment.path, os.O_RDONLY)
             try:
                 size = os.fstat(fd).st_size
-                offset = 0
-                while offset + HEADER.size <= size:
-                    info, live = _parse_header(os.pread(fd, HEADER.size, offset), number, offset)
-                    if info is None:
-                        offset += ALIGN  # damaged or torn: the next record starts at a later boundary
-                        continue
+                for offset, info, live in _scan(fd, number, size):
                     if live:
                         self._load_record(_Entry(segment, offset, info))
-                    offset += _record_size(info.length)
                 segment.end = size
             finally:
                 os.close(fd)
@@ -494,7 +488,7 @@ class PackStore:
 
     @staticmethod
     def _data_at(entry: _Entry) -> int:
-        return entry.offset + HEADER.size + 4 * _pieces(entry.info.length)
+        return data_offset(entry.offset, entry.info.length)
 
     @staticmethod
     def _checked(fd: int, entry: _Entry) -> ChunkInfo:
@@ -543,6 +537,52 @@ def _relocated(info: ChunkInfo, record: bytes) -> Callable[[int, int], list[Any]
 
 class _Superseded(Exception):
     """The record was marked dead (deleted, or a newer record of the block written) after it was looked up."""
+
+
+def data_offset(record_offset: int, length: int) -> int:
+    """Where the data of a record of ``length`` bytes at ``record_offset`` starts."""
+    return record_offset + HEADER.size + 4 * _pieces(length)
+
+
+def _scan(fd: int, number: int, size: int) -> Iterator[tuple[int, ChunkInfo, bool]]:
+    """``(offset, header, live)`` of every record of segment ``number`` (open at ``fd``,
+    ``size`` bytes), in order; damaged or torn headers are skipped by probing the following
+    4 KiB boundaries."""
+    offset = 0
+    while offset + HEADER.size <= size:
+        info, live = _parse_header(os.pread(fd, HEADER.size, offset), number, offset)
+        if info is None:
+            offset += ALIGN  # damaged or torn: the next record starts at a later boundary
+            continue
+        yield offset, info, live
+        offset += _record_size(info.length)
+
+
+def records(root: str) -> Iterator[tuple[str, int, ChunkInfo, bool]]:
+    """``(segment path, record offset, header, live)`` of every record under a pack store's
+    ``root``, read from disk without opening the store (offline inspection: tools, tests).
+    A block may have several records; the store's index holds the last sound live one."""
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return
+    for name in names:
+        try:
+            number = int(name[: -len(SUFFIX)], 16) if name.endswith(SUFFIX) and len(name) == 8 + len(SUFFIX) else None
+        except ValueError:
+            number = None
+        if number is None:
+            continue
+        path = os.path.join(root, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # removed meanwhile (emptied)
+        try:
+            for offset, info, live in _scan(fd, number, os.fstat(fd).st_size):
+                yield path, offset, info, live
+        finally:
+            os.close(fd)
 
 
 def _parse_header(raw: bytes, segment: int, offset: int) -> tuple[ChunkInfo | None, bool]:

@@ -275,7 +275,7 @@ def add_parsers(sub: Any) -> None:
                    help=f"rebuild the chunks of a server dead this long (default {limits.repair_after_s:.0f})")
     p.add_argument("--pack-max", type=_pack_max, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",
                    help="chunk servers pack chunks up to SIZE into shared segment files (tectofs chunk --pack-max;"
-                   " 0: off, the default)")
+                   f" 0: a file per chunk; default {limits.chunk_pack_max_bytes_default // limits.MiB}M)")
     p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="background checksum verification per chunk server, MiB/s (0: off; default %(default)s)")
     p.add_argument("--s3", type=int, metavar="PORT",
@@ -346,7 +346,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--pack-max", type=_pack_max, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",
                    help="pack chunks up to SIZE (e.g. 1M) into shared segment files, made durable by one fdatasync"
                    " per batch of writes instead of a file, a sync and a directory fsync each: for bursts of small"
-                   f" shards (0: off, the default; at most {limits.chunk_pack_max_bytes_max // limits.MiB}M)")
+                   f" shards (0: a file per chunk; default {limits.chunk_pack_max_bytes_default // limits.MiB}M,"
+                   f" at most {limits.chunk_pack_max_bytes_max // limits.MiB}M)")
     p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="re-verify every chunk's checksums in the background at this rate (0: off; default %(default)s)")
     p.add_argument("--scrub-interval", type=float, default=limits.scrub_pass_interval_s, metavar="SECONDS",
