@@ -60,7 +60,7 @@ file_descriptors_reserved = 256           # descriptors a server keeps for its o
 # Chunk server
 chunk_inflight_bytes_max = 512 * MiB      # admission: above this new puts are answered BUSY
 chunk_pack_max_bytes_default = 1 * MiB    # chunk servers pack chunks up to this size into segment files (0: off; --pack-max);
-                                          # larger ones (a 4 MiB block's under rs(4,2): 1 MiB + 80 B) get files (O_DIRECT, sendfile)
+                                          # larger ones (a 4 MiB block's under rs(4,2): 1 MiB + 160 B) get files (O_DIRECT, sendfile)
 chunk_pack_max_bytes_max = 4 * MiB        # the largest --pack-max (bigger chunks gain nothing from packing)
 chunk_sendfile_min_bytes = 1 * MiB        # chunk reads at least this big are sent from the file (sendfile), unread here
 send_file_regions_max = 16                # file regions open for sending per process (more: read and sent as usual)

@@ -61,26 +61,32 @@ class TestCluster(LocalCluster):
 
     def chunk_place(self, path: str, block_index: int = 0, position: int = 0) -> tuple[str, int]:
         """``(file, offset)``: where the data of chunk ``position`` of block ``block_index`` of
-        ``path`` lies on disk, in either chunk layout (a chunk file, or a packed record's
-        segment). Looked up afresh on each call: a rebuilt packed chunk is a new record."""
+        ``path`` lies on disk, in either chunk layout (a packed record's segment, or a chunk
+        file). Looked up afresh on each call: a rebuilt packed chunk is a new record."""
+        return self._chunk_place(path, block_index, position)[:2]
+
+    def _chunk_place(self, path: str, block_index: int, position: int) -> tuple[str, int, int]:
+        """``(file, offset, length)``. A packed record is looked for first: it is the copy
+        the server serves when a block is in both layouts (a rebuild moving it)."""
         layout, _ = self.fs.run(self.fs.aio.meta("layout", path=path))
         block = layout.blocks[block_index]
         chunk = next(c for c in block.chunks if c.position == position)
         data_dir = self._data_dir_at(chunk.address)
+        found = [(segment, packs.data_offset(offset, info.length), info.length)
+                 for segment, offset, info, live in packs.records(os.path.join(data_dir, "packs"))
+                 if live and info.block_id == block.block_id]
+        if found:
+            return found[-1]  # the last live record is the one the server serves
         name = f"{block.block_id:016x}"
         chunk_file = os.path.join(data_dir, "chunks", name[-2:], name + ".chunk")
         if os.path.exists(chunk_file):
-            return chunk_file, 0
-        found = [(segment, packs.data_offset(offset, info.length))
-                 for segment, offset, info, live in packs.records(os.path.join(data_dir, "packs"))
-                 if live and info.block_id == block.block_id]
-        if not found:
-            raise LookupError(f"chunk {position} of block {block.block_id:x} is on no disk of {chunk.address}")
-        return found[-1]  # the last live record is the one the server serves
+            return chunk_file, 0, chunk.length
+        raise LookupError(f"chunk {position} of block {block.block_id:x} is on no disk of {chunk.address}")
 
     def flip_chunk_byte(self, path: str, block_index: int, position: int, offset: int) -> bytes:
         """Damage byte ``offset`` of a chunk's data on disk (either layout); returns it as it was."""
-        file, at = self.chunk_place(path, block_index, position)
+        file, at, length = self._chunk_place(path, block_index, position)
+        assert 0 <= offset < length, f"byte {offset} of a chunk of {length} bytes"
         with open(file, "r+b") as f:
             f.seek(at + offset)
             byte = f.read(1)
@@ -94,11 +100,14 @@ class TestCluster(LocalCluster):
         new packed record); fails the test after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            file, at = self.chunk_place(path, block_index, position)
-            with open(file, "rb") as f:
-                f.seek(at + offset)
-                if f.read(1) == byte:
-                    return
+            try:
+                file, at = self.chunk_place(path, block_index, position)
+                with open(file, "rb") as f:
+                    f.seek(at + offset)
+                    if f.read(1) == byte:
+                        return
+            except (LookupError, FileNotFoundError):
+                pass  # between copies: being rebuilt, or its segment compacted away
             time.sleep(0.1)
         pytest.fail(f"chunk {position} of block {block_index} of {path} was not repaired within {timeout_s:g} s")
 

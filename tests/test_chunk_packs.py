@@ -74,6 +74,26 @@ def test_round_trip_ranges_verify_and_restart(tmp_path: Any) -> None:
     assert glob.glob(os.path.join(tmp_path, "chunks", "*", "*.chunk"))
 
 
+def test_a_segment_gone_from_disk_is_lost_not_deleted(tmp_path: Any) -> None:
+    """A segment file removed behind the store's back (by someone else, with a lost
+    directory): its chunks are reported gone to the inventory, reads and scrubs say missing,
+    the space is no longer counted, and new chunks go to a new segment, not the unlinked one."""
+    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    chunks = {block_id: _chunk(70_000)[0] for block_id in (1, 2, 3)}
+    for block_id, data in chunks.items():
+        _put(store, block_id, 0, data)
+    (segment,) = glob.glob(os.path.join(tmp_path, "packs", "*.pack"))
+    os.unlink(segment)
+    with pytest.raises(ChunkMissing):
+        store.verify(1)  # the scrubber's read: the chunk is not here
+    assert store.block_ids() == [] and not store.exists(2) and store.used_bytes == 0 and store.chunk_count == 0
+    _put(store, 4, 0, chunks[1])  # rebuilt or new: into a segment on disk
+    assert store.block_ids() == [4] and bytes(store.read(4)[0]) == bytes(chunks[1])
+    assert glob.glob(os.path.join(tmp_path, "packs", "*.pack")) and segment not in glob.glob(os.path.join(tmp_path, "packs", "*"))
+    again = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    assert again.block_ids() == [4]
+
+
 def test_a_rebuild_replaces_the_chunk_between_files_and_packs(tmp_path: Any) -> None:
     store = ChunkStore(str(tmp_path), pack_max_bytes=64 * KiB)
     big, small = _chunk(100_000)[0], _chunk(50_000)[0]
@@ -536,7 +556,7 @@ def test_by_default_small_chunks_are_packed_and_large_ones_get_files(make_cluste
     """With no --pack-max, chunks up to 1 MiB are records (one sync per batch), larger ones
     files (O_DIRECT, sendfile); the suite's own clusters (1 MiB blocks) pack every chunk."""
     c = make_cluster(block_size=4 * MiB)
-    small, large = os.urandom(3 * MiB), os.urandom(4 * MiB)  # rs(4,2): chunks of 768 KiB and 1 MiB, + 80 B each
+    small, large = os.urandom(3 * MiB), os.urandom(4 * MiB)  # rs(4,2): chunks of 768 KiB + 160 B and 1 MiB + 160 B
     c.fs.write_bytes("/small", small)
     c.fs.write_bytes("/large", large)
     for path, packed in (("/small", True), ("/large", False)):

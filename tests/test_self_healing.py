@@ -157,6 +157,28 @@ def test_chunk_file_deleted_on_disk_is_noticed_by_the_inventory_and_rebuilt(make
     assert c.fs.read_bytes("/inventoried") == data
 
 
+def test_packed_chunks_lost_with_their_segment_are_noticed_by_the_inventory_and_rebuilt(make_cluster):
+    c = make_cluster(servers=6, chunk_args=["--inventory-interval", "1", "--scrub-rate", "0"], meta_args=HEAL)
+    data = os.urandom(2 * MiB)
+    c.fs.write_bytes("/inventoried", data)
+    segment, _ = c.chunk_place("/inventoried", 1, 4)  # parity: only a scrub or a degraded read reads it
+    assert segment.endswith(".pack")
+    os.unlink(segment)  # every chunk that server packed: of both blocks
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if c.chunk_place("/inventoried", 1, 4)[0] != segment:  # a new record, in a new segment
+                break
+        except LookupError:
+            pass  # not rebuilt yet
+        assert time.monotonic() < deadline, "the lost packed chunks were not rebuilt"
+        time.sleep(0.3)
+    _wait_clean(c, timeout_s=30)
+    assert any(s["stats"].get("inventory_missing") for s in c.fs.servers())
+    assert c.fs.aio.blocks.stats["degraded_reads"] == 0  # nobody read them: the inventory found them
+    assert c.fs.read_bytes("/inventoried") == data
+
+
 def test_a_server_back_after_its_chunks_were_rebuilt_has_its_stale_copies_collected(make_cluster):
     c = make_cluster(servers=7, block_size=256 * KiB, meta_args=HEAL)
     c.fs.mkdir("/heal")

@@ -424,8 +424,31 @@ class PackStore:
         return block_id in self._index
 
     def block_ids(self) -> list[int]:
+        """Every chunk held, for an inventory: chunks whose segment file has gone from disk
+        are forgotten first, so the inventory reports them missing (and they are rebuilt)."""
         with self._lock:
+            self._forget_vanished()
             return list(self._index)
+
+    def _forget_vanished(self) -> None:
+        """Forget the records of segments whose file is gone from disk (removed by someone
+        else, lost with the directory): their chunks are lost, not deleted. The store removes
+        its own segments only after they leave ``_segments``. Under the lock."""
+        gone = {segment for segment in self._segments.values() if not os.path.exists(segment.path)}
+        if not gone:
+            return
+        lost = [block_id for block_id, entry in self._index.items() if entry.segment in gone]
+        for block_id in lost:
+            entry = self._index.pop(block_id)
+            entry.segment.live_bytes -= entry.size
+            self.used_bytes -= entry.size
+        for segment in gone:
+            log.error("packed-chunk segment %s is gone from disk: its chunks are lost (%d in all segments gone);"
+                      " the inventory reports them missing", segment.path, len(lost))
+            if segment is self._active:
+                self._retire(segment)  # the next record goes to a new segment, not to an unlinked file
+            else:
+                self._remove_if_empty(segment)
 
     @property
     def chunk_count(self) -> int:
@@ -464,6 +487,7 @@ class PackStore:
         entry, fd, info = self._open(block_id)
         try:
             pieces.verify_all(fd, info, self._data_at(entry), step_bytes)
+            os.posix_fadvise(fd, entry.offset, entry.size, os.POSIX_FADV_DONTNEED)  # a scrub must not evict what clients read
         finally:
             os.close(fd)
         return info
@@ -475,8 +499,11 @@ class PackStore:
             entry = self._entry(block_id)
             try:
                 fd = os.open(entry.segment.path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue  # its segment was removed: the chunk was deleted meanwhile
+            except FileNotFoundError:  # its segment was removed: the chunk was deleted meanwhile ...
+                with self._lock:
+                    if self._index.get(block_id) is entry:  # ... or, still indexed, lost from disk
+                        self._forget_vanished()
+                continue
             try:
                 return entry, fd, self._checked(fd, entry)
             except _Superseded:
