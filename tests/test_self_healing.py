@@ -151,10 +151,16 @@ def test_chunk_file_deleted_on_disk_is_noticed_by_the_inventory_and_rebuilt(make
     while not os.path.exists(c.chunk_file("/inventoried", 1, 2)):
         assert time.monotonic() < deadline, "the deleted chunk was not rebuilt"
         time.sleep(0.3)
+    _assert_found_by_the_inventory(c, "/inventoried", data)
+
+
+def _assert_found_by_the_inventory(c: Any, path: str, data: bytes) -> None:
+    """Once rebuilt: the cluster is clean, an inventory reported the loss, and no read did
+    (nobody read the file meanwhile), and the file reads back."""
     _wait_clean(c, timeout_s=30)
     assert any(s["stats"].get("inventory_missing") for s in c.fs.servers())
-    assert c.fs.aio.blocks.stats["degraded_reads"] == 0  # nobody read it: the inventory found it
-    assert c.fs.read_bytes("/inventoried") == data
+    assert c.fs.aio.blocks.stats["degraded_reads"] == 0
+    assert c.fs.read_bytes(path) == data
 
 
 def test_packed_chunks_lost_with_their_segment_are_noticed_by_the_inventory_and_rebuilt(make_cluster):
@@ -173,10 +179,7 @@ def test_packed_chunks_lost_with_their_segment_are_noticed_by_the_inventory_and_
             pass  # not rebuilt yet
         assert time.monotonic() < deadline, "the lost packed chunks were not rebuilt"
         time.sleep(0.3)
-    _wait_clean(c, timeout_s=30)
-    assert any(s["stats"].get("inventory_missing") for s in c.fs.servers())
-    assert c.fs.aio.blocks.stats["degraded_reads"] == 0  # nobody read them: the inventory found them
-    assert c.fs.read_bytes("/inventoried") == data
+    _assert_found_by_the_inventory(c, "/inventoried", data)
 
 
 def test_a_server_back_after_its_chunks_were_rebuilt_has_its_stale_copies_collected(make_cluster):
