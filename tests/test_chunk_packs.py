@@ -361,11 +361,13 @@ def test_compaction_returns_the_space_of_deleted_chunks(tmp_path: Any) -> None:
             store.delete(block_id)
     kept = {b: d for b, d in chunks.items() if b % 4 == 0}
     before = _segment_bytes(str(tmp_path))
+    assert store.dead_bytes == before - store.used_bytes > before / 2  # what compaction can return
     moved = 0
     while (step := store.compact(segments_max=2)):
         moved += step
     after = _segment_bytes(str(tmp_path))
     assert moved > 0 and after < before / 2, (before, after)
+    assert store.dead_bytes == after - store.used_bytes
     assert store.used_bytes == len(kept) * packs._record_size(30_000)
     for block_id, data in kept.items():
         assert bytes(store.read(block_id)[0]) == bytes(data) and store.verify(block_id).position == block_id % 6

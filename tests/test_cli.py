@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-MiB = 1 << 20
+KiB, MiB = 1 << 10, 1 << 20
 
 
 def tectofs(*args: str, address: str | None = None, check: bool = True, timeout: float = 60,
@@ -112,6 +112,29 @@ def test_status_json_passes_every_server_field_through(cluster):
         assert {"server_id", "address", "used", "capacity", "chunks", "last_heartbeat"} <= set(s)
     assert out["meta"]["address"] == cluster.address and "counts" in out["meta"]
     assert out["statfs"]["capacity"] > 0
+
+
+def test_status_shows_the_space_deleted_packed_chunks_still_hold(cluster):
+    """Chunks are packed by default; a delete marks their records dead, and until compaction
+    returns the space each chunk server reports it, so ``status`` can say why a disk is fuller
+    than ``used``."""
+    def dead() -> dict[int, int]:
+        out = json.loads(tectofs("status", "--json", address=cluster.address).stdout)
+        return {s["server_id"]: s["stats"].get("pack_dead_bytes", 0) for s in out["servers"]}
+
+    cluster.fs.write_bytes("/dead.bin", os.urandom(MiB))  # one block: a 256 KiB chunk on each server
+    time.sleep(1)  # a heartbeat after the write
+    before = dead()
+    cluster.fs.remove("/dead.bin")
+    deadline = time.monotonic() + 30  # the chunks' deletion orders (gc delay 1 s), then a heartbeat
+    while True:
+        after = dead()
+        if all(after[i] - before[i] >= 256 * KiB for i in before):
+            break
+        assert time.monotonic() < deadline, f"dead packed bytes per server: {before} -> {after}"
+        time.sleep(0.3)
+    text = tectofs("status", address=cluster.address).stdout
+    assert re.search(r"\bused\s+capacity\s+dead\s+chunks\b", text), text
 
 
 def _tree(root, rng_seed: int = 7) -> dict[str, bytes]:

@@ -454,6 +454,15 @@ class PackStore:
     def chunk_count(self) -> int:
         return len(self._index)
 
+    @property
+    def dead_bytes(self) -> int:
+        """Disk space segments take beyond their live records: deleted or superseded records,
+        returned when a segment empties or is compacted. Without the lock (heartbeats read it
+        on the event loop, and appends hold the lock while they write): a figure for display,
+        possibly a write behind."""
+        segments = list(self._segments.values())  # one C-level copy under the GIL
+        return max(0, sum(segment.end for segment in segments) - self.used_bytes)
+
     def stored_bytes(self, block_id: int) -> int:
         """The disk space the chunk's record takes (from the index: no I/O)."""
         return self._entry(block_id).size

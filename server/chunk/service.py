@@ -384,7 +384,8 @@ class ChunkServer:
             asyncio.get_running_loop().create_task(self._heartbeat())
 
     def progress(self) -> dict[str, int]:
-        return {**self.scrubber.stats, **self.repairer.stats, **self.inventory.stats}
+        return {**self.scrubber.stats, **self.repairer.stats, **self.inventory.stats,
+                "pack_dead_bytes": self.store.pack_dead_bytes}
 
     async def _heartbeat(self) -> None:
         try:

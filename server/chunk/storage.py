@@ -116,6 +116,11 @@ class ChunkStore:
     def chunk_count(self) -> int:
         return self._file_count + (self.packs.chunk_count if self.packs is not None else 0)
 
+    @property
+    def pack_dead_bytes(self) -> int:
+        """Disk space held by dead packed records, not in ``used_bytes`` (``PackStore.dead_bytes``)."""
+        return self.packs.dead_bytes if self.packs is not None else 0
+
     def _packed(self, block_id: int) -> PackStore | None:
         """The pack store if it holds the block's chunk."""
         return self.packs if self.packs is not None and self.packs.holds(block_id) else None

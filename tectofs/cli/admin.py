@@ -33,7 +33,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     if any(s.get("state") == "draining" for s in servers):
         print(f"draining: {c.get('draining_chunks', 0)} chunks still to move off draining servers")
     print(f"chunk servers: {live} live of {len(servers)}; capacity {_human(statfs['capacity'])}, used {_human(statfs['used'])}")
-    print(f"{'id':>3} {'address':<22} {'state':<9} {'used':>10} {'capacity':>10} {'chunks':>8} {'heartbeat':>9}"
+    print(f"{'id':>3} {'address':<22} {'state':<9} {'used':>10} {'capacity':>10} {'dead':>10} {'chunks':>8} {'heartbeat':>9}"
           f"  scrub (pass: checked/chunks, corrupt found)  rebuilt")
     for s in servers:
         state = ("live" if s["live"] else "DEAD") + (" drain" if s.get("state") == "draining" else "")
@@ -41,7 +41,8 @@ def cmd_status(args: argparse.Namespace) -> None:
         scrub = (f"{p.get('scrub_passes', 0) + 1}: {p.get('scrub_pass_checked', 0)}/{p.get('scrub_pass_chunks', 0)},"
                  f" {p.get('scrub_corrupt', 0)}") if p else "-"
         print(f"{s['server_id']:>3} {s['address']:<22} {state:<9} {_human(s['used']):>10} "
-              f"{_human(s['capacity']):>10} {s['chunks']:>8} {now - s['last_heartbeat']:>8.1f}s  {scrub:<43}"
+              f"{_human(s['capacity']):>10} {_human(p.get('pack_dead_bytes', 0)):>10} {s['chunks']:>8}"
+              f" {now - s['last_heartbeat']:>8.1f}s  {scrub:<43}"
               f"  {p.get('repairs_done', 0)}")
 
 
