@@ -74,24 +74,49 @@ def test_round_trip_ranges_verify_and_restart(tmp_path: Any) -> None:
     assert glob.glob(os.path.join(tmp_path, "chunks", "*", "*.chunk"))
 
 
+def _append(store: PackStore, block_id: int, data: memoryview) -> None:
+    store.append(block_id, 0, data, checksum.piece_crcs(data), checksum.crc(data))
+
+
 def test_a_segment_gone_from_disk_is_lost_not_deleted(tmp_path: Any) -> None:
-    """A segment file removed behind the store's back (by someone else, with a lost
-    directory): its chunks are reported gone to the inventory, reads and scrubs say missing,
-    the space is no longer counted, and new chunks go to a new segment, not the unlinked one."""
-    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
-    chunks = {block_id: _chunk(70_000)[0] for block_id in (1, 2, 3)}
+    """Segment files removed behind the store's back (by someone else): the inventory's
+    listing forgets their chunks (so they are reported missing and rebuilt), reads say
+    missing, their space is no longer counted, a write that went into a removed segment fails
+    instead of being acknowledged, and new records go to a new segment."""
+    store = PackStore(str(tmp_path), 64 * KiB, segment_bytes=128 * KiB)  # 30,000-byte chunks: 4 per segment
+    chunks = {block_id: _chunk(30_000, seed=block_id)[0] for block_id in range(1, 7)}
     for block_id, data in chunks.items():
-        _put(store, block_id, 0, data)
-    (segment,) = glob.glob(os.path.join(tmp_path, "packs", "*.pack"))
-    os.unlink(segment)
+        _append(store, block_id, data)
+    retired, active = sorted(glob.glob(os.path.join(tmp_path, "*.pack")))  # blocks 1-4, blocks 5-6
+    record = packs._record_size(30_000)
+    os.unlink(retired)
+    assert sorted(store.block_ids()) == [5, 6]  # the inventory's listing: 1-4 are missing now
+    assert store.used_bytes == 2 * record and store.chunk_count == 2 and not store.holds(1)
+    assert store.dead_bytes == os.path.getsize(active) - 2 * record
     with pytest.raises(ChunkMissing):
-        store.verify(1)  # the scrubber's read: the chunk is not here
-    assert store.block_ids() == [] and not store.exists(2) and store.used_bytes == 0 and store.chunk_count == 0
-    _put(store, 4, 0, chunks[1])  # rebuilt or new: into a segment on disk
-    assert store.block_ids() == [4] and bytes(store.read(4)[0]) == bytes(chunks[1])
-    assert glob.glob(os.path.join(tmp_path, "packs", "*.pack")) and segment not in glob.glob(os.path.join(tmp_path, "packs", "*"))
-    again = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
-    assert again.block_ids() == [4]
+        store.read(1)
+    os.unlink(active)
+    with pytest.raises(OSError, match="gone from disk"):
+        _append(store, 7, chunks[1])  # synced into an unlinked file: not acknowledged
+    assert store.block_ids() == [] and store.used_bytes == 0 and not store.holds(7)
+    with pytest.raises(ChunkMissing):
+        store.verify(5)  # the scrubber's read
+    _append(store, 8, chunks[2])  # rebuilt or new: into a new segment, on disk
+    assert store.block_ids() == [8] and bytes(store.read(8)[0]) == bytes(chunks[2])
+    assert [os.path.basename(p) for p in glob.glob(os.path.join(tmp_path, "*.pack"))] == ["00000003.pack"]
+    store.close()
+    again = PackStore(str(tmp_path), 64 * KiB, segment_bytes=128 * KiB)
+    assert again.block_ids() == [8] and again.dead_bytes == 0
+
+
+def test_a_removed_packs_directory_is_made_again_for_new_chunks(tmp_path: Any) -> None:
+    store = ChunkStore(str(tmp_path), pack_max_bytes=1 * MiB)
+    _put(store, 1, 0, _chunk(70_000)[0])
+    shutil.rmtree(os.path.join(tmp_path, "packs"))
+    assert store.block_ids() == []
+    data = _chunk(70_000)[0]
+    _put(store, 2, 0, data)
+    assert store.block_ids() == [2] and bytes(store.read(2)[0]) == bytes(data)
 
 
 def test_a_rebuild_replaces_the_chunk_between_files_and_packs(tmp_path: Any) -> None:

@@ -35,6 +35,7 @@ the active one, so their space returns too; the chunk server runs it every
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -65,12 +66,13 @@ log = logging.getLogger("tectofs.chunk.packs")
 class _Segment:
     number: int
     path: str
-    end: int = 0  # where the next record goes (the active segment only)
+    end: int = 0  # where the next record goes: the segment's size (what dead_bytes and compaction count)
     live_bytes: int = 0  # the space its live records take (0: none left)
     pending: int = 0  # records written, not yet durable and indexed
     fd: int = -1  # open for appends and syncs while it is the active one, else -1
     group: GroupSync | None = None  # its fdatasyncs, shared by the writers waiting for one
     broken: OSError | None = None  # an fdatasync failed: nothing written to it since is durable
+    vanished: bool = False  # its file was removed behind the store's back: never unlinked by path again
 
     def fdatasync(self) -> None:
         """Sync for ``group``. After a failure every later sync fails too: Linux may mark the
@@ -245,6 +247,8 @@ class PackStore:
     def _remove(self, segment: _Segment) -> None:
         self._segments.pop(segment.number, None)
         self._unmovable.discard(segment.number)
+        if segment.vanished:
+            return  # whatever is at its path now is not this segment
         try:
             os.unlink(segment.path)
         except FileNotFoundError:
@@ -291,16 +295,20 @@ class PackStore:
         """Wait until everything written so far to these segments is durable (one shared
         fdatasync each). On failure the writers' ``pending`` is released and the error raised."""
         try:
-            if self.sync:
-                for segment in dict.fromkeys(written):
+            for segment in dict.fromkeys(written):
+                if self.sync:
                     assert segment.group is not None  # appends go to segments this process made
                     segment.group.wait_durable()  # the fd stays open: its writers count in pending
+                if os.fstat(segment.fd).st_nlink == 0:  # synced, but into a file removed from disk
+                    segment.broken = segment.broken or OSError(errno.EIO, f"segment {segment.path} is gone from disk")
+                    raise segment.broken
         except BaseException:
             with self._lock:
                 for segment in written:
                     if segment.broken is not None and segment is self._active:
                         self._retire(segment)  # new chunks go to a new segment
                     self._written(segment)
+                self._forget(self._vanished_segments())
             raise
 
     def _written(self, segment: _Segment) -> None:
@@ -321,7 +329,11 @@ class PackStore:
         number = self._next_number
         self._next_number += 1
         segment = _Segment(number, self._segment_path(number))
-        segment.fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            segment.fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # the directory itself was removed behind the store's back
+            os.makedirs(self.root, exist_ok=True)
+            segment.fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         segment.group = GroupSync(segment.fdatasync, self._on_sync)
         try:
             fsync_dir(self.root)  # the new segment's name is durable before any record in it is acknowledged
@@ -426,25 +438,40 @@ class PackStore:
     def block_ids(self) -> list[int]:
         """Every chunk held, for an inventory: chunks whose segment file has gone from disk
         are forgotten first, so the inventory reports them missing (and they are rebuilt)."""
+        gone = self._vanished_segments()  # stat()s outside the lock: appends go on meanwhile
         with self._lock:
-            self._forget_vanished()
+            self._forget(gone)
             return list(self._index)
 
-    def _forget_vanished(self) -> None:
-        """Forget the records of segments whose file is gone from disk (removed by someone
-        else, lost with the directory): their chunks are lost, not deleted. The store removes
-        its own segments only after they leave ``_segments``. Under the lock."""
-        gone = {segment for segment in self._segments.values() if not os.path.exists(segment.path)}
-        if not gone:
-            return
-        lost = [block_id for block_id, entry in self._index.items() if entry.segment in gone]
-        for block_id in lost:
-            entry = self._index.pop(block_id)
-            entry.segment.live_bytes -= entry.size
-            self.used_bytes -= entry.size
+    def _vanished_segments(self) -> list[_Segment]:
+        """Segments whose file is no longer on disk (only a missing file counts: any other
+        stat error says nothing about the records). The store removes its own segments only
+        after they leave ``_segments``, under the lock."""
+        gone = []
+        for segment in list(self._segments.values()):  # one C-level copy under the GIL
+            try:
+                os.stat(segment.path)
+            except FileNotFoundError:
+                gone.append(segment)
+            except OSError as exc:
+                log.warning("cannot stat packed-chunk segment %s: %s", segment.path, exc)
+        return gone
+
+    def _forget(self, gone: list[_Segment]) -> None:
+        """Forget the records of segments found gone from disk (removed by someone else):
+        their chunks are lost, not deleted, and the inventory must report them missing. Each
+        is checked again here, under the lock; its path is never unlinked."""
         for segment in gone:
-            log.error("packed-chunk segment %s is gone from disk: its chunks are lost (%d in all segments gone);"
-                      " the inventory reports them missing", segment.path, len(lost))
+            if self._segments.get(segment.number) is not segment or os.path.exists(segment.path):
+                continue  # removed by the store meanwhile
+            segment.vanished = True
+            lost = [block_id for block_id, entry in self._index.items() if entry.segment is segment]
+            for block_id in lost:
+                entry = self._index.pop(block_id)
+                segment.live_bytes -= entry.size
+                self.used_bytes -= entry.size
+            log.error("packed-chunk segment %s is gone from disk: %d chunks lost; the inventory reports them"
+                      " missing", segment.path, len(lost))
             if segment is self._active:
                 self._retire(segment)  # the next record goes to a new segment, not to an unlinked file
             else:
@@ -511,7 +538,7 @@ class PackStore:
             except FileNotFoundError:  # its segment was removed: the chunk was deleted meanwhile ...
                 with self._lock:
                     if self._index.get(block_id) is entry:  # ... or, still indexed, lost from disk
-                        self._forget_vanished()
+                        self._forget([entry.segment])
                 continue
             try:
                 return entry, fd, self._checked(fd, entry)

@@ -41,9 +41,15 @@ def cmd_status(args: argparse.Namespace) -> None:
         scrub = (f"{p.get('scrub_passes', 0) + 1}: {p.get('scrub_pass_checked', 0)}/{p.get('scrub_pass_chunks', 0)},"
                  f" {p.get('scrub_corrupt', 0)}") if p else "-"
         print(f"{s['server_id']:>3} {s['address']:<22} {state:<9} {_human(s['used']):>10} "
-              f"{_human(s['capacity']):>10} {_human(p.get('pack_dead_bytes', 0)):>10} {s['chunks']:>8}"
+              f"{_human(s['capacity']):>10} {_dead(p):>10} {s['chunks']:>8}"
               f" {now - s['last_heartbeat']:>8.1f}s  {scrub:<43}"
               f"  {p.get('repairs_done', 0)}")
+
+
+def _dead(progress: dict[str, int]) -> str:
+    """Space dead packed records hold on a server; "-" for a server that does not say (an
+    older one)."""
+    return _human(progress["pack_dead_bytes"]) if "pack_dead_bytes" in progress else "-"
 
 
 def cmd_fsck(args: argparse.Namespace) -> None:
