@@ -147,14 +147,7 @@ class PackStore:
 
     def _load(self) -> None:
         """Rebuild the index from every segment's headers, oldest first; remove empty ones."""
-        numbers = []
-        for name in os.listdir(self.root):
-            try:
-                if name.endswith(SUFFIX) and len(name) == 8 + len(SUFFIX):
-                    numbers.append(int(name[: -len(SUFFIX)], 16))
-            except ValueError:
-                log.warning("ignoring %s in %s: not a segment name", name, self.root)
-        numbers.sort()
+        numbers = _segment_numbers(self.root)
         self._next_number = max(numbers, default=0) + 1
         for number in numbers:
             segment = _Segment(number, self._segment_path(number))
@@ -173,7 +166,7 @@ class PackStore:
                 self._remove(segment)
 
     def _segment_path(self, number: int) -> str:
-        return os.path.join(self.root, f"{number:08x}{SUFFIX}")
+        return _segment_path(self.root, number)
 
     def _load_record(self, entry: _Entry) -> None:
         """At start: a later record of a block supersedes an earlier one only if it verifies.
@@ -308,7 +301,7 @@ class PackStore:
                     if segment.broken is not None and segment is self._active:
                         self._retire(segment)  # new chunks go to a new segment
                     self._written(segment)
-                self._forget(self._vanished_segments())
+                self._forget([segment for segment in dict.fromkeys(written) if segment.broken is not None])
             raise
 
     def _written(self, segment: _Segment) -> None:
@@ -447,23 +440,15 @@ class PackStore:
         """Segments whose file is no longer on disk (only a missing file counts: any other
         stat error says nothing about the records). The store removes its own segments only
         after they leave ``_segments``, under the lock."""
-        gone = []
-        for segment in list(self._segments.values()):  # one C-level copy under the GIL
-            try:
-                os.stat(segment.path)
-            except FileNotFoundError:
-                gone.append(segment)
-            except OSError as exc:
-                log.warning("cannot stat packed-chunk segment %s: %s", segment.path, exc)
-        return gone
+        return [segment for segment in list(self._segments.values()) if _missing(segment.path)]  # list(): one C-level copy
 
     def _forget(self, gone: list[_Segment]) -> None:
         """Forget the records of segments found gone from disk (removed by someone else):
         their chunks are lost, not deleted, and the inventory must report them missing. Each
         is checked again here, under the lock; its path is never unlinked."""
         for segment in gone:
-            if self._segments.get(segment.number) is not segment or os.path.exists(segment.path):
-                continue  # removed by the store meanwhile
+            if self._segments.get(segment.number) is not segment or not _missing(segment.path):
+                continue  # removed by the store meanwhile, or found again
             segment.vanished = True
             lost = [block_id for block_id, entry in self._index.items() if entry.segment is segment]
             for block_id in lost:
@@ -626,17 +611,11 @@ def records(root: str) -> Iterator[tuple[str, int, ChunkInfo, bool]]:
     ``root``, read from disk without opening the store (offline inspection: tools, tests).
     A block may have several records; the store's index holds the last sound live one."""
     try:
-        names = sorted(os.listdir(root))
+        numbers = _segment_numbers(root)
     except FileNotFoundError:
         return
-    for name in names:
-        try:
-            number = int(name[: -len(SUFFIX)], 16) if name.endswith(SUFFIX) and len(name) == 8 + len(SUFFIX) else None
-        except ValueError:
-            number = None
-        if number is None:
-            continue
-        path = os.path.join(root, name)
+    for number in numbers:
+        path = _segment_path(root, number)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -646,6 +625,38 @@ def records(root: str) -> Iterator[tuple[str, int, ChunkInfo, bool]]:
                 yield path, offset, info, live
         finally:
             os.close(fd)
+
+
+def _missing(path: str) -> bool:
+    """Whether ``path`` is gone: only a missing file counts (any other stat error says
+    nothing about the records in it, and is logged)."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        log.warning("cannot stat packed-chunk segment %s: %s", path, exc)
+    return False
+
+
+def _segment_path(root: str, number: int) -> str:
+    return os.path.join(root, f"{number:08x}{SUFFIX}")
+
+
+def _segment_numbers(root: str) -> list[int]:
+    """The numbers of the segment files under ``root``, in order; any other name is logged
+    and ignored (only names ``_segment_path`` makes count)."""
+    numbers = []
+    for name in os.listdir(root):
+        try:
+            number = int(name[: -len(SUFFIX)], 16) if name.endswith(SUFFIX) else None
+        except ValueError:
+            number = None
+        if number is None or name != f"{number:08x}{SUFFIX}":
+            log.warning("ignoring %s in %s: not a segment name", name, root)
+        else:
+            numbers.append(number)
+    return sorted(numbers)
 
 
 def _parse_header(raw: bytes, segment: int, offset: int) -> tuple[ChunkInfo | None, bool]:
