@@ -53,11 +53,8 @@ class TestCluster(LocalCluster):
     def chunk_file(self, path: str, block_index: int = 0, position: int = 0) -> str:
         """The chunk file of chunk ``position`` of block ``block_index`` of ``path`` (which
         need not exist): for clusters started with ``chunk_args=FILE_PER_CHUNK``."""
-        layout, _ = self.fs.run(self.fs.aio.meta("layout", path=path))
-        block = layout.blocks[block_index]
-        chunk = next(c for c in block.chunks if c.position == position)
-        name = f"{block.block_id:016x}"
-        return os.path.join(self._data_dir_at(chunk.address), "chunks", name[-2:], name + ".chunk")
+        block_id, chunk, data_dir = self._chunk_at(path, block_index, position)
+        return _chunk_file(data_dir, block_id)
 
     def chunk_place(self, path: str, block_index: int = 0, position: int = 0) -> tuple[str, int]:
         """``(file, offset)``: where the data of chunk ``position`` of block ``block_index`` of
@@ -68,20 +65,23 @@ class TestCluster(LocalCluster):
     def _chunk_place(self, path: str, block_index: int, position: int) -> tuple[str, int, int]:
         """``(file, offset, length)``. A packed record is looked for first: it is the copy
         the server serves when a block is in both layouts (a rebuild moving it)."""
+        block_id, chunk, data_dir = self._chunk_at(path, block_index, position)
+        found = [(segment, packs.data_offset(offset, info.length), info.length)
+                 for segment, offset, info, live in packs.records(os.path.join(data_dir, "packs"))
+                 if live and info.block_id == block_id]
+        if found:
+            return found[-1]  # the last live record is the one the server serves
+        chunk_file = _chunk_file(data_dir, block_id)
+        if os.path.exists(chunk_file):
+            return chunk_file, 0, chunk.length
+        raise LookupError(f"chunk {position} of block {block_id:x} is on no disk of {chunk.address}")
+
+    def _chunk_at(self, path: str, block_index: int, position: int) -> tuple[int, Any, str]:
+        """``(block id, the layout's chunk, data directory of the server holding it)``."""
         layout, _ = self.fs.run(self.fs.aio.meta("layout", path=path))
         block = layout.blocks[block_index]
         chunk = next(c for c in block.chunks if c.position == position)
-        data_dir = self._data_dir_at(chunk.address)
-        found = [(segment, packs.data_offset(offset, info.length), info.length)
-                 for segment, offset, info, live in packs.records(os.path.join(data_dir, "packs"))
-                 if live and info.block_id == block.block_id]
-        if found:
-            return found[-1]  # the last live record is the one the server serves
-        name = f"{block.block_id:016x}"
-        chunk_file = os.path.join(data_dir, "chunks", name[-2:], name + ".chunk")
-        if os.path.exists(chunk_file):
-            return chunk_file, 0, chunk.length
-        raise LookupError(f"chunk {position} of block {block.block_id:x} is on no disk of {chunk.address}")
+        return block.block_id, chunk, self._data_dir_at(chunk.address)
 
     def flip_chunk_byte(self, path: str, block_index: int, position: int, offset: int) -> bytes:
         """Damage byte ``offset`` of a chunk's data on disk (either layout); returns it as it was."""
@@ -133,6 +133,12 @@ class TestCluster(LocalCluster):
         if fs is not None:
             fs.close()
         super().stop()
+
+
+def _chunk_file(data_dir: str, block_id: int) -> str:
+    """Where a chunk server keeps a block's chunk file (``ChunkStore.path``)."""
+    name = f"{block_id:016x}"
+    return os.path.join(data_dir, "chunks", name[-2:], name + ".chunk")
 
 
 def _new_cluster(root: str, cluster_class: type[TestCluster] = TestCluster, **kwargs: Any) -> TestCluster:
