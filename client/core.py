@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator
 
 import msgspec
@@ -52,6 +52,9 @@ class Stat:
     stored: int = 0  # bytes of data the file really stores: holes and zero heads and tails excluded
     write_min: int = 0  # chunks a block needs to be accepted when servers are missing (0: the policy's)
     rdev: int = 0  # a device node's device number
+    # This client's file handle for the inode (tectofs.auth): what a call naming it by number
+    # shows; not part of what a stat compares or prints.
+    handle: bytes = field(default=b"", repr=False, compare=False)
 
     @classmethod
     def from_attrs(cls, attrs: messages.Attrs) -> "Stat":
@@ -387,7 +390,7 @@ class AsyncFileSystem:
                                                         reply.directory_ctime_before)
             # a new file has no blocks yet (and its creator may write it whatever its mode)
             layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate or created else (
-                await self.meta("layout", ino=attrs.ino)
+                await self.meta("layout", ino=attrs.ino, handle=attrs.handle)
             )[0]
         else:
             layout, _ = await self.meta("layout", path=path, reader=lease,

@@ -84,6 +84,7 @@ class AsyncFile:
     def _set_layout(self, layout: messages.LayoutSegment) -> None:
         self.attrs = layout.attrs
         self.ino = self.attrs.ino
+        self.handle = self.attrs.handle  # names the inode by number (tectofs.auth)
         self.block_size = self.attrs.block_size
         low, high = limits.write_blocks_inflight_range
         self._inflight_max = max(low, min(high, limits.write_inflight_bytes_max // self.block_size))
@@ -94,7 +95,7 @@ class AsyncFile:
     async def _cover(self, first: int, last: int) -> None:
         """Make sure the layout of blocks ``first`` to ``last`` is known (fetching segments)."""
         while (missing := self.layout.first_unknown(first, last)) is not None:
-            segment, _ = await self.fs.meta("layout", ino=self.ino, first=missing)
+            segment, _ = await self.fs.meta("layout", ino=self.ino, handle=self.handle, first=missing)
             self.layout.add(segment)
 
     # ------------------------------------------------------------------ write
@@ -299,7 +300,7 @@ class AsyncFile:
         step = max(1, self._blocks_per_call // 2)  # blocks and holes together within one call's bound
         for first in range(0, max(len(blocks), len(holes)), step):
             await self.fs.meta(
-                "stage", ino=self.ino, writer=self._writer, blocks=blocks[first : first + step],
+                "stage", ino=self.ino, handle=self.handle, writer=self._writer, blocks=blocks[first : first + step],
                 holes=holes[first : first + step],
             )
         self._staged.update(self._written)
@@ -322,7 +323,7 @@ class AsyncFile:
             for attempt in range(limits.placement_attempts_max):
                 try:
                     reply, _ = await self.fs.meta(
-                        "allocate", ino=self.ino, count=self._allocation_batch, writer=self._writer
+                        "allocate", ino=self.ino, handle=self.handle, count=self._allocation_batch, writer=self._writer
                     )
                     break
                 except NoSpace:
@@ -338,7 +339,7 @@ class AsyncFile:
 
     async def _reallocate(self, failed_servers: set[int]) -> messages.Allocation:
         reply, _ = await self.fs.meta(
-            "allocate", ino=self.ino, count=1, exclude=sorted(failed_servers), writer=self._writer
+            "allocate", ino=self.ino, handle=self.handle, count=1, exclude=sorted(failed_servers), writer=self._writer
         )
         return reply.blocks[0]
 
@@ -367,7 +368,7 @@ class AsyncFile:
                 periods = [s for s in (self._writer_lease_s, limits.reader_lease_s if self._reader else None) if s]
                 await asyncio.sleep(max(0.05, min(periods) / 4))
                 try:
-                    await self.fs.meta("renew", ino=self.ino, writer=self._writer if self._writer_lease_s else 0,
+                    await self.fs.meta("renew", ino=self.ino, handle=self.handle, writer=self._writer if self._writer_lease_s else 0,
                                        reader=self._reader)
                 except TectofsError as exc:  # the next renewal, or the commit, will tell
                     log.warning("%s: lease renewal failed: %s", self.path, exc)
@@ -409,7 +410,7 @@ class AsyncFile:
         for idx in [i for i in self._written if i >= first_gone]:
             del self._written[idx]
         if any(i >= first_gone for i in self._staged_idx):
-            await self.fs.meta("stage", ino=self.ino, writer=self._writer, cut_from=first_gone)
+            await self.fs.meta("stage", ino=self.ino, handle=self.handle, writer=self._writer, cut_from=first_gone)
             self._staged = {i: b for i, b in self._staged.items() if i < first_gone}
             self._staged_idx = {i for i in self._staged_idx if i < first_gone}
         self._holes = {i for i in self._holes if i < first_gone}
@@ -487,7 +488,7 @@ class AsyncFile:
         await self._stage_excess()
         staged = bool(self._staged_idx)
         layout, _ = await self.fs.meta(
-            "commit", ino=self.ino, size=self.size, replace=self.replace,
+            "commit", ino=self.ino, handle=self.handle, size=self.size, replace=self.replace,
             mtime=self.modified_at or time.time(),
             blocks=[messages.written(b) for b in self._written.values() if b.idx * self.block_size < self.size],
             shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,
@@ -526,7 +527,7 @@ class AsyncFile:
             self._lease_task.cancel()
         if self._reader:  # end the lease now (else it lapses): a file unlinked while open goes at once
             reader, self._reader = self._reader, 0
-            self.fs.lease_endings.end(self.ino, reader)
+            self.fs.lease_endings.end(self.ino, reader, self.handle)
         for task in self._inflight.values():
             task.cancel()
         for buffer, _ in self._dirty.values():
@@ -675,7 +676,7 @@ class AsyncFile:
             return await self.fs.blocks.read_block(block, into=into)
         except CapabilityExpired:
             self.fs.metrics.retried("chunk", "capability")
-            segment, _ = await self.fs.meta("layout", ino=self.ino, first=block.idx)
+            segment, _ = await self.fs.meta("layout", ino=self.ino, handle=self.handle, first=block.idx)
             fresh = next((b for b in segment.blocks if b.block_id == block.block_id), None)
             if fresh is None:
                 raise StaleFile(f"{self.path} was rewritten while open and its read capability expired;"

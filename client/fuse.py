@@ -54,7 +54,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import mfusepy
 
 from tectofs import limits
-from tectofs.errors import TectofsError
+from tectofs.errors import PermissionDenied, TectofsError
 
 from .core import AsyncFileSystem, DirectoryChange, Stat
 from .files import AsyncFile
@@ -331,7 +331,7 @@ class TectofsOperations(mfusepy.Operations):
             handle.just_created = False  # libfuse's getattr right after create: create answered it
             st = Stat.from_attrs(handle.file.attrs)
         elif handle is not None:  # fstat: as the handle's opener, like its other calls
-            st = Stat.from_attrs(self._run(handle.file.fs.meta("getattr", ino=handle.file.ino))[0].attrs)
+            st = Stat.from_attrs(self._run(handle.file.fs.meta("getattr", ino=handle.file.ino, handle=handle.file.handle))[0].attrs)
         elif path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
         elif path != "/" and self.listings.absent(_directory_of(path), path.rsplit("/", 1)[1]):
@@ -339,9 +339,29 @@ class TectofsOperations(mfusepy.Operations):
         elif (fresh := self.directories.take(path, self.callers.identity())) is not None:
             st = fresh  # what the create or unlink just made of this directory
         else:
-            st = self._as_caller(lambda fs: fs.stat(path))
+            try:
+                st = self._as_caller(lambda fs: fs.stat(path))
+            except PermissionDenied as refusal:
+                st = self._stat_through_open_file(path, refusal)
             self.links.seen(path, st.ino, st.nlink)
         return self._stat_dict(st, *self._seen_by_writers(st.ino))
+
+    def _stat_through_open_file(self, path: str, refusal: PermissionDenied) -> Stat:
+        """``fstat`` reaches a high-level FUSE mount as a getattr by path: the kernel sends no
+        file handle with it. When the caller may no longer walk ``path`` (a parent's search
+        permission was taken away after its open), a descriptor open on it still answers, as
+        fstat does on Linux: by inode number, with the file handle its open was issued. The
+        metadata service takes that handle only from the uid it was issued to, so another
+        user's descriptor at the same path answers nothing. Else the refusal stands."""
+        with self._registry_lock:
+            files = [h.file for h in self._handles.values() if h.file.path == path]
+        for file in files:
+            try:
+                reply = self._as_caller(lambda fs: fs.meta("getattr", ino=file.ino, handle=file.handle))
+                return Stat.from_attrs(reply[0].attrs)
+            except PermissionDenied:
+                continue
+        raise refusal
 
     @_errno
     def chmod(self, path: str, mode: int) -> int:

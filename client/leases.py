@@ -37,9 +37,10 @@ class LeaseEndings:
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
-    def end(self, ino: int, reader: int) -> None:
-        """The handle holding lease ``reader`` on ``ino`` closed (call on the event loop)."""
-        self._pending.append(messages.HeldLease(ino=ino, reader=reader))
+    def end(self, ino: int, reader: int, handle: bytes) -> None:
+        """The handle holding lease ``reader`` on ``ino`` (named with the file ``handle``)
+        closed (call on the event loop)."""
+        self._pending.append(messages.HeldLease(ino=ino, reader=reader, handle=handle))
         if len(self._pending) >= self.batch_max:
             self._send()
         elif self._timer is None:

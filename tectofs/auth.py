@@ -28,6 +28,19 @@ service serves it nothing but ping.
 block, ``HMAC(key, "cap", block id, mode, expiry)`` (16 bytes) into layouts (mode ``r``) and
 allocations (``w``); a chunk server checks every anonymous get and put against it: no network
 call, one HMAC (about 1 µs).
+
+**File handles** (as NFS servers' file handles, with the secret an NFS server keeps in its
+generation numbers). Inode numbers are small sequential integers, so they cannot be what grants
+access to an inode. Every inode's attributes that the metadata service sends to a user carry a
+*handle*: a 16-byte keyed BLAKE2b of (uid, inode number) under a key derived from a cluster key
+(:func:`file_handle`). The service issues one only from a call that already checked what POSIX
+asks for reaching that inode (search permission on every directory walked by a lookup, create,
+open or listing), and every call that names an inode by number must present one made for the
+caller's own uid (:func:`check_file_handle`): scanning numbers reaches nothing. A handle does not
+expire and survives renames, further links and unlinks of its inode (inode numbers are never
+reused), as an open descriptor does on Linux: a later ``chmod`` of a parent does not revoke it.
+Any key of the ring is accepted, so a key rotation keeps open files working until the old key is
+removed.
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ from .errors import AuthenticationFailed, CapabilityExpired, CapabilityRefused, 
 NONCE_BYTES = 16
 PROOF_BYTES = 32
 CAP_MAC_BYTES = 16
+HANDLE_BYTES = 16
 KEY_BYTES = 32
 _KEY_LINE = "tectofs-key"
 
@@ -191,6 +205,12 @@ class KeyRing:
     def ids(self) -> list[str]:
         self._reload()
         return [k for k, _ in self._keys]
+
+    @property
+    def keys(self) -> list[tuple[str, bytes]]:
+        """Every ``(key id, secret)`` of the ring, the signing one first."""
+        self._reload()
+        return list(self._keys)
 
 
 def key_file_from(path: str | None) -> str | None:
@@ -381,3 +401,37 @@ def check_capability(ring: KeyRing, block_id: int, mode: str, expiry: int, key_i
 
 def capability_expiry(ttl_s: float = limits.capability_ttl_s) -> int:
     return int(time.time() + ttl_s)
+
+
+# ---------------------------------------------------------------------------- file handles
+
+_handle_keys: dict[bytes, bytes] = {}  # cluster key -> its derived handle key (few keys: a ring's)
+
+
+def _handle_key(key: bytes) -> bytes:
+    derived = _handle_keys.get(key)
+    if derived is None:
+        derived = mac(key, "tectofs file handle")
+        if len(_handle_keys) >= 64:  # rotations over a long life: keep the cache bounded
+            _handle_keys.clear()
+        _handle_keys[key] = derived
+    return derived
+
+
+def _handle_with(key: bytes, uid: int, ino: int) -> bytes:
+    message = uid.to_bytes(8, "big") + ino.to_bytes(8, "big")
+    return hashlib.blake2b(message, key=_handle_key(key), digest_size=HANDLE_BYTES).digest()
+
+
+def file_handle(ring: KeyRing, uid: int, ino: int) -> bytes:
+    """The handle that lets ``uid`` name inode ``ino`` by number (see the module docstring):
+    issued only after a call that checked that ``uid`` may reach ``ino``."""
+    return _handle_with(ring.signing[1], uid, ino)
+
+
+def check_file_handle(ring: KeyRing, uid: int, ino: int, handle: bytes) -> bool:
+    """Whether ``handle`` is one this cluster issued to ``uid`` for ``ino`` (with any key of
+    the ring). Constant-time in the handle's bytes."""
+    if len(handle) != HANDLE_BYTES:
+        return False
+    return any(hmac.compare_digest(handle, _handle_with(key, uid, ino)) for _, key in ring.keys)

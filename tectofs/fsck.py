@@ -11,9 +11,12 @@ directory page at a time, so a tree of any size is checked in bounded memory per
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from . import limits
+from . import limits, messages
+
+if TYPE_CHECKING:
+    from .client.core import Stat
 
 GRADES = ("healthy", "under_redundant", "unreadable")
 
@@ -41,13 +44,14 @@ class FsckReport:
 async def check(fs: Any, path: str = "/", progress: Callable[[int], None] | None = None) -> FsckReport:
     """Grade every block of every file at or below ``path`` (``fs``: an AsyncFileSystem)."""
     report = FsckReport()
-    batch: list[tuple[int, str]] = []
+    batch: list[tuple[Stat, str]] = []
 
     async def flush() -> None:
         if not batch:
             return
-        reply, _ = await fs.meta("block_health", inos=[ino for ino, _ in batch])
-        paths = dict(batch)
+        files = [messages.FileRef(ino=st.ino, handle=st.handle) for st, _ in batch]
+        reply, _ = await fs.meta("block_health", files=files)
+        paths = {st.ino: path for st, path in batch}
         for health in reply.files:
             report.files += 1
             report.blocks += health.blocks
@@ -62,7 +66,7 @@ async def check(fs: Any, path: str = "/", progress: Callable[[int], None] | None
 
     top = await fs.stat(path)
     if top.is_file:
-        batch.append((top.ino, path))
+        batch.append((top, path))
     directories = [path] if top.is_dir else []
     while directories:
         directory = directories.pop()
@@ -72,7 +76,7 @@ async def check(fs: Any, path: str = "/", progress: Callable[[int], None] | None
                 if st.is_dir:
                     directories.append(child)
                 elif st.is_file:
-                    batch.append((st.ino, child))
+                    batch.append((st, child))
                     if len(batch) >= limits.health_inos_per_call_max:
                         await flush()
     await flush()

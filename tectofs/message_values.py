@@ -33,6 +33,9 @@ MetricsUrl = Annotated[str, msgspec.Meta(pattern="^https?://", max_length=limits
 BlockSize = Annotated[int, msgspec.Meta(ge=limits.block_size_min_bytes, le=limits.block_size_max_bytes)]
 BlockOffset = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
 ChunkLength = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
+# A file handle (tectofs.auth): what lets a user name an inode by number; b"" where none is needed
+# (cluster members, and root, who may reach every inode by path anyway).
+Handle = Annotated[bytes, msgspec.Meta(max_length=16)]
 Kind = Literal["file", "dir", "symlink", "fifo", "socket", "char", "block"]
 Role = Literal["client", "chunk", "meta", "tool"]
 
@@ -64,6 +67,7 @@ class Attrs(Message, frozen=True, kw_only=True):
     stored: Int64 = 0
     write_min: Int64 = 0  # chunks a block needs to be accepted (0: the policy's default)
     rdev: Int64 = 0  # a char or block device node's device number
+    handle: Handle = b""  # for the caller's uid: present it to name this inode by number (tectofs.auth)
 
 
 Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]

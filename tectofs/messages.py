@@ -31,6 +31,7 @@ from .message_values import (  # noqa: F401 (re-exported)
     ChunkRef,
     Crc,
     DirEntry,
+    Handle,
     Id,
     Ino,
     Int64,
@@ -114,7 +115,11 @@ class PathRequest(Message, frozen=True, kw_only=True):
 
 
 class InoRequest(Message, frozen=True, kw_only=True):
+    """Every request that names an inode by number carries the caller's ``handle`` for it
+    (``Attrs.handle``, from the lookup, create, open or listing that reached it)."""
+
     ino: Ino
+    handle: Handle = b""
 
 
 class AttrsReply(Message, frozen=True, kw_only=True):
@@ -213,11 +218,13 @@ class ReleaseRequest(Message, frozen=True, kw_only=True):
 
     ino: Ino
     reader: Id
+    handle: Handle = b""
 
 
 class HeldLease(Message, frozen=True, array_like=True):
     ino: Ino
     reader: Id
+    handle: Handle = b""
 
 
 class ReleaseLeasesRequest(Message, frozen=True, kw_only=True):
@@ -305,6 +312,7 @@ class LayoutRequest(Message, frozen=True, kw_only=True):
 
     path: Path | None = None
     ino: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
+    handle: Handle = b""  # with ``ino``
     first: Int64 = 0
     reader: Id = 0  # an opening handle: takes its lease (see RenewRequest) in the same call
     write_only: bool = False  # that handle only writes: it needs write permission, not read
@@ -314,6 +322,7 @@ class AllocateRequest(Message, frozen=True, kw_only=True):
     """``writer``: the handle's id; its lease (``renew``) keeps these allocations alive."""
 
     ino: Ino
+    handle: Handle = b""
     writer: Id = 0
     count: Annotated[int, msgspec.Meta(ge=1, le=limits.allocate_blocks_max)] = 1
     spares: Annotated[int, msgspec.Meta(ge=0, le=limits.policy_width_max)] = limits.spare_servers_per_block
@@ -330,6 +339,7 @@ class RenewRequest(Message, frozen=True, kw_only=True):
     and a reader's (the file's chunks are kept, even after an unlink or replace)."""
 
     ino: Ino
+    handle: Handle = b""
     writer: Id = 0
     reader: Id = 0
 
@@ -348,6 +358,7 @@ class StageRequest(Message, frozen=True, kw_only=True):
     ``cut_from`` first withdraws what this writer staged at that index and above."""
 
     ino: Ino
+    handle: Handle = b""
     writer: Id
     blocks: BlockList = []
     holes: HoleList = []
@@ -356,6 +367,7 @@ class StageRequest(Message, frozen=True, kw_only=True):
 
 class CommitRequest(Message, frozen=True, kw_only=True):
     ino: Ino
+    handle: Handle = b""
     size: Int64
     blocks: BlockList = []
     replace: bool = False
@@ -471,8 +483,15 @@ class DrainReply(Message, frozen=True, kw_only=True):
     chunks: Int64  # chunks the store still places on it
 
 
+class FileRef(Message, frozen=True, array_like=True):
+    """An inode named by number, with the caller's handle for it."""
+
+    ino: Ino
+    handle: Handle = b""
+
+
 class BlockHealthRequest(Message, frozen=True, kw_only=True):
-    inos: Annotated[list[Ino], msgspec.Meta(max_length=limits.health_inos_per_call_max)]
+    files: Annotated[list[FileRef], msgspec.Meta(max_length=limits.health_inos_per_call_max)]
 
 
 class FileHealth(Message, frozen=True, kw_only=True):

@@ -231,6 +231,37 @@ def test_an_open_file_keeps_the_identity_it_was_opened_with(base: str) -> None:
     refused(as_user(NOBODY, "cat", path), "Permission denied")
 
 
+def test_an_open_descriptor_outlives_the_search_permission_it_was_opened_with(base: str) -> None:
+    """A descriptor opened while its path could be walked keeps reading, writing, committing
+    and fstat-ing after root takes search permission on its directory away, as on Linux: the
+    mount's calls on it name the inode by number, with the handle its open was issued; a new
+    open by path is refused."""
+    work = f"{base}/work"
+    os.mkdir(work)
+    os.chmod(work, 0o777)
+    script = (f"import os, sys\nf = open({work + '/f'!r}, 'w+b')\nf.write(b'before'); f.flush()\n"
+              "print('opened', flush=True)\nsys.stdin.readline()\n"
+              "f.write(b' after')\nf.flush()\nos.fsync(f.fileno())\nf.seek(0)\n"
+              "data = f.read().decode()\nsize = os.fstat(f.fileno()).st_size\nprint(data, size, flush=True)\nf.close()\n")
+    who = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    process = subprocess.Popen(who + [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd="/")
+    try:
+        assert process.stdout is not None and process.stdin is not None
+        assert process.stdout.readline() == b"opened\n", process.stderr.read() if process.stderr else b""
+        os.chmod(work, 0o700)  # root's now: nobody may not search it
+        refused(as_user(NOBODY, "cat", f"{work}/f"), "Permission denied")
+        out, err = process.communicate(b"go\n", timeout=COMMAND_TIMEOUT_S)
+    finally:
+        process.kill()
+        process.wait(timeout=COMMAND_TIMEOUT_S)
+    assert process.returncode == 0, err.decode(errors="replace")
+    assert out == b"before after 12\n"
+    with open(f"{work}/f", "rb") as f:
+        assert f.read() == b"before after"
+    assert os.stat(f"{work}/f").st_uid == NOBODY
+
+
 # ---------------------------------------------------------------------- data
 
 

@@ -22,7 +22,7 @@ LONGEST_KEYS = auth.KeyRing.from_keys([("k" * 64, bytes(32))])
 
 
 def _segment(layout: dict[str, Any]) -> messages.LayoutSegment:
-    return layout_segment(layout, LONGEST_KEYS, 1e10)
+    return layout_segment(layout, LONGEST_KEYS, 1e10, handle=bytes(auth.HANDLE_BYTES))
 KiB = 1 << 10
 
 
@@ -61,7 +61,8 @@ def test_readdir_pages_fit(store: SqlStore) -> None:
     while after is not None:
         entries, after = store.readdir(["d"], after)
         reply = messages.ReaddirReply(
-            entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**a)) for name, a in entries], next=after
+            entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**a, handle=bytes(auth.HANDLE_BYTES)))
+                     for name, a in entries], next=after
         )
         _fits(reply)
         seen += len(entries)

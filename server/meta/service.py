@@ -20,7 +20,7 @@ from typing import Any
 
 from tectofs import auth, limits, messages, paths
 from tectofs.diagnostics import RateLimitedLog
-from tectofs.errors import Busy, InvalidArgument, NotFound
+from tectofs.errors import Busy, InvalidArgument, NotFound, PermissionDenied
 from tectofs.metrics import MetaMetrics
 from tectofs.rpc import RpcServer, current_peer
 from tectofs.server import addresses
@@ -35,10 +35,6 @@ Reply = tuple[messages.Message, bytes]
 USER_ENTRY_BYTES_MAX = 640  # one UserInfo, encoded, at most (64 groups, 64-byte names and keys)
 
 
-def _attrs(attrs: dict[str, Any]) -> messages.AttrsReply:
-    return messages.AttrsReply(attrs=messages.Attrs(**attrs))
-
-
 def _user_info(user: dict[str, Any]) -> messages.UserInfo:
     return messages.UserInfo(name=user["name"], uid=user["uid"], gid=user["gid"], groups=list(user["groups"]),
                              admin=bool(user["admin"]), proxy=bool(user["proxy"]),
@@ -50,11 +46,14 @@ def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int) -> mes
     return messages.Capability(mac=tag, expiry=expiry, key=key)
 
 
-def layout_segment(layout: dict[str, Any], keys: auth.KeyRing, ttl_s: float) -> messages.LayoutSegment:
-    """A layout segment of the store's, with a read capability for each block."""
+def layout_segment(
+    layout: dict[str, Any], keys: auth.KeyRing, ttl_s: float, handle: bytes = b""
+) -> messages.LayoutSegment:
+    """A layout segment of the store's, with a read capability for each block (and the
+    caller's ``handle`` for the file)."""
     expiry = auth.capability_expiry(ttl_s)
     return messages.LayoutSegment(
-        attrs=messages.Attrs(**layout["attrs"]),
+        attrs=messages.Attrs(**layout["attrs"], handle=handle),
         blocks=[messages.Block(**{**b, "chunks": [messages.ChunkRef(**c) for c in b["chunks"]]},
                                cap=capability(keys, b["block_id"], "r", expiry)) for b in layout["blocks"]],
         first=layout["first"], end=layout["end"],
@@ -191,22 +190,49 @@ class MetadataService:
         return await self._call(method, *args, caller=self.guard.caller(current_peer.get()))
 
     def _segment(self, layout: dict[str, Any]) -> messages.LayoutSegment:
-        return layout_segment(layout, self.keys, self.capability_ttl_s)
+        return layout_segment(layout, self.keys, self.capability_ttl_s, self._handle(layout["attrs"]["ino"]))
+
+    # File handles (tectofs.auth): every inode's attributes a user gets come from a call that
+    # checked it may reach that inode, and carry the handle it must show to name the inode by
+    # number; every by-number call checks that handle before the store sees the request.
+
+    def _handle(self, ino: int) -> bytes:
+        peer = current_peer.get()
+        return b"" if peer.is_member else auth.file_handle(self.keys, peer.uid, ino)
+
+    def _attrs(self, attrs: dict[str, Any]) -> messages.Attrs:
+        """``attrs`` of the store's, with the caller's handle for the inode."""
+        return messages.Attrs(**attrs, handle=self._handle(attrs["ino"]))
+
+    def _attrs_reply(self, attrs: dict[str, Any]) -> messages.AttrsReply:
+        return messages.AttrsReply(attrs=self._attrs(attrs))
+
+    def _check_handle(self, ino: int, handle: bytes) -> None:
+        """Refuse a by-number call on ``ino`` unless the caller showed its handle for it. Members
+        and root are not asked for one: they may reach every inode anyway. The answer is the same
+        whether the inode exists or not, so scanning numbers learns nothing."""
+        peer = current_peer.get()
+        if peer.is_member or peer.uid == 0 or auth.check_file_handle(self.keys, peer.uid, ino, handle):
+            return
+        raise PermissionDenied(
+            f"inode {ino}: no valid file handle for uid {peer.uid} (an inode is named by number only with the"
+            " handle that came with its attributes from a lookup, create, open or listing)")
 
     # ------------------------------------------------------------------ namespace
     # Each rpc_<op> gets its request already validated (tectofs.messages, tectofs.rpc).
 
     async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply:
-        return _attrs(await self._as_caller("lookup", paths.split(r.path))), b""
+        return self._attrs_reply(await self._as_caller("lookup", paths.split(r.path))), b""
 
     async def rpc_getattr(self, r: messages.InoRequest, _: memoryview) -> Reply:
-        return _attrs(await self._as_caller("getattr_ino", r.ino)), b""
+        self._check_handle(r.ino, r.handle)
+        return self._attrs_reply(await self._as_caller("getattr_ino", r.ino)), b""
 
     async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply:
         attrs = await self._as_caller(
             "mkdir", paths.split(r.path), r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok
         )
-        return _attrs(attrs), b""
+        return self._attrs_reply(attrs), b""
 
     async def rpc_makedirs(self, r: messages.MkdirRequest, _: memoryview) -> Reply:
         parts = paths.split(r.path)
@@ -219,49 +245,52 @@ class MetadataService:
             )
         if not parts:
             attrs = await self._as_caller("mkdir", parts, r.mode, r.uid, r.gid, None, None, r.exist_ok)
-        return _attrs(attrs), b""
+        return self._attrs_reply(attrs), b""
 
     async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply:
         attrs, created, *directory = await self._as_caller(  # replayed records of older releases: less
             "create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive, r.reader
         )
-        return messages.CreateReply(attrs=messages.Attrs(**attrs), created=created,
-                                    directory=messages.Attrs(**directory[0]) if directory else None,
+        return messages.CreateReply(attrs=self._attrs(attrs), created=created,
+                                    directory=self._attrs(directory[0]) if directory else None,
                                     directory_ctime_before=directory[1] if len(directory) > 1 else None), b""
 
     async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
-        return _attrs(await self._as_caller("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
+        return self._attrs_reply(await self._as_caller("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
 
     async def rpc_mknod(self, r: messages.MknodRequest, _: memoryview) -> Reply:
-        return _attrs(await self._as_caller("mknod", paths.split(r.path), r.mode, r.rdev, r.uid, r.gid)), b""
+        return self._attrs_reply(await self._as_caller("mknod", paths.split(r.path), r.mode, r.rdev, r.uid, r.gid)), b""
 
     async def rpc_readdir(self, r: messages.ReaddirRequest, _: memoryview) -> Reply:
         entries, cursor = await self._as_caller("readdir", paths.split(r.path), r.after, r.limit)
         return messages.ReaddirReply(
-            entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**attrs)) for name, attrs in entries], next=cursor
+            entries=[messages.DirEntry(name=name, attrs=self._attrs(attrs)) for name, attrs in entries], next=cursor
         ), b""
 
     async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply:
         attrs = await self._as_caller("setattr", paths.split(r.path), r.mode, r.uid, r.gid, r.atime, r.mtime)
-        return _attrs(attrs), b""
+        return self._attrs_reply(attrs), b""
 
     async def rpc_truncate(self, r: messages.TruncateRequest, _: memoryview) -> Reply:
-        return _attrs(await self._as_caller("truncate", paths.split(r.path), r.size)), b""
+        return self._attrs_reply(await self._as_caller("truncate", paths.split(r.path), r.size)), b""
 
     async def rpc_set_policy(self, r: messages.SetPolicyRequest, _: memoryview) -> Reply:
-        return _attrs(await self._as_caller("set_policy", paths.split(r.path), r.policy, r.block_size, r.write_min)), b""
+        return self._attrs_reply(await self._as_caller("set_policy", paths.split(r.path), r.policy, r.block_size, r.write_min)), b""
 
     async def rpc_rename(self, r: messages.RenameRequest, _: memoryview) -> Reply:
-        return _attrs(await self._as_caller("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
+        return self._attrs_reply(await self._as_caller("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
 
     async def rpc_link(self, r: messages.LinkRequest, _: memoryview) -> Reply:
-        return _attrs(await self._as_caller("link", paths.split(r.src), paths.split(r.dst))), b""
+        return self._attrs_reply(await self._as_caller("link", paths.split(r.src), paths.split(r.dst))), b""
 
     async def rpc_release(self, r: messages.ReleaseRequest, _: memoryview) -> Reply:
+        self._check_handle(r.ino, r.handle)
         await self._as_caller("release", r.ino, r.reader)
         return messages.Empty(), b""
 
     async def rpc_release_leases(self, r: messages.ReleaseLeasesRequest, _: memoryview) -> Reply:
+        for lease in r.leases:
+            self._check_handle(lease.ino, lease.handle)
         await self._as_caller("release_leases", [(lease.ino, lease.reader) for lease in r.leases])
         return messages.Empty(), b""
 
@@ -286,7 +315,7 @@ class MetadataService:
     async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply:
         result = await self._as_caller("unlink", paths.split(r.path), r.ino, r.only_if_empty)
         directory, before = result if isinstance(result, (list, tuple)) else (result, None)  # a replayed old record
-        return messages.UnlinkReply(directory=messages.Attrs(**directory) if directory else None,
+        return messages.UnlinkReply(directory=self._attrs(directory) if directory else None,
                                     directory_ctime_before=before), b""
 
     async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply:
@@ -300,6 +329,7 @@ class MetadataService:
 
     async def rpc_layout(self, r: messages.LayoutRequest, _: memoryview) -> Reply:
         if r.ino:
+            self._check_handle(r.ino, r.handle)
             return self._segment(await self._as_caller("layout", None, r.ino, r.first, r.reader, r.write_only)), b""
         if r.path is None:
             raise InvalidArgument("layout needs an ino or a path")
@@ -308,6 +338,7 @@ class MetadataService:
         ), b""
 
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply:
+        self._check_handle(r.ino, r.handle)
         blocks = await self._as_caller("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)
         expiry = auth.capability_expiry(self.capability_ttl_s)
         return messages.AllocateReply(blocks=[
@@ -321,13 +352,16 @@ class MetadataService:
         return capability(self.keys, block_id, "w", expiry)
 
     async def rpc_renew(self, r: messages.RenewRequest, _: memoryview) -> Reply:
+        self._check_handle(r.ino, r.handle)
         return messages.RenewReply(renewed=await self._as_caller("renew", r.ino, r.writer, r.reader)), b""
 
     async def rpc_stage(self, r: messages.StageRequest, _: memoryview) -> Reply:
+        self._check_handle(r.ino, r.handle)
         await self._as_caller("stage", r.ino, r.writer, messages.to_plain(r.blocks), r.holes, r.cut_from)
         return messages.Empty(), b""
 
     async def rpc_commit(self, r: messages.CommitRequest, _: memoryview) -> Reply:
+        self._check_handle(r.ino, r.handle)
         layout = await self._as_caller(
             "commit", r.ino, r.size, messages.to_plain(r.blocks), r.replace, r.mtime, r.shrunk_to, r.holes, r.writer
         )
@@ -374,7 +408,9 @@ class MetadataService:
         return messages.DrainReply(**await self._call("drain", r.server, r.cancel)), b""
 
     async def rpc_block_health(self, r: messages.BlockHealthRequest, _: memoryview) -> Reply:
-        files = await self._call("block_health", r.inos)
+        for file in r.files:
+            self._check_handle(file.ino, file.handle)
+        files = await self._call("block_health", [file.ino for file in r.files])
         return messages.BlockHealthReply(files=[messages.FileHealth(**f) for f in files]), b""
 
     # ------------------------------------------------------------------ chunk servers

@@ -105,6 +105,25 @@ def require_writer(attrs: Attrs, caller: Caller | None, path: str) -> None:
         require(attrs, caller, W, path=path)
 
 
+def require_linkable(attrs: Attrs, caller: Caller | None, path: str) -> None:
+    """A new hard link to the inode ``attrs`` names, as Linux with ``fs.protected_hardlinks =
+    1``: its owner (or root) may link anything; others only a regular file that is neither
+    set-user-ID nor set-group-ID-and-group-executable and that they may both read and write.
+    Otherwise a user could keep another's file alive after its owner deleted it, or pin a
+    set-id program at a path of its own. ``NotPermitted`` (EPERM), as Linux answers."""
+    if owns(attrs, caller):
+        return
+    assert caller is not None
+    mode = attrs["mode"]
+    set_id = mode & statmod.S_ISUID or mode & (statmod.S_ISGID | statmod.S_IXGRP) == statmod.S_ISGID | statmod.S_IXGRP
+    if attrs["kind"] == "file" and not set_id and may(attrs, caller, R | W):
+        return
+    raise NotPermitted(
+        f"{path}: operation not permitted (uid {caller.uid} may link only files it owns, or regular files it may"
+        f" read and write that are not set-id; its owner is uid {attrs['uid']})"
+    )
+
+
 def require_removable(directory: Attrs, entry: Attrs, caller: Caller | None, path: str, dir_path: str) -> None:
     """Removing (or renaming, or replacing) the entry ``path`` of ``directory``: write and
     search permission on the directory; in a sticky directory (``S_ISVTX``, like /tmp) only

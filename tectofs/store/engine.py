@@ -251,7 +251,9 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         return self._resolve(parts, caller)
 
     def getattr_ino(self, ino: int, *, caller: Caller | None = None) -> dict[str, Any]:
-        return self._get(ino)  # no permission needed: the inode number is the capability
+        """No permission bits are checked here: the metadata service answers a user's call
+        only with the file handle that a checked lookup issued it (``tectofs.auth``)."""
+        return self._get(ino)
 
     def _insert_inode(
         self, parent: dict[str, Any], parts: list[str], kind: str, mode: int, uid: int, gid: int,
@@ -499,12 +501,14 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     def link(self, src: list[str], dst: list[str], *, caller: Caller | None = None) -> dict[str, Any]:
         """A second name ``dst`` for the file ``src`` (``link(2)``): any kind but a directory.
-        A caller needs write and search permission on ``dst``'s directory."""
+        A caller needs write and search permission on ``dst``'s directory, and the file must be
+        one it may link (``access.require_linkable``: Linux's ``protected_hardlinks``)."""
         if not src or not dst:
             raise NotPermitted("the root directory cannot be linked to or replaced")
         attrs = self._resolve(src, caller)
         if attrs["kind"] == "dir":
             raise NotPermitted(f"{_p(src)} is a directory: directories have no hard links")
+        access.require_linkable(attrs, caller, _p(src))
         parent = self._parent_dir(dst, caller)
         check_name(dst[-1])
         if self._child(parent["ino"], dst[-1]) is not None:
