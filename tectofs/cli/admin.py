@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from . import output
+from . import numbers, output
 from .common import _client, _human, _meta_address, add_client_flags, client_command
 
 
@@ -120,7 +120,7 @@ def cmd_user_add(args: argparse.Namespace) -> None:
     from tectofs import auth
 
     address = _meta_address(args)
-    groups = [int(g) for g in args.groups.split(",") if g.strip()] if args.groups else []
+    groups = args.groups
     with _client(args) as fs:
         reply, _ = fs.run(fs.aio.meta("user_add", name=args.name, uid=args.uid, gid=args.gid, groups=groups,
                                       admin=args.admin, proxy=args.proxy))
@@ -189,7 +189,7 @@ def add_parsers(sub: Any) -> None:
     add_client_flags(p)
     p.add_argument("--cancel", action="store_true", help="stop draining: the server takes new chunks again")
     p.add_argument("--wait", action="store_true", help="wait until the server holds no chunk, showing progress")
-    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="with --wait, give up after this many seconds")
+    p.add_argument("--timeout", type=numbers.seconds(), default=24 * 3600.0, help="with --wait, give up after this many seconds")
     p.set_defaults(fn=cmd_drain)
     p = sub.add_parser("init", help="make a cluster key and root's credential for a multi-host cluster",
                        description="Make the cluster key (ROOT/cluster.key, mode 0600: copy it to every metadata"
@@ -205,9 +205,9 @@ def add_parsers(sub: Any) -> None:
                              description="Add a user (administrators only) and write its credential (and S3 key"
                              " pair) to --out, mode 0600.")
     p.add_argument("name", help="user name (what 'whoami' and 'user list' show)")
-    p.add_argument("--uid", type=int, required=True, help="the user's uid in the cluster")
-    p.add_argument("--gid", type=int, required=True, help="the user's primary gid")
-    p.add_argument("--groups", default="", help="supplementary gids, comma-separated")
+    p.add_argument("--uid", type=numbers.OWNER_ID, required=True, help="the user's uid in the cluster")
+    p.add_argument("--gid", type=numbers.OWNER_ID, required=True, help="the user's primary gid")
+    p.add_argument("--groups", type=numbers.ListOf(numbers.OWNER_ID), default=[], help="supplementary gids, comma-separated")
     p.add_argument("--admin", action="store_true", help="may add and remove users and drain servers")
     p.add_argument("--proxy", action="store_true",
                    help="may act for other uids (the credential of a multi-user FUSE mount on a node)")
@@ -241,7 +241,7 @@ def add_parsers(sub: Any) -> None:
     # Same default as the writer's own clean-up (tectofs.checkpoint_gc.PENDING_GRACE_S, not
     # imported for every command's --help; test_cli_options checks they agree). A failed save
     # deletes its pending directory itself; only crashed saves leave one.
-    p.add_argument("--older-than", type=float, default=24 * 3600.0,
+    p.add_argument("--older-than", type=numbers.seconds(), default=24 * 3600.0,
                    help="only leftovers untouched for this many seconds (default 86400 = 24 h, as the "
                         "automatic clean-up after each checkpoint commit; use less only when no save is running)")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed")

@@ -8,8 +8,8 @@ from typing import Any
 
 from tectofs import limits, paths
 
-from . import transfer
-from .common import UsageError, _client, _human, _size, client_command
+from . import numbers, transfer
+from .common import UsageError, _client, _human, client_command
 
 
 def _remote_path(argument: str) -> tuple[str | None, str]:
@@ -140,12 +140,14 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("path", help="tectofs path of the new directory")
     p.add_argument("-p", "--parents", action="store_true", help="make missing parents too; no error if it exists")
     p.add_argument("--policy", help="durability policy for files below it: rs(k,m) or rep(n) (default: inherited)")
-    p.add_argument("--block-size", type=_size, help="block size of new files below it, e.g. 64M (default: inherited)")
+    p.add_argument("--block-size", type=numbers.BLOCK_SIZE,
+                   help="block size of new files below it, 64K to 64M, e.g. 4M (default: inherited)")
     p = client_command(sub, "set-policy", cmd_set_policy, "change the durability policy or block size new files below a directory get")
     p.add_argument("path", help="tectofs directory")
     p.add_argument("--policy", help="rs(k,m) or rep(n)")
-    p.add_argument("--block-size", type=_size, help="block size of new files below it, e.g. 64M")
-    p.add_argument("--write-min", type=int, help="chunks a block needs to be accepted while servers are missing"
+    p.add_argument("--block-size", type=numbers.BLOCK_SIZE, help="block size of new files below it, 64K to 64M, e.g. 4M")
+    p.add_argument("--write-min", type=numbers.count(1, limits.policy_width_max),
+                   help="chunks a block needs to be accepted while servers are missing"
                    " (default: k+1 for rs(k,m), 2 for rep(n)); the full width refuses degraded writes")
     p.add_argument("--compress", choices=["zstd", "off"],
                    help="default for PyTorch checkpoints saved below it: tensors compressed (zstd on byte planes:"
