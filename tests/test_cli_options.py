@@ -182,6 +182,16 @@ class _Stream:
         pass
 
 
+def test_shown_escapes_non_printable_characters_on_a_terminal_only():
+    terminal, pipe = _Stream(tty=True), _Stream(tty=False)
+    evil = "a\x1b[31mb\nc\td\x7fe\u202ef\x9bg"  # ESC, newline, tab, DEL, right-to-left override, C1 CSI
+    assert output.shown(evil, terminal) == "a?[31mb?c?d?e?f?g"  # type: ignore[arg-type]
+    assert output.shown(evil, pipe) == evil  # type: ignore[arg-type]
+    for fine in ("plain name.bin", "caf\u00e9 \u65e5\u672c", ""):  # spaces and non-ASCII letters are printable
+        assert output.shown(fine, terminal) == fine  # type: ignore[arg-type]
+    assert output.shown(7, terminal) == "7"  # type: ignore[arg-type]
+
+
 def test_progress_only_on_a_terminal_in_the_units_it_names():
     from tectofs.cli.progress import Progress
 
@@ -192,6 +202,8 @@ def test_progress_only_on_a_terminal_in_the_units_it_names():
     assert quiet.text == ""  # a pipe or a log file gets no carriage returns
     shown = _Stream(tty=True)
     with Progress(8 << 20, enabled=True, stream=shown) as bar:  # type: ignore[arg-type]
+        bar.describe("x\x1b]0;title\x07.bin")  # a name that would set the terminal's title: shown as '?'s
+        assert "x?]0;title?.bin" in shown.text and "\x1b" not in shown.text
         bar.describe("x.bin")
         bar.started -= 2.0  # as if 4 MiB took 2 s
         bar.update(4 << 20)

@@ -24,7 +24,7 @@ def cmd_status(args: argparse.Namespace) -> None:
         return
     now = time.time()
     live = sum(1 for s in servers if s["live"])
-    print(f"metadata service {fs.meta_address}: {statfs['files']} inodes, "
+    print(f"metadata service {output.shown(fs.meta_address)}: {statfs['files']} inodes, "
           f"{stats['store']['operations']} operations in {stats['store']['commits']} commits")
     c = stats["counts"]
     print(f"blocks: {c.get('healthy', 0)} healthy, {c.get('under_redundant', 0)} under-redundant,"
@@ -40,7 +40,7 @@ def cmd_status(args: argparse.Namespace) -> None:
         p = s.get("stats", {})
         scrub = (f"{p.get('scrub_passes', 0) + 1}: {p.get('scrub_pass_checked', 0)}/{p.get('scrub_pass_chunks', 0)},"
                  f" {p.get('scrub_corrupt', 0)}") if p else "-"
-        print(f"{s['server_id']:>3} {s['address']:<22} {state:<9} {_human(s['used']):>10} "
+        print(f"{s['server_id']:>3} {output.shown(s['address']):<22} {state:<9} {_human(s['used']):>10} "
               f"{_human(s['capacity']):>10} {_dead(p):>10} {s['chunks']:>8}"
               f" {now - s['last_heartbeat']:>8.1f}s  {scrub:<43}"
               f"  {p.get('repairs_done', 0)}")
@@ -61,7 +61,7 @@ def cmd_fsck(args: argparse.Namespace) -> None:
         output.print_json(report.as_dict())
     else:
         for f in report.damaged:
-            print(f"{f['path']}: {f['unreadable']} unreadable, {f['under_redundant']} under-redundant"
+            print(f"{output.shown(f['path'])}: {f['unreadable']} unreadable, {f['under_redundant']} under-redundant"
                   f" of {f['blocks']} blocks")
         print(f"{report.files} files, {report.blocks} blocks: {report.healthy} healthy,"
               f" {report.under_redundant} under-redundant, {report.unreadable} unreadable"
@@ -97,7 +97,7 @@ def cmd_gc(args: argparse.Namespace) -> None:
         os.environ["TECTOFS_CREDENTIALS"] = args.credentials  # the torch helpers connect by URI
     removed = gc_pending(f"tectofs://{address}{args.path}", args.older_than, recursive=True, dry_run=args.dry_run)
     for uri in removed:
-        print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
+        print(f"{'would remove' if args.dry_run else 'removed'} {output.shown(uri)}")
     print(f"{len(removed)} leftovers of interrupted checkpoint saves {'found' if args.dry_run else 'removed'}")
 
 
@@ -139,7 +139,7 @@ def cmd_user_list(args: argparse.Namespace) -> None:
     print(f"{'name':<24} {'uid':>8} {'gid':>8}  groups  flags")
     for u in reply.users:
         flags = ",".join(f for f, on in (("admin", u.admin), ("proxy", u.proxy)) if on) or "-"
-        print(f"{u.name:<24} {u.uid:>8} {u.gid:>8}  {','.join(map(str, u.groups)) or '-'}  {flags}")
+        print(f"{output.shown(u.name):<24} {u.uid:>8} {u.gid:>8}  {','.join(map(str, u.groups)) or '-'}  {flags}")
     if reply.more:
         print("(more users than one reply holds)")
 
@@ -153,7 +153,7 @@ def cmd_user_remove(args: argparse.Namespace) -> None:
 def cmd_whoami(args: argparse.Namespace) -> None:
     with _client(args) as fs:
         me, _ = fs.run(fs.aio.meta("whoami"))
-    print(f"{me.name} (uid {me.uid}, gid {me.gid}, groups {','.join(map(str, me.groups)) or '-'})"
+    print(f"{output.shown(me.name)} (uid {me.uid}, gid {me.gid}, groups {','.join(map(str, me.groups)) or '-'})"
           + (" admin" if me.admin else "") + (" proxy" if me.proxy else ""))
 
 

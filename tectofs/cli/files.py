@@ -8,7 +8,7 @@ from typing import Any
 
 from tectofs import limits, paths
 
-from . import numbers, transfer
+from . import numbers, output, transfer
 from .common import UsageError, _client, _human, client_command
 
 
@@ -83,14 +83,14 @@ def cmd_set_policy(args: argparse.Namespace) -> None:
             from tectofs.checkpoint_gc import COMPRESS_XATTR
 
             fs.setxattr(args.path, COMPRESS_XATTR, args.compress.encode())
-            print(f"{args.path}: checkpoints saved below it through the PyTorch plugin are"
+            print(f"{output.shown(args.path)}: checkpoints saved below it through the PyTorch plugin are"
                   f" {'compressed (zstd on tensor planes)' if args.compress == 'zstd' else 'not compressed'}"
                   " unless the writer says otherwise")
         if args.policy is None and args.block_size is None and args.write_min is None:
             return
         st = fs.set_policy(args.path, policy=args.policy, block_size=args.block_size, write_min=args.write_min)
         minimum = f"write minimum {st.write_min}" if st.write_min else "the policy's write minimum"
-        print(f"{args.path}: new files below it get {st.policy}, {_human(st.block_size)} blocks, {minimum}"
+        print(f"{output.shown(args.path)}: new files below it get {st.policy}, {_human(st.block_size)} blocks, {minimum}"
               " (existing files keep theirs)")
 
 
