@@ -42,6 +42,9 @@ from typing import Any, Callable
 MiB = 1 << 20
 BENCHMARKS = ("client-io", "checkpoint", "fuse", "burst", "repair")
 MIN_SAMPLES = 3  # medians: every figure a ratio uses is the median of at least this many runs
+_REPEATS_MAX = 1000  # --repeats: more runs per figure than anyone waits for
+_PROCESSES_MAX = 1024  # --processes (burst): worker processes
+_FILES_MAX = 10_000_000  # --files (fuse): files per metadata run
 UNITS = "GB/s = 10^9 bytes/s; MiB = 2^20 bytes; s = seconds (wall clock)"
 
 
@@ -519,48 +522,33 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser(prog: str = "tectofs bench") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tectofs import limits
+    from tectofs.cli import numbers
+    from tectofs.cli.options import Parser  # usage errors as one line, exit status 2, like every tectofs command
+
+    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("benchmark", choices=[*BENCHMARKS, "all"], help="which benchmark to run")
     parser.add_argument("--out", default="bench-results", help="directory for JSON results and PNG charts")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few minutes")
     parser.add_argument("--work-dir", default=None,
                         help="where clusters and local files live, created if missing (default: temp dir)")
-    parser.add_argument("--size", type=_size, default=None, help="client-io/fuse/checkpoint: bytes per run")
-    parser.add_argument("--repeats", type=_repeats, default=None,
+    parser.add_argument("--size", type=numbers.size(), default=None, help="client-io/fuse/checkpoint: bytes per run")
+    parser.add_argument("--repeats", type=numbers.count(MIN_SAMPLES, _REPEATS_MAX), default=None,
                         help=f"client-io/fuse/checkpoint/repair/burst: runs per figure, the median is reported "
                              f"(default and minimum {MIN_SAMPLES}, --quick included)")
-    parser.add_argument("--ranks", type=int, default=None, help="burst: simulated ranks (default 1024, quick 128)")
-    parser.add_argument("--shard", type=_size, default=None, help="burst: bytes per rank (default 1M, quick 256K)")
-    parser.add_argument("--processes", type=int, default=None, help="burst: worker processes (default 4, quick 2)")
-    parser.add_argument("--dir-block-size", type=_size, default=None,
+    parser.add_argument("--ranks", type=numbers.count(1, limits.connections_max), default=None,
+                        help="burst: simulated ranks (default 1024, quick 128)")
+    parser.add_argument("--shard", type=numbers.size(), default=None, help="burst: bytes per rank (default 1M, quick 256K)")
+    parser.add_argument("--processes", type=numbers.count(1, _PROCESSES_MAX), default=None,
+                        help="burst: worker processes (default 4, quick 2)")
+    parser.add_argument("--dir-block-size", type=numbers.BLOCK_SIZE, default=None,
                         help="burst: block size of the checkpoint directory (default: the shard size rounded up)")
-    parser.add_argument("--files", type=int, default=2000,
+    parser.add_argument("--files", type=numbers.count(1, _FILES_MAX), default=2000,
                         help="fuse: empty files created, stat'ed and unlinked per metadata run (default 2000)")
     parser.add_argument("--metadata-only", action="store_true",
                         help="fuse: only the metadata part (creates/s, stats/s, unlinks/s vs. a local directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed benchmarks")
     return parser
-
-
-def _repeats(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < MIN_SAMPLES:
-        raise argparse.ArgumentTypeError(f"at least {MIN_SAMPLES}: figures are medians of several runs")
-    return value
-
-
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    value = text.strip().upper().removesuffix("IB").removesuffix("B")
-    try:
-        if value and value[-1] in units:
-            return int(float(value[:-1]) * units[value[-1]])
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 4096, 256K, 64M, 1G") from None
 
 
 def main(argv: list[str] | None = None, prog: str = "tectofs bench") -> int:

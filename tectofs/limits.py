@@ -94,6 +94,7 @@ servers_max = 1024                        # chunk servers one metadata service r
 repair_after_s = 600.0                    # a server dead this long has its chunks rebuilt elsewhere (Ceph's down-out)
 repair_interval_s = 2.0                   # how often the metadata service looks for chunks to rebuild
 repair_concurrency_per_server = 2         # rebuilds one chunk server runs at once
+repair_concurrency_per_server_max = 256   # ... at most (--repair-concurrency)
 repair_rate_bytes_per_s = 64 * MiB        # bytes a chunk server fetches for rebuilds per second
 repair_busy_rate_bytes_per_s = 16 * MiB   # ... while clients have writes in flight on it
 repair_timeout_s = 120.0                  # an order not reported done by then is given to another server
@@ -133,6 +134,10 @@ placement_attempts_max = 3                # fresh placements asked for one block
 address_group_members_max = 16            # servers one address group ("HOST:PORT,HOST:PORT") names
 request_dedupe_retention_s = 600.0        # a non-idempotent call's recorded reply is kept this long for its retries
 request_dedupe_prune_interval_s = 60.0    # how often a metadata service deletes older records
+
+# Command line (tectofs/cli/numbers.py): the largest values options take, beyond anything meaningful
+option_seconds_max = 10 * 365 * 86400.0   # a duration (--heartbeat, --timeout, --older-than ...): ten years
+option_rate_mib_per_s_max = 1024.0 * 1024  # a rate (--scrub-rate, --repair-rate): 1 TiB/s, past any disk or NIC
 
 # Security (tectofs/auth.py)
 capability_ttl_s = 3600.0                 # a layout's or allocation's chunk capabilities are valid this long

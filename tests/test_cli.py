@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -230,6 +231,61 @@ def _piped_to_head(argv: list[str], address: str, head: list[str]) -> tuple[int,
         consumer.wait(timeout=60)
         _, stderr = producer.communicate(timeout=60)
     return producer.returncode, stderr.decode()
+
+
+def _on_terminals(argv: list[str], address: str) -> tuple[int, str, str]:
+    """Run tectofs ARGV with stdout and stderr on two pseudo-terminals (so both are ttys to
+    it); its exit status and what each terminal received (CR LF read back as LF)."""
+    out_master, out_slave = os.openpty()
+    err_master, err_slave = os.openpty()
+    received = {out_master: b"", err_master: b""}
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "tectofs.cli", *argv], stdin=subprocess.DEVNULL,
+                                   stdout=out_slave, stderr=err_slave, env={**os.environ, "TECTOFS_META": address})
+        os.close(out_slave)
+        os.close(err_slave)
+        with _reaped(process):
+            reading, deadline = set(received), time.monotonic() + 60
+            while reading and time.monotonic() < deadline:
+                for fd in select.select(list(reading), [], [], 1.0)[0]:
+                    try:
+                        data = os.read(fd, 1 << 16)
+                    except OSError:  # EIO: the process closed its end of the terminal
+                        data = b""
+                    received[fd] += data
+                    if not data:
+                        reading.discard(fd)
+            process.wait(timeout=30)
+    finally:
+        for fd in (out_master, err_master):
+            os.close(fd)
+    out, err = (received[fd].decode().replace("\r\n", "\n") for fd in (out_master, err_master))
+    return process.returncode, out, err
+
+
+def test_names_with_control_characters_are_escaped_on_a_terminal_only(cluster):
+    """A name carrying an ESC sequence and a newline reaches a terminal as '?'s (ls -q, as
+    coreutils ls does on a tty), in every command that shows it; through a pipe and in
+    --json it is exact."""
+    a, fs = cluster.address, cluster.fs
+    evil = "red\x1b[31mname\nline"
+    shown = "red?[31mname?line"
+    fs.makedirs(f"/esc/{evil}dir")
+    fs.write_bytes(f"/esc/{evil}", b"x")
+    fs.symlink(f"/{evil}", "/esc/link")
+    for argv in (["ls", "/esc"], ["ls", "-l", "/esc"], ["ls", "-R", "/esc"], ["stat", f"/esc/{evil}"],
+                 ["stat", "/esc/link"], ["du", "/esc"]):
+        code, out, err = _on_terminals(argv, a)
+        assert code == 0, (argv, err)
+        assert "\x1b" not in out and shown in out, (argv, out)
+    assert f"-> /{shown}" in _on_terminals(["ls", "-l", "/esc"], a)[1]  # the symlink's target
+    assert f"/esc/{shown}dir:" in _on_terminals(["ls", "-R", "/esc"], a)[1]  # -R's directory header
+    code, out, err = _on_terminals(["cat", f"/esc/{evil}dir/none"], a)  # an error message quoting the path
+    assert code == 1 and "\x1b" not in err and shown in err and len(err.splitlines()) == 1, err
+    piped = tectofs("ls", "/esc", address=a).stdout
+    assert piped == f"link\n{evil}\n{evil}dir\n"  # a pipe or a script gets the names as they are
+    code, out, _ = _on_terminals(["ls", "--json", "/esc"], a)
+    assert code == 0 and {e["name"] for e in json.loads(out)} == {evil, f"{evil}dir", "link"}
 
 
 def test_broken_pipe_ends_quietly(cluster):

@@ -3,7 +3,10 @@ options in either position, the config file, exit statuses, output helpers."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import errno
+import io
 import os
 import subprocess
 import sys
@@ -11,7 +14,7 @@ import time
 
 import pytest
 
-from tectofs.cli import build_parser, config, exits, options, output
+from tectofs.cli import build_parser, config, exits, numbers, options, output
 
 HEAVY = ("torch", "numpy", "aiohttp", "prometheus_client", "mfusepy", "pyeclib", "tqdm", "psycopg", "matplotlib")
 _RUNNER = """
@@ -156,7 +159,8 @@ def test_every_command_and_option_has_help():
 
 
 @pytest.mark.parametrize("argv", [["ls", "--bogus"], ["user", "add", "x"], ["meta", "--metrics", "9100"], [],
-                                  ["--json", "put", "a", "b"], ["ls", "--log-level", "loud"]])
+                                  ["--json", "put", "a", "b"], ["ls", "--log-level", "loud"],
+                                  ["mkdir", "/p", "--block-size", "inf"], ["bench", "burst", "--shard=-1e400"]])
 def test_usage_errors_are_one_line_with_status_2(argv):
     result = subprocess.run([sys.executable, "-m", "tectofs.cli", *argv], capture_output=True, text=True, timeout=60)
     assert result.returncode == exits.USAGE
@@ -178,6 +182,16 @@ class _Stream:
         pass
 
 
+def test_shown_escapes_non_printable_characters_on_a_terminal_only():
+    terminal, pipe = _Stream(tty=True), _Stream(tty=False)
+    evil = "a\x1b[31mb\nc\td\x7fe\u202ef\x9bg"  # ESC, newline, tab, DEL, right-to-left override, C1 CSI
+    assert output.shown(evil, terminal) == "a?[31mb?c?d?e?f?g"  # type: ignore[arg-type]
+    assert output.shown(evil, pipe) == evil  # type: ignore[arg-type]
+    for fine in ("plain name.bin", "caf\u00e9 \u65e5\u672c", ""):  # spaces and non-ASCII letters are printable
+        assert output.shown(fine, terminal) == fine  # type: ignore[arg-type]
+    assert output.shown(7, terminal) == "7"  # type: ignore[arg-type]
+
+
 def test_progress_only_on_a_terminal_in_the_units_it_names():
     from tectofs.cli.progress import Progress
 
@@ -188,6 +202,8 @@ def test_progress_only_on_a_terminal_in_the_units_it_names():
     assert quiet.text == ""  # a pipe or a log file gets no carriage returns
     shown = _Stream(tty=True)
     with Progress(8 << 20, enabled=True, stream=shown) as bar:  # type: ignore[arg-type]
+        bar.describe("x\x1b]0;title\x07.bin")  # a name that would set the terminal's title: shown as '?'s
+        assert "x?]0;title?.bin" in shown.text and "\x1b" not in shown.text
         bar.describe("x.bin")
         bar.started -= 2.0  # as if 4 MiB took 2 s
         bar.update(4 << 20)
@@ -219,3 +235,75 @@ def test_gc_default_grace_is_the_writers_and_gc_needs_no_torch() -> None:
     probe = subprocess.run([sys.executable, "-c", "import sys, tectofs.checkpoint_gc, tectofs.cli.admin;"
                             " print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
     assert probe.stdout.strip() == "False", probe.stderr
+
+
+_BAD_NUMBERS = ("inf", "-inf", "nan", "-1", "1e400", "99999999999999999999P", "99999999999999999999", "", "garbage")
+
+
+def _every_parser() -> list[tuple[list[str], argparse.ArgumentParser]]:
+    """``(the words that reach it, parser)`` for every parser ``tectofs`` has: the tree
+    :func:`build_parser` makes, and bench's own (``tectofs bench ...`` goes there)."""
+    from tectofs import bench
+
+    found: list[tuple[list[str], argparse.ArgumentParser]] = []
+    todo: list[tuple[list[str], argparse.ArgumentParser]] = [([], build_parser()), (["bench"], bench.build_parser())]
+    while todo:
+        words, parser = todo.pop()
+        found.append((words, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo += [([*words, name], child) for name, child in action.choices.items() if name != "bench"]
+    return found
+
+
+def _bad_values(action: argparse.Action) -> list[str] | None:
+    """What to feed an option that takes a number: the bad numbers themselves, as one item of a
+    list, or as the port of a HOST:PORT. None for an option that takes no number."""
+    if isinstance(action.type, numbers.ListOf):
+        return [f"1,{bad}" for bad in _BAD_NUMBERS]
+    if isinstance(action.type, numbers.Number) or action.type in (int, float):  # bare int/float: a defect to catch
+        return list(_BAD_NUMBERS)
+    if action.type is not None and "PORT" in str(action.metavar):
+        return [f"127.0.0.1:{bad}" for bad in _BAD_NUMBERS]
+    from tectofs.cli.servers import _advertise_host
+
+    assert action.type in (None, str.lower, _advertise_host), (
+        f"{action.option_strings}: type {action.type!r} is neither a tectofs.cli.numbers kind nor known to take no"
+        " number: use a numbers kind, or list it here")
+    return None
+
+
+def test_every_numeric_option_refuses_bad_numbers_in_one_line():
+    """Every option of every command that takes a number (a size, count, id, port, duration,
+    rate, or a HOST:PORT) answers inf, -inf, nan, a negative, a huge number, an empty string
+    and garbage with one line naming the option and what it accepts, exit status 2, and no
+    traceback. In-process through ``main``; a trailing ``--help`` makes an accepted value end
+    there (exit 0) instead of running the command. Options yet to come are walked too."""
+    from tectofs.cli import main
+
+    checked, wrong = 0, []
+    for words, parser in _every_parser():
+        for action in parser._actions:
+            values = _bad_values(action) if action.option_strings else None
+            for value in values or []:
+                option = max(action.option_strings, key=len)
+                argv = [*words, f"{option}={value}", "--help"]  # '=': '-inf' is a value, not an option
+                out, err = io.StringIO(), io.StringIO()
+                try:
+                    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                        main(argv)
+                    code: object = "returned"
+                except SystemExit as exc:
+                    code = exc.code
+                except Exception as exc:  # what a user sees as a traceback
+                    wrong.append(f"tectofs {' '.join(argv)}: Traceback ({type(exc).__name__}: {exc})")
+                    continue
+                checked += 1
+                lines = err.getvalue().splitlines()
+                expected = f"{parser.prog}: argument {'/'.join(action.option_strings)}: "
+                if (code != exits.USAGE or len(lines) != 1 or not lines[0].startswith(expected)
+                        or repr(value) not in lines[0] or "Traceback" in err.getvalue()
+                        or getattr(action.type, "accepts", "") not in lines[0]):
+                    wrong.append(f"tectofs {' '.join(argv)}: exit {code}, stderr {err.getvalue()!r}")
+    assert wrong == [], "\n".join(wrong)
+    assert checked > 200  # the walk found the options (about 35 of them, 9 values each)

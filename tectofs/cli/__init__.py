@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from . import admin, completion, exits, files, listing, options, servers
+from . import admin, completion, exits, files, listing, options, output, servers
 from .servers import _serve_bound
 
 
@@ -55,7 +55,8 @@ def _command_name(args: argparse.Namespace) -> str:
 
 
 def _fail(name: str, message: str, status: int) -> None:
-    print(f"tectofs {name}: {message}", file=sys.stderr)
+    """``tectofs NAME: message`` on stderr, as one line (escaped on a terminal), and exit ``status``."""
+    print(f"tectofs {name}: {exits.one_line(output.shown(message, sys.stderr))}", file=sys.stderr)
     raise SystemExit(status)
 
 

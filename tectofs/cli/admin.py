@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from . import output
+from . import numbers, output
 from .common import _client, _human, _meta_address, add_client_flags, client_command
 
 
@@ -24,7 +24,7 @@ def cmd_status(args: argparse.Namespace) -> None:
         return
     now = time.time()
     live = sum(1 for s in servers if s["live"])
-    print(f"metadata service {fs.meta_address}: {statfs['files']} inodes, "
+    print(f"metadata service {output.shown(fs.meta_address)}: {statfs['files']} inodes, "
           f"{stats['store']['operations']} operations in {stats['store']['commits']} commits")
     c = stats["counts"]
     print(f"blocks: {c.get('healthy', 0)} healthy, {c.get('under_redundant', 0)} under-redundant,"
@@ -40,7 +40,7 @@ def cmd_status(args: argparse.Namespace) -> None:
         p = s.get("stats", {})
         scrub = (f"{p.get('scrub_passes', 0) + 1}: {p.get('scrub_pass_checked', 0)}/{p.get('scrub_pass_chunks', 0)},"
                  f" {p.get('scrub_corrupt', 0)}") if p else "-"
-        print(f"{s['server_id']:>3} {s['address']:<22} {state:<9} {_human(s['used']):>10} "
+        print(f"{s['server_id']:>3} {output.shown(s['address']):<22} {state:<9} {_human(s['used']):>10} "
               f"{_human(s['capacity']):>10} {_dead(p):>10} {s['chunks']:>8}"
               f" {now - s['last_heartbeat']:>8.1f}s  {scrub:<43}"
               f"  {p.get('repairs_done', 0)}")
@@ -61,7 +61,7 @@ def cmd_fsck(args: argparse.Namespace) -> None:
         output.print_json(report.as_dict())
     else:
         for f in report.damaged:
-            print(f"{f['path']}: {f['unreadable']} unreadable, {f['under_redundant']} under-redundant"
+            print(f"{output.shown(f['path'])}: {f['unreadable']} unreadable, {f['under_redundant']} under-redundant"
                   f" of {f['blocks']} blocks")
         print(f"{report.files} files, {report.blocks} blocks: {report.healthy} healthy,"
               f" {report.under_redundant} under-redundant, {report.unreadable} unreadable"
@@ -97,7 +97,7 @@ def cmd_gc(args: argparse.Namespace) -> None:
         os.environ["TECTOFS_CREDENTIALS"] = args.credentials  # the torch helpers connect by URI
     removed = gc_pending(f"tectofs://{address}{args.path}", args.older_than, recursive=True, dry_run=args.dry_run)
     for uri in removed:
-        print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
+        print(f"{'would remove' if args.dry_run else 'removed'} {output.shown(uri)}")
     print(f"{len(removed)} leftovers of interrupted checkpoint saves {'found' if args.dry_run else 'removed'}")
 
 
@@ -120,7 +120,7 @@ def cmd_user_add(args: argparse.Namespace) -> None:
     from tectofs import auth
 
     address = _meta_address(args)
-    groups = [int(g) for g in args.groups.split(",") if g.strip()] if args.groups else []
+    groups = args.groups
     with _client(args) as fs:
         reply, _ = fs.run(fs.aio.meta("user_add", name=args.name, uid=args.uid, gid=args.gid, groups=groups,
                                       admin=args.admin, proxy=args.proxy))
@@ -139,7 +139,7 @@ def cmd_user_list(args: argparse.Namespace) -> None:
     print(f"{'name':<24} {'uid':>8} {'gid':>8}  groups  flags")
     for u in reply.users:
         flags = ",".join(f for f, on in (("admin", u.admin), ("proxy", u.proxy)) if on) or "-"
-        print(f"{u.name:<24} {u.uid:>8} {u.gid:>8}  {','.join(map(str, u.groups)) or '-'}  {flags}")
+        print(f"{output.shown(u.name):<24} {u.uid:>8} {u.gid:>8}  {','.join(map(str, u.groups)) or '-'}  {flags}")
     if reply.more:
         print("(more users than one reply holds)")
 
@@ -153,7 +153,7 @@ def cmd_user_remove(args: argparse.Namespace) -> None:
 def cmd_whoami(args: argparse.Namespace) -> None:
     with _client(args) as fs:
         me, _ = fs.run(fs.aio.meta("whoami"))
-    print(f"{me.name} (uid {me.uid}, gid {me.gid}, groups {','.join(map(str, me.groups)) or '-'})"
+    print(f"{output.shown(me.name)} (uid {me.uid}, gid {me.gid}, groups {','.join(map(str, me.groups)) or '-'})"
           + (" admin" if me.admin else "") + (" proxy" if me.proxy else ""))
 
 
@@ -189,7 +189,7 @@ def add_parsers(sub: Any) -> None:
     add_client_flags(p)
     p.add_argument("--cancel", action="store_true", help="stop draining: the server takes new chunks again")
     p.add_argument("--wait", action="store_true", help="wait until the server holds no chunk, showing progress")
-    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="with --wait, give up after this many seconds")
+    p.add_argument("--timeout", type=numbers.seconds(), default=24 * 3600.0, help="with --wait, give up after this many seconds")
     p.set_defaults(fn=cmd_drain)
     p = sub.add_parser("init", help="make a cluster key and root's credential for a multi-host cluster",
                        description="Make the cluster key (ROOT/cluster.key, mode 0600: copy it to every metadata"
@@ -205,9 +205,9 @@ def add_parsers(sub: Any) -> None:
                              description="Add a user (administrators only) and write its credential (and S3 key"
                              " pair) to --out, mode 0600.")
     p.add_argument("name", help="user name (what 'whoami' and 'user list' show)")
-    p.add_argument("--uid", type=int, required=True, help="the user's uid in the cluster")
-    p.add_argument("--gid", type=int, required=True, help="the user's primary gid")
-    p.add_argument("--groups", default="", help="supplementary gids, comma-separated")
+    p.add_argument("--uid", type=numbers.OWNER_ID, required=True, help="the user's uid in the cluster")
+    p.add_argument("--gid", type=numbers.OWNER_ID, required=True, help="the user's primary gid")
+    p.add_argument("--groups", type=numbers.ListOf(numbers.OWNER_ID), default=[], help="supplementary gids, comma-separated")
     p.add_argument("--admin", action="store_true", help="may add and remove users and drain servers")
     p.add_argument("--proxy", action="store_true",
                    help="may act for other uids (the credential of a multi-user FUSE mount on a node)")
@@ -241,7 +241,7 @@ def add_parsers(sub: Any) -> None:
     # Same default as the writer's own clean-up (tectofs.checkpoint_gc.PENDING_GRACE_S, not
     # imported for every command's --help; test_cli_options checks they agree). A failed save
     # deletes its pending directory itself; only crashed saves leave one.
-    p.add_argument("--older-than", type=float, default=24 * 3600.0,
+    p.add_argument("--older-than", type=numbers.seconds(), default=24 * 3600.0,
                    help="only leftovers untouched for this many seconds (default 86400 = 24 h, as the "
                         "automatic clean-up after each checkpoint commit; use less only when no save is running)")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed")

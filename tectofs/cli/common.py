@@ -1,4 +1,4 @@
-"""What every ``tectofs`` command shares: sizes, flags, the client connection, usage errors."""
+"""What every ``tectofs`` command shares: flags, the client connection, usage errors (numbers: :mod:`.numbers`)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,10 @@ import argparse
 import os
 from typing import Any, Callable
 
-from tectofs import limits
-
 from .output import human as _human  # noqa: F401  # servers and admin print sizes with it
 
 DEFAULT_PORT = 7420
 KEY_HELP = "cluster key file (default: $TECTOFS_KEY_FILE; 'tectofs init' or 'tectofs up' makes one)"
-
-
-def _size(text: str) -> int:
-    """``"64M"`` / ``"1GiB"`` / ``"4096"`` -> bytes."""
-    units = {"": 1, "K": limits.KiB, "M": limits.MiB, "G": limits.GiB}
-    value = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = value[-1] if value and value[-1] in "KMG" else ""
-    number = value[: len(value) - len(unit)]
-    try:
-        return int(float(number) * units[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 4096, 64M, 1G") from None
 
 
 def _metrics_listen(text: str) -> tuple[str, int]:

@@ -35,23 +35,27 @@ _WHAT = {"fuse": "the FUSE mount", "torch": "the PyTorch plugin", "s3": "the S3 
 _ERRNO_PREFIX = re.compile(r"^\[Errno \d+\] ")
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """The lines of ``text`` joined with ``; `` (what every error message is written as)."""
     return "; ".join(part.strip() for part in str(text).splitlines() if part.strip()) or "failed"
 
 
 def describe(exc: BaseException) -> tuple[str, int] | None:
-    """``(message, status)`` for an expected failure; None for anything else (a bug)."""
+    """``(message, status)`` for an expected failure; None for anything else (a bug). The
+    message may span lines (a newline in a file name): the caller escapes it for the terminal
+    (``output.shown``) and then makes it :func:`one_line`, so that on a terminal such a
+    newline shows as ``?`` instead of splitting the name."""
     from tectofs.errors import ConnectionLost, TectofsError, Timeout
 
     from .common import UsageError
     from .config import ConfigError
 
     if isinstance(exc, (UsageError, ConfigError)):
-        return _one_line(str(exc)), USAGE
+        return str(exc), USAGE
     if isinstance(exc, (ConnectionLost, Timeout, ConnectionRefusedError)):
-        return _one_line(str(exc)), UNREACHABLE
+        return str(exc), UNREACHABLE
     if isinstance(exc, TectofsError):
-        return _one_line(str(exc)), FAILED
+        return str(exc), FAILED
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         top = exc.name.split(".")[0]
         extra = EXTRAS.get(top)
@@ -64,5 +68,5 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
             return f"{_ERRNO_PREFIX.sub('', str(exc))} (another server is on that port: choose another with --port)", FAILED
         if exc.filename is not None and exc.strerror:
             return f"{exc.filename}: {exc.strerror}", FAILED
-        return _one_line(_ERRNO_PREFIX.sub("", str(exc))), FAILED
+        return _ERRNO_PREFIX.sub("", str(exc)), FAILED
     return None

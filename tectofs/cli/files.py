@@ -8,8 +8,8 @@ from typing import Any
 
 from tectofs import limits, paths
 
-from . import transfer
-from .common import UsageError, _client, _human, _size, client_command
+from . import numbers, output, transfer
+from .common import UsageError, _client, _human, client_command
 
 
 def _remote_path(argument: str) -> tuple[str | None, str]:
@@ -83,14 +83,14 @@ def cmd_set_policy(args: argparse.Namespace) -> None:
             from tectofs.checkpoint_gc import COMPRESS_XATTR
 
             fs.setxattr(args.path, COMPRESS_XATTR, args.compress.encode())
-            print(f"{args.path}: checkpoints saved below it through the PyTorch plugin are"
+            print(f"{output.shown(args.path)}: checkpoints saved below it through the PyTorch plugin are"
                   f" {'compressed (zstd on tensor planes)' if args.compress == 'zstd' else 'not compressed'}"
                   " unless the writer says otherwise")
         if args.policy is None and args.block_size is None and args.write_min is None:
             return
         st = fs.set_policy(args.path, policy=args.policy, block_size=args.block_size, write_min=args.write_min)
         minimum = f"write minimum {st.write_min}" if st.write_min else "the policy's write minimum"
-        print(f"{args.path}: new files below it get {st.policy}, {_human(st.block_size)} blocks, {minimum}"
+        print(f"{output.shown(args.path)}: new files below it get {st.policy}, {_human(st.block_size)} blocks, {minimum}"
               " (existing files keep theirs)")
 
 
@@ -140,12 +140,14 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("path", help="tectofs path of the new directory")
     p.add_argument("-p", "--parents", action="store_true", help="make missing parents too; no error if it exists")
     p.add_argument("--policy", help="durability policy for files below it: rs(k,m) or rep(n) (default: inherited)")
-    p.add_argument("--block-size", type=_size, help="block size of new files below it, e.g. 64M (default: inherited)")
+    p.add_argument("--block-size", type=numbers.BLOCK_SIZE,
+                   help="block size of new files below it, 64K to 64M, e.g. 4M (default: inherited)")
     p = client_command(sub, "set-policy", cmd_set_policy, "change the durability policy or block size new files below a directory get")
     p.add_argument("path", help="tectofs directory")
     p.add_argument("--policy", help="rs(k,m) or rep(n)")
-    p.add_argument("--block-size", type=_size, help="block size of new files below it, e.g. 64M")
-    p.add_argument("--write-min", type=int, help="chunks a block needs to be accepted while servers are missing"
+    p.add_argument("--block-size", type=numbers.BLOCK_SIZE, help="block size of new files below it, 64K to 64M, e.g. 4M")
+    p.add_argument("--write-min", type=numbers.count(1, limits.policy_width_max),
+                   help="chunks a block needs to be accepted while servers are missing"
                    " (default: k+1 for rs(k,m), 2 for rep(n)); the full width refuses degraded writes")
     p.add_argument("--compress", choices=["zstd", "off"],
                    help="default for PyTorch checkpoints saved below it: tensors compressed (zstd on byte planes:"

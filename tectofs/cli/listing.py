@@ -2,7 +2,8 @@
 
 Text output is for people (permission strings, octal modes, local times, ``-h`` sizes); the
 JSON output carries every field of the entry (``tectofs.client.Stat``) plus ``path``,
-``mode_octal``, ``permissions`` and ``*_iso`` UTC times, so scripts never parse text.
+``mode_octal``, ``permissions`` and ``*_iso`` UTC times, so scripts never parse text. Names
+and paths in text output go through ``output.shown`` (no control characters on a terminal).
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def _entries(fs: Any, path: str, show_all: bool) -> Iterator[tuple[str, str, Any
 
 def _long_line(name: str, st: Any, human: bool) -> str:
     size = output.short_human(st.size) if human else str(st.size)
-    suffix = f" -> {st.target}" if st.kind == "symlink" else ""
+    suffix = f" -> {output.shown(st.target)}" if st.kind == "symlink" else ""
     return (f"{output.permissions(st.kind, st.mode)} {st.nlink:>3} {st.uid:>5} {st.gid:>5} {size:>{6 if human else 13}}"
-            f" {output.local_time(st.mtime)} {st.policy:<8} {name}{suffix}")
+            f" {output.local_time(st.mtime)} {st.policy:<8} {output.shown(name)}{suffix}")
 
 
 def _walk(fs: Any, path: str, args: argparse.Namespace) -> Iterator[tuple[str, list[tuple[str, str, Any]]]]:
@@ -67,10 +68,10 @@ def cmd_ls(args: argparse.Namespace) -> None:
         for path in paths:
             for directory, entries in _walk(fs, path, args):
                 if headers:
-                    print(("" if first else "\n") + f"{directory}:")
+                    print(("" if first else "\n") + f"{output.shown(directory)}:")
                 first = False
                 for name, _, st in entries:
-                    print(_long_line(name, st, args.human_readable) if args.long else name)
+                    print(_long_line(name, st, args.human_readable) if args.long else output.shown(name))
 
 
 def cmd_stat(args: argparse.Namespace) -> None:
@@ -81,7 +82,7 @@ def cmd_stat(args: argparse.Namespace) -> None:
     if args.json:
         output.print_json(output.stat_dict(st, path=path, blocks=blocks))
         return
-    rows = [("path", path), ("kind", st.kind),
+    rows = [("path", output.shown(path)), ("kind", st.kind),
             ("size", f"{st.size} ({output.human(st.size)})"),
             ("stored", f"{st.stored} ({output.human(st.stored)}; holes and zero ends not stored)"),
             ("mode", f"{output.octal(st.mode)} ({output.permissions(st.kind, st.mode)})"),
@@ -89,7 +90,7 @@ def cmd_stat(args: argparse.Namespace) -> None:
             ("policy", st.policy), ("block size", f"{st.block_size} ({output.human(st.block_size)})"),
             ("write min", st.write_min or "the policy's")]
     if st.kind == "symlink":
-        rows.append(("target", st.target))
+        rows.append(("target", output.shown(st.target)))
     if st.kind in ("char", "block"):
         rows.append(("device", f"{st.rdev >> 8},{st.rdev & 0xFF}"))
     rows += [("accessed", output.local_time(st.atime, precise=True)),
@@ -131,7 +132,7 @@ def cmd_du(args: argparse.Namespace) -> None:
         output.print_json(report)
         return
     for row in report:
-        print(f"{output.short_human(row['bytes']) if args.human_readable else row['bytes']}\t{row['path']}")
+        print(f"{output.short_human(row['bytes']) if args.human_readable else row['bytes']}\t{output.shown(row['path'])}")
 
 
 def cmd_df(args: argparse.Namespace) -> None:
@@ -145,7 +146,7 @@ def cmd_df(args: argparse.Namespace) -> None:
     capacity, used = statfs["capacity"], statfs["used"]
     percent = f"{100 * used // capacity}%" if capacity else "-"
     rows = [("Cluster", "Size", "Used", "Avail", "Use%", "Usable", "Usable-avail", "Policy", "Inodes"),
-            (address, size(capacity), size(used), size(capacity - used), percent, size(statfs.get("usable", 0)),
+            (output.shown(address), size(capacity), size(used), size(capacity - used), percent, size(statfs.get("usable", 0)),
              size(statfs.get("usable_free", 0)), statfs.get("policy", ""), str(statfs["files"]))]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:

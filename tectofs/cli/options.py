@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any, NoReturn
 
 from tectofs import logs
 
 from . import config
 from .common import UsageError
+from .output import shown
 
 # dest -> default when no position gave it
 _LOGGING_DEFAULTS: dict[str, Any] = {"verbose": False, "quiet": False, "log_level": None, "log_format": None,
@@ -33,7 +35,7 @@ class Parser(argparse.ArgumentParser):
     """Usage errors as one line, ``tectofs CMD: message``, exit status 2 (subcommands inherit the class)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} ('{self.prog} --help' lists the options)\n")
+        self.exit(2, f"{self.prog}: {shown(message, sys.stderr)} ('{self.prog} --help' lists the options)\n")
 
 
 class _Version(argparse.Action):

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .output import human
+from .output import human, shown
 
 
 class Progress:
@@ -30,7 +30,7 @@ class Progress:
 
     def describe(self, name: str) -> None:
         """Name the file now moving (shown at the end of the line)."""
-        self.name = name
+        self.name = shown(name, self.stream)  # drawn only on a terminal
         self._draw(force=True)
 
     def update(self, n: int) -> None:

@@ -12,27 +12,22 @@ from typing import Any, Callable
 
 from tectofs import diagnostics, limits
 
+from . import numbers
 from .common import (
     DEFAULT_PORT,
     KEY_HELP,
     UsageError,
     _human,
     _meta_address,
-    _size,
     _write_atomically,
     add_metrics_flags,
     add_tls_flags,
     client_command,
 )
 
-
-def _pack_max(text: str) -> int:
-    """``--pack-max SIZE``: 0 (off) up to ``limits.chunk_pack_max_bytes_max``."""
-    size = _size(text)
-    if not 0 <= size <= limits.chunk_pack_max_bytes_max:
-        raise argparse.ArgumentTypeError(f"{text}: packed chunks can be 0 (off) to"
-                                         f" {limits.chunk_pack_max_bytes_max // limits.MiB}M")
-    return size
+_PACK_MAX = numbers.size(0, limits.chunk_pack_max_bytes_max)  # --pack-max: 0 is off
+_POSITIVE_SECONDS = numbers.seconds(above_low=True)  # intervals and lifetimes: 0 would spin or expire at once
+_SECONDS = numbers.seconds()
 
 
 def _advertise(text: str) -> str:
@@ -261,24 +256,24 @@ def add_parsers(sub: Any) -> None:
                        "running it again with the same root brings the same files back.")
     p.add_argument("--root", default=None,
                    help="state directory (default ./tectofs-data; with --check a new temporary one)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"metadata service port (default {DEFAULT_PORT}; 0 = any)")
+    p.add_argument("--port", type=numbers.PORT, default=DEFAULT_PORT, help=f"metadata service port (default {DEFAULT_PORT}; 0 = any)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 needs"
                    " --advertise)")
     p.add_argument("--advertise", metavar="HOST", type=_advertise_host,
                    help="the host others reach every server at (each keeps its own port)")
-    p.add_argument("--servers", type=int, default=6, help="chunk servers to start (default 6)")
+    p.add_argument("--servers", type=numbers.count(1, limits.servers_max), default=6, help="chunk servers to start (default 6)")
     p.add_argument("--policy", default="rs(4,2)", help="durability policy of / (default rs(4,2); or rep(n))")
-    p.add_argument("--block-size", type=_size, default=limits.block_size_default_bytes, help="block size (default 64M)")
+    p.add_argument("--block-size", type=numbers.BLOCK_SIZE, default=limits.block_size_default_bytes, help="block size (default 64M)")
     p.add_argument("--mount", metavar="MOUNTPOINT", help="also mount the cluster there with FUSE")
     p.add_argument("--check", action="store_true", help="start, write and verify a file, then stop (a smoke test)")
-    p.add_argument("--repair-after", type=float, default=limits.repair_after_s, metavar="SECONDS",
+    p.add_argument("--repair-after", type=_SECONDS, default=limits.repair_after_s, metavar="SECONDS",
                    help=f"rebuild the chunks of a server dead this long (default {limits.repair_after_s:.0f})")
-    p.add_argument("--pack-max", type=_pack_max, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",
+    p.add_argument("--pack-max", type=_PACK_MAX, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",
                    help="chunk servers pack chunks up to SIZE into shared segment files (tectofs chunk --pack-max;"
                    f" 0: a file per chunk; default {limits.chunk_pack_max_bytes_default // limits.MiB}M)")
-    p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+    p.add_argument("--scrub-rate", type=numbers.rate(), default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="background checksum verification per chunk server, MiB/s (0: off; default %(default)s)")
-    p.add_argument("--s3", type=int, metavar="PORT",
+    p.add_argument("--s3", type=numbers.PORT, metavar="PORT",
                    help="also serve S3 on this port (0: any); root's keys go to ROOT/credentials/s3.env")
     p.add_argument("--tls", action="store_true",
                    help="TLS on every connection, with a CA and certificate made under --root (clients then need"
@@ -294,29 +289,29 @@ def add_parsers(sub: Any) -> None:
                        " store, for failover). Runs until SIGINT/SIGTERM.")
     p.add_argument("--store", default="meta.db", help="SQLite file or postgresql:// URL (default meta.db)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every one)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: any)")
+    p.add_argument("--port", type=numbers.PORT, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: any)")
     p.add_argument("--advertise", metavar="HOST[:PORT]", type=_advertise,
                    help="the address other hosts reach this service at (PORT: the bound one by default), reported by"
                    " 'tectofs status' with the metrics URL; needed with --metrics on a wildcard and --host 0.0.0.0")
     p.add_argument("--policy", default="rs(4,2)", help="policy of / on a new store")
-    p.add_argument("--block-size", type=_size, default=limits.block_size_default_bytes,
+    p.add_argument("--block-size", type=numbers.BLOCK_SIZE, default=limits.block_size_default_bytes,
                    help="block size of / on a new store (default 64M; directories can set their own)")
-    p.add_argument("--dead-after", type=float, default=limits.server_dead_after_s,
+    p.add_argument("--dead-after", type=_POSITIVE_SECONDS, default=limits.server_dead_after_s,
                    help="seconds without heartbeat before a chunk server counts as dead")
-    p.add_argument("--gc-delay", type=float, default=30.0, help="seconds before deleted chunks are removed")
-    p.add_argument("--allocation-grace", type=float, default=limits.allocation_grace_s,
+    p.add_argument("--gc-delay", type=_SECONDS, default=30.0, help="seconds before deleted chunks are removed")
+    p.add_argument("--allocation-grace", type=_POSITIVE_SECONDS, default=limits.allocation_grace_s,
                    help="seconds before blocks allocated but never committed (a crashed writer) are collected")
-    p.add_argument("--repair-after", type=float, default=limits.repair_after_s, metavar="SECONDS",
+    p.add_argument("--repair-after", type=_SECONDS, default=limits.repair_after_s, metavar="SECONDS",
                    help="rebuild elsewhere the chunks of a chunk server dead this long (default %(default)s, like"
                    " Ceph's down-out interval: a reboot does not trigger a rebuild)")
-    p.add_argument("--repair-interval", type=float, default=limits.repair_interval_s, metavar="SECONDS",
+    p.add_argument("--repair-interval", type=_POSITIVE_SECONDS, default=limits.repair_interval_s, metavar="SECONDS",
                    help="how often to look for chunks to rebuild (default %(default)s)")
-    p.add_argument("--orphan-grace", type=float, default=limits.orphan_grace_s, metavar="SECONDS",
+    p.add_argument("--orphan-grace", type=_SECONDS, default=limits.orphan_grace_s, metavar="SECONDS",
                    help="collect chunks no file refers to this long after an inventory found them (default %(default)s)")
     p.add_argument("--ready-file", help="write the listening address here once serving")
     p.add_argument("--key-file", help=KEY_HELP)
     add_tls_flags(p, serves=True)
-    p.add_argument("--capability-ttl", type=float, default=limits.capability_ttl_s, metavar="SECONDS",
+    p.add_argument("--capability-ttl", type=_POSITIVE_SECONDS, default=limits.capability_ttl_s, metavar="SECONDS",
                    help="how long the chunk capabilities in layouts and allocations are valid (default %(default)s)")
     add_metrics_flags(p)
     p.set_defaults(fn=cmd_meta)
@@ -332,32 +327,33 @@ def add_parsers(sub: Any) -> None:
                    " (default: $TECTOFS_META)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 needs"
                    " --advertise)")
-    p.add_argument("--port", type=int, default=0, help="port (default: any free one)")
+    p.add_argument("--port", type=numbers.PORT, default=0, help="port (default: any free one)")
     p.add_argument("--advertise", metavar="HOST[:PORT]", type=_advertise,
                    help="the address registered with the metadata service, which clients and other chunk servers"
                    " connect to (PORT: the bound one by default; default: --host:--port, refused for a wildcard)")
-    p.add_argument("--inflight-max", type=_size, default=limits.chunk_inflight_bytes_max,
+    p.add_argument("--inflight-max", type=numbers.size(), default=limits.chunk_inflight_bytes_max,
                    help="bytes being received at once before answering BUSY (default 512M)")
-    p.add_argument("--heartbeat", type=float, default=limits.heartbeat_interval_s, help="heartbeat interval, seconds")
+    p.add_argument("--heartbeat", type=_POSITIVE_SECONDS, default=limits.heartbeat_interval_s, help="heartbeat interval, seconds")
     p.add_argument("--sync", choices=["each", "group"], default="each",
                    help="durability before acknowledging a chunk: fdatasync + directory fsync per chunk "
                    "(each, default) or one syncfs shared by concurrent writes (group: for a dedicated data device)")
     p.add_argument("--no-sync", action="store_true", help="acknowledge before data is durable (network benchmarks only)")
-    p.add_argument("--pack-max", type=_pack_max, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",
+    p.add_argument("--pack-max", type=_PACK_MAX, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",
                    help="pack chunks up to SIZE (e.g. 1M) into shared segment files, made durable by one fdatasync"
                    " per batch of writes instead of a file, a sync and a directory fsync each: for bursts of small"
                    f" shards (0: a file per chunk; default {limits.chunk_pack_max_bytes_default // limits.MiB}M,"
                    f" at most {limits.chunk_pack_max_bytes_max // limits.MiB}M)")
-    p.add_argument("--scrub-rate", type=float, default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+    p.add_argument("--scrub-rate", type=numbers.rate(), default=limits.scrub_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="re-verify every chunk's checksums in the background at this rate (0: off; default %(default)s)")
-    p.add_argument("--scrub-interval", type=float, default=limits.scrub_pass_interval_s, metavar="SECONDS",
+    p.add_argument("--scrub-interval", type=_POSITIVE_SECONDS, default=limits.scrub_pass_interval_s, metavar="SECONDS",
                    help="start a scrub pass at most this often (default %(default)s; a pass over a large disk"
                    " takes longer at the rate)")
-    p.add_argument("--repair-rate", type=float, default=limits.repair_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
+    p.add_argument("--repair-rate", type=numbers.rate(), default=limits.repair_rate_bytes_per_s / limits.MiB, metavar="MIB_S",
                    help="bytes pulled from peers to rebuild chunks, per second (0: unlimited; default %(default)s)")
-    p.add_argument("--repair-concurrency", type=int, default=limits.repair_concurrency_per_server, metavar="N",
+    p.add_argument("--repair-concurrency", type=numbers.count(1, limits.repair_concurrency_per_server_max),
+                   default=limits.repair_concurrency_per_server, metavar="N",
                    help="chunks rebuilt at once (default %(default)s)")
-    p.add_argument("--inventory-interval", type=float, default=limits.inventory_interval_s, metavar="SECONDS",
+    p.add_argument("--inventory-interval", type=_POSITIVE_SECONDS, default=limits.inventory_interval_s, metavar="SECONDS",
                    help="full report of the chunks on disk to the metadata service, after the one at start"
                    " (default %(default)s)")
     p.add_argument("--ready-file", help="write the listening address here once serving")
@@ -371,8 +367,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--daemon", action="store_true",
                    help="detach into the background; it logs to --log-file, else ~/.local/state/tectofs/")
     p.add_argument("--single-thread", action="store_true", help="serve one kernel request at a time")
-    p.add_argument("--attr-timeout", type=float, default=1.0, help="attribute/entry cache seconds (default 1)")
-    p.add_argument("--negative-entry-cache", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--attr-timeout", type=_SECONDS, default=1.0, help="attribute/entry cache seconds (default 1)")
+    p.add_argument("--negative-entry-cache", type=_SECONDS, default=0.0, metavar="SECONDS",
                    help="in directories made through this mount, answer lookups of absent names without asking the"
                    " metadata service for this long after the mount's last change there: creates take one call"
                    " instead of two, but another client's new file there may read as absent that long (default 0:"

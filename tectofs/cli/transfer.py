@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from tectofs import limits
 
 from .common import UsageError
-from .output import human
+from .output import human, shown
 from .progress import Progress
 
 PREFIX = "tectofs:"
@@ -208,7 +208,7 @@ def copy(src: Endpoint, sources: list[str], dst: Endpoint, target: str, recursiv
     print a summary on stdout unless ``quiet``. Returns the plan carried out."""
     todo = plan(src, sources, dst, target, recursive)
     for skipped in [] if quiet else todo.skipped:
-        print(f"skipping {skipped}: not a regular file or directory", file=sys.stderr)
+        print(f"skipping {shown(skipped, sys.stderr)}: not a regular file or directory", file=sys.stderr)
     started = time.monotonic()
     buffer = memoryview(bytearray(8 * limits.MiB))
     with Progress(todo.total, enabled=not quiet) as bar:
@@ -224,7 +224,7 @@ def copy(src: Endpoint, sources: list[str], dst: Endpoint, target: str, recursiv
     if not quiet:
         what = (f"{src.show(todo.files[0][0])} -> {dst.show(todo.files[0][1])}" if len(todo.files) == 1 and not todo.dirs
                 else f"{len(todo.files)} files, {len(todo.dirs)} directories -> {dst.show(target)}")
-        print(f"{what}: {human(bar.done)} in {elapsed:.2f}s ({human(bar.done / elapsed)}/s)")
+        print(f"{shown(what)}: {human(bar.done)} in {elapsed:.2f}s ({human(bar.done / elapsed)}/s)")
     return todo
 
 

@@ -28,11 +28,14 @@ def write_env_file(path: str, credential: Any) -> str:
 
 
 def _listen(text: str) -> tuple[str, int]:
+    """``--listen HOST:PORT`` (``:PORT``: 127.0.0.1), the port checked as every tectofs port option's."""
+    from tectofs.cli.numbers import PORT
+
     host, _, port = text.rpartition(":")
     try:
-        return host or "127.0.0.1", int(port)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad --listen {text!r}: use HOST:PORT") from None
+        return host or "127.0.0.1", PORT(port)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"bad --listen {text!r}: use HOST:PORT ({exc})") from None
 
 
 def cmd_serve(args: argparse.Namespace, serve: Callable[..., None]) -> None:
