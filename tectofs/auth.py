@@ -26,8 +26,9 @@ service serves it nothing but ping.
 
 **Capabilities** (as pNFS layouts and Ceph's cephx tickets). The metadata service signs, per
 block, ``HMAC(key, "cap", block id, mode, expiry)`` (16 bytes) into layouts (mode ``r``) and
-allocations (``w``); a chunk server checks every anonymous get and put against it: no network
-call, one HMAC (about 1 µs).
+allocations (``w``; these also sign the caller's uid, the principal whose share of a chunk
+server's in-flight budget the puts draw on: ``server/chunk/admission.py``); a chunk server
+checks every anonymous get and put against it: no network call, one HMAC (about 1 µs).
 """
 
 from __future__ import annotations

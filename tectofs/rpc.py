@@ -13,7 +13,8 @@ gets the same class re-raised by :meth:`RpcClient.call`.
 
 Every connection opens with a hello (``messages.Hello``: role and protocol version) before
 anything else: a server closes a connection that sends anything else first (at once), or
-nothing within ``limits.hello_wait_server_s`` (``ConnectionPolicy.hello_wait_s``); a client that gets bytes that are not a tectofs
+that has not finished its hello (and authentication) within ``limits.hello_wait_server_s``
+(``ConnectionPolicy.hello_wait_s``); a client that gets bytes that are not a tectofs
 frame fails at once with an error that says the peer is not a tectofs server, and one that
 gets no answer within ``limits.hello_timeout_s`` (twice) says that.
 
