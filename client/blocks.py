@@ -101,16 +101,27 @@ class BlockIO:
         policy = parse_policy(allocation.policy)
         chunks, crcs = encoded
         failed: set[int] = set()
+        busy: dict[int, str] = {}  # of the failed servers, those that answered BUSY (admission): id -> address
         try:
             for attempt in range(limits.placement_attempts_max):
                 try:
-                    return await self._place(idx, length, allocation, policy, chunks, crcs, failed)
+                    return await self._place(idx, length, allocation, policy, chunks, crcs, failed, busy)
                 except NoSpace:
                     if reallocate is None or not failed or attempt + 1 == limits.placement_attempts_max:
                         raise
                     log.info("block %d: servers %s failed; asking for a new placement", idx, sorted(failed))
                     self.metrics.retried("chunk", "placement")
-                    allocation = await reallocate(failed)
+                    try:
+                        allocation = await reallocate(failed)
+                    except NoSpace as exc:
+                        if not busy:
+                            raise
+                        # The servers are live, just full: say so, not "0 are live" (the
+                        # metadata service was asked to leave out every server that failed).
+                        raise Busy(
+                            f"block {idx}: {len(busy)} of the {len(failed)} chunk servers that failed it are busy"
+                            f" (their in-flight admission budget is taken: {', '.join(sorted(busy.values()))});"
+                            f" none other is left ({exc}); retry later") from None
             raise AssertionError("unreachable")
         finally:
             if policy.kind == "rs":
@@ -119,7 +130,7 @@ class BlockIO:
 
     async def _place(
         self, idx: int, length: int, allocation: messages.Allocation, policy: Any, chunks: list[Any],
-        crcs: list[Any], failed: set[int],
+        crcs: list[Any], failed: set[int], busy: dict[int, str],
     ) -> messages.Block:
         """Put chunk ``p`` on primary server ``p``. A put that fails moves to a spare; a put
         that is much slower than its siblings is *hedged*: the same chunk also goes to a spare
@@ -139,8 +150,10 @@ class BlockIO:
             started = loop.time()
             try:
                 await self._put(server.address, block_id, position, chunks[position], crcs[position], allocation.cap)
-            except _SERVER_FAILURES:
+            except _SERVER_FAILURES as exc:
                 failed.add(server.server_id)
+                if isinstance(exc, Busy):
+                    busy[server.server_id] = server.address or str(server.server_id)
                 raise
             finished_s.append(loop.time() - started)
             return messages.ChunkRef(

@@ -26,8 +26,9 @@ service serves it nothing but ping.
 
 **Capabilities** (as pNFS layouts and Ceph's cephx tickets). The metadata service signs, per
 block, ``HMAC(key, "cap", block id, mode, expiry)`` (16 bytes) into layouts (mode ``r``) and
-allocations (``w``); a chunk server checks every anonymous get and put against it: no network
-call, one HMAC (about 1 µs).
+allocations (``w``; these also sign the caller's uid, the principal whose share of a chunk
+server's in-flight budget the puts draw on: ``server/chunk/admission.py``); a chunk server
+checks every anonymous get and put against it: no network call, one HMAC (about 1 µs).
 
 **File handles** (as NFS servers' file handles, with the secret an NFS server keeps in its
 generation numbers). Inode numbers are small sequential integers, so they cannot be what grants
@@ -377,23 +378,31 @@ def check_server_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes, 
 # ---------------------------------------------------------------------------- capabilities
 
 
-def sign_capability(ring: KeyRing, block_id: int, mode: str, expiry: int) -> tuple[str, bytes]:
+def _capability_mac(key: bytes, block_id: int, mode: str, expiry: int, uid: int | None) -> bytes:
+    # Without a uid: the original message (capabilities of older metadata services stay valid);
+    # with one, a part more, so neither form can pass for the other (parts are length-prefixed).
+    parts: tuple[int | str, ...] = (block_id, mode, expiry) if uid is None else (block_id, mode, expiry, uid)
+    return mac(key, "tectofs cap", *parts)[:CAP_MAC_BYTES]
+
+
+def sign_capability(ring: KeyRing, block_id: int, mode: str, expiry: int, uid: int | None = None) -> tuple[str, bytes]:
     """The key id and 16-byte MAC that let a client ``mode`` ("r" or "w") block ``block_id``
-    until ``expiry`` (seconds since 1970)."""
+    until ``expiry`` (seconds since 1970); ``uid``, if given, is signed in too (who the
+    capability was issued to: chunk servers share their admission budget by it)."""
     key_id, key = ring.signing
-    return key_id, mac(key, "tectofs cap", block_id, mode, expiry)[:CAP_MAC_BYTES]
+    return key_id, _capability_mac(key, block_id, mode, expiry, uid)
 
 
 def check_capability(ring: KeyRing, block_id: int, mode: str, expiry: int, key_id: str, tag: bytes,
-                     now: float | None = None) -> None:
-    """Raise unless ``tag`` is a capability the cluster signed for this block and mode that
-    has not expired."""
+                     now: float | None = None, uid: int | None = None) -> None:
+    """Raise unless ``tag`` is a capability the cluster signed for this block, mode and
+    ``uid`` (None: one signed without a uid) that has not expired."""
     if not tag:
         raise CapabilityRefused(f"no capability for block {block_id}: ask the metadata service for a layout")
     key = ring.get(key_id)
     if key is None:
         raise CapabilityRefused(f"capability for block {block_id} signed with unknown key {key_id[:40]!r}")
-    if not hmac.compare_digest(tag, mac(key, "tectofs cap", block_id, mode, expiry)[:CAP_MAC_BYTES]):
+    if not hmac.compare_digest(tag, _capability_mac(key, block_id, mode, expiry, uid)):
         raise CapabilityRefused(f"forged or mismatched capability for block {block_id} ({mode})")
     if (time.time() if now is None else now) > expiry:
         raise CapabilityExpired(f"capability for block {block_id} expired; fetch a fresh layout")

@@ -5,11 +5,30 @@ how long one may stall mid-frame or sit idle (``RpcServer`` in ``tectofs.rpc``).
   file descriptor limit leaves, after raising its soft limit to the hard one) and
   ``connections_per_peer_max`` from one IP address. A connection over a cap gets one ERROR
   frame (``Busy``: clients retry with backoff) that says which limit, and is closed; the
-  connections already served are not affected.
+  connections already served are not affected, except as follows.
+- **Unauthenticated connections cannot crowd out the others** (issue 29, part 3). On a server
+  that pools them (``RpcServer(pool_anonymous=True)``: the metadata service, where anonymous
+  peers may only ping), every connection is in the *anonymous pool* from accept until its
+  hello's authentication checks out; the pool holds at most ``anonymous_connections_max``
+  (1,024), and a new connection that finds it (or the server) full evicts the oldest pooled one
+  (an ERROR frame, ``Busy``, then closed). So authenticated connections always keep
+  ``connections_max - anonymous_connections_max`` places, and a new client's connection is
+  evicted only after a thousand newer ones. The handshake itself is bounded:
+  ``hello_wait_s`` (10 s) after connecting, hello and authentication must be done.
+- **Per-peer fairness where everyone is anonymous** (chunk servers: clients carry
+  capabilities, not credentials). A new connection that finds the server full, from a peer
+  address holding fewer than its fair share (``connections_max`` / peers), evicts the longest
+  idle connection (no frame begun, no request in flight; among the first
+  ``limits.eviction_scan_max`` in connection order) of the peer holding the most; with none
+  idle, it is refused as before.
 - **Stalls.** A connection whose begun frame gets no byte for ``frame_stall_timeout_s``, or
   that has not finished it within that timeout plus its size at
-  ``frame_receive_rate_min_bytes_per_s``, gets an ERROR frame (``Timeout``) and is closed:
-  whatever its frame reserved (a chunk server's admission budget) is released with it.
+  ``frame_receive_rate_min_bytes_per_s``, or that got less than ``frame_progress_window_s``
+  of bytes at ``frame_progress_min_bytes_per_s`` over the last such window (sliding, sampled
+  by the sweep; not while the server itself paused reading it), gets an ERROR frame
+  (``Timeout``) and is closed: whatever its frame reserved (a chunk server's admission
+  budget) is released with it. The window is what makes a trickle cheap to survive: a byte
+  every few seconds kept a 64 MiB reservation for 94 s under the whole-frame deadline alone.
 - **Idleness.** A connection with no frame in flight and no request being served for
   ``connection_idle_timeout_s`` is closed without a word (clients reconnect transparently).
 
@@ -22,6 +41,7 @@ use to see timeouts in seconds.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import os
@@ -46,7 +66,10 @@ class ConnectionPolicy:
     frame_stall_timeout_s: float = limits.frame_stall_timeout_s
     frame_receive_rate_min_bytes_per_s: float = limits.frame_receive_rate_min_bytes_per_s
     connection_idle_timeout_s: float = limits.connection_idle_timeout_s
-    hello_wait_s: float = limits.hello_wait_server_s  # a connection that sent no hello by then is closed
+    hello_wait_s: float = limits.hello_wait_server_s  # a connection whose hello (and auth) is not done by then is closed
+    frame_progress_window_s: float = limits.frame_progress_window_s
+    frame_progress_min_bytes_per_s: float = limits.frame_progress_min_bytes_per_s
+    anonymous_connections_max: int = limits.anonymous_connections_max  # where the server pools them
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ConnectionPolicy":
@@ -69,7 +92,8 @@ class ConnectionPolicy:
 
     @property
     def sweep_interval_s(self) -> float:
-        return min(2.0, max(0.05, min(self.frame_stall_timeout_s, self.connection_idle_timeout_s) / 10))
+        return min(2.0, self.frame_progress_window_s / 4,
+                   max(0.05, min(self.frame_stall_timeout_s, self.connection_idle_timeout_s) / 10))
 
 
 def raise_fd_limit() -> int:
@@ -88,6 +112,27 @@ def raise_fd_limit() -> int:
         except (ValueError, OSError) as exc:
             log.info("cannot raise the open files limit from %d to %d: %s", soft, target, exc)
     return soft if soft != infinite else 1 << 31
+
+
+class ProgressWindow:
+    """The bytes one connection received over its last ``window_s`` seconds, from samples the
+    sweep takes (``(time, bytes received so far)``): the oldest kept is the newest one at least
+    ``window_s`` old, so the window slides with the sweep instead of restarting."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self) -> None:
+        self.samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def too_slow(self, now: float, received_bytes: int, window_s: float, rate_min_bytes_per_s: float) -> bool:
+        """Record a sample; whether, watched for a whole window, fewer than ``window_s`` x
+        ``rate_min_bytes_per_s`` bytes arrived within it."""
+        samples = self.samples
+        samples.append((now, received_bytes))
+        while len(samples) > 1 and now - samples[1][0] >= window_s:
+            samples.popleft()
+        started_s, started_bytes = samples[0]
+        return now - started_s >= window_s and received_bytes - started_bytes < window_s * rate_min_bytes_per_s
 
 
 def _peer_ip(transport: asyncio.BaseTransport) -> str:
@@ -111,9 +156,14 @@ class ConnectionGuard:
             log.info("%s: at most %d connections (the open files limit leaves that many; connections_max is %d)",
                      server.name, self.connections_max, policy.connections_max)
         self.admitted = 0
-        self.per_peer: dict[str, int] = {}
-        self.stats = {"refused": 0, "stalled": 0, "idle_closed": 0}
+        # Each peer address's connections, in connection order (dicts keep insertion order).
+        self.per_peer: dict[str, dict["_ServerConnection", None]] = {}
+        # The server's unauthenticated connections, oldest first (servers that pool them only).
+        self.pool_anonymous = bool(getattr(server, "pool_anonymous", False))
+        self.anonymous: dict["_ServerConnection", None] = {}
+        self.stats = {"refused": 0, "stalled": 0, "idle_closed": 0, "evicted": 0}
         self.lingering = 0
+        self._last_sweep_s = 0.0
         self._log = RateLimitedLog(log, limits.peer_log_lines_per_s, f"connections closed by the {server.name}")
         self._listener: asyncio.base_events.Server | None = None
 
@@ -125,20 +175,36 @@ class ConnectionGuard:
     # ------------------------------------------------------------------ caps
 
     def admit(self, conn: "_ServerConnection") -> bool:
+        """Count a new connection in, evicting another to make room where the policy says so;
+        False: refused (handed an ERROR frame)."""
         assert conn.transport is not None
         ip = _peer_ip(conn.transport)
-        from_peer = self.per_peer.get(ip, 0)
+        from_peer = len(self.per_peer.get(ip, ()))
         name = self.server.name
-        if self.admitted >= self.connections_max:
-            reason = (f"the {name} has {self.admitted} connections, its limit; retry later"
-                      f" (or raise TECTOFS_CONNECTIONS_MAX and the open files limit)")
-        elif from_peer >= self.policy.connections_per_peer_max:
+        reason = ""
+        if from_peer >= self.policy.connections_per_peer_max:
             reason = (f"the {name} has {from_peer} connections from {ip}, its limit per peer address;"
                       f" retry later (or raise TECTOFS_CONNECTIONS_PER_PEER_MAX)")
-        else:
+        elif self.pool_anonymous:
+            if self.admitted >= self.connections_max or len(self.anonymous) >= self.policy.anonymous_connections_max:
+                if self.anonymous:
+                    self.evict(next(iter(self.anonymous)), f"{len(self.anonymous)} unauthenticated connections,"
+                               f" its limit for them (oldest closed first; authenticate in the hello)")
+                else:
+                    reason = self._full(name)
+        elif self.admitted >= self.connections_max:
+            victim = self._idle_victim(ip, from_peer)
+            if victim is None:
+                reason = self._full(name)
+            else:
+                self.evict(victim, f"{self.admitted} connections, its limit (the longest idle of the peer address"
+                           f" holding the most is closed for another peer's)")
+        if not reason:
             conn.peer_ip = ip
-            self.per_peer[ip] = from_peer + 1
+            self.per_peer.setdefault(ip, {})[conn] = None
             self.admitted += 1
+            if self.pool_anonymous:
+                self.anonymous[conn] = None
             conn.received_s = conn.frame_started_s = conn.quiet_since_s = time.monotonic()
             return True
         self.stats["refused"] += 1
@@ -147,16 +213,50 @@ class ConnectionGuard:
         conn.transport.set_protocol(refusal)
         return False
 
+    def _full(self, name: str) -> str:
+        return (f"the {name} has {self.admitted} connections, its limit; retry later"
+                f" (or raise TECTOFS_CONNECTIONS_MAX and the open files limit)")
+
+    def _idle_victim(self, ip: str, from_peer: int) -> "_ServerConnection | None":
+        """The connection to close for a newcomer from ``ip`` at the cap: the longest idle one
+        of the peer address holding the most, if ``ip`` holds less than its fair share."""
+        peers = len(self.per_peer) + (ip not in self.per_peer)
+        if from_peer >= self.connections_max / peers:
+            return None  # it has its share already
+        busiest = max(self.per_peer, key=lambda peer: len(self.per_peer[peer]))
+        return longest_idle(self.per_peer[busiest], limits.eviction_scan_max)
+
+    def authenticated(self, conn: "_ServerConnection") -> None:
+        """``conn``'s hello proved who it is: it leaves the anonymous pool."""
+        self.anonymous.pop(conn, None)
+
+    def evict(self, conn: "_ServerConnection", why: str) -> None:
+        """Close ``conn`` to make room (uncounted at once), telling it why."""
+        self.stats["evicted"] += 1
+        self.release(conn)
+        message = f"the {self.server.name} closed the connection: {why}"
+        self._log.warning("%s: closing the connection from %s: %s", self.server.name, conn.peer, why)
+        transport = conn.transport
+        if transport is None or transport.is_closing():
+            return
+        if getattr(conn, "sending_file", False):  # an error frame now would land inside a file's bytes
+            transport.abort()
+            return
+        try:
+            transport.write(encode_error(0, Busy(message)))
+        finally:
+            transport.close()
+
     def release(self, conn: "_ServerConnection") -> None:
         ip = conn.peer_ip
         if ip is None:
             return
         conn.peer_ip = None
         self.admitted -= 1
-        left = self.per_peer[ip] - 1
-        if left:
-            self.per_peer[ip] = left
-        else:
+        self.anonymous.pop(conn, None)
+        from_peer = self.per_peer[ip]
+        del from_peer[conn]
+        if not from_peer:
             del self.per_peer[ip]
 
     # ------------------------------------------------------------------ stalls and idleness
@@ -170,8 +270,13 @@ class ConnectionGuard:
             asyncio.get_running_loop().call_later(self.policy.sweep_interval_s, self._sweep)
 
     def check(self, now: float) -> None:
-        """Close the connections that stalled mid-frame or sat idle too long, as of ``now``."""
+        """Close the connections that stalled mid-frame, sent too slowly over the last window or
+        sat idle too long, as of ``now``."""
         policy = self.policy
+        # A late sweep means this server's loop was busy, not that its peers were slow: the
+        # progress windows restart rather than blame them.
+        late = self._last_sweep_s > 0 and now - self._last_sweep_s > max(1.0, policy.frame_progress_window_s / 2)
+        self._last_sweep_s = now
         for conn in list(self.server.connections):
             transport = conn.transport
             if transport is None or transport.is_closing():
@@ -181,11 +286,24 @@ class ConnectionGuard:
                 silent_s = now - conn.received_s
                 rate = policy.frame_receive_rate_min_bytes_per_s
                 allowed_s = policy.frame_stall_timeout_s + decoder.frame_bytes / rate
-                if silent_s > policy.frame_stall_timeout_s:
+                if late or conn.reading_paused:
+                    conn.progress = None
+                elif silent_s > policy.frame_stall_timeout_s:
                     self._close_stalled(conn, f"no byte of the frame it began for {silent_s:.0f} s")
+                    continue
                 elif now - conn.frame_started_s > allowed_s:
                     self._close_stalled(conn, f"its frame of {decoder.frame_bytes} bytes took over {allowed_s:.0f} s")
-            elif conn.inflight or not conn.greeted:
+                    continue
+                else:
+                    if conn.progress is None:
+                        conn.progress = ProgressWindow()
+                    window_s = policy.frame_progress_window_s
+                    if conn.progress.too_slow(now, conn.bytes_received, window_s, policy.frame_progress_min_bytes_per_s):
+                        self._close_stalled(conn, f"its frame of {decoder.frame_bytes} bytes arrives slower than"
+                                            f" {policy.frame_progress_min_bytes_per_s:.0f} bytes/s over {window_s:g} s")
+                continue
+            conn.progress = None
+            if conn.inflight or not conn.greeted:
                 conn.quiet_since_s = now  # serving it (or the hello deadline watches it)
             elif now - max(conn.quiet_since_s, conn.received_s) > policy.connection_idle_timeout_s:
                 self.stats["idle_closed"] += 1
@@ -204,6 +322,24 @@ class ConnectionGuard:
             conn.transport.write(encode_error(0, Timeout(message)))
         finally:
             conn.transport.close()
+
+
+def _idle(conn: "_ServerConnection") -> bool:
+    return conn.greeted and not conn.inflight and not conn.decoder.mid_frame and not conn.sending_file
+
+
+def longest_idle(connections: "dict[_ServerConnection, None]", scan_max: int) -> "_ServerConnection | None":
+    """Of the first ``scan_max`` of ``connections`` (oldest first), the idle one (greeted, no
+    frame begun, no request in flight) quiet the longest; None if none is idle. Bounded, so a
+    server at its cap pays a fixed price per newcomer."""
+    best, best_s = None, float("inf")
+    for count, conn in enumerate(connections):
+        if count == scan_max:
+            break
+        active_s = max(conn.quiet_since_s, conn.received_s)
+        if active_s < best_s and _idle(conn):
+            best, best_s = conn, active_s
+    return best
 
 
 class _Refusal(asyncio.Protocol):

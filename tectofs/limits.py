@@ -37,7 +37,8 @@ rpc_backoff_max_s = 2.0
 connections_per_server = 2
 hello_timeout_s = 3.0                     # a client waits this long for the answer to its hello
 hello_retries_max = 1                     # further connection attempts after a hello went unanswered
-hello_wait_server_s = 30.0                # a server closes a connection that sent no hello by then
+hello_wait_server_s = 10.0                # a server closes a connection whose hello (and auth) is not done by then
+                                          # (a 512-rank burst's clients, busy encoding, took over 2 s)
 reply_header_budget_bytes = 768 * KiB     # what a listing or layout reply fills, under frame_header_max_bytes
 message_text_max_bytes = 4096             # free-text fields (reasons, versions)
 peer_log_lines_per_s = 20                 # log lines a peer can provoke (invalid requests, bad-chunk reports), per kind
@@ -50,15 +51,20 @@ frame_payload_staged_min_bytes = 4 * KiB  # ... and at least this much of it (al
 frame_drain_scratch_bytes = 256 * KiB     # one buffer per process that refused payloads are drained into
 frame_stall_timeout_s = 30.0              # a server closes a connection whose begun frame got no byte this long
 frame_receive_rate_min_bytes_per_s = 1 * MiB  # ... or not done by the stall timeout + its size at this rate
+frame_progress_window_s = 5.0             # ... or that got less than this window's worth of bytes at
+frame_progress_min_bytes_per_s = 256 * KiB  # ... this rate over its last window (a trickle holds nothing long)
 connection_idle_timeout_s = 600.0         # ... and one with no frame and no request in flight this long
 connections_max = 65536                   # connections one server process keeps (24k ranks, 2 connections each, fit)
 connections_per_peer_max = 2048           # ... from one peer IP address (a node of many ranks, a gateway)
+anonymous_connections_max = 1024          # unauthenticated connections a metadata service keeps (oldest evicted)
+eviction_scan_max = 256                   # connections looked at for the longest idle one, when one must go
 connection_refused_linger_s = 1.0         # a connection over a cap waits this long (at most) to be told why
 connections_refused_lingering_max = 1024  # ... at most this many at once (beyond: closed at once)
 file_descriptors_reserved = 256           # descriptors a server keeps for its own files, outside connections_max
 
 # Chunk server
 chunk_inflight_bytes_max = 512 * MiB      # admission: above this new puts are answered BUSY
+chunk_inflight_alone_fraction = 0.75      # ... of it one principal may hold alone; with n holding, 1/n each
 chunk_pack_max_bytes_default = 1 * MiB    # chunk servers pack chunks up to this size into segment files (0: off; --pack-max);
                                           # larger ones (a 4 MiB block's under rs(4,2): 1 MiB + 160 B) get files (O_DIRECT, sendfile)
 chunk_pack_max_bytes_max = 4 * MiB        # the largest --pack-max (bigger chunks gain nothing from packing)

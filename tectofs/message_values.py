@@ -79,11 +79,15 @@ UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[
 class Capability(Message, frozen=True, kw_only=True):
     """The metadata service's permission to read (layouts) or write (allocations) one block's
     chunks until ``expiry`` (seconds since 1970), signed with cluster key ``key``
-    (``tectofs.auth``): chunk servers check it on every anonymous get and put."""
+    (``tectofs.auth``): chunk servers check it on every anonymous get and put. A write
+    capability also names, signed with the rest, the ``uid`` it was allocated for: the
+    principal whose share of a chunk server's in-flight budget its puts draw on
+    (``server/chunk/admission.py``); None from a metadata service older than that."""
 
     mac: Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
     expiry: Int64
     key: KeyId
+    uid: Annotated[int, msgspec.Meta(ge=0, le=limits.owner_id_max)] | None = None
 
 
 class ChunkRef(Message, frozen=True, kw_only=True):

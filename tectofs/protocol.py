@@ -247,6 +247,11 @@ class FrameDecoder:
         return self._payload_length if self._state in ("stage", "payload", "scatter") else 0
 
     @property
+    def header(self) -> dict[str, Any]:
+        """The msgpack header of the frame whose payload is being received ({} before it arrived)."""
+        return self._header
+
+    @property
     def mid_frame(self) -> bool:
         """Some bytes of a frame arrived, not all of them."""
         return self._state != "fixed" or self._filled > 0

@@ -13,7 +13,8 @@ gets the same class re-raised by :meth:`RpcClient.call`.
 
 Every connection opens with a hello (``messages.Hello``: role and protocol version) before
 anything else: a server closes a connection that sends anything else first (at once), or
-nothing within ``limits.hello_wait_server_s`` (``ConnectionPolicy.hello_wait_s``); a client that gets bytes that are not a tectofs
+that has not finished its hello (and authentication) within ``limits.hello_wait_server_s``
+(``ConnectionPolicy.hello_wait_s``); a client that gets bytes that are not a tectofs
 frame fails at once with an error that says the peer is not a tectofs server, and one that
 gets no answer within ``limits.hello_timeout_s`` (twice) says that.
 
@@ -41,7 +42,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import msgspec
 
 from . import auth, limits, local_sockets, messages, tls
-from .connlimits import ConnectionGuard, ConnectionPolicy
+from .connlimits import ConnectionGuard, ConnectionPolicy, ProgressWindow
 from .diagnostics import RateLimitedLog
 from .errors import (
     AuthenticationFailed,
@@ -136,6 +137,7 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         self._can_write.set()
         self._send_lock = asyncio.Lock()
         self.sending_file = False  # a thread is sending a frame on this socket: write nothing
+        self.bytes_received = 0
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -156,10 +158,11 @@ class _FramedProtocol(asyncio.BufferedProtocol):
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        now = time.monotonic()  # for a server's stall and idle timeouts (tectofs.connlimits)
+        now = time.monotonic()  # for a server's stall, progress and idle timeouts (tectofs.connlimits)
         if not self.decoder.mid_frame:
             self.frame_started_s = now
         self.received_s = now
+        self.bytes_received += nbytes
         try:
             frames = self.decoder.advance(nbytes)
         except ProtocolError as exc:
@@ -268,7 +271,7 @@ class _ServerConnection(_FramedProtocol):
         self.server = server
         super().__init__(self._admit_payload)
         self.inflight = 0
-        self._reading_paused = False
+        self.reading_paused = False
         self.peer = "?"
         self._hello_deadline: asyncio.TimerHandle | None = None
         self.identity = auth.ANONYMOUS  # who the hello proved this peer to be
@@ -276,6 +279,7 @@ class _ServerConnection(_FramedProtocol):
         self._challenge: tuple[bytes, bytes, bytes, auth.Peer] | None = None  # (secret, nonces, who): awaiting auth
         self.peer_ip: str | None = None  # set while the server's ConnectionGuard counts this connection,
         self.received_s = self.frame_started_s = self.quiet_since_s = 0.0  # ... which closes it stalled or idle
+        self.progress: ProgressWindow | None = None  # ... or too slow (its samples, while mid-frame)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -305,7 +309,7 @@ class _ServerConnection(_FramedProtocol):
         abandoned = self.decoder.receiving_payload_bytes
         release = getattr(self.server.handler, "payload_abandoned", None)
         if abandoned and release is not None:
-            release(abandoned)
+            release(abandoned, self.decoder.header)
 
     def protocol_failed(self, exc: TectofsError) -> None:
         log.warning("%s: closing connection from %s after protocol error: %s", self.server.name, self.peer, exc)
@@ -329,10 +333,10 @@ class _ServerConnection(_FramedProtocol):
             self._greet(frame)
             return
         self.inflight += 1
-        if self.inflight >= self.server.requests_per_connection_max and not self._reading_paused:
+        if self.inflight >= self.server.requests_per_connection_max and not self.reading_paused:
             assert self.transport is not None
             self.transport.pause_reading()
-            self._reading_paused = True
+            self.reading_paused = True
         task = asyncio.get_running_loop().create_task(self._serve(frame))
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
@@ -383,6 +387,8 @@ class _ServerConnection(_FramedProtocol):
     def _welcome(self, identity: auth.Peer) -> None:
         self.identity = identity
         self.greeted = True
+        if identity.kind != "anonymous":
+            self.server.guard.authenticated(self)
         if self._hello_deadline is not None:
             self._hello_deadline.cancel()
 
@@ -444,8 +450,8 @@ class _ServerConnection(_FramedProtocol):
                 self.server.release_reply_payload(payload)
         finally:
             self.inflight -= 1
-            if self._reading_paused and self.inflight < self.server.requests_per_connection_max // 2:
-                self._reading_paused = False
+            if self.reading_paused and self.inflight < self.server.requests_per_connection_max // 2:
+                self.reading_paused = False
                 if self.transport is not None and not self.transport.is_closing():
                     self.transport.resume_reading()
 
@@ -485,7 +491,9 @@ class RpcServer:
     Authentication: ``authenticator.resolve(claim)`` gives the secret and identity of a hello's
     ``auth`` claim (or raises AuthenticationFailed); each request is then dispatched with that
     identity in :data:`current_peer`, after ``handler.authorize(identity, operation_name)`` (if
-    the handler has one) let it through."""
+    the handler has one) let it through. ``pool_anonymous``: unauthenticated connections share a
+    pool of ``anonymous_connections_max`` places, oldest evicted first (``tectofs.connlimits``).
+    """
 
     requests_per_connection_max = 64
 
@@ -498,8 +506,12 @@ class RpcServer:
         allocate_payload: PayloadAllocator | None = None,
         authenticator: "Authenticator | None" = None,
         observe: Callable[[str, str, float], None] | None = None,
+        pool_anonymous: bool = False,
     ) -> None:
         self.handler = handler
+        # Unauthenticated connections get a small pool of their own, oldest evicted first
+        # (tectofs.connlimits): for servers that serve anonymous peers next to nothing.
+        self.pool_anonymous = pool_anonymous
         # Told (operation, outcome: "ok" or the error's wire code, seconds) of every request of a
         # known operation once it is answered (tectofs.metrics.RequestMetrics.observe).
         self.observe = observe
@@ -513,8 +525,9 @@ class RpcServer:
         }
         # Called with each reply payload once the transport no longer needs it (buffer reuse).
         self.payload_sent: Callable[[Payload], None] | None = getattr(handler, "payload_sent", None)
-        # Called with an admitted request payload that no handler will take (an invalid request).
-        self.payload_unused: Callable[[memoryview], None] | None = getattr(handler, "payload_unused", None)
+        # Called with an admitted request payload that no handler will take (an invalid request),
+        # and its frame's header.
+        self.payload_unused: Callable[[memoryview, dict[str, Any]], None] | None = getattr(handler, "payload_unused", None)
         # Why a peer may not send this payload at all (an error), or None.
         self.payload_refusal: Callable[[auth.Peer, dict[str, Any]], TectofsError | None] | None = getattr(
             handler, "payload_refusal", None)
@@ -609,7 +622,7 @@ class RpcServer:
                 self.authorize(identity, operation.name)
             except TectofsError:
                 if operation.payload and not frame.discarded and self.payload_unused is not None:
-                    self.payload_unused(frame.payload)
+                    self.payload_unused(frame.payload, frame.header)
                 raise
         peer_token = current_peer.set(identity)
         try:
@@ -624,19 +637,19 @@ class RpcServer:
             refusal = self.payload_refusal(current_peer.get(), frame.header) if self.payload_refusal else None
             if refusal is not None:
                 raise refusal
-            raise Busy(f"{self.name} is at its in-flight limit; retry later")
+            raise Busy(f"{self.name} is at its in-flight limit (or the caller's fair share of it); retry later")
         try:
             request = messages.convert(frame.header, operation.request)
         except msgspec.ValidationError as exc:
             if operation.payload and self.payload_unused is not None:
-                self.payload_unused(frame.payload)  # admitted, but no handler will take it
+                self.payload_unused(frame.payload, frame.header)  # admitted, but no handler will take it
             raise self._invalid(peer, f"{operation.name}: {exc}") from None
         call_id = frame.header.get("call_id")
         if call_id is None:
             return await self.methods[operation.name](request, frame.payload)
         if not isinstance(call_id, bytes) or len(call_id) != CALL_ID_BYTES:
             if operation.payload and self.payload_unused is not None:
-                self.payload_unused(frame.payload)
+                self.payload_unused(frame.payload, frame.header)
             raise self._invalid(peer, f"{operation.name}: call_id must be {CALL_ID_BYTES} bytes")
         token = current_call.set(Call(call_id))  # this request's own task: no other request sees it
         try:

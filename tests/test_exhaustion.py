@@ -252,7 +252,7 @@ def test_fixed_headers_declaring_large_msgpack_headers(make_cluster: Any) -> Non
 
 
 def test_idle_half_puts_give_back_the_in_flight_budget(make_cluster: Any) -> None:
-    """Attack 3: 48 half put_chunk frames reserve the whole in-flight budget, then stall."""
+    """Attack 3: 48 half put_chunk frames reserve what one principal may of the in-flight budget, then stall."""
     cluster = _cluster(make_cluster)
     address, pid = _chunk_server(cluster)
     stat = lambda: cluster.fs.run(cluster.fs.aio.rpc.call(address, "stat", {}, idempotent=True))[0]  # noqa: E731
@@ -279,10 +279,13 @@ def test_idle_half_puts_give_back_the_in_flight_budget(make_cluster: Any) -> Non
                                                       "crcs": [], "crc": 0, "cap": cap(1 << 40 | i)}, declared)
             sent = 512 * 1024 if i % 2 else 0  # half send some payload: their buffers are made
             socks += _attack(opened, address, 1, HELLO + put + bytes(sent), first_ip=20 + i % 3)
+        # Capabilities signed without a uid share one principal, which may hold 3/4 of the
+        # budget alone (server/chunk/admission.py; tests/test_admission.py for per-uid shares).
+        most = int(limits.chunk_inflight_bytes_max * limits.chunk_inflight_alone_fraction)
         deadline = time.monotonic() + 5
-        while stat()["inflight"] < limits.chunk_inflight_bytes_max and time.monotonic() < deadline:
+        while stat()["inflight"] < most and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert stat()["inflight"] == limits.chunk_inflight_bytes_max  # the whole budget reserved
+        assert stat()["inflight"] == most  # all one principal may reserve
         time.sleep(0.5)  # the payload bytes sent arrive too
         during = _rss(pid)
         print(f"chunk server RSS {before / MiB:.0f} MiB -> {during / MiB:.0f} MiB with its in-flight budget reserved")
@@ -326,8 +329,9 @@ def test_chunk_reads_validate_offset_and_length(make_cluster: Any) -> None:
 
 
 def test_connection_caps(make_cluster: Any) -> None:
-    """Attack 5: a flood of idle connections; over a cap each is refused with an error saying
-    which, and the clients already connected keep working."""
+    """Attack 5: a flood of idle connections; over the per-peer cap each is refused with an error
+    saying which, over the total the oldest unauthenticated ones are closed saying why, and
+    clients, connected or new, keep working."""
     cluster = _cluster(make_cluster)
     pid = cluster.meta_process.pid
     with open(f"/proc/{pid}/limits") as f:
@@ -342,16 +346,20 @@ def test_connection_caps(make_cluster: Any) -> None:
         assert all(code == "busy" and "connections from 127.0.0.30, its limit per peer address" in message
                    for code, message in refused), refused[:3]
         everyone = _attack(opened, cluster.address, CONNECTIONS_MAX, b"", first_ip=31)
-        time.sleep(limits.connection_refused_linger_s + 0.3)  # refused: answered when they speak, or then
-        refused = _refusals(everyone)
-        assert len(refused) >= PER_PEER_MAX  # the ones past the total
-        assert f"the metadata service has {CONNECTIONS_MAX} connections, its limit" in refused[-1][1]
+        time.sleep(limits.connection_refused_linger_s + 0.3)
+        # At the total cap the metadata service makes room by closing its oldest unauthenticated
+        # connections (tests/test_connection_pools.py): the first peer's, then the flood's first.
+        evicted = _refusals(one_peer[:PER_PEER_MAX]) + _refusals(everyone)
+        assert len(evicted) >= PER_PEER_MAX
+        assert all(code == "busy" and "unauthenticated connections, its limit for them" in message
+                   for code, message in evicted), evicted[:3]
+        assert not _refusals(everyone[-PER_PEER_MAX:])  # the newest stay
         cluster.fs.stat("/")  # a connected client keeps being served
         rss = _rss(pid)
         print(f"metadata service RSS {rss / MiB:.0f} MiB with {CONNECTIONS_MAX} connections")
         assert rss < MDS_RSS_MAX
-        with pytest.raises(errors.Busy, match=f"has {CONNECTIONS_MAX} connections, its limit"):
-            _admitted(cluster)
+        assert _admitted(cluster)  # a newcomer too: the oldest unauthenticated connection makes room
+        _round_trip(cluster, "during-flood")
     deadline = time.monotonic() + 5
     while True:  # the flood's connections closed: room again
         try:

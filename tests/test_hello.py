@@ -146,7 +146,7 @@ def frames_until_closed(sock: socket.socket) -> list[Any]:
 
 
 def test_a_connection_that_says_nothing_is_closed_at_the_hello_deadline() -> None:
-    """Nothing at all: closed after the hello deadline (``ConnectionPolicy.hello_wait_s``, 30 s
+    """Nothing at all: closed after the hello deadline (``ConnectionPolicy.hello_wait_s``, 10 s
     by default; 1.5 s here), with an error that says why."""
 
     async def main() -> tuple[list[Any], float]:

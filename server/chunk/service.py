@@ -3,7 +3,8 @@
 RPC operations (``messages.CHUNK_OPERATIONS``; requests arrive validated):
 
 - ``put_chunk`` + payload: verified, stored durably, then acknowledged. Answered BUSY,
-  before the payload is buffered, while ``inflight_bytes_max`` is reached.
+  before the payload is buffered, when ``inflight_bytes_max`` is reached or its principal
+  (the uid in its write capability) holds its fair share of it (``admission.py``).
 - ``get_chunk`` -> ``GetChunkReply`` + payload. Ranges under ``limits.chunk_sendfile_min_bytes``,
   packed chunks and reads over TLS are verified here against the stored crcs; larger ranges of
   chunk files leave unread by sendfile (``tectofs.sendfile``): every reader checks a chunk
@@ -50,6 +51,7 @@ from tectofs.rpc import RpcClient, RpcServer, current_peer
 from tectofs.sendfile import FileRegion
 from tectofs.server import addresses
 
+from . import admission
 from .repair import Repairer
 from .scrub import Inventory, Scrubber
 from .storage import ChunkStore
@@ -100,7 +102,7 @@ class ChunkServer:
                                 pack_max_bytes=pack_max_bytes)
         self.metrics.watch_disk_free(self.store.disk_free_bytes)
         self.uuid = self._identity()
-        self.inflight_bytes = 0
+        self.admission = admission.Admission(inflight_bytes_max)
         self.buffers = BufferPool(inflight_bytes_max, aligned=True)  # received chunks can go to disk with O_DIRECT
         self.server_id: int | None = None
         self.stats = {"puts": 0, "gets": 0, "busy": 0, "checksum_errors": 0, "deleted": 0, "pack_bytes_compacted": 0,
@@ -196,30 +198,35 @@ class ChunkServer:
     # ------------------------------------------------------------------ admission
 
     def _admit(self, header: dict[str, Any], length: int) -> Callable[[], memoryview] | None:
-        """Reserve memory for an incoming put's payload, or refuse it (drained, answered BUSY).
-        The buffer itself is taken from the pool only once the payload's first bytes arrived
-        (``tectofs.protocol``): a peer that declares a payload and sends none commits nothing,
-        and its reservation ends with its connection (``payload_abandoned``), which stalls
-        close (``tectofs.connlimits``)."""
-        if self.inflight_bytes + length > self.inflight_bytes_max and self.inflight_bytes > 0:
+        """Reserve memory for an incoming put's payload from its principal's share of the
+        budget (``admission.py``), or refuse it (drained, answered BUSY). The buffer itself is
+        taken from the pool only once the payload's first bytes arrived (``tectofs.protocol``):
+        a peer that declares a payload and sends none commits nothing, and its reservation ends
+        with its connection (``payload_abandoned``), which stalls and slow payloads close
+        (``tectofs.connlimits``)."""
+        if not self.admission.admit(admission.principal_of(header.get("cap")), length):
             self.stats["busy"] += 1
             self.metrics.busy_answers.inc()
             return None
-        self.inflight_bytes += length
         return lambda: self.buffers.get(length)
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes of puts admitted and not yet stored (or refused, or abandoned)."""
+        return self.admission.total_bytes
 
     def payload_sent(self, payload: Any) -> None:
         """A reply payload went out: its buffer can serve the next request."""
         self.buffers.put(payload)
 
-    def payload_unused(self, payload: memoryview) -> None:
+    def payload_unused(self, payload: memoryview, header: dict[str, Any]) -> None:
         """An admitted put turned out invalid: give its reservation and buffer back."""
-        self.inflight_bytes -= len(payload)
+        self.admission.release(admission.principal_of(header.get("cap")), len(payload))
         self.buffers.put(payload)
 
-    def payload_abandoned(self, length: int) -> None:
+    def payload_abandoned(self, length: int, header: dict[str, Any]) -> None:
         """A connection died mid-payload: give its reservation back."""
-        self.inflight_bytes -= length
+        self.admission.release(admission.principal_of(header.get("cap")), length)
 
     # ------------------------------------------------------------------ who may
 
@@ -245,7 +252,7 @@ class ChunkServer:
         try:
             cap = messages.convert(header.get("cap"), messages.Capability)
             auth.check_capability(self.keys, messages.convert(header.get("block_id"), messages.Id), "w",
-                                  cap.expiry, cap.key, cap.mac)
+                                  cap.expiry, cap.key, cap.mac, uid=cap.uid)
         except msgspec.ValidationError:
             return CapabilityRefused("put_chunk without a valid capability: ask the metadata service to allocate")
         except CapabilityRefused as exc:
@@ -262,12 +269,12 @@ class ChunkServer:
             return
         for mode in modes[:-1]:
             try:
-                auth.check_capability(self.keys, block_id, mode, cap.expiry, cap.key, cap.mac)
+                auth.check_capability(self.keys, block_id, mode, cap.expiry, cap.key, cap.mac, uid=cap.uid)
                 return
             except CapabilityRefused as exc:
                 if isinstance(exc, CapabilityExpired):
                     raise
-        auth.check_capability(self.keys, block_id, modes[-1], cap.expiry, cap.key, cap.mac)
+        auth.check_capability(self.keys, block_id, modes[-1], cap.expiry, cap.key, cap.mac, uid=cap.uid)
 
     # ------------------------------------------------------------------ RPC handlers
 
@@ -286,7 +293,7 @@ class ChunkServer:
                 self.metrics.checksum_errors.inc()
             raise
         finally:
-            self.inflight_bytes -= len(payload)
+            self.admission.release(admission.principal_of(r.cap), len(payload))
             self.buffers.put(payload)
         self.stats["puts"] += 1
         self.metrics.bytes_in.inc(len(payload))

@@ -41,9 +41,9 @@ def _user_info(user: dict[str, Any]) -> messages.UserInfo:
                              s3_access_key=user.get("s3_access_key"))
 
 
-def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int) -> messages.Capability:
-    key, tag = auth.sign_capability(keys, block_id, mode, expiry)
-    return messages.Capability(mac=tag, expiry=expiry, key=key)
+def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int, uid: int | None = None) -> messages.Capability:
+    key, tag = auth.sign_capability(keys, block_id, mode, expiry, uid)
+    return messages.Capability(mac=tag, expiry=expiry, key=key, uid=uid)
 
 
 def layout_segment(
@@ -111,8 +111,10 @@ class MetadataService:
         self.repairs = {"scheduled": 0, "done": 0, "failed": 0}
         self.guard = MetaGuard(self.keys, lambda name: self.runner.call("user_get", name))
         self.authorize = self.guard.authorize  # RpcServer asks it before every request
+        # Anonymous peers may only ping here: they get a small pool of connections of their own, so
+        # a flood of them cannot lock authenticated clients out (tectofs.connlimits).
         self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", authenticator=self.guard,
-                             observe=self.metrics.requests.observe)
+                             observe=self.metrics.requests.observe, pool_anonymous=True)
         self.started = time.time()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
@@ -349,7 +351,9 @@ class MetadataService:
         ], lease_s=self.allocation_grace_s), b""
 
     def _write_capability(self, block_id: int, expiry: int) -> messages.Capability:
-        return capability(self.keys, block_id, "w", expiry)
+        """Signed for the caller's uid: chunk servers share their in-flight budget fairly
+        between the uids whose puts they receive (``server/chunk/admission.py``)."""
+        return capability(self.keys, block_id, "w", expiry, current_peer.get().uid)
 
     async def rpc_renew(self, r: messages.RenewRequest, _: memoryview) -> Reply:
         self._check_handle(r.ino, r.handle)
