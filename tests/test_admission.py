@@ -245,7 +245,7 @@ def test_a_user_trickling_genuine_puts_does_not_starve_other_users(attack_cluste
 
     try:
         created, _ = mallory.run(mallory.aio.meta("create", path="/mallory/f", mode=0o644))
-        allocated, _ = mallory.run(mallory.aio.meta("allocate", ino=created.attrs.ino, count=8))
+        allocated, _ = mallory.run(mallory.aio.meta("allocate", ino=created.attrs.ino, handle=created.attrs.handle, count=8))
         assert all(a.cap is not None and a.cap.uid == 1000 for a in allocated.blocks)  # genuine, and whose
         attacker = _Trickler(addresses, allocated.blocks, per_server=8, declared=64 * MiB, trickle_s=1.0)
         attacker.start()
@@ -299,7 +299,7 @@ def test_busy_chunk_servers_are_named_busy_not_dead(make_cluster: Any, tmp_path:
     attacker: _Trickler | None = None
     try:
         created, _ = mallory.run(mallory.aio.meta("create", path="/mallory/f", mode=0o644))
-        allocated, _ = mallory.run(mallory.aio.meta("allocate", ino=created.attrs.ino, count=2))
+        allocated, _ = mallory.run(mallory.aio.meta("allocate", ino=created.attrs.ino, handle=created.attrs.handle, count=2))
         # 2 MiB declared per put: one fills a server's budget (admitted alone, nothing else in flight).
         attacker = _Trickler(addresses, allocated.blocks, per_server=1, declared=2 * MiB, trickle_s=1.0)
         attacker.start()
