@@ -14,6 +14,7 @@ import glob
 import os
 import random
 import shutil
+import subprocess
 import tempfile
 import time
 from typing import Any, Callable, Iterator
@@ -198,3 +199,29 @@ def rng(request: pytest.FixtureRequest) -> random.Random:
     seed = int(os.environ.get("TECTOFS_SEED", random.randrange(1 << 32)))
     print(f"{request.node.nodeid}: seed {seed}")
     return random.Random(seed)
+
+
+# ---------------------------------------------------------------------- the fast lane
+# `python3 -m pytest -m "not slow"` runs the in-process tests alone (store contract, simulator,
+# state machines, codecs, protocol): no server processes. A test is slow when its fixtures
+# start processes (the closure of these names) or when it says so (`pytest.mark.slow`, for
+# tests that start processes themselves); a test marked neither that starts a process fails,
+# saying so, so the lane stays in-process as tests are added.
+PROCESS_FIXTURES = frozenset({"cluster", "make_cluster", "postgres_server"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _in_process_unless_slow(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    def refuse(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process ({args!r:.200}) but is not marked slow: "
+                             "mark it pytest.mark.slow (the fast lane, -m 'not slow', is in-process)")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -60,6 +60,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           cwd=REPO, env={**os.environ, **env})
 
 
+@pytest.mark.slow  # starts processes
 def test_servers_on_a_wildcard_refuse_in_one_line(tmp_path: Path) -> None:
     key = str(tmp_path / "cluster.key")
     auth.create_key_file(key)

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc's")
+pytestmark = [pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc's"),
+              pytest.mark.slow]  # starts processes (the fast lane is in-process: tests/conftest.py)
 
 PROBE = ("import tectofs.allocator as a; print(a.tune(), a.tune())")
 

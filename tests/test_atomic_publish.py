@@ -15,6 +15,8 @@ import pytest
 
 from tectofs import errors
 
+pytestmark = pytest.mark.slow  # starts processes (the fast lane is in-process: tests/conftest.py)
+
 MiB = 1 << 20
 
 

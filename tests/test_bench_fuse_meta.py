@@ -42,6 +42,7 @@ def test_target_verdict_follows_the_medians():
 @pytest.mark.fuse
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(_fuse_unavailable() is not None, reason=_fuse_unavailable() or "")
+@pytest.mark.slow  # starts processes
 def test_metadata_only_run_reports_rates_and_target(tmp_path, capsys):
     out = tmp_path / "results"
     work = tmp_path / "work"

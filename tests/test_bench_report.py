@@ -49,6 +49,7 @@ def test_target_verdicts():
     assert bench.targets_of({"targets_met": {"save >= 1.0x": False}})[0]["met"] is False
 
 
+@pytest.mark.slow  # starts processes
 def test_table_and_summary_say_not_met_never_ok(tmp_path, capsys, monkeypatch):
     result = _checkpoint_like()
     bench.print_targets(result)
@@ -153,6 +154,7 @@ def test_burst_chart_keeps_latencies_apart():
 # ---------------------------------------------------------------------- provenance, samples, work dir
 
 
+@pytest.mark.slow  # starts processes
 def test_run_info_records_commit_date_host_and_load(monkeypatch):
     info = bench.run_info([1.0, 0.5, 0.25])
     head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
@@ -188,6 +190,7 @@ def test_work_dir_is_created_or_refused_clearly(tmp_path, capsys):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow  # starts processes
 def test_quick_client_io_run_records_medians_of_three_and_run_info(tmp_path, capsys):
     """A tiny real run: --quick keeps 3 samples, the missing work dir is made, the JSON says
     when, where and how loaded."""
@@ -230,6 +233,7 @@ def _clean_env() -> dict[str, str]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # starts processes
 def test_scripts_run_from_a_fresh_clone(tmp_path):
     """``python3 bench/scale_model.py`` models from the committed figures and reproduces the
     committed SCALE.md; every script answers --help and uses the clone's own tectofs."""
@@ -255,6 +259,7 @@ def test_scripts_run_from_a_fresh_clone(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # starts processes
 def test_a_built_package_ships_the_benchmarks(tmp_path):
     """A wheel (non-editable install) has the scripts as tectofs/benchmarks/, and
     ``tectofs.bench`` loads them from there."""

@@ -90,6 +90,7 @@ def test_burst_that_overruns_its_deadline_fails_with_a_clear_error(make_cluster,
     assert not [e for e in cluster.fs.listdir("/burst") if e.startswith("step-")]
 
 
+@pytest.mark.slow  # starts processes
 def test_burst_refuses_a_run_that_cannot_fit_in_memory(burst, tmp_path):
     result = burst.run(str(tmp_path), ranks=4096, shard_bytes=1 << 20, processes=4, block_size=64 << 20,
                        memory_limit_bytes=1 << 30)

@@ -370,6 +370,7 @@ def test_port_in_use_is_one_line_and_server_logs_follow_the_format(cluster, tmp_
     assert events and all({"ts", "level", "logger", "msg"} <= set(e) for e in events)
 
 
+@pytest.mark.slow  # starts processes
 def test_up_on_a_port_in_use_says_why_in_one_line(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -383,6 +384,7 @@ def test_up_on_a_port_in_use_says_why_in_one_line(tmp_path):
     assert "tectofs.cli meta --store" not in error and str(tmp_path / "root" / "logs" / "meta.log") in error
 
 
+@pytest.mark.slow  # starts processes
 def test_up_refuses_fewer_servers_than_its_policy_writes_to(tmp_path):
     result = tectofs("up", "--root", str(tmp_path / "root"), "--servers", "3", "--check", check=False)
     error = one_line_error(result, "up")
@@ -440,6 +442,7 @@ def test_mount_daemon_logs_to_a_file(cluster, tmp_path):
     assert any(e["logger"] == "tectofs.fuse" for e in events), events
 
 
+@pytest.mark.slow  # starts processes
 def test_version_and_completion():
     from importlib.metadata import version
 
@@ -456,11 +459,13 @@ def test_version_and_completion():
 
 @pytest.mark.parametrize("command", ["up", "meta", "chunk", "put", "get", "cp", "cat", "ls", "stat", "du", "df",
                                      "mount", "status", "fsck", "gc", "completion"])
+@pytest.mark.slow  # starts processes
 def test_help_is_helpful(command):
     out = tectofs(command, "--help").stdout
     assert "usage: tectofs" in out and "--log-format" in out and "--" in out
 
 
+@pytest.mark.slow  # starts processes
 def test_up_check_smoke(tmp_path):
     result = tectofs("up", "--root", str(tmp_path / "root"), "--port", "0", "--servers", "6", "--check", timeout=120)
     assert "self-check" in result.stdout and "OK" in result.stdout

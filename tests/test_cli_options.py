@@ -32,6 +32,7 @@ sys.stderr.write("HEAVY " + " ".join(m for m in %r if m in sys.modules) + "\\n")
 
 @pytest.mark.parametrize("argv", [["--help"], ["ls", "--help"], ["put", "--help"], ["meta", "--help"],
                                   ["status", "--help"], ["--version"]])
+@pytest.mark.slow  # starts processes
 def test_help_imports_nothing_heavy(argv):
     """The real guard: --help (and --version) must not load torch, numpy, aiohttp, prometheus_client, mfusepy ..."""
     result = subprocess.run([sys.executable, "-c", _RUNNER, *argv], capture_output=True, text=True, timeout=60)
@@ -40,6 +41,7 @@ def test_help_imports_nothing_heavy(argv):
     assert "usage: tectofs" in result.stdout or result.stdout.startswith("tectofs ")
 
 
+@pytest.mark.slow  # starts processes
 def test_help_is_fast():
     """'tectofs --help' measures ~0.2 s; 1.5 s leaves room for a loaded machine (best of three)."""
     best = float("inf")
@@ -161,6 +163,7 @@ def test_every_command_and_option_has_help():
 @pytest.mark.parametrize("argv", [["ls", "--bogus"], ["user", "add", "x"], ["meta", "--metrics", "9100"], [],
                                   ["--json", "put", "a", "b"], ["ls", "--log-level", "loud"],
                                   ["mkdir", "/p", "--block-size", "inf"], ["bench", "burst", "--shard=-1e400"]])
+@pytest.mark.slow  # starts processes
 def test_usage_errors_are_one_line_with_status_2(argv):
     result = subprocess.run([sys.executable, "-m", "tectofs.cli", *argv], capture_output=True, text=True, timeout=60)
     assert result.returncode == exits.USAGE
@@ -215,6 +218,7 @@ def test_progress_only_on_a_terminal_in_the_units_it_names():
     assert off.text == ""
 
 
+@pytest.mark.slow  # starts processes
 def test_local_cp_never_copies_a_directory_into_itself(tmp_path):
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "sub" / "f").write_bytes(b"f")
@@ -226,6 +230,7 @@ def test_local_cp_never_copies_a_directory_into_itself(tmp_path):
     assert copied.returncode == 0 and copied.stdout == "" and (tmp_path / "e" / "sub" / "f").read_bytes() == b"f"
 
 
+@pytest.mark.slow  # starts processes
 def test_gc_default_grace_is_the_writers_and_gc_needs_no_torch() -> None:
     from tectofs.checkpoint_gc import PENDING_GRACE_S
     from tectofs.cli import build_parser

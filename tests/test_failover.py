@@ -28,7 +28,7 @@ KiB = 1 << 10
 MiB = 1 << 20
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "meta.db")

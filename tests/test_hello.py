@@ -80,6 +80,7 @@ def _cli_ls(address: str) -> tuple[subprocess.CompletedProcess[str], float]:
     return result, time.monotonic() - started
 
 
+@pytest.mark.slow  # starts processes
 def test_client_pointed_at_an_http_server_fails_fast(http_server: str) -> None:
     """The issue's case: it used to hang ~5 minutes. An HTTP server waits for a request line
     that never comes, so it is a silent peer to us."""
@@ -89,6 +90,7 @@ def test_client_pointed_at_an_http_server_fails_fast(http_server: str) -> None:
     assert "did not answer the tectofs hello" in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # starts processes
 def test_client_pointed_at_a_server_that_speaks_first_fails_fast(banner_server: str) -> None:
     result, elapsed = _cli_ls(banner_server)
     assert result.returncode != 0
@@ -97,6 +99,7 @@ def test_client_pointed_at_a_server_that_speaks_first_fails_fast(banner_server: 
     assert "b'SSH-2.0-" in result.stderr  # what answered instead
 
 
+@pytest.mark.slow  # starts processes
 def test_client_pointed_at_a_silent_port_fails_fast(silent_server: str) -> None:
     result, elapsed = _cli_ls(silent_server)
     assert result.returncode != 0
@@ -104,6 +107,7 @@ def test_client_pointed_at_a_silent_port_fails_fast(silent_server: str) -> None:
     assert "did not answer the tectofs hello" in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # starts processes
 def test_client_pointed_at_a_closed_port_fails_within_the_connect_timeout() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -89,6 +89,7 @@ def test_regions_views_and_writes_address_the_bytes_end_to_end(length, cuts, sta
     assert b"".join(regions.parts) == data[:start] + fresh + data[start + n :]
 
 
+@pytest.mark.slow  # starts processes
 def test_without_isal_the_reference_paths_give_the_same_bytes(tmp_path):
     """``TECTOFS_ISAL=0``: nothing is loaded, crcs come from the crc32c package and encodes from
     pyeclib, and the chunks are the same bytes."""

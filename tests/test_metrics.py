@@ -120,6 +120,7 @@ def test_registries_are_per_service():
 
 
 @pytest.mark.parametrize("listen", ["9100", "host:", ":9100", "127.0.0.1:port", "127.0.0.1:70000"])
+@pytest.mark.slow  # starts processes
 def test_a_bad_metrics_address_is_one_line(listen):
     result = subprocess.run([sys.executable, "-m", "tectofs.cli", "meta", "--metrics", listen], capture_output=True,
                             text=True, timeout=30)

@@ -29,6 +29,8 @@ import pytest
 from tectofs import auth
 from tectofs.server.cluster import wait_for_file
 
+pytestmark = pytest.mark.slow  # starts processes (the fast lane is in-process: tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 SUBNET = "10.77.0"
 META = f"{SUBNET}.1"

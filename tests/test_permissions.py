@@ -375,7 +375,7 @@ def test_no_caller_is_trusted(store):
 # ---------------------------------------------------------------------------- users
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def user_store(request, tmp_path):
     if request.param == "sqlite":
         s = SqlStore(SqliteDialect(str(tmp_path / "users.db")))

@@ -468,6 +468,7 @@ def test_streaming_signed_chunks(gateway: ClusterWithClient, s3: Any, root_keys:
 # ---------------------------------------------------------------------------- other clients and the CLI
 
 
+@pytest.mark.slow  # starts processes
 def test_aws_cli(gateway: ClusterWithClient, tmp_path: Any, root_keys: tuple[str, str]) -> None:
     aws = shutil.which("aws")
     assert aws is not None, "the aws CLI (awscli) is not installed"
@@ -517,6 +518,7 @@ def test_s3fs_reads_through_the_gateway(gateway: ClusterWithClient, s3: Any, roo
     assert gateway.fs.read_bytes("/fsspec/written.txt") == b"through s3fs"
 
 
+@pytest.mark.slow  # starts processes
 def test_cli_prints_keys(gateway: ClusterWithClient, bob: Any, tmp_path: Any) -> None:
     credential = os.path.join(gateway.root, "bob.credentials")
     for args in (["--credentials", credential], ["--key-file", gateway.key_file]):

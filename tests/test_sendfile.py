@@ -72,6 +72,7 @@ def test_a_region_arrives_whole_and_a_short_file_drops_only_its_connection(tmp_p
     assert all(region.fd == -1 for region in handler.opened)  # every descriptor closed, sent or not
 
 
+@pytest.mark.slow  # starts processes
 def test_over_tls_a_region_is_read_and_encrypted(tmp_path, monkeypatch) -> None:
     """sendfile would bypass TLS: a region answered on a TLS connection goes through the
     transport instead, and its descriptor is still closed."""
