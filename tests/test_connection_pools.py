@@ -26,6 +26,7 @@ from tectofs.client import connect
 from tectofs.connlimits import ConnectionGuard, ConnectionPolicy
 from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
 from tectofs.rpc import RpcClient, RpcServer
+from tests.test_exhaustion import _sockets
 
 MiB = 1 << 20
 HELLO = encode_frame(FrameKind.REQUEST, 1, {"op": "hello", "role": "tool", "version": PROTOCOL_VERSION})
@@ -219,12 +220,8 @@ def _attack_size() -> int:
 
 @pytest.fixture
 def opened() -> Iterator[list[socket.socket]]:
-    socks: list[socket.socket] = []
-    try:
+    with _sockets() as socks:
         yield socks
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def _flood(opened: list[socket.socket], address: str, count: int, peers: int, first_ip: int = 2) -> int:
