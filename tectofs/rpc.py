@@ -37,7 +37,7 @@ import hmac
 import logging
 import os
 import time
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import msgspec
 
@@ -67,6 +67,44 @@ _SEND_SLICE_BYTES = 1 << 20
 Reply = tuple[Any, Payload]  # a reply as received
 HandlerReply = tuple[Any, ReplyPayload]  # a reply as a handler gives it
 SOFTWARE = "tectofs 0.1"
+
+
+RequestT = TypeVar("RequestT", bound=messages.Message)
+ReplyT = TypeVar("ReplyT", bound=messages.Message)
+Handler = Callable[[RequestT, memoryview], Awaitable[tuple[ReplyT, ReplyPayload]]]
+"""What serves one operation: its validated request and the request payload in, its reply
+and a reply payload out."""
+
+
+class Handlers:
+    """A service's handlers: one per operation of its table (but the hello, which the
+    connection answers), each registered with its operation, so that mypy holds the handler
+    to the operation's request and reply types. :class:`RpcServer` dispatches through this
+    mapping, never by a name made at run time."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, tuple[messages.AnyOperation, Handler[Any, Any]]] = {}
+
+    def add(self, operation: messages.Operation[RequestT, ReplyT], handler: Handler[RequestT, ReplyT]) -> None:
+        """``handler`` serves ``operation``; a second handler for one operation is a bug (ValueError)."""
+        if operation.name in self._by_name:
+            raise ValueError(f"two handlers for the operation {operation.name}")
+        self._by_name[operation.name] = (operation, handler)
+
+    def items(self) -> list[tuple[messages.AnyOperation, Handler[Any, Any]]]:
+        return list(self._by_name.values())
+
+    def serving(self, operations: dict[str, messages.AnyOperation]) -> dict[str, Handler[Any, Any]]:
+        """Operation name -> handler for the table ``operations``; ValueError naming what is
+        off unless every operation but the hello has a handler, each registered with that very
+        operation, and there is none for an operation not in the table."""
+        expected = {name for name, op in operations.items() if op is not messages.HELLO}
+        missing, extra = expected - self._by_name.keys(), self._by_name.keys() - expected
+        other = [name for name, (op, _) in self._by_name.items() if name in expected and op != operations[name]]
+        if missing or extra or other:
+            raise ValueError(f"handlers out of step with the table: none for {sorted(missing)}, for operations not"
+                             f" in it {sorted(extra)}, registered with another operation {sorted(other)}")
+        return {name: handler for name, (_, handler) in self._by_name.items()}
 
 
 class HelloTimeout(Timeout):
@@ -479,9 +517,10 @@ def _error_frame(request_id: int, exc: BaseException) -> bytes:
 
 
 class RpcServer:
-    """Serves one table of operations (``tectofs.messages``) over TCP: operation ``op`` is
-    handled by ``handler.rpc_<op>(request, payload)``, which gets the validated request and
-    returns ``(reply, payload)``.
+    """Serves one table of operations (``tectofs.messages``) over TCP: each operation is
+    handled by its handler in ``handlers`` (:class:`Handlers`, one per operation), which gets
+    the validated request and returns ``(reply, payload)``. ``handler``: the service, for its
+    optional hooks (``payload_sent``, ``payload_unused``, ``payload_refusal``, ``authorize``).
 
     ``allocate_payload(header, length)`` chooses where request payloads are received; it may
     return None to have the payload drained and the request rejected as BUSY (admission
@@ -501,8 +540,9 @@ class RpcServer:
         self,
         handler: object,
         name: str,
-        operations: dict[str, messages.Operation],
+        operations: dict[str, messages.AnyOperation],
         role: messages.Role,
+        handlers: Handlers,
         allocate_payload: PayloadAllocator | None = None,
         authenticator: "Authenticator | None" = None,
         observe: Callable[[str, str, float], None] | None = None,
@@ -520,9 +560,7 @@ class RpcServer:
         self.name = name
         self.role = role
         self.operations = operations
-        self.methods: dict[str, Callable[[Any, memoryview], Awaitable[HandlerReply]]] = {
-            name: getattr(handler, f"rpc_{name}") for name in operations if name != "hello"
-        }
+        self.methods = handlers.serving(operations)
         # Called with each reply payload once the transport no longer needs it (buffer reuse).
         self.payload_sent: Callable[[Payload], None] | None = getattr(handler, "payload_sent", None)
         # Called with an admitted request payload that no handler will take (an invalid request),
@@ -544,7 +582,7 @@ class RpcServer:
         self.invalid_requests = 0
         self._invalid_log = RateLimitedLog(log, limits.peer_log_lines_per_s, f"invalid requests to the {name}")
 
-    def _operation(self, header: dict[str, Any]) -> messages.Operation | None:
+    def _operation(self, header: dict[str, Any]) -> messages.AnyOperation | None:
         name = header.get("op")
         operation = self.operations.get(name) if isinstance(name, str) else None
         return None if operation is None or operation.name == "hello" else operation
@@ -616,7 +654,7 @@ class RpcServer:
         finally:
             self.observe(operation.name, outcome, time.perf_counter() - started)
 
-    async def _authorized(self, operation: messages.Operation, frame: Frame, peer: str, identity: auth.Peer) -> HandlerReply:
+    async def _authorized(self, operation: messages.AnyOperation, frame: Frame, peer: str, identity: auth.Peer) -> HandlerReply:
         if self.authorize is not None:
             try:
                 self.authorize(identity, operation.name)
@@ -630,7 +668,7 @@ class RpcServer:
         finally:
             current_peer.reset(peer_token)
 
-    async def _dispatch(self, operation: messages.Operation, frame: Frame, peer: str) -> HandlerReply:
+    async def _dispatch(self, operation: messages.AnyOperation, frame: Frame, peer: str) -> HandlerReply:
         if frame.discarded:
             if not operation.payload:
                 raise self._invalid(peer, f"{operation.name} takes no payload")
@@ -682,5 +720,5 @@ class RpcServer:
 # The client side lives in its own module; it is part of this one's interface.
 from .rpc_client import RpcClient  # noqa: E402
 
-__all__ = ["CALL_ID_BYTES", "Call", "HelloTimeout", "RpcClient", "RpcServer", "current_call", "current_peer",
+__all__ = ["CALL_ID_BYTES", "Call", "Handler", "Handlers", "HelloTimeout", "RpcClient", "RpcServer", "current_call", "current_peer",
            "parse_address", "parse_group"]

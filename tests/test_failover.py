@@ -177,15 +177,15 @@ def test_a_call_retried_on_another_metadata_service_is_applied_once(store_url, t
                                ("rename", {"src": "/d/f", "dst": "/d/g"}), ("makedirs", {"path": "/x/y/z"}),
                                ("unlink", {"path": "/d/g"})]:
                 call_id = uuid.uuid4().bytes
-                first, _ = await rpc.call(address_a, op, fields, call_id=call_id)
-                again, _ = await rpc.call(address_b, op, fields, call_id=call_id)
+                first, _ = await rpc.call_raw(address_a, op, fields, call_id=call_id)
+                again, _ = await rpc.call_raw(address_b, op, fields, call_id=call_id)
                 assert first == again, op
             with pytest.raises(errors.AlreadyExists):  # the same request without the call id
-                await rpc.call(address_b, "mkdir", {"path": "/d"})
-            listing, _ = await rpc.call(address_b, "readdir", {"path": "/d"}, idempotent=True)
+                await rpc.call_raw(address_b, "mkdir", {"path": "/d"})
+            listing, _ = await rpc.call_raw(address_b, "readdir", {"path": "/d"}, idempotent=True)
             assert listing["entries"] == []
             with pytest.raises(errors.InvalidArgument, match="call_id"):
-                await rpc.call(address_a, "mkdir", {"path": "/e", "call_id": b"short"}, idempotent=True)
+                await rpc.call_raw(address_a, "mkdir", {"path": "/e", "call_id": b"short"}, idempotent=True)
         finally:
             await rpc.close()
             await a.close()

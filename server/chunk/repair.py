@@ -198,8 +198,8 @@ class Repairer:
         if self.busy():
             await self.busy_limiter.take(source.length)
         try:
-            _, payload = await self.peers.call(source.address, "get_chunk", {"block_id": block_id},
-                                               idempotent=True, retries_max=1)
+            _, payload = await self.peers.call(source.address, messages.GET_CHUNK,
+                                               messages.GetChunkRequest(block_id=block_id), retries_max=1)
             whole = await self.in_thread(checksum.crc, payload)
             if len(payload) != source.length or whole != source.crc:
                 raise ChecksumMismatch(f"chunk from {source.address} does not match the crc recorded at write")
