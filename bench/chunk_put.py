@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import parse_size, process_cpu_s  # noqa: E402
 
 from tectofs import auth, checksum, messages
-from tectofs.rpc import RpcClient
+from tectofs.rpc_client import RpcClient
 from tectofs.server.cluster import LocalCluster
 
 

@@ -35,8 +35,7 @@ from tectofs.errors import (
 from tectofs.metrics import ClientMetrics
 from tectofs.policy import parse as parse_policy
 from tectofs.regions import Regions
-from tectofs.rpc import RpcClient
-from tectofs.rpc_client import ReplySink
+from tectofs.rpc_client import ReplySink, RpcClient
 
 log = logging.getLogger("tectofs.client")
 

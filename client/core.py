@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator
 from tectofs import allocator, auth, limits, messages, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound
-from tectofs.rpc import parse_group
+from tectofs.rpc_transport import parse_group
 
 from .blocks import BlockIO
 from .files import AsyncFile
@@ -134,7 +134,7 @@ class AsyncFileSystem:
 
     def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None) -> None:
         """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
-        metadata services sharing one store (``tectofs.rpc.RpcClient``). ``credentials``: a
+        metadata services sharing one store (``tectofs.rpc_client.RpcClient``). ``credentials``: a
         credential file or :class:`tectofs.auth.Credential`; by default the one
         :func:`tectofs.auth.find_credential` finds (``$TECTOFS_CREDENTIALS``, or the file ``tectofs
         up`` wrote for this address). Without one, every metadata call is refused.

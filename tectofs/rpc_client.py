@@ -1,6 +1,7 @@
-"""The client side of the RPC layer (``tectofs.rpc``): a pool of connections to many servers,
-address groups with failover, retries with backoff, and the client half of the hello and its
-authentication. Import it from ``tectofs.rpc``.
+"""The client side of the RPC layer: a pool of connections to many servers, address groups
+with failover, retries with backoff, and the client half of the hello and its authentication.
+It shares the framed connection with the server side (``tectofs.rpc``) through
+``tectofs.rpc_transport``, and never imports the server's module.
 
 Deadlines use ``asyncio.timeout``, never ``asyncio.wait_for``: Python 3.11's ``wait_for``
 returns the result of a future that completes while its caller is being cancelled, and the
@@ -36,7 +37,7 @@ from .protocol import (
     default_allocator,
     encode_frame,
 )
-from .rpc import SOFTWARE, HelloTimeout, Payload, Reply, _FramedProtocol, parse_address, parse_group
+from .rpc_transport import SOFTWARE, FramedProtocol, HelloTimeout, Payload, Reply, parse_address, parse_group
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
@@ -84,7 +85,7 @@ class ReplySink:
             scatter.divert()
 
 
-class _ClientConnection(_FramedProtocol):
+class _ClientConnection(FramedProtocol):
     def __init__(self, address: str, allocate_payload: PayloadAllocator | None = None) -> None:
         self._allocate_other = allocate_payload
         super().__init__(self._allocate_reply)

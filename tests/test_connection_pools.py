@@ -25,7 +25,8 @@ from tectofs import auth, limits, messages
 from tectofs.client import connect
 from tectofs.connlimits import ConnectionGuard, ConnectionPolicy
 from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
-from tectofs.rpc import RpcClient, RpcServer
+from tectofs.rpc import RpcServer
+from tectofs.rpc_client import RpcClient
 from tests.rpc_doubles import answering
 
 MiB = 1 << 20

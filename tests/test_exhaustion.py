@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from tectofs import auth, errors, limits, messages
 from tectofs.connlimits import ConnectionPolicy
 from tectofs.protocol import FIXED_HEADER_BYTES, PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame, staged_bytes
-from tectofs.rpc import RpcClient, RpcServer
+from tectofs.rpc import RpcServer
+from tectofs.rpc_client import RpcClient
 from tests.rpc_doubles import answering
 
 MiB = 1 << 20

@@ -19,7 +19,9 @@ import pytest
 from tectofs import errors, fsck, limits
 from tectofs.bench import load_script
 from tectofs.client import connect
-from tectofs.rpc import Call, RpcClient, current_call, parse_group
+from tectofs.rpc import Call, current_call
+from tectofs.rpc_client import RpcClient
+from tectofs.rpc_transport import parse_group
 from tectofs.store import SqlStore, StoreRunner, requests
 from tectofs.store.dialect import dialect_for
 from tests import conftest

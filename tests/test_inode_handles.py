@@ -23,7 +23,7 @@ from tectofs import auth, messages
 from tectofs.client import connect
 from tectofs.client.sync import FileSystem
 from tectofs.errors import NotPermitted, PermissionDenied, TectofsError
-from tectofs.rpc import RpcClient
+from tectofs.rpc_client import RpcClient
 
 MiB = 1 << 20
 SCAN_TO = 64  # inode numbers scanned: every inode this module's cluster has, and some it has not

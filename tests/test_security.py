@@ -24,7 +24,8 @@ from tectofs.errors import (
     NotPermitted,
     PermissionDenied,
 )
-from tectofs.rpc import RpcClient, RpcServer
+from tectofs.rpc import RpcServer
+from tectofs.rpc_client import RpcClient
 from tests.rpc_doubles import answering
 
 MiB = 1 << 20

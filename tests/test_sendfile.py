@@ -241,17 +241,17 @@ def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeyp
     others are served."""
     import socket
 
-    import tectofs.rpc
+    import tectofs.rpc_transport
     from tectofs.protocol import PROTOCOL_VERSION, FrameKind, encode_frame
 
     threaded: list[int] = []
-    real_send = tectofs.rpc.send_region
+    real_send = tectofs.rpc_transport.send_region
 
     def counting(fd: int, head: bytes, payload: Any, closing: Any) -> None:
         threaded.append(len(payload))
         real_send(fd, head, payload, closing)
 
-    monkeypatch.setattr(tectofs.rpc, "send_region", counting)
+    monkeypatch.setattr(tectofs.rpc_transport, "send_region", counting)
     monkeypatch.setattr(limits, "send_file_stall_s", 1.0)
     monkeypatch.setattr(limits, "send_file_rate_min_bytes_per_s", 64 * MiB)
     handler = _MemoryServer()
@@ -293,10 +293,10 @@ def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeyp
 
 
 def test_with_every_send_thread_taken_large_payloads_go_through_the_transport(monkeypatch) -> None:
-    import tectofs.rpc
+    import tectofs.rpc_transport
 
     threaded: list[int] = []
-    monkeypatch.setattr(tectofs.rpc, "send_region", lambda *a: threaded.append(1))
+    monkeypatch.setattr(tectofs.rpc_transport, "send_region", lambda *a: threaded.append(1))
     monkeypatch.setattr(limits, "send_buffer_threads", 0)  # all taken (peers slow to read, say)
     handler = _MemoryServer()
     handler.payload = os.urandom(3 * MiB)

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable
 from tectofs import checksum, erasure, limits, messages
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, DataUnavailable, TectofsError
 from tectofs.policy import parse as parse_policy
-from tectofs.rpc import RpcClient
+from tectofs.rpc_client import RpcClient
 from tectofs.throttle import RateLimiter
 
 from .storage import ChunkStore

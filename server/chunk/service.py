@@ -47,7 +47,9 @@ from tectofs.errors import (
     TectofsError,
 )
 from tectofs.metrics import ChunkMetrics
-from tectofs.rpc import Handlers, ReplyPayload, RpcClient, RpcServer, current_peer
+from tectofs.rpc import Handlers, RpcServer, current_peer
+from tectofs.rpc_client import RpcClient
+from tectofs.rpc_transport import ReplyPayload
 from tectofs.sendfile import FileRegion
 from tectofs.server import addresses
 
