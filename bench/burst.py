@@ -164,18 +164,20 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 def _mds_stats(fs: Any) -> dict[str, Any]:
     from tectofs import messages
 
-    reply, _ = fs.run(fs.aio.meta("stats"))
+    reply = fs.run(fs.aio.metadata.stats())
     return dict(messages.to_plain(reply))
 
 
 def _chunk_stats(fs: Any) -> dict[str, dict[str, int]]:
+    from tectofs import messages
+
     out: dict[str, dict[str, int]] = {}
     for server in fs.servers():
         if not server.get("live") or not server.get("address"):
             continue
         try:
-            reply, _ = fs.run(fs.aio.rpc.call(server["address"], "stat", {}, idempotent=True, timeout_s=10))
-            out[server["address"]] = dict(reply.get("stats", {}))
+            reply, _ = fs.run(fs.aio.rpc.call(server["address"], messages.CHUNK_STAT, messages.Empty(), timeout_s=10))
+            out[server["address"]] = dict(reply.stats)
         except Exception as exc:  # a dead server is reported by the survival check
             out[server["address"]] = {"error": _describe(exc)}  # type: ignore[dict-item]
     return out
@@ -239,9 +241,11 @@ class _LivenessMonitor:
         # (time, live servers, oldest heartbeat age s, MDS `servers` call s, slowest chunk-server ping s)
 
     def _ping(self, address: str) -> float:
+        from tectofs import messages
+
         started = time.perf_counter()
         try:
-            self.fs.run(asyncio.wait_for(self.fs.aio.rpc.call(address, "ping", {}, idempotent=True, timeout_s=30), 35))
+            self.fs.run(asyncio.wait_for(self.fs.aio.rpc.call(address, messages.PING, messages.Empty(), timeout_s=30), 35))
         except Exception:
             pass
         return time.perf_counter() - started
@@ -288,6 +292,8 @@ def _baseline(fs: Any, size_bytes: int, cpu: _CpuMeter) -> dict[str, Any]:
     """One client, one large file (the cluster's block size): write then read ``size_bytes``.
     GB/s each, and the servers' CPU seconds for each (large-chunk cost per GB). The reader
     checks a SHA-256 of what it reads, as every rank of the burst does."""
+    from tectofs import messages
+
     piece = 8 * MiB
     data = memoryview(os.urandom(min(size_bytes, piece)))
     expected = hashlib.sha256()
@@ -303,7 +309,7 @@ def _baseline(fs: Any, size_bytes: int, cpu: _CpuMeter) -> dict[str, Any]:
             written += n
     write_s = time.perf_counter() - started
     write_cpu = cpu.stop()
-    blocks = len(fs.run(fs.aio.meta("layout", path="/burst-baseline.bin"))[0].blocks)
+    blocks = len(fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path="/burst-baseline.bin"))).blocks)
     buffer = bytearray(piece)
     cpu.start()
     started = time.perf_counter()

@@ -56,20 +56,28 @@ class _Worker:
 
     async def setup(self) -> dict[str, Any]:
         from tectofs.client import AsyncFileSystem
+        from tectofs.client.metadata import MetadataClient
 
-        class TimedFileSystem(AsyncFileSystem):
+        class TimedMetadataClient(MetadataClient):
             """Records the time spent in each metadata operation (e.g. ``commit``)."""
 
-            def __init__(self, address: str) -> None:
-                super().__init__(address)
+            def __init__(self, rpc: Any, address: str) -> None:
+                super().__init__(rpc, address)
                 self.op_seconds: dict[str, float] = {}
 
-            async def meta(self, op: str, **header: Any) -> Any:
+            async def call(self, operation: Any, request: Any) -> Any:
                 started = time.perf_counter()
                 try:
-                    return await super().meta(op, **header)
+                    return await super().call(operation, request)
                 finally:
-                    self.op_seconds[op] = self.op_seconds.get(op, 0.0) + time.perf_counter() - started
+                    seconds = time.perf_counter() - started
+                    self.op_seconds[operation.name] = self.op_seconds.get(operation.name, 0.0) + seconds
+
+        class TimedFileSystem(AsyncFileSystem):
+            def __init__(self, address: str) -> None:
+                super().__init__(address)
+                self.metadata = timed = TimedMetadataClient(self.meta_rpc, address)
+                self.op_seconds = timed.op_seconds
 
         address = self.config["address"]
         for rank in self.config["ranks"]:
@@ -80,7 +88,7 @@ class _Worker:
             state.digest = digest.digest()
             self.ranks.append(state)
         # Like a real job: every rank connects before the first checkpoint.
-        results = await asyncio.gather(*(r.fs.meta("ping") for r in self.ranks), return_exceptions=True)
+        results = await asyncio.gather(*(r.fs.metadata.ping() for r in self.ranks), return_exceptions=True)
         errors = [f"rank {r.rank}: connect: {_describe(x)}" for r, x in zip(self.ranks, results) if isinstance(x, BaseException)]
         return {"event": "ready", "errors": errors[:20], "error_count": len(errors)}
 

@@ -21,8 +21,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import parse_size, process_cpu_s  # noqa: E402
 
-from tectofs import auth, checksum
-from tectofs.rpc import RpcClient
+from tectofs import auth, checksum, messages
+from tectofs.rpc_client import RpcClient
 from tectofs.server.cluster import LocalCluster
 
 
@@ -42,8 +42,8 @@ def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:
 
                 async def put(i: int) -> None:
                     async with gate:
-                        await rpc.call(address, "put_chunk", {"block_id": i + 1, "position": 0, "crcs": crcs,
-                                                             "crc": whole}, data)
+                        request = messages.PutChunkRequest(block_id=i + 1, position=0, crcs=crcs, crc=whole)
+                        await rpc.call(address, messages.PUT_CHUNK, request, data)
 
                 cpu0, started = process_cpu_s(pid), time.perf_counter()
                 await asyncio.gather(*(put(i) for i in range(count)))

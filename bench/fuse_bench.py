@@ -140,7 +140,7 @@ def _fs_type(path: str) -> str:
 
 def _store_stats(fs: Any) -> dict[str, int]:
     """The metadata service's store counters: operations run and group commits made."""
-    reply, _ = fs.run(fs.aio.meta("stats"))
+    reply = fs.run(fs.aio.metadata.stats())
     return dict(reply.store)
 
 

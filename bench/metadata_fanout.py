@@ -36,11 +36,13 @@ MODES = (("every rank reads", False), ("read once, broadcast", True))
 
 
 def _chunk_gets(fs: Any) -> int:
+    from tectofs import messages
+
     total = 0
     for server in fs.servers():
         if server.get("live") and server.get("address"):
-            reply, _ = fs.run(fs.aio.rpc.call(server["address"], "stat", {}, idempotent=True, timeout_s=10))
-            total += int(dict(reply.get("stats", {})).get("gets", 0))
+            reply, _ = fs.run(fs.aio.rpc.call(server["address"], messages.CHUNK_STAT, messages.Empty(), timeout_s=10))
+            total += reply.stats.get("gets", 0)
     return total
 
 

@@ -58,6 +58,7 @@ def _timed(command: list[str], directory: str) -> float:
 
 
 def run(out_dir: str, files: int = 1000, repeats: int = 3) -> dict[str, Any]:
+    from tectofs import messages
     from tectofs.client import connect
     from tectofs.client.fuse import start_mount_process
     from tectofs.server.cluster import LocalCluster
@@ -79,7 +80,7 @@ def run(out_dir: str, files: int = 1000, repeats: int = 3) -> dict[str, Any]:
 
                     async def create(n: int) -> None:
                         async with gate:
-                            await fs.aio.meta("create", path=f"/ranks/__{n}_0.distcp", mode=0o644)
+                            await fs.aio.metadata.create(messages.CreateRequest(path=f"/ranks/__{n}_0.distcp", mode=0o644))
 
                     await asyncio.gather(*(create(n) for n in range(files)))
 

@@ -78,9 +78,7 @@ class Monitor:
         self.fs = fs
 
     def counts(self) -> dict[str, int]:
-        from tectofs import messages
-
-        return messages.to_plain(self.fs.run(self.fs.aio.meta("stats"))[0])["counts"]  # type: ignore[no-any-return]
+        return dict(self.fs.run(self.fs.aio.metadata.stats()).counts)
 
     def rebuilt_bytes(self) -> int:
         """Sum of every chunk server's ``repair_bytes`` (as of its last heartbeat)."""

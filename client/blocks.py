@@ -35,8 +35,7 @@ from tectofs.errors import (
 from tectofs.metrics import ClientMetrics
 from tectofs.policy import parse as parse_policy
 from tectofs.regions import Regions
-from tectofs.rpc import RpcClient
-from tectofs.rpc_client import ReplySink
+from tectofs.rpc_client import ReplySink, RpcClient
 
 log = logging.getLogger("tectofs.client")
 
@@ -264,10 +263,8 @@ class BlockIO:
         cap: messages.Capability | None,
     ) -> None:
         pieces, whole = crcs
-        header: dict[str, Any] = {"block_id": block_id, "position": position, "crcs": pieces, "crc": whole}
-        if cap is not None:
-            header["cap"] = messages.to_plain(cap)
-        await self.rpc.call(address, "put_chunk", header, chunk, idempotent=True)
+        request = messages.PutChunkRequest(block_id=block_id, position=position, crcs=pieces, crc=whole, cap=cap)
+        await self.rpc.call(address, messages.PUT_CHUNK, request, chunk)
 
     # ------------------------------------------------------------------ read
 
@@ -371,7 +368,7 @@ class BlockIO:
             if failed or skipped:
                 self._note("degraded_reads")
                 for position in failed:
-                    kind = "corrupt" if position in corrupt else "missing" if position in missing else "unreachable"
+                    kind: messages.BadChunkKind = "corrupt" if position in corrupt else "missing" if position in missing else "unreachable"
                     await self._report(block, by_position[position], failed[position], kind)
             decoding = asyncio.get_running_loop().run_in_executor(self.executor, erasure.decode_into, policy, got, out)
             try:
@@ -401,12 +398,9 @@ class BlockIO:
         or ``placed`` when ``sink`` received it there."""
         if not chunk.address:
             raise ConnectionLost(f"chunk server {chunk.server_id} is not registered")
-        request: dict[str, Any] = {"block_id": block.block_id}
-        if block.cap is not None:
-            request["cap"] = messages.to_plain(block.cap)
+        request = messages.GetChunkRequest(block_id=block.block_id, cap=block.cap)
         try:
-            header, payload = await self.rpc.call(chunk.address, "get_chunk", request, idempotent=True, retries_max=1,
-                                                  receive_into=sink)
+            _, payload = await self.rpc.call(chunk.address, messages.GET_CHUNK, request, retries_max=1, receive_into=sink)
         finally:
             if sink is not None:
                 sink.divert()  # done, failed or cancelled: no later byte goes into the block
@@ -425,15 +419,17 @@ class BlockIO:
             raise ChecksumMismatch(f"chunk from {chunk.address} does not match the checksum recorded at write")
         return payload
 
-    async def _report(self, block: messages.Block, chunk: messages.ChunkRef, reason: str, kind: str) -> None:
+    async def _report(
+        self, block: messages.Block, chunk: messages.ChunkRef, reason: str, kind: messages.BadChunkKind,
+    ) -> None:
         """Tell the metadata service; "corrupt" and "missing" chunks get rebuilt."""
         self._note("bad_chunks")
         try:
             await self.rpc.call(
-                self.meta_address, "report_bad_chunk",
-                {"block_id": block.block_id, "position": chunk.position, "server_id": chunk.server_id,
-                 "reason": reason[:500], "kind": kind},
-                idempotent=True, retries_max=0, timeout_s=5,
+                self.meta_address, messages.REPORT_BAD_CHUNK,
+                messages.ReportBadChunkRequest(block_id=block.block_id, position=chunk.position,
+                                               server_id=chunk.server_id, reason=reason[:500], kind=kind),
+                retries_max=0, timeout_s=5,
             )
         except TectofsError:
             pass

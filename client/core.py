@@ -9,16 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator
 
-import msgspec
-
 from tectofs import allocator, auth, limits, messages, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
-from tectofs.errors import InvalidArgument, IsADirectory, NotFound, ProtocolError
-from tectofs.rpc import parse_group
+from tectofs.errors import InvalidArgument, IsADirectory, NotFound
+from tectofs.rpc_transport import parse_group
 
 from .blocks import BlockIO
 from .files import AsyncFile
 from .leases import LeaseEndings
+from .metadata import MetadataClient
 from .metered import MeteredRpcClient
 
 _MODES = {
@@ -135,7 +134,7 @@ class AsyncFileSystem:
 
     def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None) -> None:
         """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
-        metadata services sharing one store (``tectofs.rpc.RpcClient``). ``credentials``: a
+        metadata services sharing one store (``tectofs.rpc_client.RpcClient``). ``credentials``: a
         credential file or :class:`tectofs.auth.Credential`; by default the one
         :func:`tectofs.auth.find_credential` finds (``$TECTOFS_CREDENTIALS``, or the file ``tectofs
         up`` wrote for this address). Without one, every metadata call is refused.
@@ -155,6 +154,7 @@ class AsyncFileSystem:
         if self.credential is not None:
             self.rpc.authenticate(meta_address, auth.ClientAuth(credential=self.credential))
         self.meta_rpc = self.rpc  # metadata calls; chunk traffic always goes through self.rpc
+        self.metadata = MetadataClient(self.meta_rpc, meta_address)  # the typed metadata calls
         self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers, self.metrics)
         self._views: dict[tuple[int, int, tuple[int, ...]], AsyncFileSystem] = {}
         self.lease_endings = LeaseEndings(self)  # shared with the views: sent as this client
@@ -176,22 +176,12 @@ class AsyncFileSystem:
             view.meta_rpc = MeteredRpcClient(self.metrics, allocate_payload=lambda header, n: self.buffers.get(n))
             view.meta_rpc.expect_role(self.meta_address, "meta")
             view.meta_rpc.authenticate(self.meta_address, auth.ClientAuth(credential=self.credential, act_as=key))
+            view.metadata = MetadataClient(view.meta_rpc, self.meta_address)
             while len(self._views) >= limits.acting_views_max:
                 oldest = self._views.pop(next(iter(self._views)))  # the least recently used
                 asyncio.get_running_loop().create_task(oldest.meta_rpc.close())
         self._views[key] = view  # most recently used last
         return view
-
-    async def meta(self, op: str, **fields: Any) -> tuple[Any, Any]:
-        """One call to the metadata service: ``fields`` of the operation's request type in,
-        its reply type (``tectofs.messages.META_OPERATIONS``) out, with the reply payload.
-        Retried blindly only if the operation is idempotent, else only when nothing reached it."""
-        operation = messages.META_OPERATIONS[op]
-        header, payload = await self.meta_rpc.call(self.meta_address, op, fields, idempotent=operation.idempotent)
-        try:
-            return messages.convert(header, operation.reply), payload
-        except msgspec.ValidationError as exc:
-            raise ProtocolError(f"the metadata service answered {op} with an invalid reply: {exc}") from None
 
     async def close(self) -> None:
         if self.meta_rpc is self.rpc:
@@ -207,7 +197,7 @@ class AsyncFileSystem:
     # ------------------------------------------------------------------ namespace
 
     async def stat(self, path: str) -> Stat:
-        reply, _ = await self.meta("lookup", path=path)
+        reply = await self.metadata.lookup(messages.PathRequest(path=path))
         return Stat.from_attrs(reply.attrs)
 
     async def exists(self, path: str) -> bool:
@@ -220,7 +210,7 @@ class AsyncFileSystem:
     async def readdir_page(self, path: str, after: str = "") -> tuple[list[tuple[str, Stat]], str | None]:
         """One page of a directory (one metadata call): entries sorted by name after
         ``after``, and the cursor for the next page (None after the last)."""
-        reply, _ = await self.meta("readdir", path=path, after=after)
+        reply = await self.metadata.readdir(messages.ReaddirRequest(path=path, after=after))
         return [(entry.name, Stat.from_attrs(entry.attrs)) for entry in reply.entries], reply.next
 
     async def scandir_pages(self, path: str) -> AsyncIterator[list[tuple[str, Stat]]]:
@@ -240,59 +230,60 @@ class AsyncFileSystem:
         self, path: str, mode: int = 0o755, policy: str | None = None, block_size: int | None = None,
         parents: bool = False, exist_ok: bool = False,
     ) -> Stat:
-        op = "makedirs" if parents else "mkdir"
-        reply, _ = await self.meta(op, path=path, mode=mode, policy=policy, block_size=block_size, exist_ok=exist_ok,
-                                   uid=os.getuid(), gid=os.getgid())
+        request = messages.MkdirRequest(path=path, mode=mode, policy=policy, block_size=block_size, exist_ok=exist_ok,
+                                        uid=os.getuid(), gid=os.getgid())
+        reply = await (self.metadata.makedirs(request) if parents else self.metadata.mkdir(request))
         return Stat.from_attrs(reply.attrs)
 
     async def set_policy(
         self, path: str, policy: str | None = None, block_size: int | None = None, write_min: int | None = None
     ) -> Stat:
         """What new files below directory ``path`` get: policy, block size, write minimum."""
-        reply, _ = await self.meta("set_policy", path=path, policy=policy, block_size=block_size, write_min=write_min)
+        reply = await self.metadata.set_policy(
+            messages.SetPolicyRequest(path=path, policy=policy, block_size=block_size, write_min=write_min))
         return Stat.from_attrs(reply.attrs)
 
     async def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
-        await self.meta("rename", src=src, dst=dst, noreplace=noreplace)
+        await self.metadata.rename(messages.RenameRequest(src=src, dst=dst, noreplace=noreplace))
 
     async def exchange(self, a: str, b: str) -> None:
         """Atomically swap two entries (files or directories, empty or not)."""
-        await self.meta("exchange", a=a, b=b)
+        await self.metadata.exchange(messages.ExchangeRequest(a=a, b=b))
 
     async def remove(self, path: str) -> DirectoryChange | None:
         """Remove a name; the file goes with its last name, once no handle has it open.
         Returns what that did to the directory it was in (None from a metadata service that
         does not say)."""
-        reply, _ = await self.meta("unlink", path=path)
+        reply = await self.metadata.unlink(messages.UnlinkRequest(path=path))
         return DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
 
     async def getxattr(self, path: str, name: str) -> bytes:
         """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``; other
         names fail here, without a call: ``tectofs.xattr_names``)."""
         xattr_names.namespace_of(name)
-        reply, _ = await self.meta("getxattr", path=path, name=name)
+        reply = await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))
         return bytes(reply.value)
 
     async def listxattr(self, path: str) -> list[str]:
-        reply, _ = await self.meta("listxattr", path=path)
+        reply = await self.metadata.listxattr(messages.PathRequest(path=path))
         return list(reply.names)
 
     async def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
         """``flags``: ``os.XATTR_CREATE`` or ``os.XATTR_REPLACE``, as ``os.setxattr``."""
         xattr_names.namespace_of(name)
-        await self.meta("setxattr", path=path, name=name, value=bytes(value), flags=flags)
+        await self.metadata.setxattr(messages.SetxattrRequest(path=path, name=name, value=bytes(value), flags=flags))
 
     async def removexattr(self, path: str, name: str) -> None:
         xattr_names.namespace_of(name)
-        await self.meta("removexattr", path=path, name=name)
+        await self.metadata.removexattr(messages.XattrRequest(path=path, name=name))
 
     async def link(self, src: str, dst: str) -> Stat:
         """A hard link: ``dst`` becomes another name of the file ``src`` (not a directory)."""
-        reply, _ = await self.meta("link", src=src, dst=dst)
+        reply = await self.metadata.link(messages.LinkRequest(src=src, dst=dst))
         return Stat.from_attrs(reply.attrs)
 
     async def rmdir(self, path: str) -> None:
-        await self.meta("rmdir", path=path)
+        await self.metadata.rmdir(messages.PathRequest(path=path))
 
     async def rmtree(self, path: str, window: int = limits.removals_parallel_max) -> None:
         """Remove directory ``path`` and everything below it: the entries of each page of a
@@ -329,7 +320,7 @@ class AsyncFileSystem:
         if st.kind == "dir":
             raise IsADirectory(f"{path} is a directory")
         if size >= st.size or size % st.block_size == 0:
-            await self.meta("truncate", path=path, size=size)
+            await self.metadata.truncate(messages.TruncateRequest(path=path, size=size))
             return
         handle = await self.open(path, "r+b")
         try:
@@ -341,17 +332,18 @@ class AsyncFileSystem:
         self, path: str, mode: int | None = None, uid: int | None = None, gid: int | None = None,
         atime: float | None = None, mtime: float | None = None,
     ) -> Stat:
-        reply, _ = await self.meta("setattr", path=path, mode=mode, uid=uid, gid=gid, atime=atime, mtime=mtime)
+        reply = await self.metadata.setattr(
+            messages.SetattrRequest(path=path, mode=mode, uid=uid, gid=gid, atime=atime, mtime=mtime))
         return Stat.from_attrs(reply.attrs)
 
     async def symlink(self, target: str, path: str) -> Stat:
-        reply, _ = await self.meta("symlink", path=path, target=target, uid=os.getuid(), gid=os.getgid())
+        reply = await self.metadata.symlink(messages.SymlinkRequest(path=path, target=target, uid=os.getuid(), gid=os.getgid()))
         return Stat.from_attrs(reply.attrs)
 
     async def mknod(self, path: str, mode: int, rdev: int = 0) -> Stat:
         """A FIFO, socket or device node (``mode`` with its ``stat.S_IF*`` type bits): metadata
         only, for the mount, ``tar`` and ``cp -a`` (the kernel serves them locally)."""
-        reply, _ = await self.meta("mknod", path=path, mode=mode, rdev=rdev, uid=os.getuid(), gid=os.getgid())
+        reply = await self.metadata.mknod(messages.MknodRequest(path=path, mode=mode, rdev=rdev, uid=os.getuid(), gid=os.getgid()))
         return Stat.from_attrs(reply.attrs)
 
     async def readlink(self, path: str) -> str:
@@ -361,11 +353,11 @@ class AsyncFileSystem:
         return st.target
 
     async def statfs(self) -> dict[str, Any]:
-        reply, _ = await self.meta("statfs")
+        reply = await self.metadata.statfs()
         return dict(messages.to_plain(reply))
 
     async def servers(self) -> list[dict[str, Any]]:
-        reply, _ = await self.meta("servers")
+        reply = await self.metadata.servers()
         return list(messages.to_plain(reply.servers))
 
     # ------------------------------------------------------------------ files
@@ -383,18 +375,16 @@ class AsyncFileSystem:
         created, directory, ctime_before = False, None, None
         lease = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         if create:
-            reply, _ = await self.meta(
-                "create", path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease
-            )
+            reply = await self.metadata.create(messages.CreateRequest(
+                path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease))
             attrs, created, directory, ctime_before = (reply.attrs, reply.created, reply.directory,
                                                         reply.directory_ctime_before)
             # a new file has no blocks yet (and its creator may write it whatever its mode)
             layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate or created else (
-                await self.meta("layout", ino=attrs.ino, handle=attrs.handle)
-            )[0]
+                await self.metadata.layout(messages.LayoutRequest(ino=attrs.ino, handle=attrs.handle)))
         else:
-            layout, _ = await self.meta("layout", path=path, reader=lease,
-                                        write_only=writable and (write_only or not readable))
+            layout = await self.metadata.layout(messages.LayoutRequest(
+                path=path, reader=lease, write_only=writable and (write_only or not readable)))
         # a file this call created is empty already: nothing to truncate (no commit at close
         # unless something is written)
         handle = AsyncFile(self, path, layout, readable, writable, truncate and not created)
@@ -407,7 +397,7 @@ class AsyncFileSystem:
         """How many blocks a file stores (holes not counted), reading its layout segment by segment."""
         count, first = 0, 0
         while True:
-            segment, _ = await self.meta("layout", path=path, first=first)
+            segment = await self.metadata.layout(messages.LayoutRequest(path=path, first=first))
             count += len(segment.blocks)
             if segment.end is None:
                 return count

@@ -95,7 +95,7 @@ class AsyncFile:
     async def _cover(self, first: int, last: int) -> None:
         """Make sure the layout of blocks ``first`` to ``last`` is known (fetching segments)."""
         while (missing := self.layout.first_unknown(first, last)) is not None:
-            segment, _ = await self.fs.meta("layout", ino=self.ino, handle=self.handle, first=missing)
+            segment = await self.fs.metadata.layout(messages.LayoutRequest(ino=self.ino, handle=self.handle, first=missing))
             self.layout.add(segment)
 
     # ------------------------------------------------------------------ write
@@ -299,10 +299,10 @@ class AsyncFile:
         blocks = [messages.written(b) for b in self._written.values()]
         step = max(1, self._blocks_per_call // 2)  # blocks and holes together within one call's bound
         for first in range(0, max(len(blocks), len(holes)), step):
-            await self.fs.meta(
-                "stage", ino=self.ino, handle=self.handle, writer=self._writer, blocks=blocks[first : first + step],
+            await self.fs.metadata.stage(messages.StageRequest(
+                ino=self.ino, handle=self.handle, writer=self._writer, blocks=blocks[first : first + step],
                 holes=holes[first : first + step],
-            )
+            ))
         self._staged.update(self._written)
         self._staged_idx.update(self._written, holes)
         self._written.clear()
@@ -322,9 +322,8 @@ class AsyncFile:
         if not self._allocations:
             for attempt in range(limits.placement_attempts_max):
                 try:
-                    reply, _ = await self.fs.meta(
-                        "allocate", ino=self.ino, handle=self.handle, count=self._allocation_batch, writer=self._writer
-                    )
+                    reply = await self.fs.metadata.allocate(messages.AllocateRequest(
+                        ino=self.ino, handle=self.handle, count=self._allocation_batch, writer=self._writer))
                     break
                 except NoSpace:
                     # Servers may look dead for a moment (a slow metadata service, a restart):
@@ -338,9 +337,8 @@ class AsyncFile:
         return self._allocations.pop(0)
 
     async def _reallocate(self, failed_servers: set[int]) -> messages.Allocation:
-        reply, _ = await self.fs.meta(
-            "allocate", ino=self.ino, handle=self.handle, count=1, exclude=sorted(failed_servers), writer=self._writer
-        )
+        reply = await self.fs.metadata.allocate(messages.AllocateRequest(
+            ino=self.ino, handle=self.handle, count=1, exclude=sorted(failed_servers), writer=self._writer))
         return reply.blocks[0]
 
     def _keep_lease(self, lease_s: float) -> None:
@@ -368,8 +366,9 @@ class AsyncFile:
                 periods = [s for s in (self._writer_lease_s, limits.reader_lease_s if self._reader else None) if s]
                 await asyncio.sleep(max(0.05, min(periods) / 4))
                 try:
-                    await self.fs.meta("renew", ino=self.ino, handle=self.handle, writer=self._writer if self._writer_lease_s else 0,
-                                       reader=self._reader)
+                    await self.fs.metadata.renew(messages.RenewRequest(
+                        ino=self.ino, handle=self.handle, writer=self._writer if self._writer_lease_s else 0,
+                        reader=self._reader))
                 except TectofsError as exc:  # the next renewal, or the commit, will tell
                     log.warning("%s: lease renewal failed: %s", self.path, exc)
 
@@ -410,7 +409,8 @@ class AsyncFile:
         for idx in [i for i in self._written if i >= first_gone]:
             del self._written[idx]
         if any(i >= first_gone for i in self._staged_idx):
-            await self.fs.meta("stage", ino=self.ino, handle=self.handle, writer=self._writer, cut_from=first_gone)
+            await self.fs.metadata.stage(
+                messages.StageRequest(ino=self.ino, handle=self.handle, writer=self._writer, cut_from=first_gone))
             self._staged = {i: b for i, b in self._staged.items() if i < first_gone}
             self._staged_idx = {i for i in self._staged_idx if i < first_gone}
         self._holes = {i for i in self._holes if i < first_gone}
@@ -487,13 +487,12 @@ class AsyncFile:
             return None
         await self._stage_excess()
         staged = bool(self._staged_idx)
-        layout, _ = await self.fs.meta(
-            "commit", ino=self.ino, handle=self.handle, size=self.size, replace=self.replace,
+        return await self.fs.metadata.commit(messages.CommitRequest(
+            ino=self.ino, handle=self.handle, size=self.size, replace=self.replace,
             mtime=self.modified_at or time.time(),
             blocks=[messages.written(b) for b in self._written.values() if b.idx * self.block_size < self.size],
             shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,
-        )
-        return layout  # type: ignore[no-any-return]
+        ))
 
     async def close(self) -> None:
         """Commit (readers that open the file afterwards see everything written) and close.
@@ -517,7 +516,7 @@ class AsyncFile:
         self._release()
         if self.created and not self._committed and self.writable:
             try:
-                await self.fs.meta("unlink", path=self.path, ino=self.ino, only_if_empty=True)
+                await self.fs.metadata.unlink(messages.UnlinkRequest(path=self.path, ino=self.ino, only_if_empty=True))
             except TectofsError:
                 pass  # renamed or removed meanwhile: nothing of ours to take back
 
@@ -676,7 +675,7 @@ class AsyncFile:
             return await self.fs.blocks.read_block(block, into=into)
         except CapabilityExpired:
             self.fs.metrics.retried("chunk", "capability")
-            segment, _ = await self.fs.meta("layout", ino=self.ino, handle=self.handle, first=block.idx)
+            segment = await self.fs.metadata.layout(messages.LayoutRequest(ino=self.ino, handle=self.handle, first=block.idx))
             fresh = next((b for b in segment.blocks if b.block_id == block.block_id), None)
             if fresh is None:
                 raise StaleFile(f"{self.path} was rewritten while open and its read capability expired;"

@@ -53,7 +53,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import mfusepy
 
-from tectofs import limits
+from tectofs import limits, messages
 from tectofs.errors import PermissionDenied, TectofsError
 
 from .core import AsyncFileSystem, DirectoryChange, Stat
@@ -147,9 +147,9 @@ class _OpenFile:
         self.just_created = False  # by ``create``, whose reply carried the attributes
 
 
-async def _listing(fs: AsyncFileSystem, path: str) -> tuple[Any, list[tuple[str, Stat]]]:
+async def _listing(fs: AsyncFileSystem, path: str) -> tuple[messages.AttrsReply, list[tuple[str, Stat]]]:
     """A directory's attributes and entries."""
-    directory, _ = await fs.meta("lookup", path=path)
+    directory = await fs.metadata.lookup(messages.PathRequest(path=path))
     return directory, await fs.scandir(path)
 
 
@@ -331,7 +331,8 @@ class TectofsOperations(mfusepy.Operations):
             handle.just_created = False  # libfuse's getattr right after create: create answered it
             st = Stat.from_attrs(handle.file.attrs)
         elif handle is not None:  # fstat: as the handle's opener, like its other calls
-            st = Stat.from_attrs(self._run(handle.file.fs.meta("getattr", ino=handle.file.ino, handle=handle.file.handle))[0].attrs)
+            opened = handle.file
+            st = Stat.from_attrs(self._run(opened.fs.metadata.getattr(messages.InoRequest(ino=opened.ino, handle=opened.handle))).attrs)
         elif path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
         elif path != "/" and self.listings.absent(_directory_of(path), path.rsplit("/", 1)[1]):
@@ -357,8 +358,8 @@ class TectofsOperations(mfusepy.Operations):
             files = [h.file for h in self._handles.values() if h.file.path == path]
         for file in files:
             try:
-                reply = self._as_caller(lambda fs: fs.meta("getattr", ino=file.ino, handle=file.handle))
-                return Stat.from_attrs(reply[0].attrs)
+                reply = self._as_caller(lambda fs: fs.metadata.getattr(messages.InoRequest(ino=file.ino, handle=file.handle)))
+                return Stat.from_attrs(reply.attrs)
             except PermissionDenied:
                 continue
         raise refusal

@@ -33,7 +33,7 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
     fs = connect(address, credentials)
     client.append(fs)
     try:
-        who = fs.run(fs.aio.meta("whoami"))[0] if fs.aio.credential is not None else None
+        who = fs.run(fs.aio.metadata.whoami()) if fs.aio.credential is not None else None
         euid = os.geteuid()
         shared, why = choose_sharing(multi_user, who, euid)
         if shared or multi_user is False:

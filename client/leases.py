@@ -58,7 +58,7 @@ class LeaseEndings:
 
     async def _release(self, batch: list[messages.HeldLease]) -> None:
         try:
-            await self.fs.meta("release_leases", leases=batch)
+            await self.fs.metadata.release_leases(messages.ReleaseLeasesRequest(leases=batch))
         except TectofsError as exc:  # they lapse after limits.reader_lease_s instead
             log.debug("could not end %d leases of closed handles: %s", len(batch), exc)
 

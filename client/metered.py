@@ -11,7 +11,7 @@ from typing import Any
 
 from tectofs.errors import TectofsError
 from tectofs.metrics import ClientMetrics
-from tectofs.rpc import Reply, RpcClient
+from tectofs.rpc_client import Payload, Reply, ReplySink, RpcClient
 
 CHUNK_OPS = frozenset({"put_chunk", "get_chunk"})
 
@@ -25,12 +25,14 @@ class MeteredRpcClient(RpcClient):
         super().__init__(**options)
         self.metrics = metrics
 
-    async def call(self, address: str, op: str, header: dict[str, Any] | None = None, payload: Any = b"",
-                   **options: Any) -> Reply:
+    async def exchange(self, address: str, op: str, header: dict[str, Any], payload: Payload, *,
+                       idempotent: bool, timeout_s: float | None, retries_max: int | None, call_id: bytes | None,
+                       receive_into: ReplySink | None) -> Reply:
         chunk = op in CHUNK_OPS
         started = time.perf_counter()
         try:
-            reply = await super().call(address, op, header, payload, **options)
+            reply = await super().exchange(address, op, header, payload, idempotent=idempotent, timeout_s=timeout_s,
+                                           retries_max=retries_max, call_id=call_id, receive_into=receive_into)
         except asyncio.CancelledError:
             raise
         except TectofsError as exc:
@@ -39,8 +41,7 @@ class MeteredRpcClient(RpcClient):
         except Exception:
             self._done(chunk, op, "error", started, 0)
             raise
-        sink = options.get("receive_into")
-        received = len(reply[1]) or (sink.received_bytes if sink is not None else 0)
+        received = len(reply[1]) or (receive_into.received_bytes if receive_into is not None else 0)
         self._done(chunk, op, "ok", started, len(payload) if op == "put_chunk" else received)
         return reply
 

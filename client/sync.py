@@ -356,5 +356,8 @@ class FileSystem:
 async def _make_async(meta_address: str, credentials: Any = None) -> AsyncFileSystem:
     fs = AsyncFileSystem(meta_address, credentials)
     # With a credential, a wrong one (or another cluster's) fails here, at connect.
-    await fs.meta("whoami" if fs.credential is not None else "ping")
+    if fs.credential is not None:
+        await fs.metadata.whoami()
+    else:
+        await fs.metadata.ping()
     return fs

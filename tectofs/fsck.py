@@ -50,7 +50,7 @@ async def check(fs: Any, path: str = "/", progress: Callable[[int], None] | None
         if not batch:
             return
         files = [messages.FileRef(ino=st.ino, handle=st.handle) for st, _ in batch]
-        reply, _ = await fs.meta("block_health", files=files)
+        reply = await fs.metadata.block_health(messages.BlockHealthRequest(files=files))
         paths = {st.ino: path for st, path in batch}
         for health in reply.files:
             report.files += 1

@@ -44,7 +44,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.utils import isfilelike, stringify_path
 
 from tectofs.client import DEFAULT_ADDRESS_ENV, AsyncFile, AsyncFileSystem, Stat
-from tectofs.rpc import parse_group
+from tectofs.rpc_transport import parse_group
 
 from .fsspec_file import TectofsFile
 

@@ -14,7 +14,7 @@ the FUSE adapter and the plugin all use them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import msgspec
 
@@ -377,6 +377,9 @@ class CommitRequest(Message, frozen=True, kw_only=True):
     writer: Id | None = None  # publish what this writer staged, too
 
 
+BadChunkKind = Literal["corrupt", "missing", "unreachable", ""]
+
+
 class ReportBadChunkRequest(Message, frozen=True, kw_only=True):
     """A chunk that could not be read. ``kind`` "corrupt" (failed its checksum) or "missing"
     (its server does not have it) marks it bad and schedules its repair; "unreachable" (or
@@ -386,7 +389,7 @@ class ReportBadChunkRequest(Message, frozen=True, kw_only=True):
     position: Position
     server_id: Id
     reason: Text = ""
-    kind: Literal["corrupt", "missing", "unreachable", ""] = ""
+    kind: BadChunkKind = ""
 
 
 class RegisterServerRequest(Message, frozen=True, kw_only=True):
@@ -641,80 +644,101 @@ class WhoamiReply(Message, frozen=True, kw_only=True):
 # ---------------------------------------------------------------------- the tables
 
 
+RequestT = TypeVar("RequestT", bound=Message, covariant=True)
+ReplyT = TypeVar("ReplyT", bound=Message, covariant=True)
+
+
 @dataclass(frozen=True)
-class Operation:
+class Operation(Generic[RequestT, ReplyT]):
     """One RPC: its request and reply types, whether it may be retried blindly (it changes
-    nothing, or doing it twice is the same as once), and whether the request carries a payload."""
+    nothing, or doing it twice is the same as once), and whether the request carries a payload.
+
+    Each operation is one constant below (``LOOKUP``, ``PUT_CHUNK``, ...); the tables of the
+    two services are made of those constants, and so are the typed client
+    (``tectofs.client.metadata``) and each service's handler table: the request and reply types
+    named here are the ones a caller passes and gets back and the ones a handler takes and answers."""
 
     name: str
-    request: type[Message]
-    reply: type[Message]
+    request: type[RequestT]
+    reply: type[ReplyT]
     idempotent: bool
     payload: bool = False
 
 
-def _table(*operations: Operation) -> dict[str, Operation]:
+AnyOperation: TypeAlias = "Operation[Message, Message]"
+
+
+def _table(*operations: AnyOperation) -> dict[str, AnyOperation]:
     return {op.name: op for op in operations}
 
 
-HELLO = Operation("hello", Hello, HelloReply, True)
+HELLO: Final = Operation("hello", Hello, HelloReply, idempotent=True)
 
-META_OPERATIONS = _table(
-    HELLO,
-    Operation("lookup", PathRequest, AttrsReply, True),
-    Operation("getattr", InoRequest, AttrsReply, True),
-    Operation("mkdir", MkdirRequest, AttrsReply, False),
-    Operation("makedirs", MkdirRequest, AttrsReply, False),
-    Operation("create", CreateRequest, CreateReply, False),
-    Operation("symlink", SymlinkRequest, AttrsReply, False),
-    Operation("mknod", MknodRequest, AttrsReply, False),
-    Operation("readdir", ReaddirRequest, ReaddirReply, True),
-    Operation("setattr", SetattrRequest, AttrsReply, True),
-    Operation("truncate", TruncateRequest, AttrsReply, True),
-    Operation("set_policy", SetPolicyRequest, AttrsReply, True),
-    Operation("rename", RenameRequest, AttrsReply, False),
-    Operation("link", LinkRequest, AttrsReply, False),
-    Operation("release", ReleaseRequest, Empty, True),
-    Operation("release_leases", ReleaseLeasesRequest, Empty, True),
-    Operation("getxattr", XattrRequest, XattrReply, True),
-    Operation("listxattr", PathRequest, ListxattrReply, True),
-    Operation("setxattr", SetxattrRequest, Empty, True),
-    Operation("removexattr", XattrRequest, Empty, False),
-    Operation("exchange", ExchangeRequest, Empty, False),
-    Operation("unlink", UnlinkRequest, UnlinkReply, False),
-    Operation("rmdir", PathRequest, Empty, False),
-    Operation("statfs", Empty, StatfsReply, True),
-    Operation("layout", LayoutRequest, LayoutSegment, True),
-    Operation("allocate", AllocateRequest, AllocateReply, False),
-    Operation("stage", StageRequest, Empty, True),
-    Operation("renew", RenewRequest, RenewReply, True),
-    Operation("commit", CommitRequest, LayoutSegment, False),
-    Operation("report_bad_chunk", ReportBadChunkRequest, Empty, True),
-    Operation("repair_done", RepairDoneRequest, Empty, True),
-    Operation("repair_failed", RepairFailedRequest, Empty, True),
-    Operation("inventory_begin", InventoryBeginRequest, InventoryBeginReply, True),
-    Operation("inventory", InventoryRequest, InventoryReply, True),
-    Operation("drain", DrainRequest, DrainReply, True),
-    Operation("block_health", BlockHealthRequest, BlockHealthReply, True),
-    Operation("register_server", RegisterServerRequest, RegisterServerReply, True),
-    Operation("heartbeat", HeartbeatRequest, HeartbeatReply, True),
-    Operation("servers", Empty, ServersReply, True),
-    Operation("stats", Empty, StatsReply, True),
-    Operation("ping", Empty, PingReply, True),
-    Operation("user_add", UserAddRequest, UserAddReply, False),
-    Operation("user_remove", UserNameRequest, Empty, True),
-    Operation("user_list", Empty, UserListReply, True),
-    Operation("s3_principal", S3KeyRequest, S3PrincipalReply, True),
-    Operation("whoami", Empty, WhoamiReply, True),
+# ---- the metadata service
+
+LOOKUP: Final = Operation("lookup", PathRequest, AttrsReply, idempotent=True)
+GETATTR: Final = Operation("getattr", InoRequest, AttrsReply, idempotent=True)
+MKDIR: Final = Operation("mkdir", MkdirRequest, AttrsReply, idempotent=False)
+MAKEDIRS: Final = Operation("makedirs", MkdirRequest, AttrsReply, idempotent=False)
+CREATE: Final = Operation("create", CreateRequest, CreateReply, idempotent=False)
+SYMLINK: Final = Operation("symlink", SymlinkRequest, AttrsReply, idempotent=False)
+MKNOD: Final = Operation("mknod", MknodRequest, AttrsReply, idempotent=False)
+READDIR: Final = Operation("readdir", ReaddirRequest, ReaddirReply, idempotent=True)
+SETATTR: Final = Operation("setattr", SetattrRequest, AttrsReply, idempotent=True)
+TRUNCATE: Final = Operation("truncate", TruncateRequest, AttrsReply, idempotent=True)
+SET_POLICY: Final = Operation("set_policy", SetPolicyRequest, AttrsReply, idempotent=True)
+RENAME: Final = Operation("rename", RenameRequest, AttrsReply, idempotent=False)
+LINK: Final = Operation("link", LinkRequest, AttrsReply, idempotent=False)
+RELEASE: Final = Operation("release", ReleaseRequest, Empty, idempotent=True)
+RELEASE_LEASES: Final = Operation("release_leases", ReleaseLeasesRequest, Empty, idempotent=True)
+GETXATTR: Final = Operation("getxattr", XattrRequest, XattrReply, idempotent=True)
+LISTXATTR: Final = Operation("listxattr", PathRequest, ListxattrReply, idempotent=True)
+SETXATTR: Final = Operation("setxattr", SetxattrRequest, Empty, idempotent=True)
+REMOVEXATTR: Final = Operation("removexattr", XattrRequest, Empty, idempotent=False)
+EXCHANGE: Final = Operation("exchange", ExchangeRequest, Empty, idempotent=False)
+UNLINK: Final = Operation("unlink", UnlinkRequest, UnlinkReply, idempotent=False)
+RMDIR: Final = Operation("rmdir", PathRequest, Empty, idempotent=False)
+STATFS: Final = Operation("statfs", Empty, StatfsReply, idempotent=True)
+LAYOUT: Final = Operation("layout", LayoutRequest, LayoutSegment, idempotent=True)
+ALLOCATE: Final = Operation("allocate", AllocateRequest, AllocateReply, idempotent=False)
+STAGE: Final = Operation("stage", StageRequest, Empty, idempotent=True)
+RENEW: Final = Operation("renew", RenewRequest, RenewReply, idempotent=True)
+COMMIT: Final = Operation("commit", CommitRequest, LayoutSegment, idempotent=False)
+REPORT_BAD_CHUNK: Final = Operation("report_bad_chunk", ReportBadChunkRequest, Empty, idempotent=True)
+REPAIR_DONE: Final = Operation("repair_done", RepairDoneRequest, Empty, idempotent=True)
+REPAIR_FAILED: Final = Operation("repair_failed", RepairFailedRequest, Empty, idempotent=True)
+INVENTORY_BEGIN: Final = Operation("inventory_begin", InventoryBeginRequest, InventoryBeginReply, idempotent=True)
+INVENTORY: Final = Operation("inventory", InventoryRequest, InventoryReply, idempotent=True)
+DRAIN: Final = Operation("drain", DrainRequest, DrainReply, idempotent=True)
+BLOCK_HEALTH: Final = Operation("block_health", BlockHealthRequest, BlockHealthReply, idempotent=True)
+REGISTER_SERVER: Final = Operation("register_server", RegisterServerRequest, RegisterServerReply, idempotent=True)
+HEARTBEAT: Final = Operation("heartbeat", HeartbeatRequest, HeartbeatReply, idempotent=True)
+SERVERS: Final = Operation("servers", Empty, ServersReply, idempotent=True)
+STATS: Final = Operation("stats", Empty, StatsReply, idempotent=True)
+PING: Final = Operation("ping", Empty, PingReply, idempotent=True)
+USER_ADD: Final = Operation("user_add", UserAddRequest, UserAddReply, idempotent=False)
+USER_REMOVE: Final = Operation("user_remove", UserNameRequest, Empty, idempotent=True)
+USER_LIST: Final = Operation("user_list", Empty, UserListReply, idempotent=True)
+S3_PRINCIPAL: Final = Operation("s3_principal", S3KeyRequest, S3PrincipalReply, idempotent=True)
+WHOAMI: Final = Operation("whoami", Empty, WhoamiReply, idempotent=True)
+
+# ---- chunk servers (and PING, above)
+
+PUT_CHUNK: Final = Operation("put_chunk", PutChunkRequest, Empty, idempotent=True, payload=True)
+GET_CHUNK: Final = Operation("get_chunk", GetChunkRequest, GetChunkReply, idempotent=True)
+DELETE_CHUNKS: Final = Operation("delete_chunks", DeleteChunksRequest, DeleteChunksReply, idempotent=True)
+CHUNK_STAT: Final = Operation("stat", Empty, ChunkStatReply, idempotent=True)
+
+META_OPERATIONS: Final = _table(
+    HELLO, LOOKUP, GETATTR, MKDIR, MAKEDIRS, CREATE, SYMLINK, MKNOD, READDIR, SETATTR, TRUNCATE, SET_POLICY,
+    RENAME, LINK, RELEASE, RELEASE_LEASES, GETXATTR, LISTXATTR, SETXATTR, REMOVEXATTR, EXCHANGE, UNLINK, RMDIR,
+    STATFS, LAYOUT, ALLOCATE, STAGE, RENEW, COMMIT, REPORT_BAD_CHUNK, REPAIR_DONE, REPAIR_FAILED,
+    INVENTORY_BEGIN, INVENTORY, DRAIN, BLOCK_HEALTH, REGISTER_SERVER, HEARTBEAT, SERVERS, STATS, PING, USER_ADD,
+    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI,
 )
 
-CHUNK_OPERATIONS = _table(
-    HELLO,
-    Operation("put_chunk", PutChunkRequest, Empty, True, payload=True),
-    Operation("get_chunk", GetChunkRequest, GetChunkReply, True),
-    Operation("delete_chunks", DeleteChunksRequest, DeleteChunksReply, True),
-    Operation("stat", Empty, ChunkStatReply, True),
-    Operation("ping", Empty, PingReply, True),
+CHUNK_OPERATIONS: Final = _table(
+    HELLO, PUT_CHUNK, GET_CHUNK, DELETE_CHUNKS, CHUNK_STAT, PING,
 )
 
 

@@ -37,7 +37,7 @@ import hmac
 import logging
 import os
 import time
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import msgspec
 
@@ -47,51 +47,57 @@ from .diagnostics import RateLimitedLog
 from .errors import (
     AuthenticationFailed,
     Busy,
-    ChecksumMismatch,
     ConnectionLost,
     InvalidArgument,
     ProtocolError,
     TectofsError,
-    Timeout,
     to_wire,
 )
-from .protocol import PROTOCOL_VERSION, Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
-from .sendfile import FileRegion, buffer_pool, read_region, release_buffer_send, reserve_buffer_send, send_region
-from .sendfile import pool as sendfile_pool
+from .protocol import PROTOCOL_VERSION, Frame, FrameKind, PayloadAllocator, encode_frame
+from .rpc_transport import SOFTWARE, FramedProtocol, Payload, ReplyPayload
+from .sendfile import FileRegion
 
 log = logging.getLogger(__name__)
 
-Payload = bytes | bytearray | memoryview
-ReplyPayload = Payload | FileRegion  # what a handler may answer with: a buffer, or a file region (tectofs.sendfile)
-_SEND_SLICE_BYTES = 1 << 20
-Reply = tuple[Any, Payload]  # a reply as received
 HandlerReply = tuple[Any, ReplyPayload]  # a reply as a handler gives it
-SOFTWARE = "tectofs 0.1"
 
 
-class HelloTimeout(Timeout):
-    """A peer accepted the connection but did not answer the hello in time."""
+RequestT = TypeVar("RequestT", bound=messages.Message)
+ReplyT = TypeVar("ReplyT", bound=messages.Message)
+Handler = Callable[[RequestT, memoryview], Awaitable[tuple[ReplyT, ReplyPayload]]]
+"""What serves one operation: its validated request and the request payload in, its reply
+and a reply payload out."""
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` -> ``(host, port)``; raises InvalidArgument with the bad text."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"bad address {address!r}: expected HOST:PORT")
-    return host.strip("[]"), int(port)
+class Handlers:
+    """A service's handlers: one per operation of its table (but the hello, which the
+    connection answers), each registered with its operation, so that mypy holds the handler
+    to the operation's request and reply types. :class:`RpcServer` dispatches through this
+    mapping, never by a name made at run time."""
 
+    def __init__(self) -> None:
+        self._by_name: dict[str, tuple[messages.AnyOperation, Handler[Any, Any]]] = {}
 
-def parse_group(group: str) -> list[str]:
-    """``"HOST:PORT,HOST:PORT,..."`` (a failover group of equivalent servers; one address is a
-    group of one) -> its member addresses, in order; raises InvalidArgument with the bad text."""
-    members = [m.strip() for m in group.split(",")]
-    if len(members) > limits.address_group_members_max:
-        raise InvalidArgument(f"bad address group {group[:200]!r}: more than {limits.address_group_members_max} members")
-    if len(set(members)) != len(members):
-        raise InvalidArgument(f"bad address group {group!r}: an address is named twice")
-    for member in members:
-        parse_address(member)
-    return members
+    def add(self, operation: messages.Operation[RequestT, ReplyT], handler: Handler[RequestT, ReplyT]) -> None:
+        """``handler`` serves ``operation``; a second handler for one operation is a bug (ValueError)."""
+        if operation.name in self._by_name:
+            raise ValueError(f"two handlers for the operation {operation.name}")
+        self._by_name[operation.name] = (operation, handler)
+
+    def items(self) -> list[tuple[messages.AnyOperation, Handler[Any, Any]]]:
+        return list(self._by_name.values())
+
+    def serving(self, operations: dict[str, messages.AnyOperation]) -> dict[str, Handler[Any, Any]]:
+        """Operation name -> handler for the table ``operations``; ValueError naming what is
+        off unless every operation but the hello has a handler, each registered with that very
+        operation, and there is none for an operation not in the table."""
+        expected = {name for name, op in operations.items() if op is not messages.HELLO}
+        missing, extra = expected - self._by_name.keys(), self._by_name.keys() - expected
+        other = [name for name, (op, _) in self._by_name.items() if name in expected and op != operations[name]]
+        if missing or extra or other:
+            raise ValueError(f"handlers out of step with the table: none for {sorted(missing)}, for operations not"
+                             f" in it {sorted(extra)}, registered with another operation {sorted(other)}")
+        return {name: handler for name, (_, handler) in self._by_name.items()}
 
 
 CALL_ID_BYTES = 16
@@ -127,145 +133,10 @@ class Authenticator(Protocol):
         ...
 
 
-class _FramedProtocol(asyncio.BufferedProtocol):
-    """Shared plumbing: decoder, write flow control, close handling."""
-
-    def __init__(self, allocate_payload: PayloadAllocator | None = None) -> None:
-        self.decoder = FrameDecoder(allocate_payload) if allocate_payload else FrameDecoder()
-        self.transport: asyncio.Transport | None = None
-        self._can_write = asyncio.Event()
-        self._can_write.set()
-        self._send_lock = asyncio.Lock()
-        self.sending_file = False  # a thread is sending a frame on this socket: write nothing
-        self.bytes_received = 0
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._can_write.set()
-        if not self.closed.done():
-            self.closed.set_result(exc)
-
-    def pause_writing(self) -> None:
-        self._can_write.clear()
-
-    def resume_writing(self) -> None:
-        self._can_write.set()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.decoder.get_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        now = time.monotonic()  # for a server's stall, progress and idle timeouts (tectofs.connlimits)
-        if not self.decoder.mid_frame:
-            self.frame_started_s = now
-        self.received_s = now
-        self.bytes_received += nbytes
-        try:
-            frames = self.decoder.advance(nbytes)
-        except ProtocolError as exc:
-            self.protocol_failed(exc)
-            return
-        for frame in frames:
-            self.frame_received(frame)
-
-    def frame_received(self, frame: Frame) -> None:
-        raise NotImplementedError
-
-    def protocol_failed(self, exc: TectofsError) -> None:
-        raise NotImplementedError
-
-    async def send(self, kind: FrameKind, request_id: int, header: Any, payload: ReplyPayload = b"") -> None:
-        await self.send_encoded(encode_frame(kind, request_id, header, len(payload)), payload)
-
-    async def send_encoded(self, head: bytes, payload: ReplyPayload = b"") -> None:
-        """Send a frame whose header ``encode_frame`` made, then its payload."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionLost("connection closed")
-        plain = transport.get_extra_info("ssl_object") is None
-        if isinstance(payload, FileRegion):
-            if plain:
-                async with self._send_lock:
-                    await self._writable(transport)
-                    await self._send_on_thread(transport, head, payload)
-                return
-            # TLS: the bytes must pass through the encrypting transport (the caller still
-            # owns and closes the region)
-            payload = await asyncio.get_running_loop().run_in_executor(sendfile_pool(), read_region, payload)
-        view = memoryview(payload).cast("B") if payload else None
-        async with self._send_lock:
-            await self._writable(transport)
-            if view is not None and plain and len(view) >= limits.send_on_thread_min_bytes and reserve_buffer_send():
-                # A large payload in memory: a thread writes it in a few large writev(2) calls,
-                # the event loop meanwhile free (far less CPU than slices through the transport).
-                try:
-                    await self._send_on_thread(transport, head, view)
-                finally:
-                    release_buffer_send()
-                return
-            # The transport copies what the socket does not take at once into a bytearray and
-            # memmoves it forward after every send: handing it a 16 MiB payload costs far more
-            # than the payload itself. So payloads go in slices, each once the buffer drained,
-            # and a lock keeps concurrent frames from interleaving.
-            transport.write(head)
-            if view is None:
-                return
-            for offset in range(0, len(view), _SEND_SLICE_BYTES):
-                if offset:
-                    await self._writable(transport)
-                transport.write(view[offset : offset + _SEND_SLICE_BYTES])
-
-    async def _send_on_thread(self, transport: asyncio.Transport, head: bytes, payload: "FileRegion | memoryview") -> None:
-        """A frame sent by a thread, not the transport: once the transport's buffer is empty (the
-        send lock is held and ``sending_file`` makes error paths abort rather than write, so
-        nothing else reaches the socket meanwhile), a thread writes the header and the payload —
-        a file region with sendfile(2) (on ``tectofs.sendfile.pool``), a buffer with writev(2)
-        (on ``buffer_pool``) — waiting for room with poll(2). Whatever goes wrong — a stalled or
-        too slow peer, a short file, a cancellation — the frame is incomplete: the connection is
-        aborted and ConnectionLost raised; a cancelled send waits for its thread first (it reads
-        the payload)."""
-        self.sending_file = True
-        try:
-            deadline = time.monotonic() + limits.send_file_stall_s
-            pause = 0.0005
-            while transport.get_write_buffer_size():  # earlier frames must leave first (usually none)
-                if transport.is_closing() or time.monotonic() > deadline:
-                    raise ConnectionLost("the peer stopped reading before a frame could be sent")
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.02)
-            sock = transport.get_extra_info("socket")
-            threads = sendfile_pool() if isinstance(payload, FileRegion) else buffer_pool()
-            sending = asyncio.get_running_loop().run_in_executor(
-                threads, send_region, os.dup(sock.fileno()), head, payload, transport.is_closing)
-            try:
-                await asyncio.shield(sending)
-            except asyncio.CancelledError:
-                transport.abort()
-                await asyncio.wait([sending])  # the thread reads the payload: let it stop
-                raise
-        except BaseException as exc:
-            transport.abort()
-            if isinstance(exc, ChecksumMismatch):
-                log.error("a file region could not be sent whole (%s): the file is shorter than its footer said", exc)
-            if isinstance(exc, (TectofsError, OSError)):
-                raise ConnectionLost(f"frame not sent: {exc}") from None
-            raise
-        finally:
-            self.sending_file = False
-
-    async def _writable(self, transport: asyncio.Transport) -> None:
-        await self._can_write.wait()
-        if transport.is_closing():
-            raise ConnectionLost("connection closed")
-
-
 # --------------------------------------------------------------------------- server
 
 
-class _ServerConnection(_FramedProtocol):
+class _ServerConnection(FramedProtocol):
     def __init__(self, server: "RpcServer") -> None:
         self.greeted = False
         self.server = server
@@ -479,9 +350,10 @@ def _error_frame(request_id: int, exc: BaseException) -> bytes:
 
 
 class RpcServer:
-    """Serves one table of operations (``tectofs.messages``) over TCP: operation ``op`` is
-    handled by ``handler.rpc_<op>(request, payload)``, which gets the validated request and
-    returns ``(reply, payload)``.
+    """Serves one table of operations (``tectofs.messages``) over TCP: each operation is
+    handled by its handler in ``handlers`` (:class:`Handlers`, one per operation), which gets
+    the validated request and returns ``(reply, payload)``. ``handler``: the service, for its
+    optional hooks (``payload_sent``, ``payload_unused``, ``payload_refusal``, ``authorize``).
 
     ``allocate_payload(header, length)`` chooses where request payloads are received; it may
     return None to have the payload drained and the request rejected as BUSY (admission
@@ -501,8 +373,9 @@ class RpcServer:
         self,
         handler: object,
         name: str,
-        operations: dict[str, messages.Operation],
+        operations: dict[str, messages.AnyOperation],
         role: messages.Role,
+        handlers: Handlers,
         allocate_payload: PayloadAllocator | None = None,
         authenticator: "Authenticator | None" = None,
         observe: Callable[[str, str, float], None] | None = None,
@@ -520,9 +393,7 @@ class RpcServer:
         self.name = name
         self.role = role
         self.operations = operations
-        self.methods: dict[str, Callable[[Any, memoryview], Awaitable[HandlerReply]]] = {
-            name: getattr(handler, f"rpc_{name}") for name in operations if name != "hello"
-        }
+        self.methods = handlers.serving(operations)
         # Called with each reply payload once the transport no longer needs it (buffer reuse).
         self.payload_sent: Callable[[Payload], None] | None = getattr(handler, "payload_sent", None)
         # Called with an admitted request payload that no handler will take (an invalid request),
@@ -544,7 +415,7 @@ class RpcServer:
         self.invalid_requests = 0
         self._invalid_log = RateLimitedLog(log, limits.peer_log_lines_per_s, f"invalid requests to the {name}")
 
-    def _operation(self, header: dict[str, Any]) -> messages.Operation | None:
+    def _operation(self, header: dict[str, Any]) -> messages.AnyOperation | None:
         name = header.get("op")
         operation = self.operations.get(name) if isinstance(name, str) else None
         return None if operation is None or operation.name == "hello" else operation
@@ -616,7 +487,7 @@ class RpcServer:
         finally:
             self.observe(operation.name, outcome, time.perf_counter() - started)
 
-    async def _authorized(self, operation: messages.Operation, frame: Frame, peer: str, identity: auth.Peer) -> HandlerReply:
+    async def _authorized(self, operation: messages.AnyOperation, frame: Frame, peer: str, identity: auth.Peer) -> HandlerReply:
         if self.authorize is not None:
             try:
                 self.authorize(identity, operation.name)
@@ -630,7 +501,7 @@ class RpcServer:
         finally:
             current_peer.reset(peer_token)
 
-    async def _dispatch(self, operation: messages.Operation, frame: Frame, peer: str) -> HandlerReply:
+    async def _dispatch(self, operation: messages.AnyOperation, frame: Frame, peer: str) -> HandlerReply:
         if frame.discarded:
             if not operation.payload:
                 raise self._invalid(peer, f"{operation.name} takes no payload")
@@ -678,9 +549,4 @@ class RpcServer:
         if self._local_server is not None:
             await self._local_server.wait_closed()
 
-
-# The client side lives in its own module; it is part of this one's interface.
-from .rpc_client import RpcClient  # noqa: E402
-
-__all__ = ["CALL_ID_BYTES", "Call", "HelloTimeout", "RpcClient", "RpcServer", "current_call", "current_peer",
-           "parse_address", "parse_group"]
+__all__ = ["CALL_ID_BYTES", "Call", "Handler", "Handlers", "RpcServer", "current_call", "current_peer"]

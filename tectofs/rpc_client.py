@@ -1,6 +1,7 @@
-"""The client side of the RPC layer (``tectofs.rpc``): a pool of connections to many servers,
-address groups with failover, retries with backoff, and the client half of the hello and its
-authentication. Import it from ``tectofs.rpc``.
+"""The client side of the RPC layer: a pool of connections to many servers, address groups
+with failover, retries with backoff, and the client half of the hello and its authentication.
+It shares the framed connection with the server side (``tectofs.rpc``) through
+``tectofs.rpc_transport``, and never imports the server's module.
 
 Deadlines use ``asyncio.timeout``, never ``asyncio.wait_for``: Python 3.11's ``wait_for``
 returns the result of a future that completes while its caller is being cancelled, and the
@@ -13,7 +14,7 @@ import itertools
 import os
 import random
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import msgspec
 
@@ -36,7 +37,10 @@ from .protocol import (
     default_allocator,
     encode_frame,
 )
-from .rpc import SOFTWARE, HelloTimeout, Payload, Reply, _FramedProtocol, parse_address, parse_group
+from .rpc_transport import SOFTWARE, FramedProtocol, HelloTimeout, Payload, Reply, parse_address, parse_group
+
+RequestT = TypeVar("RequestT", bound=messages.Message)
+ReplyT = TypeVar("ReplyT", bound=messages.Message)
 
 # --------------------------------------------------------------------------- client
 
@@ -81,7 +85,7 @@ class ReplySink:
             scatter.divert()
 
 
-class _ClientConnection(_FramedProtocol):
+class _ClientConnection(FramedProtocol):
     def __init__(self, address: str, allocate_payload: PayloadAllocator | None = None) -> None:
         self._allocate_other = allocate_payload
         super().__init__(self._allocate_reply)
@@ -457,6 +461,37 @@ class RpcClient:
     async def call(
         self,
         address: str,
+        operation: messages.Operation[RequestT, ReplyT],
+        request: RequestT,
+        payload: Payload = b"",
+        *,
+        timeout_s: float | None = None,
+        retries_max: int | None = None,
+        call_id: bytes | None = None,
+        receive_into: ReplySink | None = None,
+    ) -> tuple[ReplyT, Payload]:
+        """Send ``request`` for ``operation`` to ``address`` (or a member of the group it names);
+        return the reply, as the operation's reply type, and the reply payload, or raise the
+        server's error (a reply that is not of its type: ProtocolError). Retried blindly only if
+        the operation is idempotent (see the class docstring). On the wire the header is the
+        request's fields next to ``"op"`` (and ``call_id``), as ever.
+        ``call_id``: this call's id (``CALL_ID_BYTES`` bytes), for a caller that retries one
+        logical call itself; by default a non-idempotent call draws a new one.
+        ``receive_into``: asked for the reply's buffers once its payload length is known (once per
+        attempt); a payload received into them comes back empty (``receive_into.complete``).
+        The caller calls ``receive_into.divert()`` before it reuses those buffers."""
+        header = msgspec.structs.asdict(request)  # shallow: nested messages are encoded as they are
+        reply, reply_payload = await self.exchange(
+            address, operation.name, header, payload, idempotent=operation.idempotent, timeout_s=timeout_s,
+            retries_max=retries_max, call_id=call_id, receive_into=receive_into)
+        try:
+            return messages.convert(reply, operation.reply), reply_payload
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"{address} answered {operation.name} with an invalid reply: {exc}") from None
+
+    async def call_raw(
+        self,
+        address: str,
         op: str,
         header: dict[str, Any] | None = None,
         payload: Payload = b"",
@@ -467,15 +502,33 @@ class RpcClient:
         call_id: bytes | None = None,
         receive_into: ReplySink | None = None,
     ) -> Reply:
-        """Send ``op`` to ``address`` (or a member of the group it names); return the reply
-        header and payload, or raise the server's error. See the class docstring for retries.
-        ``call_id``: this call's id (``CALL_ID_BYTES`` bytes), for a caller that retries one
-        logical call itself; by default a non-idempotent call draws a new one.
-        ``receive_into``: asked for the reply's buffers once its payload length is known (once per
-        attempt); a payload received into them comes back empty (``receive_into.complete``).
-        The caller calls ``receive_into.divert()`` before it reuses those buffers."""
+        """Send a request made by hand — operation ``op``, header fields ``header`` — and return
+        the reply header and payload as they arrived, unchecked. For tests and tools that must
+        send what a typed caller cannot (malformed requests, other versions' fields); the
+        library calls :meth:`call`."""
+        return await self.exchange(address, op, dict(header or {}), payload, idempotent=idempotent,
+                                   timeout_s=timeout_s, retries_max=retries_max, call_id=call_id,
+                                   receive_into=receive_into)
+
+    async def exchange(
+        self,
+        address: str,
+        op: str,
+        header: dict[str, Any],
+        payload: Payload,
+        *,
+        idempotent: bool,
+        timeout_s: float | None,
+        retries_max: int | None,
+        call_id: bytes | None,
+        receive_into: ReplySink | None,
+    ) -> Reply:
+        """What every call comes down to: ``header`` (the request's fields; this takes it and
+        adds ``op`` and the call id) sent until answered, with the retries, failover and backoff
+        of the class docstring."""
         group = self._group(address)
-        request = {"op": op, **(header or {})}
+        request = header
+        request["op"] = op
         if call_id is not None or not idempotent:
             request["call_id"] = call_id or uuid.uuid4().bytes  # one per logical call, reused by its retries
         retries = self.retries_max if retries_max is None else retries_max

@@ -9,7 +9,7 @@ from typing import Any
 
 from . import paths
 from .errors import InvalidArgument
-from .rpc import parse_group
+from .rpc_transport import parse_group
 
 SCHEME = "tectofs"
 PREFIX = SCHEME + "://"

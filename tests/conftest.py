@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from tectofs import messages
 from tectofs.client import FileSystem, connect
 from tectofs.server.chunk import packs
 from tectofs.server.cluster import LocalCluster
@@ -79,7 +80,7 @@ class TestCluster(LocalCluster):
 
     def _chunk_at(self, path: str, block_index: int, position: int) -> tuple[int, Any, str]:
         """``(block id, the layout's chunk, data directory of the server holding it)``."""
-        layout, _ = self.fs.run(self.fs.aio.meta("layout", path=path))
+        layout = self.fs.run(self.fs.aio.metadata.layout(messages.LayoutRequest(path=path)))
         block = layout.blocks[block_index]
         chunk = next(c for c in block.chunks if c.position == position)
         return block.block_id, chunk, self._data_dir_at(chunk.address)

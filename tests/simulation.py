@@ -196,13 +196,15 @@ class Peers:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
 
-    async def call(self, address: str, op: str, fields: dict[str, Any], **_: Any) -> tuple[dict[str, Any], bytes]:
-        assert op == "get_chunk", op
+    async def call(self, address: str, operation: messages.AnyOperation, request: messages.Message,
+                   *_: Any, **__: Any) -> tuple[messages.GetChunkReply, bytes]:
+        assert operation is messages.GET_CHUNK and isinstance(request, messages.GetChunkRequest), operation
         server = self.sim.reachable(address)
         if server is None:
             raise ConnectionLost(f"{address} does not answer")
-        chunk = server.read(fields["block_id"])
-        return {"position": chunk.position, "crc": chunk.crc}, chunk.data
+        chunk = server.read(request.block_id)
+        reply = messages.GetChunkReply(crcs=[], chunk_length=len(chunk.data), position=chunk.position, crc=chunk.crc)
+        return reply, chunk.data
 
 
 class Simulation:

@@ -127,7 +127,7 @@ def _chunk_addresses(cluster: Any) -> list[str]:
 
 def _user(cluster: Any, name: str, uid: int, directory: str, tmp_path: Any) -> str:
     """A user made the way `tectofs user add` does, owning ``directory``; its credential file."""
-    reply, _ = cluster.fs.run(cluster.fs.aio.meta("user_add", name=name, uid=uid, gid=uid, groups=[]))
+    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(messages.UserAddRequest(name=name, uid=uid, gid=uid, groups=[])))
     path = str(tmp_path / f"{name}.credentials")
     auth.Credential(user=name, secret=reply.secret, cluster=cluster.address).save(path)
     cluster.fs.mkdir(directory, mode=0o755)
@@ -241,11 +241,12 @@ def test_a_user_trickling_genuine_puts_does_not_starve_other_users(attack_cluste
     attacker: _Trickler | None = None
 
     def stat(address: str) -> Any:
-        return cluster.fs.run(cluster.fs.aio.rpc.call(address, "stat", {}, idempotent=True))[0]
+        return cluster.fs.run(cluster.fs.aio.rpc.call_raw(address, "stat", {}, idempotent=True))[0]
 
     try:
-        created, _ = mallory.run(mallory.aio.meta("create", path="/mallory/f", mode=0o644))
-        allocated, _ = mallory.run(mallory.aio.meta("allocate", ino=created.attrs.ino, handle=created.attrs.handle, count=8))
+        created = mallory.run(mallory.aio.metadata.create(messages.CreateRequest(path="/mallory/f", mode=0o644)))
+        allocated = mallory.run(mallory.aio.metadata.allocate(
+            messages.AllocateRequest(ino=created.attrs.ino, handle=created.attrs.handle, count=8)))
         assert all(a.cap is not None and a.cap.uid == 1000 for a in allocated.blocks)  # genuine, and whose
         attacker = _Trickler(addresses, allocated.blocks, per_server=8, declared=64 * MiB, trickle_s=1.0)
         attacker.start()
@@ -298,8 +299,9 @@ def test_busy_chunk_servers_are_named_busy_not_dead(make_cluster: Any, tmp_path:
     bob = connect(cluster.address, credentials=_user(cluster, "bob", 1001, "/bob", tmp_path))
     attacker: _Trickler | None = None
     try:
-        created, _ = mallory.run(mallory.aio.meta("create", path="/mallory/f", mode=0o644))
-        allocated, _ = mallory.run(mallory.aio.meta("allocate", ino=created.attrs.ino, handle=created.attrs.handle, count=2))
+        created = mallory.run(mallory.aio.metadata.create(messages.CreateRequest(path="/mallory/f", mode=0o644)))
+        allocated = mallory.run(mallory.aio.metadata.allocate(
+            messages.AllocateRequest(ino=created.attrs.ino, handle=created.attrs.handle, count=2)))
         # 2 MiB declared per put: one fills a server's budget (admitted alone, nothing else in flight).
         attacker = _Trickler(addresses, allocated.blocks, per_server=1, declared=2 * MiB, trickle_s=1.0)
         attacker.start()

@@ -157,11 +157,11 @@ def test_servers_and_stats_name_every_metrics_endpoint(make_cluster) -> None:
     for i in range(3):
         address = (Path(cluster.root) / f"chunk-{i}.address").read_text().strip()
         assert by_address[address] == cluster.metrics_urls[f"chunk-{i}"]
-    stats, _ = cluster.fs.run(cluster.fs.aio.meta("stats"))
+    stats = cluster.fs.run(cluster.fs.aio.metadata.stats())
     assert stats.metrics_url == cluster.metrics_urls["meta"] and stats.address == cluster.address
     for url in [stats.metrics_url, *by_address.values()]:
         with urllib.request.urlopen(url, timeout=10) as response:
             assert response.status == 200
     plain = make_cluster(servers=3, policy="rs(2,1)")
     assert [s["metrics_url"] for s in plain.fs.servers()] == [None] * 3
-    assert plain.fs.run(plain.fs.aio.meta("stats"))[0].metrics_url is None
+    assert plain.fs.run(plain.fs.aio.metadata.stats()).metrics_url is None

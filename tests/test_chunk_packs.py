@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tectofs import checksum
+from tectofs import checksum, messages
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing
 from tectofs.server.chunk import packs
 from tectofs.server.chunk.packs import ALIGN, HEADER, PackStore
@@ -259,7 +259,7 @@ def test_a_cluster_with_packed_chunks_heals_and_reads_back(make_cluster: Any) ->
         c.fs.write_bytes(path, data)
     assert not glob.glob(os.path.join(c.root, "chunk-*", "chunks", "*", "*.chunk"))
     assert glob.glob(os.path.join(c.root, "chunk-*", "packs", "*.pack"))
-    layout, _ = c.fs.run(c.fs.aio.meta("layout", path="/p/f0"))
+    layout = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path="/p/f0")))
     block_id = layout.blocks[0].block_id
     flipped = [d for d in c.chunk_data_dirs if block_id in _records(d)][0]
     path, offset = _records(flipped)[block_id]
@@ -278,7 +278,7 @@ def test_a_cluster_with_packed_chunks_heals_and_reads_back(make_cluster: Any) ->
         time.sleep(0.2)
     _wait_clean(c, timeout_s=120)
     assert lost not in {chunk.server_id for path in files
-                        for block in c.fs.run(c.fs.aio.meta("layout", path=path))[0].blocks for chunk in block.chunks}
+                        for block in c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path=path))).blocks for chunk in block.chunks}
     c.kill_chunk_server(1)
     c.kill_chunk_server(2)
     for path, data in files.items():
@@ -587,7 +587,7 @@ def test_by_default_small_chunks_are_packed_and_large_ones_get_files(make_cluste
     c.fs.write_bytes("/small", small)
     c.fs.write_bytes("/large", large)
     for path, packed in (("/small", True), ("/large", False)):
-        layout, _ = c.fs.run(c.fs.aio.meta("layout", path=path))
+        layout = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path=path)))
         for chunk in layout.blocks[0].chunks:
             where, offset = c.chunk_place(path, 0, chunk.position)
             assert where.endswith(".pack" if packed else ".chunk") and (offset > 0) == packed, (path, where, offset)

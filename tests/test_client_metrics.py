@@ -90,7 +90,7 @@ def test_a_corrupt_chunk_counts_a_checksum_failure_and_a_degraded_read(metrics_c
 
 def test_busy_answers_and_failovers_count_as_retries(metrics_cluster, monkeypatch):
     import tectofs.client
-    from tectofs.rpc_client import _ClientConnection  # after tectofs.rpc (which imports it at its end)
+    from tectofs.rpc_client import _ClientConnection
 
     real_call = _ClientConnection.call
     busy_once = {"left": 1}

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tectofs import errors
+from tectofs import errors, messages
 from tectofs.client import connect
 from tectofs.protocol import FrameDecoder, FrameKind, encode_frame
 
@@ -159,8 +159,8 @@ def test_rmtree_removes_a_wide_and_deep_tree_and_raises_the_failure_itself(clust
     async def populate() -> None:
         made = [fs.aio.mkdir(f"/tree/d{i}") for i in range(3)]
         await asyncio.gather(*made)
-        await asyncio.gather(*(fs.aio.meta("create", path=f"/tree/f{i:05d}", mode=0o644) for i in range(4500)))
-        await asyncio.gather(*(fs.aio.meta("create", path=f"/tree/d{i % 3}/g{i}", mode=0o644) for i in range(300)))
+        await asyncio.gather(*(fs.aio.metadata.create(messages.CreateRequest(path=f"/tree/f{i:05d}", mode=0o644)) for i in range(4500)))
+        await asyncio.gather(*(fs.aio.metadata.create(messages.CreateRequest(path=f"/tree/d{i % 3}/g{i}", mode=0o644)) for i in range(300)))
         await fs.aio.mkdir("/tree/d0/deeper/still", parents=True)
 
     fs.run(populate())
@@ -239,7 +239,7 @@ def test_malformed_frames_get_error_and_close(cluster, garbage):
 
 def test_unknown_operation_is_an_error_not_a_crash(cluster):
     with pytest.raises(errors.InvalidArgument, match="unknown operation"):
-        cluster.fs.run(cluster.fs.aio.rpc.call(cluster.address, "no_such_op"))
+        cluster.fs.run(cluster.fs.aio.rpc.call_raw(cluster.address, "no_such_op"))
     assert cluster.fs.stat("/").is_dir
 
 

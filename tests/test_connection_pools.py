@@ -25,7 +25,9 @@ from tectofs import auth, limits, messages
 from tectofs.client import connect
 from tectofs.connlimits import ConnectionGuard, ConnectionPolicy
 from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
-from tectofs.rpc import RpcClient, RpcServer
+from tectofs.rpc import RpcServer
+from tectofs.rpc_client import RpcClient
+from tests.rpc_doubles import answering
 from tests.test_exhaustion import _sockets
 
 MiB = 1 << 20
@@ -175,7 +177,8 @@ def test_the_handshake_must_finish_by_the_deadline() -> None:
     async def main() -> tuple[bytes, float]:
         handler = _Handler()
         operations = {name: op for name, op in messages.CHUNK_OPERATIONS.items() if name in ("hello", "ping")}
-        server = RpcServer(handler, "metadata service", operations, "meta", authenticator=_Keys(), pool_anonymous=True)
+        server = RpcServer(handler, "metadata service", operations, "meta",
+            answering(handler.rpc_ping, operations), authenticator=_Keys(), pool_anonymous=True)
         address = await server.start("127.0.0.1", 0, ConnectionPolicy(hello_wait_s=1.0))
         host, port = address.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -254,7 +257,7 @@ def _within(seconds: float, fn: Any, *args: Any) -> Any:
 
 
 def _user(cluster: Any, name: str, uid: int, tmp_path: Any) -> str:
-    reply, _ = cluster.fs.run(cluster.fs.aio.meta("user_add", name=name, uid=uid, gid=uid, groups=[]))
+    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(messages.UserAddRequest(name=name, uid=uid, gid=uid, groups=[])))
     path = str(tmp_path / f"{name}.credentials")
     auth.Credential(user=name, secret=reply.secret, cluster=cluster.address).save(path)
     cluster.fs.mkdir(f"/{name}", mode=0o755)
@@ -265,8 +268,8 @@ def _user(cluster: Any, name: str, uid: int, tmp_path: Any) -> str:
 def _works(address: str, credentials: str, name: str) -> None:
     """A new client (new connections) authenticates, pings, asks who it is, writes and reads."""
     with connect(address, credentials=credentials) as fs:
-        fs.run(fs.aio.meta("ping"))
-        who, _ = fs.run(fs.aio.meta("whoami"))
+        fs.run(fs.aio.metadata.ping())
+        who = fs.run(fs.aio.metadata.whoami())
         assert who.name == name
         data = os.urandom(MiB + 17)
         fs.write_bytes(f"/{name}/during-flood", data)
@@ -290,7 +293,7 @@ def test_anonymous_flood_does_not_lock_clients_out_of_the_metadata_service(make_
     cluster.fs.stat("/")  # the connected root client too
     fresh = RpcClient(retries_max=0)  # and an anonymous newcomer may still ping (it evicts the oldest)
     try:
-        cluster.fs.run(fresh.call(cluster.address, "ping", idempotent=True))
+        cluster.fs.run(fresh.call(cluster.address, messages.PING, messages.Empty()))
     finally:
         cluster.fs.run(fresh.close())
 
@@ -299,7 +302,7 @@ def test_idle_flood_on_chunk_servers_leaves_room_for_other_peers(make_cluster: A
     cap = 300
     cluster = make_cluster(servers=3, policy="rs(2,1)", extra_env={"TECTOFS_CONNECTIONS_MAX": str(cap)})
     bob = _user(cluster, "bob", 1001, tmp_path)
-    for server in cluster.fs.run(cluster.fs.aio.meta("servers"))[0].servers:
+    for server in cluster.fs.run(cluster.fs.aio.metadata.servers()).servers:
         _flood(opened, server.address, cap, 1, first_ip=2)  # one peer address takes every place
     time.sleep(0.5)
     started = time.monotonic()

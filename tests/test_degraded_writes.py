@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tectofs import errors
+from tectofs import errors, messages
 
 MiB = 1 << 20
 
@@ -34,7 +34,7 @@ def test_one_server_of_six_down_writes_go_on(make_cluster: Callable[..., Any], t
     data = os.urandom(3 * MiB + 123)
     fs.write_bytes("/degraded", data)  # library
     assert fs.read_bytes("/degraded") == data
-    layout, _ = fs.run(fs.aio.meta("layout", path="/degraded"))
+    layout = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path="/degraded")))
     assert {len(b.chunks) for b in layout.blocks} == {5}
     local = tmp_path / "put.bin"
     local.write_bytes(os.urandom(2 * MiB))

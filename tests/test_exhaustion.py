@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 from tectofs import auth, errors, limits, messages
 from tectofs.connlimits import ConnectionPolicy
 from tectofs.protocol import FIXED_HEADER_BYTES, PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame, staged_bytes
-from tectofs.rpc import RpcClient, RpcServer
+from tectofs.rpc import RpcServer
+from tectofs.rpc_client import RpcClient
+from tests.rpc_doubles import answering
 
 MiB = 1 << 20
 STALL_S = 2.0
@@ -255,7 +257,7 @@ def test_idle_half_puts_give_back_the_in_flight_budget(make_cluster: Any) -> Non
     """Attack 3: 48 half put_chunk frames reserve what one principal may of the in-flight budget, then stall."""
     cluster = _cluster(make_cluster)
     address, pid = _chunk_server(cluster)
-    stat = lambda: cluster.fs.run(cluster.fs.aio.rpc.call(address, "stat", {}, idempotent=True))[0]  # noqa: E731
+    stat = lambda: cluster.fs.run(cluster.fs.aio.rpc.call_raw(address, "stat", {}, idempotent=True))[0]  # noqa: E731
     declared = 16 * MiB
     before = _rss(pid)
     with _sockets() as opened:  # without capabilities: drained, nothing reserved (tests/test_security.py)
@@ -302,7 +304,7 @@ def test_chunk_reads_validate_offset_and_length(make_cluster: Any) -> None:
     """Attack 4: a get_chunk at offset -2 GiB (and other impossible ranges)."""
     cluster = _cluster(make_cluster)
     _round_trip(cluster, "readable")
-    layout, _ = cluster.fs.run(cluster.fs.aio.meta("layout", path="/readable"))
+    layout = cluster.fs.run(cluster.fs.aio.metadata.layout(messages.LayoutRequest(path="/readable")))
     block = layout.blocks[0]
     chunk = block.chunks[0]
     pid = next(p.pid for i, p in enumerate(cluster.chunk_processes) if _chunk_server(cluster, i)[0] == chunk.address)
@@ -311,7 +313,7 @@ def test_chunk_reads_validate_offset_and_length(make_cluster: Any) -> None:
         fields["cap"] = block.cap
 
     def get(**request: Any) -> Any:
-        call = cluster.fs.aio.rpc.call(chunk.address, "get_chunk", {**fields, **request}, idempotent=True)
+        call = cluster.fs.aio.rpc.call_raw(chunk.address, "get_chunk", {**fields, **request}, idempotent=True)
         return cluster.fs.run(call)
 
     before = _rss(pid)
@@ -381,7 +383,7 @@ def _admitted(cluster: Any) -> bool:
     """Whether a new connection to the metadata service is served (raises Busy if not)."""
     fresh = RpcClient(retries_max=1)
     try:
-        cluster.fs.run(fresh.call(cluster.address, "ping", idempotent=True))
+        cluster.fs.run(fresh.call(cluster.address, messages.PING, messages.Empty()))
     except errors.PermissionDenied:
         pass  # served, if not welcome
     finally:
@@ -424,14 +426,15 @@ def test_client_retries_when_a_server_closes_its_idle_connection_as_it_calls() -
     some race the close; every one succeeds."""
 
     async def main() -> int:
-        server = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta",
+            answering(_Handler().rpc_ping, messages.META_OPERATIONS))
         address = await server.start("127.0.0.1", 0, ConnectionPolicy(connection_idle_timeout_s=0.2))
         client = RpcClient(connections_per_server=1)
         opened: dict[int, Any] = {}
         try:
             for _ in range(25):
-                await client.call(address, "ping", idempotent=True)
-                await client.call(address, "statfs")  # not marked idempotent: retried thanks to its call id
+                await client.call(address, messages.PING, messages.Empty())
+                await client.call_raw(address, "statfs")  # not marked idempotent: retried thanks to its call id
                 opened.update((id(c), c) for c in client._pools.get(address, []))
                 await asyncio.sleep(random.uniform(0.15, 0.35))
         finally:
@@ -447,7 +450,8 @@ def test_a_trickled_frame_is_closed_by_its_deadline() -> None:
     must still finish at the minimum rate."""
 
     async def main() -> tuple[float, bytes]:
-        server = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta",
+            answering(_Handler().rpc_ping, messages.META_OPERATIONS))
         policy = ConnectionPolicy(frame_stall_timeout_s=0.5, frame_receive_rate_min_bytes_per_s=1 * MiB)
         address = await server.start("127.0.0.1", 0, policy)
         host, port = address.rsplit(":", 1)

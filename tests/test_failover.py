@@ -19,7 +19,9 @@ import pytest
 from tectofs import errors, fsck, limits
 from tectofs.bench import load_script
 from tectofs.client import connect
-from tectofs.rpc import Call, RpcClient, current_call, parse_group
+from tectofs.rpc import Call, current_call
+from tectofs.rpc_client import RpcClient
+from tectofs.rpc_transport import parse_group
 from tectofs.store import SqlStore, StoreRunner, requests
 from tectofs.store.dialect import dialect_for
 from tests import conftest
@@ -177,15 +179,15 @@ def test_a_call_retried_on_another_metadata_service_is_applied_once(store_url, t
                                ("rename", {"src": "/d/f", "dst": "/d/g"}), ("makedirs", {"path": "/x/y/z"}),
                                ("unlink", {"path": "/d/g"})]:
                 call_id = uuid.uuid4().bytes
-                first, _ = await rpc.call(address_a, op, fields, call_id=call_id)
-                again, _ = await rpc.call(address_b, op, fields, call_id=call_id)
+                first, _ = await rpc.call_raw(address_a, op, fields, call_id=call_id)
+                again, _ = await rpc.call_raw(address_b, op, fields, call_id=call_id)
                 assert first == again, op
             with pytest.raises(errors.AlreadyExists):  # the same request without the call id
-                await rpc.call(address_b, "mkdir", {"path": "/d"})
-            listing, _ = await rpc.call(address_b, "readdir", {"path": "/d"}, idempotent=True)
+                await rpc.call_raw(address_b, "mkdir", {"path": "/d"})
+            listing, _ = await rpc.call_raw(address_b, "readdir", {"path": "/d"}, idempotent=True)
             assert listing["entries"] == []
             with pytest.raises(errors.InvalidArgument, match="call_id"):
-                await rpc.call(address_a, "mkdir", {"path": "/e", "call_id": b"short"}, idempotent=True)
+                await rpc.call_raw(address_a, "mkdir", {"path": "/e", "call_id": b"short"}, idempotent=True)
         finally:
             await rpc.close()
             await a.close()

@@ -23,7 +23,7 @@ from fsspec.tests.abstract import (
     AbstractPutTests,
 )
 
-from tectofs import auth
+from tectofs import auth, messages
 from tectofs.fsspec_fs import TectofsFileSystem
 
 MiB = 1 << 20
@@ -264,7 +264,7 @@ def test_errors_are_the_builtins_fsspec_users_catch(tfs):
 
 def test_permission_error_for_another_user(cluster, tfs, tmp_path):
     """``credentials=`` names the user; root's private file is refused to alice."""
-    reply, _ = cluster.fs.run(cluster.fs.aio.meta("user_add", name="fsspec-alice", uid=1000, gid=1000, groups=[]))
+    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(messages.UserAddRequest(name="fsspec-alice", uid=1000, gid=1000, groups=[])))
     credential = str(tmp_path / "alice.credentials")
     auth.Credential(user="fsspec-alice", secret=reply.secret, cluster=cluster.address).save(credential)
     tfs.pipe({"/private/secret": b"s", "/private/public": b"p"})

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tectofs import errors
+from tectofs import errors, messages
 
 MiB = 1 << 20
 COMMAND_TIMEOUT_S = 120
@@ -487,7 +487,7 @@ def test_a_file_unlinked_while_open_stays_readable_and_writable(mounted: Mounted
         writer.write(b", and appended to")
         writer.flush()
         os.fsync(writer.fileno())
-        attrs = mounted.fs.run(mounted.fs.aio.meta("getattr", ino=ino))[0].attrs
+        attrs = mounted.fs.run(mounted.fs.aio.metadata.getattr(messages.InoRequest(ino=ino))).attrs
         assert (attrs.nlink, attrs.size) == (0, len(b"kept until the last close, and appended to"))
         assert reader.read(4) == b"kept"
     finally:
@@ -496,7 +496,7 @@ def test_a_file_unlinked_while_open_stays_readable_and_writable(mounted: Mounted
     deadline = time.monotonic() + 10  # the handles' leases end as they close
     while time.monotonic() < deadline:
         try:
-            mounted.fs.run(mounted.fs.aio.meta("getattr", ino=ino))
+            mounted.fs.run(mounted.fs.aio.metadata.getattr(messages.InoRequest(ino=ino)))
         except errors.StaleFile:
             break
         time.sleep(0.1)

@@ -13,7 +13,6 @@ requests reach validation; who may do what is ``test_security.py``'s business.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import random
@@ -339,12 +338,3 @@ def test_requests_never_reach_the_store_invalid() -> None:
         with pytest.raises(msgspec.ValidationError) as info:
             messages.convert(header, messages.META_OPERATIONS[op].request)
         assert "$." in str(info.value) or "missing" in str(info.value), (op, str(info.value))
-
-
-def test_every_operation_has_a_handler() -> None:
-    from tectofs.server.chunk.service import ChunkServer
-    from tectofs.server.meta.service import MetadataService
-
-    for cls, table in ((MetadataService, messages.META_OPERATIONS), (ChunkServer, messages.CHUNK_OPERATIONS)):
-        for name in table:
-            assert name == "hello" or asyncio.iscoroutinefunction(getattr(cls, f"rpc_{name}")), (cls, name)

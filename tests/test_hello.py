@@ -21,6 +21,7 @@ from tectofs.client import connect
 from tectofs.connlimits import ConnectionPolicy
 from tectofs.protocol import FrameDecoder, FrameKind, encode_frame
 from tectofs.rpc import RpcServer
+from tests.rpc_doubles import answering
 from tests.test_exhaustion import _Handler as _Silent  # answers anything; never reached here
 
 
@@ -154,7 +155,8 @@ def test_a_connection_that_says_nothing_is_closed_at_the_hello_deadline() -> Non
     by default; 1.5 s here), with an error that says why."""
 
     async def main() -> tuple[list[Any], float]:
-        server = RpcServer(_Silent(), "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(_Silent(), "metadata service", messages.META_OPERATIONS, "meta",
+            answering(_Silent().rpc_ping, messages.META_OPERATIONS))
         address = await server.start("127.0.0.1", 0, ConnectionPolicy(hello_wait_s=1.5))
         try:
             return await asyncio.to_thread(_raw, address, b"", 10)
@@ -206,7 +208,7 @@ def test_a_payload_where_none_belongs_is_invalid_not_busy(cluster: Any) -> None:
         replies = _greeted(chunk_address, *puts)
         # refused before admission (no capability: tests/test_security.py), never "busy": nothing leaked
         assert {r.header["code"] for r in replies} == {"capability"}
-    stat = cluster.fs.run(cluster.fs.aio.rpc.call(chunk_address, "stat", {}))[0]
+    stat = cluster.fs.run(cluster.fs.aio.rpc.call_raw(chunk_address, "stat", {}))[0]
     assert stat["inflight"] == 0
 
 
@@ -217,5 +219,5 @@ def test_a_put_before_the_hello_reserves_nothing(cluster: Any) -> None:
     for _ in range(3):
         frames, _ = _raw(chunk_address, put)
         assert frames[-1].kind == FrameKind.ERROR and "expected a hello" in frames[-1].header["message"]
-    stat = cluster.fs.run(cluster.fs.aio.rpc.call(chunk_address, "stat", {}))[0]
+    stat = cluster.fs.run(cluster.fs.aio.rpc.call_raw(chunk_address, "stat", {}))[0]
     assert stat["inflight"] == 0

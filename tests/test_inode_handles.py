@@ -23,7 +23,7 @@ from tectofs import auth, messages
 from tectofs.client import connect
 from tectofs.client.sync import FileSystem
 from tectofs.errors import NotPermitted, PermissionDenied, TectofsError
-from tectofs.rpc import RpcClient
+from tectofs.rpc_client import RpcClient
 
 MiB = 1 << 20
 SCAN_TO = 64  # inode numbers scanned: every inode this module's cluster has, and some it has not
@@ -31,7 +31,7 @@ SCAN_TO = 64  # inode numbers scanned: every inode this module's cluster has, an
 
 def _user(cluster: Any, tmp_path_factory: pytest.TempPathFactory, name: str, uid: int) -> str:
     path = str(tmp_path_factory.mktemp(name) / f"{name}.credentials")
-    reply, _ = cluster.fs.run(cluster.fs.aio.meta("user_add", name=name, uid=uid, gid=uid, groups=[]))
+    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(messages.UserAddRequest(name=name, uid=uid, gid=uid, groups=[])))
     auth.Credential(user=name, secret=reply.secret, cluster=cluster.address).save(path)
     return path
 
@@ -90,7 +90,8 @@ def _refusals(fs: FileSystem, calls: list[tuple[str, dict[str, Any]]]) -> list[s
     """Each call's refusal, with the inode number masked: what the caller learns from it."""
     async def one(op: str, fields: dict[str, Any]) -> str:
         try:
-            reply, _ = await fs.aio.meta(op, **{k: _typed(op, k, v) for k, v in fields.items()})
+            operation = messages.META_OPERATIONS[op]  # each operation of the table, as a caller sends it
+            reply = await fs.aio.metadata.call(operation, operation.request(**{k: _typed(op, k, v) for k, v in fields.items()}))
         except PermissionDenied as exc:
             return re.sub(r"inode \d+", "inode N", f"{type(exc).__name__}: {exc}")
         except TectofsError as exc:  # anything but the handle refusal tells the caller something
@@ -134,7 +135,7 @@ def test_raw_frames_naming_inodes_are_refused(cluster: Any, tree: dict[str, Any]
             for ino in (1, tree["inner"], tree["inner_rw"], 10**9):
                 for op, fields in _by_number(ino) + _by_number(ino, handle=b"\0" * 16):
                     try:
-                        header, _ = await rpc.call(cluster.address, op, fields, idempotent=True)
+                        header, _ = await rpc.call_raw(cluster.address, op, fields, idempotent=True)
                         answers.append(f"LEAKED {op}: {header}")
                     except PermissionDenied as exc:
                         answers.append(re.sub(r"inode \d+", "inode N", str(exc)))
@@ -154,7 +155,7 @@ def test_a_handle_is_bound_to_its_inode_and_its_uid(cluster: Any, tree: dict[str
     eve.write_bytes("/pub/eve.bin", b"eve's own")
     mine = eve.stat("/pub/eve.bin")
     assert len(mine.handle) == auth.HANDLE_BYTES
-    reply, _ = eve.run(eve.aio.meta("getattr", ino=mine.ino, handle=mine.handle))  # it works for its owner
+    reply = eve.run(eve.aio.metadata.getattr(messages.InoRequest(ino=mine.ino, handle=mine.handle)))  # it works for its owner
     assert (reply.attrs.ino, reply.attrs.size) == (mine.ino, 9)
     # A genuine handle does not name another inode ...
     assert set(_refusals(eve, _by_number(tree["inner_rw"], mine.handle))) == {
@@ -165,10 +166,10 @@ def test_a_handle_is_bound_to_its_inode_and_its_uid(cluster: Any, tree: dict[str
         assert all("no valid file handle for uid 1001" in answer for answer in refused), refused
         theirs = dan.stat("/pub/eve.bin")  # dan reaches it by path: a handle of its own
         assert theirs.handle != mine.handle
-        reply, _ = dan.run(dan.aio.meta("getattr", ino=theirs.ino, handle=theirs.handle))
+        reply = dan.run(dan.aio.metadata.getattr(messages.InoRequest(ino=theirs.ino, handle=theirs.handle)))
         assert reply.attrs.ino == mine.ino
     # Root (and cluster members) reach every inode by path anyway: none is asked of them.
-    reply, _ = cluster.fs.run(cluster.fs.aio.meta("getattr", ino=tree["inner"]))
+    reply = cluster.fs.run(cluster.fs.aio.metadata.getattr(messages.InoRequest(ino=tree["inner"])))
     assert reply.attrs.size == len(tree["data"])
     eve.remove("/pub/eve.bin")
 

@@ -14,7 +14,9 @@ import pytest
 
 from tectofs import limits, local_sockets, messages
 from tectofs.protocol import FrameDecoder, FrameKind, encode_frame
-from tectofs.rpc import RpcClient, RpcServer
+from tectofs.rpc import RpcServer
+from tectofs.rpc_client import RpcClient
+from tests.rpc_doubles import answering
 from tests.test_exhaustion import _Handler
 from tests.test_hello import frames_until_closed
 
@@ -26,13 +28,14 @@ def _families(client: RpcClient, address: str) -> list[str]:
 
 def test_a_client_on_the_servers_host_moves_to_its_local_socket() -> None:
     async def main() -> None:
-        server = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta",
+            answering(_Handler().rpc_ping, messages.META_OPERATIONS))
         address = await server.start("127.0.0.1", 0)
         client = RpcClient()
         try:
             assert local_sockets.valid_name(server.local_name)
             for _ in range(3):
-                await client.call(address, "ping", idempotent=True)
+                await client.call(address, messages.PING, messages.Empty())
             assert _families(client, address) == ["AF_UNIX"]
             # Its buffers are enlarged (not autotuned like TCP's), up to what the kernel allows.
             sock = client._pools[address][0].transport.get_extra_info("socket")
@@ -40,7 +43,7 @@ def test_a_client_on_the_servers_host_moves_to_its_local_socket() -> None:
                 allowed = min(int(f.read()), limits.local_socket_buffer_bytes)
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= allowed
             # Several calls at once open more connections: every one on the local socket.
-            await asyncio.gather(*(client.call(address, "statfs") for _ in range(20)))
+            await asyncio.gather(*(client.call_raw(address, "statfs") for _ in range(20)))
             assert set(_families(client, address)) == {"AF_UNIX"}
             # The server counts them like any other (connection limits apply the same), and the
             # retired TCP connection is closed.
@@ -58,7 +61,8 @@ def test_a_client_on_the_servers_host_moves_to_its_local_socket() -> None:
 
 def test_with_local_sockets_off_everything_stays_on_tcp(monkeypatch: Any) -> None:
     async def main(client_off: bool) -> None:
-        server = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta",
+            answering(_Handler().rpc_ping, messages.META_OPERATIONS))
         if not client_off:
             monkeypatch.setenv(local_sockets.ENV, "0")  # the server offers no name
         address = await server.start("127.0.0.1", 0)
@@ -66,8 +70,8 @@ def test_with_local_sockets_off_everything_stays_on_tcp(monkeypatch: Any) -> Non
         client = RpcClient()
         try:
             assert bool(server.local_name) == client_off
-            await client.call(address, "ping", idempotent=True)
-            await client.call(address, "ping", idempotent=True)
+            await client.call(address, messages.PING, messages.Empty())
+            await client.call(address, messages.PING, messages.Empty())
             assert _families(client, address) == ["AF_INET"]
         finally:
             await client.close()
@@ -79,22 +83,24 @@ def test_with_local_sockets_off_everything_stays_on_tcp(monkeypatch: Any) -> Non
 
 def test_a_server_restarted_on_its_port_is_reached_by_tcp_then_by_its_new_socket() -> None:
     async def main() -> None:
-        first = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta")
+        first = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta",
+            answering(_Handler().rpc_ping, messages.META_OPERATIONS))
         address = await first.start("127.0.0.1", 0)
         port = int(address.rsplit(":", 1)[1])
         client = RpcClient()
         try:
-            await client.call(address, "ping", idempotent=True)
+            await client.call(address, messages.PING, messages.Empty())
             old_name = first.local_name
             assert client._local[address] == (old_name, os.getpid())  # (in-process server: our pid)
             await first.close()
-            second = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta")
+            second = RpcServer(_Handler(), "metadata service", messages.META_OPERATIONS, "meta",
+                answering(_Handler().rpc_ping, messages.META_OPERATIONS))
             await second.start("127.0.0.1", port)
             try:
                 assert second.local_name != old_name
-                await client.call(address, "ping", idempotent=True)  # the old name refuses: TCP, then asked anew
+                await client.call(address, messages.PING, messages.Empty())  # the old name refuses: TCP, then asked anew
                 assert client._local[address][0] == second.local_name
-                await client.call(address, "ping", idempotent=True)
+                await client.call(address, messages.PING, messages.Empty())
                 assert "AF_UNIX" in _families(client, address)
             finally:
                 await second.close()
@@ -174,7 +180,7 @@ def test_a_name_bound_by_another_process_is_not_trusted(cluster: Any) -> None:
             rpc._local[chunk_address] = (impostor_name, real_pid)
             for conn in rpc._pools.get(chunk_address, []):
                 conn.close()
-            await rpc.call(chunk_address, "ping", idempotent=True)  # a new connection to that very server
+            await rpc.call(chunk_address, messages.PING, messages.Empty())  # a new connection to that very server
 
         fs.run(call_through_impostor())
         assert fs.read_bytes("/impostor") == data

@@ -187,6 +187,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, objec
 
 CLIENT_SCRIPT = textwrap.dedent("""
     import hashlib, json, socket, sys, time, urllib.request
+    from tectofs import messages
     from tectofs.client import connect
 
     meta, credentials, source = sys.argv[1:4]
@@ -200,10 +201,10 @@ CLIENT_SCRIPT = textwrap.dedent("""
         fs.mkdir("/multihost", exist_ok=True)
         fs.write_bytes("/multihost/data.bin", data)
         out["read_sha256"] = hashlib.sha256(fs.read_bytes("/multihost/data.bin")).hexdigest()
-        layout, _ = fs.run(fs.aio.meta("layout", path="/multihost/data.bin"))
+        layout = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path="/multihost/data.bin")))
         out["chunk_addresses"] = sorted({c.address for b in layout.blocks for c in b.chunks})
         out["servers"] = fs.servers()
-        stats, _ = fs.run(fs.aio.meta("stats"))
+        stats = fs.run(fs.aio.metadata.stats())
         out["meta_address"], out["meta_metrics_url"] = stats.address, stats.metrics_url
     out["scraped"] = {}
     for url in [out["meta_metrics_url"]] + [s["metrics_url"] for s in out["servers"]]:

@@ -32,7 +32,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from tectofs import auth
+from tectofs import auth, messages
 from tectofs.s3.principals import keys_of
 from tests.conftest import TestCluster as ClusterWithClient
 
@@ -78,7 +78,7 @@ def s3(gateway: ClusterWithClient, root_keys: tuple[str, str]) -> Any:
 def bob(gateway: ClusterWithClient) -> Any:
     """A second user (uid 1000), added while the gateway runs: it serves them at once (it asks
     the metadata service for their secret; no file is copied anywhere)."""
-    reply, _ = gateway.fs.run(gateway.fs.aio.meta("user_add", name="bob", uid=1000, gid=1000, groups=[]))
+    reply = gateway.fs.run(gateway.fs.aio.metadata.user_add(messages.UserAddRequest(name="bob", uid=1000, gid=1000, groups=[])))
     credential = auth.Credential(user="bob", secret=reply.secret, cluster=gateway.address,
                                  s3_access_key=reply.user.s3_access_key or "", s3_secret_key=reply.s3_secret_key)
     credential.save(os.path.join(gateway.root, "bob.credentials"))  # bob's own copy, as `tectofs user add` writes it

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tectofs import limits
+from tectofs import limits, messages
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCKS = 20_000
@@ -50,7 +50,7 @@ def test_file_of_20000_blocks_round_trip(make_cluster: Any, rng: random.Random) 
     fs.run(handle.close())
     assert fs.stat(path).size == BLOCKS * 64 * KiB
     assert fs.run(fs.aio.block_count(path)) == BLOCKS
-    segment, _ = fs.run(fs.aio.meta("layout", path=path))
+    segment = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path=path)))
     assert segment.end is not None and 0 < len(segment.blocks) < BLOCKS  # it came in segments
     assert len(_encoded(segment)) < limits.frame_header_max_bytes
 
@@ -121,7 +121,7 @@ def test_directory_of_30000_entries(cluster: Any, tmp_path: Any) -> None:
 
         async def create(name: str) -> None:
             async with gate:
-                await fs.aio.meta("create", path=f"{directory}/{name}", mode=0o644)
+                await fs.aio.metadata.create(messages.CreateRequest(path=f"{directory}/{name}", mode=0o644))
 
         await asyncio.gather(*(create(name) for name in names))
 

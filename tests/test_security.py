@@ -24,7 +24,9 @@ from tectofs.errors import (
     NotPermitted,
     PermissionDenied,
 )
-from tectofs.rpc import RpcClient, RpcServer
+from tectofs.rpc import RpcServer
+from tectofs.rpc_client import RpcClient
+from tests.rpc_doubles import answering
 
 MiB = 1 << 20
 
@@ -39,7 +41,7 @@ async def _call(address: str, op: str, fields: dict[str, Any], client_auth: auth
     if client_auth is not None:
         rpc.authenticate(address, client_auth)
     try:
-        return await rpc.call(address, op, fields, payload, idempotent=True)
+        return await rpc.call_raw(address, op, fields, payload, idempotent=True)
     finally:
         await rpc.close()
 
@@ -57,7 +59,7 @@ def victim(cluster: Any) -> dict[str, Any]:
     fs.write_bytes("/public.pt", data)
     fs.chmod("/public.pt", 0o644)
     fs.mkdir("/shared", mode=0o1777)
-    layout, _ = fs.run(fs.aio.meta("layout", path="/public.pt"))
+    layout = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path="/public.pt")))
     return {"data": data, "layout": layout}
 
 
@@ -65,7 +67,7 @@ def victim(cluster: Any) -> dict[str, Any]:
 def alice(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A non-root user's credential file (uid 1000, gid 1000)."""
     path = str(tmp_path_factory.mktemp("alice") / "alice.credentials")
-    reply, _ = cluster.fs.run(cluster.fs.aio.meta("user_add", name="alice", uid=1000, gid=1000, groups=[]))
+    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(messages.UserAddRequest(name="alice", uid=1000, gid=1000, groups=[])))
     auth.Credential(user="alice", secret=reply.secret, cluster=cluster.address).save(path)
     assert os.stat(path).st_mode & 0o777 == 0o600
     return path
@@ -155,7 +157,7 @@ def test_crc_forged_overwrite_is_refused(cluster: Any, victim: dict[str, Any], a
     # Even a genuine write capability for that very block (its writer's) cannot replace it.
     with connect(cluster.address, credentials=alice) as fs:
         fs.write_bytes("/shared/alice.bin", b"x" * 1000)
-        mine, _ = fs.run(fs.aio.meta("layout", path="/shared/alice.bin"))
+        mine = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path="/shared/alice.bin")))
     ring = auth.KeyRing(cluster.key_file)
     expiry = auth.capability_expiry(60)
     key_id, tag = auth.sign_capability(ring, block.block_id, "w", expiry)
@@ -171,7 +173,7 @@ def test_expired_capabilities_are_refused_and_open_readers_renew_them(make_clust
     c = make_cluster(servers=6, meta_args=["--capability-ttl", "2"])
     data = os.urandom(2 * MiB + 17)
     c.fs.write_bytes("/f", data)
-    layout, _ = c.fs.run(c.fs.aio.meta("layout", path="/f"))
+    layout = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path="/f")))
     block, address = _chunk_address(layout)
     with c.fs.open("/f", "rb") as f:
         assert f.read(MiB) == data[:MiB]
@@ -231,7 +233,7 @@ def test_a_server_that_cannot_prove_the_key_is_not_believed(cluster: Any) -> Non
     async def attempt() -> None:
         impostor = Impostor()
         ops = {"hello": messages.HELLO, "ping": messages.META_OPERATIONS["ping"]}
-        server = RpcServer(impostor, "impostor", ops, "meta", authenticator=impostor)
+        server = RpcServer(impostor, "impostor", ops, "meta", answering(impostor.rpc_ping, ops), authenticator=impostor)
         address = await server.start("127.0.0.1", 0)
         try:
             await _call(address, "ping", {}, auth.ClientAuth(ring=auth.KeyRing(cluster.key_file)))
@@ -247,7 +249,7 @@ def test_a_server_that_cannot_prove_the_key_is_not_believed(cluster: Any) -> Non
 
 def test_other_users_get_what_posix_gives_them(cluster: Any, victim: dict[str, Any], alice: str) -> None:
     with connect(cluster.address, credentials=alice) as fs:
-        me, _ = fs.run(fs.aio.meta("whoami"))
+        me = fs.run(fs.aio.metadata.whoami())
         assert (me.name, me.uid, me.gid, me.admin) == ("alice", 1000, 1000, False)
         with pytest.raises(PermissionDenied):
             fs.read_bytes("/private.pt")  # root's 0600 file
@@ -271,11 +273,11 @@ def test_other_users_get_what_posix_gives_them(cluster: Any, victim: dict[str, A
         with pytest.raises(NotPermitted):
             fs.chmod("/public.pt", 0o666)
         with pytest.raises(NotPermitted):
-            fs.run(fs.aio.meta("setattr", path="/public.pt", uid=1000))
+            fs.run(fs.aio.metadata.setattr(messages.SetattrRequest(path="/public.pt", uid=1000)))
         with pytest.raises(PermissionDenied):
-            fs.run(fs.aio.meta("user_add", name="mallory", uid=0, gid=0, groups=[]))
+            fs.run(fs.aio.metadata.user_add(messages.UserAddRequest(name="mallory", uid=0, gid=0, groups=[])))
         with pytest.raises(PermissionDenied):
-            fs.run(fs.aio.meta("drain", server="1"))
+            fs.run(fs.aio.metadata.drain(messages.DrainRequest(server="1")))
         assert fs.read_bytes("/public.pt") == victim["data"]  # what others may read, they read
         fs.write_bytes("/shared/alice.txt", b"hello")
         st = fs.stat("/shared/alice.txt")
@@ -297,11 +299,11 @@ def test_stale_wrong_and_borrowed_credentials(cluster: Any, alice: str, tmp_path
                    auth.ClientAuth(credential=auth.Credential(user="nosuch", secret=os.urandom(32)))))
     with pytest.raises(AuthenticationFailed, match="may not act for other users"):
         _run(_call(cluster.address, "whoami", {}, auth.ClientAuth(credential=good, act_as=(0, 0, ()))))
-    reply, _ = cluster.fs.run(cluster.fs.aio.meta("user_add", name="bob", uid=1001, gid=1001, groups=[]))
+    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(messages.UserAddRequest(name="bob", uid=1001, gid=1001, groups=[])))
     bob = auth.Credential(user="bob", secret=reply.secret)
     header, _ = _run(_call(cluster.address, "whoami", {}, auth.ClientAuth(credential=bob)))
     assert header["uid"] == 1001
-    cluster.fs.run(cluster.fs.aio.meta("user_remove", name="bob"))
+    cluster.fs.run(cluster.fs.aio.metadata.user_remove(messages.UserNameRequest(name="bob")))
     with pytest.raises(AuthenticationFailed, match="unknown user"):
         _run(_call(cluster.address, "whoami", {}, auth.ClientAuth(credential=bob)))
     # root's proxy credential may act for a local user; that connection has the user's rights.
@@ -318,14 +320,14 @@ def test_key_rotation_keeps_the_cluster_working(make_cluster: Any) -> None:
     services follow the file, old capabilities stop working once their key is removed."""
     c = make_cluster(servers=6)
     c.fs.write_bytes("/before", b"a" * 5000)
-    layout, _ = c.fs.run(c.fs.aio.meta("layout", path="/before"))
+    layout = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path="/before")))
     old_id = auth.KeyRing(c.key_file).signing[0]
     ids = auth.edit_key_file(c.key_file, add=True)
     new_id = ids[1]
     auth.edit_key_file(c.key_file, use=new_id)
     time.sleep(1.5)  # services re-read the file at most once a second
     c.fs.write_bytes("/during", b"b" * 5000)  # capabilities now signed with the new key
-    fresh, _ = c.fs.run(c.fs.aio.meta("layout", path="/during"))
+    fresh = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path="/during")))
     assert fresh.blocks[0].cap.key == new_id and layout.blocks[0].cap.key == old_id
     assert c.fs.read_bytes("/before") == b"a" * 5000
     auth.edit_key_file(c.key_file, remove=old_id)

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from tectofs import messages
 from tests.conftest import FILE_PER_CHUNK
 
 KiB = 1 << 10
@@ -50,7 +51,7 @@ def _write_files(c: Any, count: int, sizes: list[int]) -> dict[str, bytes]:
 def _server_ids_in_layouts(c: Any, paths: list[str]) -> set[int]:
     ids = set()
     for path in paths:
-        layout, _ = c.fs.run(c.fs.aio.meta("layout", path=path))
+        layout = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path=path)))
         ids |= {chunk.server_id for block in layout.blocks for chunk in block.chunks}
     return ids
 
@@ -100,7 +101,7 @@ def test_scrubber_finds_a_flipped_parity_byte_and_it_is_rebuilt(make_cluster):
         assert time.monotonic() < deadline, "the scrubber did not report the flipped byte"
         time.sleep(0.3)
     _wait_clean(c, timeout_s=60)
-    layout, _ = c.fs.run(c.fs.aio.meta("layout", path="/scrubbed"))
+    layout = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path="/scrubbed")))
     rebuilt, at = c.chunk_place("/scrubbed", 0, 4)
     with open(rebuilt, "rb") as f:
         f.seek(at + 1000)

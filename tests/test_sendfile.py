@@ -16,6 +16,7 @@ from tectofs.errors import ChecksumMismatch, ConnectionLost
 from tectofs.rpc import RpcServer
 from tectofs.rpc_client import RpcClient
 from tectofs.sendfile import FileRegion, send_region
+from tests.rpc_doubles import answering
 from tests.test_cluster import flip_byte, wait_for_byte
 
 MiB = 1 << 20
@@ -50,19 +51,20 @@ def test_a_region_arrives_whole_and_a_short_file_drops_only_its_connection(tmp_p
     handler = _FileServer(str(path))
 
     async def main() -> None:
-        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta",
+            answering(handler.rpc_ping, messages.META_OPERATIONS))
         address = await server.start("127.0.0.1", 0)
         client = RpcClient(connections_per_server=1)
         try:
             handler.region = (4096, len(data) - 4096)
-            calls = [client.call(address, "ping", idempotent=True) for _ in range(4)]  # one connection, in turn
+            calls = [client.call(address, messages.PING, messages.Empty()) for _ in range(4)]  # one connection, in turn
             for _, payload in await asyncio.gather(*calls):
                 assert bytes(payload) == data[4096:]
             handler.region = (MiB, len(data))  # 1 MiB more than the file has
             with pytest.raises(ConnectionLost):
-                await client.call(address, "ping", idempotent=True, retries_max=0)
+                await client.call(address, messages.PING, messages.Empty(), retries_max=0)
             handler.region = (0, 1000)
-            _, payload = await client.call(address, "ping", idempotent=True)  # a new connection: served
+            _, payload = await client.call(address, messages.PING, messages.Empty())  # a new connection: served
             assert bytes(payload) == data[:1000]
         finally:
             await client.close()
@@ -89,12 +91,13 @@ def test_over_tls_a_region_is_read_and_encrypted(tmp_path, monkeypatch) -> None:
     handler.region = (7, len(data) - 7)
 
     async def main() -> bytes:
-        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta",
+            answering(handler.rpc_ping, messages.META_OPERATIONS))
         address = await server.start("127.0.0.1", 0)
         assert server.tls
         client = RpcClient(connections_per_server=1)
         try:
-            _, payload = await client.call(address, "ping", idempotent=True)
+            _, payload = await client.call(address, messages.PING, messages.Empty())
             return bytes(payload)
         finally:
             await client.close()
@@ -140,7 +143,8 @@ def test_a_peer_that_stops_reading_is_dropped_and_never_holds_up_others(tmp_path
     handler = _FileServer(str(path))
 
     async def main() -> float:
-        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta",
+            answering(handler.rpc_ping, messages.META_OPERATIONS))
         address = await server.start("127.0.0.1", 0)
         host, port = address.rsplit(":", 1)
         client = RpcClient(connections_per_server=1)
@@ -154,7 +158,7 @@ def test_a_peer_that_stops_reading_is_dropped_and_never_holds_up_others(tmp_path
             started = loop.time()
             await asyncio.sleep(0.5)
             handler.region = (0, 4096)
-            _, payload = await asyncio.wait_for(client.call(address, "ping", idempotent=True), 5)  # served meanwhile
+            _, payload = await asyncio.wait_for(client.call(address, messages.PING, messages.Empty()), 5)  # served meanwhile
             assert bytes(payload) == bytes(4096)
             while handler.opened[0].fd != -1:  # the stuck one's region: closed at its deadline
                 assert loop.time() - started < 10, "a peer that reads nothing held its region past the deadline"
@@ -203,7 +207,7 @@ def test_large_chunks_are_sent_from_their_files_and_damage_is_still_caught(make_
     def sent_from_files() -> int:
         total = 0
         for server in c.fs.servers():
-            reply, _ = c.fs.run(c.fs.aio.rpc.call(server["address"], "stat", {}, idempotent=True))
+            reply, _ = c.fs.run(c.fs.aio.rpc.call_raw(server["address"], "stat", {}, idempotent=True))
             total += int(dict(reply.get("stats", {})).get("reads_sent_from_file", 0))
         return total
 
@@ -238,30 +242,31 @@ def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeyp
     others are served."""
     import socket
 
-    import tectofs.rpc
+    import tectofs.rpc_transport
     from tectofs.protocol import PROTOCOL_VERSION, FrameKind, encode_frame
 
     threaded: list[int] = []
-    real_send = tectofs.rpc.send_region
+    real_send = tectofs.rpc_transport.send_region
 
     def counting(fd: int, head: bytes, payload: Any, closing: Any) -> None:
         threaded.append(len(payload))
         real_send(fd, head, payload, closing)
 
-    monkeypatch.setattr(tectofs.rpc, "send_region", counting)
+    monkeypatch.setattr(tectofs.rpc_transport, "send_region", counting)
     monkeypatch.setattr(limits, "send_file_stall_s", 1.0)
     monkeypatch.setattr(limits, "send_file_rate_min_bytes_per_s", 64 * MiB)
     handler = _MemoryServer()
     data = os.urandom(8 * MiB + 5)
 
     async def main() -> None:
-        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta",
+            answering(handler.rpc_ping, messages.META_OPERATIONS))
         address = await server.start("127.0.0.1", 0)
         host, port = address.rsplit(":", 1)
         client = RpcClient(connections_per_server=1)
         try:
             handler.payload = data
-            for _, payload in await asyncio.gather(*[client.call(address, "ping", idempotent=True) for _ in range(4)]):
+            for _, payload in await asyncio.gather(*[client.call(address, messages.PING, messages.Empty()) for _ in range(4)]):
                 assert bytes(payload) == data
             assert threaded == [len(data)] * 4
             handler.payload = bytes(64 * MiB)  # more than any socket buffer takes
@@ -271,14 +276,14 @@ def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeyp
                           + encode_frame(FrameKind.REQUEST, 2, {"op": "ping"}))
             await asyncio.sleep(0.5)
             handler.payload = b"small"
-            _, payload = await asyncio.wait_for(client.call(address, "ping", idempotent=True), 5)  # served meanwhile
+            _, payload = await asyncio.wait_for(client.call(address, messages.PING, messages.Empty()), 5)  # served meanwhile
             assert bytes(payload) == b"small"
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 10  # the frame's deadline is 1 s + 64 MiB at 64 MiB/s
             while len(server.connections) > 1:  # the stuck peer's connection is dropped, the client's kept
                 assert loop.time() < deadline, "a peer that reads nothing held its connection past the deadline"
                 await asyncio.sleep(0.05)
-            _, payload = await asyncio.wait_for(client.call(address, "ping", idempotent=True), 5)
+            _, payload = await asyncio.wait_for(client.call(address, messages.PING, messages.Empty()), 5)
             assert bytes(payload) == b"small"
             stuck.close()
         finally:
@@ -289,20 +294,21 @@ def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeyp
 
 
 def test_with_every_send_thread_taken_large_payloads_go_through_the_transport(monkeypatch) -> None:
-    import tectofs.rpc
+    import tectofs.rpc_transport
 
     threaded: list[int] = []
-    monkeypatch.setattr(tectofs.rpc, "send_region", lambda *a: threaded.append(1))
+    monkeypatch.setattr(tectofs.rpc_transport, "send_region", lambda *a: threaded.append(1))
     monkeypatch.setattr(limits, "send_buffer_threads", 0)  # all taken (peers slow to read, say)
     handler = _MemoryServer()
     handler.payload = os.urandom(3 * MiB)
 
     async def main() -> None:
-        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta")
+        server = RpcServer(handler, "metadata service", messages.META_OPERATIONS, "meta",
+            answering(handler.rpc_ping, messages.META_OPERATIONS))
         address = await server.start("127.0.0.1", 0)
         client = RpcClient(connections_per_server=1)
         try:
-            _, payload = await asyncio.wait_for(client.call(address, "ping", idempotent=True), 10)
+            _, payload = await asyncio.wait_for(client.call(address, messages.PING, messages.Empty()), 10)
             assert bytes(payload) == handler.payload
         finally:
             await client.close()

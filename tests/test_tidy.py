@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import typing
+from typing import Any
+
+import msgspec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -53,3 +57,228 @@ def test_modules_stay_small():
 def test_symlinks_are_in_place():
     assert (ROOT / "tectofs" / "client").resolve() == ROOT / "client"
     assert (ROOT / "tectofs" / "server").resolve() == ROOT / "server"
+
+
+# ---------------------------------------------------------------------- the wire between client and service
+
+
+def _module_name(path: pathlib.Path) -> str:
+    """``client/core.py`` -> ``tectofs.client.core`` (client/ and server/ are tectofs's subpackages)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] != "tectofs":
+        parts.insert(0, "tectofs")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements a module runs when imported: not function bodies, not ``if TYPE_CHECKING:``."""
+    found: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found += _top_level_statements(node.orelse)
+            continue
+        found.append(node)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            nested = getattr(node, field, [])
+            found += _top_level_statements([n for n in nested if isinstance(n, ast.stmt)])
+            for handler in nested:
+                if isinstance(handler, ast.ExceptHandler):
+                    found += _top_level_statements(handler.body)
+    return found
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """Module -> the project modules its module-level imports name. ``sources``: module name ->
+    (its source, whether it is a package's ``__init__``). ``from X import y`` names ``X.y``
+    when that is a module of the project, else ``X``."""
+    graph: dict[str, set[str]] = {name: set() for name in sources}
+    for name, (source, is_package) in sources.items():
+        package = name if is_package else name.rpartition(".")[0]
+        for node in _top_level_statements(ast.parse(source).body):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                module = ".".join(p for p in (base if node.level else "", node.module or "") if p)
+                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in sources else module for a in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in sources and t != name)
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (its modules in import order, the first repeated last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (cycle := visit(target)) is not None:
+                return cycle
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)) is not None:
+            return cycle
+    return None
+
+
+def test_no_import_cycle_among_the_project_modules() -> None:
+    sources = {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in _library_files()}
+    cycle = import_cycle(import_graph(sources))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_fires() -> None:
+    sources = {
+        "tectofs": ("", True),
+        "tectofs.rpc": ("from .protocol import x\nfrom tectofs.rpc_client import RpcClient\n", False),
+        "tectofs.rpc_client": ("from . import rpc\n", False),
+        "tectofs.protocol": ("import os\n", False),
+        "tectofs.lazy": ("def f():\n    from tectofs import rpc\n", False),
+        "tectofs.typed": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tectofs import lazy\n", False),
+    }
+    graph = import_graph(sources)
+    assert graph["tectofs.rpc"] == {"tectofs.protocol", "tectofs.rpc_client"}
+    assert graph["tectofs.lazy"] == graph["tectofs.typed"] == set()  # in a function, for type checkers only
+    assert import_cycle(graph) == ["tectofs.rpc", "tectofs.rpc_client", "tectofs.rpc"]
+    sources["tectofs.rpc_client"] = ("from .protocol import x\n", False)
+    assert import_cycle(import_graph(sources)) is None
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules importing ``start`` imports, directly or not."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        for target in graph[stack.pop()] - seen:
+            seen.add(target)
+            stack.append(target)
+    return seen
+
+
+def server_side_reached(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Client-side modules (the client library and the RPC client) that import the server side
+    (``tectofs.rpc``, ``tectofs.server``), directly or not."""
+    client_side = [m for m in graph if m == "tectofs.rpc_client" or m.startswith("tectofs.client")]
+    found = {m: sorted(t for t in reached(graph, m) if t == "tectofs.rpc" or t.startswith("tectofs.server"))
+             for m in client_side}
+    return {m: servers for m, servers in found.items() if servers}
+
+
+def test_the_client_side_never_imports_the_server_side() -> None:
+    sources = {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in _library_files()}
+    assert server_side_reached(import_graph(sources)) == {}
+
+
+def test_the_server_side_check_fires() -> None:
+    graph = {"tectofs.client.core": {"tectofs.uri"}, "tectofs.uri": {"tectofs.rpc"}, "tectofs.rpc": set(),
+             "tectofs.rpc_client": {"tectofs.rpc_transport"}, "tectofs.rpc_transport": set()}
+    assert server_side_reached(graph) == {"tectofs.client.core": ["tectofs.rpc"]}
+
+
+def dispatch_by_name(source: str) -> list[int]:
+    """Lines that look an attribute up by a name made at run time to call it: ``getattr`` with
+    an f-string, a concatenation or a ``.format`` for its name, or ``getattr(x, name)(...)``.
+    ``getattr(obj, "literal", default)`` (an optional hook) and copying attributes are fine."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            name = node.args[1] if len(node.args) > 1 else None
+            built = isinstance(name, (ast.JoinedStr, ast.BinOp)) or (
+                isinstance(name, ast.Call) and isinstance(name.func, ast.Attribute) and name.func.attr == "format")
+            if built:
+                lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Call) and isinstance(node.func.func, ast.Name)
+              and node.func.func.id == "getattr" and not isinstance(node.func.args[1], ast.Constant)):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def _wire_files() -> list[pathlib.Path]:
+    return sorted(ROOT.glob("tectofs/rpc*.py")) + sorted((ROOT / "server").rglob("*.py")) + sorted(
+        (ROOT / "client").rglob("*.py"))
+
+
+def test_no_dispatch_by_name_between_client_and_service() -> None:
+    found = {str(p.relative_to(ROOT)): lines for p in _wire_files() if (lines := dispatch_by_name(p.read_text()))}
+    assert found == {}, f"getattr by a name made at run time (use the operation table): {found}"
+
+
+def test_the_dispatch_check_fires() -> None:
+    source = '''
+a = getattr(handler, f"rpc_{name}")
+b = getattr(handler, "rpc_" + name)
+c = getattr(handler, "rpc_{}".format(name))
+d = getattr(store, method)(*args)
+ok = getattr(handler, "payload_sent", None)
+copied = {f: getattr(attrs, f) for f in names}
+'''
+    assert dispatch_by_name(source) == [2, 3, 4, 5]
+
+
+def any_in(annotation: Any) -> bool:
+    """Whether ``typing.Any`` is ``annotation`` or any part of it (arguments, nested Structs' fields)."""
+    seen: set[int] = set()
+
+    def walk(value: Any) -> bool:
+        if value is Any:
+            return True
+        if id(value) in seen:
+            return False
+        seen.add(id(value))
+        if isinstance(value, type) and issubclass(value, msgspec.Struct):
+            return any(walk(hint) for hint in typing.get_type_hints(value, include_extras=True).values())
+        return any(walk(arg) for arg in typing.get_args(value) if not isinstance(arg, msgspec.Meta))
+
+    return walk(annotation)
+
+
+def _signatures() -> dict[str, dict[str, Any]]:
+    """What carries an operation: its request and reply types, each typed client method's and
+    each service handler's annotations."""
+    from tectofs import messages
+    from tectofs.client.metadata import MetadataClient
+    from tectofs.server.chunk.service import ChunkServer
+    from tectofs.server.meta.service import MetadataService
+
+    found = {}
+    for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
+        for op in table.values():
+            found[f"operation {op.name}"] = {"request": op.request, "reply": op.reply}
+    for name in messages.META_OPERATIONS.keys() - {"hello"}:
+        found[f"MetadataClient.{name}"] = typing.get_type_hints(getattr(MetadataClient, name), include_extras=True)
+    for service in (MetadataService, ChunkServer):
+        for op, handler in object.__new__(service)._handlers().items():
+            found[f"{service.__name__} handler of {op.name}"] = typing.get_type_hints(handler, include_extras=True)
+    return found
+
+
+def test_no_any_in_what_an_operation_carries() -> None:
+    loose = sorted(f"{where}: {name}" for where, hints in _signatures().items()
+                   for name, hint in hints.items() if any_in(hint))
+    assert loose == [], f"Any where an operation's types belong: {loose}"
+
+
+class _Loose(msgspec.Struct):
+    value: Any
+
+
+class _Holder(msgspec.Struct):
+    items: list[_Loose]
+
+
+def test_the_any_check_fires() -> None:
+    assert any_in(Any) and any_in(dict[str, Any]) and any_in(_Holder) and any_in(tuple[_Holder, bytes])
+    assert not any_in(tuple[int, bytes]) and not any_in(typing.Annotated[int, msgspec.Meta(ge=0)])

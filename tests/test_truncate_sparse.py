@@ -13,6 +13,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from tectofs import messages
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
@@ -96,7 +98,7 @@ def test_one_byte_at_10_gib_stores_one_small_block(cluster: Any) -> None:
     handle = fs.run(fs.aio.open(path, "wb"))
     fs.run(handle.write(10 * GiB, b"z"))
     fs.run(handle.close())
-    layout, _ = fs.run(fs.aio.meta("layout", path=path))
+    layout = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path=path)))
     assert [b.idx for b in layout.blocks] == [10 * GiB // MiB]
     assert layout.blocks[0].length == 1
     assert layout.attrs.size == 10 * GiB + 1
@@ -112,13 +114,13 @@ def test_grown_file_and_zero_blocks_store_nothing(cluster: Any) -> None:
     fs, path = cluster.fs, _name("zeros")
     data = bytearray(os.urandom(3 * MiB))
     fs.write_bytes(path, bytes(data))
-    blocks_before = len(fs.run(fs.aio.meta("layout", path=path))[0].blocks)
+    blocks_before = len(fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path=path))).blocks)
     handle = fs.run(fs.aio.open(path, "r+b"))
     fs.run(handle.write(MiB, bytes(MiB)))  # the middle block zeroed whole: a hole now
     fs.run(handle.truncate(1 * GiB))  # grown by truncate: nothing to store
     fs.run(handle.close())
     data[MiB : 2 * MiB] = bytes(MiB)
-    layout, _ = fs.run(fs.aio.meta("layout", path=path))
+    layout = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path=path)))
     assert blocks_before == 3
     assert [b.idx for b in layout.blocks] == [0, 2]
     assert fs.stat(path).stored == 2 * MiB
@@ -133,7 +135,7 @@ def test_partial_block_stores_only_its_data(cluster: Any) -> None:
     handle = fs.run(fs.aio.open(path, "wb"))
     fs.run(handle.write(MiB - 1000, b"tail of the block"))
     fs.run(handle.close())
-    (block,) = fs.run(fs.aio.meta("layout", path=path))[0].blocks
+    (block,) = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path=path))).blocks
     assert block.start == MiB - 64 * KiB
     assert block.length == 64 * KiB - 1000 + len(b"tail of the block")
     assert fs.read_bytes(path) == bytes(MiB - 1000) + b"tail of the block"

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable
 from tectofs import checksum, erasure, limits, messages
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, DataUnavailable, TectofsError
 from tectofs.policy import parse as parse_policy
-from tectofs.rpc import RpcClient
+from tectofs.rpc_client import RpcClient
 from tectofs.throttle import RateLimiter
 
 from .storage import ChunkStore
@@ -198,8 +198,8 @@ class Repairer:
         if self.busy():
             await self.busy_limiter.take(source.length)
         try:
-            _, payload = await self.peers.call(source.address, "get_chunk", {"block_id": block_id},
-                                               idempotent=True, retries_max=1)
+            _, payload = await self.peers.call(source.address, messages.GET_CHUNK,
+                                               messages.GetChunkRequest(block_id=block_id), retries_max=1)
             whole = await self.in_thread(checksum.crc, payload)
             if len(payload) != source.length or whole != source.crc:
                 raise ChecksumMismatch(f"chunk from {source.address} does not match the crc recorded at write")

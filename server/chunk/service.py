@@ -47,7 +47,9 @@ from tectofs.errors import (
     TectofsError,
 )
 from tectofs.metrics import ChunkMetrics
-from tectofs.rpc import RpcClient, RpcServer, current_peer
+from tectofs.rpc import Handlers, RpcServer, current_peer
+from tectofs.rpc_client import RpcClient
+from tectofs.rpc_transport import ReplyPayload
 from tectofs.sendfile import FileRegion
 from tectofs.server import addresses
 
@@ -109,8 +111,8 @@ class ChunkServer:
                       "reads_sent_from_file": 0}
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="chunk-io")
         self._gc_io = ThreadPoolExecutor(1, thread_name_prefix="chunk-gc")
-        self.rpc = RpcServer(self, "chunk server", messages.CHUNK_OPERATIONS, "chunk", allocate_payload=self._admit,
-                             authenticator=self, observe=self.metrics.requests.observe)
+        self.rpc = RpcServer(self, "chunk server", messages.CHUNK_OPERATIONS, "chunk", self._handlers(),
+                             allocate_payload=self._admit, authenticator=self, observe=self.metrics.requests.observe)
         member = auth.ClientAuth(ring=self.keys)  # to the metadata service and to peers: we hold the key
         self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1, role="chunk", default_auth=member)
         self.meta.expect_role(meta_address, "meta")
@@ -281,7 +283,17 @@ class ChunkServer:
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
-    async def rpc_put_chunk(self, r: messages.PutChunkRequest, payload: memoryview) -> tuple[messages.Message, bytes]:
+    def _handlers(self) -> Handlers:
+        """The handler of each operation of the table (``tectofs.messages``), by operation."""
+        handlers = Handlers()
+        handlers.add(messages.PUT_CHUNK, self.rpc_put_chunk)
+        handlers.add(messages.GET_CHUNK, self.rpc_get_chunk)
+        handlers.add(messages.DELETE_CHUNKS, self.rpc_delete_chunks)
+        handlers.add(messages.CHUNK_STAT, self.rpc_stat)
+        handlers.add(messages.PING, self.rpc_ping)
+        return handlers
+
+    async def rpc_put_chunk(self, r: messages.PutChunkRequest, payload: memoryview) -> tuple[messages.Empty, bytes]:
         try:
             self._check_capability(r.block_id, "w", r.cap)
             # Only a rebuild (a member) may replace a chunk: a client's put never changes one stored.
@@ -299,7 +311,9 @@ class ChunkServer:
         self.metrics.bytes_in.inc(len(payload))
         return messages.Empty(), b""
 
-    async def rpc_get_chunk(self, r: messages.GetChunkRequest, payload: memoryview) -> tuple[messages.Message, Any]:
+    async def rpc_get_chunk(
+        self, r: messages.GetChunkRequest, payload: memoryview,
+    ) -> tuple[messages.GetChunkReply, ReplyPayload]:
         self._check_capability(r.block_id, "rw", r.cap)
         try:
             # Large ranges go from the page cache to the socket unread (sendfile; the reader
@@ -328,7 +342,9 @@ class ChunkServer:
         self.metrics.bytes_out.inc(len(data))
         return messages.GetChunkReply(crcs=crcs, chunk_length=info.length, position=info.position, crc=info.whole_crc), data
 
-    async def rpc_delete_chunks(self, r: messages.DeleteChunksRequest, payload: memoryview) -> tuple[messages.Message, bytes]:
+    async def rpc_delete_chunks(
+        self, r: messages.DeleteChunksRequest, payload: memoryview,
+    ) -> tuple[messages.DeleteChunksReply, bytes]:
         return messages.DeleteChunksReply(deleted=await self._in_thread(self._delete, r.block_ids)), b""
 
     async def _deletes_done(self) -> None:
@@ -340,12 +356,12 @@ class ChunkServer:
         self.stats["deleted"] += count
         return count
 
-    async def rpc_stat(self, r: messages.Empty, payload: memoryview) -> tuple[messages.Message, bytes]:
+    async def rpc_stat(self, r: messages.Empty, payload: memoryview) -> tuple[messages.ChunkStatReply, bytes]:
         return messages.ChunkStatReply(
             **self._load(), server_id=self.server_id, uuid=self.uuid, stats={**self.stats, **self.progress()}
         ), b""
 
-    async def rpc_ping(self, r: messages.Empty, payload: memoryview) -> tuple[messages.Message, bytes]:
+    async def rpc_ping(self, r: messages.Empty, payload: memoryview) -> tuple[messages.PingReply, bytes]:
         return messages.PingReply(), b""
 
     # ------------------------------------------------------------------ MDS
@@ -360,17 +376,17 @@ class ChunkServer:
         }
 
     async def _call_meta(self, op: str, fields: dict[str, Any]) -> Any:
-        return (await self.meta.call(self.meta_address, op, fields, idempotent=True))[0]
+        return (await self.meta.call_raw(self.meta_address, op, fields, idempotent=True))[0]
 
     async def _register(self) -> None:
         load = self._load()
         reply, _ = await self.meta.call(
-            self.meta_address, "register_server",
-            {"uuid": self.uuid, "address": self.address, "capacity": load["capacity"], "used": load["used"],
-             "metrics_url": self.metrics_url},
-            idempotent=True, retries_max=limits.rpc_retries_max,
+            self.meta_address, messages.REGISTER_SERVER,
+            messages.RegisterServerRequest(uuid=self.uuid, address=self.address, capacity=load["capacity"],
+                                           used=load["used"], metrics_url=self.metrics_url),
+            retries_max=limits.rpc_retries_max,
         )
-        self.server_id = int(reply["server_id"])
+        self.server_id = reply.server_id
         self.repairer.server_id = self.server_id
         log.info("registered with %s as chunk server %d", self.meta_address, self.server_id)
 
@@ -396,17 +412,19 @@ class ChunkServer:
 
     async def _heartbeat(self) -> None:
         try:
+            if self.server_id is None:
+                return  # not registered (yet): the registration comes first
             reply, _ = await self.meta.call(
-                self.meta_address, "heartbeat",
-                {"server_id": self.server_id, "address": self.address, **self._load(), "stats": self.progress(),
-                 "metrics_url": self.metrics_url},
-                idempotent=True, retries_max=0,
+                self.meta_address, messages.HEARTBEAT,
+                messages.HeartbeatRequest(server_id=self.server_id, address=self.address, **self._load(),
+                                          stats=self.progress(), metrics_url=self.metrics_url),
+                retries_max=0,
             )
-            if reply.get("delete"):
+            if reply.delete:
                 # Deletes run on their own thread, never in the way of chunk writes' threads.
-                asyncio.get_running_loop().run_in_executor(self._gc_io, self._delete, [int(b) for b in reply["delete"]])
-            for order in reply.get("repairs", []):
-                self.repairer.submit(messages.convert(order, messages.RepairOrder))
+                asyncio.get_running_loop().run_in_executor(self._gc_io, self._delete, list(reply.delete))
+            for order in reply.repairs:
+                self.repairer.submit(order)
             if self.repairer.unreported:
                 await self.repairer.resend_reports()
         except NotFound:

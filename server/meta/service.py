@@ -16,13 +16,13 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from tectofs import auth, limits, messages, paths
 from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, InvalidArgument, NotFound, PermissionDenied
 from tectofs.metrics import MetaMetrics
-from tectofs.rpc import RpcServer, current_peer
+from tectofs.rpc import Handlers, RpcServer, current_peer
 from tectofs.server import addresses
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import dialect_for
@@ -31,7 +31,8 @@ from .guard import MetaGuard
 
 log = logging.getLogger("tectofs.meta")
 
-Reply = tuple[messages.Message, bytes]
+ReplyT = TypeVar("ReplyT", bound=messages.Message)
+Reply = tuple[ReplyT, bytes]  # what a handler answers: the reply, and no payload
 USER_ENTRY_BYTES_MAX = 640  # one UserInfo, encoded, at most (64 groups, 64-byte names and keys)
 
 
@@ -113,8 +114,8 @@ class MetadataService:
         self.authorize = self.guard.authorize  # RpcServer asks it before every request
         # Anonymous peers may only ping here: they get a small pool of connections of their own, so
         # a flood of them cannot lock authenticated clients out (tectofs.connlimits).
-        self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", authenticator=self.guard,
-                             observe=self.metrics.requests.observe, pool_anonymous=True)
+        self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", self._handlers(),
+                             authenticator=self.guard, observe=self.metrics.requests.observe, pool_anonymous=True)
         self.started = time.time()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
@@ -220,23 +221,73 @@ class MetadataService:
             f"inode {ino}: no valid file handle for uid {peer.uid} (an inode is named by number only with the"
             " handle that came with its attributes from a lookup, create, open or listing)")
 
+    def _handlers(self) -> Handlers:
+        """The handler of each operation of the table (``tectofs.messages``), by operation."""
+        handlers = Handlers()
+        handlers.add(messages.LOOKUP, self.rpc_lookup)
+        handlers.add(messages.GETATTR, self.rpc_getattr)
+        handlers.add(messages.MKDIR, self.rpc_mkdir)
+        handlers.add(messages.MAKEDIRS, self.rpc_makedirs)
+        handlers.add(messages.CREATE, self.rpc_create)
+        handlers.add(messages.SYMLINK, self.rpc_symlink)
+        handlers.add(messages.MKNOD, self.rpc_mknod)
+        handlers.add(messages.READDIR, self.rpc_readdir)
+        handlers.add(messages.SETATTR, self.rpc_setattr)
+        handlers.add(messages.TRUNCATE, self.rpc_truncate)
+        handlers.add(messages.SET_POLICY, self.rpc_set_policy)
+        handlers.add(messages.RENAME, self.rpc_rename)
+        handlers.add(messages.LINK, self.rpc_link)
+        handlers.add(messages.RELEASE, self.rpc_release)
+        handlers.add(messages.RELEASE_LEASES, self.rpc_release_leases)
+        handlers.add(messages.GETXATTR, self.rpc_getxattr)
+        handlers.add(messages.LISTXATTR, self.rpc_listxattr)
+        handlers.add(messages.SETXATTR, self.rpc_setxattr)
+        handlers.add(messages.REMOVEXATTR, self.rpc_removexattr)
+        handlers.add(messages.EXCHANGE, self.rpc_exchange)
+        handlers.add(messages.UNLINK, self.rpc_unlink)
+        handlers.add(messages.RMDIR, self.rpc_rmdir)
+        handlers.add(messages.STATFS, self.rpc_statfs)
+        handlers.add(messages.LAYOUT, self.rpc_layout)
+        handlers.add(messages.ALLOCATE, self.rpc_allocate)
+        handlers.add(messages.STAGE, self.rpc_stage)
+        handlers.add(messages.RENEW, self.rpc_renew)
+        handlers.add(messages.COMMIT, self.rpc_commit)
+        handlers.add(messages.REPORT_BAD_CHUNK, self.rpc_report_bad_chunk)
+        handlers.add(messages.REPAIR_DONE, self.rpc_repair_done)
+        handlers.add(messages.REPAIR_FAILED, self.rpc_repair_failed)
+        handlers.add(messages.INVENTORY_BEGIN, self.rpc_inventory_begin)
+        handlers.add(messages.INVENTORY, self.rpc_inventory)
+        handlers.add(messages.DRAIN, self.rpc_drain)
+        handlers.add(messages.BLOCK_HEALTH, self.rpc_block_health)
+        handlers.add(messages.REGISTER_SERVER, self.rpc_register_server)
+        handlers.add(messages.HEARTBEAT, self.rpc_heartbeat)
+        handlers.add(messages.SERVERS, self.rpc_servers)
+        handlers.add(messages.STATS, self.rpc_stats)
+        handlers.add(messages.PING, self.rpc_ping)
+        handlers.add(messages.USER_ADD, self.rpc_user_add)
+        handlers.add(messages.USER_REMOVE, self.rpc_user_remove)
+        handlers.add(messages.USER_LIST, self.rpc_user_list)
+        handlers.add(messages.S3_PRINCIPAL, self.rpc_s3_principal)
+        handlers.add(messages.WHOAMI, self.rpc_whoami)
+        return handlers
+
     # ------------------------------------------------------------------ namespace
     # Each rpc_<op> gets its request already validated (tectofs.messages, tectofs.rpc).
 
-    async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply:
+    async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         return self._attrs_reply(await self._as_caller("lookup", paths.split(r.path))), b""
 
-    async def rpc_getattr(self, r: messages.InoRequest, _: memoryview) -> Reply:
+    async def rpc_getattr(self, r: messages.InoRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         self._check_handle(r.ino, r.handle)
         return self._attrs_reply(await self._as_caller("getattr_ino", r.ino)), b""
 
-    async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply:
+    async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         attrs = await self._as_caller(
             "mkdir", paths.split(r.path), r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok
         )
         return self._attrs_reply(attrs), b""
 
-    async def rpc_makedirs(self, r: messages.MkdirRequest, _: memoryview) -> Reply:
+    async def rpc_makedirs(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         parts = paths.split(r.path)
         attrs: dict[str, Any] = {}
         for depth in range(1, len(parts) + 1):
@@ -249,7 +300,7 @@ class MetadataService:
             attrs = await self._as_caller("mkdir", parts, r.mode, r.uid, r.gid, None, None, r.exist_ok)
         return self._attrs_reply(attrs), b""
 
-    async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply:
+    async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply[messages.CreateReply]:
         attrs, created, *directory = await self._as_caller(  # replayed records of older releases: less
             "create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive, r.reader
         )
@@ -257,79 +308,79 @@ class MetadataService:
                                     directory=self._attrs(directory[0]) if directory else None,
                                     directory_ctime_before=directory[1] if len(directory) > 1 else None), b""
 
-    async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply:
+    async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         return self._attrs_reply(await self._as_caller("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
 
-    async def rpc_mknod(self, r: messages.MknodRequest, _: memoryview) -> Reply:
+    async def rpc_mknod(self, r: messages.MknodRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         return self._attrs_reply(await self._as_caller("mknod", paths.split(r.path), r.mode, r.rdev, r.uid, r.gid)), b""
 
-    async def rpc_readdir(self, r: messages.ReaddirRequest, _: memoryview) -> Reply:
+    async def rpc_readdir(self, r: messages.ReaddirRequest, _: memoryview) -> Reply[messages.ReaddirReply]:
         entries, cursor = await self._as_caller("readdir", paths.split(r.path), r.after, r.limit)
         return messages.ReaddirReply(
             entries=[messages.DirEntry(name=name, attrs=self._attrs(attrs)) for name, attrs in entries], next=cursor
         ), b""
 
-    async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply:
+    async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         attrs = await self._as_caller("setattr", paths.split(r.path), r.mode, r.uid, r.gid, r.atime, r.mtime)
         return self._attrs_reply(attrs), b""
 
-    async def rpc_truncate(self, r: messages.TruncateRequest, _: memoryview) -> Reply:
+    async def rpc_truncate(self, r: messages.TruncateRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         return self._attrs_reply(await self._as_caller("truncate", paths.split(r.path), r.size)), b""
 
-    async def rpc_set_policy(self, r: messages.SetPolicyRequest, _: memoryview) -> Reply:
+    async def rpc_set_policy(self, r: messages.SetPolicyRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         return self._attrs_reply(await self._as_caller("set_policy", paths.split(r.path), r.policy, r.block_size, r.write_min)), b""
 
-    async def rpc_rename(self, r: messages.RenameRequest, _: memoryview) -> Reply:
+    async def rpc_rename(self, r: messages.RenameRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         return self._attrs_reply(await self._as_caller("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
 
-    async def rpc_link(self, r: messages.LinkRequest, _: memoryview) -> Reply:
+    async def rpc_link(self, r: messages.LinkRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         return self._attrs_reply(await self._as_caller("link", paths.split(r.src), paths.split(r.dst))), b""
 
-    async def rpc_release(self, r: messages.ReleaseRequest, _: memoryview) -> Reply:
+    async def rpc_release(self, r: messages.ReleaseRequest, _: memoryview) -> Reply[messages.Empty]:
         self._check_handle(r.ino, r.handle)
         await self._as_caller("release", r.ino, r.reader)
         return messages.Empty(), b""
 
-    async def rpc_release_leases(self, r: messages.ReleaseLeasesRequest, _: memoryview) -> Reply:
+    async def rpc_release_leases(self, r: messages.ReleaseLeasesRequest, _: memoryview) -> Reply[messages.Empty]:
         for lease in r.leases:
             self._check_handle(lease.ino, lease.handle)
         await self._as_caller("release_leases", [(lease.ino, lease.reader) for lease in r.leases])
         return messages.Empty(), b""
 
-    async def rpc_getxattr(self, r: messages.XattrRequest, _: memoryview) -> Reply:
+    async def rpc_getxattr(self, r: messages.XattrRequest, _: memoryview) -> Reply[messages.XattrReply]:
         return messages.XattrReply(value=await self._as_caller("getxattr", paths.split(r.path), r.name)), b""
 
-    async def rpc_listxattr(self, r: messages.PathRequest, _: memoryview) -> Reply:
+    async def rpc_listxattr(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.ListxattrReply]:
         return messages.ListxattrReply(names=await self._as_caller("listxattr", paths.split(r.path))), b""
 
-    async def rpc_setxattr(self, r: messages.SetxattrRequest, _: memoryview) -> Reply:
+    async def rpc_setxattr(self, r: messages.SetxattrRequest, _: memoryview) -> Reply[messages.Empty]:
         await self._as_caller("setxattr", paths.split(r.path), r.name, r.value, r.flags)
         return messages.Empty(), b""
 
-    async def rpc_removexattr(self, r: messages.XattrRequest, _: memoryview) -> Reply:
+    async def rpc_removexattr(self, r: messages.XattrRequest, _: memoryview) -> Reply[messages.Empty]:
         await self._as_caller("removexattr", paths.split(r.path), r.name)
         return messages.Empty(), b""
 
-    async def rpc_exchange(self, r: messages.ExchangeRequest, _: memoryview) -> Reply:
+    async def rpc_exchange(self, r: messages.ExchangeRequest, _: memoryview) -> Reply[messages.Empty]:
         await self._as_caller("exchange", paths.split(r.a), paths.split(r.b))
         return messages.Empty(), b""
 
-    async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply:
+    async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply[messages.UnlinkReply]:
         result = await self._as_caller("unlink", paths.split(r.path), r.ino, r.only_if_empty)
         directory, before = result if isinstance(result, (list, tuple)) else (result, None)  # a replayed old record
         return messages.UnlinkReply(directory=self._attrs(directory) if directory else None,
                                     directory_ctime_before=before), b""
 
-    async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply:
+    async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.Empty]:
         await self._as_caller("rmdir", paths.split(r.path))
         return messages.Empty(), b""
 
-    async def rpc_statfs(self, r: messages.Empty, _: memoryview) -> Reply:
+    async def rpc_statfs(self, r: messages.Empty, _: memoryview) -> Reply[messages.StatfsReply]:
         return messages.StatfsReply(**await self._call("statfs")), b""
 
     # ------------------------------------------------------------------ data layout
 
-    async def rpc_layout(self, r: messages.LayoutRequest, _: memoryview) -> Reply:
+    async def rpc_layout(self, r: messages.LayoutRequest, _: memoryview) -> Reply[messages.LayoutSegment]:
         if r.ino:
             self._check_handle(r.ino, r.handle)
             return self._segment(await self._as_caller("layout", None, r.ino, r.first, r.reader, r.write_only)), b""
@@ -339,7 +390,7 @@ class MetadataService:
             await self._as_caller("layout", paths.split(r.path), None, r.first, r.reader, r.write_only)
         ), b""
 
-    async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply:
+    async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply[messages.AllocateReply]:
         self._check_handle(r.ino, r.handle)
         blocks = await self._as_caller("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)
         expiry = auth.capability_expiry(self.capability_ttl_s)
@@ -355,23 +406,23 @@ class MetadataService:
         between the uids whose puts they receive (``server/chunk/admission.py``)."""
         return capability(self.keys, block_id, "w", expiry, current_peer.get().uid)
 
-    async def rpc_renew(self, r: messages.RenewRequest, _: memoryview) -> Reply:
+    async def rpc_renew(self, r: messages.RenewRequest, _: memoryview) -> Reply[messages.RenewReply]:
         self._check_handle(r.ino, r.handle)
         return messages.RenewReply(renewed=await self._as_caller("renew", r.ino, r.writer, r.reader)), b""
 
-    async def rpc_stage(self, r: messages.StageRequest, _: memoryview) -> Reply:
+    async def rpc_stage(self, r: messages.StageRequest, _: memoryview) -> Reply[messages.Empty]:
         self._check_handle(r.ino, r.handle)
         await self._as_caller("stage", r.ino, r.writer, messages.to_plain(r.blocks), r.holes, r.cut_from)
         return messages.Empty(), b""
 
-    async def rpc_commit(self, r: messages.CommitRequest, _: memoryview) -> Reply:
+    async def rpc_commit(self, r: messages.CommitRequest, _: memoryview) -> Reply[messages.LayoutSegment]:
         self._check_handle(r.ino, r.handle)
         layout = await self._as_caller(
             "commit", r.ino, r.size, messages.to_plain(r.blocks), r.replace, r.mtime, r.shrunk_to, r.holes, r.writer
         )
         return self._segment(layout), b""
 
-    async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply:
+    async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply[messages.Empty]:
         self.bad_chunk_reports += 1
         marked = r.kind in ("corrupt", "missing") and await self._call("mark_bad", r.block_id, r.server_id)
         self._bad_chunk_log.warning(
@@ -383,7 +434,7 @@ class MetadataService:
 
     # ------------------------------------------------------------------ self-healing
 
-    async def rpc_repair_done(self, r: messages.RepairDoneRequest, _: memoryview) -> Reply:
+    async def rpc_repair_done(self, r: messages.RepairDoneRequest, _: memoryview) -> Reply[messages.Empty]:
         placed = await self._call("repair_done", r.block_id, r.position, r.server_id, r.length, r.crc)
         self.repairs["done" if placed else "failed"] += 1
         if not placed:
@@ -391,27 +442,27 @@ class MetadataService:
                      r.position, r.block_id, r.server_id)
         return messages.Empty(), b""
 
-    async def rpc_repair_failed(self, r: messages.RepairFailedRequest, _: memoryview) -> Reply:
+    async def rpc_repair_failed(self, r: messages.RepairFailedRequest, _: memoryview) -> Reply[messages.Empty]:
         self.repairs["failed"] += 1
         self._bad_chunk_log.warning("server %d could not rebuild chunk %d of block %d: %s",
                                     r.server_id, r.position, r.block_id, r.reason[:200])
         await self._call("repair_failed", r.block_id, r.position, r.server_id, r.occupied)
         return messages.Empty(), b""
 
-    async def rpc_inventory_begin(self, r: messages.InventoryBeginRequest, _: memoryview) -> Reply:
+    async def rpc_inventory_begin(self, r: messages.InventoryBeginRequest, _: memoryview) -> Reply[messages.InventoryBeginReply]:
         return messages.InventoryBeginReply(report=await self._call("inventory_begin", r.server_id)), b""
 
-    async def rpc_inventory(self, r: messages.InventoryRequest, _: memoryview) -> Reply:
+    async def rpc_inventory(self, r: messages.InventoryRequest, _: memoryview) -> Reply[messages.InventoryReply]:
         found = await self._call("inventory", r.server_id, r.report, r.block_ids, r.last, self.orphan_grace_s)
         if found["missing"] or found["orphans"]:
             log.warning("inventory of chunk server %d: %d chunks missing (rebuild scheduled), %d orphans",
                         r.server_id, found["missing"], found["orphans"])
         return messages.InventoryReply(**found), b""
 
-    async def rpc_drain(self, r: messages.DrainRequest, _: memoryview) -> Reply:
+    async def rpc_drain(self, r: messages.DrainRequest, _: memoryview) -> Reply[messages.DrainReply]:
         return messages.DrainReply(**await self._call("drain", r.server, r.cancel)), b""
 
-    async def rpc_block_health(self, r: messages.BlockHealthRequest, _: memoryview) -> Reply:
+    async def rpc_block_health(self, r: messages.BlockHealthRequest, _: memoryview) -> Reply[messages.BlockHealthReply]:
         for file in r.files:
             self._check_handle(file.ino, file.handle)
         files = await self._call("block_health", [file.ino for file in r.files])
@@ -419,11 +470,11 @@ class MetadataService:
 
     # ------------------------------------------------------------------ chunk servers
 
-    async def rpc_register_server(self, r: messages.RegisterServerRequest, _: memoryview) -> Reply:
+    async def rpc_register_server(self, r: messages.RegisterServerRequest, _: memoryview) -> Reply[messages.RegisterServerReply]:
         server_id = await self._call("register_server", r.uuid, r.address, r.capacity, r.used, r.metrics_url)
         return messages.RegisterServerReply(server_id=server_id), b""
 
-    async def rpc_heartbeat(self, r: messages.HeartbeatRequest, _: memoryview) -> Reply:
+    async def rpc_heartbeat(self, r: messages.HeartbeatRequest, _: memoryview) -> Reply[messages.HeartbeatReply]:
         arrived = time.time()
         if r.server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
             self.heartbeats_seen[r.server_id] = arrived
@@ -437,11 +488,11 @@ class MetadataService:
             delete=delete, repairs=[messages.convert(o, messages.RepairOrder) for o in orders]
         ), b""
 
-    async def rpc_servers(self, r: messages.Empty, _: memoryview) -> Reply:
+    async def rpc_servers(self, r: messages.Empty, _: memoryview) -> Reply[messages.ServersReply]:
         servers = await self._call("servers")
         return messages.ServersReply(servers=[messages.ServerInfo(**s) for s in servers]), b""
 
-    async def rpc_stats(self, r: messages.Empty, _: memoryview) -> Reply:
+    async def rpc_stats(self, r: messages.Empty, _: memoryview) -> Reply[messages.StatsReply]:
         return messages.StatsReply(
             uptime_s=time.time() - self.started,
             store=dict(self.runner.stats),
@@ -455,12 +506,12 @@ class MetadataService:
             metrics_url=self.metrics_url,
         ), b""
 
-    async def rpc_ping(self, r: messages.Empty, _: memoryview) -> Reply:
+    async def rpc_ping(self, r: messages.Empty, _: memoryview) -> Reply[messages.PingReply]:
         return messages.PingReply(), b""
 
     # ------------------------------------------------------------------ users
 
-    async def rpc_user_add(self, r: messages.UserAddRequest, _: memoryview) -> Reply:
+    async def rpc_user_add(self, r: messages.UserAddRequest, _: memoryview) -> Reply[messages.UserAddReply]:
         secret = secrets.token_bytes(auth.KEY_BYTES)
         s3_secret = secrets.token_urlsafe(30)
         user = await self._call(
@@ -472,18 +523,18 @@ class MetadataService:
                     ", proxy" if r.proxy else "", current_peer.get().describe())
         return messages.UserAddReply(user=_user_info(user), secret=secret, s3_secret_key=s3_secret), b""
 
-    async def rpc_user_remove(self, r: messages.UserNameRequest, _: memoryview) -> Reply:
+    async def rpc_user_remove(self, r: messages.UserNameRequest, _: memoryview) -> Reply[messages.Empty]:
         await self._call("user_remove", r.name)
         self.guard.forget_user(r.name)
         log.warning("user %s removed by %s", r.name, current_peer.get().describe())
         return messages.Empty(), b""
 
-    async def rpc_user_list(self, r: messages.Empty, _: memoryview) -> Reply:
+    async def rpc_user_list(self, r: messages.Empty, _: memoryview) -> Reply[messages.UserListReply]:
         users = await self._call("user_list")
         budget = limits.reply_header_budget_bytes // USER_ENTRY_BYTES_MAX
         return messages.UserListReply(users=[_user_info(u) for u in users[:budget]], more=len(users) > budget), b""
 
-    async def rpc_s3_principal(self, r: messages.S3KeyRequest, _: memoryview) -> Reply:
+    async def rpc_s3_principal(self, r: messages.S3KeyRequest, _: memoryview) -> Reply[messages.S3PrincipalReply]:
         """The user an S3 access key names (its user name, or the pair ``user add`` made) and
         the secret that key signs with; NotFound for any other key."""
         if r.access_key == "root":
@@ -498,7 +549,7 @@ class MetadataService:
             raise NotFound(f"no user has the S3 access key {r.access_key!r}")
         return messages.S3PrincipalReply(user=_user_info(user), secret_key=user["s3_secret"]), b""
 
-    async def rpc_whoami(self, r: messages.Empty, _: memoryview) -> Reply:
+    async def rpc_whoami(self, r: messages.Empty, _: memoryview) -> Reply[messages.WhoamiReply]:
         peer = current_peer.get()
         return messages.WhoamiReply(kind=peer.kind, name=peer.name, uid=peer.uid, gid=peer.gid,
                                     groups=sorted(peer.groups), admin=peer.admin, proxy=peer.proxy), b""

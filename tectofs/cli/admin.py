@@ -18,7 +18,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     with _client(args) as fs:
         servers = fs.servers()
         statfs = fs.statfs()
-        stats = messages.to_plain(fs.run(fs.aio.meta("stats"))[0])
+        stats = messages.to_plain(fs.run(fs.aio.metadata.stats()))
     if args.json:  # every field the service sends, as it sends them: nothing added, nothing dropped
         output.print_json({"meta": {"address": fs.meta_address, **stats}, "statfs": statfs, "servers": servers})
         return
@@ -70,8 +70,10 @@ def cmd_fsck(args: argparse.Namespace) -> None:
 
 
 def cmd_drain(args: argparse.Namespace) -> None:
+    from tectofs import messages
+
     with _client(args) as fs:
-        reply, _ = fs.run(fs.aio.meta("drain", server=args.server, cancel=args.cancel))
+        reply = fs.run(fs.aio.metadata.drain(messages.DrainRequest(server=args.server, cancel=args.cancel)))
         if args.cancel:
             print(f"chunk server {reply.server_id} takes new chunks again ({reply.chunks} chunks on it)")
             return
@@ -83,7 +85,7 @@ def cmd_drain(args: argparse.Namespace) -> None:
                 raise SystemExit(f"tectofs admin drain: {reply.chunks} chunks still on server {reply.server_id}"
                                  f" after {args.timeout:.0f}s")
             time.sleep(1.0)
-            reply, _ = fs.run(fs.aio.meta("drain", server=str(reply.server_id)))
+            reply = fs.run(fs.aio.metadata.drain(messages.DrainRequest(server=str(reply.server_id))))
             print(f"  {reply.chunks} chunks left", file=sys.stderr, flush=True)
         if args.wait:
             print(f"chunk server {reply.server_id} holds no chunk the cluster needs: it can be stopped")
@@ -117,13 +119,13 @@ def cmd_init(args: argparse.Namespace) -> None:
 
 
 def cmd_user_add(args: argparse.Namespace) -> None:
-    from tectofs import auth
+    from tectofs import auth, messages
 
     address = _meta_address(args)
     groups = args.groups
     with _client(args) as fs:
-        reply, _ = fs.run(fs.aio.meta("user_add", name=args.name, uid=args.uid, gid=args.gid, groups=groups,
-                                      admin=args.admin, proxy=args.proxy))
+        reply = fs.run(fs.aio.metadata.user_add(messages.UserAddRequest(
+            name=args.name, uid=args.uid, gid=args.gid, groups=list(groups), admin=args.admin, proxy=args.proxy)))
     out = args.out or f"{args.name}.credentials"
     auth.Credential(user=args.name, secret=reply.secret, cluster=address, s3_access_key=reply.user.s3_access_key or "",
                     s3_secret_key=reply.s3_secret_key).save(out)
@@ -135,7 +137,7 @@ def cmd_user_add(args: argparse.Namespace) -> None:
 
 def cmd_user_list(args: argparse.Namespace) -> None:
     with _client(args) as fs:
-        reply, _ = fs.run(fs.aio.meta("user_list"))
+        reply = fs.run(fs.aio.metadata.user_list())
     print(f"{'name':<24} {'uid':>8} {'gid':>8}  groups  flags")
     for u in reply.users:
         flags = ",".join(f for f, on in (("admin", u.admin), ("proxy", u.proxy)) if on) or "-"
@@ -145,14 +147,16 @@ def cmd_user_list(args: argparse.Namespace) -> None:
 
 
 def cmd_user_remove(args: argparse.Namespace) -> None:
+    from tectofs import messages
+
     with _client(args) as fs:
-        fs.run(fs.aio.meta("user_remove", name=args.name))
+        fs.run(fs.aio.metadata.user_remove(messages.UserNameRequest(name=args.name)))
     print(f"user {args.name} removed: its credential no longer opens connections (open ones live on until closed)")
 
 
 def cmd_whoami(args: argparse.Namespace) -> None:
     with _client(args) as fs:
-        me, _ = fs.run(fs.aio.meta("whoami"))
+        me = fs.run(fs.aio.metadata.whoami())
     print(f"{output.shown(me.name)} (uid {me.uid}, gid {me.gid}, groups {','.join(map(str, me.groups)) or '-'})"
           + (" admin" if me.admin else "") + (" proxy" if me.proxy else ""))
 

@@ -22,8 +22,9 @@ from typing import Callable
 
 from tectofs import auth, limits, messages
 from tectofs.client import AsyncFileSystem
+from tectofs.client.metadata import MetadataClient
 from tectofs.errors import NotFound
-from tectofs.rpc import RpcClient
+from tectofs.rpc_client import RpcClient
 
 ROOT = "root"
 
@@ -51,18 +52,16 @@ class Principals:
 
     def __init__(self, fs: AsyncFileSystem, ring: auth.KeyRing, clock: Callable[[], float] = time.monotonic) -> None:
         self.fs, self.clock = fs, clock
-        self._member = RpcClient(default_auth=auth.ClientAuth(ring=ring))
-        self._member.expect_role(fs.meta_address, "meta")
+        member = RpcClient(default_auth=auth.ClientAuth(ring=ring))
+        member.expect_role(fs.meta_address, "meta")
+        self._member = MetadataClient(member, fs.meta_address)
         self._cache: dict[str, tuple[float, Principal | None]] = {}
 
     async def _ask(self, access_key: str) -> Principal | None:
-        operation = messages.META_OPERATIONS["s3_principal"]
         try:
-            header, _ = await self._member.call(self.fs.meta_address, "s3_principal", {"access_key": access_key},
-                                                idempotent=True)
+            reply = await self._member.s3_principal(messages.S3KeyRequest(access_key=access_key))
         except NotFound:
             return None
-        reply = messages.convert(header, operation.reply)
         user = reply.user
         return Principal(user.name, user.uid, user.gid, tuple(user.groups), reply.secret_key)
 
@@ -85,4 +84,4 @@ class Principals:
         return self.fs.acting_as(principal.uid, principal.gid, principal.groups)
 
     async def close(self) -> None:
-        await self._member.close()
+        await self._member.rpc.close()

@@ -1,0 +1,168 @@
+"""The metadata service's operations as typed methods: one per operation of
+``tectofs.messages.META_OPERATIONS``, named after it, taking its request type and returning
+its reply type (``await fs.metadata.rename(messages.RenameRequest(src=..., dst=...))``).
+
+Every method is one line over :meth:`MetadataClient.call`, which takes the retry policy
+(blind retries only for idempotent operations; a call id for the others) from the operation.
+``tests/test_typed_operations.py`` holds this class and the table to each other, one to one.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from tectofs import messages
+from tectofs.rpc_client import RpcClient
+
+RequestT = TypeVar("RequestT", bound=messages.Message)
+ReplyT = TypeVar("ReplyT", bound=messages.Message)
+_EMPTY = messages.Empty()
+
+
+class MetadataClient:
+    """Calls to the metadata service at ``address`` (an address or a failover group) through
+    ``rpc`` (whose connections carry the caller's identity)."""
+
+    def __init__(self, rpc: RpcClient, address: str) -> None:
+        self.rpc = rpc
+        self.address = address
+
+    async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
+        """One call of ``operation``: its reply, or the service's error raised."""
+        reply, _ = await self.rpc.call(self.address, operation, request)
+        return reply
+
+    async def lookup(self, request: messages.PathRequest) -> messages.AttrsReply:
+        return await self.call(messages.LOOKUP, request)
+
+    async def getattr(self, request: messages.InoRequest) -> messages.AttrsReply:
+        return await self.call(messages.GETATTR, request)
+
+    async def mkdir(self, request: messages.MkdirRequest) -> messages.AttrsReply:
+        return await self.call(messages.MKDIR, request)
+
+    async def makedirs(self, request: messages.MkdirRequest) -> messages.AttrsReply:
+        return await self.call(messages.MAKEDIRS, request)
+
+    async def create(self, request: messages.CreateRequest) -> messages.CreateReply:
+        return await self.call(messages.CREATE, request)
+
+    async def symlink(self, request: messages.SymlinkRequest) -> messages.AttrsReply:
+        return await self.call(messages.SYMLINK, request)
+
+    async def mknod(self, request: messages.MknodRequest) -> messages.AttrsReply:
+        return await self.call(messages.MKNOD, request)
+
+    async def readdir(self, request: messages.ReaddirRequest) -> messages.ReaddirReply:
+        return await self.call(messages.READDIR, request)
+
+    async def setattr(self, request: messages.SetattrRequest) -> messages.AttrsReply:
+        return await self.call(messages.SETATTR, request)
+
+    async def truncate(self, request: messages.TruncateRequest) -> messages.AttrsReply:
+        return await self.call(messages.TRUNCATE, request)
+
+    async def set_policy(self, request: messages.SetPolicyRequest) -> messages.AttrsReply:
+        return await self.call(messages.SET_POLICY, request)
+
+    async def rename(self, request: messages.RenameRequest) -> messages.AttrsReply:
+        return await self.call(messages.RENAME, request)
+
+    async def link(self, request: messages.LinkRequest) -> messages.AttrsReply:
+        return await self.call(messages.LINK, request)
+
+    async def release(self, request: messages.ReleaseRequest) -> messages.Empty:
+        return await self.call(messages.RELEASE, request)
+
+    async def release_leases(self, request: messages.ReleaseLeasesRequest) -> messages.Empty:
+        return await self.call(messages.RELEASE_LEASES, request)
+
+    async def getxattr(self, request: messages.XattrRequest) -> messages.XattrReply:
+        return await self.call(messages.GETXATTR, request)
+
+    async def listxattr(self, request: messages.PathRequest) -> messages.ListxattrReply:
+        return await self.call(messages.LISTXATTR, request)
+
+    async def setxattr(self, request: messages.SetxattrRequest) -> messages.Empty:
+        return await self.call(messages.SETXATTR, request)
+
+    async def removexattr(self, request: messages.XattrRequest) -> messages.Empty:
+        return await self.call(messages.REMOVEXATTR, request)
+
+    async def exchange(self, request: messages.ExchangeRequest) -> messages.Empty:
+        return await self.call(messages.EXCHANGE, request)
+
+    async def unlink(self, request: messages.UnlinkRequest) -> messages.UnlinkReply:
+        return await self.call(messages.UNLINK, request)
+
+    async def rmdir(self, request: messages.PathRequest) -> messages.Empty:
+        return await self.call(messages.RMDIR, request)
+
+    async def statfs(self, request: messages.Empty = _EMPTY) -> messages.StatfsReply:
+        return await self.call(messages.STATFS, request)
+
+    async def layout(self, request: messages.LayoutRequest) -> messages.LayoutSegment:
+        return await self.call(messages.LAYOUT, request)
+
+    async def allocate(self, request: messages.AllocateRequest) -> messages.AllocateReply:
+        return await self.call(messages.ALLOCATE, request)
+
+    async def stage(self, request: messages.StageRequest) -> messages.Empty:
+        return await self.call(messages.STAGE, request)
+
+    async def renew(self, request: messages.RenewRequest) -> messages.RenewReply:
+        return await self.call(messages.RENEW, request)
+
+    async def commit(self, request: messages.CommitRequest) -> messages.LayoutSegment:
+        return await self.call(messages.COMMIT, request)
+
+    async def report_bad_chunk(self, request: messages.ReportBadChunkRequest) -> messages.Empty:
+        return await self.call(messages.REPORT_BAD_CHUNK, request)
+
+    async def repair_done(self, request: messages.RepairDoneRequest) -> messages.Empty:
+        return await self.call(messages.REPAIR_DONE, request)
+
+    async def repair_failed(self, request: messages.RepairFailedRequest) -> messages.Empty:
+        return await self.call(messages.REPAIR_FAILED, request)
+
+    async def inventory_begin(self, request: messages.InventoryBeginRequest) -> messages.InventoryBeginReply:
+        return await self.call(messages.INVENTORY_BEGIN, request)
+
+    async def inventory(self, request: messages.InventoryRequest) -> messages.InventoryReply:
+        return await self.call(messages.INVENTORY, request)
+
+    async def drain(self, request: messages.DrainRequest) -> messages.DrainReply:
+        return await self.call(messages.DRAIN, request)
+
+    async def block_health(self, request: messages.BlockHealthRequest) -> messages.BlockHealthReply:
+        return await self.call(messages.BLOCK_HEALTH, request)
+
+    async def register_server(self, request: messages.RegisterServerRequest) -> messages.RegisterServerReply:
+        return await self.call(messages.REGISTER_SERVER, request)
+
+    async def heartbeat(self, request: messages.HeartbeatRequest) -> messages.HeartbeatReply:
+        return await self.call(messages.HEARTBEAT, request)
+
+    async def servers(self, request: messages.Empty = _EMPTY) -> messages.ServersReply:
+        return await self.call(messages.SERVERS, request)
+
+    async def stats(self, request: messages.Empty = _EMPTY) -> messages.StatsReply:
+        return await self.call(messages.STATS, request)
+
+    async def ping(self, request: messages.Empty = _EMPTY) -> messages.PingReply:
+        return await self.call(messages.PING, request)
+
+    async def user_add(self, request: messages.UserAddRequest) -> messages.UserAddReply:
+        return await self.call(messages.USER_ADD, request)
+
+    async def user_remove(self, request: messages.UserNameRequest) -> messages.Empty:
+        return await self.call(messages.USER_REMOVE, request)
+
+    async def user_list(self, request: messages.Empty = _EMPTY) -> messages.UserListReply:
+        return await self.call(messages.USER_LIST, request)
+
+    async def s3_principal(self, request: messages.S3KeyRequest) -> messages.S3PrincipalReply:
+        return await self.call(messages.S3_PRINCIPAL, request)
+
+    async def whoami(self, request: messages.Empty = _EMPTY) -> messages.WhoamiReply:
+        return await self.call(messages.WHOAMI, request)
