@@ -8,10 +8,14 @@ so are the clusters, mounts and workers it starts (``PYTHONPATH``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import subprocess
 import sys
-from typing import Any
+import tempfile
+from typing import Any, Iterator
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # TECTOFS_BENCH_TREE: the checkout to measure instead of this script's own (cpu_per_gb.py runs its
@@ -88,3 +92,40 @@ def process_cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+@contextlib.contextmanager
+def baseline_tree(revision: str) -> Iterator[str]:
+    """A temporary git worktree of ``revision`` of this checkout (removed afterwards): the
+    tree a same-run A/B measures against."""
+    root = subprocess.run(["git", "-C", _HERE, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    scratch = tempfile.mkdtemp(prefix="tectofs-bench-baseline-")
+    tree = os.path.join(scratch, "tree")
+    subprocess.run(["git", "-C", root, "worktree", "add", "--detach", tree, revision], capture_output=True, check=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", root, "worktree", "remove", "--force", tree], capture_output=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def alternate(trees: dict[str, str], rounds: int, command: list[str], env: dict[str, dict[str, str]] | None = None,
+              timeout_s: float = 3600) -> dict[str, dict[str, list[float]]]:
+    """Run ``command`` (a child that prints one JSON object ``{key: [values]}`` as its last
+    line) once per tree and round, alternating the order every round (first to last, then last
+    to first), each child importing ``tectofs`` from its tree (``env``: more variables per
+    name); the values of every key, gathered per tree name."""
+    runs: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+    for r in range(rounds):
+        for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+            child_env = {**os.environ, "PYTHONPATH": trees[name], "TECTOFS_BENCH_TREE": trees[name],
+                         **(env or {}).get(name, {})}
+            print(f"round {r + 1}/{rounds}: {name} ...", flush=True)
+            out = subprocess.run(command, env=child_env, cwd=trees[name], capture_output=True, text=True,
+                                 timeout=timeout_s)
+            if out.returncode:
+                raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
+            for key, values in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                runs[name].setdefault(key, []).extend(values)
+    return runs

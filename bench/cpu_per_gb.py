@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +32,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import drop_caches, parse_size, process_cpu_s, write_results  # noqa: E402
+from common import alternate, baseline_tree, drop_caches, parse_size, process_cpu_s, write_results  # noqa: E402
 
 ROLES = ("client", "chunk servers", "metadata service")
 
@@ -87,13 +85,6 @@ def child(size: int, runs: int) -> dict[str, Any]:
     return per_run
 
 
-def worktree(revision: str, into: str) -> str:
-    root = subprocess.run(["git", "-C", HERE, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    subprocess.run(["git", "-C", root, "worktree", "add", "--detach", into, revision], capture_output=True, check=True)
-    return root
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default="90af9df",
@@ -111,30 +102,13 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(size, args.runs)))
         return
-    scratch = tempfile.mkdtemp(prefix="tectofs-cpu-baseline-")
-    base_tree = os.path.join(scratch, "tree")
-    root = worktree(args.baseline, base_tree)
-    trees = {"baseline": base_tree, "this tree": os.path.dirname(HERE)}
-    if args.tcp_arm:
-        trees["this tree, TCP"] = os.path.dirname(HERE)
-    runs: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
-    try:
-        for r in range(args.rounds):
-            for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
-                # the child, its cluster and their imports all from that tree (bench/common.py)
-                env = {**os.environ, "PYTHONPATH": trees[name], "TECTOFS_BENCH_TREE": trees[name]}
-                if name == "this tree, TCP":
-                    env["TECTOFS_LOCAL_SOCKETS"] = "0"  # tectofs/local_sockets.py: servers offer none
-                print(f"round {r + 1}/{args.rounds}: {name} ...", flush=True)
-                out = subprocess.run([sys.executable, __file__, "--child", "--size", str(size), "--runs", str(args.runs)],
-                                     env=env, cwd=trees[name], capture_output=True, text=True, timeout=3600)
-                if out.returncode:
-                    raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
-                for key, values in json.loads(out.stdout.strip().splitlines()[-1]).items():
-                    runs[name].setdefault(key, []).extend(values)
-    finally:
-        subprocess.run(["git", "-C", root, "worktree", "remove", "--force", base_tree], capture_output=True)
-        shutil.rmtree(scratch, ignore_errors=True)
+    with baseline_tree(args.baseline) as base_tree:
+        trees = {"baseline": base_tree, "this tree": os.path.dirname(HERE)}
+        if args.tcp_arm:
+            trees["this tree, TCP"] = os.path.dirname(HERE)
+        # TECTOFS_LOCAL_SOCKETS=0: the servers offer no local socket (tectofs/local_sockets.py)
+        runs = alternate(trees, args.rounds, [sys.executable, __file__, "--child", "--size", str(size), "--runs",
+                                              str(args.runs)], env={"this tree, TCP": {"TECTOFS_LOCAL_SOCKETS": "0"}})
     medians = {name: {key: round(statistics.median(v), 3) for key, v in sorted(r.items())} for name, r in runs.items()}
     from tectofs.bench import print_targets, target
 
