@@ -136,7 +136,8 @@ class ChunkServer:
     """One simulated chunk server. Its disk (block id -> ``Chunk``) survives a kill unless
     wiped; what the process holds in memory (rebuild orders received, not run yet) does not.
     It is the ``ChunkStore`` of its real ``Repairer`` and ``Inventory`` (``write``,
-    ``block_ids``, ``read``), which reach the metadata service through ``sim.meta``."""
+    ``block_ids``, ``read``), which reach the metadata service through ``sim.metadata``
+    (their typed interface, ``MetadataReports``)."""
 
     def __init__(self, sim: Simulation, uuid: str, address: str) -> None:
         self.sim, self.uuid, self.address = sim, uuid, address
@@ -147,11 +148,8 @@ class ChunkServer:
         self.draining = False  # an operator drained it: it takes no new chunks, its chunks move
         self.disk: dict[int, Chunk] = {}
         self.orders: dict[tuple[int, int], messages.RepairOrder] = {}
-        self.repairer = Repairer(self, sim.peers, self.call_meta, _inline, limits.repair_concurrency_per_server, 0)
-        self.inventory = Inventory(self, self.call_meta, _inline, lambda: self.server_id)
-
-    async def call_meta(self, op: str, fields: dict[str, Any]) -> Any:
-        return self.sim.meta(op, fields)
+        self.repairer = Repairer(self, sim.peers, sim.metadata, _inline, limits.repair_concurrency_per_server, 0)
+        self.inventory = Inventory(self, sim.metadata, _inline, lambda: self.server_id)
 
     def write(self, block_id: int, position: int, data: Any, piece_crcs: list[int], crc: int,
               overwrite: bool = False) -> None:
@@ -207,6 +205,47 @@ class Peers:
         return reply, chunk.data
 
 
+class Metadata:
+    """The metadata service as chunk servers' background work calls it (``MetadataReports``),
+    answered as ``server/meta/service.py``'s handlers do, from the simulated store. While
+    the service restarts, every call fails as a lost connection does."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def _reachable(self) -> None:
+        if not self.sim.mds_up:
+            raise ConnectionLost("the metadata service is restarting")
+
+    async def report_bad_chunk(self, request: messages.ReportBadChunkRequest) -> messages.Empty:
+        self._reachable()
+        if request.kind in ("corrupt", "missing"):
+            self.sim.call("mark_bad", request.block_id, request.server_id)
+        return messages.Empty()
+
+    async def repair_done(self, request: messages.RepairDoneRequest) -> messages.Empty:
+        self._reachable()
+        r = request
+        placed = self.sim.call("repair_done", r.block_id, r.position, r.server_id, r.length, r.crc)
+        self.sim.stats["rebuilds"] += bool(placed)
+        return messages.Empty()
+
+    async def repair_failed(self, request: messages.RepairFailedRequest) -> messages.Empty:
+        self._reachable()
+        self.sim.call("repair_failed", request.block_id, request.position, request.server_id, request.occupied)
+        return messages.Empty()
+
+    async def inventory_begin(self, request: messages.InventoryBeginRequest) -> messages.InventoryBeginReply:
+        self._reachable()
+        return messages.InventoryBeginReply(report=self.sim.call("inventory_begin", request.server_id))
+
+    async def inventory(self, request: messages.InventoryRequest) -> messages.InventoryReply:
+        self._reachable()
+        r = request
+        found = self.sim.call("inventory", r.server_id, r.report, r.block_ids, r.last, ORPHAN_GRACE_S)
+        return messages.InventoryReply(**found)
+
+
 class Simulation:
     """One cluster and one schedule, all driven by ``seed``. ``tolerate`` False lets faults
     exceed what the policies survive (to show that the checks catch data loss)."""
@@ -221,6 +260,7 @@ class Simulation:
         self.store = self._open_store()
         self.mds_up = True
         self.peers = Peers(self)
+        self.metadata = Metadata(self)
         self.loop = asyncio.new_event_loop()
         self.servers: list[ChunkServer] = []  # every identity ever started
         self.files: dict[str, File] = {}
@@ -256,24 +296,6 @@ class Simulation:
             raise
         store.tx_commit()
         return result
-
-    def meta(self, op: str, f: dict[str, Any]) -> Any:
-        """A chunk server's call to the metadata service, answered as ``server/meta/service.py`` does."""
-        if not self.mds_up:
-            raise ConnectionLost("the metadata service is restarting")
-        if op == "repair_done":
-            placed = self.call("repair_done", f["block_id"], f["position"], f["server_id"], f["length"], f["crc"])
-            self.stats["rebuilds"] += bool(placed)
-            return {}
-        if op == "repair_failed":
-            return self.call("repair_failed", f["block_id"], f["position"], f["server_id"], f.get("occupied", False))
-        if op == "report_bad_chunk":
-            return f["kind"] in ("corrupt", "missing") and self.call("mark_bad", f["block_id"], f["server_id"])
-        if op == "inventory_begin":
-            return {"report": self.call("inventory_begin", f["server_id"])}
-        if op == "inventory":
-            return self.call("inventory", f["server_id"], f["report"], f["block_ids"], f["last"], ORPHAN_GRACE_S)
-        raise AssertionError(f"unexpected call {op}")
 
     def run_async(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run a chunk server's coroutine (a rebuild, an inventory report) to its end."""
@@ -349,7 +371,7 @@ class Simulation:
         """One scrubber pass: damaged chunks are reported corrupt (``scrub.report``)."""
         for block_id, chunk in list(server.disk.items()):
             if not chunk.sound:
-                self.run_async(report(server.call_meta, server.server_id, block_id, "corrupt", "scrub"))
+                self.run_async(report(self.metadata, server.server_id, block_id, "corrupt", "scrub"))
 
     def report_inventory(self, server: ChunkServer) -> None:
         try:

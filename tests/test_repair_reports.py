@@ -6,34 +6,53 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Any
 
-from tectofs import checksum
+from tectofs import checksum, messages
 from tectofs.errors import ConnectionLost
 from tectofs.server.chunk.repair import Repairer
+from tectofs.server.chunk.reports import RepairReport
 from tectofs.server.chunk.storage import ChunkStore
 
 
 class FlakyService:
+    """The metadata service's operations a rebuild reports by (``MetadataReports``); away
+    until ``up``, and then it hears each report (in ``heard``)."""
+
     def __init__(self) -> None:
         self.up = False
-        self.heard: list[tuple[str, dict[str, Any]]] = []
+        self.heard: list[RepairReport] = []
 
-    async def __call__(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
+    def _hear(self, report: RepairReport) -> messages.Empty:
         if not self.up:
             raise ConnectionLost("the metadata service is restarting")
-        self.heard.append((op, fields))
-        return {}
+        self.heard.append(report)
+        return messages.Empty()
+
+    async def report_bad_chunk(self, request: messages.ReportBadChunkRequest) -> messages.Empty:
+        return self._hear(request)
+
+    async def repair_done(self, request: messages.RepairDoneRequest) -> messages.Empty:
+        return self._hear(request)
+
+    async def repair_failed(self, request: messages.RepairFailedRequest) -> messages.Empty:
+        return self._hear(request)
+
+    async def inventory_begin(self, request: messages.InventoryBeginRequest) -> messages.InventoryBeginReply:
+        raise AssertionError("a rebuild sends no inventory")
+
+    async def inventory(self, request: messages.InventoryRequest) -> messages.InventoryReply:
+        raise AssertionError("a rebuild sends no inventory")
 
 
 def _repairer(service: FlakyService, store: ChunkStore) -> Repairer:
     return Repairer(store, None, service, asyncio.to_thread, concurrency=1, rate_bytes_per_s=1e9)  # type: ignore[arg-type]
 
 
-def _rebuilt(store: ChunkStore, block_id: int, position: int, data: bytes) -> dict[str, Any]:
+def _rebuilt(store: ChunkStore, block_id: int, position: int, data: bytes) -> messages.RepairDoneRequest:
     """A chunk as a rebuild leaves it on disk, and the repair_done that reports it."""
     store.write(block_id, position, memoryview(data), checksum.piece_crcs(data), checksum.crc(data), True)
-    return {"block_id": block_id, "position": position, "server_id": 5, "length": len(data), "crc": checksum.crc(data)}
+    return messages.RepairDoneRequest(block_id=block_id, position=position, server_id=5, length=len(data),
+                                      crc=checksum.crc(data))
 
 
 def test_outcomes_the_service_missed_are_sent_after_it_returns(tmp_path: Path) -> None:
@@ -43,14 +62,14 @@ def test_outcomes_the_service_missed_are_sent_after_it_returns(tmp_path: Path) -
     done = _rebuilt(store, 8, 3, os.urandom(5080))
 
     async def scenario() -> None:
-        failed = {"block_id": 9, "position": 0, "server_id": 5, "reason": "sources unreadable", "occupied": False}
-        assert not await repairer._tell("repair_done", done)
-        assert not await repairer._tell("repair_failed", failed)
+        failed = messages.RepairFailedRequest(block_id=9, position=0, server_id=5, reason="sources unreadable")
+        assert not await repairer._tell(done)
+        assert not await repairer._tell(failed)
         assert await repairer.resend_reports() == 0  # still away: kept
         assert len(repairer.unreported) == 2
         service.up = True
         assert await repairer.resend_reports() == 2
-        assert service.heard == [("repair_done", done), ("repair_failed", failed)]
+        assert service.heard == [done, failed]
         assert repairer.unreported == {}
 
     asyncio.run(scenario())
@@ -63,11 +82,11 @@ def test_the_newest_outcome_per_chunk_is_the_one_kept(tmp_path: Path) -> None:
     done = _rebuilt(store, 1, 2, b"x")
 
     async def scenario() -> None:
-        await repairer._tell("repair_failed", {"block_id": 1, "position": 2, "server_id": 5, "reason": "x"})
-        await repairer._tell("repair_done", done)
+        await repairer._tell(messages.RepairFailedRequest(block_id=1, position=2, server_id=5, reason="x"))
+        await repairer._tell(done)
         service.up = True
         assert await repairer.resend_reports() == 1
-        assert [op for op, _ in service.heard] == ["repair_done"]
+        assert service.heard == [done]
 
     asyncio.run(scenario())
 
@@ -82,8 +101,8 @@ def test_a_rebuilt_chunk_lost_before_its_late_report_is_reported_failed_not_done
     deleted = _rebuilt(store, 9, 1, os.urandom(100))
 
     async def scenario() -> None:
-        assert not await repairer._tell("repair_done", damaged)
-        assert not await repairer._tell("repair_done", deleted)
+        assert not await repairer._tell(damaged)
+        assert not await repairer._tell(deleted)
         with open(store.path(8), "r+b") as chunk_file:
             chunk_file.seek(100)
             byte = chunk_file.read(1)
@@ -92,9 +111,10 @@ def test_a_rebuilt_chunk_lost_before_its_late_report_is_reported_failed_not_done
         store.delete(9)
         service.up = True
         assert await repairer.resend_reports() == 2
-        assert [(op, f["block_id"], f["position"]) for op, f in service.heard] == [
-            ("repair_failed", 8, 3), ("repair_failed", 9, 1)]
-        assert all("lost before its report" in f["reason"] and not f["occupied"] for _, f in service.heard)
+        assert [(type(r), r.block_id, r.position) for r in service.heard] == [
+            (messages.RepairFailedRequest, 8, 3), (messages.RepairFailedRequest, 9, 1)]
+        assert all(isinstance(r, messages.RepairFailedRequest) and "lost before its report" in r.reason
+                   and not r.occupied for r in service.heard)
         assert repairer.unreported == {}
 
     asyncio.run(scenario())

@@ -6,6 +6,7 @@ checked against the crc the metadata service recorded, and only the missing chun
 reconstructed (``erasure.reconstruct``). The result is checked against the recorded crc
 when there is one, stored durably, and reported (``repair_done``): only then does the
 metadata service place it here. A source that fails its checksum is reported corrupt.
+Reports go through the chunk server's typed calls to the metadata service (``reports.py``).
 
 Bounded per server: ``concurrency`` rebuilds at once, and the bytes pulled from peers pass a
 ``RateLimiter`` (``--repair-rate``), and a slower one while clients have writes in flight on
@@ -24,22 +25,21 @@ from tectofs.policy import parse as parse_policy
 from tectofs.rpc_client import RpcClient
 from tectofs.throttle import RateLimiter
 
+from .reports import MetadataReports, RepairReport, operation_name, send
 from .storage import ChunkStore
 
 log = logging.getLogger("tectofs.chunk.repair")
 
-CallMeta = Callable[..., Awaitable[Any]]
-
 
 class Repairer:
     def __init__(
-        self, store: ChunkStore, peers: RpcClient, call_meta: CallMeta, in_thread: Callable[..., Awaitable[Any]],
+        self, store: ChunkStore, peers: RpcClient, metadata: MetadataReports, in_thread: Callable[..., Awaitable[Any]],
         concurrency: int, rate_bytes_per_s: float, deletes_done: Callable[[], Awaitable[Any]] | None = None,
         busy: Callable[[], bool] = lambda: False, busy_rate_bytes_per_s: float = limits.repair_busy_rate_bytes_per_s,
     ) -> None:
         self.store = store
         self.peers = peers
-        self.call_meta = call_meta
+        self.metadata = metadata
         self.in_thread = in_thread
         self.limiter = RateLimiter(rate_bytes_per_s)
         # While clients write to this server, rebuilds slow to this rate: a checkpoint burst keeps
@@ -57,7 +57,7 @@ class Repairer:
         # Outcomes the metadata service did not hear (it was restarting): sent again after the
         # next heartbeat it answers. A rebuilt chunk it never hears of is never placed, and a
         # block whose other chunks fail meanwhile would look unreadable though it is not.
-        self.unreported: dict[tuple[int, int], tuple[str, dict[str, Any]]] = {}
+        self.unreported: dict[tuple[int, int], RepairReport] = {}
 
     def submit(self, order: messages.RepairOrder) -> None:
         """Start an order unless the same one is already running (a heartbeat resent it)."""
@@ -87,30 +87,29 @@ class Repairer:
             except Exception as exc:
                 self.stats["repairs_failed"] += 1
                 log.warning("rebuild of chunk %d of block %d failed: %s", order.position, order.block_id, exc)
-                await self._tell("repair_failed", {
-                    "block_id": order.block_id, "position": order.position, "server_id": self.server_id,
-                    "reason": str(exc)[:500], "occupied": isinstance(exc, AlreadyExists),
-                })
+                await self._tell(messages.RepairFailedRequest(
+                    block_id=order.block_id, position=order.position, server_id=self.server_id,
+                    reason=str(exc)[:500], occupied=isinstance(exc, AlreadyExists),
+                ))
                 return
             finally:
                 self.stats["repairs_running"] -= 1
             self.stats["repairs_done"] += 1
-            await self._tell("repair_done", {
-                "block_id": order.block_id, "position": order.position, "server_id": self.server_id,
-                "length": length, "crc": crc,
-            })
+            await self._tell(messages.RepairDoneRequest(
+                block_id=order.block_id, position=order.position, server_id=self.server_id, length=length, crc=crc,
+            ))
 
-    async def _tell(self, op: str, fields: dict[str, Any]) -> bool:
+    async def _tell(self, report: RepairReport) -> bool:
         """Report one outcome; one that does not get through is kept for ``resend_reports``
         (the newest outcome per chunk wins). Returns whether it got through."""
-        key = (int(fields["block_id"]), int(fields["position"]))
+        key = (report.block_id, report.position)
         try:
-            await self.call_meta(op, fields)
+            await send(self.metadata, report)
         except TectofsError as exc:
             log.warning("could not report %s for block %d: %s (sent again after the next heartbeat)",
-                        op, fields["block_id"], exc)
+                        operation_name(report), report.block_id, exc)
             if len(self.unreported) < limits.repair_unreported_max or key in self.unreported:
-                self.unreported[key] = (op, fields)
+                self.unreported[key] = report
             return False
         self.unreported.pop(key, None)
         return True
@@ -120,33 +119,35 @@ class Repairer:
         first that fails again. Returns how many got through. The service accepts a late
         ``repair_done`` whose chunk still fits the block's placement, and orphans it otherwise."""
         sent = 0
-        for key, (op, fields) in list(self.unreported.items()):
-            if self.unreported.get(key) != (op, fields):
+        for key, report in list(self.unreported.items()):
+            if self.unreported.get(key) != report:
                 continue  # a newer outcome for that chunk was reported meanwhile
-            if op == "repair_done":
-                op, fields = await self._still_stored(fields)
-            if not await self._tell(op, fields):
+            if isinstance(report, messages.RepairDoneRequest):
+                report = await self._still_stored(report)
+            if not await self._tell(report):
                 break
             sent += 1
         return sent
 
-    async def _still_stored(self, done: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def _still_stored(
+        self, done: messages.RepairDoneRequest,
+    ) -> messages.RepairDoneRequest | messages.RepairFailedRequest:
         """A late ``repair_done`` stands only if its chunk is still on disk, intact and as
         rebuilt: one lost or damaged since (the report waited for the service) would be placed
         as sound. Otherwise it becomes ``repair_failed``, and the block is scheduled again."""
         try:
-            info = await self.in_thread(self.store.verify, done["block_id"])
-            if (info.position, info.whole_crc) != (done["position"], done["crc"]):
-                raise ChunkMissing(f"chunk {done['block_id']:x} here is now position {info.position},"
+            info = await self.in_thread(self.store.verify, done.block_id)
+            if (info.position, info.whole_crc) != (done.position, done.crc):
+                raise ChunkMissing(f"chunk {done.block_id:x} here is now position {info.position},"
                                    f" crc {info.whole_crc:08x}")
         except (ChecksumMismatch, ChunkMissing) as exc:
             log.warning("rebuilt chunk %d of block %d was lost before its report got through: %s",
-                        done["position"], done["block_id"], exc)
-            return "repair_failed", {
-                "block_id": done["block_id"], "position": done["position"], "server_id": done["server_id"],
-                "reason": f"rebuilt chunk lost before its report: {exc}"[:500], "occupied": False,
-            }
-        return "repair_done", done
+                        done.position, done.block_id, exc)
+            return messages.RepairFailedRequest(
+                block_id=done.block_id, position=done.position, server_id=done.server_id,
+                reason=f"rebuilt chunk lost before its report: {exc}"[:500], occupied=False,
+            )
+        return done
 
     async def _rebuild(self, order: messages.RepairOrder) -> tuple[int, int]:
         policy = parse_policy(order.policy)
@@ -204,11 +205,11 @@ class Repairer:
             if len(payload) != source.length or whole != source.crc:
                 raise ChecksumMismatch(f"chunk from {source.address} does not match the crc recorded at write")
         except (ChecksumMismatch, ChunkMissing) as exc:
-            kind = "corrupt" if isinstance(exc, ChecksumMismatch) else "missing"
-            await self._tell("report_bad_chunk", {
-                "block_id": block_id, "position": source.position, "server_id": source.server_id,
-                "reason": f"rebuild source: {exc}"[:500], "kind": kind,
-            })
+            kind: messages.BadChunkKind = "corrupt" if isinstance(exc, ChecksumMismatch) else "missing"
+            await self._tell(messages.ReportBadChunkRequest(
+                block_id=block_id, position=source.position, server_id=source.server_id,
+                reason=f"rebuild source: {exc}"[:500], kind=kind,
+            ))
             raise
         return payload
 

@@ -9,6 +9,8 @@
   The metadata service marks chunks it expected and the report lacks as missing (rebuilt),
   and collects chunks nobody refers to after a grace period. Between full reports, a read of
   a chunk that is not there is reported at once (``report_missing``).
+
+Both reach the metadata service through its typed operations (``reports.MetadataReports``).
 """
 
 from __future__ import annotations
@@ -18,28 +20,28 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
-from tectofs import limits
+from tectofs import limits, messages
 from tectofs.errors import ChecksumMismatch, ChunkMissing, TectofsError
 from tectofs.throttle import RateLimiter
 
+from .reports import MetadataReports
 from .storage import ChunkStore
 
 log = logging.getLogger("tectofs.chunk.scrub")
 
-CallMeta = Callable[..., Awaitable[Any]]
 InThread = Callable[..., Awaitable[Any]]
 
 
 class Scrubber:
     def __init__(
-        self, store: ChunkStore, call_meta: CallMeta, in_thread: InThread, rate_bytes_per_s: float,
+        self, store: ChunkStore, metadata: MetadataReports, in_thread: InThread, rate_bytes_per_s: float,
         server_id: Callable[[], int | None], busy: Callable[[], bool] = lambda: False,
         pass_interval_s: float = limits.scrub_pass_interval_s,
     ) -> None:
         self.pass_interval_s = pass_interval_s
         self.store = store
         self.busy = busy  # clients' writes come first: scrubbing waits while they run
-        self.call_meta = call_meta
+        self.metadata = metadata
         self.in_thread = in_thread
         self.limiter = RateLimiter(rate_bytes_per_s)
         self.server_id = server_id
@@ -76,28 +78,30 @@ class Scrubber:
         except ChecksumMismatch as exc:
             self.stats["scrub_corrupt"] += 1
             log.error("scrub: %s", exc)
-            await report(self.call_meta, self.server_id(), block_id, "corrupt", f"scrub: {exc}")
+            await report(self.metadata, self.server_id(), block_id, "corrupt", f"scrub: {exc}")
             return False
 
 
-async def report(call_meta: CallMeta, server_id: int | None, block_id: int, kind: str, reason: str) -> None:
+async def report(
+    metadata: MetadataReports, server_id: int | None, block_id: int, kind: messages.BadChunkKind, reason: str,
+) -> None:
     """Tell the metadata service a chunk of ``block_id`` here is corrupt or missing (it finds
     the position from its own records)."""
     if server_id is None:
         return
     try:
-        await call_meta("report_bad_chunk", {
-            "block_id": block_id, "position": 0, "server_id": server_id, "reason": reason[:500], "kind": kind,
-        })
+        await metadata.report_bad_chunk(messages.ReportBadChunkRequest(
+            block_id=block_id, position=0, server_id=server_id, reason=reason[:500], kind=kind,
+        ))
     except TectofsError as exc:
         log.warning("could not report chunk %x as %s: %s", block_id, kind, exc)
 
 
 class Inventory:
-    def __init__(self, store: ChunkStore, call_meta: CallMeta, in_thread: InThread,
+    def __init__(self, store: ChunkStore, metadata: MetadataReports, in_thread: InThread,
                  server_id: Callable[[], int | None]) -> None:
         self.store = store
-        self.call_meta = call_meta
+        self.metadata = metadata
         self.in_thread = in_thread
         self.server_id = server_id
         self.stats = {"inventory_reports": 0, "inventory_missing": 0, "inventory_orphans": 0}
@@ -119,17 +123,17 @@ class Inventory:
         server_id = self.server_id()
         if server_id is None:
             raise TectofsError("not registered yet")
-        begin = await self.call_meta("inventory_begin", {"server_id": server_id})
+        begin = await self.metadata.inventory_begin(messages.InventoryBeginRequest(server_id=server_id))
         block_ids = sorted(await self.in_thread(self.store.block_ids))  # listed after the report began
         totals = {"missing": 0, "orphans": 0}
         batch = limits.inventory_batch_max
         for start in range(0, max(1, len(block_ids)), batch):
-            reply = await self.call_meta("inventory", {
-                "server_id": server_id, "report": begin["report"], "block_ids": block_ids[start : start + batch],
-                "last": start + batch >= len(block_ids),
-            })
-            for key in totals:
-                totals[key] += int(reply.get(key, 0))
+            reply = await self.metadata.inventory(messages.InventoryRequest(
+                server_id=server_id, report=begin.report, block_ids=block_ids[start : start + batch],
+                last=start + batch >= len(block_ids),
+            ))
+            totals["missing"] += reply.missing
+            totals["orphans"] += reply.orphans
         self.stats["inventory_reports"] += 1
         self.stats["inventory_missing"] += totals["missing"]
         self.stats["inventory_orphans"] += totals["orphans"]
@@ -145,4 +149,4 @@ class Inventory:
         if block_id in self._missing_reported or len(self._missing_reported) >= 100_000:
             return
         self._missing_reported.add(block_id)
-        await report(self.call_meta, self.server_id(), block_id, "missing", "not on disk when read")
+        await report(self.metadata, self.server_id(), block_id, "missing", "not on disk when read")

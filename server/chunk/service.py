@@ -36,6 +36,7 @@ import msgspec
 
 from tectofs import auth, limits, messages
 from tectofs.buffers import BufferPool
+from tectofs.client.metadata import MetadataClient
 from tectofs.errors import (
     AuthenticationFailed,
     CapabilityExpired,
@@ -116,15 +117,16 @@ class ChunkServer:
         member = auth.ClientAuth(ring=self.keys)  # to the metadata service and to peers: we hold the key
         self.meta = RpcClient(connections_per_server=1, timeout_s=10, retries_max=1, role="chunk", default_auth=member)
         self.meta.expect_role(meta_address, "meta")
+        self.metadata = MetadataClient(self.meta, meta_address)  # the background work's reports (reports.py)
         self.peers = RpcClient(connections_per_server=1, role="chunk", default_auth=member)
-        self.repairer = Repairer(self.store, self.peers, self._call_meta, self._in_thread, repair_concurrency,
+        self.repairer = Repairer(self.store, self.peers, self.metadata, self._in_thread, repair_concurrency,
                                  repair_rate_bytes_per_s, deletes_done=self._deletes_done,
                                  busy=lambda: self.inflight_bytes > 0)
         self.repairer.on_idle = self._heartbeat_soon  # ask for more work at once
-        self.scrubber = Scrubber(self.store, self._call_meta, self._in_thread, scrub_rate_bytes_per_s,
+        self.scrubber = Scrubber(self.store, self.metadata, self._in_thread, scrub_rate_bytes_per_s,
                                  lambda: self.server_id, busy=lambda: self.inflight_bytes > 0,
                                  pass_interval_s=scrub_interval_s)
-        self.inventory = Inventory(self.store, self._call_meta, self._in_thread, lambda: self.server_id)
+        self.inventory = Inventory(self.store, self.metadata, self._in_thread, lambda: self.server_id)
         self.inventory_interval_s = inventory_interval_s
         self.scrub_enabled = scrub_rate_bytes_per_s > 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -374,9 +376,6 @@ class ChunkServer:
             "inflight": self.inflight_bytes,
             "chunks": self.store.chunk_count,
         }
-
-    async def _call_meta(self, op: str, fields: dict[str, Any]) -> Any:
-        return (await self.meta.call_raw(self.meta_address, op, fields, idempotent=True))[0]
 
     async def _register(self) -> None:
         load = self._load()
