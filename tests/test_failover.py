@@ -19,7 +19,7 @@ import pytest
 from tectofs import errors, fsck, limits
 from tectofs.bench import load_script
 from tectofs.client import connect
-from tectofs.rpc import Call, current_call
+from tectofs.rpc import Call
 from tectofs.rpc_client import RpcClient
 from tectofs.rpc_transport import parse_group
 from tectofs.store import SqlStore, StoreRunner, requests
@@ -84,13 +84,8 @@ def _runner(url: str) -> StoreRunner:
 
 
 async def _as_call(runner: StoreRunner, call: Call, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Run a store operation in a task of its own serving ``call``, as the RPC server does."""
-
-    async def serve() -> Any:
-        current_call.set(call)
-        return await runner.call(method, *args, **kwargs)
-
-    return await asyncio.get_running_loop().create_task(serve())
+    """Run a store operation as the next step of ``call``, keyed as the metadata service keys it."""
+    return await runner.call(method, *args, request_key=call.next_key(), **kwargs)
 
 
 def test_each_store_operation_of_a_retried_call_runs_once(store_url):

@@ -89,14 +89,17 @@ def _top_level_statements(body: list[ast.stmt]) -> list[ast.stmt]:
     return found
 
 
-def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+def import_graph(sources: dict[str, tuple[str, bool]], everywhere: bool = False) -> dict[str, set[str]]:
     """Module -> the project modules its module-level imports name. ``sources``: module name ->
     (its source, whether it is a package's ``__init__``). ``from X import y`` names ``X.y``
-    when that is a module of the project, else ``X``."""
+    when that is a module of the project, else ``X``. ``everywhere``: every import statement,
+    also those in functions and under ``if TYPE_CHECKING:`` (what a module depends on, not
+    only what importing it runs)."""
     graph: dict[str, set[str]] = {name: set() for name in sources}
     for name, (source, is_package) in sources.items():
         package = name if is_package else name.rpartition(".")[0]
-        for node in _top_level_statements(ast.parse(source).body):
+        tree = ast.parse(source)
+        for node in ast.walk(tree) if everywhere else _top_level_statements(tree.body):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -186,6 +189,49 @@ def test_the_server_side_check_fires() -> None:
     graph = {"tectofs.client.core": {"tectofs.uri"}, "tectofs.uri": {"tectofs.rpc"}, "tectofs.rpc": set(),
              "tectofs.rpc_client": {"tectofs.rpc_transport"}, "tectofs.rpc_transport": set()}
     assert server_side_reached(graph) == {"tectofs.client.core": ["tectofs.rpc"]}
+
+
+# The frame codec and the RPC layers: what the metadata store must know nothing of.
+WIRE_MODULES = frozenset({"tectofs.protocol", "tectofs.rpc", "tectofs.rpc_client", "tectofs.rpc_transport"})
+
+
+def wire_reached_from_store(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Modules of the metadata store (``tectofs.store``) that import a wire module, directly
+    or not. Exactly-once keys come from the store's caller (``StoreRunner.call(...,
+    request_key=...)``), never from the call being served."""
+    store = [m for m in graph if m == "tectofs.store" or m.startswith("tectofs.store.")]
+    found = {m: sorted(reached(graph, m) & WIRE_MODULES) for m in store}
+    return {m: wire for m, wire in found.items() if wire}
+
+
+def test_the_store_never_imports_the_wire() -> None:
+    sources = {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in _library_files()}
+    assert wire_reached_from_store(import_graph(sources, everywhere=True)) == {}
+
+
+def test_the_store_wire_check_fires() -> None:
+    sources = {
+        "tectofs": ("", True),
+        "tectofs.store": ("from .runner import StoreRunner\n", True),
+        "tectofs.store.runner": ("from ..rpc import current_call\nfrom . import requests\n", False),  # as it was
+        "tectofs.store.requests": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .engine import x\n",
+                                   False),
+        "tectofs.store.engine": ("def f():\n    from tectofs.helpers import y\n", False),
+        "tectofs.helpers": ("from tectofs import rpc_client\n", False),
+        "tectofs.rpc": ("from .rpc_transport import FramedProtocol\n", False),
+        "tectofs.rpc_client": ("from .rpc_transport import FramedProtocol\n", False),
+        "tectofs.rpc_transport": ("from .protocol import Frame\n", False),
+        "tectofs.protocol": ("", False),
+        "tectofs.server.meta.service": ("from tectofs.rpc import current_call\nfrom tectofs.store import x\n", False),
+    }
+    wire = ["tectofs.protocol", "tectofs.rpc", "tectofs.rpc_transport"]
+    lazily = ["tectofs.protocol", "tectofs.rpc_client", "tectofs.rpc_transport"]  # in a function, for type checkers
+    assert wire_reached_from_store(import_graph(sources, everywhere=True)) == {
+        "tectofs.store": sorted({*wire, *lazily}), "tectofs.store.runner": sorted({*wire, *lazily}),
+        "tectofs.store.requests": lazily, "tectofs.store.engine": lazily}
+    sources["tectofs.store.runner"] = ("from . import requests\n", False)
+    sources["tectofs.store.engine"] = ("def f():\n    import os\n", False)
+    assert wire_reached_from_store(import_graph(sources, everywhere=True)) == {}
 
 
 def dispatch_by_name(source: str) -> list[int]:

@@ -22,7 +22,7 @@ from tectofs import auth, limits, messages, paths
 from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, InvalidArgument, NotFound, PermissionDenied
 from tectofs.metrics import MetaMetrics
-from tectofs.rpc import Handlers, RpcServer, current_peer
+from tectofs.rpc import Handlers, RpcServer, current_call, current_peer
 from tectofs.server import addresses
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import dialect_for
@@ -180,13 +180,18 @@ class MetadataService:
                 log.exception("repair scheduling failed")
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``store.<method>(...)`` through the runner, for the request being served. A request
+        with a call id (``tectofs.rpc.current_call``) has each store operation it runs keyed
+        by its call id and step, so the operation happens at most once however often the call
+        is retried, on this service or another over the same store (``tectofs.store.requests``)."""
         # Admission control: past this queue length, new work is refused (the client backs
         # off and retries) instead of growing the queue and everyone's latency without bound.
         if self.runner.queued >= limits.meta_queue_max and method != "heartbeat_with_orders":
             self.busy_answers += 1
             self.metrics.busy_answers.inc()
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
-        return await self.runner.call(method, *args, **kwargs)
+        call = current_call.get()
+        return await self.runner.call(method, *args, request_key=call.next_key() if call else None, **kwargs)
 
     async def _as_caller(self, method: str, *args: Any) -> Any:
         """A store operation on behalf of the peer: its permission bits are checked as its uid."""

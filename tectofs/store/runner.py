@@ -9,9 +9,11 @@ is told happened can be lost to a crash of the metadata service.
 Because all operations pass through one thread in order, the store is linearizable: an
 operation sees every operation whose result was delivered before it was submitted.
 
-An operation called while a request with a call id is served (``tectofs.rpc.current_call``,
-read in the caller's task) is run at most once per call: its result is recorded in its own
-savepoint, and a retry of the call gets the recorded result (:mod:`tectofs.store.requests`).
+An operation called with a ``request_key`` is run at most once per key: its result is
+recorded in its own savepoint, and a later call with that key gets the recorded result
+(:mod:`tectofs.store.requests`). The caller makes the keys: the metadata service, which
+knows the call it serves, keys each store operation of a call that carries a call id. The
+store knows nothing of the wire (``tests/test_tidy.py`` holds it to that).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from typing import Any, Callable
 
 from .. import limits
 from ..errors import TectofsError
-from ..rpc import current_call
 from . import requests
 from .engine import SqlStore
 
@@ -59,13 +60,15 @@ class StoreRunner:
         """Operations waiting for the store thread (approximate, as queue sizes are)."""
         return self._queue.qsize()
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def call(self, method: str, *args: Any, request_key: str | None = None, **kwargs: Any) -> Any:
         """Run ``store.<method>(*args, **kwargs)`` in the next group commit; return its result
-        (or raise its error) once that commit is durable."""
+        (or raise its error) once that commit is durable. With ``request_key``, at most once:
+        if an operation with that key committed before, its recorded result, and nothing runs
+        (a failed operation records nothing). One key names one operation: a caller running
+        several for one logical call gives each its own, in the same order on every retry."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        call = current_call.get()
-        self._queue.put((method, args, kwargs, call.next_key() if call else None, loop, future))
+        self._queue.put((method, args, kwargs, request_key, loop, future))
         return await future
 
     def call_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
