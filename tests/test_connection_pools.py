@@ -17,7 +17,7 @@ import os
 import resource
 import socket
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol, cast
 
 import pytest
 
@@ -89,8 +89,23 @@ class _Server:
         self.connections: set[Any] = set()
 
 
-def _guard(pool_anonymous: bool, **policy: Any) -> ConnectionGuard:
-    return ConnectionGuard(_Server(pool_anonymous), ConnectionPolicy(**policy))  # type: ignore[arg-type]
+class _GuardOfStandIns(Protocol):
+    """What these tests use of a ``ConnectionGuard``, typed over the stand-in connections it is given."""
+
+    anonymous: dict[_Conn, None]
+    admitted: int
+    stats: dict[str, int]
+
+    def admit(self, conn: _Conn) -> bool: ...
+
+    def authenticated(self, conn: _Conn) -> None: ...
+
+    def release(self, conn: _Conn) -> None: ...
+
+
+def _guard(pool_anonymous: bool, **policy: Any) -> _GuardOfStandIns:
+    guard = ConnectionGuard(_Server(pool_anonymous), ConnectionPolicy(**policy))  # type: ignore[arg-type]
+    return cast(_GuardOfStandIns, guard)  # it only reads the attributes _Conn has
 
 
 def test_anonymous_pool_evicts_its_oldest_and_authenticated_keep_their_room() -> None:
