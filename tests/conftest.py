@@ -147,7 +147,7 @@ def _chunk_file(data_dir: str, block_id: int) -> str:
 
 def _new_cluster(root: str, cluster_class: type[TestCluster] = TestCluster, **kwargs: Any) -> TestCluster:
     options: dict[str, Any] = dict(servers=6, policy="rs(4,2)", block_size=1 * MiB, server_dead_after_s=2.0,
-                   heartbeat_interval_s=0.3, gc_delay_s=1.0)
+                                   heartbeat_interval_s=0.3, gc_delay_s=1.0)
     options.update(kwargs)
     cluster = cluster_class(root, **options)
     cluster.start()

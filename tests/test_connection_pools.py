@@ -104,8 +104,9 @@ class _GuardOfStandIns(Protocol):
 
 
 def _guard(pool_anonymous: bool, **policy: Any) -> _GuardOfStandIns:
-    guard = ConnectionGuard(_Server(pool_anonymous), ConnectionPolicy(**policy))  # type: ignore[arg-type]
-    return cast(_GuardOfStandIns, guard)  # it only reads the attributes _Conn has
+    # _Server and _Conn stand in for the RpcServer and its connections: the guard reads only what they have.
+    guard = ConnectionGuard(cast(RpcServer, _Server(pool_anonymous)), ConnectionPolicy(**policy))
+    return cast(_GuardOfStandIns, guard)
 
 
 def test_anonymous_pool_evicts_its_oldest_and_authenticated_keep_their_room() -> None:
