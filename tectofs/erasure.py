@@ -21,7 +21,7 @@ import itertools
 import logging
 import os
 import random
-from typing import Callable, Sequence, cast
+from typing import Callable, Mapping, Sequence, cast
 
 from . import isal
 from .errors import DataUnavailable
@@ -212,7 +212,7 @@ class InPlaceChunk:
         return b"".join(self.pieces[first:end])
 
 
-def decode_into(policy: Policy, chunks: dict[int, "Buffer | InPlaceChunk"], out: "memoryview | Regions") -> None:
+def decode_into(policy: Policy, chunks: Mapping[int, "Buffer | InPlaceChunk"], out: "memoryview | Regions") -> None:
     """Rebuild a block into ``out`` (exactly the block's length: one buffer, or several end to
     end) from any ``policy.needed`` chunks, given as position -> bytes, or as an
     ``InPlaceChunk`` of ``out`` (already in place: nothing to copy)."""

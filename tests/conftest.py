@@ -83,6 +83,8 @@ class TestCluster(LocalCluster):
         layout = self.fs.run(self.fs.aio.metadata.layout(messages.LayoutRequest(path=path)))
         block = layout.blocks[block_index]
         chunk = next(c for c in block.chunks if c.position == position)
+        if chunk.address is None:
+            raise LookupError(f"chunk {position} of block {block.block_id:x} is on a server no longer registered")
         return block.block_id, chunk, self._data_dir_at(chunk.address)
 
     def flip_chunk_byte(self, path: str, block_index: int, position: int, offset: int) -> bytes:
@@ -144,8 +146,8 @@ def _chunk_file(data_dir: str, block_id: int) -> str:
 
 
 def _new_cluster(root: str, cluster_class: type[TestCluster] = TestCluster, **kwargs: Any) -> TestCluster:
-    options = dict(servers=6, policy="rs(4,2)", block_size=1 * MiB, server_dead_after_s=2.0,
-                   heartbeat_interval_s=0.3, gc_delay_s=1.0)
+    options: dict[str, Any] = dict(servers=6, policy="rs(4,2)", block_size=1 * MiB, server_dead_after_s=2.0,
+                                   heartbeat_interval_s=0.3, gc_delay_s=1.0)
     options.update(kwargs)
     cluster = cluster_class(root, **options)
     cluster.start()

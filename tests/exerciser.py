@@ -226,7 +226,7 @@ class PosixTarget:
     One descriptor, as in the common case: the mount keeps one client handle per descriptor,
     and handles of one file see each other's writes at commit (close, fsync), not before."""
 
-    channels = ("mmap",)
+    channels: tuple[str, ...] = ("mmap",)
 
     def __init__(self, path: str, direct: bool) -> None:
         self.path = path

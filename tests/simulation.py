@@ -37,7 +37,7 @@ import random
 import sqlite3
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Coroutine
+from typing import Any, Coroutine, cast
 
 from tectofs import checksum, erasure, limits, messages
 from tectofs.errors import (
@@ -50,9 +50,10 @@ from tectofs.errors import (
     TectofsError,
 )
 from tectofs.policy import parse as parse_policy
+from tectofs.rpc_client import RpcClient
 from tectofs.server.chunk.repair import Repairer
 from tectofs.server.chunk.scrub import Inventory, report
-from tectofs.server.chunk.storage import ChunkInfo
+from tectofs.server.chunk.storage import ChunkInfo, ChunkStore
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 
@@ -148,8 +149,10 @@ class ChunkServer:
         self.draining = False  # an operator drained it: it takes no new chunks, its chunks move
         self.disk: dict[int, Chunk] = {}
         self.orders: dict[tuple[int, int], messages.RepairOrder] = {}
-        self.repairer = Repairer(self, sim.peers, sim.metadata, _inline, limits.repair_concurrency_per_server, 0)
-        self.inventory = Inventory(self, sim.metadata, _inline, lambda: self.server_id)
+        # This server and Peers stand in for the ChunkStore and RpcClient that repair and scrub drive.
+        store, peers = cast(ChunkStore, self), cast(RpcClient, sim.peers)
+        self.repairer = Repairer(store, peers, sim.metadata, _inline, limits.repair_concurrency_per_server, 0)
+        self.inventory = Inventory(store, sim.metadata, _inline, lambda: self.server_id)
 
     def write(self, block_id: int, position: int, data: Any, piece_crcs: list[int], crc: int,
               overwrite: bool = False) -> None:

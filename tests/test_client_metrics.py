@@ -13,6 +13,7 @@ import re
 import threading
 import urllib.error
 import urllib.request
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -134,7 +135,9 @@ def test_dcp_save_and_load_record_their_phases(metrics_cluster, caplog):
         out = {"w": torch.zeros(256, 256), "b": torch.zeros(256), "step": 0}
         dcp.load(out, checkpoint_id=f"{run}/step_1")
         writer = tt.CheckpointWriter()
-        dcp.async_save(state, checkpoint_id=f"{run}/step_2", storage_writer=writer).result(timeout=60)
+        future = dcp.async_save(state, checkpoint_id=f"{run}/step_2", storage_writer=writer)
+        assert isinstance(future, Future)  # (an AsyncSaveResponse comes of a future-staging stager only)
+        future.result(timeout=60)
         writer.close()
     after = local()
     assert torch.equal(out["w"], state["w"]) and out["step"] == 3

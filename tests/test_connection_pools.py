@@ -17,7 +17,7 @@ import os
 import resource
 import socket
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol, cast
 
 import pytest
 
@@ -89,8 +89,24 @@ class _Server:
         self.connections: set[Any] = set()
 
 
-def _guard(pool_anonymous: bool, **policy: Any) -> ConnectionGuard:
-    return ConnectionGuard(_Server(pool_anonymous), ConnectionPolicy(**policy))  # type: ignore[arg-type]
+class _GuardOfStandIns(Protocol):
+    """What these tests use of a ``ConnectionGuard``, typed over the stand-in connections it is given."""
+
+    anonymous: dict[_Conn, None]
+    admitted: int
+    stats: dict[str, int]
+
+    def admit(self, conn: _Conn) -> bool: ...
+
+    def authenticated(self, conn: _Conn) -> None: ...
+
+    def release(self, conn: _Conn) -> None: ...
+
+
+def _guard(pool_anonymous: bool, **policy: Any) -> _GuardOfStandIns:
+    # _Server and _Conn stand in for the RpcServer and its connections: the guard reads only what they have.
+    guard = ConnectionGuard(cast(RpcServer, _Server(pool_anonymous)), ConnectionPolicy(**policy))
+    return cast(_GuardOfStandIns, guard)
 
 
 def test_anonymous_pool_evicts_its_oldest_and_authenticated_keep_their_room() -> None:

@@ -23,7 +23,15 @@ from hypothesis import strategies as st
 
 from tectofs import auth, errors, limits, messages
 from tectofs.connlimits import ConnectionPolicy
-from tectofs.protocol import FIXED_HEADER_BYTES, PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame, staged_bytes
+from tectofs.protocol import (
+    FIXED_HEADER_BYTES,
+    PROTOCOL_VERSION,
+    Frame,
+    FrameDecoder,
+    FrameKind,
+    encode_frame,
+    staged_bytes,
+)
 from tectofs.rpc import RpcServer
 from tectofs.rpc_client import RpcClient
 from tests.rpc_doubles import answering
@@ -101,7 +109,8 @@ def _attack(opened: list[socket.socket], address: str, count: int, data: bytes, 
 
 def _received(sock: socket.socket, timeout_s: float) -> tuple[list[Any], bool]:
     """The frames the server sent within ``timeout_s``, and whether it closed the connection."""
-    decoder, frames = FrameDecoder(), []
+    decoder = FrameDecoder()
+    frames: list[Frame] = []
     deadline = time.monotonic() + timeout_s
     poller = select.poll()  # not select(): a flood's descriptors pass 1024
     poller.register(sock, select.POLLIN)
@@ -142,7 +151,11 @@ def test_decoder_commits_memory_as_bytes_arrive() -> None:
     made: list[bytearray] = []
 
     def deferred(header: dict[str, Any], length: int) -> Any:
-        return lambda: made.append(bytearray(length)) or made[-1]
+        def commit() -> bytearray:
+            made.append(bytearray(length))
+            return made[-1]
+
+        return commit
 
     declared = 64 * MiB
     wire = encode_frame(FrameKind.REQUEST, 1, {"op": "put", "pad": "x" * 200_000}, declared)
@@ -181,7 +194,11 @@ def test_decoder_commits_memory_as_bytes_arrive() -> None:
 
 def test_decoder_direct_buffers_stay_zero_copy() -> None:
     buffers: list[bytearray] = []
-    decoder = FrameDecoder(lambda header, n: buffers.append(bytearray(n)) or buffers[-1])
+    def allocate(header: dict[str, Any], n: int) -> bytearray:
+        buffers.append(bytearray(n))
+        return buffers[-1]
+
+    decoder = FrameDecoder(allocate)
     payload = os.urandom(3 * MiB)
     (frame,) = decoder.feed(encode_frame(FrameKind.REQUEST, 1, {"op": "put"}, len(payload)) + payload)
     assert frame.payload.obj is buffers[0] and bytes(frame.payload) == payload

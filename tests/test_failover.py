@@ -170,9 +170,10 @@ def test_a_call_retried_on_another_metadata_service_is_applied_once(store_url, t
         try:
             address_a, address_b = await a.start(), await b.start()
             rpc.expect_role(f"{address_a},{address_b}", "meta")
-            for op, fields in [("mkdir", {"path": "/d"}), ("create", {"path": "/d/f", "exclusive": True}),
-                               ("rename", {"src": "/d/f", "dst": "/d/g"}), ("makedirs", {"path": "/x/y/z"}),
-                               ("unlink", {"path": "/d/g"})]:
+            calls: list[tuple[str, dict[str, Any]]] = [
+                ("mkdir", {"path": "/d"}), ("create", {"path": "/d/f", "exclusive": True}),
+                ("rename", {"src": "/d/f", "dst": "/d/g"}), ("makedirs", {"path": "/x/y/z"}), ("unlink", {"path": "/d/g"})]
+            for op, fields in calls:
                 call_id = uuid.uuid4().bytes
                 first, _ = await rpc.call_raw(address_a, op, fields, call_id=call_id)
                 again, _ = await rpc.call_raw(address_b, op, fields, call_id=call_id)

@@ -95,6 +95,7 @@ def test_crashed_writer_leaves_old_content_and_orphans_are_collected(make_cluste
     """)
     writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
+        assert writer.stdout is not None
         assert writer.stdout.readline().strip() == "written"
         assert c.chunk_count() > before  # chunks of uncommitted blocks exist
     finally:

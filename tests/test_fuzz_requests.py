@@ -45,7 +45,7 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
     def ino() -> int:
         return rng.randrange(1, 200)
 
-    names = {
+    names: dict[str, Callable[[], dict[str, Any]]] = {
         "lookup": lambda: {"path": path()},
         "getattr": lambda: {"ino": ino()},
         "mkdir": lambda: {"path": path(), "mode": rng.randrange(0o10000), "uid": rng.choice([0, 1000, 2**32 - 2]),
@@ -235,7 +235,8 @@ def test_fuzzed_requests_hurt_nobody(make_cluster: Callable[..., Any], rng: rand
     fuzz_dir = "/fuzz"
     fs.mkdir(fuzz_dir)
     chunk_addresses = [s["address"] for s in cluster.servers()]
-    stop, failures, done = threading.Event(), [], [0]
+    stop, done = threading.Event(), [0]
+    failures: list[str] = []
     worker = threading.Thread(target=_well_formed_client, args=(fs, stop, failures, done), daemon=True)
     worker.start()
     started = time.monotonic()
@@ -266,7 +267,7 @@ def test_fuzzed_requests_hurt_nobody(make_cluster: Callable[..., Any], rng: rand
     meta_ops, chunk_ops = len(fuzzers[0].ops), len(fuzzers[1].ops)
     assert fuzzers[0].sent >= FRAMES_PER_OPERATION * meta_ops  # round robin: so many of each operation
     assert fuzzers[1].sent + fuzzers[2].sent >= FRAMES_PER_OPERATION * chunk_ops
-    answered = {}
+    answered: dict[str, int] = {}
     for f in fuzzers:
         for key, n in f.answered.items():
             answered[key] = answered.get(key, 0) + n
@@ -279,8 +280,8 @@ def test_fuzzed_requests_hurt_nobody(make_cluster: Callable[..., Any], rng: rand
 
     # No server logged an exception; the damage, if any, is visible in the namespace.
     for log in ["meta.log"] + [f"chunk-{i}.log" for i in range(len(cluster.chunk_data_dirs))]:
-        with open(os.path.join(cluster.root, "logs", log), errors="replace") as f:
-            text = f.read()
+        with open(os.path.join(cluster.root, "logs", log), errors="replace") as log_file:
+            text = log_file.read()
         assert "Traceback" not in text, f"{log}:\n{text[text.index('Traceback') - 300:][:3000]}"
         assert " ERROR " not in text, f"{log}:\n" + "\n".join(line for line in text.splitlines() if " ERROR " in line)[:3000]
         if log == "meta.log":  # clients' mistakes: one line each, rate-limited

@@ -19,14 +19,14 @@ import pytest
 from tectofs import errors, limits, messages
 from tectofs.client import connect
 from tectofs.connlimits import ConnectionPolicy
-from tectofs.protocol import FrameDecoder, FrameKind, encode_frame
+from tectofs.protocol import Frame, FrameDecoder, FrameKind, encode_frame
 from tectofs.rpc import RpcServer
 from tests.rpc_doubles import answering
 from tests.test_exhaustion import _Handler as _Silent  # answers anything; never reached here
 
 
 @contextlib.contextmanager
-def _serving(server: socketserver.BaseServer) -> Iterator[str]:
+def _serving(server: socketserver.TCPServer) -> Iterator[str]:
     """Run ``server`` on a thread; yield its loopback address; shut it down after."""
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -188,7 +188,8 @@ def _greeted(address: str, *frames: bytes) -> list[Any]:
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(hello + b"".join(frames))
-        decoder, got = FrameDecoder(), []
+        decoder = FrameDecoder()
+        got: list[Frame] = []
         while len(got) < 1 + len(frames):
             got.extend(decoder.feed(sock.recv(65536)))
     return got[1:]

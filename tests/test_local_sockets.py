@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tectofs import limits, local_sockets, messages
-from tectofs.protocol import FrameDecoder, FrameKind, encode_frame
+from tectofs.protocol import Frame, FrameDecoder, FrameKind, encode_frame
 from tectofs.rpc import RpcServer
 from tectofs.rpc_client import RpcClient
 from tests.rpc_doubles import answering
@@ -38,7 +38,9 @@ def test_a_client_on_the_servers_host_moves_to_its_local_socket() -> None:
                 await client.call(address, messages.PING, messages.Empty())
             assert _families(client, address) == ["AF_UNIX"]
             # Its buffers are enlarged (not autotuned like TCP's), up to what the kernel allows.
-            sock = client._pools[address][0].transport.get_extra_info("socket")
+            transport = client._pools[address][0].transport
+            assert transport is not None  # a connection in the pool is open
+            sock = transport.get_extra_info("socket")
             with open("/proc/sys/net/core/wmem_max") as f:
                 allowed = min(int(f.read()), limits.local_socket_buffer_bytes)
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= allowed
@@ -125,7 +127,8 @@ def _offered_name(address: str) -> str:
     hello = encode_frame(FrameKind.REQUEST, 1, {"op": "hello", "role": "tool", "version": 1})
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(hello)
-        decoder, got = FrameDecoder(), []
+        decoder = FrameDecoder()
+        got: list[Frame] = []
         while not got:
             got.extend(decoder.feed(sock.recv(65536)))
     return str(got[0].header["local"])
@@ -148,7 +151,8 @@ def test_the_local_socket_keeps_the_same_gates(cluster: Any) -> None:
         sock.settimeout(10)
         sock.connect(local_sockets.abstract_path(name))
         sock.sendall(hello + put)
-        decoder, got = FrameDecoder(), []
+        decoder = FrameDecoder()
+        got: list[Frame] = []
         while len(got) < 2 and time.monotonic() - started < 10:
             got.extend(decoder.feed(sock.recv(65536)))
     assert got[0].kind == FrameKind.RESPONSE and got[0].header["local"] == ""  # offered over TCP only

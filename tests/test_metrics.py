@@ -65,9 +65,9 @@ def test_counters_move_under_a_write(metrics_cluster):
 
     meta_after = scrape(urls["meta"])
     for op in ("create", "commit", "allocate"):
-        moved = (value(meta_after, "tectofs_meta_requests_total", op=op, outcome="ok")
-                 - value(meta_before, "tectofs_meta_requests_total", op=op, outcome="ok"))
-        assert moved >= 1, op
+        requests = (value(meta_after, "tectofs_meta_requests_total", op=op, outcome="ok")
+                    - value(meta_before, "tectofs_meta_requests_total", op=op, outcome="ok"))
+        assert requests >= 1, op
     assert (value(meta_after, "tectofs_meta_request_seconds_count", op="create")
             > value(meta_before, "tectofs_meta_request_seconds_count", op="create"))
     assert (value(meta_after, "tectofs_meta_group_commit_batch_size_count")

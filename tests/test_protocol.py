@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,8 +63,13 @@ def test_flipped_header_byte_is_caught():
 
 
 def test_oversized_payload_rejected_before_allocation():
-    allocated = []
-    decoder = FrameDecoder(lambda header, n: allocated.append(n) or bytearray(n), payload_max_bytes=1000)
+    allocated: list[int] = []
+
+    def allocate(header: dict[str, Any], n: int) -> bytearray:
+        allocated.append(n)
+        return bytearray(n)
+
+    decoder = FrameDecoder(allocate, payload_max_bytes=1000)
     with pytest.raises(ProtocolError, match="exceeds"):
         decoder.feed(encode_frame(FrameKind.REQUEST, 1, {"op": "x"}, 1001)[:FIXED_HEADER_BYTES])
     assert allocated == []

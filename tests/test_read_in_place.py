@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import os
+from typing import cast
 
 from prometheus_client import CollectorRegistry
 
@@ -15,6 +16,7 @@ from tectofs.buffers import BufferPool
 from tectofs.client.blocks import BlockIO
 from tectofs.metrics import ClientMetrics
 from tectofs.policy import parse
+from tectofs.rpc_client import RpcClient
 
 
 class _Servers:
@@ -56,7 +58,7 @@ def test_a_straggler_finishing_after_the_read_writes_nothing_into_the_callers_bu
     )
     servers = _Servers({addresses[p]: bytes(c) for p, c in enumerate(chunks)}, hung=addresses[1])
     with cf.ThreadPoolExecutor(2) as executor:
-        io = BlockIO(servers, "127.0.0.1:1", executor, BufferPool(1 << 26), ClientMetrics(CollectorRegistry()))
+        io = BlockIO(cast(RpcClient, servers), "127.0.0.1:1", executor, BufferPool(1 << 26), ClientMetrics(CollectorRegistry()))
 
         async def read_then_straggle() -> bytes:
             into = memoryview(bytearray(len(data)))

@@ -57,7 +57,8 @@ def test_readdir_pages_fit(store: SqlStore) -> None:
             store.symlink(["d", name], "t" * limits.symlink_target_max_bytes)
         else:
             store.create(["d", name])
-    after, seen, pages = "", 0, 0
+    after: str | None = ""
+    seen, pages = 0, 0
     while after is not None:
         entries, after = store.readdir(["d"], after)
         reply = messages.ReaddirReply(

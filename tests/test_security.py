@@ -80,7 +80,9 @@ def _intact(cluster: Any, victim: dict[str, Any]) -> None:
 
 def _chunk_address(layout: messages.LayoutSegment) -> tuple[messages.Block, str]:
     block = layout.blocks[0]
-    return block, next(c.address for c in block.chunks if c.position == 0)
+    address = next(c.address for c in block.chunks if c.position == 0)
+    assert address is not None, "chunk 0 is on a server no longer registered"
+    return block, address
 
 
 # ---------------------------------------------------------------------- no credential

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+from typing import ClassVar
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tectofs import errors
+from tectofs.client import FileSystem
 
 MiB = 1 << 20
 NAMES = st.sampled_from(["a", "b", "c", "d"])
@@ -25,7 +27,7 @@ def _error_kind(exc: BaseException) -> str:
 
 
 class NamespaceModel(RuleBasedStateMachine):
-    fs = None  # set by the test below
+    fs: ClassVar[FileSystem]  # set by the test below
     counter = 0
 
     @initialize()

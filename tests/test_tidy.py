@@ -305,7 +305,8 @@ def _signatures() -> dict[str, dict[str, Any]]:
             found[f"operation {op.name}"] = {"request": op.request, "reply": op.reply}
     for name in messages.META_OPERATIONS.keys() - {"hello"}:
         found[f"MetadataClient.{name}"] = typing.get_type_hints(getattr(MetadataClient, name), include_extras=True)
-    for service in (MetadataService, ChunkServer):
+    services: tuple[type[MetadataService] | type[ChunkServer], ...] = (MetadataService, ChunkServer)
+    for service in services:
         for op, handler in object.__new__(service)._handlers().items():
             found[f"{service.__name__} handler of {op.name}"] = typing.get_type_hints(handler, include_extras=True)
     return found

@@ -41,7 +41,8 @@ def _leftovers(cluster: Any, run: str) -> list[str]:
 def test_private_hook_signature_is_the_one_we_rely_on() -> None:
     """Fails loudly when a torch upgrade changes DCP's private chooser: then the guarded hook
     is refused (a warning at import), and this test says to look at tectofs/torch/_hook.py."""
-    assert _hook._plain_signature(_storage_utils._storage_setup.__wrapped__) == _hook.STORAGE_SETUP_SIGNATURE, (
+    original = getattr(_storage_utils._storage_setup, "__wrapped__")  # set by the installed hook (functools.wraps)
+    assert _hook._plain_signature(original) == _hook.STORAGE_SETUP_SIGNATURE, (
         "torch changed torch.distributed.checkpoint._storage_utils._storage_setup: update tectofs/torch/_hook.py"
     )
     for module_name, name, keywords in _hook.PUBLIC_ENTRY_POINTS:
@@ -71,7 +72,8 @@ def test_hooks_hand_what_they_do_not_own_to_the_original(tmp_path: Any) -> None:
     # The installed wrapper, with a keyword DCP may add one day, for a local checkpoint:
     # it reaches the original, which (today) is the one to refuse it (the wrapper takes anything).
     with pytest.raises(TypeError, match=r"^_storage_setup\(\) got an unexpected keyword argument 'future_option'"):
-        state_dict_saver._storage_setup(None, str(tmp_path / "c"), reader=False, future_option=1)
+        # An unknown keyword on purpose: the original is to refuse it.
+        state_dict_saver._storage_setup(None, str(tmp_path / "c"), reader=False, future_option=1)  # type: ignore[call-arg]
     assert type(state_dict_saver._storage_setup(None, str(tmp_path / "c"))).__name__ == "FileSystemWriter"
     # ... and the public wrappers pass local saves and loads through unchanged.
     sd = {"w": torch.arange(4.0)}
@@ -156,7 +158,8 @@ def test_gc_defaults_agree() -> None:
 def test_dcp_to_torch_save_and_back(cluster: Any, tmp_path: Any) -> None:
     run = _run_dir(cluster, "convert")
     torch.manual_seed(0)
-    sd = {"model": {"w": torch.randn(5, 7), "b": torch.randn(7).to(torch.bfloat16)}, "step": 12, "cfg": {"lr": 0.1}}
+    sd: dict[str, Any] = {"model": {"w": torch.randn(5, 7), "b": torch.randn(7).to(torch.bfloat16)}, "step": 12,
+                          "cfg": {"lr": 0.1}}
     dcp.save(sd, checkpoint_id=f"{run}/step_12")
 
     local = tmp_path / "model.pt"
@@ -170,7 +173,8 @@ def test_dcp_to_torch_save_and_back(cluster: Any, tmp_path: Any) -> None:
     again = tt.load(f"{run}/model.pt", weights_only=False)
     assert torch.equal(again["model"]["w"], sd["model"]["w"]) and again["step"] == 12
     tt.torch_save_to_dcp(f"{run}/model.pt", f"{run}/step_14")
-    out = {"model": {"w": torch.zeros(5, 7), "b": torch.zeros(7, dtype=torch.bfloat16)}, "step": 0, "cfg": {"lr": 0.0}}
+    out: dict[str, Any] = {"model": {"w": torch.zeros(5, 7), "b": torch.zeros(7, dtype=torch.bfloat16)}, "step": 0,
+                           "cfg": {"lr": 0.0}}
     dcp.load(out, checkpoint_id=f"{run}/step_14")
     assert torch.equal(out["model"]["w"], sd["model"]["w"]) and out["step"] == 12
     with pytest.raises(CheckpointException, match="already exists"):

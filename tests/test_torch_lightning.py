@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning.pytorch")
 
+from lightning.pytorch import LightningModule  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import tectofs.torch as tt  # noqa: E402
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning
               pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 
-class _Tiny(L.LightningModule):
+class _Tiny(LightningModule):
     def __init__(self, width: int = 4) -> None:
         super().__init__()
         self.save_hyperparameters()

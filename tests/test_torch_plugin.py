@@ -12,6 +12,7 @@ import pickle
 import socket
 import time
 import warnings
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -307,6 +308,7 @@ def test_async_save_reuses_bounded_staging(cluster: Any) -> None:
     sd["w"].add_(1.0)  # training goes on: must not leak into checkpoint 1
     sd["step"] = 2
     f2 = dcp.async_save(sd, checkpoint_id=f"{run}/step_2", storage_writer=writer)
+    assert isinstance(f1, Future) and isinstance(f2, Future)  # (an AsyncSaveResponse comes of a future-staging stager)
     assert f1.done()  # the second save waited for the first: one staged checkpoint in flight
     f2.result(timeout=60)
     f1.result()
@@ -324,10 +326,12 @@ def test_async_save_reuses_bounded_staging(cluster: Any) -> None:
 
     # A failed upload surfaces through the returned future (and frees the buffers).
     f3 = dcp.async_save(sd, checkpoint_id=f"{run}/step_2", storage_writer=writer)
+    assert isinstance(f3, Future)
     with pytest.raises(CheckpointException, match="already exists"):
         f3.result(timeout=60)
     assert writer.wait_staging_idle(timeout=10)
     f4 = dcp.async_save(sd, checkpoint_id=f"{run}/step_3", storage_writer=writer)
+    assert isinstance(f4, Future)
     f4.result(timeout=60)
     assert tt.latest(run) == f"{run}/step_3"
     writer.close()
@@ -378,6 +382,7 @@ def _save_worker(rank: int, world: int, port: int, run: str) -> None:
         # async: DTensors staged into the writer's buffers, uploaded behind the caller
         writer = tt.CheckpointWriter()
         future = dcp.async_save(state, checkpoint_id=f"{run}/step_6", storage_writer=writer)
+        assert isinstance(future, Future)
         state["model"]["sharded"].to_local().mul_(0)  # after staging: must not reach step_6
         future.result(timeout=60)
         writer.close()
