@@ -155,8 +155,9 @@ def test_a_handle_is_bound_to_its_inode_and_its_uid(cluster: Any, tree: dict[str
     eve.write_bytes("/pub/eve.bin", b"eve's own")
     mine = eve.stat("/pub/eve.bin")
     assert len(mine.handle) == auth.HANDLE_BYTES
-    reply = eve.run(eve.aio.metadata.getattr(messages.InoRequest(ino=mine.ino, handle=mine.handle)))  # it works for its owner
-    assert (reply.attrs.ino, reply.attrs.size) == (mine.ino, 9)
+    reply = eve.run(eve.aio.metadata.getattr(messages.InoRequest(ino=mine.ino, handle=mine.handle)))
+    assert (reply.attrs.ino, reply.attrs.size) == (mine.ino, 9)  # it works for its owner
+    assert dict(eve.scandir("/pub"))["eve.bin"].handle == mine.handle  # a listing issues the same handle
     # A genuine handle does not name another inode ...
     assert set(_refusals(eve, _by_number(tree["inner_rw"], mine.handle))) == {
         next(iter(_refusals(eve, _by_number(tree["inner_rw"]))))}
@@ -230,3 +231,14 @@ def test_hard_links_follow_protected_hardlinks(cluster: Any, eve: FileSystem) ->
     assert eve.read_bytes("/pub/mine/shared") == b"shared"
     fs.rmtree("/pub/mine")
     fs.rmtree("/links")
+
+
+def test_a_listing_s_handles_are_the_single_inode_ones() -> None:
+    """``file_handles`` (a listing's, made once per reply) gives every inode the handle
+    ``file_handle`` gives it, for that uid only."""
+    ring = auth.KeyRing.from_keys([("k", os.urandom(32))])
+    of_1000 = auth.file_handles(ring, 1000)
+    for ino in (1, 2, 77, 2**40, 2**63 - 1):
+        assert of_1000(ino) == auth.file_handle(ring, 1000, ino)
+        assert auth.check_file_handle(ring, 1000, ino, of_1000(ino))
+        assert not auth.check_file_handle(ring, 1001, ino, of_1000(ino))

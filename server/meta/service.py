@@ -16,7 +16,7 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from tectofs import auth, limits, messages, paths
 from tectofs.diagnostics import RateLimitedLog
@@ -212,6 +212,11 @@ class MetadataService:
         """``attrs`` of the store's, with the caller's handle for the inode."""
         return messages.Attrs(**attrs, handle=self._handle(attrs["ino"]))
 
+    def _handles(self) -> Callable[[int], bytes]:
+        """``_handle`` for many inodes of one reply (a listing's entries)."""
+        peer = current_peer.get()
+        return (lambda ino: b"") if peer.is_member else auth.file_handles(self.keys, peer.uid)
+
     def _attrs_reply(self, attrs: dict[str, Any]) -> messages.AttrsReply:
         return messages.AttrsReply(attrs=self._attrs(attrs))
 
@@ -321,8 +326,10 @@ class MetadataService:
 
     async def rpc_readdir(self, r: messages.ReaddirRequest, _: memoryview) -> Reply[messages.ReaddirReply]:
         entries, cursor = await self._as_caller("readdir", paths.split(r.path), r.after, r.limit)
+        handle = self._handles()
         return messages.ReaddirReply(
-            entries=[messages.DirEntry(name=name, attrs=self._attrs(attrs)) for name, attrs in entries], next=cursor
+            entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**attrs, handle=handle(attrs["ino"])))
+                     for name, attrs in entries], next=cursor
         ), b""
 
     async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply[messages.AttrsReply]:
