@@ -158,6 +158,7 @@ class AsyncFileSystem:
         self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers, self.metrics)
         self._views: dict[tuple[int, int, tuple[int, ...]], AsyncFileSystem] = {}
         self.lease_endings = LeaseEndings(self)  # shared with the views: sent as this client
+        self.acting_uid: int | None = None  # a view's: the uid it acts for (acting_as)
 
     def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "AsyncFileSystem":
         """This client as seen by another local user (a multi-user FUSE mount): namespace calls
@@ -177,6 +178,7 @@ class AsyncFileSystem:
             view.meta_rpc.expect_role(self.meta_address, "meta")
             view.meta_rpc.authenticate(self.meta_address, auth.ClientAuth(credential=self.credential, act_as=key))
             view.metadata = MetadataClient(view.meta_rpc, self.meta_address)
+            view.acting_uid = uid
             while len(self._views) >= limits.acting_views_max:
                 oldest = self._views.pop(next(iter(self._views)))  # the least recently used
                 asyncio.get_running_loop().create_task(oldest.meta_rpc.close())

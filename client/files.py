@@ -526,7 +526,7 @@ class AsyncFile:
             self._lease_task.cancel()
         if self._reader:  # end the lease now (else it lapses): a file unlinked while open goes at once
             reader, self._reader = self._reader, 0
-            self.fs.lease_endings.end(self.ino, reader, self.handle)
+            self.fs.lease_endings.end(self.ino, reader, self.handle, self.fs.acting_uid)
         for task in self._inflight.values():
             task.cancel()
         for buffer, _ in self._dirty.values():

@@ -37,10 +37,11 @@ class LeaseEndings:
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
-    def end(self, ino: int, reader: int, handle: bytes) -> None:
-        """The handle holding lease ``reader`` on ``ino`` (named with the file ``handle``)
-        closed (call on the event loop)."""
-        self._pending.append(messages.HeldLease(ino=ino, reader=reader, handle=handle))
+    def end(self, ino: int, reader: int, handle: bytes, issued_to: int | None = None) -> None:
+        """The handle holding lease ``reader`` on ``ino`` (named with the file ``handle``,
+        issued to uid ``issued_to`` when a view acting for that user opened it) closed (call on
+        the event loop)."""
+        self._pending.append(messages.HeldLease(ino=ino, reader=reader, handle=handle, uid=issued_to))
         if len(self._pending) >= self.batch_max:
             self._send()
         elif self._timer is None:

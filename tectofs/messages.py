@@ -222,9 +222,13 @@ class ReleaseRequest(Message, frozen=True, kw_only=True):
 
 
 class HeldLease(Message, frozen=True, array_like=True):
+    """``uid``: whom ``handle`` was issued to, when not the caller (a multi-user mount ends its
+    users' leases on its own connection; only a proxy may name another uid)."""
+
     ino: Ino
     reader: Id
     handle: Handle = b""
+    uid: Owner | None = None
 
 
 class ReleaseLeasesRequest(Message, frozen=True, kw_only=True):

@@ -22,16 +22,17 @@ import pytest
 from tectofs import auth, messages
 from tectofs.client import connect
 from tectofs.client.sync import FileSystem
-from tectofs.errors import NotPermitted, PermissionDenied, TectofsError
+from tectofs.errors import NotPermitted, PermissionDenied, StaleFile, TectofsError
 from tectofs.rpc_client import RpcClient
 
 MiB = 1 << 20
 SCAN_TO = 64  # inode numbers scanned: every inode this module's cluster has, and some it has not
 
 
-def _user(cluster: Any, tmp_path_factory: pytest.TempPathFactory, name: str, uid: int) -> str:
+def _user(cluster: Any, tmp_path_factory: pytest.TempPathFactory, name: str, uid: int, proxy: bool = False) -> str:
     path = str(tmp_path_factory.mktemp(name) / f"{name}.credentials")
-    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(messages.UserAddRequest(name=name, uid=uid, gid=uid, groups=[])))
+    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(
+        messages.UserAddRequest(name=name, uid=uid, gid=uid, groups=[], proxy=proxy)))
     auth.Credential(user=name, secret=reply.secret, cluster=cluster.address).save(path)
     return path
 
@@ -39,7 +40,8 @@ def _user(cluster: Any, tmp_path_factory: pytest.TempPathFactory, name: str, uid
 @pytest.fixture(scope="module")
 def users(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"eve": _user(cluster, tmp_path_factory, "eve", 1000),
-            "dan": _user(cluster, tmp_path_factory, "dan", 1001)}
+            "dan": _user(cluster, tmp_path_factory, "dan", 1001),
+            "node": _user(cluster, tmp_path_factory, "node", 500, proxy=True)}
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +244,33 @@ def test_a_listing_s_handles_are_the_single_inode_ones() -> None:
         assert of_1000(ino) == auth.file_handle(ring, 1000, ino)
         assert auth.check_file_handle(ring, 1000, ino, of_1000(ino))
         assert not auth.check_file_handle(ring, 1001, ino, of_1000(ino))
+
+
+def test_a_non_root_multi_user_mount_ends_its_users_leases(cluster: Any, tree: dict[str, Any], users: dict[str, str]) -> None:
+    """A multi-user mount run with a non-root proxy credential ends the leases of handles its
+    users opened on its own connection (``LeaseEndings``): with the handles issued to those
+    users, which only a proxy may show for another uid. A file unlinked while open then goes
+    at its close, not a lease time later."""
+    with connect(cluster.address, credentials=users["node"]) as node:
+        async def open_unlink_close() -> int:
+            as_eve = node.aio.acting_as(1000, 1000)
+            handle = await as_eve.open("/pub/held.bin", "wb")
+            await handle.write(0, b"held")
+            await handle.flush()
+            cluster.fs.remove("/pub/held.bin")  # still open: it lives on, with no name
+            await handle.close()
+            await node.aio.lease_endings.flush()
+            return handle.ino
+
+        ino = node.run(open_unlink_close())
+    with pytest.raises(StaleFile):  # gone at its close: its lease was ended
+        cluster.fs.run(cluster.fs.aio.metadata.getattr(messages.InoRequest(ino=ino)))
+    # The uid a lease names counts for proxies only: eve cannot end dan's leases by naming dan.
+    with connect(cluster.address, credentials=users["dan"]) as dan:
+        dan.write_bytes("/pub/dan.bin", b"dan")
+        theirs = dan.stat("/pub/dan.bin")
+    with connect(cluster.address, credentials=users["eve"]) as eve:
+        lease = messages.HeldLease(ino=theirs.ino, reader=7, handle=theirs.handle, uid=1001)
+        with pytest.raises(PermissionDenied, match="no valid file handle for uid 1000"):
+            eve.run(eve.aio.metadata.release_leases(messages.ReleaseLeasesRequest(leases=[lease])))
+    cluster.fs.remove("/pub/dan.bin")

@@ -220,15 +220,18 @@ class MetadataService:
     def _attrs_reply(self, attrs: dict[str, Any]) -> messages.AttrsReply:
         return messages.AttrsReply(attrs=self._attrs(attrs))
 
-    def _check_handle(self, ino: int, handle: bytes) -> None:
+    def _check_handle(self, ino: int, handle: bytes, issued_to: int | None = None) -> None:
         """Refuse a by-number call on ``ino`` unless the caller showed its handle for it. Members
-        and root are not asked for one: they may reach every inode anyway. The answer is the same
-        whether the inode exists or not, so scanning numbers learns nothing."""
+        and root are not asked for one: they may reach every inode anyway. A proxy (a multi-user
+        mount's own connection) may show one issued to a uid it acts for (``issued_to``): it may
+        act for any uid. The answer is the same whether the inode exists or not, so scanning
+        numbers learns nothing."""
         peer = current_peer.get()
-        if peer.is_member or peer.uid == 0 or auth.check_file_handle(self.keys, peer.uid, ino, handle):
+        uid = issued_to if issued_to is not None and peer.proxy else peer.uid
+        if peer.is_member or peer.uid == 0 or auth.check_file_handle(self.keys, uid, ino, handle):
             return
         raise PermissionDenied(
-            f"inode {ino}: no valid file handle for uid {peer.uid} (an inode is named by number only with the"
+            f"inode {ino}: no valid file handle for uid {uid} (an inode is named by number only with the"
             " handle that came with its attributes from a lookup, create, open or listing)")
 
     def _handlers(self) -> Handlers:
@@ -355,7 +358,7 @@ class MetadataService:
 
     async def rpc_release_leases(self, r: messages.ReleaseLeasesRequest, _: memoryview) -> Reply[messages.Empty]:
         for lease in r.leases:
-            self._check_handle(lease.ino, lease.handle)
+            self._check_handle(lease.ino, lease.handle, lease.uid)
         await self._as_caller("release_leases", [(lease.ino, lease.reader) for lease in r.leases])
         return messages.Empty(), b""
 
