@@ -162,14 +162,14 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 
 
 def _mds_stats(fs: Any) -> dict[str, Any]:
-    from tectofs import messages
+    from tectofs.wire import messages
 
     reply = fs.run(fs.aio.metadata.stats())
     return dict(messages.to_plain(reply))
 
 
 def _chunk_stats(fs: Any) -> dict[str, dict[str, int]]:
-    from tectofs import messages
+    from tectofs.wire import messages
 
     out: dict[str, dict[str, int]] = {}
     for server in fs.servers():
@@ -241,7 +241,7 @@ class _LivenessMonitor:
         # (time, live servers, oldest heartbeat age s, MDS `servers` call s, slowest chunk-server ping s)
 
     def _ping(self, address: str) -> float:
-        from tectofs import messages
+        from tectofs.wire import messages
 
         started = time.perf_counter()
         try:
@@ -292,7 +292,7 @@ def _baseline(fs: Any, size_bytes: int, cpu: _CpuMeter) -> dict[str, Any]:
     """One client, one large file (the cluster's block size): write then read ``size_bytes``.
     GB/s each, and the servers' CPU seconds for each (large-chunk cost per GB). The reader
     checks a SHA-256 of what it reads, as every rank of the burst does."""
-    from tectofs import messages
+    from tectofs.wire import messages
 
     piece = 8 * MiB
     data = memoryview(os.urandom(min(size_bytes, piece)))

@@ -21,9 +21,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import parse_size, process_cpu_s  # noqa: E402
 
-from tectofs import auth, checksum, messages
-from tectofs.rpc_client import RpcClient
+from tectofs import checksum
 from tectofs.server.cluster import LocalCluster
+from tectofs.wire import auth, messages
+from tectofs.wire.client import RpcClient
 
 
 def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:

@@ -14,7 +14,7 @@ warm up, then meters ``--runs`` saves (``dcp.save`` with ``CheckpointWriter``) a
 plugin calls are metered: not zeroing the target, dropping caches or comparing tensors (which
 ``checkpoint_bench.py`` counts in its per-role figures). Medians over every run of a tree.
 
-A local cluster's client reaches its servers by local (Unix) sockets (``tectofs/local_sockets.py``).
+A local cluster's client reaches its servers by local (Unix) sockets (``tectofs/wire/local_sockets.py``).
 ``--tcp-arm`` adds a third arm, this tree with them off (``TECTOFS_LOCAL_SOCKETS=0``): every
 connection over TCP loopback, the nearest this machine has to servers on other hosts.
 """
@@ -106,7 +106,7 @@ def main() -> None:
         trees = {"baseline": base_tree, "this tree": os.path.dirname(HERE)}
         if args.tcp_arm:
             trees["this tree, TCP"] = os.path.dirname(HERE)
-        # TECTOFS_LOCAL_SOCKETS=0: the servers offer no local socket (tectofs/local_sockets.py)
+        # TECTOFS_LOCAL_SOCKETS=0: the servers offer no local socket (tectofs/wire/local_sockets.py)
         runs = alternate(trees, args.rounds, [sys.executable, __file__, "--child", "--size", str(size), "--runs",
                                               str(args.runs)], env={"this tree, TCP": {"TECTOFS_LOCAL_SOCKETS": "0"}})
     medians = {name: {key: round(statistics.median(v), 3) for key, v in sorted(r.items())} for name, r in runs.items()}

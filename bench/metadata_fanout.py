@@ -36,7 +36,7 @@ MODES = (("every rank reads", False), ("read once, broadcast", True))
 
 
 def _chunk_gets(fs: Any) -> int:
-    from tectofs import messages
+    from tectofs.wire import messages
 
     total = 0
     for server in fs.servers():

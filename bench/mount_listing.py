@@ -58,10 +58,10 @@ def _timed(command: list[str], directory: str) -> float:
 
 
 def run(out_dir: str, files: int = 1000, repeats: int = 3) -> dict[str, Any]:
-    from tectofs import messages
     from tectofs.client import connect
     from tectofs.client.fuse import start_mount_process
     from tectofs.server.cluster import LocalCluster
+    from tectofs.wire import messages
 
     times: dict[str, list[float]] = {}
     per_file: dict[str, list[float]] = {}

@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from client_io import _client_read, _client_write  # noqa: E402
 from common import parse_size, print_table, write_results  # noqa: E402
 
-from tectofs import auth
 from tectofs.client import connect
 from tectofs.server.cluster import LocalCluster
+from tectofs.wire import auth
 
 
 def _capability_us() -> dict[str, float]:

@@ -24,7 +24,7 @@ DEFAULT_ADDRESS_ENV = "TECTOFS_META"
 def connect(address: str | None = None, credentials: str | None = None) -> FileSystem:
     """Connect to the metadata service at ``HOST:PORT`` (default: ``$TECTOFS_META``) as the
     user of ``credentials`` (a credential file; default ``$TECTOFS_CREDENTIALS``, else the one
-    ``tectofs up`` wrote for this address: ``tectofs.auth.find_credential``)."""
+    ``tectofs up`` wrote for this address: ``tectofs.wire.auth.find_credential``)."""
     address = address or os.environ.get(DEFAULT_ADDRESS_ENV)
     if not address:
         raise ValueError(f"no metadata service address: pass HOST:PORT or set {DEFAULT_ADDRESS_ENV}")

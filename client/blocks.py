@@ -1,9 +1,9 @@
 """Moving one block to and from chunk servers: encode, checksum, parallel put with spares;
 parallel get, end-to-end verification, degraded decode, and reports of bad chunks (the
 metadata service has them rebuilt). Every get and put carries the block's capability from
-the layout or allocation (``tectofs.auth``).
+the layout or allocation (``tectofs.wire.auth``).
 
-Blocks are ``tectofs.messages.Block`` values (as in a layout); allocations are
+Blocks are ``tectofs.wire.messages.Block`` values (as in a layout); allocations are
 ``messages.Allocation``. This module moves a block's ``length`` stored bytes; where they sit
 in the block (``start``) and what reads as zeros around them is the caller's business
 (``client/files.py``).
@@ -18,7 +18,7 @@ import time
 from concurrent.futures import Executor
 from typing import Any, Awaitable, Callable
 
-from tectofs import checksum, erasure, limits, messages
+from tectofs import checksum, erasure, limits
 from tectofs.buffers import BufferPool
 from tectofs.errors import (
     Busy,
@@ -35,7 +35,8 @@ from tectofs.errors import (
 from tectofs.metrics import ClientMetrics
 from tectofs.policy import parse as parse_policy
 from tectofs.regions import Regions
-from tectofs.rpc_client import ReplySink, RpcClient
+from tectofs.wire import messages
+from tectofs.wire.client import ReplySink, RpcClient
 
 log = logging.getLogger("tectofs.client")
 

@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator
 
-from tectofs import allocator, auth, limits, messages, metrics, paths, xattr_names
+from tectofs import allocator, limits, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound
-from tectofs.rpc_transport import parse_group
+from tectofs.wire import auth, messages
+from tectofs.wire.transport import parse_group
 
 from .blocks import BlockIO
 from .files import AsyncFile
@@ -51,7 +52,7 @@ class Stat:
     stored: int = 0  # bytes of data the file really stores: holes and zero heads and tails excluded
     write_min: int = 0  # chunks a block needs to be accepted when servers are missing (0: the policy's)
     rdev: int = 0  # a device node's device number
-    # This client's file handle for the inode (tectofs.auth): what a call naming it by number
+    # This client's file handle for the inode (tectofs.wire.auth): what a call naming it by number
     # shows; not part of what a stat compares or prints.
     handle: bytes = field(default=b"", repr=False, compare=False)
 
@@ -134,9 +135,9 @@ class AsyncFileSystem:
 
     def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None) -> None:
         """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
-        metadata services sharing one store (``tectofs.rpc_client.RpcClient``). ``credentials``: a
-        credential file or :class:`tectofs.auth.Credential`; by default the one
-        :func:`tectofs.auth.find_credential` finds (``$TECTOFS_CREDENTIALS``, or the file ``tectofs
+        metadata services sharing one store (``tectofs.wire.client.RpcClient``). ``credentials``: a
+        credential file or :class:`tectofs.wire.auth.Credential`; by default the one
+        :func:`tectofs.wire.auth.find_credential` finds (``$TECTOFS_CREDENTIALS``, or the file ``tectofs
         up`` wrote for this address). Without one, every metadata call is refused.
 
         Counts in the process's client metrics (:func:`tectofs.metrics.client_metrics`); the

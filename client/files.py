@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
 
-from tectofs import limits, messages, sparse
+from tectofs import limits, sparse
 from tectofs.errors import CapabilityExpired, InvalidArgument, NoSpace, StaleFile, TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.regions import Regions
+from tectofs.wire import messages
 
 from .blocks import consume_outcome
 from .layout import LayoutMap
@@ -84,7 +85,7 @@ class AsyncFile:
     def _set_layout(self, layout: messages.LayoutSegment) -> None:
         self.attrs = layout.attrs
         self.ino = self.attrs.ino
-        self.handle = self.attrs.handle  # names the inode by number (tectofs.auth)
+        self.handle = self.attrs.handle  # names the inode by number (tectofs.wire.auth)
         self.block_size = self.attrs.block_size
         low, high = limits.write_blocks_inflight_range
         self._inflight_max = max(low, min(high, limits.write_inflight_bytes_max // self.block_size))

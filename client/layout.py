@@ -8,7 +8,7 @@ without a block is a hole; outside every known range the handle must fetch a seg
 
 from __future__ import annotations
 
-from tectofs import messages
+from tectofs.wire import messages
 
 
 class LayoutMap:

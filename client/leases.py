@@ -16,8 +16,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from tectofs import limits, messages
+from tectofs import limits
 from tectofs.errors import TectofsError
+from tectofs.wire import messages
 
 if TYPE_CHECKING:
     from .core import AsyncFileSystem

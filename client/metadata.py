@@ -1,5 +1,5 @@
 """The metadata service's operations as typed methods: one per operation of
-``tectofs.messages.META_OPERATIONS``, named after it, taking its request type and returning
+``tectofs.wire.messages.META_OPERATIONS``, named after it, taking its request type and returning
 its reply type (``await fs.metadata.rename(messages.RenameRequest(src=..., dst=...))``).
 
 Every method is one line over :meth:`MetadataClient.call`, which takes the retry policy
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from tectofs import messages
-from tectofs.rpc_client import RpcClient
+from tectofs.wire import messages
+from tectofs.wire.client import RpcClient
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
 ReplyT = TypeVar("ReplyT", bound=messages.Message)

@@ -11,7 +11,7 @@ from typing import Any
 
 from tectofs.errors import TectofsError
 from tectofs.metrics import ClientMetrics
-from tectofs.rpc_client import Payload, Reply, ReplySink, RpcClient
+from tectofs.wire.client import Payload, Reply, ReplySink, RpcClient
 
 CHUNK_OPS = frozenset({"put_chunk", "get_chunk"})
 

@@ -11,9 +11,10 @@ import subprocess
 import time
 from typing import Any
 
-from tectofs import auth, children, limits
+from tectofs import children, limits
 from tectofs.errors import InvalidArgument, TectofsError, Timeout
 from tectofs.server import addresses
+from tectofs.wire import auth
 
 
 def _python_command(*args: str) -> list[str]:
@@ -119,7 +120,7 @@ class LocalCluster:
         self.chunk_args = list(chunk_args or [])  # ... and every `tectofs chunk` (e.g. --scrub-rate)
         self.tls_files: dict[str, str] = {}
         if tls:
-            from tectofs import tls as tls_setup
+            from tectofs.wire import tls as tls_setup
 
             self.tls_files = tls_setup.make_test_certificates(os.path.join(self.root, "tls"))
             self.env.update({tls_setup.CERT_ENV: self.tls_files["cert"], tls_setup.KEY_ENV: self.tls_files["key"],
@@ -127,7 +128,7 @@ class LocalCluster:
             # This process's clients (wait_live, tests) talk TLS to it, until stop() puts it back.
             self._ca_env_before = os.environ.get(tls_setup.CA_ENV)
             os.environ[tls_setup.CA_ENV] = self.tls_files["ca"]
-        self.key_file = os.path.join(self.root, "cluster.key")  # made at the first start (tectofs.auth)
+        self.key_file = os.path.join(self.root, "cluster.key")  # made at the first start (tectofs.wire.auth)
         self.credential_file = os.path.join(self.root, "root.credentials")  # root's, for this cluster
         self.meta_process: subprocess.Popen[bytes] | None = None
         self.s3_port = s3_port
@@ -164,7 +165,7 @@ class LocalCluster:
     def start(self, timeout_s: float = 60.0) -> str:
         """Start every process; the cluster key is made under the root the first time, and
         root's credential is written to ``credential_file`` and where this user's client
-        commands look for it (``tectofs.auth.default_credential_path``)."""
+        commands look for it (``tectofs.wire.auth.default_credential_path``)."""
         os.makedirs(self.root, exist_ok=True)
         auth.create_key_file(self.key_file)
         self.address = self._start_meta(self.port, timeout_s)

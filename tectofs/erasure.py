@@ -180,7 +180,7 @@ class InPlaceChunk:
     """Data chunk ``position`` of an rs block, laid out so that its payload bytes land straight
     where they belong in the block's buffer ``out``, and only the rest (each fragment's header,
     the last fragment's padding) in a small spill buffer: ``pieces`` in chunk order, to receive
-    the chunk into (``tectofs.protocol.Scatter``). Decoding then has nothing to copy for it."""
+    the chunk into (``tectofs.wire.framing.Scatter``). Decoding then has nothing to copy for it."""
 
     def __init__(self, policy: Policy, position: int, out: "memoryview | Regions") -> None:
         if policy.kind != "rs" or not 0 <= position < policy.data:

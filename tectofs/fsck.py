@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import limits, messages
+from tectofs.wire import messages
+
+from . import limits
 
 if TYPE_CHECKING:
     from .client.core import Stat

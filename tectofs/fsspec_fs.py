@@ -44,7 +44,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.utils import isfilelike, stringify_path
 
 from tectofs.client import DEFAULT_ADDRESS_ENV, AsyncFile, AsyncFileSystem, Stat
-from tectofs.rpc_transport import parse_group
+from tectofs.wire.transport import parse_group
 
 from .fsspec_file import TectofsFile
 
@@ -166,7 +166,7 @@ class TectofsFileSystem(FsspecAsyncFileSystem):
     ) -> None:
         """``meta``: the metadata service, ``HOST:PORT`` or a failover group (default:
         ``$TECTOFS_META``, read now). ``credentials``: a credential file (default: the one
-        :func:`tectofs.auth.find_credential` finds for the address). ``auto_mkdir``: writes
+        :func:`tectofs.wire.auth.find_credential` finds for the address). ``auto_mkdir``: writes
         (open for writing, pipe, put, copy) make missing parent directories, as object stores
         and fsspec's memory filesystem behave. Other keyword arguments are fsspec's
         (``asynchronous``, ``loop``, ``batch_size``, ``skip_instance_cache``)."""

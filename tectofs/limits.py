@@ -44,7 +44,7 @@ message_text_max_bytes = 4096             # free-text fields (reasons, versions)
 peer_log_lines_per_s = 20                 # log lines a peer can provoke (invalid requests, bad-chunk reports), per kind
 address_length_max_bytes = 255            # "HOST:PORT" of a server
 listen_backlog_max = 4096                 # a checkpoint burst connects thousands of clients at once
-local_socket_buffer_bytes = 4 << 20       # SO_SNDBUF/SO_RCVBUF of local (Unix) connections (tectofs.local_sockets)
+local_socket_buffer_bytes = 4 << 20       # SO_SNDBUF/SO_RCVBUF of local (Unix) connections (tectofs.wire.local_sockets)
 frame_receive_first_bytes = 4 * KiB       # first piece a header is received into (pieces grow with what arrived)
 frame_payload_amplification_max = 64      # a (deferred) payload buffer is made once 1/64 of the payload arrived
 frame_payload_staged_min_bytes = 4 * KiB  # ... and at least this much of it (all of a smaller one)
@@ -145,7 +145,7 @@ request_dedupe_prune_interval_s = 60.0    # how often a metadata service deletes
 option_seconds_max = 10 * 365 * 86400.0   # a duration (--heartbeat, --timeout, --older-than ...): ten years
 option_rate_mib_per_s_max = 1024.0 * 1024  # a rate (--scrub-rate, --repair-rate): 1 TiB/s, past any disk or NIC
 
-# Security (tectofs/auth.py)
+# Security (tectofs/wire/auth.py)
 capability_ttl_s = 3600.0                 # a layout's or allocation's chunk capabilities are valid this long
 users_max = 100_000                       # users one cluster keeps (tectofs user add)
 acting_views_max = 256                    # local users a multi-user mount keeps a metadata connection for

@@ -7,9 +7,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from tectofs.wire.transport import parse_group
+
 from . import paths
 from .errors import InvalidArgument
-from .rpc_transport import parse_group
 
 SCHEME = "tectofs"
 PREFIX = SCHEME + "://"

@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tectofs import messages
 from tectofs.client import FileSystem, connect
 from tectofs.server.chunk import packs
 from tectofs.server.cluster import LocalCluster
+from tectofs.wire import messages
 
 MiB = 1 << 20
 
@@ -33,7 +33,7 @@ MiB = 1 << 20
 # that damages a chunk *file* on disk (truncates or deletes one) asks for a file per chunk.
 FILE_PER_CHUNK = ["--pack-max", "0"]
 
-# Clusters write root's credential where client commands find it (tectofs.auth.config_dir):
+# Clusters write root's credential where client commands find it (tectofs.wire.auth.config_dir):
 # tests keep those files out of the user's home, in one directory per test session, removed
 # when the session ends (unless the caller chose the directory).
 if "TECTOFS_CONFIG_DIR" not in os.environ:

@@ -1,11 +1,11 @@
-"""Test doubles of services for ``tectofs.rpc.RpcServer``."""
+"""Test doubles of services for ``tectofs.wire.server.RpcServer``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tectofs import messages
-from tectofs.rpc import Handler, Handlers
+from tectofs.wire import messages
+from tectofs.wire.server import Handler, Handlers
 
 
 def answering(answer: Handler[Any, Any], operations: dict[str, messages.AnyOperation]) -> Handlers:

@@ -39,7 +39,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Coroutine, cast
 
-from tectofs import checksum, erasure, limits, messages
+from tectofs import checksum, erasure, limits
 from tectofs.errors import (
     AlreadyExists,
     ChecksumMismatch,
@@ -50,12 +50,13 @@ from tectofs.errors import (
     TectofsError,
 )
 from tectofs.policy import parse as parse_policy
-from tectofs.rpc_client import RpcClient
 from tectofs.server.chunk.repair import Repairer
 from tectofs.server.chunk.scrub import Inventory, report
 from tectofs.server.chunk.storage import ChunkInfo, ChunkStore
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
+from tectofs.wire import messages
+from tectofs.wire.client import RpcClient
 
 BLOCK_SIZE = limits.block_size_min_bytes  # 64 KiB: the smallest block the store accepts
 POLICIES = {"rs": "rs(4,2)", "rep": "rep(3)"}

@@ -21,12 +21,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from tectofs import auth, limits, messages
+from tectofs import limits
 from tectofs.client import connect
-from tectofs.connlimits import ProgressWindow
 from tectofs.errors import Busy, NoSpace
-from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
 from tectofs.server.chunk.admission import MEMBER, WITHOUT_UID, Admission, principal_of
+from tectofs.wire import auth, messages
+from tectofs.wire.connlimits import ProgressWindow
+from tectofs.wire.framing import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
 
 MiB = 1 << 20
 BUDGET = limits.chunk_inflight_bytes_max

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tectofs import auth, limits, messages
+from tectofs import limits
 from tectofs.cli.servers import _without_password
 from tectofs.errors import InvalidArgument
 from tectofs.server import addresses
@@ -23,6 +23,7 @@ from tectofs.server.cluster import LocalCluster
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 from tectofs.store.registry import SERVER_STATS_KEPT
+from tectofs.wire import auth, messages
 from tests.test_reply_bounds import _fits, _long_address, _register
 
 REPO = Path(__file__).resolve().parent.parent

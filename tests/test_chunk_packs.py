@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from tectofs import checksum, messages
+from tectofs import checksum
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing
 from tectofs.server.chunk import packs
 from tectofs.server.chunk.packs import ALIGN, HEADER, PackStore
 from tectofs.server.chunk.storage import ChunkStore
+from tectofs.wire import messages
 from tests.test_cluster import flip_byte
 from tests.test_self_healing import _server_id, _wait_clean
 

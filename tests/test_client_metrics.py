@@ -91,7 +91,7 @@ def test_a_corrupt_chunk_counts_a_checksum_failure_and_a_degraded_read(metrics_c
 
 def test_busy_answers_and_failovers_count_as_retries(metrics_cluster, monkeypatch):
     import tectofs.client
-    from tectofs.rpc_client import _ClientConnection
+    from tectofs.wire.client import _ClientConnection
 
     real_call = _ClientConnection.call
     busy_once = {"left": 1}
@@ -186,9 +186,9 @@ def test_s3_requests_by_operation_and_status(metrics_cluster):
     from botocore.config import Config
     from botocore.exceptions import ClientError
 
-    from tectofs import auth
     from tectofs.s3.principals import keys_of
     from tectofs.s3.server import S3Gateway
+    from tectofs.wire import auth
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

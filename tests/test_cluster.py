@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from tectofs import errors, messages
+from tectofs import errors
 from tectofs.client import connect
-from tectofs.protocol import FrameDecoder, FrameKind, encode_frame
+from tectofs.wire import messages
+from tectofs.wire.framing import FrameDecoder, FrameKind, encode_frame
 
 MiB = 1 << 20
 SIZES = [0, 1, 4095, MiB - 1, MiB, MiB + 1, 3 * MiB, 5 * MiB + 12345]

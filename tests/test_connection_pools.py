@@ -21,12 +21,13 @@ from typing import Any, Iterator, Protocol, cast
 
 import pytest
 
-from tectofs import auth, limits, messages
+from tectofs import limits
 from tectofs.client import connect
-from tectofs.connlimits import ConnectionGuard, ConnectionPolicy
-from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
-from tectofs.rpc import RpcServer
-from tectofs.rpc_client import RpcClient
+from tectofs.wire import auth, messages
+from tectofs.wire.client import RpcClient
+from tectofs.wire.connlimits import ConnectionGuard, ConnectionPolicy
+from tectofs.wire.framing import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
+from tectofs.wire.server import RpcServer
 from tests.rpc_doubles import answering
 from tests.test_exhaustion import _sockets
 

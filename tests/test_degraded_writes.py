@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import pytest
 
-from tectofs import errors, messages
+from tectofs import errors
+from tectofs.wire import messages
 
 MiB = 1 << 20
 

@@ -3,7 +3,7 @@ servers. Memory follows the bytes a peer sends, never the sizes it declares; a c
 that stalls mid-frame is closed (and what it reserved released), one that sits idle too;
 connections are capped per server and per peer address; and legitimate clients keep working
 throughout. The clusters here run with timeouts and caps lowered through the environment
-(``tectofs.connlimits``), so each attack plays out in seconds."""
+(``tectofs.wire.connlimits``), so each attack plays out in seconds."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tectofs import auth, errors, limits, messages
-from tectofs.connlimits import ConnectionPolicy
-from tectofs.protocol import (
+from tectofs import errors, limits
+from tectofs.wire import auth, messages
+from tectofs.wire.client import RpcClient
+from tectofs.wire.connlimits import ConnectionPolicy
+from tectofs.wire.framing import (
     FIXED_HEADER_BYTES,
     PROTOCOL_VERSION,
     Frame,
@@ -32,8 +34,7 @@ from tectofs.protocol import (
     encode_frame,
     staged_bytes,
 )
-from tectofs.rpc import RpcServer
-from tectofs.rpc_client import RpcClient
+from tectofs.wire.server import RpcServer
 from tests.rpc_doubles import answering
 
 MiB = 1 << 20

@@ -19,11 +19,11 @@ import pytest
 from tectofs import errors, fsck, limits
 from tectofs.bench import load_script
 from tectofs.client import connect
-from tectofs.rpc import Call
-from tectofs.rpc_client import RpcClient
-from tectofs.rpc_transport import parse_group
 from tectofs.store import SqlStore, StoreRunner, requests
 from tectofs.store.dialect import dialect_for
+from tectofs.wire.client import RpcClient
+from tectofs.wire.server import Call
+from tectofs.wire.transport import parse_group
 from tests import conftest
 
 KiB = 1 << 10
@@ -159,8 +159,8 @@ def test_records_are_pruned_after_their_retention(store_url):
 def test_a_call_retried_on_another_metadata_service_is_applied_once(store_url, tmp_path):
     """The failover case in one process: the original reaches service A, its retry (same call
     id) service B over the same store; B answers with A's reply."""
-    from tectofs import auth
     from tectofs.server.meta import MetadataService
+    from tectofs.wire import auth
 
     key_file = auth.create_key_file(str(tmp_path / "cluster.key"))
 

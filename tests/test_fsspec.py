@@ -23,8 +23,8 @@ from fsspec.tests.abstract import (
     AbstractPutTests,
 )
 
-from tectofs import auth, messages
 from tectofs.fsspec_fs import TectofsFileSystem
+from tectofs.wire import auth, messages
 
 MiB = 1 << 20
 

@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tectofs import errors, messages
+from tectofs import errors
+from tectofs.wire import messages
 
 MiB = 1 << 20
 COMMAND_TIMEOUT_S = 120

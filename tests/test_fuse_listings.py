@@ -1,5 +1,5 @@
 """With ``--negative-entry-cache``, the mount answers lookups of names it knows are absent
-(``client/fuse_listings.py``): fewer metadata calls per create in a directory it made, never
+(``client/fuse/listings.py``): fewer metadata calls per create in a directory it made, never
 a wrong answer for its own changes, and another client's changes seen within the option's
 time. Without it (the default) another client's new file is seen at once
 (``tests/test_fuse.py::test_client_and_mount_see_the_same_bytes``)."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tectofs.client.fuse_listings import KnownListings
+from tectofs.client.fuse.listings import KnownListings
 from tests.test_fuse import _REASON
 from tests.test_metrics import scrape
 

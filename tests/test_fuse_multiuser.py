@@ -36,9 +36,9 @@ _REASON = _fuse_unavailable()
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
 if _REASON is None:
-    from tectofs.client import fuse_users
     from tectofs.client.fuse import is_mounted, start_mount_process
-    from tectofs.client.fuse_users import choose_sharing
+    from tectofs.client.fuse import users as fuse_users
+    from tectofs.client.fuse.users import choose_sharing
 
 
 def as_user(uid: int, *command: str, groups: tuple[int, ...] = (),

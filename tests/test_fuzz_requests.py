@@ -26,8 +26,9 @@ from typing import Any, Callable
 
 import pytest
 
-from tectofs import auth, limits, messages
-from tectofs.protocol import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
+from tectofs import limits
+from tectofs.wire import auth, messages
+from tectofs.wire.framing import PROTOCOL_VERSION, FrameDecoder, FrameKind, encode_frame
 
 # About 160,000 frames in all with today's 52 operations (about 45 s on 2 cores; new seeds every run); more with
 # TECTOFS_FUZZ_FRAMES_PER_OPERATION for a long soak.

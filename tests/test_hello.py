@@ -16,11 +16,12 @@ from typing import Any, Iterator
 
 import pytest
 
-from tectofs import errors, limits, messages
+from tectofs import errors, limits
 from tectofs.client import connect
-from tectofs.connlimits import ConnectionPolicy
-from tectofs.protocol import Frame, FrameDecoder, FrameKind, encode_frame
-from tectofs.rpc import RpcServer
+from tectofs.wire import messages
+from tectofs.wire.connlimits import ConnectionPolicy
+from tectofs.wire.framing import Frame, FrameDecoder, FrameKind, encode_frame
+from tectofs.wire.server import RpcServer
 from tests.rpc_doubles import answering
 from tests.test_exhaustion import _Handler as _Silent  # answers anything; never reached here
 

@@ -1,6 +1,6 @@
 """Inode numbers are not capabilities (issue 29, part 1): a user who scans them learns nothing
 about an inode it could not reach by path, and cannot read, allocate, stage, commit, renew,
-release or grade one; calls naming an inode carry the file handle (``tectofs.auth``) that a
+release or grade one; calls naming an inode carry the file handle (``tectofs.wire.auth``) that a
 checked lookup issued to that uid. What a handle does grant keeps working as an open
 descriptor does on Linux: after a chmod or rename of a parent, and after an unlink. And a user
 may hard-link only what Linux's ``fs.protected_hardlinks = 1`` lets it.
@@ -19,11 +19,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from tectofs import auth, messages
 from tectofs.client import connect
 from tectofs.client.sync import FileSystem
 from tectofs.errors import NotPermitted, PermissionDenied, StaleFile, TectofsError
-from tectofs.rpc_client import RpcClient
+from tectofs.wire import auth, messages
+from tectofs.wire.client import RpcClient
 
 MiB = 1 << 20
 SCAN_TO = 64  # inode numbers scanned: every inode this module's cluster has, and some it has not

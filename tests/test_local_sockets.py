@@ -1,4 +1,4 @@
-"""Local sockets (``tectofs.local_sockets``): a client on a server's host moves to the server's
+"""Local sockets (``tectofs.wire.local_sockets``): a client on a server's host moves to the server's
 abstract Unix socket after the first TCP hello; the same gatekeeping applies there; it falls
 back to TCP when the socket is gone; and nothing of it reaches peers on other hosts or TLS."""
 
@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from tectofs import limits, local_sockets, messages
-from tectofs.protocol import Frame, FrameDecoder, FrameKind, encode_frame
-from tectofs.rpc import RpcServer
-from tectofs.rpc_client import RpcClient
+from tectofs import limits
+from tectofs.wire import local_sockets, messages
+from tectofs.wire.client import RpcClient
+from tectofs.wire.framing import Frame, FrameDecoder, FrameKind, encode_frame
+from tectofs.wire.server import RpcServer
 from tests.rpc_doubles import answering
 from tests.test_exhaustion import _Handler
 from tests.test_hello import frames_until_closed

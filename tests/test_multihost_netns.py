@@ -26,8 +26,8 @@ from typing import Iterator
 
 import pytest
 
-from tectofs import auth
 from tectofs.server.cluster import wait_for_file
+from tectofs.wire import auth
 
 pytestmark = pytest.mark.slow  # starts processes (the fast lane is in-process: tests/conftest.py)
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tectofs.errors import ProtocolError
-from tectofs.protocol import FIXED_HEADER_BYTES, FrameDecoder, FrameKind, encode_frame
+from tectofs.wire.framing import FIXED_HEADER_BYTES, FrameDecoder, FrameKind, encode_frame
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=20),
                                                          st.binary(max_size=20), st.booleans(), st.none()), max_size=5)
@@ -88,7 +88,7 @@ def test_discarded_payload_keeps_stream_in_sync():
        cuts=st.lists(st.integers(1, 900), max_size=12))
 @settings(max_examples=200, deadline=None)
 def test_a_scattered_payload_lands_in_the_callers_buffers_in_order(payload, sizes, cuts):
-    from tectofs.protocol import Scatter
+    from tectofs.wire.framing import Scatter
 
     sizes = sizes[:-1] + [max(0, len(payload) - sum(sizes[:-1]))]  # the views hold exactly the payload
     if sum(sizes) != len(payload):
@@ -105,7 +105,7 @@ def test_a_scattered_payload_lands_in_the_callers_buffers_in_order(payload, size
 
 
 def test_a_diverted_scatter_writes_nothing_more_and_the_stream_goes_on():
-    from tectofs.protocol import Scatter
+    from tectofs.wire.framing import Scatter
 
     views = [memoryview(bytearray(100)), memoryview(bytearray(100))]
     scatter = Scatter(views)
@@ -124,7 +124,7 @@ def test_a_diverted_scatter_writes_nothing_more_and_the_stream_goes_on():
 
 
 def test_a_scatter_of_the_wrong_size_is_refused():
-    from tectofs.protocol import Scatter
+    from tectofs.wire.framing import Scatter
 
     decoder = FrameDecoder(lambda header, n: Scatter([memoryview(bytearray(n - 1))]))
     with pytest.raises(ProtocolError, match="scatter of the wrong size"):

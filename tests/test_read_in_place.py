@@ -11,12 +11,13 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry
 
-from tectofs import checksum, erasure, limits, messages
+from tectofs import checksum, erasure, limits
 from tectofs.buffers import BufferPool
 from tectofs.client.blocks import BlockIO
 from tectofs.metrics import ClientMetrics
 from tectofs.policy import parse
-from tectofs.rpc_client import RpcClient
+from tectofs.wire import messages
+from tectofs.wire.client import RpcClient
 
 
 class _Servers:
@@ -81,7 +82,7 @@ def test_a_diverted_sink_never_hands_out_the_callers_buffers_again():
     """A reply that arrives after the caller diverted its sink (e.g. in the loop turn a cancelled
     wait still spends on Python 3.11) goes to an ordinary buffer; a diverted scatter lets the
     caller's buffers go at once."""
-    from tectofs.rpc_client import ReplySink
+    from tectofs.wire.client import ReplySink
 
     target = memoryview(bytearray(100))
     sink = ReplySink(lambda n: [target[:n]])
@@ -94,7 +95,7 @@ def test_a_diverted_sink_never_hands_out_the_callers_buffers_again():
 
 
 def test_a_reply_for_a_call_no_longer_waiting_is_not_scattered():
-    from tectofs.rpc_client import ReplySink, _ClientConnection
+    from tectofs.wire.client import ReplySink, _ClientConnection
 
     async def main() -> None:
         conn = _ClientConnection("127.0.0.1:1")

@@ -7,11 +7,12 @@ import asyncio
 import os
 from pathlib import Path
 
-from tectofs import checksum, messages
+from tectofs import checksum
 from tectofs.errors import ConnectionLost
 from tectofs.server.chunk.repair import Repairer
 from tectofs.server.chunk.reports import RepairReport
 from tectofs.server.chunk.storage import ChunkStore
+from tectofs.wire import messages
 
 
 class FlakyService:

@@ -10,11 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from tectofs import auth, limits, messages
+from tectofs import limits
 from tectofs.server.meta.service import USER_ENTRY_BYTES_MAX, capability, layout_segment
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 from tectofs.store.registry import SERVER_STATS_KEPT
+from tectofs.wire import auth, messages
 
 WIDEST = "rs(32,16)"
 # The largest capabilities: the longest key id, the latest expiry.

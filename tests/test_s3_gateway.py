@@ -32,8 +32,8 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from tectofs import auth, messages
 from tectofs.s3.principals import keys_of
+from tectofs.wire import auth, messages
 from tests.conftest import TestCluster as ClusterWithClient
 
 MiB = 1 << 20

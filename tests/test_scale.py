@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tectofs import limits, messages
+from tectofs import limits
+from tectofs.wire import messages
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCKS = 20_000

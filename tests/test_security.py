@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tectofs import auth, checksum, messages
+from tectofs import checksum
 from tectofs.client import connect
 from tectofs.errors import (
     AlreadyExists,
@@ -24,8 +24,9 @@ from tectofs.errors import (
     NotPermitted,
     PermissionDenied,
 )
-from tectofs.rpc import RpcServer
-from tectofs.rpc_client import RpcClient
+from tectofs.wire import auth, messages
+from tectofs.wire.client import RpcClient
+from tectofs.wire.server import RpcServer
 from tests.rpc_doubles import answering
 
 MiB = 1 << 20

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from tectofs import messages
+from tectofs.wire import messages
 from tests.conftest import FILE_PER_CHUNK
 
 KiB = 1 << 10

@@ -1,4 +1,4 @@
-"""Replies sent from a file with sendfile(2) (``tectofs.sendfile``): the bytes arrive whole;
+"""Replies sent from a file with sendfile(2) (``tectofs.wire.sendfile``): the bytes arrive whole;
 a file that ends before its region drops that connection only; chunk servers serve large
 chunk reads this way, and a chunk damaged on disk is still caught by the reader (end to end)
 and rebuilt."""
@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from tectofs import limits, messages
+from tectofs import limits
 from tectofs.errors import ChecksumMismatch, ConnectionLost
-from tectofs.rpc import RpcServer
-from tectofs.rpc_client import RpcClient
-from tectofs.sendfile import FileRegion, send_region
+from tectofs.wire import messages
+from tectofs.wire.client import RpcClient
+from tectofs.wire.sendfile import FileRegion, send_region
+from tectofs.wire.server import RpcServer
 from tests.rpc_doubles import answering
 from tests.test_cluster import flip_byte, wait_for_byte
 
@@ -78,7 +79,7 @@ def test_a_region_arrives_whole_and_a_short_file_drops_only_its_connection(tmp_p
 def test_over_tls_a_region_is_read_and_encrypted(tmp_path, monkeypatch) -> None:
     """sendfile would bypass TLS: a region answered on a TLS connection goes through the
     transport instead, and its descriptor is still closed."""
-    from tectofs import tls
+    from tectofs.wire import tls
 
     files = tls.make_test_certificates(str(tmp_path / "tls"))
     monkeypatch.setenv(tls.CERT_ENV, files["cert"])
@@ -133,7 +134,7 @@ def test_a_peer_that_stops_reading_is_dropped_and_never_holds_up_others(tmp_path
     the minimum rate) with that connection aborted; meanwhile other clients are served."""
     import socket
 
-    from tectofs.protocol import PROTOCOL_VERSION, FrameKind, encode_frame
+    from tectofs.wire.framing import PROTOCOL_VERSION, FrameKind, encode_frame
 
     monkeypatch.setattr(limits, "send_file_stall_s", 1.0)
     monkeypatch.setattr(limits, "send_file_rate_min_bytes_per_s", 64 * MiB)
@@ -179,8 +180,9 @@ def test_a_peer_that_stops_reading_is_dropped_and_never_holds_up_others(tmp_path
 
 
 def test_regions_are_bounded_per_process_beyond_which_reads_are_checked_here(tmp_path, monkeypatch) -> None:
-    from tectofs import checksum, sendfile
+    from tectofs import checksum
     from tectofs.server.chunk.storage import ChunkStore
+    from tectofs.wire import sendfile
 
     monkeypatch.setattr(limits, "send_file_regions_max", 1)
     store = ChunkStore(str(tmp_path))
@@ -242,17 +244,17 @@ def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeyp
     others are served."""
     import socket
 
-    import tectofs.rpc_transport
-    from tectofs.protocol import PROTOCOL_VERSION, FrameKind, encode_frame
+    import tectofs.wire.transport
+    from tectofs.wire.framing import PROTOCOL_VERSION, FrameKind, encode_frame
 
     threaded: list[int] = []
-    real_send = tectofs.rpc_transport.send_region
+    real_send = tectofs.wire.transport.send_region
 
     def counting(fd: int, head: bytes, payload: Any, closing: Any) -> None:
         threaded.append(len(payload))
         real_send(fd, head, payload, closing)
 
-    monkeypatch.setattr(tectofs.rpc_transport, "send_region", counting)
+    monkeypatch.setattr(tectofs.wire.transport, "send_region", counting)
     monkeypatch.setattr(limits, "send_file_stall_s", 1.0)
     monkeypatch.setattr(limits, "send_file_rate_min_bytes_per_s", 64 * MiB)
     handler = _MemoryServer()
@@ -294,10 +296,10 @@ def test_large_payloads_from_memory_go_out_on_a_thread_whole_and_in_turn(monkeyp
 
 
 def test_with_every_send_thread_taken_large_payloads_go_through_the_transport(monkeypatch) -> None:
-    import tectofs.rpc_transport
+    import tectofs.wire.transport
 
     threaded: list[int] = []
-    monkeypatch.setattr(tectofs.rpc_transport, "send_region", lambda *a: threaded.append(1))
+    monkeypatch.setattr(tectofs.wire.transport, "send_region", lambda *a: threaded.append(1))
     monkeypatch.setattr(limits, "send_buffer_threads", 0)  # all taken (peers slow to read, say)
     handler = _MemoryServer()
     handler.payload = os.urandom(3 * MiB)

@@ -394,7 +394,7 @@ def test_metadata_service_answers_busy_past_its_queue_limit(tmp_path, monkeypatc
 
     monkeypatch.setattr(limits, "meta_queue_max", 5)
 
-    from tectofs import auth
+    from tectofs.wire import auth
 
     key_file = auth.create_key_file(str(tmp_path / "cluster.key"))
 

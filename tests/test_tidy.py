@@ -146,17 +146,18 @@ def test_no_import_cycle_among_the_project_modules() -> None:
 def test_the_cycle_check_fires() -> None:
     sources = {
         "tectofs": ("", True),
-        "tectofs.rpc": ("from .protocol import x\nfrom tectofs.rpc_client import RpcClient\n", False),
-        "tectofs.rpc_client": ("from . import rpc\n", False),
-        "tectofs.protocol": ("import os\n", False),
-        "tectofs.lazy": ("def f():\n    from tectofs import rpc\n", False),
+        "tectofs.wire": ("", True),
+        "tectofs.wire.server": ("from .framing import x\nfrom tectofs.wire.client import RpcClient\n", False),
+        "tectofs.wire.client": ("from . import server\n", False),
+        "tectofs.wire.framing": ("import os\n", False),
+        "tectofs.lazy": ("def f():\n    from tectofs.wire import server\n", False),
         "tectofs.typed": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tectofs import lazy\n", False),
     }
     graph = import_graph(sources)
-    assert graph["tectofs.rpc"] == {"tectofs.protocol", "tectofs.rpc_client"}
+    assert graph["tectofs.wire.server"] == {"tectofs.wire.framing", "tectofs.wire.client"}
     assert graph["tectofs.lazy"] == graph["tectofs.typed"] == set()  # in a function, for type checkers only
-    assert import_cycle(graph) == ["tectofs.rpc", "tectofs.rpc_client", "tectofs.rpc"]
-    sources["tectofs.rpc_client"] = ("from .protocol import x\n", False)
+    assert import_cycle(graph) == ["tectofs.wire.client", "tectofs.wire.server", "tectofs.wire.client"]
+    sources["tectofs.wire.client"] = ("from .framing import x\n", False)
     assert import_cycle(import_graph(sources)) is None
 
 
@@ -173,9 +174,9 @@ def reached(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def server_side_reached(graph: dict[str, set[str]]) -> dict[str, list[str]]:
     """Client-side modules (the client library and the RPC client) that import the server side
-    (``tectofs.rpc``, ``tectofs.server``), directly or not."""
-    client_side = [m for m in graph if m == "tectofs.rpc_client" or m.startswith("tectofs.client")]
-    found = {m: sorted(t for t in reached(graph, m) if t == "tectofs.rpc" or t.startswith("tectofs.server"))
+    (``tectofs.wire.server``, ``tectofs.server``), directly or not."""
+    client_side = [m for m in graph if m == "tectofs.wire.client" or m.startswith("tectofs.client")]
+    found = {m: sorted(t for t in reached(graph, m) if t == "tectofs.wire.server" or t.startswith("tectofs.server"))
              for m in client_side}
     return {m: servers for m, servers in found.items() if servers}
 
@@ -186,13 +187,13 @@ def test_the_client_side_never_imports_the_server_side() -> None:
 
 
 def test_the_server_side_check_fires() -> None:
-    graph = {"tectofs.client.core": {"tectofs.uri"}, "tectofs.uri": {"tectofs.rpc"}, "tectofs.rpc": set(),
-             "tectofs.rpc_client": {"tectofs.rpc_transport"}, "tectofs.rpc_transport": set()}
-    assert server_side_reached(graph) == {"tectofs.client.core": ["tectofs.rpc"]}
+    graph = {"tectofs.client.core": {"tectofs.uri"}, "tectofs.uri": {"tectofs.wire.server"}, "tectofs.wire.server": set(),
+             "tectofs.wire.client": {"tectofs.wire.transport"}, "tectofs.wire.transport": set()}
+    assert server_side_reached(graph) == {"tectofs.client.core": ["tectofs.wire.server"]}
 
 
 # The frame codec and the RPC layers: what the metadata store must know nothing of.
-WIRE_MODULES = frozenset({"tectofs.protocol", "tectofs.rpc", "tectofs.rpc_client", "tectofs.rpc_transport"})
+WIRE_MODULES = frozenset({"tectofs.wire.framing", "tectofs.wire.server", "tectofs.wire.client", "tectofs.wire.transport"})
 
 
 def wire_reached_from_store(graph: dict[str, set[str]]) -> dict[str, list[str]]:
@@ -213,19 +214,19 @@ def test_the_store_wire_check_fires() -> None:
     sources = {
         "tectofs": ("", True),
         "tectofs.store": ("from .runner import StoreRunner\n", True),
-        "tectofs.store.runner": ("from ..rpc import current_call\nfrom . import requests\n", False),  # as it was
+        "tectofs.store.runner": ("from ..wire.server import current_call\nfrom . import requests\n", False),
         "tectofs.store.requests": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .engine import x\n",
                                    False),
         "tectofs.store.engine": ("def f():\n    from tectofs.helpers import y\n", False),
-        "tectofs.helpers": ("from tectofs import rpc_client\n", False),
-        "tectofs.rpc": ("from .rpc_transport import FramedProtocol\n", False),
-        "tectofs.rpc_client": ("from .rpc_transport import FramedProtocol\n", False),
-        "tectofs.rpc_transport": ("from .protocol import Frame\n", False),
-        "tectofs.protocol": ("", False),
-        "tectofs.server.meta.service": ("from tectofs.rpc import current_call\nfrom tectofs.store import x\n", False),
+        "tectofs.helpers": ("from tectofs.wire import client\n", False),
+        "tectofs.wire.server": ("from .transport import FramedProtocol\n", False),
+        "tectofs.wire.client": ("from .transport import FramedProtocol\n", False),
+        "tectofs.wire.transport": ("from .framing import Frame\n", False),
+        "tectofs.wire.framing": ("", False),
+        "tectofs.server.meta.service": ("from tectofs.wire.server import current_call\nfrom tectofs.store import x\n", False),
     }
-    wire = ["tectofs.protocol", "tectofs.rpc", "tectofs.rpc_transport"]
-    lazily = ["tectofs.protocol", "tectofs.rpc_client", "tectofs.rpc_transport"]  # in a function, for type checkers
+    wire = ["tectofs.wire.framing", "tectofs.wire.server", "tectofs.wire.transport"]
+    lazily = ["tectofs.wire.client", "tectofs.wire.framing", "tectofs.wire.transport"]  # in a function, for type checkers
     assert wire_reached_from_store(import_graph(sources, everywhere=True)) == {
         "tectofs.store": sorted({*wire, *lazily}), "tectofs.store.runner": sorted({*wire, *lazily}),
         "tectofs.store.requests": lazily, "tectofs.store.engine": lazily}
@@ -294,10 +295,10 @@ def any_in(annotation: Any) -> bool:
 def _signatures() -> dict[str, dict[str, Any]]:
     """What carries an operation: its request and reply types, each typed client method's and
     each service handler's annotations."""
-    from tectofs import messages
     from tectofs.client.metadata import MetadataClient
     from tectofs.server.chunk.service import ChunkServer
     from tectofs.server.meta.service import MetadataService
+    from tectofs.wire import messages
 
     found = {}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tectofs import tls
 from tectofs.client import connect
 from tectofs.errors import ConnectionLost
+from tectofs.wire import tls
 
 MiB = 1 << 20
 

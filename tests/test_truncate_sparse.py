@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tectofs import messages
+from tectofs.wire import messages
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from tectofs import messages
 from tectofs.client.metadata import MetadataClient
-from tectofs.rpc import Handlers
+from tectofs.wire import messages
+from tectofs.wire.server import Handlers
 
 
 def _operation_constants() -> dict[str, messages.AnyOperation]:

@@ -24,7 +24,7 @@ Admission rules, checked in this order by :meth:`Admission.admit`:
 
 The budget is spent on reservations whose bytes arrive at a floor rate: a payload slower
 than ``frame_progress_min_bytes_per_s`` over a sliding window is dropped with its connection
-(``tectofs.connlimits``) and its reservation returned here, so what a slow principal holds
+(``tectofs.wire.connlimits``) and its reservation returned here, so what a slow principal holds
 it holds for seconds, and never more than its share. A legitimate put costs two dict
 operations more than before (no lock: the event loop's thread only).
 """

@@ -19,11 +19,12 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 
-from tectofs import checksum, erasure, limits, messages
+from tectofs import checksum, erasure, limits
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, DataUnavailable, TectofsError
 from tectofs.policy import parse as parse_policy
-from tectofs.rpc_client import RpcClient
 from tectofs.throttle import RateLimiter
+from tectofs.wire import messages
+from tectofs.wire.client import RpcClient
 
 from .reports import MetadataReports, RepairReport, operation_name, send
 from .storage import ChunkStore

@@ -2,7 +2,7 @@
 
 The rebuilds (``repair.py``), the scrubber and the inventory (``scrub.py``) call the metadata
 service through :class:`MetadataReports`: its five operations, each taking its request type
-and returning its reply type (``tectofs.messages``). The chunk server hands them its
+and returning its reply type (``tectofs.wire.messages``). The chunk server hands them its
 :class:`~tectofs.client.metadata.MetadataClient`, which has these methods among all the
 others; ``tests/simulation.py`` hands them its own, which answers from the simulated store.
 Every one of these operations is idempotent (retried blindly, no call id).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from tectofs import messages
+from tectofs.wire import messages
 
 # The outcomes a rebuild reports, kept until the metadata service hears them (``Repairer``).
 RepairReport = messages.RepairDoneRequest | messages.RepairFailedRequest | messages.ReportBadChunkRequest

@@ -20,9 +20,10 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
-from tectofs import limits, messages
+from tectofs import limits
 from tectofs.errors import ChecksumMismatch, ChunkMissing, TectofsError
 from tectofs.throttle import RateLimiter
+from tectofs.wire import messages
 
 from .reports import MetadataReports
 from .storage import ChunkStore

@@ -7,13 +7,13 @@ RPC operations (``messages.CHUNK_OPERATIONS``; requests arrive validated):
   (the uid in its write capability) holds its fair share of it (``admission.py``).
 - ``get_chunk`` -> ``GetChunkReply`` + payload. Ranges under ``limits.chunk_sendfile_min_bytes``,
   packed chunks and reads over TLS are verified here against the stored crcs; larger ranges of
-  chunk files leave unread by sendfile (``tectofs.sendfile``): every reader checks a chunk
+  chunk files leave unread by sendfile (``tectofs.wire.sendfile``): every reader checks a chunk
   against the crc the metadata service recorded at write, end to end.
 - ``delete_chunks`` (cluster members only: the metadata service's GC), ``stat``, ``ping``.
 
 Who may: peers that proved the cluster key in their hello (the metadata service, other chunk
 servers rebuilding) may do everything; anonymous clients get and put only with a capability
-the metadata service signed for that block (``tectofs.auth``), checked here with one HMAC.
+the metadata service signed for that block (``tectofs.wire.auth``), checked here with one HMAC.
 
 Heartbeats carry capacity, load and scrub/repair progress; their replies carry
 garbage-collection orders and rebuild orders (``repair.py``). In the background, a scrubber
@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from tectofs import auth, limits, messages
+from tectofs import limits
 from tectofs.buffers import BufferPool
 from tectofs.client.metadata import MetadataClient
 from tectofs.errors import (
@@ -48,11 +48,12 @@ from tectofs.errors import (
     TectofsError,
 )
 from tectofs.metrics import ChunkMetrics
-from tectofs.rpc import Handlers, RpcServer, current_peer
-from tectofs.rpc_client import RpcClient
-from tectofs.rpc_transport import ReplyPayload
-from tectofs.sendfile import FileRegion
 from tectofs.server import addresses
+from tectofs.wire import auth, messages
+from tectofs.wire.client import RpcClient
+from tectofs.wire.sendfile import FileRegion
+from tectofs.wire.server import Handlers, RpcServer, current_peer
+from tectofs.wire.transport import ReplyPayload
 
 from . import admission
 from .repair import Repairer
@@ -80,7 +81,7 @@ class ChunkServer:
         advertise: str | None = None,
         pack_max_bytes: int = limits.chunk_pack_max_bytes_default,
     ) -> None:
-        """``key_file``: the cluster key (required; ``tectofs.auth``). ``pack_max_bytes``:
+        """``key_file``: the cluster key (required; ``tectofs.wire.auth``). ``pack_max_bytes``:
         chunks up to this size are packed into segment files (``packs.py``; 0: a file each). ``advertise``
         (``HOST[:PORT]``): the address registered with the metadata service, which hands it to
         every client and peer (``server/addresses.py``; default: the bound address; a wildcard
@@ -204,10 +205,10 @@ class ChunkServer:
     def _admit(self, header: dict[str, Any], length: int) -> Callable[[], memoryview] | None:
         """Reserve memory for an incoming put's payload from its principal's share of the
         budget (``admission.py``), or refuse it (drained, answered BUSY). The buffer itself is
-        taken from the pool only once the payload's first bytes arrived (``tectofs.protocol``):
+        taken from the pool only once the payload's first bytes arrived (``tectofs.wire.framing``):
         a peer that declares a payload and sends none commits nothing, and its reservation ends
         with its connection (``payload_abandoned``), which stalls and slow payloads close
-        (``tectofs.connlimits``)."""
+        (``tectofs.wire.connlimits``)."""
         if not self.admission.admit(admission.principal_of(header.get("cap")), length):
             self.stats["busy"] += 1
             self.metrics.busy_answers.inc()
@@ -286,7 +287,7 @@ class ChunkServer:
         return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
     def _handlers(self) -> Handlers:
-        """The handler of each operation of the table (``tectofs.messages``), by operation."""
+        """The handler of each operation of the table (``tectofs.wire.messages``), by operation."""
         handlers = Handlers()
         handlers.add(messages.PUT_CHUNK, self.rpc_put_chunk)
         handlers.add(messages.GET_CHUNK, self.rpc_get_chunk)

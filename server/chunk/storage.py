@@ -39,8 +39,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from tectofs import checksum, limits, sendfile
+from tectofs import checksum, limits
 from tectofs.errors import AlreadyExists, ChecksumMismatch, ChunkMissing, InvalidArgument, NoSpace
+from tectofs.wire import sendfile
 
 from . import pieces
 from .chunkinfo import ChunkInfo
@@ -335,7 +336,7 @@ class ChunkStore:
         self, block_id: int, offset: int, length: int, allocate: Callable[[int], Any], region_min_bytes: int | None,
     ) -> tuple[Any, list[int], ChunkInfo]:
         """``read``, except that a range of a chunk file of at least ``region_min_bytes`` comes
-        back unread, as a :class:`~tectofs.sendfile.FileRegion` the caller owns (and closes)
+        back unread, as a :class:`~tectofs.wire.sendfile.FileRegion` the caller owns (and closes)
         instead of data: its footer is checked, its data not (every reader of a chunk checks
         it end to end against the crc recorded at write). Packed chunks, smaller ranges, and
         any range while ``limits.send_file_regions_max`` regions are open are read and

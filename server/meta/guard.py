@@ -16,9 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable
 
-from tectofs import auth, limits, messages
+from tectofs import limits
 from tectofs.errors import AuthenticationFailed, PermissionDenied
 from tectofs.store.access import Caller
+from tectofs.wire import auth, messages
 
 # Operations only cluster members call: chunk servers, and the S3 gateway (``s3_principal``:
 # users' S3 secrets, to check request signatures).

@@ -5,7 +5,7 @@ chunks of which block), for block allocations (where to write), and to commit wh
 wrote; chunk servers register and heartbeat. Every operation goes through the store runner,
 which folds concurrent operations into group commits.
 
-Requests arrive validated against their declared types (``tectofs.messages``; the RPC layer
+Requests arrive validated against their declared types (``tectofs.wire.messages``; the RPC layer
 refuses the rest); paths are then split and checked here, so a bad path gets the same clear
 error whichever client sent it.
 """
@@ -18,14 +18,15 @@ import secrets
 import time
 from typing import Any, Callable, TypeVar
 
-from tectofs import auth, limits, messages, paths
+from tectofs import limits, paths
 from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, InvalidArgument, NotFound, PermissionDenied
 from tectofs.metrics import MetaMetrics
-from tectofs.rpc import Handlers, RpcServer, current_call, current_peer
 from tectofs.server import addresses
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import dialect_for
+from tectofs.wire import auth, messages
+from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
 from .guard import MetaGuard
 
@@ -77,7 +78,7 @@ class MetadataService:
         capability_ttl_s: float = limits.capability_ttl_s,
         advertise: str | None = None,
     ) -> None:
-        """``key_file``: the cluster key (``tectofs.auth``), required: peers authenticate
+        """``key_file``: the cluster key (``tectofs.wire.auth``), required: peers authenticate
         against it and chunk capabilities are signed with it. ``advertise`` (``HOST[:PORT]``):
         the address others reach this service at, which ``stats`` reports with the metrics URL
         (``server/addresses.py``; default: the bound address, none for a wildcard)."""
@@ -113,7 +114,7 @@ class MetadataService:
         self.guard = MetaGuard(self.keys, lambda name: self.runner.call("user_get", name))
         self.authorize = self.guard.authorize  # RpcServer asks it before every request
         # Anonymous peers may only ping here: they get a small pool of connections of their own, so
-        # a flood of them cannot lock authenticated clients out (tectofs.connlimits).
+        # a flood of them cannot lock authenticated clients out (tectofs.wire.connlimits).
         self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", self._handlers(),
                              authenticator=self.guard, observe=self.metrics.requests.observe, pool_anonymous=True)
         self.started = time.time()
@@ -181,7 +182,7 @@ class MetadataService:
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``store.<method>(...)`` through the runner, for the request being served. A request
-        with a call id (``tectofs.rpc.current_call``) has each store operation it runs keyed
+        with a call id (``tectofs.wire.server.current_call``) has each store operation it runs keyed
         by its call id and step, so the operation happens at most once however often the call
         is retried, on this service or another over the same store (``tectofs.store.requests``)."""
         # Admission control: past this queue length, new work is refused (the client backs
@@ -200,7 +201,7 @@ class MetadataService:
     def _segment(self, layout: dict[str, Any]) -> messages.LayoutSegment:
         return layout_segment(layout, self.keys, self.capability_ttl_s, self._handle(layout["attrs"]["ino"]))
 
-    # File handles (tectofs.auth): every inode's attributes a user gets come from a call that
+    # File handles (tectofs.wire.auth): every inode's attributes a user gets come from a call that
     # checked it may reach that inode, and carry the handle it must show to name the inode by
     # number; every by-number call checks that handle before the store sees the request.
 
@@ -235,7 +236,7 @@ class MetadataService:
             " handle that came with its attributes from a lookup, create, open or listing)")
 
     def _handlers(self) -> Handlers:
-        """The handler of each operation of the table (``tectofs.messages``), by operation."""
+        """The handler of each operation of the table (``tectofs.wire.messages``), by operation."""
         handlers = Handlers()
         handlers.add(messages.LOOKUP, self.rpc_lookup)
         handlers.add(messages.GETATTR, self.rpc_getattr)
@@ -285,7 +286,7 @@ class MetadataService:
         return handlers
 
     # ------------------------------------------------------------------ namespace
-    # Each rpc_<op> gets its request already validated (tectofs.messages, tectofs.rpc).
+    # Each rpc_<op> gets its request already validated (tectofs.wire.messages, tectofs.wire.server).
 
     async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         return self._attrs_reply(await self._as_caller("lookup", paths.split(r.path))), b""

@@ -13,7 +13,7 @@ from .common import _client, _human, _meta_address, add_client_flags, client_com
 
 
 def cmd_status(args: argparse.Namespace) -> None:
-    from tectofs import messages
+    from tectofs.wire import messages
 
     with _client(args) as fs:
         servers = fs.servers()
@@ -70,7 +70,7 @@ def cmd_fsck(args: argparse.Namespace) -> None:
 
 
 def cmd_drain(args: argparse.Namespace) -> None:
-    from tectofs import messages
+    from tectofs.wire import messages
 
     with _client(args) as fs:
         reply = fs.run(fs.aio.metadata.drain(messages.DrainRequest(server=args.server, cancel=args.cancel)))
@@ -104,7 +104,7 @@ def cmd_gc(args: argparse.Namespace) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> None:
-    from tectofs import auth
+    from tectofs.wire import auth
 
     os.makedirs(args.root, exist_ok=True)
     key_file = os.path.join(args.root, "cluster.key")
@@ -119,7 +119,7 @@ def cmd_init(args: argparse.Namespace) -> None:
 
 
 def cmd_user_add(args: argparse.Namespace) -> None:
-    from tectofs import auth, messages
+    from tectofs.wire import auth, messages
 
     address = _meta_address(args)
     groups = args.groups
@@ -147,7 +147,7 @@ def cmd_user_list(args: argparse.Namespace) -> None:
 
 
 def cmd_user_remove(args: argparse.Namespace) -> None:
-    from tectofs import messages
+    from tectofs.wire import messages
 
     with _client(args) as fs:
         fs.run(fs.aio.metadata.user_remove(messages.UserNameRequest(name=args.name)))
@@ -162,7 +162,7 @@ def cmd_whoami(args: argparse.Namespace) -> None:
 
 
 def cmd_key(args: argparse.Namespace) -> None:
-    from tectofs import auth
+    from tectofs.wire import auth
 
     ids = auth.edit_key_file(args.key_file, add=args.key_command == "add",
                              use=args.id if args.key_command == "use" else None,

@@ -1,7 +1,7 @@
 """The client configuration file, and the precedence flag > environment > file.
 
 The file is ``$TECTOFS_CONFIG``, else ``config.toml`` in the user's tectofs config directory
-(``tectofs.auth.config_dir()``: ``$TECTOFS_CONFIG_DIR``, ``$XDG_CONFIG_HOME/tectofs`` or
+(``tectofs.wire.auth.config_dir()``: ``$TECTOFS_CONFIG_DIR``, ``$XDG_CONFIG_HOME/tectofs`` or
 ``~/.config/tectofs``). It is TOML with these keys, all optional::
 
     meta = "10.0.0.1:7420,10.0.0.2:7420"     # like --meta / $TECTOFS_META
@@ -32,7 +32,7 @@ def path() -> tuple[str, bool]:
     explicit = os.environ.get(CONFIG_ENV)
     if explicit:
         return os.path.expanduser(explicit), True
-    from tectofs.auth import config_dir
+    from tectofs.wire.auth import config_dir
 
     return os.path.join(config_dir(), "config.toml"), False
 

@@ -228,7 +228,7 @@ def _self_check(address: str) -> None:
 
 
 def cmd_mount(args: argparse.Namespace) -> None:
-    from tectofs.client.fuse_mount import mount
+    from tectofs.client.fuse.mount import mount
 
     address = _meta_address(args)
     if args.metrics:  # the mount's client metrics (tectofs_client_*)

@@ -19,7 +19,7 @@ def env_lines(access_key: str, secret_key: str) -> str:
 
 def write_env_file(path: str, credential: Any) -> str:
     """Write the credential's S3 keys to ``path`` (mode 0600, atomically) as :func:`env_lines`."""
-    from tectofs import auth
+    from tectofs.wire import auth
 
     from .principals import keys_of
 
@@ -39,7 +39,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def cmd_serve(args: argparse.Namespace, serve: Callable[..., None]) -> None:
-    from tectofs import auth
+    from tectofs.wire import auth
 
     try:
         from .server import S3Gateway
@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace, serve: Callable[..., None]) -> None:
 
 def cmd_keys(args: argparse.Namespace) -> None:
     """Print the caller's S3 key pair (from their credential, or root's from a key file)."""
-    from tectofs import auth
+    from tectofs.wire import auth
 
     from .principals import keys_of
 

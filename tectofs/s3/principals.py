@@ -2,7 +2,7 @@
 signs with.
 
 **Keys.** A user's access key id is the tectofs user name; the secret access key is
-:func:`tectofs.auth.s3_secret_key` of the user's tectofs secret. A user computes it from their
+:func:`tectofs.wire.auth.s3_secret_key` of the user's tectofs secret. A user computes it from their
 own credential file (``tectofs s3 keys``). The S3 key pair ``tectofs user add`` stores (and
 writes into the credential file as ``s3_access_key`` / ``s3_secret_key``) works too, as the
 same user.
@@ -20,11 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from tectofs import auth, limits, messages
+from tectofs import limits
 from tectofs.client import AsyncFileSystem
 from tectofs.client.metadata import MetadataClient
 from tectofs.errors import NotFound
-from tectofs.rpc_client import RpcClient
+from tectofs.wire import auth, messages
+from tectofs.wire.client import RpcClient
 
 ROOT = "root"
 

@@ -26,8 +26,9 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from tectofs import auth, errors, metrics
+from tectofs import errors, metrics
 from tectofs.client import AsyncFileSystem
+from tectofs.wire import auth
 
 from . import handlers, sigv4
 from . import xml as s3xml

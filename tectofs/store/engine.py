@@ -252,7 +252,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     def getattr_ino(self, ino: int, *, caller: Caller | None = None) -> dict[str, Any]:
         """No permission bits are checked here: the metadata service answers a user's call
-        only with the file handle that a checked lookup issued it (``tectofs.auth``)."""
+        only with the file handle that a checked lookup issued it (``tectofs.wire.auth``)."""
         return self._get(ino)
 
     def _insert_inode(

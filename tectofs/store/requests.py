@@ -1,9 +1,9 @@
 """Exactly-once non-idempotent calls: each one's result, recorded with the change it made.
 
 A client retries a non-idempotent call (create, rename, commit, ...) after a lost connection
-or a failover to another metadata service with the same call id (``tectofs.rpc``). The
+or a failover to another metadata service with the same call id (``tectofs.wire.server``). The
 metadata service keys each store operation such a call runs by ``"<call id hex>:<step>"``
-(``tectofs.rpc.Call.next_key``) and hands the key to the store runner
+(``tectofs.wire.server.Call.next_key``) and hands the key to the store runner
 (``StoreRunner.call(..., request_key=...)``), which, inside the operation's own savepoint,
 first looks the key up here: a recorded result is returned as it was (the operation is not run again);
 otherwise the operation runs and its result is inserted in the same savepoint, so the change

@@ -1,5 +1,5 @@
 """Bounds on a server's connections: how many it keeps, how many one peer address may hold, and
-how long one may stall mid-frame or sit idle (``RpcServer`` in ``tectofs.rpc``).
+how long one may stall mid-frame or sit idle (``RpcServer`` in ``tectofs.wire.server``).
 
 - **Caps.** At most ``connections_max`` connections per server process (lowered to what the
   file descriptor limit leaves, after raising its soft limit to the hard one) and
@@ -48,13 +48,13 @@ import os
 import time
 from typing import TYPE_CHECKING, Mapping
 
-from . import limits
-from .diagnostics import RateLimitedLog
-from .errors import Busy, Timeout
-from .protocol import encode_error
+from tectofs import limits
+from tectofs.diagnostics import RateLimitedLog
+from tectofs.errors import Busy, Timeout
+from tectofs.wire.framing import encode_error
 
 if TYPE_CHECKING:
-    from .rpc import RpcServer, _ServerConnection
+    from tectofs.wire.server import RpcServer, _ServerConnection
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class ProgressWindow:
 
 def _peer_ip(transport: asyncio.BaseTransport) -> str:
     peer = transport.get_extra_info("peername")
-    ip = str(peer[0]) if isinstance(peer, tuple) and peer else "local"  # a Unix socket (tectofs.local_sockets)
+    ip = str(peer[0]) if isinstance(peer, tuple) and peer else "local"  # a Unix socket (tectofs.wire.local_sockets)
     return ip[7:] if ip.startswith("::ffff:") else ip  # an IPv4 peer on a dual-stack socket
 
 

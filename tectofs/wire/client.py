@@ -1,7 +1,7 @@
 """The client side of the RPC layer: a pool of connections to many servers, address groups
 with failover, retries with backoff, and the client half of the hello and its authentication.
-It shares the framed connection with the server side (``tectofs.rpc``) through
-``tectofs.rpc_transport``, and never imports the server's module.
+It shares the framed connection with the server side (``tectofs.wire.server``) through
+``tectofs.wire.transport``, and never imports the server's module.
 
 Deadlines use ``asyncio.timeout``, never ``asyncio.wait_for``: Python 3.11's ``wait_for``
 returns the result of a future that completes while its caller is being cancelled, and the
@@ -18,16 +18,10 @@ from typing import Any, Callable, TypeVar
 
 import msgspec
 
-from . import auth, limits, local_sockets, messages, tls
-from .errors import (
-    Busy,
-    ConnectionLost,
-    ProtocolError,
-    TectofsError,
-    Timeout,
-    from_wire,
-)
-from .protocol import (
+from tectofs import limits
+from tectofs.errors import Busy, ConnectionLost, ProtocolError, TectofsError, Timeout, from_wire
+from tectofs.wire import auth, local_sockets, messages, tls
+from tectofs.wire.framing import (
     PROTOCOL_VERSION,
     Buffer,
     Frame,
@@ -37,7 +31,7 @@ from .protocol import (
     default_allocator,
     encode_frame,
 )
-from .rpc_transport import SOFTWARE, FramedProtocol, HelloTimeout, Payload, Reply, parse_address, parse_group
+from tectofs.wire.transport import SOFTWARE, FramedProtocol, HelloTimeout, Payload, Reply, parse_address, parse_group
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
@@ -98,7 +92,7 @@ class _ClientConnection(FramedProtocol):
         self.peer_role = ""
         self.greeting: asyncio.Task[None] | None = None  # the hello's answer, awaited by every call
         self.authenticating = False  # requests must wait for the greeting (they follow our proof)
-        self.local_offer = ""  # the local socket name the server offered in its hello (tectofs.local_sockets)
+        self.local_offer = ""  # the local socket name the server offered in its hello (tectofs.wire.local_sockets)
         self.retiring = False  # a TCP connection replaced by a local socket: no new calls, closed once idle
         self.server_pid = 0  # the server's process id, as its hello said (checked on its local socket)
 
@@ -111,7 +105,7 @@ class _ClientConnection(FramedProtocol):
         connection is then closed.
 
         With ``client_auth`` the hello carries a challenge and the connection authenticates
-        (``tectofs.auth``): requests wait until the server proved the secret and our proof
+        (``tectofs.wire.auth``): requests wait until the server proved the secret and our proof
         went out (one round trip)."""
         assert self.transport is not None
         request_id = next(self._ids)
@@ -323,8 +317,8 @@ class RpcClient:
         self._expected_roles: dict[str, str] = {}
         self._auth: dict[str, auth.ClientAuth] = {}
         self.default_auth = default_auth
-        self.ssl_context = tls.client_context()  # TLS when a CA is configured (tectofs.tls)
-        # Servers on this host reached by a local socket (tectofs.local_sockets): address -> name.
+        self.ssl_context = tls.client_context()  # TLS when a CA is configured (tectofs.wire.tls)
+        # Servers on this host reached by a local socket (tectofs.wire.local_sockets): address -> name.
         self._local: dict[str, tuple[str, int]] = {}  # address -> (name, the server's pid)
         self._local_refused: set[str] = set()  # names whose socket could not be reached
         self.local_sockets = self.ssl_context is None and local_sockets.enabled()
@@ -350,7 +344,7 @@ class RpcClient:
 
     async def _connect(self, address: str) -> _ClientConnection:
         """A new connection to ``address``, its hello sent: to the server's local socket when it
-        offered one (a server on this host: ``tectofs.local_sockets``), else by TCP. A TCP
+        offered one (a server on this host: ``tectofs.wire.local_sockets``), else by TCP. A TCP
         connection's hello is not waited for here (requests follow it on the wire); if its
         answer offers a local socket, the connection *retires* (``_offered``)."""
         offer = self._local.get(address)

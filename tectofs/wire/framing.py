@@ -38,8 +38,8 @@ from typing import Any, Callable, TypeAlias
 import crc32c
 import msgspec
 
-from . import limits
-from .errors import ProtocolError, to_wire
+from tectofs import limits
+from tectofs.errors import ProtocolError, to_wire
 
 MAGIC = 0x54465331
 PROTOCOL_VERSION = 1
@@ -69,7 +69,7 @@ _encode_header = msgspec.msgpack.Encoder().encode
 
 def encode_frame(kind: FrameKind, request_id: int, header: Any, payload_length: int = 0) -> bytes:
     """Encode everything but the payload; the caller sends ``payload_length`` bytes after it.
-    ``header`` is a map: a dict, or a message (``tectofs.messages``)."""
+    ``header`` is a map: a dict, or a message (``tectofs.wire.messages``)."""
     body = _encode_header(header)
     if len(body) > limits.frame_header_max_bytes:
         raise ProtocolError(f"frame header of {len(body)} bytes exceeds the limit")

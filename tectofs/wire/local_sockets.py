@@ -40,7 +40,7 @@ import socket
 import struct
 import time
 
-from . import limits
+from tectofs import limits
 
 ENV = "TECTOFS_LOCAL_SOCKETS"
 _PREFIX = "tectofs-"

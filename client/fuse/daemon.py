@@ -14,7 +14,7 @@ import select
 import time
 from typing import Callable
 
-from .fuse_process import mount_wait_s
+from tectofs.client.fuse.process import mount_wait_s
 
 log = logging.getLogger("tectofs.fuse")
 

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from .core import Stat
+from tectofs.client.core import Stat
 
 
 class FreshDirectories:

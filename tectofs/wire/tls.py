@@ -16,7 +16,7 @@ import os
 import ssl
 import subprocess
 
-from .errors import InvalidArgument
+from tectofs.errors import InvalidArgument
 
 CERT_ENV, KEY_ENV, CA_ENV = "TECTOFS_TLS_CERT", "TECTOFS_TLS_KEY", "TECTOFS_TLS_CA"
 

@@ -56,8 +56,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import limits
-from .errors import AuthenticationFailed, CapabilityExpired, CapabilityRefused, InvalidArgument
+from tectofs import limits
+from tectofs.errors import AuthenticationFailed, CapabilityExpired, CapabilityRefused, InvalidArgument
 
 NONCE_BYTES = 16
 PROOF_BYTES = 32

@@ -1,6 +1,6 @@
 """What both sides of the RPC layer share: the framed connection (``FramedProtocol``: the
 decoder, write flow control, payloads sent in slices or by a thread) and the addresses, names and
-types of both ends. ``tectofs.rpc`` (the server) and ``tectofs.rpc_client`` (the client) build on
+types of both ends. ``tectofs.wire.server`` (the server) and ``tectofs.wire.client`` (the client) build on
 it; neither imports the other, so the client library never imports the server's module."""
 
 from __future__ import annotations
@@ -11,16 +11,23 @@ import os
 import time
 from typing import Any
 
-from . import limits
-from .errors import ChecksumMismatch, ConnectionLost, InvalidArgument, ProtocolError, TectofsError, Timeout
-from .protocol import Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
-from .sendfile import FileRegion, buffer_pool, read_region, release_buffer_send, reserve_buffer_send, send_region
-from .sendfile import pool as sendfile_pool
+from tectofs import limits
+from tectofs.errors import ChecksumMismatch, ConnectionLost, InvalidArgument, ProtocolError, TectofsError, Timeout
+from tectofs.wire.framing import Frame, FrameDecoder, FrameKind, PayloadAllocator, encode_frame
+from tectofs.wire.sendfile import (
+    FileRegion,
+    buffer_pool,
+    read_region,
+    release_buffer_send,
+    reserve_buffer_send,
+    send_region,
+)
+from tectofs.wire.sendfile import pool as sendfile_pool
 
-log = logging.getLogger("tectofs.rpc")
+log = logging.getLogger("tectofs.wire.server")
 
 Payload = bytes | bytearray | memoryview
-ReplyPayload = Payload | FileRegion  # what a handler may answer with: a buffer, or a file region (tectofs.sendfile)
+ReplyPayload = Payload | FileRegion  # what a handler may answer with: a buffer, or a file region (tectofs.wire.sendfile)
 _SEND_SLICE_BYTES = 1 << 20
 Reply = tuple[Any, Payload]  # a reply as received
 SOFTWARE = "tectofs 0.1"
@@ -83,7 +90,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        now = time.monotonic()  # for a server's stall, progress and idle timeouts (tectofs.connlimits)
+        now = time.monotonic()  # for a server's stall, progress and idle timeouts (tectofs.wire.connlimits)
         if not self.decoder.mid_frame:
             self.frame_started_s = now
         self.received_s = now
@@ -147,7 +154,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         """A frame sent by a thread, not the transport: once the transport's buffer is empty (the
         send lock is held and ``sending_file`` makes error paths abort rather than write, so
         nothing else reaches the socket meanwhile), a thread writes the header and the payload —
-        a file region with sendfile(2) (on ``tectofs.sendfile.pool``), a buffer with writev(2)
+        a file region with sendfile(2) (on ``tectofs.wire.sendfile.pool``), a buffer with writev(2)
         (on ``buffer_pool``) — waiting for room with poll(2). Whatever goes wrong — a stalled or
         too slow peer, a short file, a cancellation — the frame is incomplete: the connection is
         aborted and ConnectionLost raised; a cancelled send waits for its thread first (it reads

@@ -28,8 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from . import limits
-from .errors import ChecksumMismatch, ConnectionLost, Timeout
+from tectofs import limits
+from tectofs.errors import ChecksumMismatch, ConnectionLost, Timeout
 
 _lock = threading.Lock()
 _open_regions = 0

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from . import limits
+from tectofs import limits
 
 # ---------------------------------------------------------------------- field types
 
@@ -33,7 +33,7 @@ MetricsUrl = Annotated[str, msgspec.Meta(pattern="^https?://", max_length=limits
 BlockSize = Annotated[int, msgspec.Meta(ge=limits.block_size_min_bytes, le=limits.block_size_max_bytes)]
 BlockOffset = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
 ChunkLength = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
-# A file handle (tectofs.auth): what lets a user name an inode by number; b"" where none is needed
+# A file handle (tectofs.wire.auth): what lets a user name an inode by number; b"" where none is needed
 # (cluster members, and root, who may reach every inode by path anyway).
 Handle = Annotated[bytes, msgspec.Meta(max_length=16)]
 Kind = Literal["file", "dir", "symlink", "fifo", "socket", "char", "block"]
@@ -67,7 +67,7 @@ class Attrs(Message, frozen=True, kw_only=True):
     stored: Int64 = 0
     write_min: Int64 = 0  # chunks a block needs to be accepted (0: the policy's default)
     rdev: Int64 = 0  # a char or block device node's device number
-    handle: Handle = b""  # for the caller's uid: present it to name this inode by number (tectofs.auth)
+    handle: Handle = b""  # for the caller's uid: present it to name this inode by number (tectofs.wire.auth)
 
 
 Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
@@ -79,7 +79,7 @@ UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[
 class Capability(Message, frozen=True, kw_only=True):
     """The metadata service's permission to read (layouts) or write (allocations) one block's
     chunks until ``expiry`` (seconds since 1970), signed with cluster key ``key``
-    (``tectofs.auth``): chunk servers check it on every anonymous get and put. A write
+    (``tectofs.wire.auth``): chunk servers check it on every anonymous get and put. A write
     capability also names, signed with the rest, the ``uid`` it was allocated for: the
     principal whose share of a chunk server's in-flight budget its puts draw on
     (``server/chunk/admission.py``); None from a metadata service older than that."""

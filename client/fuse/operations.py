@@ -1,6 +1,6 @@
 """The FUSE mount: a thin adapter from kernel calls to client-library calls and errno.
 
-    tectofs mount --meta HOST:PORT /mnt/tectofs          # or tectofs.client.fuse_mount.mount(...)
+    tectofs mount --meta HOST:PORT /mnt/tectofs          # or tectofs.client.fuse.mount.mount(...)
 
 Every kernel request becomes one call on the blocking client (:class:`FileSystem`), whose
 event-loop thread moves the data; every tectofs error leaves as its one ``errno``. Nothing
@@ -29,7 +29,7 @@ cache (a name created on another mount is visible at once), ``use_ino`` (tectofs
 numbers), ``hard_remove`` (libfuse must not rename open files to ``.fuse_hidden*`` on
 unlink: the kernel releases files asynchronously, so a ``rm`` right after ``close`` would
 leave such names behind and make ``rmdir`` fail), no page cache kept across opens, and
-READDIRPLUS for every listing request (``fuse_readdir``: listings bring each entry's
+READDIRPLUS for every listing request (``readdir``: listings bring each entry's
 attributes, so stats right after a listing need no lookup per file).
 
 Files: hard links are names of one inode; a file unlinked while open stays readable and
@@ -53,26 +53,26 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import mfusepy
 
-from tectofs import limits, messages
-from tectofs.errors import PermissionDenied, TectofsError
-
-from .core import AsyncFileSystem, DirectoryChange, Stat
-from .files import AsyncFile
-from .fuse_process import (
+from tectofs import limits
+from tectofs.client.core import AsyncFileSystem, DirectoryChange, Stat
+from tectofs.client.files import AsyncFile
+from tectofs.client.fuse.process import (
     MountProcess,
     _unescape_mount_path,
     is_mounted,
     start_mount_process,
     unmount_wait_s,
 )
+from tectofs.errors import PermissionDenied, TectofsError
+from tectofs.wire import messages
 
 __all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "start_mount_process", "unmount_wait_s"]
-from .fuse_directories import FreshDirectories
-from .fuse_links import LinkedNames
-from .fuse_listings import KnownListings
-from .fuse_readdir import READDIR_PLUS, Entry, OpenListings, fill
-from .fuse_users import Callers, on_view
-from .sync import FileSystem
+from tectofs.client.fuse.directories import FreshDirectories
+from tectofs.client.fuse.links import LinkedNames
+from tectofs.client.fuse.listings import KnownListings
+from tectofs.client.fuse.readdir import READDIR_PLUS, Entry, OpenListings, fill
+from tectofs.client.fuse.users import Callers, on_view
+from tectofs.client.sync import FileSystem
 
 log = logging.getLogger("tectofs.fuse")
 
@@ -728,7 +728,7 @@ def _raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
 
 class TectofsFuse(mfusepy.FUSE):
     """``mfusepy.FUSE`` with five changes: listings are paged with every entry's attributes
-    (``readdir_fuse_3``, ``fuse_readdir``), ``rename`` receives the kernel's flags
+    (``readdir_fuse_3``, ``readdir``), ``rename`` receives the kernel's flags
     (``RENAME_NOREPLACE``, ``RENAME_EXCHANGE``; mfusepy drops them), ``truncate`` receives
     the file handle of an ``ftruncate`` (mfusepy drops it), ``read`` fills the kernel's buffer
     in place and ``write`` hands the kernel's buffer to the client without a copy (the client
@@ -745,7 +745,7 @@ class TectofsFuse(mfusepy.FUSE):
         )
 
     def readdir_fuse_3(self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
-        """A listing paged from ``offset``, with attributes for READDIRPLUS (``fuse_readdir``)."""
+        """A listing paged from ``offset``, with attributes for READDIRPLUS (``readdir``)."""
         where = "/" if path is None else path.decode(self.encoding, self.errors)
         operations: TectofsOperations = self.operations
         entries, fresh = operations.listing_page(where, fip.contents.fh, offset)  # errors: -errno (mfusepy)

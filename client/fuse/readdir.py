@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import mfusepy
 
-from .core import Stat
+from tectofs.client.core import Stat
 
 READDIR_PLUS = 1         # FUSE_READDIR_PLUS: the kernel asks for attributes with the names
 FILL_DIR_PLUS = 1 << 1   # FUSE_FILL_DIR_PLUS: this entry's attributes are complete

@@ -109,7 +109,7 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
     """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
     return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
     if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount. The other
-    options are :func:`tectofs.client.fuse_mount.mount`'s."""
+    options are :func:`tectofs.client.fuse.mount.mount`'s."""
     mountpoint = os.path.abspath(mountpoint)
     os.makedirs(mountpoint, exist_ok=True)
     if is_mounted(mountpoint):

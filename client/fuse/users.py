@@ -1,4 +1,4 @@
-"""Who makes each request of a FUSE mount (``client/fuse.py``), and whether a mount serves
+"""Who makes each request of a FUSE mount (``operations.py``), and whether a mount serves
 every local user.
 
 A multi-user mount runs each kernel request as its caller: the kernel gives the uid, gid and
@@ -18,8 +18,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import mfusepy
 
 from tectofs import limits
-
-from .core import AsyncFileSystem
+from tectofs.client.core import AsyncFileSystem
 
 log = logging.getLogger("tectofs.fuse")
 

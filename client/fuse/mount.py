@@ -10,12 +10,12 @@ import os
 from typing import Callable
 
 from tectofs import diagnostics
-
-from . import connect
-from .fuse import TectofsFuse, TectofsOperations, is_mounted
-from .fuse_daemon import daemonize
-from .fuse_users import Callers, choose_sharing
-from .sync import FileSystem
+from tectofs.client import connect
+from tectofs.client.fuse import is_mounted
+from tectofs.client.fuse.daemon import daemonize
+from tectofs.client.fuse.operations import TectofsFuse, TectofsOperations
+from tectofs.client.fuse.users import Callers, choose_sharing
+from tectofs.client.sync import FileSystem
 
 log = logging.getLogger("tectofs.fuse")
 
@@ -69,7 +69,7 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
           negative_cache_s: float = 0.0) -> str | None:
     """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
 
-    ``credentials``: the credential file (default: ``tectofs.auth.find_credential``).
+    ``credentials``: the credential file (default: ``tectofs.wire.auth.find_credential``).
     ``multi_user``: serve every local user, each with their own identity and permissions
     (None: when possible, see :func:`choose_sharing`; True: or fail; False: only the user
     running the mount). ``default_permissions=False`` leaves permission checks of a
@@ -83,7 +83,7 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
 
     Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
     Background (``foreground=False``): returns once the mount is serving, leaving a detached
-    daemon behind, and returns the file it logs to (``fuse_daemon.log_path``: ``--log-file``, else
+    daemon behind, and returns the file it logs to (``daemon.log_path``: ``--log-file``, else
     one per mount point); raises ``SystemExit`` with the daemon's reason if it could not mount."""
     mountpoint = os.path.abspath(mountpoint)
     if is_mounted(mountpoint):

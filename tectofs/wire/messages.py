@@ -7,7 +7,7 @@ declared too, and every reply is bounded by construction (listings page with a c
 come in segments of block indexes); ``tests/test_messages.py`` checks the bound of each.
 
 The values shared by every role — attributes, layouts, blocks, chunks, allocations — are the
-``Struct`` types of ``message_values.py``, re-exported here; the metadata service, the client,
+``Struct`` types of ``values.py``, re-exported here; the metadata service, the client,
 the FUSE adapter and the plugin all use them.
 """
 
@@ -18,8 +18,8 @@ from typing import Annotated, Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import msgspec
 
-from . import limits
-from .message_values import (  # noqa: F401 (re-exported)
+from tectofs import limits
+from tectofs.wire.values import (  # noqa: F401 (re-exported)
     Address,
     Allocation,
     Attrs,
@@ -70,7 +70,7 @@ class ActAs(Message, frozen=True, kw_only=True):
 
 
 class HelloAuth(Message, frozen=True, kw_only=True):
-    """Who a connection claims to be (``tectofs.auth``): a cluster member proving the key
+    """Who a connection claims to be (``tectofs.wire.auth``): a cluster member proving the key
     ``key_id``, or ``user`` (root: with the key its secret derives from); ``nonce`` is the
     client's challenge to the server."""
 

@@ -4,7 +4,7 @@ Both sides use ``asyncio.BufferedProtocol`` so payloads are received straight in
 final buffers (``FrameDecoder.get_buffer``). A peer that sends an invalid frame gets one
 ERROR frame and its connection closed; every other connection keeps being served.
 
-A server serves one table of operations (``tectofs.messages``): each request header is
+A server serves one table of operations (``tectofs.wire.messages``): each request header is
 converted into the operation's request type before its handler (``rpc_<op>(request,
 payload) -> (reply, payload)``) runs, so a handler only ever sees valid, typed requests; an
 invalid one is answered ``InvalidArgument`` naming the field, and logged as one line. A
@@ -41,10 +41,9 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import msgspec
 
-from . import auth, limits, local_sockets, messages, tls
-from .connlimits import ConnectionGuard, ConnectionPolicy, ProgressWindow
-from .diagnostics import RateLimitedLog
-from .errors import (
+from tectofs import limits
+from tectofs.diagnostics import RateLimitedLog
+from tectofs.errors import (
     AuthenticationFailed,
     Busy,
     ConnectionLost,
@@ -53,9 +52,11 @@ from .errors import (
     TectofsError,
     to_wire,
 )
-from .protocol import PROTOCOL_VERSION, Frame, FrameKind, PayloadAllocator, encode_frame
-from .rpc_transport import SOFTWARE, FramedProtocol, Payload, ReplyPayload
-from .sendfile import FileRegion
+from tectofs.wire import auth, local_sockets, messages, tls
+from tectofs.wire.connlimits import ConnectionGuard, ConnectionPolicy, ProgressWindow
+from tectofs.wire.framing import PROTOCOL_VERSION, Frame, FrameKind, PayloadAllocator, encode_frame
+from tectofs.wire.sendfile import FileRegion
+from tectofs.wire.transport import SOFTWARE, FramedProtocol, Payload, ReplyPayload
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class _ServerConnection(FramedProtocol):
 
     def _greet(self, frame: Frame) -> None:
         """The first frame must be a valid hello; answer it, or close the connection. A hello
-        with ``auth`` starts the challenge-response (``tectofs.auth``): the connection is served
+        with ``auth`` starts the challenge-response (``tectofs.wire.auth``): the connection is served
         only once the client's ``auth`` frame proved the same secret."""
         if self._challenge is not None:
             self._authenticate(frame)
@@ -249,7 +250,7 @@ class _ServerConnection(FramedProtocol):
         self.transport.write(encode_frame(FrameKind.RESPONSE, frame.request_id, reply))
 
     def _local_offer(self) -> str:
-        """The server's local socket name for a TCP peer on this host, else "" (tectofs.local_sockets)."""
+        """The server's local socket name for a TCP peer on this host, else "" (tectofs.wire.local_sockets)."""
         name = self.server.local_name
         if not name or self.transport is None or not local_sockets.same_host(self.transport):
             return ""
@@ -350,7 +351,7 @@ def _error_frame(request_id: int, exc: BaseException) -> bytes:
 
 
 class RpcServer:
-    """Serves one table of operations (``tectofs.messages``) over TCP: each operation is
+    """Serves one table of operations (``tectofs.wire.messages``) over TCP: each operation is
     handled by its handler in ``handlers`` (:class:`Handlers`, one per operation), which gets
     the validated request and returns ``(reply, payload)``. ``handler``: the service, for its
     optional hooks (``payload_sent``, ``payload_unused``, ``payload_refusal``, ``authorize``).
@@ -364,7 +365,7 @@ class RpcServer:
     ``auth`` claim (or raises AuthenticationFailed); each request is then dispatched with that
     identity in :data:`current_peer`, after ``handler.authorize(identity, operation_name)`` (if
     the handler has one) let it through. ``pool_anonymous``: unauthenticated connections share a
-    pool of ``anonymous_connections_max`` places, oldest evicted first (``tectofs.connlimits``).
+    pool of ``anonymous_connections_max`` places, oldest evicted first (``tectofs.wire.connlimits``).
     """
 
     requests_per_connection_max = 64
@@ -383,7 +384,7 @@ class RpcServer:
     ) -> None:
         self.handler = handler
         # Unauthenticated connections get a small pool of their own, oldest evicted first
-        # (tectofs.connlimits): for servers that serve anonymous peers next to nothing.
+        # (tectofs.wire.connlimits): for servers that serve anonymous peers next to nothing.
         self.pool_anonymous = pool_anonymous
         # Told (operation, outcome: "ok" or the error's wire code, seconds) of every request of a
         # known operation once it is answered (tectofs.metrics.RequestMetrics.observe).
@@ -410,7 +411,7 @@ class RpcServer:
         self._server: asyncio.base_events.Server | None = None
         self._local_server: asyncio.base_events.Server | None = None
         self.address = ""
-        self.local_name = ""  # the abstract Unix socket name it also listens on (tectofs.local_sockets), or ""
+        self.local_name = ""  # the abstract Unix socket name it also listens on (tectofs.wire.local_sockets), or ""
         self.tls = False  # set by start(): connections use TLS (the bytes must pass through the transport)
         self.invalid_requests = 0
         self._invalid_log = RateLimitedLog(log, limits.peer_log_lines_per_s, f"invalid requests to the {name}")
@@ -440,8 +441,8 @@ class RpcServer:
     async def start(self, host: str, port: int, policy: ConnectionPolicy | None = None) -> str:
         """Listen on ``host:port`` (port 0 picks a free one); returns ``"HOST:PORT"``. The
         connections are bounded by ``policy`` (default: the limits, overridden by the
-        environment; ``tectofs.connlimits``), and use TLS when a certificate is configured
-        (``tectofs.tls``)."""
+        environment; ``tectofs.wire.connlimits``), and use TLS when a certificate is configured
+        (``tectofs.wire.tls``)."""
         loop = asyncio.get_running_loop()
         self.guard = ConnectionGuard(self, policy or ConnectionPolicy.from_env())
         context = tls.server_context()
@@ -459,7 +460,7 @@ class RpcServer:
 
     async def _listen_locally(self) -> None:
         """Also listen on a fresh abstract Unix socket name, offered to peers on this host
-        (``tectofs.local_sockets``); without one (an old kernel, say) TCP serves them all."""
+        (``tectofs.wire.local_sockets``); without one (an old kernel, say) TCP serves them all."""
         name = local_sockets.new_name(self.role)
         try:
             self._local_server = await asyncio.get_running_loop().create_unix_server(
