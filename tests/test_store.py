@@ -388,6 +388,29 @@ def test_one_failing_operation_does_not_abort_its_batch(tmp_path):
         runner.close()
 
 
+def test_an_inline_runner_runs_each_call_at_once_on_the_callers_thread(tmp_path):
+    """The simulator's runner: no thread, one transaction per call, errors alone, exactly once."""
+    import threading
+
+    runner = StoreRunner(lambda: SqlStore(SqliteDialect(str(tmp_path / "meta.db"))), inline=True)
+    try:
+        assert not any(t.name == "tectofs-store" for t in threading.enumerate())
+
+        async def main():
+            made = await runner.call("mkdir", ["x"], request_key="call-1")
+            again = await runner.call("mkdir", ["x"], request_key="call-1")  # a retry: the recorded result
+            with pytest.raises(errors.AlreadyExists):
+                await runner.call("mkdir", ["x"])
+            return made, again
+
+        made, again = asyncio.run(main())
+        assert made == again and made["kind"] == "dir"
+        assert [name for name, _ in runner.call_sync("readdir", [])[0]] == ["x"]
+        assert runner.stats["operations"] == 4
+    finally:
+        runner.close()
+
+
 def test_metadata_service_answers_busy_past_its_queue_limit(tmp_path, monkeypatch):
     from tectofs import limits
     from tectofs.server.meta import MetadataService

@@ -37,10 +37,14 @@ _STOP = object()
 
 
 class StoreRunner:
-    """Runs ``SqlStore`` methods for asyncio callers, batching them into group commits."""
+    """Runs ``SqlStore`` methods for asyncio callers, batching them into group commits.
+
+    ``inline=True`` (the simulator's, ``tectofs.testing``): no thread; each call runs at once, in
+    a transaction of its own, on the caller's thread, with the same savepoints, exactly-once
+    records and error handling, so a schedule of calls is deterministic."""
 
     def __init__(self, open_store: Callable[[], SqlStore], batch_max: int = limits.group_commit_batch_max,
-                 on_batch: Callable[[int], None] | None = None) -> None:
+                 on_batch: Callable[[int], None] | None = None, *, inline: bool = False) -> None:
         """``on_batch(size)`` is called on the store thread after each group commit (metrics)."""
         self.batch_max = batch_max
         self._on_batch = on_batch
@@ -48,8 +52,13 @@ class StoreRunner:
         self._open_store = open_store
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="tectofs-store", daemon=True)
         self.stats = {"operations": 0, "commits": 0, "largest_batch": 0, "retries": 0}
+        self._inline_store: SqlStore | None = None
+        if inline:
+            self._inline_store = open_store()
+            requests.create_schema(self._inline_store)
+            return
+        self._thread: threading.Thread | None = threading.Thread(target=self._main, name="tectofs-store", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._startup_error is not None:
@@ -66,6 +75,8 @@ class StoreRunner:
         if an operation with that key committed before, its recorded result, and nothing runs
         (a failed operation records nothing). One key names one operation: a caller running
         several for one logical call gives each its own, in the same order on every retry."""
+        if self._inline_store is not None:
+            return self._run_inline(method, args, kwargs, request_key)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.put((method, args, kwargs, request_key, loop, future))
@@ -73,6 +84,8 @@ class StoreRunner:
 
     def call_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Blocking variant for tools and tests without an event loop."""
+        if self._inline_store is not None:
+            return self._run_inline(method, args, kwargs, None)
         done = threading.Event()
         box: dict[str, Any] = {}
 
@@ -87,8 +100,23 @@ class StoreRunner:
         return box["result"]
 
     def close(self) -> None:
+        if self._inline_store is not None:
+            self._inline_store.close()
+            self._inline_store = None
+            return
         self._queue.put(_STOP)
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run_inline(self, method: str, args: Any, kwargs: Any, request_key: str | None) -> Any:
+        assert self._inline_store is not None
+        [(result, error)] = self._execute(self._inline_store, [(method, args, kwargs, request_key, None, None)])
+        self.stats["operations"] += 1
+        if self._on_batch is not None:
+            self._on_batch(1)
+        if error is not None:
+            raise error
+        return result
 
     # ------------------------------------------------------------------ store thread
 
