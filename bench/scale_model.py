@@ -1,7 +1,7 @@
 """What a 24,576-GPU job would need from tectofs, derived from figures measured here.
 
-    python bench/scale_model.py --burst bench/results/burst.json --client-io bench/results/client_io.json
-    python bench/scale_model.py        # no burst results here: the figures SCALE.md was made from
+    python3 -m tectofs.benchmarks.scale_model --burst bench/results/burst.json --client-io bench/results/client_io.json
+    python3 -m tectofs.benchmarks.scale_model        # no burst results here: the figures SCALE.md was made from
 
 Reads the burst results (``bench/burst.py``: MDS operations per rank, MDS and chunk-server
 CPU seconds per phase) and optionally the large-stream results (``bench/client_io.py``),
