@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import zipfile
 
 import pytest
 
@@ -270,3 +272,60 @@ def test_scripts_run_from_a_fresh_clone(tmp_path):
     mixed = subprocess.run([sys.executable, "bench/meta_ops.py", "--help"], cwd=clone,
                            env={**_clean_env(), "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=60)
     assert mixed.returncode != 0 and "python3 -m tectofs.benchmarks.meta_ops" in mixed.stderr, mixed.stderr[-2000:]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.slow  # builds a wheel, makes a venv, starts a cluster
+def test_benchmarks_run_from_an_installed_wheel(tmp_path):
+    """A wheel installed in a fresh venv has the benchmarks as ``tectofs.benchmarks``: from a
+    directory outside any checkout, with nothing on PYTHONPATH, ``tectofs bench --help`` and a
+    tiny real run work with the venv's own tectofs (not this tree's, not an editable install
+    of another), and its result names the package version, there being no git checkout."""
+    pytest.importorskip("setuptools")
+    started = time.monotonic()
+    clone = _fresh_copy(tmp_path / "src")
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(wheels), clone], capture_output=True, text=True, timeout=100)
+    if built.returncode != 0 and "setuptools" in built.stderr and "requirement" in built.stderr.lower():
+        pytest.skip(f"cannot build offline: {built.stderr.strip()[-300:]}")
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = wheels.iterdir()
+    with zipfile.ZipFile(wheel) as archive:  # every module of the source tree, through the symlinks too
+        shipped = {name for name in archive.namelist() if name.endswith(".py")}
+    sources = {os.path.relpath(os.path.join(where, name), clone) for where, _, names in
+               os.walk(os.path.join(clone, "tectofs"), followlinks=True) for name in names if name.endswith(".py")}
+    assert "tectofs/benchmarks/run.py" in sources and not sources - shipped, sorted(sources - shipped)
+    venv = tmp_path / "venv"
+    # --system-site-packages: msgspec, torch... come from this interpreter's site-packages
+    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr[-2000:]
+    python, elsewhere = str(venv / "bin" / "python"), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _clean_env()
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
+                                "--no-index", "--ignore-installed", "-q", str(wheel)],
+                               cwd=elsewhere, env=env, capture_output=True, text=True, timeout=100)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+
+    which = subprocess.run([python, "-c", "import tectofs, tectofs.benchmarks.run as r; print(tectofs.__file__); "
+                            "print(r.__file__)"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
+    assert which.returncode == 0, which.stderr[-2000:]
+    for path in which.stdout.split():
+        assert path.startswith(str(venv)) and os.path.realpath(path) == path, which.stdout  # the wheel's own files
+    tectofs_command = str(venv / "bin" / "tectofs")
+    helped = subprocess.run([tectofs_command, "bench", "--help"], cwd=elsewhere, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0 and "usage: tectofs bench" in helped.stdout, helped.stderr[-2000:]
+
+    out = elsewhere / "out"
+    ran = subprocess.run([tectofs_command, "bench", "client-io", "--quick", "--size", "2M", "--out", str(out),
+                          "--work-dir", str(elsewhere / "work")], cwd=elsewhere, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-2000:])
+    assert "client-io: ran, no targets" in ran.stdout
+    result = json.loads((out / "client_io.json").read_text())
+    assert result["commit"] == "tectofs 0.1.0" and result["commit_source"] == "package version"
+    assert len(result["rows"]) == 4 and all(len(row["runs_s"]) == 3 for row in result["rows"])
+    print(f"wheel built, installed and benchmarked in {time.monotonic() - started:.1f} s")
