@@ -274,6 +274,29 @@ def test_scripts_run_from_a_fresh_clone(tmp_path):
     assert mixed.returncode != 0 and "python3 -m tectofs.benchmarks.meta_ops" in mixed.stderr, mixed.stderr[-2000:]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.slow  # starts processes
+def test_a_baseline_tree_runs_these_benchmarks_with_its_own_tectofs():
+    """``--baseline REV``: the worktree of REV imports its own tectofs and this tree's
+    benchmarks, both for a revision from before tectofs.benchmarks existed and for one with its
+    own (which is replaced)."""
+    from tectofs.benchmarks import common
+
+    added = subprocess.run(["git", "-C", ROOT, "log", "--format=%H", "--diff-filter=A", "--", "tectofs/benchmarks"],
+                           capture_output=True, text=True)
+    if added.returncode != 0 or not added.stdout.split():
+        pytest.skip("no git history here")
+    code = ("import os, tectofs, tectofs.benchmarks.common as c; "
+            "print(os.path.dirname(tectofs.__file__)); print(os.path.dirname(os.path.realpath(c.__file__)))")
+    for revision in (added.stdout.split()[-1] + "~1", "HEAD"):
+        with common.baseline_tree(revision) as tree:
+            done = subprocess.run([sys.executable, "-P", "-c", code], cwd=tree, capture_output=True, text=True,
+                                  env={**_clean_env(), "PYTHONPATH": tree}, timeout=60)
+            assert done.returncode == 0, (revision, done.stderr[-2000:])
+            assert done.stdout.split() == [os.path.join(tree, "tectofs"), os.path.join(ROOT, "bench")], revision
+        assert not os.path.exists(tree)
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.slow  # builds a wheel, makes a venv, starts a cluster
 def test_benchmarks_run_from_an_installed_wheel(tmp_path):
