@@ -149,8 +149,9 @@ def main(argv: list[str]) -> int:
     import json
 
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: burst_report.py RESULT.json\n\nPrint a saved burst result (bench/burst.py, tectofs bench "
-              "burst) again: the median run's table, every figure's median and range, the targets.")
+        print("usage: python3 -m tectofs.benchmarks.burst_report RESULT.json\n\nPrint a saved burst result "
+              "(bench/burst.py, tectofs bench burst) again: the median run's table, every figure's median and range, "
+              "the targets.")
         return 0 if argv in (["-h"], ["--help"]) else 2
     with open(argv[0]) as f:
         result = json.load(f)

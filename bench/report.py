@@ -1,7 +1,7 @@
 """What every benchmark result says besides its figures, and how it is printed.
 
-A result is a JSON object (``dict[str, Any]``: each benchmark has its own rows and ratios)
-with, in common:
+A result (:data:`Result`) is a JSON object: each benchmark has its own rows and ratios, and in
+common:
 
 - ``targets``: a list of :class:`Target`, made by :func:`target`; printed as met / NOT met
   (:func:`print_targets`), never as "ok";
@@ -23,6 +23,7 @@ import time
 from typing import Any, Mapping, NotRequired, Required, TypedDict
 
 UNITS = "GB/s = 10^9 bytes/s; MiB = 2^20 bytes; s = seconds (wall clock)"
+Result = dict[str, Any]  # a benchmark's result, as written to its JSON file
 
 # ---------------------------------------------------------------------- where and when a run happened
 

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from tectofs.benchmarks.charts import draw_chart
 from tectofs.benchmarks.report import (
+    Result,
     SummaryEntry,
     ensure_work_dir,
     load_average,
@@ -48,7 +49,6 @@ from tectofs.benchmarks.report import (
 )
 
 MiB = 1 << 20
-BENCHMARKS = ("client-io", "checkpoint", "fuse", "burst", "repair")
 MIN_SAMPLES = 3  # medians: every figure a ratio uses is the median of at least this many runs
 _REPEATS_MAX = 1000  # --repeats: more runs per figure than anyone waits for
 _PROCESSES_MAX = 1024  # --processes (burst): worker processes
@@ -94,14 +94,14 @@ def samples(args: argparse.Namespace) -> int:
     return max(MIN_SAMPLES, args.repeats or MIN_SAMPLES)
 
 
-def _client_io(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+def _client_io(args: argparse.Namespace, progress: Progress) -> Result:
     from tectofs.benchmarks import client_io
 
     size = args.size or (128 * MiB if args.quick else 1024 * MiB)
     return client_io.run(args.out, size_bytes=size, repeats=samples(args), work_dir=args.work_dir, progress=progress)
 
 
-def _fuse(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+def _fuse(args: argparse.Namespace, progress: Progress) -> Result:
     from tectofs.benchmarks import fuse_bench
 
     size = args.size or (128 * MiB if args.quick else 2048 * MiB)
@@ -113,13 +113,13 @@ def _fuse_steps(args: argparse.Namespace) -> int:
     return (0 if args.metadata_only else samples(args)) + samples(args)
 
 
-def _fuse_summary(result: dict[str, Any]) -> None:
+def _fuse_summary(result: Result) -> None:
     from tectofs.benchmarks import fuse_bench
 
     fuse_bench.print_summary(result)
 
 
-def _checkpoint(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+def _checkpoint(args: argparse.Namespace, progress: Progress) -> Result:
     from tectofs.benchmarks import checkpoint_bench
 
     size = {"size_bytes": args.size} if args.size else {}
@@ -127,7 +127,7 @@ def _checkpoint(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                                 repeats=samples(args), **size)
 
 
-def _repair(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+def _repair(args: argparse.Namespace, progress: Progress) -> Result:
     from tectofs.benchmarks import repair
 
     size = {"size_bytes": args.size} if args.size else {}
@@ -135,7 +135,7 @@ def _repair(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                       **size)
 
 
-def _burst(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+def _burst(args: argparse.Namespace, progress: Progress) -> Result:
     from tectofs.benchmarks import burst
 
     ranks = args.ranks or (128 if args.quick else 1024)
@@ -149,7 +149,7 @@ def _burst(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     )
 
 
-def _burst_summary(result: dict[str, Any]) -> None:
+def _burst_summary(result: Result) -> None:
     from tectofs.benchmarks import burst_report
 
     burst_report.print_summary(result)
@@ -160,9 +160,9 @@ class Benchmark:
     """One benchmark ``tectofs bench`` runs."""
 
     module: str  # its module in tectofs.benchmarks, and the name of its result files
-    run: Callable[[argparse.Namespace, Progress], dict[str, Any]]
+    run: Callable[[argparse.Namespace, Progress], Result]
     steps: Callable[[argparse.Namespace], int | None]  # progress steps, if known before the run
-    print_summary: Callable[[dict[str, Any]], None] = print_result
+    print_summary: Callable[[Result], None] = print_result
 
 
 RUNS: dict[str, Benchmark] = {
@@ -173,7 +173,7 @@ RUNS: dict[str, Benchmark] = {
     "burst": Benchmark("burst", _burst, lambda a: 6 * samples(a), _burst_summary),  # per run: burst.PROGRESS_STEPS
     "repair": Benchmark("repair", _repair, lambda a: None),  # same options as checkpoint: --quick, --size, --repeats
 }
-assert tuple(RUNS) == BENCHMARKS
+BENCHMARKS = tuple(RUNS)  # in the order `all` runs them
 
 
 def _missing_dependency(exc: ModuleNotFoundError) -> str | None:
