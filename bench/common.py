@@ -80,7 +80,6 @@ def write_results(out_dir: str, name: str, result: dict[str, Any]) -> str:
     """``<out_dir>/<name>.json``, with commit, date, host and load average (before: when this
     process imported this module, for a script run alone; ``tectofs bench`` rewrites the file
     with the load average from just before each benchmark)."""
-
     result.update(run_info(_LOAD_AT_START))
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.json")
@@ -90,8 +89,7 @@ def write_results(out_dir: str, name: str, result: dict[str, Any]) -> str:
 
 
 def work_dir(path: str | None) -> str | None:
-    """``--work-dir``, created if missing (``tectofs.bench.ensure_work_dir``)."""
-
+    """``--work-dir``, created if missing (:func:`tectofs.benchmarks.report.ensure_work_dir`)."""
     return ensure_work_dir(path)
 
 
