@@ -1,7 +1,7 @@
 """Checkpoint burst: N ranks save a shard each at the same moment, commit one checkpoint
 together, then all load it back and verify it.
 
-    python bench/burst.py --ranks 1024 --shard 1M --processes 4 --dir-block-size 1M
+    python3 -m tectofs.benchmarks.burst --ranks 1024 --shard 1M --processes 4 --dir-block-size 1M
 
 What one run does, on a local cluster of its own (or ``--meta HOST:PORT``):
 
@@ -54,11 +54,12 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import burst_report  # noqa: E402
-from burst_report import print_summary  # noqa: E402
-from burst_worker import METADATA_HEADER_BYTES, BurstError, MiB, _describe  # noqa: E402
-from common import parse_size, process_cpu_s, work_dir, write_results  # noqa: E402
+from tectofs import children
+from tectofs.benchmarks import burst_report
+from tectofs.benchmarks.burst_report import print_summary
+from tectofs.benchmarks.burst_worker import METADATA_HEADER_BYTES, BurstError, MiB, _describe
+from tectofs.benchmarks.common import parse_size, process_cpu_s, work_dir, write_results
+from tectofs.benchmarks.report import print_targets
 
 PROGRESS_STEPS = 6  # baseline, setup, save, commit, load, metadata storm
 
@@ -72,10 +73,11 @@ class _WorkerProcess:
         self.ranks = list(config["ranks"])
         self.log_path = log_path
         with open(log_path, "ab") as log:
+            # -P and cli_env(): the worker imports the same tectofs as this process
             self.process = subprocess.Popen(
-                [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "burst_worker.py"),
-                 json.dumps(config)],
+                [sys.executable, "-P", "-m", "tectofs.benchmarks.burst_worker", json.dumps(config)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                env=children.cli_env(),
             )
         os.set_blocking(self.process.stdout.fileno(), False)  # type: ignore[union-attr]
         self.pending = b""
@@ -776,8 +778,6 @@ def main(argv: list[str] | None = None) -> int:
                  keep_work_dir=args.keep,
                  work_dir=work_dir(args.work_dir))
     print_summary(result)
-    from tectofs.bench import print_targets
-
     print_targets(result)
     return 1 if result["error_count"] else 0
 

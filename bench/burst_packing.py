@@ -1,6 +1,6 @@
 """Packed chunks vs a file per chunk, on the checkpoint burst, in the same run.
 
-    python bench/burst_packing.py --ranks 1024 --shard 1M --pack-max 1M --repeats 3
+    python3 -m tectofs.benchmarks.burst_packing --ranks 1024 --shard 1M --pack-max 1M --repeats 3
 
 Runs ``bench/burst.py`` alternately with chunk servers storing a file per chunk and packing
 chunks up to ``--pack-max`` into segment files (``tectofs chunk --pack-max``), ``--repeats``
@@ -12,14 +12,12 @@ GB saved and loaded. Each burst starts its own cluster.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import burst  # noqa: E402
-from burst_report import figures, medians  # noqa: E402
-from common import parse_size, work_dir, write_results  # noqa: E402
+from tectofs.benchmarks import burst
+from tectofs.benchmarks.burst_report import figures, medians
+from tectofs.benchmarks.common import parse_size, work_dir, write_results
 
 MiB = 1 << 20
 MODES = (("files", 0), ("packed", None))  # None: --pack-max

@@ -14,7 +14,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from common import print_table
+from tectofs.benchmarks.common import print_table
+from tectofs.benchmarks.report import Target, print_targets, target
 
 SAVE_RATIO = "save / single writer"
 LOAD_RATIO = "load / single reader"
@@ -71,10 +72,8 @@ def medians(samples: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(s[k] for s in samples if k in s) for k in keys}
 
 
-def targets(median: dict[str, float]) -> list[dict[str, Any]]:
+def targets(median: dict[str, float]) -> list[Target]:
     """The targets, judged on the medians (a figure no run measured is not met)."""
-    from tectofs.bench import target
-
     return [target(f"burst {name}", median.get(name), at_least=low, at_most=high, unit=unit)
             for name, (low, high, unit) in TARGETS.items()]
 
@@ -150,14 +149,13 @@ def main(argv: list[str]) -> int:
     import json
 
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: burst_report.py RESULT.json\n\nPrint a saved burst result (bench/burst.py, tectofs bench "
-              "burst) again: the median run's table, every figure's median and range, the targets.")
+        print("usage: python3 -m tectofs.benchmarks.burst_report RESULT.json\n\nPrint a saved burst result "
+              "(bench/burst.py, tectofs bench burst) again: the median run's table, every figure's median and range, "
+              "the targets.")
         return 0 if argv in (["-h"], ["--help"]) else 2
     with open(argv[0]) as f:
         result = json.load(f)
     print_summary(result)
-    from tectofs.bench import print_targets
-
     print_targets(result)
     return 0
 

@@ -1,7 +1,7 @@
 """The worker side of the burst harness (``bench/burst.py``): one process, one asyncio loop,
 many simulated ranks, each with its own tectofs client.
 
-Started by the coordinator as ``python bench/burst_worker.py CONFIG_JSON``; reads one JSON
+Started by the coordinator as ``python -m tectofs.benchmarks.burst_worker CONFIG_JSON``; reads one JSON
 command per line on stdin (``save``, ``load``, ``metadata``, ``exit``) and answers one JSON
 event per line on stdout. End of input (the coordinator died) ends the worker.
 """
@@ -219,9 +219,7 @@ def worker_main(config_json: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
-        print("usage: burst_worker.py CONFIG_JSON\n\nThe worker side of bench/burst.py, which starts it; "
-              "not run by hand: run bench/burst.py --help.")
+        print("usage: python3 -m tectofs.benchmarks.burst_worker CONFIG_JSON\n\nThe worker side of bench/burst.py, "
+              "which starts it; not run by hand: run python3 -m tectofs.benchmarks.burst --help.")
         sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
-    import common  # noqa: F401  (from a checkout: import tectofs from it, as the coordinator does)
-
     worker_main(sys.argv[1])

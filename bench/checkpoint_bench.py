@@ -1,6 +1,6 @@
 """DCP checkpoints through the tectofs plugin vs. DCP on a local disk vs. torch.save.
 
-    python bench/checkpoint_bench.py --size 1G --repeats 3 --out bench/results
+    python3 -m tectofs.benchmarks.checkpoint_bench --size 1G --repeats 3 --out bench/results
 
 One run, one state dict of ``--size`` bytes shaped like mixed-precision Adam training
 (bf16 weights plus fp32 master copy, exp_avg and exp_avg_sq: 2 + 4 + 4 + 4 bytes per
@@ -31,17 +31,14 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import drop_caches, parse_size, print_table, process_cpu_s, work_dir, write_results  # noqa: E402
-
-from tectofs.bench import print_targets  # noqa: E402
-from tectofs.bench import target as goal  # noqa: E402
+from tectofs.benchmarks.common import drop_caches, parse_size, print_table, process_cpu_s, work_dir, write_results
+from tectofs.benchmarks.report import print_targets
+from tectofs.benchmarks.report import target as goal
 
 MiB = 1 << 20
 LAYERS = 8

@@ -1,7 +1,7 @@
 """What a chunk costs the kernel: a file per chunk vs packed records, in one process.
 
-    python bench/chunk_layouts.py --chunk 256K --count 3000 --repeats 3
-    python bench/chunk_layouts.py --chunk 16M --count 64 --repeats 3
+    python3 -m tectofs.benchmarks.chunk_layouts --chunk 256K --count 3000 --repeats 3
+    python3 -m tectofs.benchmarks.chunk_layouts --chunk 16M --count 64 --repeats 3
 
 Writes ``--count`` chunks of ``--chunk`` bytes through ``ChunkStore`` from 16 threads (a
 chunk server's I/O threads, without the network), from a page-aligned buffer as a chunk
@@ -24,8 +24,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size  # noqa: E402
+from tectofs.benchmarks.common import parse_size
 
 # name: (sync mode, pack_max (None: the chunk size), O_DIRECT allowed)
 LAYOUTS = {"files": ("each", 0, True), "files, page cache": ("each", 0, False), "files, no sync": ("none", 0, False),

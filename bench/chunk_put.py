@@ -1,7 +1,7 @@
 """One chunk server, many concurrent puts: group commit vs. a sync per chunk.
 
-    python bench/chunk_put.py --chunk 16M --count 40
-    python bench/chunk_put.py --chunk 256K --count 600
+    python3 -m tectofs.benchmarks.chunk_put --chunk 16M --count 40
+    python3 -m tectofs.benchmarks.chunk_put --chunk 256K --count 600
 
 Starts a one-server cluster per sync mode (``--sync group`` and ``--sync each``) and sends
 ``--count`` chunks of ``--chunk`` bytes with 64 in flight; reports puts/s, MiB/s and the
@@ -14,14 +14,11 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size, process_cpu_s  # noqa: E402
-
 from tectofs import checksum
+from tectofs.benchmarks.common import parse_size, process_cpu_s
 from tectofs.server.cluster import LocalCluster
 from tectofs.wire import auth, messages
 from tectofs.wire.client import RpcClient

@@ -1,6 +1,6 @@
 """Large-file write and read through the client library vs. a local file with fsync.
 
-    python bench/client_io.py --size 1G --repeats 3
+    python3 -m tectofs.benchmarks.client_io --size 1G --repeats 3
 
 Starts a local cluster (6 chunk servers, rs(4,2), 64 MiB blocks) under a temporary
 directory on the same disk as the baseline, writes and reads the same bytes both ways, and
@@ -14,16 +14,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import drop_caches, parse_size, print_table, work_dir, write_results  # noqa: E402
-
-from tectofs.client import connect  # noqa: E402
-from tectofs.server.cluster import LocalCluster  # noqa: E402
+from tectofs.benchmarks.common import drop_caches, parse_size, print_table, work_dir, write_results
+from tectofs.client import connect
+from tectofs.server.cluster import LocalCluster
 
 CHUNK = 8 << 20
 

@@ -1,9 +1,9 @@
-"""Helpers shared by the benchmarks: sizes, cache dropping, result tables and files.
+"""Helpers shared by the benchmarks: sizes, cache dropping, result tables and files, and the
+same-run A/B against another revision (:func:`baseline_tree`, :func:`alternate`).
 
-Importing it makes a script run against the source tree it belongs to: from a checkout
-(``python3 bench/X.py``), ``tectofs`` is imported from that checkout, not from whatever tree
-is installed (an editable install of another clone) or from nowhere (nothing installed), and
-so are the clusters, mounts and workers it starts (``PYTHONPATH``).
+Imported as ``tectofs.benchmarks.common``: a benchmark measures the ``tectofs`` it is imported
+with (a checkout's, run from its root as ``python3 -m tectofs.benchmarks.X``; an installed
+one), and so do the clusters, mounts and workers it starts (``tectofs.children``).
 """
 
 from __future__ import annotations
@@ -17,20 +17,33 @@ import sys
 import tempfile
 from typing import Any, Iterator
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-# TECTOFS_BENCH_TREE: the checkout to measure instead of this script's own (cpu_per_gb.py runs its
-# children, with their clusters, against another revision's tree this way)
-_TREE = os.environ.get("TECTOFS_BENCH_TREE") or os.path.dirname(_HERE)
-if os.path.exists(os.path.join(_TREE, "tectofs", "__init__.py")):
-    if _TREE not in sys.path:
-        sys.path.insert(0, _TREE)
-    _PATHS = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if sys.argv and os.path.dirname(os.path.abspath(sys.argv[0])) == _HERE and _PATHS[0] != _TREE:
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TREE, *_PATHS) if p)  # run as a script
+from tectofs.benchmarks.report import ensure_work_dir, run_info
+
+_HERE = os.path.dirname(os.path.realpath(__file__))  # bench/ of the checkout, or the installed package
 try:
     _LOAD_AT_START: list[float] | None = [round(x, 2) for x in os.getloadavg()]
 except OSError:
     _LOAD_AT_START = None
+
+
+def _refuse_another_trees_script() -> None:
+    """``python3 bench/X.py`` runs X.py of one tree with whichever ``tectofs`` is importable,
+    maybe another tree's (an editable install of another clone), whose benchmarks, clusters
+    and client it would then measure: refuse that mix, saying how to run it."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:  # python -m, or not a script
+        return
+    script_dir = os.path.dirname(os.path.realpath(path))
+    if script_dir == _HERE or not os.path.exists(os.path.join(script_dir, "common.py")):
+        return
+    name = os.path.splitext(os.path.basename(path))[0]
+    tree = os.path.dirname(script_dir)
+    raise SystemExit(f"{path} belongs to {tree}, but tectofs is imported from {os.path.dirname(_HERE)}: run "
+                     f"'python3 -m tectofs.benchmarks.{name}' in {tree}, or set PYTHONPATH={tree}")
+
+
+_refuse_another_trees_script()
 
 
 def parse_size(text: str) -> int:
@@ -67,8 +80,6 @@ def write_results(out_dir: str, name: str, result: dict[str, Any]) -> str:
     """``<out_dir>/<name>.json``, with commit, date, host and load average (before: when this
     process imported this module, for a script run alone; ``tectofs bench`` rewrites the file
     with the load average from just before each benchmark)."""
-    from tectofs.bench import run_info
-
     result.update(run_info(_LOAD_AT_START))
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.json")
@@ -78,9 +89,7 @@ def write_results(out_dir: str, name: str, result: dict[str, Any]) -> str:
 
 
 def work_dir(path: str | None) -> str | None:
-    """``--work-dir``, created if missing (``tectofs.bench.ensure_work_dir``)."""
-    from tectofs.bench import ensure_work_dir
-
+    """``--work-dir``, created if missing (:func:`tectofs.benchmarks.report.ensure_work_dir`)."""
     return ensure_work_dir(path)
 
 
@@ -94,36 +103,57 @@ def process_cpu_s(pid: int) -> float:
         return 0.0
 
 
+def source_tree() -> str:
+    """The source checkout these benchmarks belong to (the root above ``bench/``); a clear
+    error when they run from an installed package, which has no revisions to compare."""
+    tree = os.path.dirname(_HERE)
+    if not os.path.exists(os.path.join(tree, "tectofs", "__init__.py")):
+        raise SystemExit(f"{_HERE} is not in a source checkout of tectofs: an A/B against another revision "
+                         "runs from a git checkout (python3 -m tectofs.benchmarks.NAME from its root)")
+    return tree
+
+
 @contextlib.contextmanager
 def baseline_tree(revision: str) -> Iterator[str]:
     """A temporary git worktree of ``revision`` of this checkout (removed afterwards): the
-    tree a same-run A/B measures against."""
-    root = subprocess.run(["git", "-C", _HERE, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    tree a same-run A/B measures against. Its ``tectofs/benchmarks`` is made a link to these
+    benchmarks, whatever the revision had there (nothing, before the benchmarks were a
+    package; its own ``bench/`` after): both arms run this tree's benchmark code (the same
+    workload), each against its own tree's tectofs."""
+    root = subprocess.run(["git", "-C", source_tree(), "rev-parse", "--show-toplevel"], capture_output=True,
+                          text=True, check=True).stdout.strip()
     scratch = tempfile.mkdtemp(prefix="tectofs-bench-baseline-")
     tree = os.path.join(scratch, "tree")
     subprocess.run(["git", "-C", root, "worktree", "add", "--detach", tree, revision], capture_output=True, check=True)
     try:
+        benchmarks = os.path.join(tree, "tectofs", "benchmarks")
+        if os.path.isdir(benchmarks) and not os.path.islink(benchmarks):
+            shutil.rmtree(benchmarks)
+        elif os.path.lexists(benchmarks):
+            os.remove(benchmarks)
+        os.symlink(_HERE, benchmarks)
         yield tree
     finally:
         subprocess.run(["git", "-C", root, "worktree", "remove", "--force", tree], capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def alternate(trees: dict[str, str], rounds: int, command: list[str], env: dict[str, dict[str, str]] | None = None,
-              timeout_s: float = 3600) -> dict[str, dict[str, list[float]]]:
-    """Run ``command`` (a child that prints one JSON object ``{key: [values]}`` as its last
-    line) once per tree and round, alternating the order every round (first to last, then last
-    to first), each child importing ``tectofs`` from its tree (``env``: more variables per
-    name); the values of every key, gathered per tree name."""
+def alternate(trees: dict[str, str], rounds: int, module: str, args: list[str],
+              env: dict[str, dict[str, str]] | None = None, timeout_s: float = 3600) -> dict[str, dict[str, list[float]]]:
+    """Run ``python -m module args`` (a child that prints one JSON object ``{key: [values]}``
+    as its last line) once per tree and round, alternating the order every round (first to
+    last, then last to first), each child importing ``tectofs`` from its tree (``env``: more
+    variables per name); the values of every key, gathered per tree name. ``module`` is one
+    of ``tectofs.benchmarks``: a baseline tree has this tree's (:func:`baseline_tree`)."""
+    assert module.startswith("tectofs.benchmarks."), module
     runs: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     for r in range(rounds):
         for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
-            child_env = {**os.environ, "PYTHONPATH": trees[name], "TECTOFS_BENCH_TREE": trees[name],
-                         **(env or {}).get(name, {})}
+            child_env = {**os.environ, "PYTHONPATH": trees[name], **(env or {}).get(name, {})}
             print(f"round {r + 1}/{rounds}: {name} ...", flush=True)
-            out = subprocess.run(command, env=child_env, cwd=trees[name], capture_output=True, text=True,
-                                 timeout=timeout_s)
+            # -P: nothing but PYTHONPATH ahead of the standard library (not the working directory)
+            out = subprocess.run([sys.executable, "-P", "-m", module, *args], env=child_env, cwd=trees[name],
+                                 capture_output=True, text=True, timeout=timeout_s)
             if out.returncode:
                 raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
             for key, values in json.loads(out.stdout.strip().splitlines()[-1]).items():

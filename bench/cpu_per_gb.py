@@ -4,7 +4,7 @@ run: issue 15's "cut the total by at least 40%" as a same-run ratio. The wall se
 the same calls are reported beside them ("wall save", "wall load"), with their ratios: a change
 that must not slow checkpoints shows it here.
 
-    python bench/cpu_per_gb.py --baseline 90af9df --size 1G --rounds 3 --runs 3 [--tcp-arm]
+    python3 -m tectofs.benchmarks.cpu_per_gb --baseline 90af9df --size 1G --rounds 3 --runs 3 [--tcp-arm]
 
 The baseline revision is checked out into a temporary git worktree. Each round runs one fresh
 process per tree, alternating (baseline first in odd rounds, this tree first in even ones);
@@ -25,14 +25,22 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from common import alternate, baseline_tree, drop_caches, parse_size, process_cpu_s, write_results  # noqa: E402
+from tectofs.benchmarks.common import (
+    alternate,
+    baseline_tree,
+    drop_caches,
+    parse_size,
+    process_cpu_s,
+    source_tree,
+    write_results,
+)
+from tectofs.benchmarks.report import print_targets, target
+
+HERE = os.path.dirname(os.path.realpath(__file__))
 
 ROLES = ("client", "chunk servers", "metadata service")
 
@@ -42,9 +50,9 @@ def child(size: int, runs: int) -> dict[str, Any]:
     import warnings
 
     import torch.distributed.checkpoint as dcp
-    from checkpoint_bench import empty_like_state, make_state_dict, same_state, tensor_bytes
 
     import tectofs.torch as tt
+    from tectofs.benchmarks.checkpoint_bench import empty_like_state, make_state_dict, same_state, tensor_bytes
     from tectofs.server.cluster import LocalCluster
 
     warnings.simplefilter("ignore")  # DCP: "torch.distributed is ... uninitialized"
@@ -56,10 +64,13 @@ def child(size: int, runs: int) -> dict[str, Any]:
         with LocalCluster(os.path.join(tmp, "cluster"), servers=6, policy="rs(4,2)", gc_delay_s=3600.0) as cluster:
             base = f"tectofs://{cluster.address}/cpu"
 
+            meta = cluster.meta_process
+            assert meta is not None  # started with the cluster
+
             def roles() -> dict[str, float]:
                 chunk = [p.pid for p in cluster.chunk_processes if p is not None]
                 return {"client": time.process_time(), "chunk servers": sum(process_cpu_s(p) for p in chunk),
-                        "metadata service": process_cpu_s(cluster.meta_process.pid)}
+                        "metadata service": process_cpu_s(meta.pid)}
 
             def metered(way: str, call: Any) -> None:
                 before, started = roles(), time.perf_counter()
@@ -103,15 +114,14 @@ def main() -> None:
         print(json.dumps(child(size, args.runs)))
         return
     with baseline_tree(args.baseline) as base_tree:
-        trees = {"baseline": base_tree, "this tree": os.path.dirname(HERE)}
+        trees = {"baseline": base_tree, "this tree": source_tree()}
         if args.tcp_arm:
-            trees["this tree, TCP"] = os.path.dirname(HERE)
+            trees["this tree, TCP"] = source_tree()
         # TECTOFS_LOCAL_SOCKETS=0: the servers offer no local socket (tectofs/wire/local_sockets.py)
-        runs = alternate(trees, args.rounds, [sys.executable, __file__, "--child", "--size", str(size), "--runs",
-                                              str(args.runs)], env={"this tree, TCP": {"TECTOFS_LOCAL_SOCKETS": "0"}})
+        runs = alternate(trees, args.rounds, "tectofs.benchmarks.cpu_per_gb",
+                         ["--child", "--size", str(size), "--runs", str(args.runs)],
+                         env={"this tree, TCP": {"TECTOFS_LOCAL_SOCKETS": "0"}})
     medians = {name: {key: round(statistics.median(v), 3) for key, v in sorted(r.items())} for name, r in runs.items()}
-    from tectofs.bench import print_targets, target
-
     totals = {name: {way: round(sum(m[f"{way} {role}"] for role in ROLES), 3) for way in ("save", "load")}
               for name, m in medians.items()}
     ratios = {f"{way} CPU per GB, {name} / baseline": round(totals[name][way] / totals["baseline"][way], 3)

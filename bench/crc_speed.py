@@ -2,7 +2,7 @@
 chunk's piece and whole crcs computed in two passes against ``checksum.piece_and_whole_crcs``
 (ISA-L, the whole folded from the pieces).
 
-    python bench/crc_speed.py --size 256M --repeats 7
+    python3 -m tectofs.benchmarks.crc_speed --size 256M --repeats 7
 
 One process, each measurement alternated with its counterpart ``--repeats`` times; medians of
 CPU seconds, printed as GB/s and as CPU seconds per GB.
@@ -13,16 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from typing import Callable
 
 import crc32c
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size  # noqa: E402
-
-from tectofs import checksum, isal  # noqa: E402
+from tectofs import checksum, isal
+from tectofs.benchmarks.common import parse_size
 
 
 def _two_passes(view: memoryview, piece: int) -> tuple[list[int], int]:

@@ -1,6 +1,6 @@
 """DCP through the tectofs FUSE mount vs. the native plugin vs. DCP on a local disk, same run.
 
-    python bench/dcp_mount.py --size 512M --repeats 3
+    python3 -m tectofs.benchmarks.dcp_mount --size 512M --repeats 3
 
 What users do without a plugin: point DCP's own ``FileSystemWriter(sync_files=True)`` /
 ``FileSystemReader`` at a mounted file system. One state dict of ``--size`` bytes (the
@@ -28,9 +28,9 @@ import tempfile
 import warnings
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checkpoint_bench import _timed, empty_like_state, make_state_dict, same_state, tensor_bytes  # noqa: E402
-from common import drop_caches, parse_size, print_table, work_dir, write_results  # noqa: E402
+from tectofs.benchmarks.checkpoint_bench import _timed, empty_like_state, make_state_dict, same_state, tensor_bytes
+from tectofs.benchmarks.common import drop_caches, parse_size, print_table, work_dir, write_results
+from tectofs.benchmarks.report import print_targets, target
 
 MiB = 1 << 20
 WAYS = ("dcp local", "dcp through tectofs mount", "tectofs plugin")
@@ -42,7 +42,6 @@ def run(out_dir: str, size_bytes: int = 512 * MiB, repeats: int = 3, work: str |
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
     import tectofs.torch as tt
-    from tectofs.bench import target
     from tectofs.client.fuse import start_mount_process
     from tectofs.server.cluster import LocalCluster
 
@@ -126,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.out, args.size, args.repeats, work_dir(args.work_dir))
     print(f"{result['bytes'] / 2**20:.0f} MiB state dict, medians of {args.repeats} runs")
     print_table(result)
-    from tectofs.bench import print_targets
-
     print_targets(result)
     for error in result["errors"]:
         print(f"error: {error}")

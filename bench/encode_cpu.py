@@ -1,8 +1,8 @@
 """The client's encode, CPU seconds and page faults per GB encoded by two threads at once (as
 the client's codec pool does), with and without one of its settings:
 
-    python bench/encode_cpu.py --compare isal --size 1G --repeats 5     # ISA-L called directly, or pyeclib
-    python bench/encode_cpu.py --compare malloc --size 1G --repeats 5   # tectofs.allocator.tune(), or glibc's defaults
+    python3 -m tectofs.benchmarks.encode_cpu --compare isal --size 1G --repeats 5     # ISA-L called directly, or pyeclib
+    python3 -m tectofs.benchmarks.encode_cpu --compare malloc --size 1G --repeats 5   # tectofs.allocator.tune(), or glibc's defaults
 
 Each configuration runs in its own process (both settings are per process), alternated
 ``--repeats`` times; medians are printed, and the ratio of the new path's CPU to the old one's
@@ -21,8 +21,8 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size  # noqa: E402
+from tectofs import children
+from tectofs.benchmarks.common import parse_size
 
 BLOCK = 64 << 20
 
@@ -70,9 +70,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name, _ in configurations}
     for _ in range(args.repeats):
         for name, env_setting in configurations:
-            env = {**os.environ, **env_setting}
-            out = subprocess.run([sys.executable, __file__, "--child", "--size", str(size)], env=env,
-                                 capture_output=True, text=True, check=True, timeout=600).stdout
+            env = children.cli_env({**os.environ, **env_setting})  # the child's tectofs is this process's
+            out = subprocess.run([sys.executable, "-P", "-m", "tectofs.benchmarks.encode_cpu", "--child", "--size",
+                                  str(size)], env=env, capture_output=True, text=True, check=True, timeout=600).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("cpu_s_per_gb", "faults_per_gb")}
                for name, rs in runs.items()}

@@ -1,7 +1,7 @@
 """Reed-Solomon speed: why tectofs encodes a block in 2 MiB segments, and how it decodes one
 with data chunks missing.
 
-    python bench/erasure_segments.py --block 64M --policy 'rs(4,2)'
+    python3 -m tectofs.benchmarks.erasure_segments --block 64M --policy 'rs(4,2)'
 
 Encodes the same block with pyeclib/ISA-L once whole and in segments of 1, 2, 4 and 8 MiB
 (best of 3 each) and prints GB/s and the ratio to the whole-block call. Then decodes a block
@@ -20,12 +20,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size  # noqa: E402
-
-from tectofs import erasure  # noqa: E402
-from tectofs.erasure import _driver, _fragment_size, _segments  # noqa: E402
-from tectofs.policy import parse  # noqa: E402
+from tectofs import erasure
+from tectofs.benchmarks.common import parse_size
+from tectofs.erasure import _driver, _fragment_size, _segments
+from tectofs.policy import parse
 
 
 def encode_s(block: bytes, segment: int, k: int, m: int) -> float:
@@ -78,8 +76,11 @@ def _decode_in_child(length: int, policy_text: str, how: str) -> tuple[float, fl
     """``decode_s`` in a fresh process (the allocator's state changes what pyeclib pays)."""
     import subprocess
 
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--decode", how, "--block", str(length),
-                           "--policy", policy_text], capture_output=True, text=True, check=True)
+    from tectofs import children
+
+    done = subprocess.run([sys.executable, "-P", "-m", "tectofs.benchmarks.erasure_segments", "--decode", how,
+                           "--block", str(length), "--policy", policy_text], env=children.cli_env(),
+                          capture_output=True, text=True, check=True)
     first, best = done.stdout.split()
     return float(first), float(best)
 

@@ -1,6 +1,6 @@
 """One sequential stream through the FUSE mount vs. the client library vs. a local file.
 
-    python bench/fuse_bench.py --size 2G --repeats 3
+    python3 -m tectofs.benchmarks.fuse_bench --size 2G --repeats 3
 
 Starts a local cluster (6 chunk servers, rs(4,2), 64 MiB blocks) under a temporary
 directory on the same disk as the local baseline, then writes and reads the same bytes
@@ -20,7 +20,7 @@ service, store operations and group commits per operation. Target: 1,500 creates
 1,500 unlinks/s through the mount, reported as met / not met. Stats and unlinks start once
 the mount's attribute timeout has expired, so each one reaches the mount daemon.
 
-    python bench/fuse_bench.py --metadata-only --files 2000 --repeats 3
+    python3 -m tectofs.benchmarks.fuse_bench --metadata-only --files 2000 --repeats 3
 
 Everything shares this machine's cores (FUSE daemon, client, chunk servers, metadata
 service), so absolute numbers drift between runs; ratios from one run hold better.
@@ -32,20 +32,17 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import drop_caches, parse_size, process_cpu_s, work_dir, write_results  # noqa: E402
-
-from tectofs.bench import print_targets, verdict  # noqa: E402
-from tectofs.bench import target as goal  # noqa: E402
-from tectofs.client import connect  # noqa: E402
-from tectofs.client.fuse import start_mount_process  # noqa: E402
-from tectofs.server.cluster import LocalCluster  # noqa: E402
+from tectofs.benchmarks.common import drop_caches, parse_size, process_cpu_s, work_dir, write_results
+from tectofs.benchmarks.report import Target, print_targets, verdict
+from tectofs.benchmarks.report import target as goal
+from tectofs.client import connect
+from tectofs.client.fuse import start_mount_process
+from tectofs.server.cluster import LocalCluster
 
 CALL_BYTES = 8 << 20           # bytes per write/readinto call
 PATTERN_BYTES = 256 << 20      # random bytes repeated to make the file (content does not matter for speed)
@@ -320,7 +317,7 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
                     mounted.stop()
     rows = []
     ratios: dict[str, Any] = {}
-    targets: list[dict[str, Any]] = []
+    targets: list[Target] = []
     if data:
         gbps = {name: size_bytes / statistics.median(t) / 1e9 for name, t in times.items()}
         ratios["client write / local write+fsync"] = gbps["client write"] / gbps["local write+fsync"]

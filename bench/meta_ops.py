@@ -2,7 +2,7 @@
 revision in the same run: what a change to the metadata path (its messages, checks, dispatch)
 costs, as a same-run ratio.
 
-    python bench/meta_ops.py --baseline 7fda89e --files 2000 --concurrency 32 --rounds 3
+    python3 -m tectofs.benchmarks.meta_ops --baseline 7fda89e --files 2000 --concurrency 32 --rounds 3
 
 Each round runs one fresh process per tree, alternating (``common.alternate``); each starts its
 own local cluster (6 chunk servers, rs(4,2)) and one client (root's credential), and with
@@ -20,14 +20,13 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any, Awaitable, Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from common import alternate, baseline_tree, write_results  # noqa: E402
+from tectofs.benchmarks.common import alternate, baseline_tree, source_tree, write_results
+
+HERE = os.path.dirname(os.path.realpath(__file__))
 
 KINDS = ("create", "stat", "list", "remove")
 
@@ -103,9 +102,9 @@ def main() -> None:
     if not args.baseline:
         parser.error("--baseline REVISION is required")
     with baseline_tree(args.baseline) as base_tree:
-        trees = {"baseline": base_tree, "this tree": os.path.dirname(HERE)}
-        runs = alternate(trees, args.rounds, [sys.executable, __file__, "--child", "--files", str(args.files),
-                                              "--concurrency", str(args.concurrency)])
+        trees = {"baseline": base_tree, "this tree": source_tree()}
+        runs = alternate(trees, args.rounds, "tectofs.benchmarks.meta_ops",
+                         ["--child", "--files", str(args.files), "--concurrency", str(args.concurrency)])
     medians = {name: {kind: round(statistics.median(r[kind]), 1) for kind in KINDS} for name, r in runs.items()}
     ratios = {kind: round(medians["this tree"][kind] / medians["baseline"][kind], 3) for kind in KINDS}
     result = {"benchmark": "meta_ops", "baseline": args.baseline, "files": args.files,

@@ -2,7 +2,7 @@
 by every rank, or once and broadcast (``CheckpointReader(share_metadata=True)``), in the same
 run.
 
-    python bench/metadata_fanout.py --ranks 16 --tensors 5000 --repeats 5
+    python3 -m tectofs.benchmarks.metadata_fanout --ranks 16 --tensors 5000 --repeats 5
 
 A local cluster (6 chunk servers, rs(4,2)) stores one checkpoint of ``--tensors`` small
 tensors (its ``.metadata`` grows with them, as a sharded model's does with its parameters and
@@ -29,8 +29,7 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import print_table, work_dir, write_results  # noqa: E402
+from tectofs.benchmarks.common import print_table, work_dir, write_results
 
 MODES = (("every rank reads", False), ("read once, broadcast", True))
 

@@ -1,6 +1,6 @@
 """``ls -l`` and ``du -s`` of a directory through the tectofs mount, beside a local directory.
 
-    python bench/mount_listing.py --files 1000 --repeats 3
+    python3 -m tectofs.benchmarks.mount_listing --files 1000 --repeats 3
 
 Starts a local cluster (6 chunk servers, rs(4,2)) with metrics on, makes ``--files`` files
 through the client library (as another node writing a checkpoint would: the mount has never
@@ -8,8 +8,8 @@ seen them), mounts it (default 1 s attribute timeout) and times ``ls -l`` and ``
 directory, each after the attribute timeout has expired, ``--repeats`` times; the same
 commands on a local directory of as many files are the baseline. Reports medians, and the
 metadata calls per file each command made (lookups and getattrs, getxattrs) from the metadata
-service's metrics. To compare two revisions, run it from each checkout: a script runs
-against its own tree (``bench/common.py``).
+service's metrics. To compare two revisions, run it from each checkout: ``python3 -m`` from a
+checkout's root imports that checkout's tectofs.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import print_table, write_results  # noqa: E402
+from tectofs.benchmarks.common import print_table, write_results
 
 COMMANDS = {"ls -l": ["ls", "-l"], "du -s": ["du", "-s"]}
 SETTLE_S = 1.1  # past the mount's attribute timeout (1 s): every run starts with nothing cached

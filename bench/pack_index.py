@@ -1,6 +1,6 @@
 """What packed chunks cost a chunk server's memory and start-up: its in-memory index.
 
-    python bench/pack_index.py --count 100000 --chunk 4K --repeats 3
+    python3 -m tectofs.benchmarks.pack_index --count 100000 --chunk 4K --repeats 3
 
 Writes ``--count`` chunks of ``--chunk`` bytes as packed records (``ChunkStore`` with
 ``--pack-max``; no fdatasync, which the index does not depend on), closes the store, then
@@ -23,8 +23,7 @@ import tempfile
 import time
 import tracemalloc
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size  # noqa: E402
+from tectofs.benchmarks.common import parse_size
 
 MiB = 1 << 20
 

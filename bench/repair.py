@@ -2,7 +2,7 @@
 checkpoint save that runs during it.
 
     tectofs bench repair --out results/
-    python bench/repair.py --size 4G --save-size 1G --repeats 3 --limits 64:2,0:8
+    python3 -m tectofs.benchmarks.repair --size 4G --save-size 1G --repeats 3 --limits 64:2,0:8
 
 For each repair setting (``RATE:CONCURRENCY`` = ``--repair-rate`` MiB/s and
 ``--repair-concurrency`` of every ``tectofs chunk``; by default the defaults of
@@ -33,18 +33,15 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checkpoint_bench import _timed, make_state_dict, tensor_bytes  # noqa: E402
-from common import parse_size, print_table, process_cpu_s, work_dir, write_results  # noqa: E402
-
-from tectofs.bench import print_targets  # noqa: E402
-from tectofs.bench import target as goal  # noqa: E402
+from tectofs.benchmarks.checkpoint_bench import _timed, make_state_dict, tensor_bytes
+from tectofs.benchmarks.common import parse_size, print_table, process_cpu_s, work_dir, write_results
+from tectofs.benchmarks.report import print_targets
+from tectofs.benchmarks.report import target as goal
 
 MiB = 1 << 20
 SERVERS = 7

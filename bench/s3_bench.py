@@ -30,8 +30,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parse_size, print_table, write_results  # noqa: E402
+from tectofs.benchmarks.common import parse_size, print_table, write_results
 
 CHUNK = 8 << 20
 

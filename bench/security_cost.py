@@ -2,7 +2,7 @@
 same cluster layout without it, in the same run, plus the per-request cost of a chunk
 capability (HMAC-SHA256, signed by the metadata service, checked by a chunk server).
 
-    python bench/security_cost.py --size 256M --repeats 5
+    python3 -m tectofs.benchmarks.security_cost --size 256M --repeats 5
 
 Both clusters (6 chunk servers, rs(4,2), 64 MiB blocks) run at once on this machine; writes
 and reads alternate between them, so drift hits both alike. Authentication itself is on in
@@ -16,16 +16,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import timeit
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from client_io import _client_read, _client_write  # noqa: E402
-from common import parse_size, print_table, write_results  # noqa: E402
-
+from tectofs.benchmarks.client_io import _client_read, _client_write
+from tectofs.benchmarks.common import parse_size, print_table, write_results
 from tectofs.client import connect
 from tectofs.server.cluster import LocalCluster
 from tectofs.wire import auth

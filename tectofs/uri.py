@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tectofs.wire.transport import parse_group
 
 from . import paths
 from .errors import InvalidArgument
+
+if TYPE_CHECKING:  # the client itself is imported at the first connection: importing this module stays cheap
+    from tectofs.client import FileSystem
 
 SCHEME = "tectofs"
 PREFIX = SCHEME + "://"
@@ -68,10 +71,10 @@ def parse(uri: str | os.PathLike) -> Location:
 
 
 _lock = threading.Lock()
-_connections: dict[tuple[int, str | None], Any] = {}
+_connections: dict[tuple[int, str | None], FileSystem] = {}  # (pid, address) -> its connection
 
 
-def filesystem(address: str | None) -> Any:
+def filesystem(address: str | None) -> FileSystem:
     """The process-wide :class:`tectofs.client.FileSystem` for ``address`` (thread-safe; a
     forked child gets its own connection, never its parent's sockets)."""
     key = (os.getpid(), address)
@@ -88,7 +91,8 @@ def filesystem(address: str | None) -> Any:
         return fs
 
 
-def resolve(uri: str | os.PathLike) -> tuple[Any, Location]:
+def resolve(uri: str | os.PathLike) -> tuple[FileSystem, Location]:
+    """``uri``'s process-wide connection (:func:`filesystem`) and its parsed location."""
     loc = parse(uri)
     return filesystem(loc.address), loc
 

@@ -9,13 +9,13 @@ import re
 
 import pytest
 
-from tectofs.bench import load_script, main
+from tectofs.benchmarks import fuse_bench
+from tectofs.benchmarks.run import main
 from tests.test_fuse import _fuse_unavailable
 
 
 def test_target_verdict_follows_the_medians():
     """Medians of the runs decide; both creates and unlinks must reach 1,500/s."""
-    module = load_script("fuse_bench")
     files = 3000
     times = {
         "local creates/s": [0.1, 0.2, 0.3], "local stats/s": [0.01] * 3, "local listed stats/s": [0.01] * 3,
@@ -25,7 +25,7 @@ def test_target_verdict_follows_the_medians():
         "mount multi-thread listed stats/s": [0.5] * 3,
         "mount multi-thread unlinks/s": [2.5, 2.0, 3.0],
     }
-    meta = module._metadata_results(files, 3, ("mount multi-thread",), times, {}, {})
+    meta = fuse_bench._metadata_results(files, 3, ("mount multi-thread",), times, {}, {})
     rows = {row["what"]: row for row in meta["rows"]}
     assert rows["mount multi-thread creates/s"]["ops/s (median)"] == 2000
     assert rows["mount multi-thread unlinks/s"]["ops/s (median)"] == 1200
@@ -36,7 +36,7 @@ def test_target_verdict_follows_the_medians():
     assert meta["target"]["met"] is False
     assert meta["target"]["by_mode"]["mount multi-thread"] == {"met": False, "creates/s": 2000, "unlinks/s": 1200}
     times["mount multi-thread unlinks/s"] = [1.0, 2.0, 1.5]  # 2000/s
-    assert module._metadata_results(files, 3, ("mount multi-thread",), times, {}, {})["target"]["met"] is True
+    assert fuse_bench._metadata_results(files, 3, ("mount multi-thread",), times, {}, {})["target"]["met"] is True
 
 
 @pytest.mark.fuse

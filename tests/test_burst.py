@@ -3,22 +3,18 @@ a few worker processes save at one barrier, commit one checkpoint, load and veri
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
 
 import pytest
 
-from tectofs.bench import draw_chart, load_script, main
+from tectofs.benchmarks import burst, run
+from tectofs.benchmarks.charts import draw_chart
 
 KiB = 1 << 10
 
 
-@pytest.fixture(scope="module")
-def burst() -> Any:
-    return load_script("burst")
-
-
-def test_burst_of_128_ranks_commits_and_verifies(make_cluster, burst, tmp_path, rng):
+def test_burst_of_128_ranks_commits_and_verifies(make_cluster, tmp_path, rng):
     cluster = make_cluster()
     seed = rng.randrange(1 << 31)
     started = time.monotonic()
@@ -49,7 +45,7 @@ def test_burst_of_128_ranks_commits_and_verifies(make_cluster, burst, tmp_path, 
     assert draw_chart(result, str(tmp_path / "burst.png"), "test") in (None, str(tmp_path / "burst.png"))
 
 
-def test_repeated_bursts_report_medians_and_targets(make_cluster, burst, tmp_path, rng):
+def test_repeated_bursts_report_medians_and_targets(make_cluster, tmp_path, rng):
     import statistics
 
     cluster = make_cluster()
@@ -77,7 +73,7 @@ def test_repeated_bursts_report_medians_and_targets(make_cluster, burst, tmp_pat
     assert len([e for e in cluster.fs.listdir("/burst") if e.startswith("step-")]) == 6
 
 
-def test_burst_that_overruns_its_deadline_fails_with_a_clear_error(make_cluster, burst, tmp_path):
+def test_burst_that_overruns_its_deadline_fails_with_a_clear_error(make_cluster, tmp_path):
     cluster = make_cluster()
     started = time.monotonic()
     result = burst.run(str(tmp_path), ranks=16, shard_bytes=64 * KiB, processes=2, meta_address=cluster.address,
@@ -91,7 +87,7 @@ def test_burst_that_overruns_its_deadline_fails_with_a_clear_error(make_cluster,
 
 
 @pytest.mark.slow  # starts processes
-def test_burst_refuses_a_run_that_cannot_fit_in_memory(burst, tmp_path):
+def test_burst_refuses_a_run_that_cannot_fit_in_memory(tmp_path):
     result = burst.run(str(tmp_path), ranks=4096, shard_bytes=1 << 20, processes=4, block_size=64 << 20,
                        memory_limit_bytes=1 << 30)
     assert result["error_count"] == 1
@@ -103,9 +99,17 @@ def test_burst_refuses_a_run_that_cannot_fit_in_memory(burst, tmp_path):
     assert repeated["targets"] and not any(t["met"] for t in repeated["targets"])
 
 
-def test_bench_entry_point_reports_a_missing_benchmark(tmp_path, capsys, monkeypatch):
-    import tectofs.bench as bench
+def test_bench_entry_point_skips_a_benchmark_whose_dependency_is_missing(tmp_path, capsys, monkeypatch):
+    def needs_torch(args, progress):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
 
-    monkeypatch.setattr(bench, "bench_dir", lambda: str(tmp_path / "nowhere"))
-    assert main(["client-io", "--out", str(tmp_path), "--quick"]) == 1
-    assert "not found" in capsys.readouterr().out
+    monkeypatch.setitem(run.RUNS, "client-io", dataclasses.replace(run.RUNS["client-io"], run=needs_torch))
+    assert run.main(["client-io", "--out", str(tmp_path), "--quick"]) == 1  # skipped: not a success
+    assert "client-io: skipped: it needs torch" in capsys.readouterr().out
+
+    def broken(args, progress):  # a module of tectofs itself missing is a defect, not a skip
+        raise ModuleNotFoundError("No module named 'tectofs.gone'", name="tectofs.gone")
+
+    monkeypatch.setitem(run.RUNS, "client-io", dataclasses.replace(run.RUNS["client-io"], run=broken))
+    with pytest.raises(ModuleNotFoundError):
+        run.main(["client-io", "--out", str(tmp_path), "--quick"])

@@ -248,7 +248,7 @@ _BAD_NUMBERS = ("inf", "-inf", "nan", "-1", "1e400", "99999999999999999999P", "9
 def _every_parser() -> list[tuple[list[str], argparse.ArgumentParser]]:
     """``(the words that reach it, parser)`` for every parser ``tectofs`` has: the tree
     :func:`build_parser` makes, and bench's own (``tectofs bench ...`` goes there)."""
-    from tectofs import bench
+    from tectofs.benchmarks import run as bench
 
     found: list[tuple[list[str], argparse.ArgumentParser]] = []
     todo: list[tuple[list[str], argparse.ArgumentParser]] = [([], build_parser()), (["bench"], bench.build_parser())]

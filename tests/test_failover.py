@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from tectofs import errors, fsck, limits
-from tectofs.bench import load_script
+from tectofs.benchmarks import burst
 from tectofs.client import connect
 from tectofs.store import SqlStore, StoreRunner, requests
 from tectofs.store.dialect import dialect_for
@@ -288,7 +288,7 @@ def test_sigkilled_metadata_service_during_a_128_rank_burst(make_cluster, postgr
         if ticks[0] == 3:
             events["saved"] = time.monotonic()
 
-    result = load_script("burst").run(
+    result = burst.run(
         str(tmp_path / "out"), ranks=128, shard_bytes=48 * KiB + 7, processes=2, meta_address=c.address,
         baseline_bytes=1 << 20, phase_timeout_s=90, seed=rng.randrange(1 << 31), progress=progress,
     )

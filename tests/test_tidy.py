@@ -17,8 +17,8 @@ def _library_files() -> list[pathlib.Path]:
     for directory in ("tectofs", "client", "server"):
         for path in (ROOT / directory).rglob("*.py"):
             rel = path.relative_to(ROOT).parts
-            if rel[0] == "tectofs" and len(rel) > 1 and rel[1] in ("client", "server"):
-                continue  # the symlinks: same files as client/ and server/
+            if rel[0] == "tectofs" and len(rel) > 1 and rel[1] in ("client", "server", "benchmarks"):
+                continue  # the symlinks: same files as client/ and server/ (bench/ is not library code)
             files.append(path)
     return files
 
@@ -38,7 +38,7 @@ def test_no_top_level_client_or_server_imports():
 
 
 def test_no_print_in_library_code():
-    allowed = {"cli.py", "bench.py"}  # and the command modules under tectofs/cli/
+    allowed = {"cli.py"}  # and the command modules under tectofs/cli/
     for path in _library_files():
         if path.name in allowed or path.parent.name == "cli":
             continue
@@ -57,6 +57,27 @@ def test_modules_stay_small():
 def test_symlinks_are_in_place():
     assert (ROOT / "tectofs" / "client").resolve() == ROOT / "client"
     assert (ROOT / "tectofs" / "server").resolve() == ROOT / "server"
+    assert (ROOT / "tectofs" / "benchmarks").resolve() == ROOT / "bench"
+
+
+def test_benchmarks_import_each_other_as_a_package():
+    """bench/ is tectofs.benchmarks: its modules import each other as ``tectofs.benchmarks.X``,
+    never as top-level modules found through the script's directory or an edited ``sys.path``
+    (a second copy of a module, or another tree's)."""
+    siblings = {path.stem for path in (ROOT / "bench").glob("*.py")}
+    for path in (ROOT / "bench").rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            assert not (isinstance(node, ast.Attribute) and ast.unparse(node) == "sys.path"), \
+                f"{path}:{node.lineno}: sys.path (import tectofs.benchmarks.X instead)"
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] not in siblings, f"{path}:{node.lineno}: import {name} (use tectofs.benchmarks)"
 
 
 # ---------------------------------------------------------------------- the wire between client and service

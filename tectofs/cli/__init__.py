@@ -71,7 +71,7 @@ def _stdout_closed() -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its own parser, options and --help included
-        from tectofs.bench import main as bench_main
+        from tectofs.benchmarks.run import main as bench_main
 
         raise SystemExit(bench_main(argv[1:]))
     parser = build_parser()

@@ -172,7 +172,7 @@ def cmd_key(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from tectofs.bench import main as bench_main
+    from tectofs.benchmarks.run import main as bench_main
 
     raise SystemExit(bench_main(args.bench_args))
 

@@ -45,7 +45,7 @@ import threading
 import uuid
 import warnings
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
@@ -66,6 +66,9 @@ from ..checksum import crc
 from . import _timing
 from ._failures import step
 from ._staging import StagingPool
+
+if TYPE_CHECKING:
+    from ..client import FileSystem
 
 DATA_SUFFIX = ".distcp"
 FORMAT_VERSION = 1
@@ -149,7 +152,7 @@ def _minimal(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def directory_compresses(fs: Any, path: str) -> bool:
+def directory_compresses(fs: FileSystem, path: str) -> bool:
     """Whether checkpoints saved below ``path`` are compressed by default: the
     ``user.tectofs.compress`` attribute (``zstd``: yes, ``off``: no) of ``path`` or of its
     nearest ancestor that has one; no if none has. Unreadable attributes count as absent."""
@@ -379,7 +382,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             raise errors.CheckpointError("a checkpoint cannot be the root directory")
         return self._loc
 
-    def _fs(self) -> Any:
+    def _fs(self) -> FileSystem:
         return _uri.filesystem(self._location().address)
 
     def _step(self, operation: str, path: str) -> Any:
@@ -445,7 +448,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         ]
 
     @staticmethod
-    def _nonempty(fs: Any, path: str) -> bool:
+    def _nonempty(fs: FileSystem, path: str) -> bool:
         try:
             st = fs.stat(path)
         except FileNotFoundError:
@@ -489,13 +492,13 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         return results
 
     def _write_file(
-        self, fs: Any, pending: str, name: str, items: list[WriteItem], planner: SavePlanner
+        self, fs: FileSystem, pending: str, name: str, items: list[WriteItem], planner: SavePlanner
     ) -> list[WriteResult]:
         with self._step("write file", f"{pending}/{name}"):
             return self._write_items(fs, f"{pending}/{name}", name, items, planner)
 
     def _write_items(
-        self, fs: Any, path: str, name: str, items: list[WriteItem], planner: SavePlanner
+        self, fs: FileSystem, path: str, name: str, items: list[WriteItem], planner: SavePlanner
     ) -> list[WriteResult]:
         """Write ``items`` into the new file ``path`` (``name`` in the checkpoint), each
         recorded with its offset, length, format and crc32c."""
@@ -612,7 +615,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                           stacklevel=2)
             return []
 
-    def _commit(self, fs: Any, pending: str, loc: _uri.Location, token: str) -> None:
+    def _commit(self, fs: FileSystem, pending: str, loc: _uri.Location, token: str) -> None:
         final = loc.path
         try:
             fs.rename(pending, final)  # atomic; replaces nothing or an empty directory

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
@@ -28,6 +28,9 @@ from ..checksum import crc
 from . import _share, _timing
 from ._dcp import METADATA_NAME, CheckpointWriter, MiB, _describe, _dtype_from_name, _dtype_name, _ItemInfo
 from ._failures import step
+
+if TYPE_CHECKING:
+    from ..client import FileSystem
 
 
 class CheckpointReader(StorageReader):
@@ -225,12 +228,12 @@ class CheckpointReader(StorageReader):
                 return
         load.dest = memoryview(bytearray(info.length))
 
-    def _run_task(self, fs: Any, loc: _uri.Location, task: "_Task", lock: threading.Lock) -> list["_Load"]:
+    def _run_task(self, fs: FileSystem, loc: _uri.Location, task: "_Task", lock: threading.Lock) -> list["_Load"]:
         """One block-aligned piece of one file: read its spans, then check the items it completed."""
         with self._step("read file", f"{loc.path}/{task.path}"):
             return self._read_task(fs, loc, task, lock)
 
-    def _read_task(self, fs: Any, loc: _uri.Location, task: "_Task", lock: threading.Lock) -> list["_Load"]:
+    def _read_task(self, fs: FileSystem, loc: _uri.Location, task: "_Task", lock: threading.Lock) -> list["_Load"]:
         completed: list[_Load] = []
         if task.spans:
             raw = fs.open(f"{loc.path}/{task.path}", "rb", buffering=0)
@@ -271,7 +274,7 @@ class CheckpointReader(StorageReader):
                     assert load.dest is not None
                     load.dest[lo : lo + n] = buf[offset - start : offset - start + n]
 
-    def _block_size(self, fs: Any, path: str) -> int:
+    def _block_size(self, fs: FileSystem, path: str) -> int:
         with self._step("stat", path):
             return fs.stat(path).block_size
 
