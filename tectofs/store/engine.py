@@ -132,7 +132,11 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
     def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         return self._x(sql, params).fetchall()
 
+    # Transactions: the runner (or a test, a tool) opens one around each batch of operations,
+    # and a savepoint around each operation in it; the operations never do.
+
     def tx_begin(self) -> None:
+        """Open a transaction (SERIALIZABLE on PostgreSQL: ``dialect.begin_statement``)."""
         self._x(self.dialect.begin_statement)
 
     def tx_commit(self) -> None:
@@ -678,4 +682,5 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
                            usable_free=max(0, capacity - used) * policy.needed // policy.width, policy=str(policy))
 
     def close(self) -> None:
+        """Close the connection; an open transaction is rolled back by the database."""
         self.conn.close()

@@ -15,9 +15,10 @@ callee, its arguments and the result type, and nothing is looked up by name.
 
 An operation called with a ``request_key`` is run at most once per key: its result is
 recorded in its own savepoint, encoded as it was returned, and a later call with that key
-gets the recorded result back decoded as ``returns`` (:mod:`tectofs.store.requests`). The caller makes the keys: the metadata service, which
-knows the call it serves, keys each store operation of a call that carries a call id. The
-store knows nothing of the wire (``tests/test_tidy.py`` holds it to that).
+gets the recorded result back decoded as ``returns`` (:mod:`tectofs.store.requests`). The
+caller makes the keys: the metadata service, which knows the call it serves, keys each
+store operation of a call that carries a call id. The store knows nothing of the wire
+beyond the declared types it answers with (``tests/test_tidy.py`` holds it to that).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class StoreRunner:
         return result  # type: ignore[no-any-return]  # what ``operation`` returned: a ResultT
 
     def close(self) -> None:
+        """Stop after the operations queued so far (their callers are answered), and close the store."""
         if self._inline_store is not None:
             self._inline_store.close()
             self._inline_store = None
