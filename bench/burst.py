@@ -175,13 +175,13 @@ def _chunk_stats(fs: Any) -> dict[str, dict[str, int]]:
 
     out: dict[str, dict[str, int]] = {}
     for server in fs.servers():
-        if not server.get("live") or not server.get("address"):
+        if not server.live or not server.address:
             continue
         try:
-            reply, _ = fs.run(fs.aio.rpc.call(server["address"], messages.CHUNK_STAT, messages.Empty(), timeout_s=10))
-            out[server["address"]] = dict(reply.stats)
+            reply, _ = fs.run(fs.aio.rpc.call(server.address, messages.CHUNK_STAT, messages.Empty(), timeout_s=10))
+            out[server.address] = dict(reply.stats)
         except Exception as exc:  # a dead server is reported by the survival check
-            out[server["address"]] = {"error": _describe(exc)}  # type: ignore[dict-item]
+            out[server.address] = {"error": _describe(exc)}  # type: ignore[dict-item]
     return out
 
 
@@ -261,9 +261,9 @@ class _LivenessMonitor:
                 continue
             call_s = time.perf_counter() - started
             now = time.time()
-            ages = [now - s["last_heartbeat"] for s in servers]
-            pings = [self._ping(s["address"]) for s in servers if s.get("address")]
-            self.samples.append((now, sum(1 for s in servers if s["live"]), max(ages, default=0.0), call_s,
+            ages = [now - s.last_heartbeat for s in servers]
+            pings = [self._ping(s.address) for s in servers if s.address]
+            self.samples.append((now, sum(1 for s in servers if s.live), max(ages, default=0.0), call_s,
                                  max(pings, default=0.0)))
 
     def start(self) -> None:
@@ -666,7 +666,7 @@ def _survivors(fs: Any, cluster: Any) -> dict[str, Any]:
         out["exited"] = dead
         out["ok"] = not dead
     try:
-        live = [s for s in fs.servers() if s.get("live")]
+        live = [s for s in fs.servers() if s.live]
         out["live_chunk_servers"] = len(live)
         if cluster is not None and len(live) < cluster.server_count:
             out["ok"] = False

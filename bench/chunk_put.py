@@ -30,7 +30,7 @@ def measure(mode: str, chunk_bytes: int, count: int) -> tuple[float, float]:
     crcs, whole = checksum.piece_and_whole_crcs(data)
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
         with LocalCluster(os.path.join(tmp, "c"), servers=1, policy="rep(1)", sync=mode) as cluster:
-            address = cluster.servers()[0]["address"]
+            address = cluster.servers()[0].address
             pid = cluster.chunk_processes[0].pid  # type: ignore[union-attr]
 
             async def main() -> tuple[float, float]:

@@ -39,8 +39,8 @@ def _chunk_gets(fs: Any) -> int:
 
     total = 0
     for server in fs.servers():
-        if server.get("live") and server.get("address"):
-            reply, _ = fs.run(fs.aio.rpc.call(server["address"], messages.CHUNK_STAT, messages.Empty(), timeout_s=10))
+        if server.live and server.address:
+            reply, _ = fs.run(fs.aio.rpc.call(server.address, messages.CHUNK_STAT, messages.Empty(), timeout_s=10))
             total += reply.stats.get("gets", 0)
     return total
 

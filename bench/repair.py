@@ -79,7 +79,7 @@ class Monitor:
 
     def rebuilt_bytes(self) -> int:
         """Sum of every chunk server's ``repair_bytes`` (as of its last heartbeat)."""
-        return sum(s["stats"].get("repair_bytes", 0) for s in self.fs.servers())
+        return sum(s.stats.get("repair_bytes", 0) for s in self.fs.servers())
 
     def wait(self, what: str, done: Callable[[dict[str, int]], bool], timeout_s: float) -> dict[str, int]:
         deadline = time.monotonic() + timeout_s

@@ -355,13 +355,13 @@ class AsyncFileSystem:
             raise InvalidArgument(f"{path} is not a symbolic link")
         return st.target
 
-    async def statfs(self) -> dict[str, Any]:
-        reply = await self.metadata.statfs()
-        return dict(messages.to_plain(reply))
+    async def statfs(self) -> messages.StatfsReply:
+        """Inodes, and the raw and usable capacity of the live chunk servers (``StatfsReply``)."""
+        return await self.metadata.statfs()
 
-    async def servers(self) -> list[dict[str, Any]]:
-        reply = await self.metadata.servers()
-        return list(messages.to_plain(reply.servers))
+    async def servers(self) -> list[messages.ServerInfo]:
+        """Every registered chunk server: address, load, liveness, progress counters."""
+        return (await self.metadata.servers()).servers
 
     # ------------------------------------------------------------------ files
 

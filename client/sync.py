@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Iterator, TypeVar
 
 from tectofs import limits
 from tectofs.errors import InvalidArgument
+from tectofs.wire import messages
 
 from .core import AsyncFileSystem, Stat, normalize_mode
 from .files import AsyncFile
@@ -334,10 +335,10 @@ class FileSystem:
     def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
         self.run(self.aio.write_bytes(path, data))
 
-    def statfs(self) -> dict[str, Any]:
+    def statfs(self) -> messages.StatfsReply:
         return self.run(self.aio.statfs())
 
-    def servers(self) -> list[dict[str, Any]]:
+    def servers(self) -> list[messages.ServerInfo]:
         return self.run(self.aio.servers())
 
     def close(self) -> None:

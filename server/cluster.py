@@ -14,7 +14,7 @@ from typing import Any
 from tectofs import children, limits
 from tectofs.errors import InvalidArgument, TectofsError, Timeout
 from tectofs.server import addresses
-from tectofs.wire import auth
+from tectofs.wire import auth, messages
 
 
 def _python_command(*args: str) -> list[str]:
@@ -288,7 +288,7 @@ class LocalCluster:
         wait_for_file(os.path.join(self.root, f"chunk-{i}.address"), timeout_s, process)
         self._read_metrics(f"chunk-{i}", process, timeout_s)
 
-    def servers(self) -> list[dict[str, Any]]:
+    def servers(self) -> list[messages.ServerInfo]:
         from tectofs.client import connect
 
         with connect(self.address, credentials=self.credential_file) as fs:
@@ -302,7 +302,7 @@ class LocalCluster:
                 if process is not None and process.poll() is not None and process.returncode not in (0, -9, -15):
                     raise TectofsError(f"a chunk server exited with code {process.returncode}; see {self.root}/logs")
             try:
-                live = sum(1 for s in self.servers() if s["live"])
+                live = sum(1 for s in self.servers() if s.live)
             except (TectofsError, OSError):
                 live = 0
             if live >= count:

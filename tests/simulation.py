@@ -37,7 +37,7 @@ import random
 import sqlite3
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Coroutine, cast
+from typing import Any, Callable, Coroutine, TypeVar, cast
 
 from tectofs import checksum, erasure, limits
 from tectofs.errors import (
@@ -75,6 +75,8 @@ HEAL_TICKS_MAX = 80
 EVENTS = {"quiet": 14, "kill": 14, "revive": 16, "wipe": 7, "flip": 12, "delete": 9, "restart": 7,
           "write": 10, "overwrite": 5, "unlink": 3, "crash": 3, "drain": 3}
 FAULTS = {"kill", "wipe", "flip", "delete"}
+
+ResultT = TypeVar("ResultT")
 
 
 class SimulationFailed(AssertionError):
@@ -224,30 +226,30 @@ class Metadata:
     async def report_bad_chunk(self, request: messages.ReportBadChunkRequest) -> messages.Empty:
         self._reachable()
         if request.kind in ("corrupt", "missing"):
-            self.sim.call("mark_bad", request.block_id, request.server_id)
+            self.sim.call(lambda store: store.mark_bad(request.block_id, request.server_id))
         return messages.Empty()
 
     async def repair_done(self, request: messages.RepairDoneRequest) -> messages.Empty:
         self._reachable()
         r = request
-        placed = self.sim.call("repair_done", r.block_id, r.position, r.server_id, r.length, r.crc)
+        placed = self.sim.call(lambda store: store.repair_done(r.block_id, r.position, r.server_id, r.length, r.crc))
         self.sim.stats["rebuilds"] += bool(placed)
         return messages.Empty()
 
     async def repair_failed(self, request: messages.RepairFailedRequest) -> messages.Empty:
         self._reachable()
-        self.sim.call("repair_failed", request.block_id, request.position, request.server_id, request.occupied)
+        self.sim.call(lambda store: store.repair_failed(request.block_id, request.position, request.server_id, request.occupied))
         return messages.Empty()
 
     async def inventory_begin(self, request: messages.InventoryBeginRequest) -> messages.InventoryBeginReply:
         self._reachable()
-        return messages.InventoryBeginReply(report=self.sim.call("inventory_begin", request.server_id))
+        return messages.InventoryBeginReply(report=self.sim.call(lambda store: store.inventory_begin(request.server_id)))
 
     async def inventory(self, request: messages.InventoryRequest) -> messages.InventoryReply:
         self._reachable()
         r = request
-        found = self.sim.call("inventory", r.server_id, r.report, r.block_ids, r.last, ORPHAN_GRACE_S)
-        return messages.InventoryReply(**found)
+        found = self.sim.call(lambda store: store.inventory(r.server_id, r.report, r.block_ids, r.last, ORPHAN_GRACE_S))
+        return found
 
 
 class Simulation:
@@ -286,15 +288,15 @@ class Simulation:
         store.server_dead_after_s = DEAD_AFTER_S
         return store
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``store.<method>(...)`` in a transaction of its own, as the store runner runs a
+    def call(self, operation: Callable[[SqlStore], ResultT]) -> ResultT:
+        """``operation(store)`` in a transaction of its own, as the store runner runs a
         batch of one: committed if it returns, rolled back if it raises. Each takes a
         millisecond of virtual time (as real ones do: no two see the same clock)."""
         self.clock.now += 0.001
         store = self.store
         store.tx_begin()
         try:
-            result = getattr(store, method)(*args, **kwargs)
+            result = operation(store)
         except Exception:
             store.tx_rollback()
             raise
@@ -337,7 +339,7 @@ class Simulation:
             self.servers.append(server)
         server.up = True
         used, _ = server.load()
-        server.server_id = self.call("register_server", server.uuid, server.address, CAPACITY, used)
+        server.server_id = self.call(lambda store: store.register_server(server.uuid, server.address, CAPACITY, used))
         server.repairer.server_id = server.server_id
         self.report_inventory(server)
 
@@ -346,7 +348,7 @@ class Simulation:
 
     def heartbeat(self, server: ChunkServer) -> None:
         used, count = server.load()
-        deletes = self.call("heartbeat", server.server_id, CAPACITY, used, 0, count, server.address)
+        deletes = self.call(lambda store: store.heartbeat(server.server_id, CAPACITY, used, 0, count, server.address))
         for block_id in deletes:
             placed = self.inspect.execute(
                 "SELECT position FROM chunks WHERE block_id = ? AND server_id = ?", (block_id, server.server_id)
@@ -355,8 +357,8 @@ class Simulation:
                 self.fail(f"(c) a GC order deletes chunk {placed[0]} of block {block_id} on server"
                           f" {server.server_id}, where the block places it")
             self.stats["deletes"] += server.disk.pop(block_id, None) is not None
-        for order in self.call("repair_orders", server.server_id, limits.repair_orders_per_heartbeat_max):
-            server.orders.setdefault((order["block_id"], order["position"]), messages.convert(order, messages.RepairOrder))
+        for order in self.call(lambda store: store.repair_orders(server.server_id, limits.repair_orders_per_heartbeat_max)):
+            server.orders.setdefault((order.block_id, order.position), order)
         if server.repairer.unreported:  # outcomes the service missed while it was away (as service.py does)
             self.run_async(server.repairer.resend_reports())
 
@@ -395,10 +397,10 @@ class Simulation:
         self.rng.shuffle(actors)
         for actor in actors if self.mds_up else []:
             if actor == "schedule":
-                self.call("schedule_repairs", REPAIR_AFTER_S, limits.repair_concurrency_per_server * 4,
-                          timeout_s=REPAIR_TIMEOUT_S)
+                self.call(lambda store: store.schedule_repairs(
+                    REPAIR_AFTER_S, limits.repair_concurrency_per_server * 4, timeout_s=REPAIR_TIMEOUT_S))
             elif actor == "expire":
-                self.call("expire_allocations", ALLOCATION_GRACE_S)
+                self.call(lambda store: store.expire_allocations(ALLOCATION_GRACE_S))
             else:
                 self.heartbeat(actor)
         for server in up:
@@ -421,12 +423,13 @@ class Simulation:
         allocate, encode, put (a dead server is replaced by a spare) and commit; a block
         below its ``write_min`` aborts the write. ``crash``: the client dies before its commit."""
         parts = [self.rng.choice(list(POLICIES)), name] if name not in self.files else self.files[name].parts
-        attrs, created, *_ = self.call("create_file", parts)
+        made = self.call(lambda store: store.create_file(parts))
+        attrs, created = made.attrs, made.created
         writer = self.rng.getrandbits(32) + 1
         indexes = sorted(self.rng.sample(range(4), self.rng.randint(1, 3)))
         contents = {idx: self.rng.randbytes(self.rng.choice((1, 100, 2000, 5000, 20000))) for idx in indexes}
         try:
-            allocations = self.call("allocate", attrs["ino"], len(contents), 2, (), writer)
+            allocations = self.call(lambda store: store.allocate(attrs.ino, len(contents), 2, (), writer))
         except NoSpace:
             allocations = []
         written = [self.put_block(idx, data, allocation)
@@ -437,33 +440,34 @@ class Simulation:
             return
         if len(written) < len(contents) or None in written:
             if created:
-                self.call("unlink", parts, attrs["ino"], True)
+                self.call(lambda store: store.unlink(parts, attrs.ino, True))
             return
         blocks = contents if replace else {**file.blocks, **contents}
         size = max(idx * BLOCK_SIZE + len(data) for idx, data in blocks.items())
-        self.call("commit", attrs["ino"], size, written, replace, None, None, (), writer)
+        blocks_written = [block for block in written if block is not None]
+        self.call(lambda store: store.commit(attrs.ino, size, blocks_written, replace, None, None, (), writer))
         self.files[name] = File(parts, blocks, size)
 
-    def put_block(self, idx: int, data: bytes, allocation: dict[str, Any]) -> dict[str, Any] | None:
-        policy = parse_policy(allocation["policy"])
-        candidates = iter(allocation["servers"])
-        chunks = []
+    def put_block(self, idx: int, data: bytes, allocation: messages.Allocation) -> messages.WrittenBlock | None:
+        policy = parse_policy(allocation.policy)
+        candidates = iter(allocation.servers)
+        chunks: list[messages.WrittenChunk] = []
         for position, chunk in enumerate(erasure.encode(policy, data)):
             crc = checksum.crc(chunk)
             for candidate in candidates:
-                server = self.reachable(candidate["address"])
+                server = self.reachable(candidate.address)
                 try:
                     if server is None:
-                        raise ConnectionLost(f"{candidate['address']} does not answer")
-                    server.write(allocation["block_id"], position, chunk, [], crc)
+                        raise ConnectionLost(f"{candidate.address} does not answer")
+                    server.write(allocation.block_id, position, chunk, [], crc)
                 except TectofsError:
                     continue  # that server failed: the next spare
-                chunks.append({"position": position, "server_id": candidate["server_id"], "length": len(chunk),
-                               "crc": crc})
+                chunks.append(messages.WrittenChunk(position=position, server_id=candidate.server_id,
+                                                    length=len(chunk), crc=crc))
                 break
-        if len(chunks) < allocation["write_min"]:
+        if len(chunks) < allocation.write_min:
             return None
-        return {"idx": idx, "block_id": allocation["block_id"], "start": 0, "length": len(data), "chunks": chunks}
+        return messages.WrittenBlock(idx=idx, block_id=allocation.block_id, start=0, length=len(data), chunks=chunks)
 
     # ------------------------------------------------------------------ ground truth and checks
 
@@ -527,36 +531,36 @@ class Simulation:
         """(a) Every file reads back bit-exact from the chunks a reader can get."""
         self.stats["checkpoints"] += 1
         for name, file in self.files.items():
-            layout = self.call("layout", file.parts)
-            if layout["attrs"]["size"] != file.size:
-                self.fail(f"(a) {name} has size {layout['attrs']['size']}, {file.size} were written")
-            if [b["idx"] for b in layout["blocks"]] != sorted(file.blocks):
-                self.fail(f"(a) {name} has blocks {[b['idx'] for b in layout['blocks']]}, {sorted(file.blocks)} were written")
-            for block in layout["blocks"]:
-                if self.read_block(block) != file.blocks[block["idx"]]:
-                    self.fail(f"(a) block {block['idx']} (id {block['block_id']}) of {name} reads back different bytes")
+            layout = self.call(lambda store: store.layout(file.parts))
+            if layout.attrs.size != file.size:
+                self.fail(f"(a) {name} has size {layout.attrs.size}, {file.size} were written")
+            if [b.idx for b in layout.blocks] != sorted(file.blocks):
+                self.fail(f"(a) {name} has blocks {[b.idx for b in layout.blocks]}, {sorted(file.blocks)} were written")
+            for block in layout.blocks:
+                if self.read_block(block) != file.blocks[block.idx]:
+                    self.fail(f"(a) block {block.idx} (id {block.block_id}) of {name} reads back different bytes")
 
-    def read_block(self, block: dict[str, Any]) -> bytes:
+    def read_block(self, block: messages.Block) -> bytes:
         """What a reader decodes: chunks that pass the server's checks and the crc the store
         recorded; a rotating choice of ``needed`` of them, so parity is decoded too."""
-        policy = parse_policy(block["policy"])
+        policy = parse_policy(block.policy)
         readable = {}
-        for c in block["chunks"]:
-            server = self.reachable(c["address"])
-            chunk = server.disk.get(block["block_id"]) if server is not None else None
-            if chunk is not None and chunk.sound and chunk.crc == c["crc"] and len(chunk.data) == c["length"]:
-                readable[c["position"]] = chunk.data
+        for c in block.chunks:
+            server = self.reachable(c.address)
+            chunk = server.disk.get(block.block_id) if server is not None else None
+            if chunk is not None and chunk.sound and chunk.crc == c.crc and len(chunk.data) == c.length:
+                readable[c.position] = chunk.data
         if len(readable) < policy.needed:
-            self.fail(f"(a) block {block['block_id']} is unreadable: chunks {sorted(readable)} of {policy} readable")
+            self.fail(f"(a) block {block.block_id} is unreadable: chunks {sorted(readable)} of {policy} readable")
         order = sorted(readable)
-        turn = block["block_id"] % len(order)
+        turn = block.block_id % len(order)
         picked = {p: readable[p] for p in (order[turn:] + order[:turn])[: policy.needed]}
-        out = bytearray(block["length"])
+        out = bytearray(block.length)
         erasure.decode_into(policy, picked, memoryview(out))
         return bytes(out)
 
     def healed(self) -> bool:
-        summary = self.call("health_summary")
+        summary = self.call(lambda store: store.health_summary())
         blocks = self.placements()
         on_drained = self.inspect.execute(
             "SELECT 1 FROM chunks c JOIN servers s ON s.server_id = c.server_id WHERE s.state = 'draining' LIMIT 1"
@@ -575,7 +579,7 @@ class Simulation:
 
     def setup(self) -> None:
         for directory, policy in POLICIES.items():
-            self.call("mkdir", [directory], policy=policy)
+            self.call(lambda store: store.mkdir([directory], policy=policy))
         for i in range(self.rng.randint(7, 9)):
             self.start(self.new_server(f"10.0.0.{i + 1}:7001"))
         for i in range(self.rng.randint(3, 6)):
@@ -603,7 +607,7 @@ class Simulation:
             self.write_file(name, replace=kind != "overwrite", crash=kind == "crash")
         elif kind == "unlink":
             name = self.rng.choice(sorted(self.files))
-            self.call("unlink", self.files.pop(name).parts)
+            self.call(lambda store: store.unlink(self.files.pop(name).parts))
         if self.rng.random() < 0.6:  # else the next event comes at the same instant
             self.tick()
         if self.rng.random() < 0.3:
@@ -658,11 +662,11 @@ class Simulation:
         server = self.rng.choice(candidates)
         name = self.rng.choice([str(server.server_id), server.uuid, server.address])
         try:
-            drained = self.call("drain", name)
+            drained = self.call(lambda store: store.drain(name))
         except InvalidArgument:  # the address also names a wiped server not yet seen dead: ambiguous, refused
-            drained = self.call("drain", server.uuid)
-        if drained["server_id"] != server.server_id:
-            self.fail(f"(e) drain {name!r} drained server {drained['server_id']}, not the running server"
+            drained = self.call(lambda store: store.drain(server.uuid))
+        if drained.server_id != server.server_id:
+            self.fail(f"(e) drain {name!r} drained server {drained.server_id}, not the running server"
                       f" {server.server_id} it names")
         server.draining = True
 
@@ -691,7 +695,7 @@ class Simulation:
             (drained,) = self.inspect.execute(
                 "SELECT COUNT(*) FROM chunks c JOIN servers s ON s.server_id = c.server_id WHERE s.state = 'draining'"
             ).fetchone()
-            self.fail(f"(b) redundancy not restored after {HEAL_TICKS_MAX} ticks: {self.call('health_summary')};"
+            self.fail(f"(b) redundancy not restored after {HEAL_TICKS_MAX} ticks: {self.call(lambda store: store.health_summary())};"
                       f" failed positions per block {bad}; {drained} chunks still on drained servers")
         self.check_reads()
 

@@ -105,15 +105,15 @@ def test_registry_keeps_metrics_urls_and_migrates_an_older_store(tmp_path: Path)
         conn.execute("ALTER TABLE servers DROP COLUMN metrics_url")
     store = _store(db)  # the column is added when the store opens
     store.tx_begin()
-    assert [s["metrics_url"] for s in store.servers()] == [None, None]
+    assert [s.metrics_url for s in store.servers()] == [None, None]
     store.heartbeat(a, 1 << 40, 0, 0, 0, "10.0.0.1:7421", metrics_url="http://10.0.0.1:9101/metrics")
     store.heartbeat(b, 1 << 40, 0, 0, 0)
-    urls = {s["server_id"]: s["metrics_url"] for s in store.servers()}
+    urls = {s.server_id: s.metrics_url for s in store.servers()}
     assert urls == {a: "http://10.0.0.1:9101/metrics", b: None}
     store.heartbeat(a, 1 << 40, 0, 0, 0)  # a heartbeat without one (a server of 0.1.0) changes nothing
-    assert store.servers()[0]["metrics_url"] == "http://10.0.0.1:9101/metrics"
+    assert store.servers()[0].metrics_url == "http://10.0.0.1:9101/metrics"
     store.register_server("uuid-a", "10.0.0.1:7421", 1 << 40, 0)  # restarted with metrics off
-    assert store.servers()[0]["metrics_url"] is None
+    assert store.servers()[0].metrics_url is None
     store.tx_commit()
 
 
@@ -148,13 +148,13 @@ def test_servers_reply_with_every_metrics_url_fits(tmp_path: Path) -> None:
         store.heartbeat(server_id, 2**62, 2**62, 2**62, 2**62, _long_address(server_id),
                         stats={f"key{i:060d}": 2**62 for i in range(64)} | dict.fromkeys(SERVER_STATS_KEPT, 2**62),
                         metrics_url=messages.convert(longest_url, messages.MetricsUrl))
-    _fits(messages.ServersReply(servers=[messages.ServerInfo(**s) for s in store.servers()]))
+    _fits(messages.ServersReply(servers=store.servers()))
 
 
 def test_servers_and_stats_name_every_metrics_endpoint(make_cluster) -> None:
     cluster = make_cluster(servers=3, policy="rs(2,1)", metrics=True)
     servers = cluster.fs.servers()
-    by_address = {s["address"]: s["metrics_url"] for s in servers}
+    by_address = {s.address: s.metrics_url for s in servers}
     for i in range(3):
         address = (Path(cluster.root) / f"chunk-{i}.address").read_text().strip()
         assert by_address[address] == cluster.metrics_urls[f"chunk-{i}"]
@@ -164,5 +164,5 @@ def test_servers_and_stats_name_every_metrics_endpoint(make_cluster) -> None:
         with urllib.request.urlopen(url, timeout=10) as response:
             assert response.status == 200
     plain = make_cluster(servers=3, policy="rs(2,1)")
-    assert [s["metrics_url"] for s in plain.fs.servers()] == [None] * 3
+    assert [s.metrics_url for s in plain.fs.servers()] == [None] * 3
     assert plain.fs.run(plain.fs.aio.metadata.stats()).metrics_url is None

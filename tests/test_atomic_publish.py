@@ -30,7 +30,7 @@ def _without_servers(c: Any, count: int) -> None:
     for i in range(count):
         c.kill_chunk_server(i)
     deadline = time.monotonic() + 30
-    while sum(s["live"] for s in c.servers()) > len(c.chunk_data_dirs) - count:
+    while sum(s.live for s in c.servers()) > len(c.chunk_data_dirs) - count:
         assert time.monotonic() < deadline, "the metadata service still counts killed servers live"
         time.sleep(0.2)
 
@@ -155,7 +155,7 @@ def test_second_chunk_server_on_a_used_directory_refuses(cluster: Any) -> None:
                              "--port", "0", "--key-file", cluster.key_file], capture_output=True, text=True, timeout=60)
     assert second.returncode != 0
     assert "in use by another chunk server" in second.stderr, second.stderr
-    assert sum(s["live"] for s in cluster.servers()) == len(cluster.chunk_data_dirs)
+    assert sum(s.live for s in cluster.servers()) == len(cluster.chunk_data_dirs)
     cluster.fs.write_bytes("/after-second-server", b"still fine")
     assert cluster.fs.read_bytes("/after-second-server") == b"still fine"
 
@@ -170,7 +170,7 @@ def test_up_check_does_not_touch_a_running_cluster(cluster: Any, tmp_path: Any) 
                            env={**os.environ, "PYTHONPATH": source})
     assert check.returncode == 0, check.stderr
     assert sorted(os.listdir(cluster.root)) == before  # no ./tectofs-data next to the cluster's files
-    assert sum(s["live"] for s in cluster.servers()) == len(cluster.chunk_data_dirs)
+    assert sum(s.live for s in cluster.servers()) == len(cluster.chunk_data_dirs)
 
 
 def test_cli_refuses_what_it_cannot_do_safely(cluster: Any) -> None:
@@ -218,7 +218,7 @@ def test_up_restarts_a_child_that_died(tmp_path: Any) -> None:
 
         with connect(address) as fs:
             deadline = time.monotonic() + 30
-            while sum(s["live"] for s in fs.servers()) < 6:
+            while sum(s.live for s in fs.servers()) < 6:
                 assert time.monotonic() < deadline
                 time.sleep(0.3)
             fs.write_bytes("/after-restart", b"ok")

@@ -40,7 +40,7 @@ def test_burst_of_128_ranks_commits_and_verifies(make_cluster, tmp_path, rng):
     # Every server survived the burst.
     assert cluster.meta_process is not None and cluster.meta_process.poll() is None
     assert all(p is not None and p.poll() is None for p in cluster.chunk_processes)
-    assert sum(1 for s in cluster.fs.servers() if s["live"]) == 6
+    assert sum(1 for s in cluster.fs.servers() if s.live) == 6
     assert time.monotonic() - started < 60
     assert draw_chart(result, str(tmp_path / "burst.png"), "test") in (None, str(tmp_path / "burst.png"))
 

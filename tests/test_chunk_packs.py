@@ -266,7 +266,7 @@ def test_a_cluster_with_packed_chunks_heals_and_reads_back(make_cluster: Any) ->
     path, offset = _records(flipped)[block_id]
     flip_byte(path, offset + ALIGN + 100)  # inside the record's data
     deadline = time.monotonic() + 60
-    while not any(s["stats"].get("scrub_corrupt") for s in c.fs.servers()):
+    while not any(s.stats.get("scrub_corrupt") for s in c.fs.servers()):
         assert time.monotonic() < deadline, "the scrubber did not report the flipped byte in a packed chunk"
         time.sleep(0.3)
     _wait_clean(c, timeout_s=60)  # the damaged chunk rebuilt
@@ -274,7 +274,7 @@ def test_a_cluster_with_packed_chunks_heals_and_reads_back(make_cluster: Any) ->
     c.kill_chunk_server(0)
     shutil.rmtree(c.chunk_data_dirs[0])  # lost for good: its chunks are rebuilt into the others' packs
     deadline = time.monotonic() + 60
-    while any(s["server_id"] == lost and s["live"] for s in c.fs.servers()):
+    while any(s.server_id == lost and s.live for s in c.fs.servers()):
         assert time.monotonic() < deadline, "the metadata service did not notice the lost server"
         time.sleep(0.2)
     _wait_clean(c, timeout_s=120)

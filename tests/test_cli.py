@@ -16,6 +16,8 @@ from typing import Iterator
 
 import pytest
 
+from tectofs.wire import messages
+
 KiB, MiB = 1 << 10, 1 << 20
 
 
@@ -107,7 +109,7 @@ def test_status_json_passes_every_server_field_through(cluster):
     out = json.loads(tectofs("status", "--json", address=cluster.address).stdout)
     servers = out["servers"]
     assert len(servers) == 6 and all(s["live"] for s in servers)
-    library = {s["server_id"]: s for s in cluster.fs.servers()}
+    library = {s["server_id"]: s for s in messages.to_plain(cluster.fs.servers())}
     for s in servers:  # the same fields the library's servers() call returns, none dropped
         assert set(s) == set(library[s["server_id"]])
         assert {"server_id", "address", "used", "capacity", "chunks", "last_heartbeat"} <= set(s)

@@ -228,7 +228,7 @@ def _raw_exchange(address: str, data: bytes) -> list:
     ],
 )
 def test_malformed_frames_get_error_and_close(cluster, garbage):
-    targets = [cluster.address, cluster.servers()[0]["address"]]
+    targets = [cluster.address, cluster.servers()[0].address]
     for address in targets:
         frames = _raw_exchange(address, garbage)
         assert frames and frames[-1].kind == FrameKind.ERROR
@@ -325,7 +325,7 @@ def test_no_live_servers_is_no_space(make_cluster):
     for i in range(6):
         c.kill_chunk_server(i)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(s["live"] for s in c.servers()):
+    while time.monotonic() < deadline and any(s.live for s in c.servers()):
         time.sleep(0.2)
     with pytest.raises(errors.NoSpace, match="live chunk servers"):
         c.fs.write_bytes("/nowhere", b"x" * 100)

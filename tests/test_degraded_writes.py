@@ -23,7 +23,7 @@ def _kill(c: Any, count: int) -> None:
     for i in range(count):
         c.kill_chunk_server(i)
     deadline = time.monotonic() + 30
-    while sum(s["live"] for s in c.servers()) > len(c.chunk_data_dirs) - count:
+    while sum(s.live for s in c.servers()) > len(c.chunk_data_dirs) - count:
         assert time.monotonic() < deadline
         time.sleep(0.2)
 

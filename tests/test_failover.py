@@ -12,8 +12,9 @@ import subprocess
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
+import msgspec
 import pytest
 
 from tectofs import errors, fsck, limits
@@ -21,6 +22,8 @@ from tectofs.benchmarks import burst
 from tectofs.client import connect
 from tectofs.store import SqlStore, StoreRunner, requests
 from tectofs.store.dialect import dialect_for
+from tectofs.store.users import MAYBE_USER, StoredUser
+from tectofs.wire import messages
 from tectofs.wire.client import RpcClient
 from tectofs.wire.server import Call
 from tectofs.wire.transport import parse_group
@@ -28,6 +31,7 @@ from tests import conftest
 
 KiB = 1 << 10
 MiB = 1 << 20
+ResultT = TypeVar("ResultT")
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
@@ -70,10 +74,52 @@ def test_address_groups_parse_and_bad_ones_are_refused():
 
 
 def test_recorded_results_decode_to_what_the_operation_returned():
-    for value in [({"ino": 2, "target": None}, True), [1, (2, (3.5, b"x")), {"k": [()]}], None, {7: "int key"}]:
-        assert requests.decode(requests.encode(value)) == value
-        assert type(requests.decode(requests.encode(value))) is type(value)
-    assert isinstance(requests.decode(requests.encode([1, (2,)]))[1], tuple)
+    attrs = messages.Attrs(ino=2, kind="file", mode=0o100644, uid=0, gid=0, size=0, atime=1.0, mtime=1.0, ctime=1.0,
+                           nlink=1, policy="rep(3)", block_size=1 << 20, parent=1)
+    made = messages.CreateReply(attrs=attrs, created=True, directory=attrs, directory_ctime_before=0.5)
+    cases: list[tuple[Any, Any]] = [(made, messages.CreateReply), ([attrs], list[messages.Attrs]), (None, type(None)),
+                                    (7, int), (b"x", bytes), (StoredUser(name="u", uid=1, gid=1, groups=[2]), MAYBE_USER)]
+    for value, returns in cases:
+        assert requests.decode(requests.encode(value), returns) == value
+
+
+def _legacy(value: Any) -> bytes:
+    """``value`` as a release before typed results recorded it: tuples as msgpack extension 1."""
+    def wrap(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return msgspec.msgpack.Ext(1, msgspec.msgpack.encode([wrap(x) for x in v]))
+        if isinstance(v, list):
+            return [wrap(x) for x in v]
+        if isinstance(v, dict):
+            return {k: wrap(x) for k, x in v.items()}
+        return v
+    return msgspec.msgpack.encode(wrap(value))
+
+
+def test_records_of_a_release_before_typed_results_read_back_compatibly():
+    """A retry that straddles the upgrade gets the reply the old release recorded, typed."""
+    attrs = {"ino": 5, "kind": "file", "mode": 0o100644, "uid": 0, "gid": 0, "size": 0, "atime": 1.0, "mtime": 1.0,
+             "ctime": 1.0, "nlink": 1, "policy": "rep(3)", "block_size": 1 << 20, "target": None, "parent": 1,
+             "stored": 0, "write_min": 0, "rdev": 0}
+    root = {**attrs, "ino": 1, "kind": "dir", "mode": 0o40755, "nlink": 2}
+    assert requests.decode(_legacy(attrs), messages.Attrs).ino == 5  # mkdir, rename, link...
+    made = requests.decode(_legacy((attrs, True, root, 0.5)), messages.CreateReply)
+    assert (made.attrs.ino, made.created, made.directory and made.directory.ino, made.directory_ctime_before) == (
+        5, True, 1, 0.5)
+    older = requests.decode(_legacy((attrs, False)), messages.CreateReply)  # an older release's create: less
+    assert older.attrs.ino == 5 and older.directory is None
+    removed = requests.decode(_legacy((root, 0.5)), messages.UnlinkReply)
+    assert removed.directory is not None and removed.directory.ino == 1 and removed.directory_ctime_before == 0.5
+    layout = {"attrs": attrs, "first": 0, "end": None, "blocks": [
+        {"idx": 0, "block_id": 9, "policy": "rep(3)", "start": 0, "length": 10, "valid": 10,
+         "chunks": [{"position": 0, "server_id": 1, "address": "127.0.0.1:1", "length": 10, "crc": 1}]}]}
+    assert requests.decode(_legacy(layout), messages.LayoutSegment).blocks[0].chunks[0].server_id == 1
+    allocations = [{"block_id": 9, "policy": "rep(3)", "write_min": 2,
+                    "servers": [{"server_id": 1, "address": "127.0.0.1:1"}]}]
+    assert requests.decode(_legacy(allocations), list[messages.Allocation])[0].servers[0].server_id == 1
+    # What cannot be read is never taken as absent (the operation would run twice): an error.
+    with pytest.raises(errors.TectofsError, match="recorded by an earlier release"):
+        requests.decode(_legacy(("not", "attrs")), messages.Attrs)
 
 
 # --------------------------------------------------------------------------- exactly once
@@ -83,60 +129,66 @@ def _runner(url: str) -> StoreRunner:
     return StoreRunner(lambda: SqlStore(dialect_for(url)))
 
 
-async def _as_call(runner: StoreRunner, call: Call, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Run a store operation as the next step of ``call``, keyed as the metadata service keys it."""
-    return await runner.call(method, *args, request_key=call.next_key(), **kwargs)
-
-
 def test_each_store_operation_of_a_retried_call_runs_once(store_url):
     runner = _runner(store_url)
     try:
-        servers = [runner.call_sync("register_server", f"uuid-{i}", f"127.0.0.1:{1000 + i}", 1 << 40, 0)
-                   for i in range(6)]
+        def register(i: int) -> Callable[[SqlStore], int]:
+            return lambda store: store.register_server(f"uuid-{i}", f"127.0.0.1:{1000 + i}", 1 << 40, 0)
+
+        servers = [runner.call_sync(register(i)) for i in range(6)]
         assert len(set(servers)) == 6
 
-        async def twice(method: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        async def as_call(call: Call, operation: Callable[[SqlStore], ResultT], returns: type[ResultT]) -> ResultT:
+            """Run a store operation as the next step of ``call``, keyed as the metadata service keys it."""
+            return await runner.call(operation, returns=returns, request_key=call.next_key())
+
+        async def twice(operation: Callable[[SqlStore], ResultT], returns: type[ResultT]) -> tuple[ResultT, ResultT]:
             """The original and a retry of one call (same call id)."""
             call_id = uuid.uuid4().bytes
-            first = await _as_call(runner, Call(call_id), method, *args, **kwargs)
-            return first, await _as_call(runner, Call(call_id), method, *args, **kwargs)
+            first = await as_call(Call(call_id), operation, returns)
+            return first, await as_call(Call(call_id), operation, returns)
 
         async def main() -> None:
-            first, again = await twice("mkdir", ["d"])
-            assert first == again and first["kind"] == "dir"
-            first, again = await twice("create_file", ["d", "f"], exclusive=True)
-            assert first == again and isinstance(again, tuple) and again[1] is True
+            made, again = await twice(lambda store: store.mkdir(["d"]), messages.Attrs)
+            assert made == again and made.kind == "dir"
+            created, created_again = await twice(lambda store: store.create_file(["d", "f"], exclusive=True),
+                                                 messages.CreateReply)
+            assert created == created_again and created_again.created is True
             with pytest.raises(errors.AlreadyExists):  # a new call is a new call
-                await _as_call(runner, Call(uuid.uuid4().bytes), "create_file", ["d", "f"], exclusive=True)
-            ino, block_size = first[0]["ino"], first[0]["block_size"]
-            first, again = await twice("allocate", ino, 2)
-            assert first == again  # the same block ids: not a second allocation
-            committed = [{"idx": i, "block_id": b["block_id"], "length": 10,
-                          "chunks": [{"position": p, "server_id": s["server_id"], "length": 5, "crc": 1}
-                                     for p, s in enumerate(b["servers"][:6])]} for i, b in enumerate(first)]
-            first, again = await twice("commit", ino, block_size + 10, committed, replace=True)
-            assert first == again and [b["idx"] for b in again["blocks"]] == [0, 1]
-            first, again = await twice("rename", ["d", "f"], ["d", "g"])  # a rerun would be NotFound
-            assert first == again and first["ino"] == ino
-            first, again = await twice("unlink", ["d", "g"])  # a rerun would be NotFound
-            assert first == again and first[0]["kind"] == "dir"  # the directory after the unlink, its ctime before
+                await as_call(Call(uuid.uuid4().bytes), lambda store: store.create_file(["d", "f"], exclusive=True),
+                              messages.CreateReply)
+            ino, block_size = created.attrs.ino, created.attrs.block_size
+            allocated, allocated_again = await twice(lambda store: store.allocate(ino, 2), list[messages.Allocation])
+            assert allocated == allocated_again  # the same block ids: not a second allocation
+            committed = [messages.WrittenBlock(idx=i, block_id=b.block_id, length=10, chunks=[
+                messages.WrittenChunk(position=p, server_id=s.server_id, length=5, crc=1)
+                for p, s in enumerate(b.servers[:6])]) for i, b in enumerate(allocated)]
+            layout, layout_again = await twice(
+                lambda store: store.commit(ino, block_size + 10, committed, replace=True), messages.LayoutSegment)
+            assert layout == layout_again and [b.idx for b in layout_again.blocks] == [0, 1]
+            renamed, renamed_again = await twice(lambda store: store.rename(["d", "f"], ["d", "g"]), messages.Attrs)
+            assert renamed == renamed_again and renamed.ino == ino  # a rerun would be NotFound
+            removed, removed_again = await twice(lambda store: store.unlink(["d", "g"]), messages.UnlinkReply)
+            assert removed == removed_again  # a rerun would be NotFound
+            assert removed.directory is not None and removed.directory.kind == "dir"  # the directory after
             # One call running several operations (makedirs): each step has its own record.
             call_id = uuid.uuid4().bytes
             for call in (Call(call_id), Call(call_id)):
-                a = await _as_call(runner, call, "mkdir", ["a"], exist_ok=True)
-                b = await _as_call(runner, call, "mkdir", ["a", "b"])
-                assert (a["kind"], b["kind"]) == ("dir", "dir") and a["ino"] != b["ino"]
+                a = await as_call(call, lambda store: store.mkdir(["a"], exist_ok=True), messages.Attrs)
+                b = await as_call(call, lambda store: store.mkdir(["a", "b"]), messages.Attrs)
+                assert (a.kind, b.kind) == ("dir", "dir") and a.ino != b.ino
             # A failed operation changed nothing and is not recorded: its retry runs again.
             call_id = uuid.uuid4().bytes
             with pytest.raises(errors.NotFound):
-                await _as_call(runner, Call(call_id), "unlink", ["later"])
-            runner.call_sync("create", ["later"])
-            assert (await _as_call(runner, Call(call_id), "unlink", ["later"]))[0]["ino"] == 1  # ran: the root after it
+                await as_call(Call(call_id), lambda store: store.unlink(["later"]), messages.UnlinkReply)
+            runner.call_sync(lambda store: store.create(["later"]))
+            ran = await as_call(Call(call_id), lambda store: store.unlink(["later"]), messages.UnlinkReply)
+            assert ran.directory is not None and ran.directory.ino == 1  # ran: the root after it
 
         asyncio.run(main())
-        assert runner.call_sync("readdir", ["d"])[0] == []
-        assert sorted(name for name, _ in runner.call_sync("readdir", [])[0]) == ["a", "d"]
-        assert runner.call_sync("lookup", ["d"])["nlink"] == 2
+        assert runner.call_sync(lambda store: store.readdir(["d"])).entries == []
+        assert sorted(e.name for e in runner.call_sync(lambda store: store.readdir([])).entries) == ["a", "d"]
+        assert runner.call_sync(lambda store: store.lookup(["d"])).nlink == 2
     finally:
         runner.close()
 
@@ -147,11 +199,11 @@ def test_records_are_pruned_after_their_retention(store_url):
         requests.create_schema(store)
         store.tx_begin()
         requests.record(store, "old:1", [1], now=100.0)
-        requests.record(store, "new:1", (2,), now=time.time())
+        requests.record(store, "new:1", [2], now=time.time())
         assert requests.prune(store, before=time.time() - limits.request_dedupe_retention_s) == 1
         store.tx_commit()
-        assert requests.lookup(store, "old:1") is requests.ABSENT
-        assert requests.lookup(store, "new:1") == (2,)
+        assert requests.lookup(store, "old:1", list[int]) is requests.ABSENT
+        assert requests.lookup(store, "new:1", list[int]) == [2]
     finally:
         store.close()
 
@@ -307,11 +359,11 @@ def test_sigkilled_metadata_service_during_a_128_rank_burst(make_cluster, postgr
         assert len(fs.listdir(f"/burst/{step}")) == 128 + 1
         assert not [e for e in fs.listdir("/burst") if e.startswith(".pending")]
         deadline = time.monotonic() + 10
-        while sum(1 for s in fs.servers() if s["live"]) < 6:
+        while sum(1 for s in fs.servers() if s.live) < 6:
             assert time.monotonic() < deadline, fs.servers()
             time.sleep(0.2)
         time.sleep(c.server_dead_after_s + 1)  # and they stay live: they heartbeat B now
-        assert sum(1 for s in fs.servers() if s["live"]) == 6, fs.servers()
+        assert sum(1 for s in fs.servers() if s.live) == 6, fs.servers()
         report = fs.run(fsck.check(fs.aio, "/burst"))
         assert report.exit_code == 0 and report.files >= 128 and report.healthy == report.blocks, report.as_dict()
     assert all(p is not None and p.poll() is None for p in c.chunk_processes)

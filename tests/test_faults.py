@@ -146,7 +146,7 @@ def test_busy_server_answers_busy_and_client_retries(make_cluster):
         t.start()
     for t in threads:
         t.join(timeout=120)
-    busy = sum(c.fs.run(c.fs.aio.rpc.call_raw(s["address"], "stat"))[0]["stats"]["busy"] for s in c.servers())
+    busy = sum(c.fs.run(c.fs.aio.rpc.call_raw(s.address, "stat"))[0]["stats"]["busy"] for s in c.servers())
     assert busy > 0, "no server ever answered BUSY: the test did not exercise admission control"
     for path, data in files.items():
         assert c.fs.read_bytes(path) == data

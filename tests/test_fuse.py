@@ -544,10 +544,10 @@ def test_statfs_reports_usable_capacity_and_inodes(mounted: Mounted) -> None:
     before = mounted.fs.statfs()
     vfs = os.statvfs(where)
     raw = mounted.fs.statfs()
-    assert raw["policy"] == "rs(4,2)" and raw["capacity"] > 0
-    low, high = sorted((before["capacity"] * 4 // 6, raw["capacity"] * 4 // 6))
+    assert raw.policy == "rs(4,2)" and raw.capacity > 0
+    low, high = sorted((before.capacity * 4 // 6, raw.capacity * 4 // 6))
     assert low - 2 * vfs.f_frsize < vfs.f_blocks * vfs.f_frsize < high + 2 * vfs.f_frsize
-    assert vfs.f_bavail <= vfs.f_blocks and vfs.f_ffree > 0 and vfs.f_files >= raw["files"] + vfs.f_ffree - 1000
+    assert vfs.f_bavail <= vfs.f_blocks and vfs.f_ffree > 0 and vfs.f_files >= raw.files + vfs.f_ffree - 1000
     assert vfs.f_namemax == 255
 
 

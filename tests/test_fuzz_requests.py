@@ -235,7 +235,7 @@ def test_fuzzed_requests_hurt_nobody(make_cluster: Callable[..., Any], rng: rand
     fs = cluster.fs
     fuzz_dir = "/fuzz"
     fs.mkdir(fuzz_dir)
-    chunk_addresses = [s["address"] for s in cluster.servers()]
+    chunk_addresses = [s.address for s in cluster.servers()]
     stop, done = threading.Event(), [0]
     failures: list[str] = []
     worker = threading.Thread(target=_well_formed_client, args=(fs, stop, failures, done), daemon=True)

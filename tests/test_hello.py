@@ -121,7 +121,7 @@ def test_client_pointed_at_a_closed_port_fails_within_the_connect_timeout() -> N
 
 
 def test_client_pointed_at_a_chunk_server_says_what_it_reached(cluster: Any) -> None:
-    chunk_address = cluster.servers()[0]["address"]
+    chunk_address = cluster.servers()[0].address
     with pytest.raises(errors.ProtocolError, match="is a tectofs chunk server, not a meta server"):
         connect(chunk_address)
 
@@ -172,7 +172,7 @@ def test_a_connection_that_says_nothing_is_closed_at_the_hello_deadline() -> Non
 
 @pytest.mark.parametrize("role", ["meta", "chunk"])
 def test_server_refuses_a_request_before_the_hello(cluster: Any, role: str) -> None:
-    address = cluster.address if role == "meta" else cluster.servers()[0]["address"]
+    address = cluster.address if role == "meta" else cluster.servers()[0].address
     # a request before the hello: refused at once
     frames, elapsed = _raw(address, encode_frame(FrameKind.REQUEST, 1, {"op": "ping"}))
     assert elapsed < 2
@@ -197,7 +197,7 @@ def _greeted(address: str, *frames: bytes) -> list[Any]:
 
 
 def test_a_payload_where_none_belongs_is_invalid_not_busy(cluster: Any) -> None:
-    chunk_address = cluster.servers()[0]["address"]
+    chunk_address = cluster.servers()[0].address
     payload = b"x" * 1000
     (reply,) = _greeted(chunk_address, encode_frame(FrameKind.REQUEST, 2, {"op": "get_chunk", "block_id": 1},
                                                     len(payload)) + payload)
@@ -215,7 +215,7 @@ def test_a_payload_where_none_belongs_is_invalid_not_busy(cluster: Any) -> None:
 
 
 def test_a_put_before_the_hello_reserves_nothing(cluster: Any) -> None:
-    chunk_address = cluster.servers()[0]["address"]
+    chunk_address = cluster.servers()[0].address
     put = encode_frame(FrameKind.REQUEST, 1, {"op": "put_chunk", "block_id": 1, "position": 0, "crcs": [], "crc": 0},
                        1 << 20) + bytes(1 << 20)
     for _ in range(3):

@@ -138,7 +138,7 @@ def _offered_name(address: str) -> str:
 def test_the_local_socket_keeps_the_same_gates(cluster: Any) -> None:
     """A chunk server's local socket refuses what its TCP port refuses: a request before the
     hello, garbage, and a put without a capability; and it keeps serving everyone."""
-    name = _offered_name(cluster.servers()[0]["address"])
+    name = _offered_name(cluster.servers()[0].address)
     assert local_sockets.valid_name(name)
     frames = _exchange(name, encode_frame(FrameKind.REQUEST, 1, {"op": "ping"}))
     assert frames[-1].kind == FrameKind.ERROR and "expected a hello" in frames[-1].header["message"]
@@ -172,7 +172,7 @@ def test_a_name_bound_by_another_process_is_not_trusted(cluster: Any) -> None:
     fs.write_bytes("/impostor", data)
     assert fs.read_bytes("/impostor") == data
     rpc = fs.aio.rpc
-    chunk_address = cluster.servers()[0]["address"]
+    chunk_address = cluster.servers()[0].address
     real_name, real_pid = rpc._local[chunk_address]
     assert real_pid != os.getpid()
     impostor_name = local_sockets.new_name("chunk")

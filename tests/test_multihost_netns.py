@@ -195,7 +195,7 @@ CLIENT_SCRIPT = textwrap.dedent("""
     out = {}
     with connect(meta, credentials=credentials) as fs:
         deadline = time.monotonic() + 15
-        while sum(s["live"] for s in fs.servers()) < 3:
+        while sum(s.live for s in fs.servers()) < 3:
             assert time.monotonic() < deadline, fs.servers()
             time.sleep(0.2)
         fs.mkdir("/multihost", exist_ok=True)
@@ -203,7 +203,7 @@ CLIENT_SCRIPT = textwrap.dedent("""
         out["read_sha256"] = hashlib.sha256(fs.read_bytes("/multihost/data.bin")).hexdigest()
         layout = fs.run(fs.aio.metadata.layout(messages.LayoutRequest(path="/multihost/data.bin")))
         out["chunk_addresses"] = sorted({c.address for b in layout.blocks for c in b.chunks})
-        out["servers"] = fs.servers()
+        out["servers"] = messages.to_plain(fs.servers())
         stats = fs.run(fs.aio.metadata.stats())
         out["meta_address"], out["meta_metrics_url"] = stats.address, stats.metrics_url
     out["scraped"] = {}

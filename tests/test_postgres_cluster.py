@@ -24,7 +24,7 @@ def test_two_metadata_services_share_one_postgres_namespace(make_cluster, postgr
             b.rename("/shared/from-b", "/shared/from-a")  # atomic replace through MDS b
             assert a.read_bytes("/shared/from-a") == data[::-1]
             assert sorted(a.listdir("/shared")) == ["from-a"]
-            assert {s["server_id"] for s in a.servers() if s["live"]} == {s["server_id"] for s in b.servers() if s["live"]}
+            assert {s.server_id for s in a.servers() if s.live} == {s.server_id for s in b.servers() if s.live}
     finally:
         process_b.terminate()
         process_b.wait(timeout=20)

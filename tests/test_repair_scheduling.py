@@ -7,6 +7,7 @@ import pytest
 
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
+from tectofs.wire import messages
 
 
 class Clock:
@@ -46,11 +47,12 @@ def _file(store, name, servers_per_block):
     f = store.create([name])
     block_ids = []
     for idx, servers in enumerate(servers_per_block):
-        (b,) = store.allocate(f["ino"], 1)
+        (b,) = store.allocate(f.ino, 1)
         chunks = [{"position": p, "server_id": sid, "length": 100, "crc": 7 + p} for p, sid in enumerate(servers)]
-        store.commit(f["ino"], (idx + 1) * (1 << 20), [{"idx": idx, "block_id": b["block_id"], "length": 400,
-                                                          "chunks": chunks}], replace=False)
-        block_ids.append(b["block_id"])
+        block = messages.convert({"idx": idx, "block_id": b.block_id, "length": 400, "chunks": chunks},
+                                 messages.WrittenBlock)
+        store.commit(f.ino, (idx + 1) * (1 << 20), [block], replace=False)
+        block_ids.append(b.block_id)
     return block_ids
 
 
@@ -96,7 +98,7 @@ def test_repair_done_moves_the_chunk_and_the_stale_copy_is_collected_when_its_se
     ((block_id, position, target, _),) = _queued(store)
     assert (block_id, position, target) == (block, 0, ids[6])
     (order,) = store.repair_orders(target, 10)
-    assert order["crc"] == 7 and {s["position"] for s in order["sources"]} == {1, 2, 3, 4, 5}
+    assert order.crc == 7 and {s.position for s in order.sources} == {1, 2, 3, 4, 5}
     assert store.repair_orders(target, 10) == []  # sent once
     assert store.repair_done(block, 0, target, 100, 7)
     assert store.health_summary()["healthy"] == 1
@@ -127,7 +129,7 @@ def test_inventory_marks_missing_chunks_and_queues_orphans_after_a_grace(store, 
     clock.now += 1
     (late,) = _file(store, "g", [ids[0:6]])  # committed after the report began: not judged by it
     found = store.inventory(ids[0], report, [b, 999_999], last=True, orphan_grace_s=100)
-    assert found == {"missing": 1, "orphans": 1}  # a is missing; 999999 belongs to nobody
+    assert found == messages.InventoryReply(missing=1, orphans=1)  # a is missing; 999999 belongs to nobody
     assert store._one("SELECT state FROM chunks WHERE block_id = ? AND server_id = ?", (a, ids[0]))[0] == 1
     assert store._one("SELECT state FROM chunks WHERE block_id = ? AND server_id = ?", (late, ids[0]))[0] == 0
     assert store.health_summary()["under_redundant"] == 1
@@ -146,17 +148,17 @@ def test_a_draining_server_takes_no_new_chunks_and_its_chunks_are_copied_off(sto
     assert store._one("SELECT COUNT(*) FROM gc_queue WHERE server_id = ? AND block_id = ?", (ids[6], block))[0]
     clock.now += 6
     assert _beat(store, ids)[ids[6]] == [block]  # the spare's copy is deleted first: then it can take a rebuild
-    assert store.drain(str(ids[0]))["chunks"] == 1
+    assert store.drain(str(ids[0])).chunks == 1
     f = store.create(["g"])
-    for b in store.allocate(f["ino"], 4, spares=0):
-        assert ids[0] not in {s["server_id"] for s in b["servers"]}
+    for b in store.allocate(f.ino, 4, spares=0):
+        assert ids[0] not in {s.server_id for s in b.servers}
     store.schedule_repairs()
     ((_, position, target, priority),) = _queued(store)
     assert (position, target) == (0, ids[6]) and priority >= 1000
     (order,) = store.repair_orders(target, 5)
-    assert any(s["position"] == 0 and s["server_id"] == ids[0] for s in order["sources"])  # copied, not rebuilt
+    assert any(s.position == 0 and s.server_id == ids[0] for s in order.sources)  # copied, not rebuilt
     store.repair_done(block, 0, target, 100, 7)
-    assert store.drain(str(ids[0]))["chunks"] == 0
+    assert store.drain(str(ids[0])).chunks == 0
 
 
 def test_an_occupied_target_has_a_stale_copy_deleted_not_a_placed_one(store, clock):
@@ -192,7 +194,7 @@ def test_a_position_a_degraded_write_left_out_is_rebuilt(store, clock):
     store.schedule_repairs(repair_after_s=600)  # nobody died: the missing position needs no waiting
     assert [(p, t) for _, p, t, _ in _queued(store)] == [(5, ids[5])]
     (order,) = store.repair_orders(ids[5], 5)
-    assert order["crc"] is None and len(order["sources"]) == 5  # no crc was ever recorded for it
+    assert order.crc is None and len(order.sources) == 5  # no crc was ever recorded for it
     assert store.repair_done(block, 5, ids[5], 100, 12345)
     assert store.health_summary()["healthy"] == 1
     assert store._one("SELECT missing FROM blocks WHERE block_id = ?", (block,))[0] == 0

@@ -22,7 +22,7 @@ WIDEST = "rs(32,16)"
 LONGEST_KEYS = auth.KeyRing.from_keys([("k" * 64, bytes(32))])
 
 
-def _segment(layout: dict[str, Any]) -> messages.LayoutSegment:
+def _segment(layout: messages.LayoutSegment) -> messages.LayoutSegment:
     return layout_segment(layout, LONGEST_KEYS, 1e10, handle=bytes(auth.HANDLE_BYTES))
 KiB = 1 << 10
 
@@ -61,13 +61,13 @@ def test_readdir_pages_fit(store: SqlStore) -> None:
     after: str | None = ""
     seen, pages = 0, 0
     while after is not None:
-        entries, after = store.readdir(["d"], after)
-        reply = messages.ReaddirReply(
-            entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**a, handle=bytes(auth.HANDLE_BYTES)))
-                     for name, a in entries], next=after
-        )
+        page = store.readdir(["d"], after)
+        after = page.next
+        reply = msgspec.structs.replace(page, entries=[
+            msgspec.structs.replace(e, attrs=msgspec.structs.replace(e.attrs, handle=bytes(auth.HANDLE_BYTES)))
+            for e in page.entries])
         _fits(reply)
-        seen += len(entries)
+        seen += len(page.entries)
         pages += 1
     assert seen == n and pages > 1
 
@@ -79,18 +79,18 @@ def test_layout_segments_and_commit_replies_fit(store: SqlStore) -> None:
     blocks = []
     per_call = messages.blocks_per_call(48)
     for idx in range(per_call):
-        (allocation,) = store.allocate(f["ino"], 1)
-        blocks.append({"idx": idx, "block_id": allocation["block_id"], "start": 0, "length": 64 * KiB,
+        (allocation,) = store.allocate(f.ino, 1)
+        blocks.append({"idx": idx, "block_id": allocation.block_id, "start": 0, "length": 64 * KiB,
                        "chunks": [{"position": p, "server_id": ids[p], "length": 4096, "crc": 0xFFFFFFFF}
                                   for p in range(48)]})
-    request = messages.CommitRequest(ino=f["ino"], size=per_call * 64 * KiB, blocks=[
+    request = messages.CommitRequest(ino=f.ino, size=per_call * 64 * KiB, blocks=[
         messages.convert(b, messages.WrittenBlock) for b in blocks], mtime=1e10, shrunk_to=2**62, writer=2**62)
     _fits(request)  # what a client sends fits too
-    layout = store.commit(f["ino"], per_call * 64 * KiB, blocks, replace=True)
+    layout = store.commit(f.ino, per_call * 64 * KiB, request.blocks, replace=True)
     _fits(_segment(layout))
     first, total = 0, 0
     while True:
-        segment = _segment(store.layout(ino=f["ino"], first=first))
+        segment = _segment(store.layout(ino=f.ino, first=first))
         _fits(segment)
         total += len(segment.blocks)
         if segment.end is None:
@@ -103,16 +103,16 @@ def test_allocate_and_servers_replies_fit(store: SqlStore) -> None:
     _register(store, limits.servers_max)
     store.mkdir(["wide"], policy=WIDEST)
     f = store.create(["wide", "f"])
-    allocations = store.allocate(f["ino"], limits.allocate_blocks_max)
+    allocations = store.allocate(f.ino, limits.allocate_blocks_max)
     assert 1 <= len(allocations) <= limits.allocate_blocks_max
     _fits(messages.AllocateReply(blocks=[
-        messages.Allocation(block_id=a["block_id"], policy=a["policy"],
-                            servers=[messages.ServerRef(**s) for s in a["servers"]],
-                            cap=capability(LONGEST_KEYS, a["block_id"], "w", 2**62)) for a in allocations]))
+        messages.Allocation(block_id=a.block_id, policy=a.policy,
+                            servers=a.servers,
+                            cap=capability(LONGEST_KEYS, a.block_id, "w", 2**62)) for a in allocations]))
     for server_id in range(1, limits.servers_max + 1):  # every server reporting all it may
         store.heartbeat(server_id, 2**62, 2**62, 2**62, 2**62, _long_address(server_id),
                         stats={f"key{i:060d}": 2**62 for i in range(64)} | dict.fromkeys(SERVER_STATS_KEPT, 2**62))
-    _fits(messages.ServersReply(servers=[messages.ServerInfo(**s) for s in store.servers()]))
+    _fits(messages.ServersReply(servers=store.servers()))
     with pytest.raises(Exception, match="already has"):
         _register(store, 1)
 

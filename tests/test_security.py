@@ -191,7 +191,7 @@ def test_expired_capabilities_are_refused_and_open_readers_renew_them(make_clust
 
 def test_rogue_server_cannot_register_or_take_an_identity(cluster: Any, alice: str, tmp_path: Any) -> None:
     servers_before = cluster.fs.servers()
-    victim_uuid = servers_before[0]["uuid"]
+    victim_uuid = servers_before[0].uuid
     register = {"uuid": victim_uuid, "address": "127.0.0.1:9", "capacity": 1 << 50, "used": 0}
     with pytest.raises(PermissionDenied, match="not authenticated"):
         _run(_call(cluster.address, "register_server", register))
@@ -207,7 +207,7 @@ def test_rogue_server_cannot_register_or_take_an_identity(cluster: Any, alice: s
                            auth.ClientAuth(ring=auth.KeyRing(cluster.key_file))))  # a key holder may (the gateway)
     assert header["user"]["uid"] == 0 and len(header["secret_key"]) == 64
     with pytest.raises(PermissionDenied):
-        _run(_call(cluster.address, "heartbeat", {"server_id": servers_before[0]["server_id"], "address": "127.0.0.1:9",
+        _run(_call(cluster.address, "heartbeat", {"server_id": servers_before[0].server_id, "address": "127.0.0.1:9",
                                                   "capacity": 1 << 50, "used": 0, "inflight": 0, "chunks": 0}, root))
     other_cluster = auth.KeyRing(auth.create_key_file(str(tmp_path / "other.key")))
     with pytest.raises(AuthenticationFailed, match="unknown cluster key"):
@@ -217,8 +217,8 @@ def test_rogue_server_cannot_register_or_take_an_identity(cluster: Any, alice: s
     impostor = auth.KeyRing.from_keys([(stolen_id, os.urandom(32))])
     with pytest.raises(AuthenticationFailed):
         _run(_call(cluster.address, "register_server", register, auth.ClientAuth(ring=impostor)))
-    after = {s["uuid"]: s["address"] for s in cluster.fs.servers()}
-    assert after == {s["uuid"]: s["address"] for s in servers_before}
+    after = {s.uuid: s.address for s in cluster.fs.servers()}
+    assert after == {s.uuid: s.address for s in servers_before}
     assert "new-eavesdropper" not in after
 
 
@@ -346,7 +346,7 @@ def test_key_rotation_keeps_the_cluster_working(make_cluster: Any) -> None:
         assert fs.read_bytes("/before") == b"a" * 5000 and fs.read_bytes("/during") == b"b" * 5000
     # chunk servers kept heartbeating through the rotation (they authenticate with the file's keys)
     with connect(c.address, credentials=c.credential_file) as fs:
-        assert sum(1 for s in fs.servers() if s["live"]) == 6
+        assert sum(1 for s in fs.servers() if s.live) == 6
 
 
 def test_key_and_credential_files_are_private(cluster: Any) -> None:

@@ -59,7 +59,7 @@ def _server_ids_in_layouts(c: Any, paths: list[str]) -> set[int]:
 def _server_id(c: Any, i: int) -> int:
     with open(os.path.join(c.root, f"chunk-{i}.address")) as f:
         address = f.read().strip()
-    return next(s["server_id"] for s in c.fs.servers() if s["address"] == address)
+    return next(s.server_id for s in c.fs.servers() if s.address == address)
 
 
 def test_lost_server_is_rebuilt_then_two_more_losses_read_back(make_cluster):
@@ -97,7 +97,7 @@ def test_scrubber_finds_a_flipped_parity_byte_and_it_is_rebuilt(make_cluster):
     c.fs.write_bytes("/scrubbed", data)
     byte = c.flip_chunk_byte("/scrubbed", 0, 4, 1000)  # a parity chunk (packed): only the scrubber reads it
     deadline = time.monotonic() + 60
-    while not any(s["stats"].get("scrub_corrupt") for s in c.fs.servers()):
+    while not any(s.stats.get("scrub_corrupt") for s in c.fs.servers()):
         assert time.monotonic() < deadline, "the scrubber did not report the flipped byte"
         time.sleep(0.3)
     _wait_clean(c, timeout_s=60)
@@ -159,7 +159,7 @@ def _assert_found_by_the_inventory(c: Any, path: str, data: bytes) -> None:
     """Once rebuilt: the cluster is clean, an inventory reported the loss, and no read did
     (nobody read the file meanwhile), and the file reads back."""
     _wait_clean(c, timeout_s=30)
-    assert any(s["stats"].get("inventory_missing") for s in c.fs.servers())
+    assert any(s.stats.get("inventory_missing") for s in c.fs.servers())
     assert c.fs.aio.blocks.stats["degraded_reads"] == 0
     assert c.fs.read_bytes(path) == data
 

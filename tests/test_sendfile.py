@@ -209,7 +209,7 @@ def test_large_chunks_are_sent_from_their_files_and_damage_is_still_caught(make_
     def sent_from_files() -> int:
         total = 0
         for server in c.fs.servers():
-            reply, _ = c.fs.run(c.fs.aio.rpc.call_raw(server["address"], "stat", {}, idempotent=True))
+            reply, _ = c.fs.run(c.fs.aio.rpc.call_raw(server.address, "stat", {}, idempotent=True))
             total += int(dict(reply.get("stats", {})).get("reads_sent_from_file", 0))
         return total
 

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
+import msgspec
 import pytest
 
 from tectofs import errors
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import PostgresDialect, SqliteDialect
+from tectofs.wire.messages import Attrs, WrittenBlock
+
+
+def written(blocks: list[dict]) -> list[WrittenBlock]:
+    """Blocks as a writer commits them, from plain dicts."""
+    return msgspec.convert(blocks, list[WrittenBlock])
 
 
 class StoreContract:
@@ -60,14 +68,14 @@ class StoreContract:
             store.mknod(["d", "c"], 0o020600, rdev=0x0501),
         ]
         for attrs in made:
-            assert attrs == store.getattr_ino(attrs["ino"])
-        assert made[0]["policy"] == "rep(2)" and made[1]["block_size"] == 1 << 20
+            assert attrs == store.getattr_ino(attrs.ino)
+        assert made[0].policy == "rep(2)" and made[1].block_size == 1 << 20
         before = store.lookup(["d"])
-        attrs, created, after, ctime_before = store.create_file(["d", "g"], mode=0o600, reader=99)
-        assert created and attrs == store.lookup(["d", "g"])
-        assert after == store.lookup(["d"]) and ctime_before == before["ctime"]
-        attrs, created, after, _ = store.create_file(["d", "g"])  # exists: nothing changes
-        assert not created and after == store.lookup(["d"])
+        made_now = store.create_file(["d", "g"], mode=0o600, reader=99)
+        assert made_now.created and made_now.attrs == store.lookup(["d", "g"])
+        assert made_now.directory == store.lookup(["d"]) and made_now.directory_ctime_before == before.ctime
+        again = store.create_file(["d", "g"])  # exists: nothing changes
+        assert not again.created and again.directory == store.lookup(["d"])
 
     def test_rename_rules(self, store):
         store.mkdir(["d"])
@@ -85,13 +93,13 @@ class StoreContract:
             store.rename(["empty"], ["d"])
         g = store.lookup(["g"])
         store.rename(["g"], ["f"])  # replace a file
-        assert store.lookup(["f"])["ino"] == g["ino"]
+        assert store.lookup(["f"]).ino == g.ino
         with pytest.raises(errors.NotFound):
             store.lookup(["g"])
         store.mkdir(["empty2"])
         store.rename(["d", "e"], ["empty2"])  # replace an empty directory
-        assert store.lookup(["empty2"])["kind"] == "dir"
-        assert store.lookup([])["nlink"] == 2 + 3  # ".", "..", d, empty, empty2
+        assert store.lookup(["empty2"]).kind == "dir"
+        assert store.lookup([]).nlink == 2 + 3  # ".", "..", d, empty, empty2
 
     def test_exchange_swaps_non_empty_directories(self, store):
         store.mkdir(["old"])
@@ -100,9 +108,9 @@ class StoreContract:
         store.mkdir(["x", "new"])
         store.create(["x", "new", "b"])
         store.exchange(["old"], ["x", "new"])
-        assert [n for n, _ in store.readdir(["old"])[0]] == ["b"]
-        assert [n for n, _ in store.readdir(["x", "new"])[0]] == ["a"]
-        assert store.lookup(["old"])["parent"] == 1
+        assert [e.name for e in store.readdir(["old"]).entries] == ["b"]
+        assert [e.name for e in store.readdir(["x", "new"]).entries] == ["a"]
+        assert store.lookup(["old"]).parent == 1
         with pytest.raises(errors.InvalidArgument):
             store.exchange(["x"], ["x", "new", "a"])  # x would move into its own subtree
         with pytest.raises(errors.NotFound):
@@ -112,42 +120,42 @@ class StoreContract:
         store.mkdir(["rep"], policy="rep(3)", block_size=1 << 20)
         store.mkdir(["rep", "sub"])
         attrs = store.create(["rep", "sub", "f"])
-        assert attrs["policy"] == "rep(3)" and attrs["block_size"] == 1 << 20
+        assert attrs.policy == "rep(3)" and attrs.block_size == 1 << 20
         with pytest.raises(errors.InvalidArgument):
             store.mkdir(["bad"], policy="raid5")
 
     def test_allocation_spreads_and_commit_publishes(self, store):
         ids = self._servers(store, 8)
         f = store.create(["f"])
-        blocks = store.allocate(f["ino"], 4)
+        blocks = store.allocate(f.ino, 4)
         assert len(blocks) == 4
         counts = {sid: 0 for sid in ids}
         for b in blocks:
-            chosen = [s["server_id"] for s in b["servers"][:6]]
+            chosen = [s.server_id for s in b.servers[:6]]
             assert len(set(chosen)) == 6
             for sid in chosen:
                 counts[sid] += 1
         assert max(counts.values()) - min(counts.values()) <= 1  # least loaded first, within one call
         committed = [
-            {"idx": i, "block_id": b["block_id"], "length": 10,
-             "chunks": [{"position": p, "server_id": s["server_id"], "length": 5, "crc": 1}
-                        for p, s in enumerate(b["servers"][:6])]}
+            {"idx": i, "block_id": b.block_id, "length": 10,
+             "chunks": [{"position": p, "server_id": s.server_id, "length": 5, "crc": 1}
+                        for p, s in enumerate(b.servers[:6])]}
             for i, b in enumerate(blocks[:2])
         ]
-        assert store.lookup(["f"])["size"] == 0  # nothing visible before the commit
-        block_size = f["block_size"]
-        layout = store.commit(f["ino"], block_size + 10, committed, replace=True)
+        assert store.lookup(["f"]).size == 0  # nothing visible before the commit
+        block_size = f.block_size
+        layout = store.commit(f.ino, block_size + 10, written(committed), replace=True)
         assert layout == store.layout(["f"])  # the commit answers with the new layout
-        assert layout["attrs"]["size"] == block_size + 10
-        assert [b["idx"] for b in layout["blocks"]] == [0, 1]
+        assert layout.attrs.size == block_size + 10
+        assert [b.idx for b in layout.blocks] == [0, 1]
         with pytest.raises(errors.InvalidArgument):
-            store.commit(f["ino"], 10, committed[:1], replace=True)  # already committed
+            store.commit(f.ino, 10, written(committed[:1]), replace=True)  # already committed
 
     def test_no_space_without_enough_servers(self, store):
         self._servers(store, 3)
         f = store.create(["f"])
         with pytest.raises(errors.NoSpace, match="at least 5 live chunk servers .*, 3 are live"):
-            store.allocate(f["ino"], 1)
+            store.allocate(f.ino, 1)
 
     def test_a_new_server_at_an_address_replaces_the_one_registered_there(self, store):
         """A chunk server restarted on a fresh disk registers under a new uuid at the old
@@ -155,66 +163,67 @@ class StoreContract:
         positions on the one process listening there."""
         ids = self._servers(store, 6)
         new = store.register_server("uuid-fresh-disk", "127.0.0.1:1002", 1 << 40, 0)
-        live = {s["server_id"]: s["address"] for s in store.servers() if s["live"]}
+        live = {s.server_id: s.address for s in store.servers() if s.live}
         assert new not in ids and ids[2] not in live and live[new] == "127.0.0.1:1002"
         assert len(set(live.values())) == len(live) == 6
         f = store.create(["f"])
-        (b,) = store.allocate(f["ino"], 1)
-        assert len({s["address"] for s in b["servers"]}) == len(b["servers"])
+        (b,) = store.allocate(f.ino, 1)
+        assert len({s.address for s in b.servers}) == len(b.servers)
         # the old server re-registering by its uuid at a new address comes back
         assert store.register_server("uuid-2", "127.0.0.1:2002", 1 << 40, 0) == ids[2]
-        assert ids[2] in {s["server_id"] for s in store.servers() if s["live"]}
+        assert ids[2] in {s.server_id for s in store.servers() if s.live}
 
     def test_degraded_allocation_and_commit(self, store):
         ids = self._servers(store, 5)  # rs(4,2) writes degraded with 5: k+1
         f = store.create(["f"])
-        (b,) = store.allocate(f["ino"], 1)
-        assert sorted(s["server_id"] for s in b["servers"]) == sorted(ids)  # every live server, no spare
-        chunks = [{"position": p, "server_id": s["server_id"], "length": 5, "crc": 1} for p, s in enumerate(b["servers"])]
+        (b,) = store.allocate(f.ino, 1)
+        assert sorted(s.server_id for s in b.servers) == sorted(ids)  # every live server, no spare
+        chunks = [{"position": p, "server_id": s.server_id, "length": 5, "crc": 1} for p, s in enumerate(b.servers)]
         with pytest.raises(errors.InvalidArgument, match="at least 5"):
-            store.commit(f["ino"], 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": chunks[:4]}],
+            store.commit(f.ino, 10, written([{"idx": 0, "block_id": b.block_id, "length": 10, "chunks": chunks[:4]}]),
                          replace=True)
-        store.commit(f["ino"], 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": chunks}], replace=True)
+        store.commit(f.ino, 10, written([{"idx": 0, "block_id": b.block_id, "length": 10, "chunks": chunks}]),
+                     replace=True)
         assert store.health_summary()["under_redundant"] == 1
 
     def test_unlink_queues_chunks_for_gc(self, store):
         store.gc_delay_s = 0
         ids = self._servers(store, 6)
         f = store.create(["f"])
-        (b,) = store.allocate(f["ino"], 1)
-        store.commit(f["ino"], 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": [
-            {"position": p, "server_id": s["server_id"], "length": 5, "crc": 1} for p, s in enumerate(b["servers"])]}],
+        (b,) = store.allocate(f.ino, 1)
+        store.commit(f.ino, 10, written([{"idx": 0, "block_id": b.block_id, "length": 10, "chunks": [
+            {"position": p, "server_id": s.server_id, "length": 5, "crc": 1} for p, s in enumerate(b.servers)]}]),
             replace=True)
         store.unlink(["f"])
         orders = [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids]
-        assert sorted(o for order in orders for o in order) == [b["block_id"]] * 6
+        assert sorted(o for order in orders for o in order) == [b.block_id] * 6
 
     def test_expired_allocations_are_collected(self, store):
         ids = self._servers(store, 6)
         f = store.create(["f"])
-        (b,) = store.allocate(f["ino"], 1)
+        (b,) = store.allocate(f.ino, 1)
         assert store.expire_allocations(older_than_s=3600) == 0
         assert store.expire_allocations(older_than_s=-1) == 1
         orders = [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids]
-        assert all(order == [b["block_id"]] for order in orders)
+        assert all(order == [b.block_id] for order in orders)
 
 
     def _commit_one_block(self, store, ino, servers):
         (b,) = store.allocate(ino, 1)
-        store.commit(ino, 10, [{"idx": 0, "block_id": b["block_id"], "length": 10, "chunks": [
-            {"position": p, "server_id": s["server_id"], "length": 5, "crc": 1} for p, s in enumerate(b["servers"])]}],
+        store.commit(ino, 10, written([{"idx": 0, "block_id": b.block_id, "length": 10, "chunks": [
+            {"position": p, "server_id": s.server_id, "length": 5, "crc": 1} for p, s in enumerate(b.servers)]}]),
             replace=True)
-        return b["block_id"]
+        return b.block_id
 
     def test_hard_links_share_one_inode_until_the_last_name_goes(self, store):
         store.gc_delay_s = 0
         ids = self._servers(store, 6)
         store.mkdir(["d"])
         f = store.create(["f"])
-        block_id = self._commit_one_block(store, f["ino"], ids)
+        block_id = self._commit_one_block(store, f.ino, ids)
         linked = store.link(["f"], ["d", "g"])
-        assert linked["ino"] == f["ino"] and linked["nlink"] == 2 and linked["ctime"] >= f["ctime"]
-        assert store.lookup(["d", "g"])["size"] == 10
+        assert linked.ino == f.ino and linked.nlink == 2 and linked.ctime >= f.ctime
+        assert store.lookup(["d", "g"]).size == 10
         with pytest.raises(errors.AlreadyExists):
             store.link(["f"], ["d", "g"])
         with pytest.raises(errors.NotPermitted):
@@ -222,53 +231,55 @@ class StoreContract:
         with pytest.raises(errors.NotFound):
             store.link(["nope"], ["e"])
         store.unlink(["f"])
-        assert store.lookup(["d", "g"])["nlink"] == 1
+        assert store.lookup(["d", "g"]).nlink == 1
         assert all(store.heartbeat(sid, 1 << 40, 0, 0, 0) == [] for sid in ids)  # the data stays
         # rename between two names of one inode changes nothing; over another file's last name drops it
         store.link(["d", "g"], ["h"])
         store.rename(["h"], ["d", "g"])
-        assert store.lookup(["h"])["nlink"] == 2 and store.lookup(["d", "g"])["nlink"] == 2
+        assert store.lookup(["h"]).nlink == 2 and store.lookup(["d", "g"]).nlink == 2
         other = store.create(["o"])
         store.rename(["o"], ["h"])
-        assert store.lookup(["h"])["ino"] == other["ino"] and store.lookup(["d", "g"])["nlink"] == 1
+        assert store.lookup(["h"]).ino == other.ino and store.lookup(["d", "g"]).nlink == 1
         store.unlink(["d", "g"])
         with pytest.raises(errors.StaleFile):
-            store.getattr_ino(f["ino"])
+            store.getattr_ino(f.ino)
         orders = [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids]
         assert sorted(o for order in orders for o in order) == [block_id] * 6
 
     def test_a_file_unlinked_while_held_lives_until_released(self, store):
         ids = self._servers(store, 6)
         root_before = store.lookup([])
-        f, created, directory, ctime_before = store.create_file(["f"], reader=7)
-        assert created and directory == store.lookup([])  # the directory after the create
-        assert ctime_before == root_before["ctime"] < directory["ctime"]  # wcc_data: nobody else in between
-        after, unlink_before = store.unlink(["f"])
-        assert after == store.lookup([]) and after["mtime"] >= directory["mtime"]
-        assert unlink_before == directory["ctime"] < after["ctime"]
+        made = store.create_file(["f"], reader=7)
+        f, directory = made.attrs, made.directory
+        assert made.created and directory == store.lookup([])  # the directory after the create
+        assert made.directory_ctime_before == root_before.ctime < directory.ctime  # wcc_data: nobody else in between
+        removed = store.unlink(["f"])
+        after = removed.directory
+        assert after == store.lookup([]) and after.mtime >= directory.mtime
+        assert removed.directory_ctime_before == directory.ctime < after.ctime
         with pytest.raises(errors.NotFound):
             store.lookup(["f"])
-        assert store.getattr_ino(f["ino"])["nlink"] == 0
-        self._commit_one_block(store, f["ino"], ids)  # still writable through its handle
-        assert store.layout(ino=f["ino"])["attrs"]["size"] == 10
+        assert store.getattr_ino(f.ino).nlink == 0
+        self._commit_one_block(store, f.ino, ids)  # still writable through its handle
+        assert store.layout(ino=f.ino).attrs.size == 10
         assert store.collect_orphans() == 0
-        store.release(f["ino"], 7)
+        store.release(f.ino, 7)
         with pytest.raises(errors.StaleFile):
-            store.getattr_ino(f["ino"])
+            store.getattr_ino(f.ino)
 
     def test_an_unlinked_file_whose_holder_vanished_is_collected(self, store):
         now = [time.time()]
         store.clock = lambda: now[0]
-        g, *_ = store.create_file(["g"], reader=9)
+        g = store.create_file(["g"], reader=9).attrs
         store.rename(["g"], ["h"])
         store.create(["x"])
         store.rename(["x"], ["h"])  # replaced while held
-        assert store.getattr_ino(g["ino"])["nlink"] == 0
+        assert store.getattr_ino(g.ino).nlink == 0
         assert store.collect_orphans() == 0
         now[0] += 3600  # the holder crashed: its lease lapsed
         assert store.collect_orphans() == 1
         with pytest.raises(errors.StaleFile):
-            store.getattr_ino(g["ino"])
+            store.getattr_ino(g.ino)
 
 
     def test_extended_attributes(self, store):
@@ -276,10 +287,10 @@ class StoreContract:
 
         alice, bob = Caller(1000, 1000), Caller(1001, 1001)
         store.create(["f"], mode=0o644, uid=1000, gid=1000)
-        before = store.lookup(["f"])["ctime"]
+        before = store.lookup(["f"]).ctime
         store.setxattr(["f"], "user.colour", b"\x00blue\xff", caller=alice)
         assert store.getxattr(["f"], "user.colour", caller=bob) == b"\x00blue\xff"
-        assert store.lookup(["f"])["ctime"] >= before
+        assert store.lookup(["f"]).ctime >= before
         with pytest.raises(errors.PermissionDenied):
             store.setxattr(["f"], "user.colour", b"red", caller=bob)  # no write permission
         with pytest.raises(errors.AlreadyExists):
@@ -311,7 +322,7 @@ class StoreContract:
                 store.setxattr(["f"], f"user.{i:03d}" + "n" * 247, b"")
         assert 250 <= len(store.listxattr(["f"])) < 300
         assert sum(len(n) + 1 for n in store.listxattr(["f"])) <= 64 * 1024
-        ino = store.lookup(["f"])["ino"]
+        ino = store.lookup(["f"]).ino
         store.unlink(["f"])
         assert store._all("SELECT name FROM xattrs WHERE ino = ?", (ino,)) == []
 
@@ -322,16 +333,16 @@ class StoreContract:
         f = store.create(["f"])
         store.mkdir(["d"])
         now[0] += 10
-        assert store.layout(["f"], reader=1)["attrs"]["atime"] == now[0]  # not newer than mtime: updated
+        assert store.layout(["f"], reader=1).attrs.atime == now[0]  # not newer than mtime: updated
         opened = now[0]
         now[0] += 10
-        assert store.layout(["f"], reader=2)["attrs"]["atime"] == opened  # newer than mtime and ctime: kept
+        assert store.layout(["f"], reader=2).attrs.atime == opened  # newer than mtime and ctime: kept
         store.layout(["f"], reader=3, write_only=True)
         now[0] += 86_400
-        assert store.layout(["f"], reader=4)["attrs"]["atime"] == now[0]  # a day old: updated
-        assert store.lookup(["f"])["atime"] == now[0] and store.lookup(["f"])["mtime"] == f["mtime"]
+        assert store.layout(["f"], reader=4).attrs.atime == now[0]  # a day old: updated
+        assert store.lookup(["f"]).atime == now[0] and store.lookup(["f"]).mtime == f.mtime
         store.readdir(["d"])
-        assert store.lookup(["d"])["atime"] == now[0]
+        assert store.lookup(["d"]).atime == now[0]
 
 
 class TestSqliteStore(StoreContract):
@@ -350,19 +361,23 @@ class TestPostgresStore(StoreContract):
         return SqlStore(PostgresDialect(new_database(self.server_url)))
 
 
+def _mkdir(name: str) -> Callable[[SqlStore], Attrs]:
+    return lambda store: store.mkdir([name])
+
+
 def test_group_commit_batches_concurrent_operations(tmp_path):
     runner = StoreRunner(lambda: SqlStore(SqliteDialect(str(tmp_path / "meta.db"))))
     try:
         async def main() -> float:
             started = time.perf_counter()
-            await asyncio.gather(*(runner.call("mkdir", [f"d{i}"]) for i in range(2000)))
+            await asyncio.gather(*(runner.call(_mkdir(f"d{i}")) for i in range(2000)))
             return time.perf_counter() - started
 
         elapsed = asyncio.run(main())
         assert runner.stats["operations"] >= 2000
         assert runner.stats["largest_batch"] > 1
         assert runner.stats["commits"] < runner.stats["operations"] / 4
-        assert len(runner.call_sync("readdir", [])[0]) == 2000
+        assert len(runner.call_sync(lambda store: store.readdir([])).entries) == 2000
         print(f"2000 mkdirs in {elapsed:.2f}s, {runner.stats['commits']} commits")
     finally:
         runner.close()
@@ -373,17 +388,18 @@ def test_one_failing_operation_does_not_abort_its_batch(tmp_path):
     try:
         async def main():
             return await asyncio.gather(
-                runner.call("mkdir", ["x"]), runner.call("mkdir", ["x"]), runner.call("mkdir", ["y"]),
-                runner.call("getattr_ino", 2**64),  # not a TectofsError: OverflowError inside sqlite3
-                runner.call("mkdir", ["z"]),
+                runner.call(lambda store: store.mkdir(["x"])), runner.call(lambda store: store.mkdir(["x"])),
+                runner.call(lambda store: store.mkdir(["y"])),
+                runner.call(lambda store: store.getattr_ino(2**64)),  # not a TectofsError: OverflowError inside sqlite3
+                runner.call(lambda store: store.mkdir(["z"])),
                 return_exceptions=True,
             )
 
         results = asyncio.run(main())
         assert isinstance(results[1], errors.AlreadyExists)
         assert isinstance(results[3], errors.TectofsError)  # answered as an error, alone
-        assert results[0]["kind"] == "dir" and results[2]["kind"] == "dir" and results[4]["kind"] == "dir"
-        assert [name for name, _ in runner.call_sync("readdir", [])[0]] == ["x", "y", "z"]
+        assert results[0].kind == "dir" and results[2].kind == "dir" and results[4].kind == "dir"
+        assert [e.name for e in runner.call_sync(lambda store: store.readdir([])).entries] == ["x", "y", "z"]
     finally:
         runner.close()
 
@@ -397,15 +413,16 @@ def test_an_inline_runner_runs_each_call_at_once_on_the_callers_thread(tmp_path)
         assert not any(t.name == "tectofs-store" for t in threading.enumerate())
 
         async def main():
-            made = await runner.call("mkdir", ["x"], request_key="call-1")
-            again = await runner.call("mkdir", ["x"], request_key="call-1")  # a retry: the recorded result
+            made = await runner.call(lambda store: store.mkdir(["x"]), returns=Attrs, request_key="call-1")
+            # a retry: the recorded result
+            again = await runner.call(lambda store: store.mkdir(["x"]), returns=Attrs, request_key="call-1")
             with pytest.raises(errors.AlreadyExists):
-                await runner.call("mkdir", ["x"])
+                await runner.call(lambda store: store.mkdir(["x"]))
             return made, again
 
         made, again = asyncio.run(main())
-        assert made == again and made["kind"] == "dir"
-        assert [name for name, _ in runner.call_sync("readdir", [])[0]] == ["x"]
+        assert made == again and made.kind == "dir"
+        assert [e.name for e in runner.call_sync(lambda store: store.readdir([])).entries] == ["x"]
         assert runner.stats["operations"] == 4
     finally:
         runner.close()
@@ -424,14 +441,14 @@ def test_metadata_service_answers_busy_past_its_queue_limit(tmp_path, monkeypatc
     async def main():
         service = MetadataService(str(tmp_path / "meta.db"), key_file=key_file)
         try:
-            return await asyncio.gather(*(service._call("mkdir", [f"d{i}"]) for i in range(300)),
+            return await asyncio.gather(*(service._call(_mkdir(f"d{i}"), Attrs) for i in range(300)),
                                         return_exceptions=True), service
         finally:
             await service.close()
 
     results, service = asyncio.run(main())
     busy = [r for r in results if isinstance(r, errors.Busy)]
-    done = [r for r in results if isinstance(r, dict)]
+    done = [r for r in results if isinstance(r, Attrs)]
     assert busy and done and len(busy) + len(done) == 300
     assert service.busy_answers == len(busy)
 

@@ -275,13 +275,16 @@ def dispatch_by_name(source: str) -> list[int]:
 
 
 def _wire_files() -> list[pathlib.Path]:
-    return sorted(ROOT.glob("tectofs/rpc*.py")) + sorted((ROOT / "server").rglob("*.py")) + sorted(
-        (ROOT / "client").rglob("*.py"))
+    """The client, the wire, the services, and the store with its runner: every hop a
+    metadata operation takes."""
+    return sorted((ROOT / "tectofs" / "wire").rglob("*.py")) + sorted((ROOT / "tectofs" / "store").rglob("*.py")) + sorted(
+        (ROOT / "server").rglob("*.py")) + sorted((ROOT / "client").rglob("*.py"))
 
 
 def test_no_dispatch_by_name_between_client_and_service() -> None:
     found = {str(p.relative_to(ROOT)): lines for p in _wire_files() if (lines := dispatch_by_name(p.read_text()))}
     assert found == {}, f"getattr by a name made at run time (use the operation table): {found}"
+    assert any(p.name == "runner.py" for p in _wire_files())  # the store runner is covered
 
 
 def test_the_dispatch_check_fires() -> None:
@@ -351,3 +354,83 @@ class _Holder(msgspec.Struct):
 def test_the_any_check_fires() -> None:
     assert any_in(Any) and any_in(dict[str, Any]) and any_in(_Holder) and any_in(tuple[_Holder, bytes])
     assert not any_in(tuple[int, bytes]) and not any_in(typing.Annotated[int, msgspec.Meta(ge=0)])
+
+
+# ---------------------------------------------------------------------- loose dicts across service and store
+
+_LOOSE_MAPPINGS = {"dict", "Dict", "Mapping", "MutableMapping"}
+
+
+def _is_loose_mapping(node: ast.expr) -> bool:
+    """``dict[str, Any]`` (or ``Dict``, ``Mapping``, ``typing.Dict``...) anywhere inside an annotation."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+        try:
+            return _is_loose_mapping(ast.parse(node.value, mode="eval").body)
+        except SyntaxError:
+            return False
+    for sub in ast.walk(node):
+        if not isinstance(sub, ast.Subscript):
+            continue
+        base = sub.value.attr if isinstance(sub.value, ast.Attribute) else getattr(sub.value, "id", None)
+        args = sub.slice.elts if isinstance(sub.slice, ast.Tuple) else []
+        names = [a.attr if isinstance(a, ast.Attribute) else getattr(a, "id", None) for a in args]
+        if base in _LOOSE_MAPPINGS and names == ["str", "Any"]:
+            return True
+    return False
+
+
+def loose_signatures(source: str) -> list[str]:
+    """Public functions and methods (no leading underscore, in public classes) whose arguments
+    or result are annotated ``dict[str, Any]``, ``Dict[str, Any]`` or ``Mapping[str, Any]``."""
+    found = []
+
+    def check(function: ast.FunctionDef | ast.AsyncFunctionDef, owner: str) -> None:
+        if function.name.startswith("_") and function.name != "__init__":
+            return
+        arguments = function.args
+        annotated = [a.annotation for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+                     + [arguments.vararg, arguments.kwarg] if a is not None and a.annotation is not None]
+        if function.returns is not None:
+            annotated.append(function.returns)
+        if any(_is_loose_mapping(annotation) for annotation in annotated):
+            found.append(f"{owner}{function.name} (line {function.lineno})")
+
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            check(node, "")
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            for member in node.body:
+                if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    check(member, f"{node.name}.")
+    return found
+
+
+def _typed_boundary_files() -> list[pathlib.Path]:
+    """The store, the metadata service (handlers and guard) and the client's metadata layer."""
+    return sorted((ROOT / "tectofs" / "store").glob("*.py")) + sorted((ROOT / "server" / "meta").glob("*.py")) + [
+        ROOT / "client" / "metadata.py", ROOT / "client" / "core.py"]
+
+
+def test_no_loose_dicts_between_client_service_and_store() -> None:
+    found = {str(p.relative_to(ROOT)): names for p in _typed_boundary_files() if (names := loose_signatures(p.read_text()))}
+    assert found == {}, f"dict[str, Any] in a public signature (declare a msgspec Struct): {found}"
+
+
+def test_the_loose_dict_check_fires() -> None:
+    source = '''
+from typing import Any, Dict, Mapping
+import typing
+
+def lookup(parts: list[str]) -> dict[str, Any]: ...
+def _row(row: tuple[int, ...]) -> dict[str, Any]: ...
+class Store:
+    def create(self, attrs: Dict[str, Any]) -> None: ...
+    async def layout(self) -> "list[Mapping[str, Any]] | None": ...
+    def servers(self) -> list[typing.Dict[str, Any]]: ...
+    def counts(self) -> dict[str, int]: ...
+    def _get(self, ino: int) -> dict[str, Any]: ...
+class _Private:
+    def rows(self) -> dict[str, Any]: ...
+'''
+    assert loose_signatures(source) == ["lookup (line 5)", "Store.create (line 8)", "Store.layout (line 9)",
+                                        "Store.servers (line 10)"]

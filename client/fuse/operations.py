@@ -409,8 +409,7 @@ class TectofsOperations(mfusepy.Operations):
         inode table to fill: free inodes are reported as ``free_inodes_reported``."""
         reply = self._as_caller(lambda fs: fs.statfs())
         fragment = 4096
-        usable, free = int(reply["usable"]), int(reply["usable_free"])
-        files = int(reply["files"])
+        usable, free, files = reply.usable, reply.usable_free, reply.files
         return {
             "f_bsize": io_size_hint_bytes,
             "f_frsize": fragment,
@@ -420,7 +419,7 @@ class TectofsOperations(mfusepy.Operations):
             "f_files": files + free_inodes_reported,
             "f_ffree": free_inodes_reported,
             "f_favail": free_inodes_reported,
-            "f_namemax": int(reply.get("name_max", limits.name_length_max_bytes)),
+            "f_namemax": reply.name_max or limits.name_length_max_bytes,
         }
 
     # ------------------------------------------------------------------ namespace

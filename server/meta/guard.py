@@ -14,11 +14,12 @@ operations each kind of peer may call (``authorize``), and the POSIX caller a re
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from tectofs import limits
 from tectofs.errors import AuthenticationFailed, PermissionDenied
 from tectofs.store.access import Caller
+from tectofs.store.users import StoredUser
 from tectofs.wire import auth, messages
 
 # Operations only cluster members call: chunk servers, and the S3 gateway (``s3_principal``:
@@ -33,19 +34,18 @@ ANONYMOUS_OPERATIONS = frozenset({"ping"})
 
 
 class MetaGuard:
-    """``find_user(name)`` looks a user up in the store (a dict with uid, gid, groups,
-    secret, admin, proxy, or None)."""
+    """``find_user(name)`` looks a user up in the store (``StoredUser``, with its secret, or None)."""
 
-    def __init__(self, ring: auth.KeyRing, find_user: Callable[[str], Awaitable[dict[str, Any] | None]],
+    def __init__(self, ring: auth.KeyRing, find_user: Callable[[str], Awaitable[StoredUser | None]],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ring = ring
         self._find_user = find_user
         self._clock = clock
         # name -> (looked up at, user): a burst of thousands of ranks connecting as one user
         # must not queue thousands of hello lookups behind the store's work.
-        self._users: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._users: dict[str, tuple[float, StoredUser | None]] = {}
 
-    async def find_user(self, name: str) -> dict[str, Any] | None:
+    async def find_user(self, name: str) -> StoredUser | None:
         now = self._clock()
         cached = self._users.get(name)
         if cached is not None and now - cached[0] < limits.user_cache_s:
@@ -78,9 +78,10 @@ class MetaGuard:
             user = await self.find_user(claim.user)
             if user is None:
                 raise AuthenticationFailed(f"unknown user {claim.user[:64]!r}")
-            secret = bytes.fromhex(user["secret"])
-            peer = auth.Peer(kind="user", name=user["name"], uid=user["uid"], gid=user["gid"],
-                             groups=frozenset(user["groups"]), admin=bool(user["admin"]), proxy=bool(user["proxy"]))
+            assert user.secret is not None  # user_get answers with the secret
+            secret = bytes.fromhex(user.secret)
+            peer = auth.Peer(kind="user", name=user.name, uid=user.uid, gid=user.gid,
+                             groups=frozenset(user.groups), admin=user.admin, proxy=user.proxy)
         if claim.act_as is not None:
             if not peer.proxy:
                 raise AuthenticationFailed(

@@ -16,7 +16,9 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
+
+import msgspec
 
 from tectofs import limits, paths
 from tectofs.diagnostics import RateLimitedLog
@@ -24,7 +26,9 @@ from tectofs.errors import Busy, InvalidArgument, NotFound, PermissionDenied
 from tectofs.metrics import MetaMetrics
 from tectofs.server import addresses
 from tectofs.store import SqlStore, StoreRunner
+from tectofs.store.access import Caller
 from tectofs.store.dialect import dialect_for
+from tectofs.store.users import MAYBE_USER, StoredUser
 from tectofs.wire import auth, messages
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
@@ -33,14 +37,14 @@ from .guard import MetaGuard
 log = logging.getLogger("tectofs.meta")
 
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
+ResultT = TypeVar("ResultT")
 Reply = tuple[ReplyT, bytes]  # what a handler answers: the reply, and no payload
 USER_ENTRY_BYTES_MAX = 640  # one UserInfo, encoded, at most (64 groups, 64-byte names and keys)
 
 
-def _user_info(user: dict[str, Any]) -> messages.UserInfo:
-    return messages.UserInfo(name=user["name"], uid=user["uid"], gid=user["gid"], groups=list(user["groups"]),
-                             admin=bool(user["admin"]), proxy=bool(user["proxy"]),
-                             s3_access_key=user.get("s3_access_key"))
+def _user_info(user: StoredUser) -> messages.UserInfo:
+    return messages.UserInfo(name=user.name, uid=user.uid, gid=user.gid, groups=list(user.groups),
+                             admin=user.admin, proxy=user.proxy, s3_access_key=user.s3_access_key)
 
 
 def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int, uid: int | None = None) -> messages.Capability:
@@ -49,16 +53,14 @@ def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int, uid: i
 
 
 def layout_segment(
-    layout: dict[str, Any], keys: auth.KeyRing, ttl_s: float, handle: bytes = b""
+    layout: messages.LayoutSegment, keys: auth.KeyRing, ttl_s: float, handle: bytes = b""
 ) -> messages.LayoutSegment:
     """A layout segment of the store's, with a read capability for each block (and the
     caller's ``handle`` for the file)."""
     expiry = auth.capability_expiry(ttl_s)
-    return messages.LayoutSegment(
-        attrs=messages.Attrs(**layout["attrs"], handle=handle),
-        blocks=[messages.Block(**{**b, "chunks": [messages.ChunkRef(**c) for c in b["chunks"]]},
-                               cap=capability(keys, b["block_id"], "r", expiry)) for b in layout["blocks"]],
-        first=layout["first"], end=layout["end"],
+    return msgspec.structs.replace(
+        layout, attrs=msgspec.structs.replace(layout.attrs, handle=handle),
+        blocks=[msgspec.structs.replace(b, cap=capability(keys, b.block_id, "r", expiry)) for b in layout.blocks],
     )
 
 
@@ -111,7 +113,7 @@ class MetadataService:
         self.repair_interval_s = repair_interval_s
         self.orphan_grace_s = orphan_grace_s
         self.repairs = {"scheduled": 0, "done": 0, "failed": 0}
-        self.guard = MetaGuard(self.keys, lambda name: self.runner.call("user_get", name))
+        self.guard = MetaGuard(self.keys, lambda name: self.runner.call(lambda store: store.user_get(name)))
         self.authorize = self.guard.authorize  # RpcServer asks it before every request
         # Anonymous peers may only ping here: they get a small pool of connections of their own, so
         # a flood of them cannot lock authenticated clients out (tectofs.wire.connlimits).
@@ -150,10 +152,11 @@ class MetadataService:
         while True:
             await asyncio.sleep(min(10.0, self.allocation_grace_s / 2))
             try:
-                expired = await self.runner.call("expire_allocations", self.allocation_grace_s)
+                grace_s = self.allocation_grace_s
+                expired = await self.runner.call(lambda store: store.expire_allocations(grace_s))
                 if expired:
                     log.info("queued %d uncommitted blocks for deletion", expired)
-                orphans = await self.runner.call("collect_orphans")
+                orphans = await self.runner.call(lambda store: store.collect_orphans())
                 if orphans:
                     log.info("removed %d unlinked files no handle holds any more", orphans)
             except asyncio.CancelledError:
@@ -169,8 +172,9 @@ class MetadataService:
         while True:
             await asyncio.sleep(self.repair_interval_s)
             try:
+                after_s = self.repair_after_s
                 queued = await self.runner.call(
-                    "schedule_repairs", self.repair_after_s, limits.repair_concurrency_per_server * 4
+                    lambda store: store.schedule_repairs(after_s, limits.repair_concurrency_per_server * 4)
                 )
                 if queued:
                     self.repairs["scheduled"] += queued
@@ -180,26 +184,33 @@ class MetadataService:
             except Exception:
                 log.exception("repair scheduling failed")
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``store.<method>(...)`` through the runner, for the request being served. A request
-        with a call id (``tectofs.wire.server.current_call``) has each store operation it runs keyed
-        by its call id and step, so the operation happens at most once however often the call
-        is retried, on this service or another over the same store (``tectofs.store.requests``)."""
+    async def _call(self, operation: Callable[[SqlStore], ResultT], returns: type[ResultT], *,
+                    always_admitted: bool = False) -> ResultT:
+        """``operation(store)`` through the runner, for the request being served; it answers
+        ``returns``. A request with a call id (``tectofs.wire.server.current_call``) has each
+        store operation it runs keyed by its call id and step, so the operation happens at
+        most once however often the call is retried, on this service or another over the same
+        store (``tectofs.store.requests``: a retry gets the recorded result, read as ``returns``).
+
+        ``operation`` runs on the store's thread: what it needs of the request (paths split,
+        the caller) is computed before, here, where the request's context is."""
         # Admission control: past this queue length, new work is refused (the client backs
         # off and retries) instead of growing the queue and everyone's latency without bound.
-        if self.runner.queued >= limits.meta_queue_max and method != "heartbeat_with_orders":
+        # Heartbeats are always admitted: refusing them would declare live servers dead.
+        if self.runner.queued >= limits.meta_queue_max and not always_admitted:
             self.busy_answers += 1
             self.metrics.busy_answers.inc()
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         call = current_call.get()
-        return await self.runner.call(method, *args, request_key=call.next_key() if call else None, **kwargs)
+        return await self.runner.call(operation, returns=returns, request_key=call.next_key() if call else None)
 
-    async def _as_caller(self, method: str, *args: Any) -> Any:
-        """A store operation on behalf of the peer: its permission bits are checked as its uid."""
-        return await self._call(method, *args, caller=self.guard.caller(current_peer.get()))
+    def _caller(self) -> Caller | None:
+        """The POSIX caller the peer acts as: the store checks permission bits as its uid
+        (None: a cluster member, trusted)."""
+        return self.guard.caller(current_peer.get())
 
-    def _segment(self, layout: dict[str, Any]) -> messages.LayoutSegment:
-        return layout_segment(layout, self.keys, self.capability_ttl_s, self._handle(layout["attrs"]["ino"]))
+    def _segment(self, layout: messages.LayoutSegment) -> messages.LayoutSegment:
+        return layout_segment(layout, self.keys, self.capability_ttl_s, self._handle(layout.attrs.ino))
 
     # File handles (tectofs.wire.auth): every inode's attributes a user gets come from a call that
     # checked it may reach that inode, and carry the handle it must show to name the inode by
@@ -209,16 +220,17 @@ class MetadataService:
         peer = current_peer.get()
         return b"" if peer.is_member else auth.file_handle(self.keys, peer.uid, ino)
 
-    def _attrs(self, attrs: dict[str, Any]) -> messages.Attrs:
+    def _attrs(self, attrs: messages.Attrs) -> messages.Attrs:
         """``attrs`` of the store's, with the caller's handle for the inode."""
-        return messages.Attrs(**attrs, handle=self._handle(attrs["ino"]))
+        handle = self._handle(attrs.ino)
+        return msgspec.structs.replace(attrs, handle=handle) if handle else attrs
 
     def _handles(self) -> Callable[[int], bytes]:
         """``_handle`` for many inodes of one reply (a listing's entries)."""
         peer = current_peer.get()
         return (lambda ino: b"") if peer.is_member else auth.file_handles(self.keys, peer.uid)
 
-    def _attrs_reply(self, attrs: dict[str, Any]) -> messages.AttrsReply:
+    def _attrs_reply(self, attrs: messages.Attrs) -> messages.AttrsReply:
         return messages.AttrsReply(attrs=self._attrs(attrs))
 
     def _check_handle(self, ino: int, handle: bytes, issued_to: int | None = None) -> None:
@@ -289,132 +301,163 @@ class MetadataService:
     # Each rpc_<op> gets its request already validated (tectofs.wire.messages, tectofs.wire.server).
 
     async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        return self._attrs_reply(await self._as_caller("lookup", paths.split(r.path))), b""
+        parts, caller = paths.split(r.path), self._caller()
+        return self._attrs_reply(await self._call(lambda store: store.lookup(parts, caller=caller), messages.Attrs)), b""
 
     async def rpc_getattr(self, r: messages.InoRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         self._check_handle(r.ino, r.handle)
-        return self._attrs_reply(await self._as_caller("getattr_ino", r.ino)), b""
+        caller = self._caller()
+        return self._attrs_reply(await self._call(lambda store: store.getattr_ino(r.ino, caller=caller),
+                                                  messages.Attrs)), b""
 
     async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        attrs = await self._as_caller(
-            "mkdir", paths.split(r.path), r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok
-        )
+        parts, caller = paths.split(r.path), self._caller()
+        attrs = await self._call(lambda store: store.mkdir(
+            parts, r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok, caller=caller), messages.Attrs)
         return self._attrs_reply(attrs), b""
 
     async def rpc_makedirs(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        parts = paths.split(r.path)
-        attrs: dict[str, Any] = {}
-        for depth in range(1, len(parts) + 1):
-            last = depth == len(parts)
-            attrs = await self._as_caller(
-                "mkdir", parts[:depth], r.mode, r.uid, r.gid, r.policy if last else None,
-                r.block_size if last else None, r.exist_ok if last else True,
-            )
+        parts, caller = paths.split(r.path), self._caller()
         if not parts:
-            attrs = await self._as_caller("mkdir", parts, r.mode, r.uid, r.gid, None, None, r.exist_ok)
+            attrs = await self._call(lambda store: store.mkdir(
+                parts, r.mode, r.uid, r.gid, None, None, r.exist_ok, caller=caller), messages.Attrs)
+        for depth in range(1, len(parts) + 1):  # one store operation (and step of the call) per level
+            prefix, last = parts[:depth], depth == len(parts)
+            attrs = await self._call(lambda store: store.mkdir(
+                prefix, r.mode, r.uid, r.gid, r.policy if last else None, r.block_size if last else None,
+                r.exist_ok if last else True, caller=caller), messages.Attrs)
         return self._attrs_reply(attrs), b""
 
     async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply[messages.CreateReply]:
-        attrs, created, *directory = await self._as_caller(  # replayed records of older releases: less
-            "create_file", paths.split(r.path), r.mode, r.uid, r.gid, r.exclusive, r.reader
-        )
-        return messages.CreateReply(attrs=self._attrs(attrs), created=created,
-                                    directory=self._attrs(directory[0]) if directory else None,
-                                    directory_ctime_before=directory[1] if len(directory) > 1 else None), b""
+        parts, caller = paths.split(r.path), self._caller()
+        made = await self._call(lambda store: store.create_file(
+            parts, r.mode, r.uid, r.gid, r.exclusive, r.reader, caller=caller), messages.CreateReply)
+        return msgspec.structs.replace(
+            made, attrs=self._attrs(made.attrs), directory=self._attrs(made.directory) if made.directory else None), b""
 
     async def rpc_symlink(self, r: messages.SymlinkRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        return self._attrs_reply(await self._as_caller("symlink", paths.split(r.path), r.target, r.uid, r.gid)), b""
+        parts, caller = paths.split(r.path), self._caller()
+        return self._attrs_reply(await self._call(
+            lambda store: store.symlink(parts, r.target, r.uid, r.gid, caller=caller), messages.Attrs)), b""
 
     async def rpc_mknod(self, r: messages.MknodRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        return self._attrs_reply(await self._as_caller("mknod", paths.split(r.path), r.mode, r.rdev, r.uid, r.gid)), b""
+        parts, caller = paths.split(r.path), self._caller()
+        return self._attrs_reply(await self._call(
+            lambda store: store.mknod(parts, r.mode, r.rdev, r.uid, r.gid, caller=caller), messages.Attrs)), b""
 
     async def rpc_readdir(self, r: messages.ReaddirRequest, _: memoryview) -> Reply[messages.ReaddirReply]:
-        entries, cursor = await self._as_caller("readdir", paths.split(r.path), r.after, r.limit)
+        parts, caller = paths.split(r.path), self._caller()
+        page = await self._call(lambda store: store.readdir(parts, r.after, r.limit, caller=caller),
+                                messages.ReaddirReply)
+        if current_peer.get().is_member:
+            return page, b""
         handle = self._handles()
-        return messages.ReaddirReply(
-            entries=[messages.DirEntry(name=name, attrs=messages.Attrs(**attrs, handle=handle(attrs["ino"])))
-                     for name, attrs in entries], next=cursor
-        ), b""
+        return msgspec.structs.replace(page, entries=[
+            msgspec.structs.replace(e, attrs=msgspec.structs.replace(e.attrs, handle=handle(e.attrs.ino)))
+            for e in page.entries]), b""
 
     async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        attrs = await self._as_caller("setattr", paths.split(r.path), r.mode, r.uid, r.gid, r.atime, r.mtime)
+        parts, caller = paths.split(r.path), self._caller()
+        attrs = await self._call(lambda store: store.setattr(
+            parts, r.mode, r.uid, r.gid, r.atime, r.mtime, caller=caller), messages.Attrs)
         return self._attrs_reply(attrs), b""
 
     async def rpc_truncate(self, r: messages.TruncateRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        return self._attrs_reply(await self._as_caller("truncate", paths.split(r.path), r.size)), b""
+        parts, caller = paths.split(r.path), self._caller()
+        return self._attrs_reply(await self._call(lambda store: store.truncate(parts, r.size, caller=caller),
+                                                  messages.Attrs)), b""
 
     async def rpc_set_policy(self, r: messages.SetPolicyRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        return self._attrs_reply(await self._as_caller("set_policy", paths.split(r.path), r.policy, r.block_size, r.write_min)), b""
+        parts, caller = paths.split(r.path), self._caller()
+        return self._attrs_reply(await self._call(
+            lambda store: store.set_policy(parts, r.policy, r.block_size, r.write_min, caller=caller),
+            messages.Attrs)), b""
 
     async def rpc_rename(self, r: messages.RenameRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        return self._attrs_reply(await self._as_caller("rename", paths.split(r.src), paths.split(r.dst), r.noreplace)), b""
+        src, dst, caller = paths.split(r.src), paths.split(r.dst), self._caller()
+        return self._attrs_reply(await self._call(lambda store: store.rename(src, dst, r.noreplace, caller=caller),
+                                                  messages.Attrs)), b""
 
     async def rpc_link(self, r: messages.LinkRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        return self._attrs_reply(await self._as_caller("link", paths.split(r.src), paths.split(r.dst))), b""
+        src, dst, caller = paths.split(r.src), paths.split(r.dst), self._caller()
+        return self._attrs_reply(await self._call(lambda store: store.link(src, dst, caller=caller),
+                                                  messages.Attrs)), b""
 
     async def rpc_release(self, r: messages.ReleaseRequest, _: memoryview) -> Reply[messages.Empty]:
         self._check_handle(r.ino, r.handle)
-        await self._as_caller("release", r.ino, r.reader)
+        caller = self._caller()
+        await self._call(lambda store: store.release(r.ino, r.reader, caller=caller), type(None))
         return messages.Empty(), b""
 
     async def rpc_release_leases(self, r: messages.ReleaseLeasesRequest, _: memoryview) -> Reply[messages.Empty]:
         for lease in r.leases:
             self._check_handle(lease.ino, lease.handle, lease.uid)
-        await self._as_caller("release_leases", [(lease.ino, lease.reader) for lease in r.leases])
+        leases, caller = [(lease.ino, lease.reader) for lease in r.leases], self._caller()
+        await self._call(lambda store: store.release_leases(leases, caller=caller), type(None))
         return messages.Empty(), b""
 
     async def rpc_getxattr(self, r: messages.XattrRequest, _: memoryview) -> Reply[messages.XattrReply]:
-        return messages.XattrReply(value=await self._as_caller("getxattr", paths.split(r.path), r.name)), b""
+        parts, caller = paths.split(r.path), self._caller()
+        value = await self._call(lambda store: store.getxattr(parts, r.name, caller=caller), bytes)
+        return messages.XattrReply(value=value), b""
 
     async def rpc_listxattr(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.ListxattrReply]:
-        return messages.ListxattrReply(names=await self._as_caller("listxattr", paths.split(r.path))), b""
+        parts, caller = paths.split(r.path), self._caller()
+        names = await self._call(lambda store: store.listxattr(parts, caller=caller), list[str])
+        return messages.ListxattrReply(names=names), b""
 
     async def rpc_setxattr(self, r: messages.SetxattrRequest, _: memoryview) -> Reply[messages.Empty]:
-        await self._as_caller("setxattr", paths.split(r.path), r.name, r.value, r.flags)
+        parts, caller = paths.split(r.path), self._caller()
+        await self._call(lambda store: store.setxattr(parts, r.name, r.value, r.flags, caller=caller), type(None))
         return messages.Empty(), b""
 
     async def rpc_removexattr(self, r: messages.XattrRequest, _: memoryview) -> Reply[messages.Empty]:
-        await self._as_caller("removexattr", paths.split(r.path), r.name)
+        parts, caller = paths.split(r.path), self._caller()
+        await self._call(lambda store: store.removexattr(parts, r.name, caller=caller), type(None))
         return messages.Empty(), b""
 
     async def rpc_exchange(self, r: messages.ExchangeRequest, _: memoryview) -> Reply[messages.Empty]:
-        await self._as_caller("exchange", paths.split(r.a), paths.split(r.b))
+        a, b, caller = paths.split(r.a), paths.split(r.b), self._caller()
+        await self._call(lambda store: store.exchange(a, b, caller=caller), type(None))
         return messages.Empty(), b""
 
     async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply[messages.UnlinkReply]:
-        result = await self._as_caller("unlink", paths.split(r.path), r.ino, r.only_if_empty)
-        directory, before = result if isinstance(result, (list, tuple)) else (result, None)  # a replayed old record
-        return messages.UnlinkReply(directory=self._attrs(directory) if directory else None,
-                                    directory_ctime_before=before), b""
+        parts, caller = paths.split(r.path), self._caller()
+        removed = await self._call(lambda store: store.unlink(parts, r.ino, r.only_if_empty, caller=caller),
+                                   messages.UnlinkReply)
+        return msgspec.structs.replace(
+            removed, directory=self._attrs(removed.directory) if removed.directory else None), b""
 
     async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.Empty]:
-        await self._as_caller("rmdir", paths.split(r.path))
+        parts, caller = paths.split(r.path), self._caller()
+        await self._call(lambda store: store.rmdir(parts, caller=caller), type(None))
         return messages.Empty(), b""
 
     async def rpc_statfs(self, r: messages.Empty, _: memoryview) -> Reply[messages.StatfsReply]:
-        return messages.StatfsReply(**await self._call("statfs")), b""
+        return await self._call(lambda store: store.statfs(), messages.StatfsReply), b""
 
     # ------------------------------------------------------------------ data layout
 
     async def rpc_layout(self, r: messages.LayoutRequest, _: memoryview) -> Reply[messages.LayoutSegment]:
+        caller = self._caller()
         if r.ino:
             self._check_handle(r.ino, r.handle)
-            return self._segment(await self._as_caller("layout", None, r.ino, r.first, r.reader, r.write_only)), b""
+            return self._segment(await self._call(lambda store: store.layout(
+                None, r.ino, r.first, r.reader, r.write_only, caller=caller), messages.LayoutSegment)), b""
         if r.path is None:
             raise InvalidArgument("layout needs an ino or a path")
-        return self._segment(
-            await self._as_caller("layout", paths.split(r.path), None, r.first, r.reader, r.write_only)
-        ), b""
+        parts = paths.split(r.path)
+        return self._segment(await self._call(lambda store: store.layout(
+            parts, None, r.first, r.reader, r.write_only, caller=caller), messages.LayoutSegment)), b""
 
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply[messages.AllocateReply]:
         self._check_handle(r.ino, r.handle)
-        blocks = await self._as_caller("allocate", r.ino, r.count, r.spares, r.exclude, r.writer)
+        caller = self._caller()
+        blocks = await self._call(lambda store: store.allocate(
+            r.ino, r.count, r.spares, r.exclude, r.writer, caller=caller), list[messages.Allocation])
         expiry = auth.capability_expiry(self.capability_ttl_s)
         return messages.AllocateReply(blocks=[
-            messages.Allocation(block_id=b["block_id"], policy=b["policy"], write_min=b["write_min"],
-                                servers=[messages.ServerRef(**s) for s in b["servers"]],
-                                cap=self._write_capability(b["block_id"], expiry))
-            for b in blocks
+            msgspec.structs.replace(b, cap=self._write_capability(b.block_id, expiry)) for b in blocks
         ], lease_s=self.allocation_grace_s), b""
 
     def _write_capability(self, block_id: int, expiry: int) -> messages.Capability:
@@ -424,23 +467,29 @@ class MetadataService:
 
     async def rpc_renew(self, r: messages.RenewRequest, _: memoryview) -> Reply[messages.RenewReply]:
         self._check_handle(r.ino, r.handle)
-        return messages.RenewReply(renewed=await self._as_caller("renew", r.ino, r.writer, r.reader)), b""
+        caller = self._caller()
+        renewed = await self._call(lambda store: store.renew(r.ino, r.writer, r.reader, caller=caller), int)
+        return messages.RenewReply(renewed=renewed), b""
 
     async def rpc_stage(self, r: messages.StageRequest, _: memoryview) -> Reply[messages.Empty]:
         self._check_handle(r.ino, r.handle)
-        await self._as_caller("stage", r.ino, r.writer, messages.to_plain(r.blocks), r.holes, r.cut_from)
+        caller = self._caller()
+        await self._call(lambda store: store.stage(r.ino, r.writer, r.blocks, r.holes, r.cut_from, caller=caller),
+                         type(None))
         return messages.Empty(), b""
 
     async def rpc_commit(self, r: messages.CommitRequest, _: memoryview) -> Reply[messages.LayoutSegment]:
         self._check_handle(r.ino, r.handle)
-        layout = await self._as_caller(
-            "commit", r.ino, r.size, messages.to_plain(r.blocks), r.replace, r.mtime, r.shrunk_to, r.holes, r.writer
-        )
+        caller = self._caller()
+        layout = await self._call(lambda store: store.commit(
+            r.ino, r.size, r.blocks, r.replace, r.mtime, r.shrunk_to, r.holes, r.writer, caller=caller),
+            messages.LayoutSegment)
         return self._segment(layout), b""
 
     async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply[messages.Empty]:
         self.bad_chunk_reports += 1
-        marked = r.kind in ("corrupt", "missing") and await self._call("mark_bad", r.block_id, r.server_id)
+        marked = r.kind in ("corrupt", "missing") and await self._call(
+            lambda store: store.mark_bad(r.block_id, r.server_id), bool)
         self._bad_chunk_log.warning(
             "chunk of block %d at position %d on server %d reported %s%s: %s",
             r.block_id, r.position, r.server_id, r.kind or "unreadable", " (rebuild scheduled)" if marked else "",
@@ -451,7 +500,8 @@ class MetadataService:
     # ------------------------------------------------------------------ self-healing
 
     async def rpc_repair_done(self, r: messages.RepairDoneRequest, _: memoryview) -> Reply[messages.Empty]:
-        placed = await self._call("repair_done", r.block_id, r.position, r.server_id, r.length, r.crc)
+        placed = await self._call(
+            lambda store: store.repair_done(r.block_id, r.position, r.server_id, r.length, r.crc), bool)
         self.repairs["done" if placed else "failed"] += 1
         if not placed:
             log.info("rebuilt chunk %d of block %d on server %d is not needed any more; it will be collected",
@@ -462,58 +512,62 @@ class MetadataService:
         self.repairs["failed"] += 1
         self._bad_chunk_log.warning("server %d could not rebuild chunk %d of block %d: %s",
                                     r.server_id, r.position, r.block_id, r.reason[:200])
-        await self._call("repair_failed", r.block_id, r.position, r.server_id, r.occupied)
+        await self._call(lambda store: store.repair_failed(r.block_id, r.position, r.server_id, r.occupied),
+                         type(None))
         return messages.Empty(), b""
 
     async def rpc_inventory_begin(self, r: messages.InventoryBeginRequest, _: memoryview) -> Reply[messages.InventoryBeginReply]:
-        return messages.InventoryBeginReply(report=await self._call("inventory_begin", r.server_id)), b""
+        report = await self._call(lambda store: store.inventory_begin(r.server_id), int)
+        return messages.InventoryBeginReply(report=report), b""
 
     async def rpc_inventory(self, r: messages.InventoryRequest, _: memoryview) -> Reply[messages.InventoryReply]:
-        found = await self._call("inventory", r.server_id, r.report, r.block_ids, r.last, self.orphan_grace_s)
-        if found["missing"] or found["orphans"]:
+        grace_s = self.orphan_grace_s
+        found = await self._call(
+            lambda store: store.inventory(r.server_id, r.report, r.block_ids, r.last, grace_s), messages.InventoryReply)
+        if found.missing or found.orphans:
             log.warning("inventory of chunk server %d: %d chunks missing (rebuild scheduled), %d orphans",
-                        r.server_id, found["missing"], found["orphans"])
-        return messages.InventoryReply(**found), b""
+                        r.server_id, found.missing, found.orphans)
+        return found, b""
 
     async def rpc_drain(self, r: messages.DrainRequest, _: memoryview) -> Reply[messages.DrainReply]:
-        return messages.DrainReply(**await self._call("drain", r.server, r.cancel)), b""
+        return await self._call(lambda store: store.drain(r.server, r.cancel), messages.DrainReply), b""
 
     async def rpc_block_health(self, r: messages.BlockHealthRequest, _: memoryview) -> Reply[messages.BlockHealthReply]:
         for file in r.files:
             self._check_handle(file.ino, file.handle)
-        files = await self._call("block_health", [file.ino for file in r.files])
-        return messages.BlockHealthReply(files=[messages.FileHealth(**f) for f in files]), b""
+        inos = [file.ino for file in r.files]
+        files = await self._call(lambda store: store.block_health(inos), list[messages.FileHealth])
+        return messages.BlockHealthReply(files=files), b""
 
     # ------------------------------------------------------------------ chunk servers
 
     async def rpc_register_server(self, r: messages.RegisterServerRequest, _: memoryview) -> Reply[messages.RegisterServerReply]:
-        server_id = await self._call("register_server", r.uuid, r.address, r.capacity, r.used, r.metrics_url)
+        server_id = await self._call(
+            lambda store: store.register_server(r.uuid, r.address, r.capacity, r.used, r.metrics_url), int)
         return messages.RegisterServerReply(server_id=server_id), b""
 
     async def rpc_heartbeat(self, r: messages.HeartbeatRequest, _: memoryview) -> Reply[messages.HeartbeatReply]:
         arrived = time.time()
         if r.server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
             self.heartbeats_seen[r.server_id] = arrived
-        delete, orders = await self._call(
-            "heartbeat_with_orders", r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address, r.stats,
-            metrics_url=r.metrics_url,
-        )
+        reply = await self._call(lambda store: store.heartbeat_with_orders(
+            r.server_id, r.capacity, r.used, r.inflight, r.chunks, r.address, r.stats, metrics_url=r.metrics_url,
+        ), messages.HeartbeatReply, always_admitted=True)
         # Liveness counts from arrival, not from when the store got to it (see SqlStore.heartbeats_seen).
         self.heartbeats_seen[r.server_id] = max(arrived, self.heartbeats_seen.get(r.server_id, 0.0))
-        return messages.HeartbeatReply(
-            delete=delete, repairs=[messages.convert(o, messages.RepairOrder) for o in orders]
-        ), b""
+        return reply, b""
 
     async def rpc_servers(self, r: messages.Empty, _: memoryview) -> Reply[messages.ServersReply]:
-        servers = await self._call("servers")
-        return messages.ServersReply(servers=[messages.ServerInfo(**s) for s in servers]), b""
+        servers = await self._call(lambda store: store.servers(), list[messages.ServerInfo])
+        return messages.ServersReply(servers=servers), b""
 
     async def rpc_stats(self, r: messages.Empty, _: memoryview) -> Reply[messages.StatsReply]:
+        counts = await self._call(lambda store: store.counts(), dict[str, int])
+        health = await self._call(lambda store: store.health_summary(), dict[str, int])
         return messages.StatsReply(
             uptime_s=time.time() - self.started,
             store=dict(self.runner.stats),
-            counts={**await self._call("counts"), **await self._call("health_summary"),
-                    **{f"repairs_{k}": v for k, v in self.repairs.items()}},
+            counts={**counts, **health, **{f"repairs_{k}": v for k, v in self.repairs.items()}},
             bad_chunk_reports=self.bad_chunk_reports,
             busy_answers=self.busy_answers,
             invalid_requests=self.rpc.invalid_requests,
@@ -530,23 +584,26 @@ class MetadataService:
     async def rpc_user_add(self, r: messages.UserAddRequest, _: memoryview) -> Reply[messages.UserAddReply]:
         secret = secrets.token_bytes(auth.KEY_BYTES)
         s3_secret = secrets.token_urlsafe(30)
-        user = await self._call(
-            "user_add", r.name, r.uid, r.gid, list(r.groups), admin=r.admin, proxy=r.proxy, secret_hex=secret.hex(),
-            s3_access_key="TFS" + secrets.token_hex(8).upper(), s3_secret=s3_secret,
-        )
+        s3_access_key = "TFS" + secrets.token_hex(8).upper()
+        user = await self._call(lambda store: store.user_add(
+            r.name, r.uid, r.gid, list(r.groups), admin=r.admin, proxy=r.proxy, secret_hex=secret.hex(),
+            s3_access_key=s3_access_key, s3_secret=s3_secret,
+        ), StoredUser)
         self.guard.forget_user(r.name)  # a lookup of the name before it existed is not kept
         log.warning("user %s added (uid %d, gid %d%s%s) by %s", r.name, r.uid, r.gid, ", admin" if r.admin else "",
                     ", proxy" if r.proxy else "", current_peer.get().describe())
-        return messages.UserAddReply(user=_user_info(user), secret=secret, s3_secret_key=s3_secret), b""
+        # A retry answered from the record gets the secrets the store recorded, not this call's.
+        return messages.UserAddReply(user=_user_info(user), secret=bytes.fromhex(user.secret or secret.hex()),
+                                     s3_secret_key=user.s3_secret or s3_secret), b""
 
     async def rpc_user_remove(self, r: messages.UserNameRequest, _: memoryview) -> Reply[messages.Empty]:
-        await self._call("user_remove", r.name)
+        await self._call(lambda store: store.user_remove(r.name), type(None))
         self.guard.forget_user(r.name)
         log.warning("user %s removed by %s", r.name, current_peer.get().describe())
         return messages.Empty(), b""
 
     async def rpc_user_list(self, r: messages.Empty, _: memoryview) -> Reply[messages.UserListReply]:
-        users = await self._call("user_list")
+        users = await self._call(lambda store: store.user_list(), list[StoredUser])
         budget = limits.reply_header_budget_bytes // USER_ENTRY_BYTES_MAX
         return messages.UserListReply(users=[_user_info(u) for u in users[:budget]], more=len(users) > budget), b""
 
@@ -557,13 +614,13 @@ class MetadataService:
             root = messages.UserInfo(name="root", uid=0, gid=0, groups=[], admin=True, proxy=True)
             return messages.S3PrincipalReply(
                 user=root, secret_key=auth.s3_secret_key(auth.root_secret(self.keys.signing[1]))), b""
-        user = await self._call("user_get", r.access_key)
-        if user is not None:
-            return messages.S3PrincipalReply(user=_user_info(user), secret_key=auth.s3_secret_key(bytes.fromhex(user["secret"]))), b""
-        user = await self._call("user_by_s3_key", r.access_key)
-        if user is None:
+        user = await self._call(lambda store: store.user_get(r.access_key), MAYBE_USER)
+        if user is not None and user.secret is not None:
+            return messages.S3PrincipalReply(user=_user_info(user), secret_key=auth.s3_secret_key(bytes.fromhex(user.secret))), b""
+        user = await self._call(lambda store: store.user_by_s3_key(r.access_key), MAYBE_USER)
+        if user is None or user.s3_secret is None:
             raise NotFound(f"no user has the S3 access key {r.access_key!r}")
-        return messages.S3PrincipalReply(user=_user_info(user), secret_key=user["s3_secret"]), b""
+        return messages.S3PrincipalReply(user=_user_info(user), secret_key=user.s3_secret), b""
 
     async def rpc_whoami(self, r: messages.Empty, _: memoryview) -> Reply[messages.WhoamiReply]:
         peer = current_peer.get()

@@ -16,8 +16,8 @@ def cmd_status(args: argparse.Namespace) -> None:
     from tectofs.wire import messages
 
     with _client(args) as fs:
-        servers = fs.servers()
-        statfs = fs.statfs()
+        servers = messages.to_plain(fs.servers())
+        statfs = messages.to_plain(fs.statfs())
         stats = messages.to_plain(fs.run(fs.aio.metadata.stats()))
     if args.json:  # every field the service sends, as it sends them: nothing added, nothing dropped
         output.print_json({"meta": {"address": fs.meta_address, **stats}, "statfs": statfs, "servers": servers})

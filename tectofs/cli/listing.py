@@ -12,6 +12,8 @@ import argparse
 import posixpath
 from typing import Any, Iterator
 
+from tectofs.wire import messages
+
 from . import output
 from .common import _client, client_command
 from .transfer import parse
@@ -137,7 +139,7 @@ def cmd_du(args: argparse.Namespace) -> None:
 
 def cmd_df(args: argparse.Namespace) -> None:
     with _client(args) as fs:
-        statfs = fs.statfs()
+        statfs = messages.to_plain(fs.statfs())
         address = fs.meta_address
     if args.json:
         output.print_json({"meta": address, **statfs, "free": statfs["capacity"] - statfs["used"]})

@@ -3,7 +3,7 @@
 The store's operations take ``caller``: a :class:`Caller` (the authenticated uid, gid and
 supplementary groups of the client the metadata service serves) or ``None``, a trusted
 internal caller that is never checked. Every check here is a small function of an inode's
-attributes (the dicts ``engine.py`` loads anyway: ``mode``, ``uid``, ``gid``, ``kind``) and
+attributes (the ``Attrs`` ``engine.py`` loads anyway: ``mode``, ``uid``, ``gid``, ``kind``) and
 the caller, with no database access; the engine calls them where Linux does.
 
 Errors: a missing permission bit is ``PermissionDenied`` (EACCES); what only an owner or root
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import stat as statmod
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 from ..errors import NotPermitted, PermissionDenied
+from ..wire.values import Attrs
 
 R, W, X = 4, 2, 1  # the permission bits of one class (owner, group, other)
-
-Attrs = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -55,12 +53,12 @@ def may(attrs: Attrs, caller: Caller | None, want: int) -> bool:
     group, else everyone's: only the first class that matches counts (POSIX)."""
     if caller is None:
         return True
-    mode = attrs["mode"]
+    mode = attrs.mode
     if caller.is_root:
         return not want & X or statmod.S_ISDIR(mode) or bool(mode & 0o111)
-    if caller.uid == attrs["uid"]:
+    if caller.uid == attrs.uid:
         bits = mode >> 6
-    elif caller.in_group(attrs["gid"]):
+    elif caller.in_group(attrs.gid):
         bits = mode >> 3
     else:
         bits = mode
@@ -68,7 +66,7 @@ def may(attrs: Attrs, caller: Caller | None, want: int) -> bool:
 
 
 def _words(want: int, attrs: Attrs) -> str:
-    execute = "search" if statmod.S_ISDIR(attrs["mode"]) else "execute"
+    execute = "search" if statmod.S_ISDIR(attrs.mode) else "execute"
     return " and ".join(word for bit, word in ((R, "read"), (W, "write"), (X, execute)) if want & bit)
 
 
@@ -85,14 +83,14 @@ def require(attrs: Attrs, caller: Caller | None, *wants: int, path: str, on: str
 
 def owns(attrs: Attrs, caller: Caller | None) -> bool:
     """The caller is trusted, root or the owner."""
-    return caller is None or caller.is_root or caller.uid == attrs["uid"]
+    return caller is None or caller.is_root or caller.uid == attrs.uid
 
 
 def require_owner(attrs: Attrs, caller: Caller | None, path: str, doing: str) -> None:
     if not owns(attrs, caller):
         assert caller is not None
         raise NotPermitted(
-            f"{path}: operation not permitted (only its owner, uid {attrs['uid']}, or root may {doing};"
+            f"{path}: operation not permitted (only its owner, uid {attrs.uid}, or root may {doing};"
             f" caller is uid {caller.uid})"
         )
 
@@ -114,13 +112,13 @@ def require_linkable(attrs: Attrs, caller: Caller | None, path: str) -> None:
     if owns(attrs, caller):
         return
     assert caller is not None
-    mode = attrs["mode"]
+    mode = attrs.mode
     set_id = mode & statmod.S_ISUID or mode & (statmod.S_ISGID | statmod.S_IXGRP) == statmod.S_ISGID | statmod.S_IXGRP
-    if attrs["kind"] == "file" and not set_id and may(attrs, caller, R | W):
+    if attrs.kind == "file" and not set_id and may(attrs, caller, R | W):
         return
     raise NotPermitted(
         f"{path}: operation not permitted (uid {caller.uid} may link only files it owns, or regular files it may"
-        f" read and write that are not set-id; its owner is uid {attrs['uid']})"
+        f" read and write that are not set-id; its owner is uid {attrs.uid})"
     )
 
 
@@ -129,11 +127,11 @@ def require_removable(directory: Attrs, entry: Attrs, caller: Caller | None, pat
     search permission on the directory; in a sticky directory (``S_ISVTX``, like /tmp) only
     the entry's owner, the directory's owner or root."""
     require(directory, caller, W | X, path=path, on=dir_path)
-    if (caller is not None and directory["mode"] & statmod.S_ISVTX and not caller.is_root
-            and caller.uid not in (directory["uid"], entry["uid"])):
+    if (caller is not None and directory.mode & statmod.S_ISVTX and not caller.is_root
+            and caller.uid not in (directory.uid, entry.uid)):
         raise NotPermitted(
-            f"{path}: operation not permitted ({dir_path} is sticky: only the entry's owner, uid {entry['uid']},"
-            f" the directory's owner, uid {directory['uid']}, or root may remove or replace it; caller is"
+            f"{path}: operation not permitted ({dir_path} is sticky: only the entry's owner, uid {entry.uid},"
+            f" the directory's owner, uid {directory.uid}, or root may remove or replace it; caller is"
             f" uid {caller.uid})"
         )
 
@@ -145,7 +143,7 @@ def require_move(
     it must be removable from ``source_dir``, and a directory that changes parent needs write
     permission on itself (its ``..`` changes), as Linux asks."""
     require_removable(source_dir, entry, caller, path, source_dir_path)
-    if entry["kind"] == "dir" and source_dir["ino"] != target_dir["ino"]:
+    if entry.kind == "dir" and source_dir.ino != target_dir.ino:
         require(entry, caller, W, path=path)
 
 
@@ -158,8 +156,8 @@ def new_owner(parent: Attrs, caller: Caller | None, mode: int, uid: int, gid: in
     if caller is None:
         return mode, uid, gid
     uid, gid = caller.uid, caller.gid
-    if parent["mode"] & statmod.S_ISGID:
-        gid = parent["gid"]
+    if parent.mode & statmod.S_ISGID:
+        gid = parent.gid
         if statmod.S_ISDIR(mode):
             mode |= statmod.S_ISGID
         elif mode & (statmod.S_ISGID | statmod.S_IXGRP) == statmod.S_ISGID | statmod.S_IXGRP and not (
@@ -181,26 +179,26 @@ def checked_setattr(
     owner, root, or anyone with write permission."""
     if caller is None:
         return mode
-    if uid is not None and not caller.is_root and uid != attrs["uid"]:
+    if uid is not None and not caller.is_root and uid != attrs.uid:
         raise NotPermitted(
-            f"{path}: operation not permitted (only root may change the owner, uid {attrs['uid']}, to uid {uid};"
+            f"{path}: operation not permitted (only root may change the owner, uid {attrs.uid}, to uid {uid};"
             f" caller is uid {caller.uid})"
         )
     chown = uid is not None or gid is not None
     if chown:
         require_owner(attrs, caller, path, "chown it")
-    if gid is not None and not caller.is_root and gid != attrs["gid"] and not caller.in_group(gid):
+    if gid is not None and not caller.is_root and gid != attrs.gid and not caller.in_group(gid):
         raise NotPermitted(f"{path}: operation not permitted (uid {caller.uid} is not in group {gid})")
-    kill_set_id = (mode is not None and not chown and mode != attrs["mode"]
-                   and mode == attrs["mode"] & ~(statmod.S_ISUID | statmod.S_ISGID))
+    kill_set_id = (mode is not None and not chown and mode != attrs.mode
+                   and mode == attrs.mode & ~(statmod.S_ISUID | statmod.S_ISGID))
     if kill_set_id and not owns(attrs, caller):
         require(attrs, caller, W, path=path)
     elif mode is not None:
         require_owner(attrs, caller, path, "chmod it")
-        if not (caller.is_root or caller.in_group(attrs["gid"] if gid is None else gid)):
+        if not (caller.is_root or caller.in_group(attrs.gid if gid is None else gid)):
             mode &= ~statmod.S_ISGID
     if times and not owns(attrs, caller):
         require(attrs, caller, W, path=path)
-    if chown and not caller.is_root and not statmod.S_ISDIR(attrs["mode"]):
-        mode = (attrs["mode"] if mode is None else mode) & ~(statmod.S_ISUID | statmod.S_ISGID)
+    if chown and not caller.is_root and not statmod.S_ISDIR(attrs.mode):
+        mode = (attrs.mode if mode is None else mode) & ~(statmod.S_ISUID | statmod.S_ISGID)
     return mode

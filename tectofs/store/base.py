@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from ..wire.values import ServerInfo
+
 if TYPE_CHECKING:
     import random
 
+    from ..wire.values import Attrs
     from .access import Caller
 
 
@@ -29,7 +32,7 @@ class StoreParts:
     def _next(self, counter: str, count: int = 1) -> int:
         raise NotImplementedError
 
-    def servers(self) -> list[dict[str, Any]]:
+    def servers(self) -> list[ServerInfo]:
         raise NotImplementedError
 
     def heartbeat(self, server_id: int, capacity: int, used: int, inflight: int, chunks: int,
@@ -40,12 +43,12 @@ class StoreParts:
     if TYPE_CHECKING:  # for the type checker only: provided by SqlStore and the other mixins
         rng: random.Random
 
-        def _get(self, ino: int) -> dict[str, Any]: ...
+        def _get(self, ino: int) -> Attrs: ...
 
-        def _resolve(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]: ...
+        def _resolve(self, parts: list[str], caller: Caller | None = None) -> Attrs: ...
 
         def _drop_blocks(self, ino: int, from_idx: int = 0, only_idx: int | None = None) -> None: ...
 
-        def live_servers(self) -> list[dict[str, Any]]: ...
+        def live_servers(self) -> list[ServerInfo]: ...
 
         def renew(self, ino: int, writer: int = 0, reader: int = 0, reader_lease_s: float = ...) -> int: ...

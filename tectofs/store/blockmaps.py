@@ -5,11 +5,14 @@ for the tables and ``access.py`` for the permission checks (``caller``)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Iterable
+
+import msgspec
 
 from .. import limits
 from ..errors import InvalidArgument, IsADirectory, NoSpace, StaleFile
 from ..policy import parse as parse_policy
+from ..wire.values import Allocation, Attrs, Block, ChunkRef, LayoutSegment, ServerRef, WrittenBlock
 from . import access
 from .access import Caller, R, W
 from .base import StoreParts
@@ -20,10 +23,16 @@ _BLOCK_BYTES_MAX = 160 + 112  # + its read capability (messages.Capability: 16-b
 _CHUNK_BYTES_MAX = 80 + limits.address_length_max_bytes
 
 
-def write_min(attrs: dict[str, Any]) -> int:
+# What ``stage`` keeps of a block until its commit: the WrittenBlock as JSON text (rows staged by
+# an older release, plain dicts of the same fields, read back the same).
+_STAGED_ENCODER = msgspec.json.Encoder()
+_STAGED_DECODER = msgspec.json.Decoder(WrittenBlock)
+
+
+def write_min(attrs: Attrs) -> int:
     """Chunks a block of this file (or of files below this directory) needs to be accepted:
     the directory's setting, else the policy's default."""
-    return int(attrs["write_min"]) or parse_policy(attrs["policy"]).write_min
+    return int(attrs.write_min) or parse_policy(attrs.policy).write_min
 
 
 def _p(parts: list[str]) -> str:
@@ -34,7 +43,7 @@ class BlockMaps(StoreParts):
     def layout(
         self, parts: list[str] | None = None, ino: int | None = None, first: int = 0, reader: int = 0,
         write_only: bool = False, *, caller: Caller | None = None,
-    ) -> dict[str, Any]:
+    ) -> LayoutSegment:
         """A segment of the file's block map: its attributes and the blocks with index in
         ``[first, end)``, each with its chunks and their servers. ``end`` is None when the
         segment reaches the end of the file; a large file comes in several segments, each
@@ -47,18 +56,18 @@ class BlockMaps(StoreParts):
         read permission with ``reader`` (write permission if the handle is ``write_only``),
         else read or write permission."""
         attrs = self._resolve(parts or [], caller) if ino is None else self._get(ino)
-        if attrs["kind"] == "dir":
+        if attrs.kind == "dir":
             raise IsADirectory(f"/{'/'.join(parts or [])} is a directory")
         access.require(attrs, caller, *(((W,) if write_only else (R,)) if reader else (R, W)),
                        path=_p(parts or []) if ino is None else f"inode {ino}")
         if reader:
-            self.renew(attrs["ino"], reader=reader)
+            self.renew(attrs.ino, reader=reader)
             if not write_only:
-                self._accessed(attrs)
-        width = parse_policy(attrs["policy"]).width
+                attrs = self._accessed(attrs)
+        width = parse_policy(attrs.policy).width
         count = max(1, limits.reply_header_budget_bytes // (_BLOCK_BYTES_MAX + width * _CHUNK_BYTES_MAX))
         row = self._one(
-            "SELECT idx FROM blocks WHERE ino = ? AND idx >= ? ORDER BY idx LIMIT 1 OFFSET ?", (attrs["ino"], first, count)
+            "SELECT idx FROM blocks WHERE ino = ? AND idx >= ? ORDER BY idx LIMIT 1 OFFSET ?", (attrs.ino, first, count)
         )
         end = None if row is None else int(row[0])
         rows = self._all(
@@ -66,32 +75,31 @@ class BlockMaps(StoreParts):
             " c.length, c.crc FROM blocks b JOIN chunks c ON c.block_id = b.block_id"
             " LEFT JOIN servers s ON s.server_id = c.server_id WHERE b.ino = ? AND b.idx >= ? AND b.idx < ?"
             " ORDER BY b.idx, c.position",
-            (attrs["ino"], first, limits.int64_max if end is None else end),
+            (attrs.ino, first, limits.int64_max if end is None else end),
         )
-        blocks: dict[int, dict[str, Any]] = {}
+        blocks: dict[int, Block] = {}
         for idx, block_id, policy, start, length, valid, position, server_id, address, clen, crc in rows:
-            block = blocks.setdefault(idx, {
-                "idx": idx, "block_id": block_id, "policy": policy, "start": start, "length": length, "valid": valid,
-                "chunks": [],
-            })
-            block["chunks"].append(
-                {"position": position, "server_id": server_id, "address": address, "length": clen, "crc": crc}
-            )
-        return {"attrs": attrs, "blocks": list(blocks.values()), "first": first, "end": end}
+            block = blocks.get(idx)
+            if block is None:
+                block = blocks[idx] = Block(idx=idx, block_id=block_id, policy=policy, start=start, length=length,
+                                            valid=valid, chunks=[])
+            block.chunks.append(ChunkRef(position=position, server_id=server_id, address=address, length=clen, crc=crc))
+        return LayoutSegment(attrs=attrs, blocks=list(blocks.values()), first=first, end=end)
 
-    def _accessed(self, attrs: dict[str, Any]) -> None:
+    def _accessed(self, attrs: Attrs) -> Attrs:
         """An open for reading (or a listing) of ``attrs``: its atime moves to now under
         Linux's ``relatime`` rule: when it is not newer than its mtime or ctime, or a day old.
         So a file read by a thousand ranks after a save costs one update, not a thousand."""
         now = self.clock()
-        if attrs["atime"] <= attrs["mtime"] or attrs["atime"] <= attrs["ctime"] or now - attrs["atime"] >= 86_400:
-            self._x("UPDATE inodes SET atime = ? WHERE ino = ?", (now, attrs["ino"]))
-            attrs["atime"] = now
+        if attrs.atime <= attrs.mtime or attrs.atime <= attrs.ctime or now - attrs.atime >= 86_400:
+            self._x("UPDATE inodes SET atime = ? WHERE ino = ?", (now, attrs.ino))
+            return msgspec.structs.replace(attrs, atime=now)
+        return attrs
 
     def allocate(
         self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = (),
         writer: int = 0, *, caller: Caller | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Allocation]:
         """Reserve ``count`` block ids (fewer if their reply would outgrow its budget: the
         caller asks again) for file ``ino`` and choose, per block, ``width`` distinct
         live servers (least loaded first) plus up to ``spares`` spare ones, never one of
@@ -102,12 +110,12 @@ class BlockMaps(StoreParts):
         if not 1 <= count <= limits.allocate_blocks_max:
             raise InvalidArgument(f"allocate count {count} outside [1, {limits.allocate_blocks_max}]")
         attrs = self._file(ino, caller)
-        policy = parse_policy(attrs["policy"])
+        policy = parse_policy(attrs.policy)
         # Fewer blocks than asked when the reply would outgrow its budget (wide policies).
         count = min(count, max(1, limits.reply_header_budget_bytes
                                // (_BLOCK_BYTES_MAX + (policy.width + spares) * _CHUNK_BYTES_MAX)))
         excluded = set(exclude)
-        live = [s for s in self.live_servers() if s["server_id"] not in excluded and s["state"] == "in"]
+        live = [s for s in self.live_servers() if s.server_id not in excluded and s.state == "in"]
         minimum = write_min(attrs)
         if len(live) < minimum:
             raise NoSpace(
@@ -116,12 +124,12 @@ class BlockMaps(StoreParts):
                 + ("" if live else ": start chunk servers (tectofs chunk) or check their heartbeats")
             )
         # Pending allocations weigh like data already stored, so one call spreads its blocks.
-        load = {s["server_id"]: s["used"] + s["inflight"] for s in live}
-        free = {s["server_id"]: s["capacity"] - s["used"] for s in live}
-        chunk_estimate = attrs["block_size"] // policy.data
+        load = {s.server_id: s.used + s.inflight for s in live}
+        free = {s.server_id: s.capacity - s.used for s in live}
+        chunk_estimate = attrs.block_size // policy.data
         first = self._next("block_id", count)
         now = self.clock()
-        out = []
+        out: list[Allocation] = []
         for n in range(count):
             candidates = [sid for sid in load if free[sid] >= chunk_estimate] or list(load)
             self.rng.shuffle(candidates)  # tie-break so equal servers share the load
@@ -137,43 +145,41 @@ class BlockMaps(StoreParts):
                 "INSERT INTO allocations (block_id, ino, created, servers, writer) VALUES (?, ?, ?, ?, ?)",
                 (block_id, ino, now, json.dumps(chosen), writer),
             )
-            addresses = {s["server_id"]: s["address"] for s in live}
-            out.append({
-                "block_id": block_id, "policy": str(policy), "write_min": minimum,
-                "servers": [{"server_id": sid, "address": addresses[sid]} for sid in chosen],
-            })
+            addresses = {s.server_id: s.address for s in live}
+            out.append(Allocation(block_id=block_id, policy=str(policy), write_min=minimum,
+                                  servers=[ServerRef(server_id=sid, address=addresses[sid]) for sid in chosen]))
         return out
 
-    def _check_written_block(self, ino: int, attrs: dict[str, Any], block: dict[str, Any]) -> None:
+    def _check_written_block(self, ino: int, attrs: Attrs, block: WrittenBlock) -> None:
         """A block a writer commits or stages: allocated to this file, not committed yet,
         its stored span inside the block, chunk positions distinct and at least the policy's
         ``write_min`` of them (all of them, unless the write was degraded)."""
-        row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block["block_id"],))
+        row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block.block_id,))
         if row is None or row[0] != ino:
-            raise InvalidArgument(f"block {block['block_id']} was not allocated to inode {ino} or is committed")
-        start = block.get("start", 0)
-        if not (0 <= start and 0 < block["length"] and start + block["length"] <= attrs["block_size"]):
-            raise InvalidArgument(f"block {block['block_id']}: {block['length']} bytes at {start} do not fit a block")
-        policy = parse_policy(attrs["policy"])
-        positions = sorted(c["position"] for c in block["chunks"])
+            raise InvalidArgument(f"block {block.block_id} was not allocated to inode {ino} or is committed")
+        start = block.start
+        if not (0 <= start and 0 < block.length and start + block.length <= attrs.block_size):
+            raise InvalidArgument(f"block {block.block_id}: {block.length} bytes at {start} do not fit a block")
+        policy = parse_policy(attrs.policy)
+        positions = sorted(c.position for c in block.chunks)
         minimum = write_min(attrs)
         if len(set(positions)) != len(positions) or not set(positions) <= set(range(policy.width)) or (
                 len(positions) < minimum):
             raise InvalidArgument(
-                f"block {block['block_id']} has chunks {positions}; {policy} needs at least {minimum}"
+                f"block {block.block_id} has chunks {positions}; {policy} needs at least {minimum}"
                 f" distinct positions in [0, {policy.width})"
             )
 
-    def _file(self, ino: int, writing_caller: Caller | None = None) -> dict[str, Any]:
+    def _file(self, ino: int, writing_caller: Caller | None = None) -> Attrs:
         """File ``ino``'s attributes, for writing its data with ``writing_caller``."""
         attrs = self._get(ino)
-        if attrs["kind"] != "file":
+        if attrs.kind != "file":
             raise IsADirectory(f"inode {ino} is not a file")
         access.require_writer(attrs, writing_caller, f"inode {ino}")
         return attrs
 
     def stage(
-        self, ino: int, writer: int, blocks: list[dict[str, Any]], holes: Iterable[int] = (),
+        self, ino: int, writer: int, blocks: list[WrittenBlock], holes: Iterable[int] = (),
         cut_from: int | None = None, *, caller: Caller | None = None,
     ) -> None:
         """Record part of a commit ahead of it (a writer with more blocks than one call
@@ -191,34 +197,33 @@ class BlockMaps(StoreParts):
                 self._release_allocation(block_id, set())
             self._x("DELETE FROM staged WHERE ino = ? AND writer = ? AND idx >= ?", (ino, writer, cut_from))
         now = self.clock()
-        entries: list[tuple[int, dict[str, Any] | None]] = [(idx, None) for idx in holes]
-        for idx, block in entries + [(b["idx"], b) for b in blocks]:
+        entries: list[tuple[int, WrittenBlock | None]] = [(idx, None) for idx in holes]
+        for idx, staged in entries + [(b.idx, b) for b in blocks]:
             old = self._one("SELECT block_id FROM staged WHERE ino = ? AND writer = ? AND idx = ?", (ino, writer, idx))
             if old is not None:
-                if old[0] is not None and (block is None or old[0] != block["block_id"]):
+                if old[0] is not None and (staged is None or old[0] != staged.block_id):
                     self._release_allocation(old[0], set())
                 self._x("DELETE FROM staged WHERE ino = ? AND writer = ? AND idx = ?", (ino, writer, idx))
             self._x(
                 "INSERT INTO staged (ino, writer, idx, block_id, block, created) VALUES (?, ?, ?, ?, ?, ?)",
-                (ino, writer, idx, None if block is None else block["block_id"],
-                 None if block is None else json.dumps(block), now),
+                (ino, writer, idx, None if staged is None else staged.block_id,
+                 None if staged is None else _STAGED_ENCODER.encode(staged).decode(), now),
             )
 
-    def _take_staged(self, ino: int, writer: int) -> tuple[dict[int, dict[str, Any]], set[int]]:
+    def _take_staged(self, ino: int, writer: int) -> tuple[dict[int, WrittenBlock], set[int]]:
         rows = self._all("SELECT idx, block FROM staged WHERE ino = ? AND writer = ?", (ino, writer))
         self._x("DELETE FROM staged WHERE ino = ? AND writer = ?", (ino, writer))
-        blocks = {int(idx): json.loads(block) for idx, block in rows if block is not None}
+        blocks = {int(idx): _STAGED_DECODER.decode(block) for idx, block in rows if block is not None}
         return blocks, {int(idx) for idx, block in rows if block is None}
 
     def commit(
-        self, ino: int, size: int, blocks: list[dict[str, Any]], replace: bool, mtime: float | None = None,
+        self, ino: int, size: int, blocks: list[WrittenBlock], replace: bool, mtime: float | None = None,
         shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
         *, caller: Caller | None = None,
-    ) -> dict[str, Any]:
+    ) -> LayoutSegment:
         """Publish written blocks and the new size in one step.
 
-        ``blocks``: ``[{"idx", "block_id", "start", "length", "chunks": [{"position", "server_id",
-        "length", "crc"}]}]``, each block allocated to this file and not committed before;
+        ``blocks``: each allocated to this file and not committed before;
         with ``writer``, what that writer staged (``stage``) comes first, and ``blocks`` and
         ``holes`` override it index by index. ``replace`` drops every block not committed
         now first (a whole-file rewrite); otherwise, in this order: the file is cut to
@@ -229,18 +234,18 @@ class BlockMaps(StoreParts):
         Returns the first segment of the file's new layout, so a writer that goes on reading
         needs no second call."""
         attrs = self._file(ino, caller)
-        block_size = attrs["block_size"]
+        block_size = attrs.block_size
         new, hole_set = self._take_staged(ino, writer) if writer is not None else ({}, set())
         for idx in holes:
             hole_set.add(idx)
             if idx in new:
-                self._release_allocation(new.pop(idx)["block_id"], set())
+                self._release_allocation(new.pop(idx).block_id, set())
         for block in blocks:
-            hole_set.discard(block["idx"])
-            old = new.get(block["idx"])
-            if old is not None and old["block_id"] != block["block_id"]:
-                self._release_allocation(old["block_id"], set())
-            new[block["idx"]] = block
+            hole_set.discard(block.idx)
+            old = new.get(block.idx)
+            if old is not None and old.block_id != block.block_id:
+                self._release_allocation(old.block_id, set())
+            new[block.idx] = block
         for block in new.values():
             self._check_written_block(ino, attrs, block)
         if replace:
@@ -253,23 +258,23 @@ class BlockMaps(StoreParts):
             self._shrink(ino, size, block_size)
         now = self.clock()
         for block in new.values():
-            start = block.get("start", 0)
-            valid = min(start + block["length"], size - block["idx"] * block_size)
+            start = block.start
+            valid = min(start + block.length, size - block.idx * block_size)
             if valid <= start:  # nothing of it lies below the size: a hole after all
-                self._release_allocation(block["block_id"], set())
+                self._release_allocation(block.block_id, set())
                 continue
             self._x(
                 "INSERT INTO blocks (ino, idx, block_id, policy, start, length, valid, missing)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (ino, block["idx"], block["block_id"], attrs["policy"], start, block["length"], valid,
-                 parse_policy(attrs["policy"]).width - len(block["chunks"])),
+                (ino, block.idx, block.block_id, attrs.policy, start, block.length, valid,
+                 parse_policy(attrs.policy).width - len(block.chunks)),
             )
-            for chunk in block["chunks"]:
+            for chunk in block.chunks:
                 self._x(
                     "INSERT INTO chunks (block_id, position, server_id, length, crc, since) VALUES (?, ?, ?, ?, ?, ?)",
-                    (block["block_id"], chunk["position"], chunk["server_id"], chunk["length"], chunk["crc"], now),
+                    (block.block_id, chunk.position, chunk.server_id, chunk.length, chunk.crc, now),
                 )
-            self._release_allocation(block["block_id"], {c["server_id"] for c in block["chunks"]})
+            self._release_allocation(block.block_id, {c.server_id for c in block.chunks})
         self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, mtime or now, now, ino))
         self._count_stored(ino)
         return self.layout(ino=ino)
@@ -283,7 +288,7 @@ class BlockMaps(StoreParts):
         that is gone (unlinked while open) are renewed unchecked: there is nothing to check
         them against, and they only delay the collection of its chunks."""
         if caller is not None:
-            attrs: dict[str, Any] | None
+            attrs: Attrs | None
             try:
                 attrs = self._get(ino)
             except StaleFile:
@@ -325,20 +330,20 @@ class BlockMaps(StoreParts):
         self._x("UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE ino = ?)"
                 " WHERE ino = ?", (ino, ino))
 
-    def truncate(self, parts: list[str], size: int, *, caller: Caller | None = None) -> dict[str, Any]:
+    def truncate(self, parts: list[str], size: int, *, caller: Caller | None = None) -> Attrs:
         """Set the size of a file: shrinking drops data past ``size``; growing reads as zeros.
         A caller needs write permission."""
         attrs = self._resolve(parts, caller)
-        if attrs["kind"] == "dir":
+        if attrs.kind == "dir":
             raise IsADirectory(f"/{'/'.join(parts)} is a directory")
-        if attrs["kind"] != "file":
+        if attrs.kind != "file":
             raise InvalidArgument(f"/{'/'.join(parts)} is not a regular file")
         access.require(attrs, caller, W, path=_p(parts))
         if size < 0:
             raise InvalidArgument("negative size")
-        if size < attrs["size"]:
-            self._shrink(attrs["ino"], size, attrs["block_size"])
-            self._count_stored(attrs["ino"])
+        if size < attrs.size:
+            self._shrink(attrs.ino, size, attrs.block_size)
+            self._count_stored(attrs.ino)
         now = self.clock()
-        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, now, now, attrs["ino"]))
-        return self._get(attrs["ino"])
+        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, now, now, attrs.ino))
+        return self._get(attrs.ino)

@@ -12,11 +12,13 @@ directory a path walks, write and search on a directory to add or remove a name 
 (sticky directories: only the entry's or the directory's owner), new inodes owned by the
 caller (setgid directories give their group), read or write permission on a file's data.
 
-Attributes travel as plain dicts (msgpack-friendly)::
-
-    {"ino", "kind" ("file" | "dir" | "symlink" | "fifo" | "socket" | "char" | "block"), "mode",
-     "uid", "gid", "size", "atime", "mtime", "ctime", "nlink", "policy", "block_size", "target",
-     "parent" (a directory's; a file's first), "stored", "write_min", "rdev"}
+Types: every public method takes and returns declared types, the wire's own where one fits
+(``tectofs.wire.values``/``messages``: ``Attrs``, ``CreateReply``, ``UnlinkReply``, ``ReaddirReply``,
+``LayoutSegment``, ``Allocation``, ``WrittenBlock``, ``ServerInfo``, ...), else a small store-level
+Struct (``users.StoredUser``). Values are msgspec Structs built from SQL rows, never re-validated:
+the store's rows satisfy the wire's bounds by construction. What the store answers lacks only what
+the metadata service adds per caller: file handles (``Attrs.handle``) and capabilities
+(``Block.cap``, ``Allocation.cap``).
 
 Names: a file may have several (hard links, ``link``); ``nlink`` counts them. A file whose
 last name goes while a handle holds it open (a lease) lives on with ``nlink`` 0 until the
@@ -29,6 +31,8 @@ import random
 import stat as statmod
 import time
 from typing import Any, Callable, Iterable
+
+import msgspec
 
 from .. import limits
 from ..errors import (
@@ -46,6 +50,8 @@ from ..errors import (
 from ..paths import check_name
 from ..policy import DEFAULT_POLICY
 from ..policy import parse as parse_policy
+from ..wire.messages import CreateReply, ReaddirReply, StatfsReply, UnlinkReply
+from ..wire.values import Attrs, DirEntry, Kind
 from . import access
 from .access import Caller, R, W, X
 from .blockmaps import BlockMaps, _p
@@ -58,7 +64,7 @@ from .xattrs import SCHEMA as XATTR_SCHEMA
 from .xattrs import ExtendedAttributes
 
 ROOT_INO = 1
-_KINDS = {"f": "file", "d": "dir", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}
+_KINDS: dict[str, Kind] = {"f": "file", "d": "dir", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}
 # Special files: kind code by file type bits (stored as metadata only; the kernel serves them).
 _SPECIAL = {statmod.S_IFIFO: "p", statmod.S_IFSOCK: "s", statmod.S_IFCHR: "c", statmod.S_IFBLK: "b"}
 # Upper bounds of encoded sizes (msgpack, field names included), for bounded replies:
@@ -70,19 +76,18 @@ _ATTR_COLUMNS = (
 )
 _JOINED_ATTR_COLUMNS = ", ".join("i." + c.strip() for c in _ATTR_COLUMNS.split(","))  # of inodes joined as i
 
-def _attrs(row: Iterable[Any]) -> dict[str, Any]:
+def _attrs(row: Iterable[Any]) -> Attrs:
     (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min,
      rdev) = row
-    return {
-        "ino": ino, "kind": _KINDS[kind], "mode": mode, "uid": uid, "gid": gid, "size": size,
-        "atime": atime, "mtime": mtime, "ctime": ctime, "nlink": nlink, "policy": policy,
-        "block_size": block_size, "target": target, "parent": parent, "stored": stored, "write_min": write_min,
-        "rdev": rdev,
-    }
+    return Attrs(
+        ino=ino, kind=_KINDS[kind], mode=mode, uid=uid, gid=gid, size=size, atime=atime, mtime=mtime, ctime=ctime,
+        nlink=nlink, policy=policy, block_size=block_size, target=target, parent=parent, stored=stored,
+        write_min=write_min, rdev=rdev,
+    )
 
 
-def _as_dir(attrs: dict[str, Any], parts: list[str]) -> dict[str, Any]:
-    if attrs["kind"] != "dir":
+def _as_dir(attrs: Attrs, parts: list[str]) -> Attrs:
+    if attrs.kind != "dir":
         raise NotADirectory(f"{_p(parts)} is not a directory")
     return attrs
 
@@ -127,7 +132,11 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
     def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         return self._x(sql, params).fetchall()
 
+    # Transactions: the runner (or a test, a tool) opens one around each batch of operations,
+    # and a savepoint around each operation in it; the operations never do.
+
     def tx_begin(self) -> None:
+        """Open a transaction (SERIALIZABLE on PostgreSQL: ``dialect.begin_statement``)."""
         self._x(self.dialect.begin_statement)
 
     def tx_commit(self) -> None:
@@ -199,7 +208,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     # ------------------------------------------------------------------ resolution
 
-    def _get(self, ino: int) -> dict[str, Any]:
+    def _get(self, ino: int) -> Attrs:
         row = self._one(f"SELECT {_ATTR_COLUMNS} FROM inodes WHERE ino = ?", (ino,))
         if row is None:
             raise StaleFile(f"inode {ino} no longer exists")
@@ -209,36 +218,36 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         row = self._one("SELECT ino FROM names WHERE parent = ? AND name = ?", (parent, name))
         return None if row is None else int(row[0])
 
-    def _child_attrs(self, parent: int, name: str) -> dict[str, Any] | None:
+    def _child_attrs(self, parent: int, name: str) -> Attrs | None:
         """The attributes of entry ``name`` of directory ``parent``: one statement, not two."""
         row = self._one(f"SELECT {_JOINED_ATTR_COLUMNS} FROM names n JOIN inodes i ON i.ino = n.ino"
                         " WHERE n.parent = ? AND n.name = ?", (parent, name))
         return None if row is None else _attrs(row)
 
-    def _walk(self, parts: list[str], caller: Caller | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _walk(self, parts: list[str], caller: Caller | None = None) -> tuple[Attrs, Attrs]:
         """The attributes of the directory holding the last name of ``parts`` and of that
         name (the root twice for ``[]``); with a caller, who needs search permission on every
         directory walked."""
         parent = attrs = self._get(ROOT_INO)
         walked = ""
         for name in parts:
-            if attrs["kind"] != "dir":
+            if attrs.kind != "dir":
                 raise NotADirectory(f"{walked or '/'} is not a directory")
             access.require(attrs, caller, X, path=_p(parts), on=walked or "/")
             walked += "/" + name
-            child = self._child_attrs(attrs["ino"], name)
+            child = self._child_attrs(attrs.ino, name)
             if child is None:
                 raise NotFound(f"{walked}: no such file or directory")
             parent, attrs = attrs, child
         return parent, attrs
 
-    def _resolve(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]:
+    def _resolve(self, parts: list[str], caller: Caller | None = None) -> Attrs:
         return self._walk(parts, caller)[1]
 
-    def _resolve_dir(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]:
+    def _resolve_dir(self, parts: list[str], caller: Caller | None = None) -> Attrs:
         return _as_dir(self._resolve(parts, caller), parts)
 
-    def _parent_dir(self, parts: list[str], caller: Caller | None = None) -> dict[str, Any]:
+    def _parent_dir(self, parts: list[str], caller: Caller | None = None) -> Attrs:
         """The directory that holds (or is to hold) the last name of ``parts``, which the caller
         needs search permission on to look that name up."""
         parent = self._resolve_dir(parts[:-1], caller)
@@ -247,37 +256,39 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     # ------------------------------------------------------------------ namespace
 
-    def lookup(self, parts: list[str], *, caller: Caller | None = None) -> dict[str, Any]:
+    def lookup(self, parts: list[str], *, caller: Caller | None = None) -> Attrs:
+        """The attributes at path ``parts`` (``[]``: the root); NotFound, NotADirectory on the
+        way; a caller needs search permission on every directory walked."""
         return self._resolve(parts, caller)
 
-    def getattr_ino(self, ino: int, *, caller: Caller | None = None) -> dict[str, Any]:
+    def getattr_ino(self, ino: int, *, caller: Caller | None = None) -> Attrs:
         """No permission bits are checked here: the metadata service answers a user's call
         only with the file handle that a checked lookup issued it (``tectofs.wire.auth``)."""
         return self._get(ino)
 
     def _insert_inode(
-        self, parent: dict[str, Any], parts: list[str], kind: str, mode: int, uid: int, gid: int,
+        self, parent: Attrs, parts: list[str], kind: str, mode: int, uid: int, gid: int,
         policy: str | None = None, block_size: int | None = None, target: str | None = None,
         write_min: int | None = None, caller: Caller | None = None, rdev: int = 0,
-    ) -> dict[str, Any]:
+    ) -> Attrs:
         """A new inode ``parts`` below ``parent``; what is not given is inherited (a new policy
         without its own ``write_min`` gets the policy's default). A caller needs write and
         search permission on ``parent`` and owns the new inode (``access.new_owner``)."""
         name = parts[-1]
         check_name(name)
         if write_min is None:
-            write_min = 0 if policy else parent["write_min"]
-        if self._child(parent["ino"], name) is not None:
+            write_min = 0 if policy else parent.write_min
+        if self._child(parent.ino, name) is not None:
             raise AlreadyExists(f"{name!r} already exists")
         access.require(parent, caller, W | X, path=_p(parts), on=_p(parts[:-1]))
         mode, uid, gid = access.new_owner(parent, caller, mode, uid, gid)
         ino = self._next("ino")
         now = self.clock()
         row = (ino, kind, mode, uid, gid, len(target.encode()) if target else 0, now, now, now, 2 if kind == "d" else 1,
-               policy or parent["policy"], block_size or parent["block_size"], target, parent["ino"], 0, write_min, rdev)
+               policy or parent.policy, block_size or parent.block_size, target, parent.ino, 0, write_min, rdev)
         self._x(f"INSERT INTO inodes ({_ATTR_COLUMNS}) VALUES ({', '.join('?' * len(row))})", row)
-        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent["ino"], name, ino))
-        self._touch(parent["ino"], now, nlink_delta=1 if kind == "d" else 0)
+        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent.ino, name, ino))
+        self._touch(parent.ino, now, nlink_delta=1 if kind == "d" else 0)
         return _attrs(row)  # what the row now holds, without reading it back
 
     def _touch(self, ino: int, now: float, nlink_delta: int = 0) -> None:
@@ -287,7 +298,10 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         self, parts: list[str], mode: int = 0o755, uid: int = 0, gid: int = 0,
         policy: str | None = None, block_size: int | None = None, exist_ok: bool = False,
         *, caller: Caller | None = None,
-    ) -> dict[str, Any]:
+    ) -> Attrs:
+        """A new directory's attributes (``mode`` its permission bits; ``policy`` and
+        ``block_size`` what files below it get, else inherited). With ``exist_ok``, an existing
+        directory's, unless it has another policy or block size than asked (AlreadyExists)."""
         if not parts:
             if exist_ok:
                 return self._get(ROOT_INO)
@@ -296,15 +310,15 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         if block_size is not None:
             self._check_block_size(block_size)
         parent = self._parent_dir(parts, caller)
-        existing = self._child(parent["ino"], parts[-1])
+        existing = self._child(parent.ino, parts[-1])
         if existing is not None and exist_ok:
             attrs = self._get(existing)
-            if attrs["kind"] != "dir":
+            if attrs.kind != "dir":
                 raise NotADirectory(f"/{'/'.join(parts)} exists and is not a directory")
-            for key, wanted in (("policy", policy), ("block_size", block_size)):
-                if wanted is not None and attrs[key] != wanted:  # never ignored silently
+            for key, has, wanted in (("policy", attrs.policy, policy), ("block_size", attrs.block_size, block_size)):
+                if wanted is not None and has != wanted:  # never ignored silently
                     raise AlreadyExists(
-                        f"/{'/'.join(parts)} exists with {key} {attrs[key]}, not {wanted}: change it explicitly"
+                        f"/{'/'.join(parts)} exists with {key} {has}, not {wanted}: change it explicitly"
                         " (tectofs set-policy)"
                     )
             return attrs
@@ -315,14 +329,14 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
     def create(
         self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False,
         *, caller: Caller | None = None,
-    ) -> dict[str, Any]:
+    ) -> Attrs:
         """Create an empty file, or return the existing one (unless ``exclusive``)."""
         return self._create_file(parts, mode, uid, gid, exclusive, caller)[0]
 
     def create_file(
         self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False,
         reader: int = 0, *, caller: Caller | None = None,
-    ) -> tuple[dict[str, Any], bool, dict[str, Any], float]:
+    ) -> CreateReply:
         """``create``, also saying whether the file is new (a writer that fails removes it),
         the attributes of its directory after the call and its ctime before (NFSv3's
         ``wcc_data``: a mount answers the kernel's next questions about the directory with
@@ -331,23 +345,23 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         and write permission are checked when the handle asks for the layout or writes."""
         attrs, created, directory = self._create_file(parts, mode, uid, gid, exclusive, caller)
         if reader:
-            self.renew(attrs["ino"], reader=reader)
+            self.renew(attrs.ino, reader=reader)
         # the directory after: as read, or as _touch just changed it (a new file adds no link)
-        after = {**directory, "mtime": attrs["ctime"], "ctime": attrs["ctime"]} if created else directory
-        return attrs, created, after, directory["ctime"]
+        after = msgspec.structs.replace(directory, mtime=attrs.ctime, ctime=attrs.ctime) if created else directory
+        return CreateReply(attrs=attrs, created=created, directory=after, directory_ctime_before=directory.ctime)
 
     def _create_file(
         self, parts: list[str], mode: int, uid: int, gid: int, exclusive: bool, caller: Caller | None
-    ) -> tuple[dict[str, Any], bool, dict[str, Any]]:
+    ) -> tuple[Attrs, bool, Attrs]:
         """The file's attributes, whether this call made it, and its directory's attributes before."""
         if not parts:
             raise IsADirectory("/ is a directory")
         parent = self._parent_dir(parts, caller)
-        attrs = self._child_attrs(parent["ino"], parts[-1])
+        attrs = self._child_attrs(parent.ino, parts[-1])
         if attrs is not None:
             if exclusive:
                 raise AlreadyExists(f"/{'/'.join(parts)} already exists")
-            if attrs["kind"] == "dir":
+            if attrs.kind == "dir":
                 raise IsADirectory(f"/{'/'.join(parts)} is a directory")
             return attrs, False, parent
         return self._insert_inode(
@@ -356,7 +370,8 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     def symlink(
         self, parts: list[str], target: str, uid: int = 0, gid: int = 0, *, caller: Caller | None = None
-    ) -> dict[str, Any]:
+    ) -> Attrs:
+        """A new symbolic link to ``target`` (at most ``limits.symlink_target_max_bytes``)."""
         if not parts:
             raise AlreadyExists("/ already exists")
         if not target or "\x00" in target or len(target.encode()) > limits.symlink_target_max_bytes:
@@ -368,7 +383,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     def mknod(
         self, parts: list[str], mode: int, rdev: int = 0, uid: int = 0, gid: int = 0, *, caller: Caller | None = None
-    ) -> dict[str, Any]:
+    ) -> Attrs:
         """A special file: a FIFO, socket, character or block device node (``mode`` carries
         its type bits; ``rdev`` a device's number). Only metadata: the kernel serves them. As
         on Linux, only root makes device nodes."""
@@ -386,7 +401,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
     def readdir(
         self, parts: list[str], after: str = "", limit: int = limits.readdir_page_entries_max,
         *, caller: Caller | None = None,
-    ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+    ) -> ReaddirReply:
         """One page of a directory: up to ``limit`` entries whose names sort after ``after``,
         fewer if their names and symlink targets would outgrow ``limits.reply_header_budget_bytes``;
         and the cursor for the next page (None after the last). A caller needs read permission."""
@@ -397,42 +412,42 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         rows = self._all(
             f"SELECT n.name, {_JOINED_ATTR_COLUMNS}"
             " FROM names n JOIN inodes i ON i.ino = n.ino WHERE n.parent = ? AND n.name > ? ORDER BY n.name LIMIT ?",
-            (directory["ino"], after, limit + 1),
+            (directory.ino, after, limit + 1),
         )
-        entries: list[tuple[str, dict[str, Any]]] = []
+        entries: list[DirEntry] = []
         budget = limits.reply_header_budget_bytes
         for row in rows[:limit]:
             attrs = _attrs(row[1:])
-            budget -= _ENTRY_BYTES_MAX + len(row[0].encode()) + len((attrs["target"] or "").encode())
+            budget -= _ENTRY_BYTES_MAX + len(row[0].encode()) + len((attrs.target or "").encode())
             if budget < 0:
                 break
-            entries.append((row[0], attrs))
+            entries.append(DirEntry(name=row[0], attrs=attrs))
         more = len(entries) < len(rows)
-        return entries, (entries[-1][0] if more and entries else None)
+        return ReaddirReply(entries=entries, next=entries[-1].name if more and entries else None)
 
     def setattr(
         self, parts: list[str], mode: int | None = None, uid: int | None = None, gid: int | None = None,
         atime: float | None = None, mtime: float | None = None, *, caller: Caller | None = None,
-    ) -> dict[str, Any]:
+    ) -> Attrs:
         """chmod, chown, utimes; a caller under the rules of ``access.checked_setattr``."""
         attrs = self._resolve(parts, caller)
         now = self.clock()
         if mode is not None:
-            mode = (attrs["mode"] & ~0o7777) | (mode & 0o7777)
+            mode = (attrs.mode & ~0o7777) | (mode & 0o7777)
         mode = access.checked_setattr(
             attrs, caller, _p(parts), mode, uid, gid, times=atime is not None or mtime is not None
         )
         self._x(
             "UPDATE inodes SET mode = COALESCE(?, mode), uid = COALESCE(?, uid), gid = COALESCE(?, gid),"
             " atime = COALESCE(?, atime), mtime = COALESCE(?, mtime), ctime = ? WHERE ino = ?",
-            (mode, uid, gid, atime, mtime, now, attrs["ino"]),
+            (mode, uid, gid, atime, mtime, now, attrs.ino),
         )
-        return self._get(attrs["ino"])
+        return self._get(attrs.ino)
 
     def set_policy(
         self, parts: list[str], policy: str | None, block_size: int | None, write_min: int | None = None,
         *, caller: Caller | None = None,
-    ) -> dict[str, Any]:
+    ) -> Attrs:
         """Change the policy, block size or write minimum (chunks a block needs to be accepted
         when servers are missing) that new files below this directory inherit. A new policy
         without a ``write_min`` gets the policy's default one. Only the directory's owner or root."""
@@ -441,7 +456,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         policy = self._checked_policy(policy)
         if block_size is not None:
             self._check_block_size(block_size)
-        effective = parse_policy(policy or directory["policy"])
+        effective = parse_policy(policy or directory.policy)
         if write_min is not None and not effective.needed <= write_min <= effective.width:
             raise InvalidArgument(
                 f"write minimum {write_min} for {effective}: it must be between {effective.needed} (what a read"
@@ -450,10 +465,10 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         self._x(
             "UPDATE inodes SET policy = COALESCE(?, policy), block_size = COALESCE(?, block_size), write_min = ?"
             " WHERE ino = ?",
-            (policy, block_size, write_min if write_min is not None else (0 if policy else directory["write_min"]),
-             directory["ino"]),
+            (policy, block_size, write_min if write_min is not None else (0 if policy else directory.write_min),
+             directory.ino),
         )
-        return self._get(directory["ino"])
+        return self._get(directory.ino)
 
     def _drop_blocks(self, ino: int, from_idx: int = 0, only_idx: int | None = None) -> None:
         """Queue the chunks of blocks ``idx >= from_idx`` (or just ``only_idx``) for deletion
@@ -469,16 +484,16 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         self._x(f"DELETE FROM repairs WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
         self._x(f"DELETE FROM blocks WHERE {where}", params)
 
-    def _remove_inode(self, attrs: dict[str, Any]) -> None:
-        self._drop_blocks(attrs["ino"])
-        self._x("DELETE FROM staged WHERE ino = ?", (attrs["ino"],))
-        self._x("DELETE FROM allocations WHERE ino = ?", (attrs["ino"],))
-        self._x("DELETE FROM xattrs WHERE ino = ?", (attrs["ino"],))
-        self._x("DELETE FROM inodes WHERE ino = ?", (attrs["ino"],))
+    def _remove_inode(self, attrs: Attrs) -> None:
+        self._drop_blocks(attrs.ino)
+        self._x("DELETE FROM staged WHERE ino = ?", (attrs.ino,))
+        self._x("DELETE FROM allocations WHERE ino = ?", (attrs.ino,))
+        self._x("DELETE FROM xattrs WHERE ino = ?", (attrs.ino,))
+        self._x("DELETE FROM inodes WHERE ino = ?", (attrs.ino,))
 
     def unlink(
         self, parts: list[str], ino: int = 0, only_if_empty: bool = False, *, caller: Caller | None = None
-    ) -> tuple[dict[str, Any], float]:
+    ) -> UnlinkReply:
         """Remove a name (and its file); returns the directory's attributes after the call and
         its ctime before (``wcc_data``, as ``create_file``).
         With ``ino``, only if the name still leads to that inode; with ``only_if_empty``, only
@@ -487,47 +502,47 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         if not parts:
             raise IsADirectory("/ is a directory")
         parent, attrs = self._walk(parts, caller)
-        if attrs["kind"] == "dir":
+        if attrs.kind == "dir":
             raise IsADirectory(f"/{'/'.join(parts)} is a directory (use rmdir)")
         access.require_removable(parent, attrs, caller, _p(parts), _p(parts[:-1]))
-        if (ino and attrs["ino"] != ino) or (only_if_empty and (attrs["size"] or self._one(
-                "SELECT 1 FROM blocks WHERE ino = ? LIMIT 1", (attrs["ino"],)))):
-            return parent, parent["ctime"]
+        if (ino and attrs.ino != ino) or (only_if_empty and (attrs.size or self._one(
+                "SELECT 1 FROM blocks WHERE ino = ? LIMIT 1", (attrs.ino,)))):
+            return UnlinkReply(directory=parent, directory_ctime_before=parent.ctime)
         now = self.clock()
-        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (parent["ino"], parts[-1]))
-        self._touch(parent["ino"], now)
+        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (parent.ino, parts[-1]))
+        self._touch(parent.ino, now)
         self._drop_link(attrs, now)
-        return self._get(parent["ino"]), parent["ctime"]
+        return UnlinkReply(directory=self._get(parent.ino), directory_ctime_before=parent.ctime)
 
-    def link(self, src: list[str], dst: list[str], *, caller: Caller | None = None) -> dict[str, Any]:
+    def link(self, src: list[str], dst: list[str], *, caller: Caller | None = None) -> Attrs:
         """A second name ``dst`` for the file ``src`` (``link(2)``): any kind but a directory.
         A caller needs write and search permission on ``dst``'s directory, and the file must be
         one it may link (``access.require_linkable``: Linux's ``protected_hardlinks``)."""
         if not src or not dst:
             raise NotPermitted("the root directory cannot be linked to or replaced")
         attrs = self._resolve(src, caller)
-        if attrs["kind"] == "dir":
+        if attrs.kind == "dir":
             raise NotPermitted(f"{_p(src)} is a directory: directories have no hard links")
         access.require_linkable(attrs, caller, _p(src))
         parent = self._parent_dir(dst, caller)
         check_name(dst[-1])
-        if self._child(parent["ino"], dst[-1]) is not None:
+        if self._child(parent.ino, dst[-1]) is not None:
             raise AlreadyExists(f"{_p(dst)} already exists")
         access.require(parent, caller, W | X, path=_p(dst), on=_p(dst[:-1]))
-        if attrs["nlink"] >= limits.link_count_max:
-            raise TooManyLinks(f"{_p(src)} has {attrs['nlink']} names already (at most {limits.link_count_max})")
+        if attrs.nlink >= limits.link_count_max:
+            raise TooManyLinks(f"{_p(src)} has {attrs.nlink} names already (at most {limits.link_count_max})")
         now = self.clock()
-        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent["ino"], dst[-1], attrs["ino"]))
-        self._x("UPDATE inodes SET nlink = nlink + 1, ctime = ? WHERE ino = ?", (now, attrs["ino"]))
-        self._touch(parent["ino"], now)
-        return self._get(attrs["ino"])
+        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent.ino, dst[-1], attrs.ino))
+        self._x("UPDATE inodes SET nlink = nlink + 1, ctime = ? WHERE ino = ?", (now, attrs.ino))
+        self._touch(parent.ino, now)
+        return self._get(attrs.ino)
 
-    def _drop_link(self, attrs: dict[str, Any], now: float) -> None:
+    def _drop_link(self, attrs: Attrs, now: float) -> None:
         """One name of the non-directory ``attrs`` is gone. Its last: the inode goes too,
         unless a handle still has it open (a lease: ``_held``); it then lives on with no name
         (nlink 0) until the last one is released or expires (``collect_orphans``)."""
-        if attrs["nlink"] > 1 or self._held(attrs["ino"], now):
-            self._x("UPDATE inodes SET nlink = nlink - 1, ctime = ? WHERE ino = ? AND nlink > 0", (now, attrs["ino"]))
+        if attrs.nlink > 1 or self._held(attrs.ino, now):
+            self._x("UPDATE inodes SET nlink = nlink - 1, ctime = ? WHERE ino = ? AND nlink > 0", (now, attrs.ino))
         else:
             self._remove_inode(attrs)
 
@@ -556,32 +571,33 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         removed = 0
         for row in rows:
             attrs = _attrs(row)
-            if not self._held(attrs["ino"], now):
+            if not self._held(attrs.ino, now):
                 self._remove_inode(attrs)
                 removed += 1
         return removed
 
     def rmdir(self, parts: list[str], *, caller: Caller | None = None) -> None:
+        """Remove an empty directory (DirectoryNotEmpty otherwise; never the root)."""
         if not parts:
             raise InvalidPath("cannot remove the root directory")
         parent, attrs = self._walk(parts, caller)
         access.require_removable(parent, _as_dir(attrs, parts), caller, _p(parts), _p(parts[:-1]))
-        if self._one("SELECT 1 FROM names WHERE parent = ? LIMIT 1", (attrs["ino"],)) is not None:
+        if self._one("SELECT 1 FROM names WHERE parent = ? LIMIT 1", (attrs.ino,)) is not None:
             raise DirectoryNotEmpty(f"/{'/'.join(parts)} is not empty")
-        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs["parent"], parts[-1]))
-        self._touch(attrs["parent"], self.clock(), nlink_delta=-1)
+        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs.parent, parts[-1]))
+        self._touch(attrs.parent, self.clock(), nlink_delta=-1)
         self._remove_inode(attrs)
 
-    def _check_not_into_itself(self, moving: dict[str, Any], new_parent: dict[str, Any], src: list[str]) -> None:
-        if moving["kind"] != "dir":
+    def _check_not_into_itself(self, moving: Attrs, new_parent: Attrs, src: list[str]) -> None:
+        if moving.kind != "dir":
             return
         ancestor = new_parent
         while True:
-            if ancestor["ino"] == moving["ino"]:
+            if ancestor.ino == moving.ino:
                 raise InvalidArgument(f"cannot move /{'/'.join(src)} into its own subtree")
-            if ancestor["ino"] == ROOT_INO:
+            if ancestor.ino == ROOT_INO:
                 return
-            ancestor = self._get(ancestor["parent"])
+            ancestor = self._get(ancestor.parent)
 
     def exchange(self, a: list[str], b: list[str], *, caller: Caller | None = None) -> None:
         """Atomically swap two existing entries (``renameat2(RENAME_EXCHANGE)``): the way to
@@ -590,25 +606,25 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         if not a or not b:
             raise InvalidPath("cannot exchange the root directory")
         (first_dir, first), (second_dir, second) = self._walk(a, caller), self._walk(b, caller)
-        if first["ino"] == second["ino"]:
+        if first.ino == second.ino:
             return
         access.require_move(first_dir, first, second_dir, caller, _p(a), _p(a[:-1]))
         access.require_move(second_dir, second, first_dir, caller, _p(b), _p(b[:-1]))
         self._check_not_into_itself(first, second_dir, a)
         self._check_not_into_itself(second, first_dir, b)
         now = self.clock()
-        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (second["ino"], first_dir["ino"], a[-1]))
-        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (first["ino"], second_dir["ino"], b[-1]))
-        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (second_dir["ino"], now, first["ino"]))
-        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (first_dir["ino"], now, second["ino"]))
-        delta = (1 if first["kind"] == "dir" else 0) - (1 if second["kind"] == "dir" else 0)
-        self._touch(first_dir["ino"], now, nlink_delta=-delta if first_dir["ino"] != second_dir["ino"] else 0)
-        if first_dir["ino"] != second_dir["ino"]:
-            self._touch(second_dir["ino"], now, nlink_delta=delta)
+        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (second.ino, first_dir.ino, a[-1]))
+        self._x("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (first.ino, second_dir.ino, b[-1]))
+        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (second_dir.ino, now, first.ino))
+        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (first_dir.ino, now, second.ino))
+        delta = (1 if first.kind == "dir" else 0) - (1 if second.kind == "dir" else 0)
+        self._touch(first_dir.ino, now, nlink_delta=-delta if first_dir.ino != second_dir.ino else 0)
+        if first_dir.ino != second_dir.ino:
+            self._touch(second_dir.ino, now, nlink_delta=delta)
 
     def rename(
         self, src: list[str], dst: list[str], noreplace: bool = False, *, caller: Caller | None = None
-    ) -> dict[str, Any]:
+    ) -> Attrs:
         """Atomically move ``src`` to ``dst``, replacing a file or an empty directory there.
         A caller may move ``src`` out of its directory (``access.require_move``) and add to or
         replace in ``dst``'s directory."""
@@ -620,11 +636,11 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         if src == dst:
             return moving
         self._check_not_into_itself(moving, dst_parent, src)
-        replaced_ino = self._child(dst_parent["ino"], dst[-1])
+        replaced_ino = self._child(dst_parent.ino, dst[-1])
         if replaced_ino is not None and noreplace:
             raise AlreadyExists(f"/{'/'.join(dst)} already exists")
         replaced = None if replaced_ino is None else self._get(replaced_ino)
-        if replaced is not None and replaced["ino"] == moving["ino"]:
+        if replaced is not None and replaced.ino == moving.ino:
             return moving
         access.require_move(src_parent, moving, dst_parent, caller, _p(src), _p(src[:-1]))
         if replaced is None:
@@ -633,37 +649,38 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
             access.require_removable(dst_parent, replaced, caller, _p(dst), _p(dst[:-1]))
         now = self.clock()
         if replaced is not None:
-            if moving["kind"] == "dir" and replaced["kind"] != "dir":
+            if moving.kind == "dir" and replaced.kind != "dir":
                 raise NotADirectory(f"/{'/'.join(dst)} is not a directory")
-            if moving["kind"] != "dir" and replaced["kind"] == "dir":
+            if moving.kind != "dir" and replaced.kind == "dir":
                 raise IsADirectory(f"/{'/'.join(dst)} is a directory")
-            if replaced["kind"] == "dir":
-                if self._one("SELECT 1 FROM names WHERE parent = ? LIMIT 1", (replaced["ino"],)) is not None:
+            if replaced.kind == "dir":
+                if self._one("SELECT 1 FROM names WHERE parent = ? LIMIT 1", (replaced.ino,)) is not None:
                     raise DirectoryNotEmpty(f"/{'/'.join(dst)} is not empty")
-                self._touch(dst_parent["ino"], now, nlink_delta=-1)
-            self._x("DELETE FROM names WHERE parent = ? AND name = ?", (dst_parent["ino"], dst[-1]))
-            if replaced["kind"] == "dir":
+                self._touch(dst_parent.ino, now, nlink_delta=-1)
+            self._x("DELETE FROM names WHERE parent = ? AND name = ?", (dst_parent.ino, dst[-1]))
+            if replaced.kind == "dir":
                 self._remove_inode(replaced)
             else:
                 self._drop_link(replaced, now)
-        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (src_parent["ino"], src[-1]))
-        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (dst_parent["ino"], dst[-1], moving["ino"]))
-        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (dst_parent["ino"], now, moving["ino"]))
-        is_dir = 1 if moving["kind"] == "dir" else 0
-        self._touch(src_parent["ino"], now, nlink_delta=-is_dir)
-        self._touch(dst_parent["ino"], now, nlink_delta=is_dir)
-        return self._get(moving["ino"])
+        self._x("DELETE FROM names WHERE parent = ? AND name = ?", (src_parent.ino, src[-1]))
+        self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (dst_parent.ino, dst[-1], moving.ino))
+        self._x("UPDATE inodes SET parent = ?, ctime = ? WHERE ino = ?", (dst_parent.ino, now, moving.ino))
+        is_dir = 1 if moving.kind == "dir" else 0
+        self._touch(src_parent.ino, now, nlink_delta=-is_dir)
+        self._touch(dst_parent.ino, now, nlink_delta=is_dir)
+        return self._get(moving.ino)
 
-    def statfs(self, *, caller: Caller | None = None) -> dict[str, Any]:
+    def statfs(self, *, caller: Caller | None = None) -> StatfsReply:
         """Inodes, raw capacity and use of the live chunk servers, and what files can store in
         them under the root directory's policy (see ``messages.StatfsReply``)."""
         files, = self._one("SELECT COUNT(*) FROM inodes")
         live = self.live_servers()
-        capacity, used = sum(s["capacity"] for s in live), sum(s["used"] for s in live)
-        policy = parse_policy(self._get(ROOT_INO)["policy"])
-        return {"files": files, "capacity": capacity, "used": used, "name_max": limits.name_length_max_bytes,
-                "usable": capacity * policy.needed // policy.width,
-                "usable_free": max(0, capacity - used) * policy.needed // policy.width, "policy": str(policy)}
+        capacity, used = sum(s.capacity for s in live), sum(s.used for s in live)
+        policy = parse_policy(self._get(ROOT_INO).policy)
+        return StatfsReply(files=files, capacity=capacity, used=used, name_max=limits.name_length_max_bytes,
+                           usable=capacity * policy.needed // policy.width,
+                           usable_free=max(0, capacity - used) * policy.needed // policy.width, policy=str(policy))
 
     def close(self) -> None:
+        """Close the connection; an open transaction is rolled back by the database."""
         self.conn.close()

@@ -27,6 +27,8 @@ from typing import Any, Iterable
 from .. import limits
 from ..errors import InvalidArgument, NotFound
 from ..policy import parse as parse_policy
+from ..wire.messages import DrainReply, FileHealth, HeartbeatReply, InventoryReply, RepairOrder
+from ..wire.values import ChunkRef, ServerInfo
 from .base import StoreParts
 
 OK, BAD = 0, 1
@@ -63,7 +65,7 @@ class BlockHealth(StoreParts):
     # ------------------------------------------------------------------ what is readable
 
     def _live_ids(self) -> set[int]:
-        return {s["server_id"] for s in self.servers() if s["live"]}
+        return {s.server_id for s in self.servers() if s.live}
 
     def _for_blocks(self, sql: str, block_ids: list[int], params: tuple[Any, ...] = ()) -> list[Any]:
         """Rows of ``sql`` (its ``{ids}`` replaced by placeholders, after ``params``) for every
@@ -83,7 +85,7 @@ class BlockHealth(StoreParts):
             out[int(row[0])].append(tuple(int(v) for v in row[1:]))  # type: ignore[arg-type]
         return out
 
-    def block_health(self, inos: list[int]) -> list[dict[str, int]]:
+    def block_health(self, inos: list[int]) -> list[FileHealth]:
         """Per file: its blocks, and how many are healthy, under-redundant and unreadable now."""
         if len(inos) > limits.health_inos_per_call_max:
             raise InvalidArgument(f"block_health takes at most {limits.health_inos_per_call_max} files")
@@ -94,7 +96,7 @@ class BlockHealth(StoreParts):
             f" LEFT JOIN chunks c ON c.block_id = b.block_id WHERE b.ino IN ({_marks(inos)}) ORDER BY b.block_id",
             inos,
         )
-        per_block: dict[int, list[Any]] = {}
+        per_block: dict[int, list[Any]] = {}  # block id -> [ino, policy, chunks available]
         for ino, policy, server_id, state, block_id in rows:
             entry = per_block.setdefault(block_id, [ino, policy, 0])
             if server_id is not None and state == OK and server_id in live:
@@ -102,7 +104,7 @@ class BlockHealth(StoreParts):
         for ino, policy, available in per_block.values():
             files[ino]["blocks"] += 1
             files[ino][self._grade(parse_policy(policy), available)] += 1
-        return [files[ino] for ino in inos]
+        return [FileHealth(**files[ino]) for ino in inos]
 
     @staticmethod
     def _grade(policy: Any, available: int) -> str:
@@ -154,7 +156,7 @@ class BlockHealth(StoreParts):
     def inventory(
         self, server_id: int, report: int, block_ids: list[int], last: bool,
         orphan_grace_s: float = limits.orphan_grace_s,
-    ) -> dict[str, int]:
+    ) -> InventoryReply:
         """Part of report ``report``: the chunks listed are seen; those no block places on this
         server (and no allocation or rebuild will) are orphans, collected after
         ``orphan_grace_s``. With ``last``, the chunks the store places on the server, written
@@ -186,31 +188,31 @@ class BlockHealth(StoreParts):
                 (server_id, report, started),
             ).rowcount
             self._x("UPDATE servers SET report = 0 WHERE server_id = ?", (server_id,))
-        return {"missing": int(missing), "orphans": len(orphans)}
+        return InventoryReply(missing=int(missing), orphans=len(orphans))
 
     # ------------------------------------------------------------------ drain
 
-    def _find_server(self, server: str) -> dict[str, Any]:
+    def _find_server(self, server: str) -> ServerInfo:
         """By id, uuid or address; an address a dead server once had and a live one has now
         means the live one; several (or none) live with that address: ambiguous, refused."""
-        found = [s for s in self.servers() if server in (str(s["server_id"]), s["uuid"], s["address"])]
-        live = [s for s in found if s["live"]]
+        found = [s for s in self.servers() if server in (str(s.server_id), s.uuid, s.address)]
+        live = [s for s in found if s.live]
         if len(found) == 1 or len(live) == 1:
             return found[0] if len(found) == 1 else live[0]
         if found:
             raise InvalidArgument(f"{server!r} names {len(found)} chunk servers ({len(live)} live): give the id or uuid")
         raise NotFound(f"no chunk server {server!r} (give its id, uuid or address: tectofs status lists them)")
 
-    def drain(self, server: str, cancel: bool = False) -> dict[str, Any]:
+    def drain(self, server: str, cancel: bool = False) -> DrainReply:
         """Move every chunk off ``server`` (id, uuid or address): it takes no new chunks, and
         its chunks are copied elsewhere after every rebuild. ``cancel`` takes it back in."""
         found = self._find_server(server)
         state = IN if cancel else DRAINING
-        self._x("UPDATE servers SET state = ? WHERE server_id = ?", (state, found["server_id"]))
+        self._x("UPDATE servers SET state = ? WHERE server_id = ?", (state, found.server_id))
         if cancel:
             self._x("DELETE FROM repairs WHERE sent = 0 AND priority >= ?", (_MOVE_PRIORITY,))
-        (chunks,) = self._one("SELECT COUNT(*) FROM chunks WHERE server_id = ?", (found["server_id"],))
-        return {"server_id": found["server_id"], "state": state, "chunks": int(chunks)}
+        (chunks,) = self._one("SELECT COUNT(*) FROM chunks WHERE server_id = ?", (found.server_id,))
+        return DrainReply(server_id=found.server_id, state=state, chunks=int(chunks))
 
     # ------------------------------------------------------------------ scheduling
 
@@ -223,10 +225,10 @@ class BlockHealth(StoreParts):
         """Queue rebuilds (most endangered blocks first) and moves, each with a target server;
         withdraw orders that timed out or whose target died. Returns how many were queued."""
         now = self.clock()
-        servers = {s["server_id"]: s for s in self.servers()}
-        live = {sid for sid, s in servers.items() if s["live"]}
-        out = {sid for sid, s in servers.items() if not s["live"] and now - s["last_heartbeat"] > repair_after_s}
-        draining = {sid for sid, s in servers.items() if s["state"] == DRAINING}
+        servers = {s.server_id: s for s in self.servers()}
+        live = {sid for sid, s in servers.items() if s.live}
+        out = {sid for sid, s in servers.items() if not s.live and now - s.last_heartbeat > repair_after_s}
+        draining = {sid for sid, s in servers.items() if s.state == DRAINING}
         self._x("DELETE FROM repairs WHERE sent > 0 AND sent < ?", (now - timeout_s,))
         for (target,) in self._all("SELECT DISTINCT target FROM repairs"):
             if target in out:  # merely dead (restarting, or unseen since this service started): timeout
@@ -245,7 +247,7 @@ class BlockHealth(StoreParts):
             pending.add((int(b), int(p)))
             pending_targets.setdefault(int(b), set()).add(int(t))
         deletes_due = self._deletes_due(candidates, now)
-        load = {sid: 0 for sid in live if servers[sid]["state"] == IN}
+        load = {sid: 0 for sid in live if servers[sid].state == IN}
         for target, count in self._all("SELECT target, COUNT(*) FROM repairs GROUP BY target"):
             if target in load:
                 load[target] = int(count)
@@ -284,7 +286,7 @@ class BlockHealth(StoreParts):
                 targets = [row[1]]  # no other server: rebuild a corrupt chunk in place
             if not targets:
                 continue
-            target = min(targets, key=lambda sid: (load[sid], servers[sid]["used"], sid))
+            target = min(targets, key=lambda sid: (load[sid], servers[sid].used, sid))
             load[target] += 1
             holders[block_id].add(target)
             # A delete of this block still waiting for its GC delay on the target (the spare of a
@@ -318,14 +320,14 @@ class BlockHealth(StoreParts):
         self, server_id: int, capacity: int, used: int, inflight: int, chunks: int, address: str | None,
         stats: dict[str, int], orders_max: int = limits.repair_orders_per_heartbeat_max,
         metrics_url: str | None = None,
-    ) -> tuple[list[int], list[dict[str, Any]]]:
+    ) -> HeartbeatReply:
         """A heartbeat (``heartbeat``: its delete orders) and the rebuild orders for that server,
         in one operation: one queue entry and one transaction per heartbeat."""
         deletes = self.heartbeat(server_id, capacity, used, inflight, chunks, address, stats=stats,
                                  metrics_url=metrics_url)
-        return deletes, self.repair_orders(server_id, orders_max)
+        return HeartbeatReply(delete=deletes, repairs=self.repair_orders(server_id, orders_max))
 
-    def repair_orders(self, server_id: int, count: int) -> list[dict[str, Any]]:
+    def repair_orders(self, server_id: int, count: int) -> list[RepairOrder]:
         """Up to ``count`` queued orders for ``server_id``, most urgent first, each with its
         sources (the block's available chunks and their addresses); marked sent."""
         now = self.clock()
@@ -337,20 +339,18 @@ class BlockHealth(StoreParts):
         if not rows:
             return []
         servers = self.servers()
-        live = {s["server_id"] for s in servers if s["live"]}
-        addresses = {s["server_id"]: s["address"] for s in servers}
+        live = {s.server_id for s in servers if s.live}
+        addresses = {s.server_id: s.address for s in servers}
         chunk_rows = self._block_chunks([int(r[0]) for r in rows])
-        orders = []
+        orders: list[RepairOrder] = []
         for block_id, position, policy, length in rows:
             own = [c for c in chunk_rows[block_id] if c[0] == position]
             sources = [
-                {"position": c[0], "server_id": c[1], "address": addresses.get(c[1]), "length": c[2], "crc": c[3]}
+                ChunkRef(position=c[0], server_id=c[1], address=addresses.get(c[1]), length=c[2], crc=c[3])
                 for c in chunk_rows[block_id] if c[4] == OK and c[1] in live and c[1] != server_id
             ]
-            orders.append({
-                "block_id": block_id, "position": position, "policy": policy, "length": length,
-                "crc": own[0][3] if own else None, "sources": sources,
-            })
+            orders.append(RepairOrder(block_id=block_id, position=position, policy=policy, length=length,
+                                      crc=own[0][3] if own else None, sources=sources))
             self._x("UPDATE repairs SET sent = ? WHERE block_id = ? AND position = ?", (now, block_id, position))
         return orders
 
@@ -426,4 +426,5 @@ class BlockHealth(StoreParts):
         )
 
     def server_stats(self, server_id: int, stats: dict[str, int]) -> None:
+        """Replace the progress counters ``servers`` shows of ``server_id``."""
         self._x("UPDATE servers SET stats = ? WHERE server_id = ?", (json.dumps(stats), server_id))

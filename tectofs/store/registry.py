@@ -7,10 +7,12 @@ the store's transactions (see ``engine.py`` for the contract).
 from __future__ import annotations
 
 import json
-from typing import Any
+
+import msgspec
 
 from .. import limits
 from ..errors import NoSpace, NotFound
+from ..wire.values import ServerInfo
 from .base import StoreParts
 
 
@@ -72,7 +74,9 @@ class ServersAndLeases(StoreParts):
             self._x("DELETE FROM gc_queue WHERE server_id = ? AND block_id = ?", (server_id, block_id))
         return ids
 
-    def servers(self) -> list[dict[str, Any]]:
+    def servers(self) -> list[ServerInfo]:
+        """Every registered chunk server, by id; ``live``: a heartbeat arrived (at the service,
+        ``heartbeats_seen``, or as stored) within ``server_dead_after_s``."""
         now = self.clock()
         rows = self._all(
             "SELECT server_id, uuid, address, capacity, used, inflight, chunks, last_heartbeat, state, stats,"
@@ -81,16 +85,16 @@ class ServersAndLeases(StoreParts):
         out = []
         for r in rows:
             last = max(r[7], self.heartbeats_seen.get(r[0], 0.0))
-            out.append({
-                "server_id": r[0], "uuid": r[1], "address": r[2], "capacity": r[3], "used": r[4],
-                "inflight": r[5], "chunks": r[6], "last_heartbeat": last,
-                "live": now - last <= self.server_dead_after_s, "state": r[8], "stats": json.loads(r[9] or "{}"),
-                "metrics_url": r[10],
-            })
+            out.append(ServerInfo(
+                server_id=r[0], uuid=r[1], address=r[2], capacity=r[3], used=r[4], inflight=r[5], chunks=r[6],
+                last_heartbeat=last, live=now - last <= self.server_dead_after_s, state=r[8],
+                stats=_STATS_DECODER.decode(r[9] or "{}"), metrics_url=r[10],
+            ))
         return out
 
-    def live_servers(self) -> list[dict[str, Any]]:
-        return [s for s in self.servers() if s["live"]]
+    def live_servers(self) -> list[ServerInfo]:
+        """``servers`` that are live."""
+        return [s for s in self.servers() if s.live]
 
     def renew(self, ino: int, writer: int = 0, reader: int = 0, reader_lease_s: float = limits.reader_lease_s) -> int:
         """Leases. A live writer's: what it allocated and staged for ``ino`` does not expire.
@@ -127,6 +131,7 @@ class ServersAndLeases(StoreParts):
         return len(rows)
 
     def counts(self) -> dict[str, int]:
+        """Rows per table (inodes, blocks, chunks, allocations, gc_queue, servers)."""
         out = {}
         for table in ("inodes", "blocks", "chunks", "allocations", "gc_queue", "servers"):
             (out[table],) = self._one(f"SELECT COUNT(*) FROM {table}")
@@ -137,6 +142,9 @@ class ServersAndLeases(StoreParts):
 # ``limits.servers_max`` servers stays within its budget whatever a server sends.
 SERVER_STATS_KEPT = ("scrub_passes", "scrub_pass_chunks", "scrub_pass_checked", "scrub_corrupt", "repairs_done",
                      "repairs_running", "repair_bytes", "inventory_missing", "pack_dead_bytes")
+
+
+_STATS_DECODER = msgspec.json.Decoder(dict[str, int])
 
 
 def _kept(stats: dict[str, int] | None) -> str | None:

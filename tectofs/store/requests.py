@@ -17,19 +17,36 @@ which then finds the record. SQLite has one writer.
 Records are kept ``limits.request_dedupe_retention_s`` (longer than a client retries one
 call: ``rpc_retries_max`` + 1 timeouts and backoffs), then pruned.
 
-Results are stored as msgpack (msgspec). msgpack has one array type, so tuples are wrapped
-in an extension type and come back as tuples: ``create_file`` answers ``(attrs, created)``
-and a replay answers exactly that, not a list.
+Results are stored as msgpack (msgspec), exactly as the store operation returned them (a
+reply Struct, a list of them, a number...), and a replay decodes them with the type the caller
+names (``StoreRunner.call(..., returns=...)``), so a retry gets the same typed value.
+
+Records made before typed results (a release whose store returned dicts and tuples, tuples
+wrapped in msgpack extension 1) are read compatibly by :func:`decode`: the old dict of an
+``Attrs``, a layout or an allocation has the fields of today's Struct; an old tuple
+(``create_file``'s ``(attrs, created, directory, ctime)``, ``unlink``'s ``(directory, ctime)``) is
+read as the fields of the reply Struct in order, and a shorter one (an older release's) leaves
+the rest at their defaults. A record that still cannot be read is *not* taken as absent: the
+operation it records did happen (it committed with its record), and running it again could
+do it twice (a second file, a rename of what is now elsewhere). The retry is answered
+:class:`~tectofs.errors.TectofsError` ("the reply of this call was lost") instead, and the
+client reports the failure of a call that may have succeeded, as after any lost reply. Records
+are pruned after ``limits.request_dedupe_retention_s``, so this can only meet a retry that
+straddles the upgrade.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
+from ..errors import TectofsError
+
 if TYPE_CHECKING:
     from .engine import SqlStore
+
+ResultT = TypeVar("ResultT")
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS requests (
@@ -37,38 +54,62 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS requests_created ON requests (created)",
 ]
 
-_TUPLE = 1  # msgpack extension type code of a tuple
-ABSENT = object()  # what ``lookup`` returns for a key never recorded
+_LEGACY_TUPLE = 1  # msgpack extension type code of a tuple, in records of releases before typed results
 
 
-def _wrap(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return msgspec.msgpack.Ext(_TUPLE, _ENCODER.encode([_wrap(v) for v in value]))
-    if isinstance(value, list):
-        return [_wrap(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _wrap(v) for k, v in value.items()}
-    return value
+class Absent:
+    """What ``lookup`` returns for a key never recorded (a type of its own, so that
+    ``lookup(...)`` is ``ResultT | Absent`` to the type checker)."""
 
 
-def _ext(code: int, data: memoryview) -> Any:
-    if code != _TUPLE:
-        raise ValueError(f"unknown msgpack extension {code} in a recorded reply")
-    return tuple(_DECODER.decode(data))
-
-
+ABSENT = Absent()
 _ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(ext_hook=_ext)
 
 
-def encode(result: Any) -> bytes:
-    """``result`` (plain data: None, bools, numbers, str, bytes, lists, tuples, dicts) as bytes."""
-    return _ENCODER.encode(_wrap(result))
+_DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}  # by type: a handful, one per kind of reply
 
 
-def decode(data: bytes) -> Any:
-    """What :func:`encode` was given, tuples as tuples."""
-    return _DECODER.decode(data)
+def _decoder(returns: Any) -> msgspec.msgpack.Decoder[Any]:
+    decoder = _DECODERS.get(returns)
+    if decoder is None:
+        decoder = _DECODERS[returns] = msgspec.msgpack.Decoder(returns)
+    return decoder
+
+
+def _legacy_ext(code: int, data: memoryview) -> Any:
+    if code != _LEGACY_TUPLE:
+        raise ValueError(f"unknown msgpack extension {code} in a recorded reply")
+    return list(_LEGACY_DECODER.decode(data))
+
+
+_LEGACY_DECODER = msgspec.msgpack.Decoder(ext_hook=_legacy_ext)
+
+
+def encode(result: object) -> bytes:
+    """``result`` (what a store operation returned: Structs, lists, numbers, bytes, None) as bytes."""
+    return _ENCODER.encode(result)
+
+
+def decode(data: bytes, returns: type[ResultT]) -> ResultT:
+    """What :func:`encode` was given, as ``returns``; a record of a release before typed results
+    read compatibly (see the module's docstring), else :class:`TectofsError`."""
+    try:
+        result: ResultT = _decoder(returns).decode(data)
+        return result
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    try:
+        legacy = _LEGACY_DECODER.decode(data)
+        if (isinstance(legacy, list) and isinstance(returns, type) and issubclass(returns, msgspec.Struct)
+                and not returns.__struct_config__.array_like):
+            legacy = dict(zip(returns.__struct_fields__, legacy))  # an old tuple: the reply's fields in order
+        converted: ResultT = msgspec.convert(legacy, returns)
+        return converted
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+        raise TectofsError(
+            f"the reply of this call was recorded by an earlier release and cannot be read ({exc}); the call did"
+            " happen: check its outcome before trying again"
+        ) from None
 
 
 def create_schema(store: "SqlStore") -> None:
@@ -79,13 +120,13 @@ def create_schema(store: "SqlStore") -> None:
     store.tx_commit()
 
 
-def lookup(store: "SqlStore", key: str) -> Any:
-    """The recorded result of ``key``, or :data:`ABSENT`."""
+def lookup(store: "SqlStore", key: str, returns: type[ResultT]) -> ResultT | Absent:
+    """The recorded result of ``key`` as ``returns``, or :data:`ABSENT`."""
     row = store._one("SELECT reply FROM requests WHERE request_key = ?", (key,))
-    return ABSENT if row is None else decode(bytes(row[0]))
+    return ABSENT if row is None else decode(bytes(row[0]), returns)
 
 
-def record(store: "SqlStore", key: str, result: Any, now: float) -> None:
+def record(store: "SqlStore", key: str, result: object, now: float) -> None:
     """Record ``result`` under ``key``, in the caller's transaction (with the change it made)."""
     store._x("INSERT INTO requests (request_key, reply, created) VALUES (?, ?, ?)", (key, encode(result), now))
 

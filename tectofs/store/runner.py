@@ -9,11 +9,16 @@ is told happened can be lost to a crash of the metadata service.
 Because all operations pass through one thread in order, the store is linearizable: an
 operation sees every operation whose result was delivered before it was submitted.
 
+An operation is a function of the store, typically a lambda calling one typed method of it
+(``runner.call(lambda store: store.lookup(parts), returns=Attrs)``): the type checker sees the
+callee, its arguments and the result type, and nothing is looked up by name.
+
 An operation called with a ``request_key`` is run at most once per key: its result is
-recorded in its own savepoint, and a later call with that key gets the recorded result
-(:mod:`tectofs.store.requests`). The caller makes the keys: the metadata service, which
-knows the call it serves, keys each store operation of a call that carries a call id. The
-store knows nothing of the wire (``tests/test_tidy.py`` holds it to that).
+recorded in its own savepoint, encoded as it was returned, and a later call with that key
+gets the recorded result back decoded as ``returns`` (:mod:`tectofs.store.requests`). The
+caller makes the keys: the metadata service, which knows the call it serves, keys each
+store operation of a call that carries a call id. The store knows nothing of the wire
+beyond the declared types it answers with (``tests/test_tidy.py`` holds it to that).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import queue
 import random
 import threading
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
 
 from .. import limits
 from ..errors import TectofsError
@@ -34,6 +40,25 @@ from .engine import SqlStore
 log = logging.getLogger(__name__)
 
 _STOP = object()
+ResultT = TypeVar("ResultT")
+Deliver = Callable[[Any, "BaseException | None"], None]
+
+
+@dataclass
+class _Pending(Generic[ResultT]):
+    """One queued operation: what to run, how its recorded result reads back, and whom to tell."""
+
+    operation: Callable[[SqlStore], ResultT]
+    returns: type[ResultT] | None
+    request_key: str | None
+    loop: asyncio.AbstractEventLoop | None  # None: ``deliver`` is called on the store thread
+    future: asyncio.Future[ResultT] | None
+    deliver: Deliver | None = None
+
+    @property
+    def label(self) -> str:
+        """The operation's name, for logs: the lambda's place (``MetadataService.rpc_create.<locals>...``)."""
+        return getattr(self.operation, "__qualname__", "operation")
 
 
 class StoreRunner:
@@ -48,7 +73,7 @@ class StoreRunner:
         """``on_batch(size)`` is called on the store thread after each group commit (metrics)."""
         self.batch_max = batch_max
         self._on_batch = on_batch
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self._queue: queue.Queue[Any] = queue.Queue()  # of _Pending, and _STOP
         self._open_store = open_store
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
@@ -69,37 +94,43 @@ class StoreRunner:
         """Operations waiting for the store thread (approximate, as queue sizes are)."""
         return self._queue.qsize()
 
-    async def call(self, method: str, *args: Any, request_key: str | None = None, **kwargs: Any) -> Any:
-        """Run ``store.<method>(*args, **kwargs)`` in the next group commit; return its result
-        (or raise its error) once that commit is durable. With ``request_key``, at most once:
-        if an operation with that key committed before, its recorded result, and nothing runs
-        (a failed operation records nothing). One key names one operation: a caller running
-        several for one logical call gives each its own, in the same order on every retry."""
+    async def call(self, operation: Callable[[SqlStore], ResultT], *, returns: type[ResultT] | None = None,
+                   request_key: str | None = None) -> ResultT:
+        """Run ``operation(store)`` in the next group commit; return its result (or raise its
+        error) once that commit is durable. With ``request_key``, at most once: if an operation
+        with that key committed before, its recorded result decoded as ``returns`` (which a
+        keyed call must give), and nothing runs (a failed operation records nothing). One key
+        names one operation: a caller running several for one logical call gives each its own,
+        in the same order on every retry. ``operation`` runs on the store's thread and must
+        only call the store."""
+        assert request_key is None or returns is not None, "a keyed call names the type its record reads back as"
         if self._inline_store is not None:
-            return self._run_inline(method, args, kwargs, request_key)
+            return self._run_inline(_Pending(operation, returns, request_key, None, None))
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queue.put((method, args, kwargs, request_key, loop, future))
+        future: asyncio.Future[ResultT] = loop.create_future()
+        self._queue.put(_Pending(operation, returns, request_key, loop, future))
         return await future
 
-    def call_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Blocking variant for tools and tests without an event loop."""
+    def call_sync(self, operation: Callable[[SqlStore], ResultT]) -> ResultT:
+        """``call`` without a key, blocking: for tools and tests without an event loop."""
         if self._inline_store is not None:
-            return self._run_inline(method, args, kwargs, None)
+            return self._run_inline(_Pending(operation, None, None, None, None))
         done = threading.Event()
-        box: dict[str, Any] = {}
+        outcome: list[tuple[Any, BaseException | None]] = []
 
         def deliver(result: Any, error: BaseException | None) -> None:
-            box["result"], box["error"] = result, error
+            outcome.append((result, error))
             done.set()
 
-        self._queue.put((method, args, kwargs, None, None, deliver))
+        self._queue.put(_Pending(operation, None, None, None, None, deliver))
         done.wait()
-        if box["error"] is not None:
-            raise box["error"]
-        return box["result"]
+        [(result, error)] = outcome
+        if error is not None:
+            raise error
+        return result  # type: ignore[no-any-return]  # what ``operation`` returned: a ResultT
 
     def close(self) -> None:
+        """Stop after the operations queued so far (their callers are answered), and close the store."""
         if self._inline_store is not None:
             self._inline_store.close()
             self._inline_store = None
@@ -108,15 +139,15 @@ class StoreRunner:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def _run_inline(self, method: str, args: Any, kwargs: Any, request_key: str | None) -> Any:
+    def _run_inline(self, pending: _Pending[ResultT]) -> ResultT:
         assert self._inline_store is not None
-        [(result, error)] = self._execute(self._inline_store, [(method, args, kwargs, request_key, None, None)])
+        [(result, error)] = self._execute(self._inline_store, [pending])
         self.stats["operations"] += 1
         if self._on_batch is not None:
             self._on_batch(1)
         if error is not None:
             raise error
-        return result
+        return result  # type: ignore[no-any-return]  # what ``operation`` returned: a ResultT
 
     # ------------------------------------------------------------------ store thread
 
@@ -152,7 +183,7 @@ class StoreRunner:
         finally:
             store.close()
 
-    def _run_batch(self, store: SqlStore, batch: list[Any]) -> None:
+    def _run_batch(self, store: SqlStore, batch: list[_Pending[Any]]) -> None:
         outcomes = self._execute(store, batch)
         self.stats["operations"] += len(batch)
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
@@ -160,19 +191,20 @@ class StoreRunner:
             self._on_batch(len(batch))
         # One wakeup per event loop and batch, not per operation: each call_soon_threadsafe
         # writes to the loop's self-pipe.
-        settled: dict[Any, list[tuple[Any, Any, BaseException | None]]] = {}
-        for (_method, _args, _kwargs, _key, loop, future), (result, error) in zip(batch, outcomes):
-            if loop is None:
-                future(result, error)
+        settled: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
+        for pending, (result, error) in zip(batch, outcomes):
+            if pending.deliver is not None:
+                pending.deliver(result, error)
             else:
-                settled.setdefault(loop, []).append((future, result, error))
+                assert pending.loop is not None and pending.future is not None
+                settled.setdefault(pending.loop, []).append((pending.future, result, error))
         for loop, outcomes_of_loop in settled.items():
             try:
                 loop.call_soon_threadsafe(_settle_all, outcomes_of_loop)
             except RuntimeError:
                 pass  # that loop is closed: nobody waits for these results any more
 
-    def _execute(self, store: SqlStore, batch: list[Any]) -> list[tuple[Any, BaseException | None]]:
+    def _execute(self, store: SqlStore, batch: list[_Pending[Any]]) -> list[tuple[Any, BaseException | None]]:
         """Run ``batch`` in one transaction; return each operation's (result, error).
 
         A transaction the database aborts as retryable (PostgreSQL serialization conflicts
@@ -182,10 +214,10 @@ class StoreRunner:
             outcomes: list[tuple[Any, BaseException | None]] = []
             try:
                 store.tx_begin()
-                for method, args, kwargs, key, _loop, _future in batch:
+                for pending in batch:
                     store.tx_savepoint("op")
                     try:
-                        outcomes.append((_run_once(store, method, args, kwargs, key), None))
+                        outcomes.append((_run_once(store, pending), None))
                         store.tx_release("op")
                     except Exception as exc:
                         if not isinstance(exc, TectofsError) and store.dialect.is_retryable(exc):
@@ -194,8 +226,9 @@ class StoreRunner:
                         store.tx_rollback_to("op")
                         store.tx_release("op")
                         if not isinstance(exc, TectofsError):
-                            log.error("metadata operation %s failed", method, exc_info=exc)
-                            exc = TectofsError(f"metadata operation {method} failed: {type(exc).__name__}: {exc}")
+                            log.error("metadata operation %s failed", pending.label, exc_info=exc)
+                            exc = TectofsError(
+                                f"metadata operation {pending.label} failed: {type(exc).__name__}: {exc}")
                         outcomes.append((None, exc))
                 store.tx_commit()
                 self.stats["commits"] += 1
@@ -233,15 +266,17 @@ class StoreRunner:
             log.debug("pruned %d recorded request results", pruned)
 
 
-def _run_once(store: SqlStore, method: str, args: Any, kwargs: Any, key: str | None) -> Any:
-    """``store.<method>(*args, **kwargs)``; with a request ``key``, at most once: the result
-    recorded for ``key`` if there is one, else the operation's, recorded in the same
-    (savepoint of the) transaction."""
+def _run_once(store: SqlStore, pending: _Pending[ResultT]) -> ResultT:
+    """``pending.operation(store)``; with a request key, at most once: the result recorded for
+    the key if there is one, else the operation's, recorded in the same (savepoint of the)
+    transaction."""
+    key = pending.request_key
     if key is not None:
-        recorded = requests.lookup(store, key)
-        if recorded is not requests.ABSENT:
+        assert pending.returns is not None
+        recorded = requests.lookup(store, key, pending.returns)
+        if not isinstance(recorded, requests.Absent):
             return recorded
-    result = getattr(store, method)(*args, **kwargs)
+    result = pending.operation(store)
     if key is not None:
         requests.record(store, key, result, time.time())
     return result

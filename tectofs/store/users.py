@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import re
 import string
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
+
+import msgspec
 
 from .. import limits
 from ..errors import AlreadyExists, InvalidArgument, NoSpace, NotFound
@@ -30,11 +32,34 @@ _ALL = _PUBLIC + ", secret, s3_secret"
 _PRINTABLE = frozenset(string.ascii_letters + string.digits + string.punctuation)
 
 
-def _row(columns: str, row: Iterable[Any]) -> dict[str, Any]:
-    user = dict(zip((c.strip() for c in columns.split(",")), row))
-    user["groups"] = [int(g) for g in json.loads(user["groups"])]
-    user["admin"], user["proxy"] = bool(user["admin"]), bool(user["proxy"])
-    return user
+class StoredUser(msgspec.Struct, frozen=True, kw_only=True):
+    """A user as the store keeps it. ``secret`` (hex) and ``s3_secret``: None where the answer
+    leaves secrets out (``user_list``)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: list[int]
+    admin: bool = False
+    proxy: bool = False
+    s3_access_key: str | None = None
+    created: float = 0.0
+    secret: str | None = None
+    s3_secret: str | None = None
+
+
+# What ``user_get`` answers, as a type a recorded result reads back as: msgspec reads the union;
+# the type checker has no ``type[...]`` of a union, hence the cast.
+MAYBE_USER = cast("type[StoredUser | None]", StoredUser | None)
+
+
+def _row(row: Iterable[Any]) -> StoredUser:
+    """A row of ``_PUBLIC`` (then, if present, ``secret`` and ``s3_secret``) columns."""
+    name, uid, gid, groups, admin, proxy, s3_access_key, created, *secrets = row
+    secret, s3_secret = secrets or (None, None)
+    return StoredUser(name=name, uid=int(uid), gid=int(gid), groups=[int(g) for g in json.loads(groups)],
+                      admin=bool(admin), proxy=bool(proxy), s3_access_key=s3_access_key, created=float(created),
+                      secret=secret, s3_secret=s3_secret)
 
 
 def _check_id(what: str, value: Any) -> int:
@@ -54,7 +79,7 @@ class Users(StoreParts):
     def user_add(
         self, name: str, uid: int, gid: int, groups: Iterable[int], admin: bool = False, proxy: bool = False,
         secret_hex: str = "", s3_access_key: str | None = None, s3_secret: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> StoredUser:
         """Add a user; returns it as ``user_get`` does. ``secret_hex``: its secret (hex, at
         least 16 bytes); ``s3_access_key`` and ``s3_secret``: both or neither."""
         if not isinstance(name, str) or not USER_NAME.fullmatch(name) or name == "root":
@@ -94,20 +119,21 @@ class Users(StoreParts):
         assert user is not None
         return user
 
-    def user_get(self, name: str) -> dict[str, Any] | None:
+    def user_get(self, name: str) -> StoredUser | None:
         """Every column of user ``name`` (``groups`` a list of ints), or None."""
         row = self._one(f"SELECT {_ALL} FROM users WHERE name = ?", (name,))
-        return None if row is None else _row(_ALL, row)
+        return None if row is None else _row(row)
 
-    def user_by_s3_key(self, access_key: str) -> dict[str, Any] | None:
+    def user_by_s3_key(self, access_key: str) -> StoredUser | None:
         """The user (every column) whose S3 access key is ``access_key``, or None."""
         row = self._one(f"SELECT {_ALL} FROM users WHERE s3_access_key = ?", (access_key,))
-        return None if row is None else _row(_ALL, row)
+        return None if row is None else _row(row)
 
-    def user_list(self) -> list[dict[str, Any]]:
+    def user_list(self) -> list[StoredUser]:
         """Every user, by name, without secrets."""
-        return [_row(_PUBLIC, row) for row in self._all(f"SELECT {_PUBLIC} FROM users ORDER BY name")]
+        return [_row(row) for row in self._all(f"SELECT {_PUBLIC} FROM users ORDER BY name")]
 
     def user_remove(self, name: str) -> None:
+        """Remove user ``name``; NotFound if there is none."""
         if self._x("DELETE FROM users WHERE name = ?", (name,)).rowcount == 0:
             raise NotFound(f"no user {name}")

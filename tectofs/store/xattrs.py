@@ -20,8 +20,6 @@ Values are stored as hex text: the SQL subset SQLite and PostgreSQL share has no
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import limits
 from ..errors import (
     AlreadyExists,
@@ -30,6 +28,7 @@ from ..errors import (
     NoSpace,
     NotPermitted,
 )
+from ..wire.values import Attrs
 from ..xattr_names import namespace_of
 from . import access
 from .access import Caller, R, W
@@ -47,10 +46,10 @@ def _p(parts: list[str]) -> str:
 
 
 class ExtendedAttributes(StoreParts):
-    def _xattr_target(self, parts: list[str], name: str, caller: Caller | None, writing: bool) -> dict[str, Any]:
+    def _xattr_target(self, parts: list[str], name: str, caller: Caller | None, writing: bool) -> Attrs:
         """The inode at ``parts`` once ``caller`` may read (or, ``writing``, change) ``name`` on it."""
         namespace = namespace_of(name)
-        attrs: dict[str, Any] = self._resolve(parts, caller)  # type: ignore[attr-defined]
+        attrs = self._resolve(parts, caller)
         path = _p(parts)
         if namespace == "trusted.":
             if caller is not None and not caller.is_root:
@@ -59,14 +58,15 @@ class ExtendedAttributes(StoreParts):
             if writing:
                 access.require_owner(attrs, caller, path, "set its security.* attributes")
         else:
-            if attrs["kind"] not in ("file", "dir"):
+            if attrs.kind not in ("file", "dir"):
                 raise NotPermitted(f"{path}: user.* attributes go on regular files and directories only")
             access.require(attrs, caller, W if writing else R, path=path)
         return attrs
 
     def getxattr(self, parts: list[str], name: str, *, caller: Caller | None = None) -> bytes:
+        """The value of attribute ``name`` of the inode at ``parts``; NoAttribute if it has none."""
         attrs = self._xattr_target(parts, name, caller, writing=False)
-        row = self._one("SELECT value FROM xattrs WHERE ino = ? AND name = ?", (attrs["ino"], name))
+        row = self._one("SELECT value FROM xattrs WHERE ino = ? AND name = ?", (attrs.ino, name))
         if row is None:
             raise NoAttribute(f"{_p(parts)} has no attribute {name!r}")
         return bytes.fromhex(row[0])
@@ -74,8 +74,8 @@ class ExtendedAttributes(StoreParts):
     def listxattr(self, parts: list[str], *, caller: Caller | None = None) -> list[str]:
         """The names a caller may see: all but ``trusted.*`` for others than root. Listing needs
         only the lookup (as on Linux)."""
-        attrs: dict[str, Any] = self._resolve(parts, caller)  # type: ignore[attr-defined]
-        names = [row[0] for row in self._all("SELECT name FROM xattrs WHERE ino = ? ORDER BY name", (attrs["ino"],))]
+        attrs = self._resolve(parts, caller)
+        names = [row[0] for row in self._all("SELECT name FROM xattrs WHERE ino = ? ORDER BY name", (attrs.ino,))]
         if caller is not None and not caller.is_root:
             names = [n for n in names if not n.startswith("trusted.")]
         return names
@@ -89,7 +89,7 @@ class ExtendedAttributes(StoreParts):
             raise AttributeTooLarge(f"extended attribute value of {len(value)} bytes: at most"
                                     f" {limits.xattr_value_max_bytes}")
         attrs = self._xattr_target(parts, name, caller, writing=True)
-        ino = attrs["ino"]
+        ino = attrs.ino
         exists = self._one("SELECT 1 FROM xattrs WHERE ino = ? AND name = ?", (ino, name)) is not None
         if exists and flags & FLAG_CREATE:
             raise AlreadyExists(f"{_p(parts)} has an attribute {name!r} already")
@@ -107,7 +107,8 @@ class ExtendedAttributes(StoreParts):
         self._x("UPDATE inodes SET ctime = ? WHERE ino = ?", (self.clock(), ino))
 
     def removexattr(self, parts: list[str], name: str, *, caller: Caller | None = None) -> None:
+        """Remove attribute ``name``; NoAttribute if there is none."""
         attrs = self._xattr_target(parts, name, caller, writing=True)
-        if not self._x("DELETE FROM xattrs WHERE ino = ? AND name = ?", (attrs["ino"], name)).rowcount:
+        if not self._x("DELETE FROM xattrs WHERE ino = ? AND name = ?", (attrs.ino, name)).rowcount:
             raise NoAttribute(f"{_p(parts)} has no attribute {name!r}")
-        self._x("UPDATE inodes SET ctime = ? WHERE ino = ?", (self.clock(), attrs["ino"]))
+        self._x("UPDATE inodes SET ctime = ? WHERE ino = ?", (self.clock(), attrs.ino))
