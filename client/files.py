@@ -577,26 +577,36 @@ class AsyncFile:
             n = min(end - position, self.block_size - within)
             at = position - offset
             if within == 0 and self._whole_block_read(idx, n):
-                spans = self.blocks[idx]
-                stored_end = spans.start + spans.length
-                if spans.start:  # a sparse block's zero head and tail
-                    out.write(at, bytes(spans.start))
-                if stored_end < n:
-                    out.write(at + stored_end, bytes(n - stored_end))
-                if spans.length:
-                    views = out.views(at + spans.start, spans.length)
-                    whole.append((idx, views[0] if len(views) == 1 else Regions(views)))  # decoded in place, below
+                self._plan_whole_block(out, at, idx, n, whole)
             else:
-                block = await self._committed_block(idx)
-                available = max(0, min(n, len(block) - within))
-                out.write(at, memoryview(block)[within : within + available])
-                if available < n:  # hole or clipped tail: zeros
-                    out.write(at + available, bytes(n - available))
+                await self._copy_from_block(out, at, idx, within, n)
             position += n
         if whole:
             await self._read_whole_blocks(whole)
         self.context.metrics.read(max(0, end - offset))
         return max(0, end - offset)
+
+    def _plan_whole_block(self, out: Regions, at: int, idx: int, n: int,
+                          whole: list[tuple[int, memoryview | Regions]]) -> None:
+        """Block ``idx``, read whole into ``out`` at ``at``: its zero head and tail (if sparse)
+        written now, its stored span added to ``whole`` (decoded in place, several at once)."""
+        spans = self.blocks[idx]
+        stored_end = spans.start + spans.length
+        if spans.start:
+            out.write(at, bytes(spans.start))
+        if stored_end < n:
+            out.write(at + stored_end, bytes(n - stored_end))
+        if spans.length:
+            views = out.views(at + spans.start, spans.length)
+            whole.append((idx, views[0] if len(views) == 1 else Regions(views)))
+
+    async def _copy_from_block(self, out: Regions, at: int, idx: int, within: int, n: int) -> None:
+        """``n`` bytes of block ``idx`` from ``within``, through the block cache, into ``out`` at ``at``."""
+        block = await self._committed_block(idx)
+        available = max(0, min(n, len(block) - within))
+        out.write(at, memoryview(block)[within : within + available])
+        if available < n:  # hole or clipped tail: zeros
+            out.write(at + available, bytes(n - available))
 
     async def _read_whole_blocks(self, reads: list[tuple[int, memoryview | Regions]]) -> None:
         """Blocks the caller reads whole are decoded straight into its buffer (one copy of
