@@ -330,3 +330,14 @@ class _Holder(msgspec.Struct):
 def test_the_any_check_fires() -> None:
     assert any_in(Any) and any_in(dict[str, Any]) and any_in(_Holder) and any_in(tuple[_Holder, bytes])
     assert not any_in(tuple[int, bytes]) and not any_in(typing.Annotated[int, msgspec.Meta(ge=0)])
+
+
+def test_no_import_cycle_in_the_client_even_for_the_type_checker() -> None:
+    """Counting imports under ``if TYPE_CHECKING:`` and inside functions too: an open file
+    depends on its narrow ``FileContext``, never on the file system that opened it."""
+    sources = {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in _library_files()}
+    graph = import_graph(sources, everywhere=True)
+    client = {name: {t for t in targets if t.startswith("tectofs.client")}
+              for name, targets in graph.items() if name.startswith("tectofs.client")}
+    cycle = import_cycle(client)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
