@@ -83,9 +83,10 @@ class BlockPlacement:
         self.write_min = allocation.write_min or policy.write_min
         self.finished_s: list[float] = []  # how long each successful put took
         self.positions: list[ChunkPlacement] = []  # one machine per chunk position, once running
+        self.loop: asyncio.AbstractEventLoop | None = None  # the running loop, once running
 
     async def run(self) -> messages.Block:
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self.positions = [ChunkPlacement(self, p) for p in range(len(self.primaries))]
         tasks = [loop.create_task(position.run()) for position in self.positions]
         try:
@@ -100,7 +101,7 @@ class BlockPlacement:
     async def _until_placed(self, tasks: list[asyncio.Task[messages.ChunkRef]], started: float) -> None:
         """Wait for every chunk's placement, except stragglers once ``write_min`` are durable:
         a hung server costs a block a second or two, not a timeout."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         pending = set(tasks)
         while pending:
             timeout = None
@@ -135,6 +136,10 @@ class BlockPlacement:
             chunks=placed, cap=self.allocation.cap,
         )
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        assert self.loop is not None, "BlockPlacement.run first"
+        return self.loop
+
     def hedge_threshold_s(self) -> float:
         return max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(self.finished_s))
 
@@ -143,11 +148,11 @@ class BlockPlacement:
         no spare to hedge with, or too few siblings finished to judge)."""
         if not self.spares or len(self.finished_s) < max(1, self.policy.width // 2):
             return None
-        return max(0.0, started + self.hedge_threshold_s() - asyncio.get_running_loop().time())
+        return max(0.0, started + self.hedge_threshold_s() - self._loop().time())
 
     async def put(self, position: int, server: messages.ServerRef) -> messages.ChunkRef:
         """Chunk ``position`` on ``server``; a server that fails it is remembered in ``failed``."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         started = loop.time()
         try:
             await self.sink.put_chunk(server.address, self.block_id, position, self.chunks[position],
@@ -194,7 +199,7 @@ class ChunkPlacement:
         self._steps = {PutState.WAIT: self._wait, PutState.TO_SPARE: self._to_spare, PutState.HEDGE: self._hedge}
 
     async def run(self) -> messages.ChunkRef:
-        loop = asyncio.get_running_loop()
+        loop = self.block._loop()
         self.started = loop.time()
         self.pending.add(loop.create_task(self.block.put(self.position, self.block.primaries[self.position])))
         try:
@@ -248,4 +253,4 @@ class ChunkPlacement:
     def _also_to_spare(self) -> None:
         spare = self.block.spares.pop(0)
         log.info("chunk %d of block %d also goes to spare %s", self.position, self.block.block_id, spare.address)
-        self.pending.add(asyncio.get_running_loop().create_task(self.block.put(self.position, spare)))
+        self.pending.add(self.block._loop().create_task(self.block.put(self.position, spare)))

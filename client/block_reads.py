@@ -129,6 +129,7 @@ class BlockRead:
         self.kinds: dict[int, messages.BadChunkKind] = {}
         self.running: dict[asyncio.Task[Any], int] = {}
         self.finished_s: list[float] = []
+        self.loop: asyncio.AbstractEventLoop | None = None  # the running loop, once running
         self.state = ReadState.LAUNCH
         self.visited = [ReadState.LAUNCH]  # the states this read went through, in order (for tests and logs)
         self._steps = {
@@ -140,7 +141,8 @@ class BlockRead:
     async def run(self) -> memoryview | Regions:
         """The block's bytes, in ``into`` or in a pool buffer (the caller gives it back).
         Nothing writes into the target once this returns or raises."""
-        assert self.state is ReadState.LAUNCH, "a BlockRead runs once"
+        assert self.state is ReadState.LAUNCH and self.loop is None, "a BlockRead runs once"
+        self.loop = asyncio.get_running_loop()
         self._prepare_target()
         try:
             try:
@@ -224,14 +226,15 @@ class BlockRead:
     def _fetch_next(self) -> None:
         position = self.candidates.pop(0)
         self.launched.add(position)
-        self.running[asyncio.get_running_loop().create_task(self._fetch(position))] = position
+        assert self.loop is not None
+        self.running[self.loop.create_task(self._fetch(position))] = position
 
     async def _fetch(self, position: int) -> Any:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        assert self.loop is not None
+        started = self.loop.time()
         payload = await self.source.get_chunk(
             self.block, self.by_position[position], self.placed.get(position), self.sinks.get(position))
-        self.finished_s.append(loop.time() - started)
+        self.finished_s.append(self.loop.time() - started)
         return payload
 
     def _hedge_delay(self) -> float | None:
