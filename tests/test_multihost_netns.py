@@ -187,7 +187,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, objec
 
 CLIENT_SCRIPT = textwrap.dedent("""
     import hashlib, json, socket, sys, time, urllib.request
-    from tectofs import messages
+    from tectofs.wire import messages
     from tectofs.client import connect
 
     meta, credentials, source = sys.argv[1:4]
