@@ -16,6 +16,7 @@ from tectofs.wire import auth, messages
 from tectofs.wire.transport import parse_group
 
 from .blocks import BlockIO
+from .context import FileContext
 from .files import AsyncFile
 from .leases import LeaseEndings
 from .metadata import MetadataClient
@@ -158,7 +159,7 @@ class AsyncFileSystem:
         self.metadata = MetadataClient(self.meta_rpc, meta_address)  # the typed metadata calls
         self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers, self.metrics)
         self._views: dict[tuple[int, int, tuple[int, ...]], AsyncFileSystem] = {}
-        self.lease_endings = LeaseEndings(self)  # shared with the views: sent as this client
+        self.lease_endings = LeaseEndings(self.metadata)  # shared with the views: sent as this client
         self.acting_uid: int | None = None  # a view's: the uid it acts for (acting_as)
 
     def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "AsyncFileSystem":
@@ -390,11 +391,16 @@ class AsyncFileSystem:
                 path=path, reader=lease, write_only=writable and (write_only or not readable)))
         # a file this call created is empty already: nothing to truncate (no commit at close
         # unless something is written)
-        handle = AsyncFile(self, path, layout, readable, writable, truncate and not created)
+        handle = AsyncFile(self._file_context(), path, layout, readable, writable, truncate and not created)
         handle.created = created
         handle.directory = DirectoryChange.from_reply(directory, ctime_before)
         handle.hold_read_lease(lease)
         return handle
+
+    def _file_context(self) -> FileContext:
+        """What a file this client (or view) opens may use of it (``client/context.py``)."""
+        return FileContext(metadata=self.metadata, blocks=self.blocks, buffers=self.buffers, metrics=self.metrics,
+                           lease_endings=self.lease_endings, acting_uid=self.acting_uid)
 
     async def block_count(self, path: str) -> int:
         """How many blocks a file stores (holes not counted), reading its layout segment by segment."""

@@ -27,24 +27,27 @@ from tectofs.wire import messages
 
 from .blocks import consume_outcome
 from .layout import LayoutMap
+from .writes import BlockWrite, BlockWrites, WriteState
 
 log = logging.getLogger("tectofs.client")
 
 if TYPE_CHECKING:
-    from .core import AsyncFileSystem
+    from .context import FileContext
 
 Buffer = bytes | bytearray | memoryview
 
 
 class AsyncFile:
     """One open file. Not safe for concurrent use by several tasks; the sync facade and the
-    FUSE adapter serialize calls per handle."""
+    FUSE adapter serialize calls per handle. ``context``: what it uses of the client that
+    opened it (``client/context.py``); the blocks it writes, each in its ``WriteState``, are
+    in ``self._writes`` (``client/writes.py``)."""
 
     def __init__(
-        self, fs: "AsyncFileSystem", path: str, layout: messages.LayoutSegment, readable: bool, writable: bool,
+        self, context: "FileContext", path: str, layout: messages.LayoutSegment, readable: bool, writable: bool,
         truncate: bool,
     ) -> None:
-        self.fs = fs
+        self.context = context
         self.path = path
         self.readable = readable
         self.writable = writable
@@ -52,11 +55,9 @@ class AsyncFile:
         self.replace = truncate  # the next commit replaces every block
         self.size = 0 if truncate else self.attrs.size
         self.closed = False
-        self._dirty: OrderedDict[int, tuple[memoryview, int]] = OrderedDict()  # idx -> (buffer, valid bytes)
-        self._inflight: dict[int, asyncio.Task[messages.Block]] = {}
-        self._written: dict[int, messages.Block] = {}  # written, not yet committed nor staged
-        self._staged: dict[int, messages.Block] = {}  # sent to the MDS ahead of the commit (``stage``)
-        self._staged_idx: set[int] = set()  # indexes with a block or a hole staged at the MDS
+        # Every block written since the last commit: buffered, in flight, written, staged, or
+        # zeroed whole (a hole: nothing stored), one state machine per block index.
+        self._writes = BlockWrites()
         self._writer = int.from_bytes(os.urandom(8), "big") >> 1  # names what this handle stages
         self._allocations: list[messages.Allocation] = []
         self._allocation_batch = 1
@@ -69,11 +70,8 @@ class AsyncFile:
         self._bytes_written = 0
         self._failure: BaseException | None = None
         # Since the last commit: the smallest size this handle truncated the file to (the
-        # commit cuts the file there first, so cut-off bytes never come back), and the
-        # blocks it zeroed whole (committed as holes: nothing stored).
+        # commit cuts the file there first, so cut-off bytes never come back).
         self._shrunk_to: int | None = None
-        self._holes: set[int] = set()
-        self._holes_staged: set[int] = set()  # those of them already sent ahead
         self.created = False  # this handle's open created the file (``abort`` removes it again)
         self.directory: Any = None  # a creating open's DirectoryChange (else None)
         self._lease_task: asyncio.Task[None] | None = None
@@ -96,7 +94,7 @@ class AsyncFile:
     async def _cover(self, first: int, last: int) -> None:
         """Make sure the layout of blocks ``first`` to ``last`` is known (fetching segments)."""
         while (missing := self.layout.first_unknown(first, last)) is not None:
-            segment = await self.fs.metadata.layout(messages.LayoutRequest(ino=self.ino, handle=self.handle, first=missing))
+            segment = await self.context.metadata.layout(messages.LayoutRequest(ino=self.ino, handle=self.handle, first=missing))
             self.layout.add(segment)
 
     # ------------------------------------------------------------------ write
@@ -129,7 +127,7 @@ class AsyncFile:
         except BaseException as exc:
             self._poison(exc)
             raise
-        self.fs.metrics.wrote(written)
+        self.context.metrics.wrote(written)
         return written
 
     async def _write(self, offset: int, data: Regions) -> int:
@@ -140,7 +138,7 @@ class AsyncFile:
             n = min(len(data) - written, self.block_size - within)
             pieces = data.views(written, n)
             whole = pieces[0] if len(pieces) == 1 else Regions(pieces)
-            if n == self.block_size and self._untouched(idx) and await self._send_whole(idx, whole):
+            if n == self.block_size and self._writes.untouched(idx) and await self._send_whole(idx, whole):
                 written += n
                 self._bytes_written += n
                 self.size = max(self.size, position + n)
@@ -155,7 +153,7 @@ class AsyncFile:
                 buffer[at : at + len(piece)] = piece
                 at += len(piece)
             valid = max(valid, within + n)
-            self._dirty[idx] = (buffer, valid)
+            self._writes.update(idx, buffer, valid)
             written += n
             self._bytes_written += n
             self.size = max(self.size, position + n)
@@ -168,36 +166,48 @@ class AsyncFile:
 
     async def _block_buffer(self, idx: int, needed: int) -> tuple[memoryview, int]:
         """The buffer holding block ``idx`` for writing (at least ``needed`` bytes long),
-        filled with the block's current content; returns it and its valid length."""
-        if idx in self._dirty:
-            buffer, valid = self._dirty[idx]
+        filled with the block's current content; returns it and its valid length. The block
+        is BUFFERING afterwards."""
+        entry = self._writes.get(idx)
+        if entry is not None and entry.state is WriteState.BUFFERING:
+            assert entry.buffer is not None
+            buffer, valid = entry.buffer, entry.valid
             if needed > len(buffer):
-                grown = self.fs.buffers.get(self._capacity(needed))
+                grown = self.context.buffers.get(self._capacity(needed))
                 grown[:valid] = buffer[:valid]
-                self.fs.buffers.put(buffer)
+                self.context.buffers.put(buffer)
                 buffer = grown
+                self._writes.update(idx, buffer, valid)
             return buffer, valid
-        data: Any = None
-        if not self.replace and idx not in self._holes:
+        content, pooled = await self._current_content(idx)
+        valid = len(content)
+        buffer = self.context.buffers.get(self._capacity(max(needed, valid)))
+        buffer[:valid] = content
+        if pooled is not None:
+            self.context.buffers.put(pooled)
+        self._writes.buffer(idx, buffer, valid)
+        return buffer, valid
+
+    async def _current_content(self, idx: int) -> tuple[Buffer, memoryview | None]:
+        """What block ``idx`` holds as this handle sees it, before a rewrite: the block it sent
+        (read back: chunks are immutable, so the block is written anew), the committed one,
+        or nothing (a hole, or a file being replaced); and the pool buffer to give back once
+        the content is copied (None if none)."""
+        state = self._writes.state(idx)
+        hole = state in (WriteState.HOLE, WriteState.HOLE_STAGED)
+        if not self.replace and not hole:
             await self._cover(idx, idx)
-        if idx in self._inflight or idx in self._written or idx in self._staged:
+        if state is WriteState.PUTTING:
+            await self._reap_one(idx)
+        if self._writes.sent(idx):
             # Rewriting a block already sent by this handle: start again from its content (a
             # staged one is overridden at its index by what this handle sends next).
-            if idx in self._inflight:
-                await self._reap_one(idx)
-            block = self._written.pop(idx, None) or self._staged.pop(idx)
+            block = self._writes.take_block(idx)
             data = await self._load_block(block)
-            content = data[: min(_stored_end(block), max(0, self.size - idx * self.block_size))]
-        elif idx not in self._holes and not self.replace and idx in self.blocks:
-            content = await self._committed_block(idx)
-        else:
-            content = memoryview(b"")
-        valid = len(content)
-        buffer = self.fs.buffers.get(self._capacity(max(needed, valid)))
-        buffer[:valid] = content
-        if data is not None:
-            self.fs.buffers.put(data)
-        return buffer, valid
+            return data[: min(_stored_end(block), max(0, self.size - idx * self.block_size))], data
+        if not hole and not self.replace and idx in self.blocks:
+            return await self._committed_block(idx), None
+        return memoryview(b""), None
 
     def _capacity(self, needed: int) -> int:
         """Buffer size for ``needed`` bytes of a block: small files must not pin a whole
@@ -208,7 +218,9 @@ class AsyncFile:
         return min(self.block_size, max(limits.KiB * 64, 1 << (needed - 1).bit_length()))
 
     async def _reap_one(self, idx: int) -> None:
-        task = self._inflight.pop(idx)
+        entry = self._writes.get(idx)
+        assert entry is not None and entry.task is not None
+        task = entry.task
         await asyncio.wait([task])
         self._collect(idx, task)
 
@@ -217,43 +229,41 @@ class AsyncFile:
         flush and close raises the same error, so a lost block can never be committed as a
         hole of zeros."""
         if task.cancelled():
+            self._writes.failed(idx)
             self._failure = self._failure or TectofsError(f"{self.path}: write of block {idx} was cancelled")
         elif task.exception() is not None:
+            self._writes.failed(idx)
             self._failure = self._failure or task.exception()
         else:
-            self._written[idx] = task.result()
+            self._writes.written(idx, task.result())
         if self._failure is not None:
             raise self._failure
 
     async def _send(self, idx: int) -> None:
         """Start writing block ``idx`` (only its span of data; a block of zeros becomes a
         hole); wait while too many blocks are in flight."""
-        buffer, valid = self._dirty.pop(idx)
-        start, end = sparse.data_span(buffer[:valid])
+        entry = self._writes.get(idx)
+        assert entry is not None and entry.state is WriteState.BUFFERING and entry.buffer is not None
+        buffer = entry.buffer
+        start, end = sparse.data_span(buffer[: entry.valid])
         if end == 0:
-            self.fs.buffers.put(buffer)
-            self._holes.add(idx)
+            self.context.buffers.put(self._writes.hole(idx))
             return
-        self._holes.discard(idx)
-        self._holes_staged.discard(idx)  # the block sent now overrides the staged hole
         allocation = await self._slot_and_allocation()
         await self._launch(idx, self._write_block(idx, buffer, start, end, allocation))
 
     async def _slot_and_allocation(self) -> messages.Allocation:
         """Wait while too many blocks are in flight; then a placement for the next one."""
-        while len(self._inflight) >= self._inflight_max:
+        while self._writes.count(WriteState.PUTTING) >= self._inflight_max:
             await self._reap(wait=True)
         return await self._allocation()
 
     async def _launch(self, idx: int, write: Any) -> None:
-        """Put block ``idx``'s write (a coroutine giving its Block) in flight."""
-        self._inflight[idx] = asyncio.get_running_loop().create_task(write)
+        """Put block ``idx``'s write (a coroutine giving its Block) in flight (it owns the
+        block's buffer from here on: a data block sent now overrides a hole staged there)."""
+        self._writes.put(idx, asyncio.get_running_loop().create_task(write))
         await self._reap(wait=False)
         await self._stage_excess()
-
-    def _untouched(self, idx: int) -> bool:
-        """Nothing of block ``idx`` is buffered, in flight or sent by this handle."""
-        return not (idx in self._dirty or idx in self._inflight or idx in self._written or idx in self._staged)
 
     async def _send_whole(self, idx: int, data: memoryview | Regions) -> bool:
         """A write that covers block ``idx`` whole, sent without copying it into a block buffer:
@@ -269,61 +279,61 @@ class AsyncFile:
         if policy.kind != "rs":
             self._allocations.insert(0, allocation)  # the buffered path takes it
             return False
-        encoded = await self.fs.blocks.encode(policy, data)
-        self._holes.discard(idx)
-        self._holes_staged.discard(idx)
-        await self._launch(idx, self.fs.blocks.place_block(idx, len(data), encoded, allocation, self._reallocate))
+        encoded = await self.context.blocks.encode(policy, data)
+        await self._launch(idx, self.context.blocks.place_block(idx, len(data), encoded, allocation, self._reallocate))
         return True
 
     async def _write_block(
         self, idx: int, buffer: memoryview, start: int, end: int, allocation: messages.Allocation
     ) -> messages.Block:
         try:
-            block = await self.fs.blocks.write_block(idx, buffer[start:end], allocation, self._reallocate)
+            block = await self.context.blocks.write_block(idx, buffer[start:end], allocation, self._reallocate)
             return msgspec.structs.replace(block, start=start, valid=end)
         finally:
-            self.fs.buffers.put(buffer)
+            self.context.buffers.put(buffer)
 
     def _holes_to_send(self) -> list[int]:
         """Holes that drop something: a block committed (or maybe committed) or staged there."""
         return sorted(
-            i for i in self._holes - self._holes_staged
-            if i in self._staged_idx or (not self.replace and (i in self.blocks or not self.layout.known(i)))
+            i for i, entry in self._writes.in_state(WriteState.HOLE).items()
+            if entry.staged_at_mds or (not self.replace and (i in self.blocks or not self.layout.known(i)))
         )
 
     async def _stage_excess(self) -> None:
         """Past what one commit carries, send written blocks and holes ahead (``stage``):
         they stay invisible until the commit, which publishes them with the rest."""
-        if len(self._written) + len(self._holes) - len(self._holes_staged) < self._blocks_per_call:
+        written = self._writes.in_state(WriteState.WRITTEN)
+        if len(written) + self._writes.count(WriteState.HOLE) < self._blocks_per_call:
             return
         holes = self._holes_to_send()
-        blocks = [messages.written(b) for b in self._written.values()]
+        sent = list(written)
+        blocks = [messages.written(entry.block) for entry in written.values() if entry.block is not None]
         step = max(1, self._blocks_per_call // 2)  # blocks and holes together within one call's bound
         for first in range(0, max(len(blocks), len(holes)), step):
-            await self.fs.metadata.stage(messages.StageRequest(
+            await self.context.metadata.stage(messages.StageRequest(
                 ino=self.ino, handle=self.handle, writer=self._writer, blocks=blocks[first : first + step],
                 holes=holes[first : first + step],
             ))
-        self._staged.update(self._written)
-        self._staged_idx.update(self._written, holes)
-        self._written.clear()
-        self._holes_staged.update(holes)
+        for idx in sent + holes:
+            self._writes.staged(idx)
 
     async def _reap(self, wait: bool) -> None:
-        if not self._inflight:
+        """Collect the block writes that finished (with ``wait``: at least one)."""
+        putting = self._writes.in_state(WriteState.PUTTING)
+        if not putting:
             return
         if wait:
-            await asyncio.wait(self._inflight.values(), return_when=asyncio.FIRST_COMPLETED)
-        for idx, task in list(self._inflight.items()):
-            if task.done():
-                del self._inflight[idx]
-                self._collect(idx, task)
+            await asyncio.wait([entry.task for entry in putting.values() if entry.task is not None],
+                               return_when=asyncio.FIRST_COMPLETED)
+        for idx, entry in list(putting.items()):
+            if entry.task is not None and entry.task.done():
+                self._collect(idx, entry.task)
 
     async def _allocation(self) -> messages.Allocation:
         if not self._allocations:
             for attempt in range(limits.placement_attempts_max):
                 try:
-                    reply = await self.fs.metadata.allocate(messages.AllocateRequest(
+                    reply = await self.context.metadata.allocate(messages.AllocateRequest(
                         ino=self.ino, handle=self.handle, count=self._allocation_batch, writer=self._writer))
                     break
                 except NoSpace:
@@ -338,7 +348,7 @@ class AsyncFile:
         return self._allocations.pop(0)
 
     async def _reallocate(self, failed_servers: set[int]) -> messages.Allocation:
-        reply = await self.fs.metadata.allocate(messages.AllocateRequest(
+        reply = await self.context.metadata.allocate(messages.AllocateRequest(
             ino=self.ino, handle=self.handle, count=1, exclude=sorted(failed_servers), writer=self._writer))
         return reply.blocks[0]
 
@@ -367,7 +377,7 @@ class AsyncFile:
                 periods = [s for s in (self._writer_lease_s, limits.reader_lease_s if self._reader else None) if s]
                 await asyncio.sleep(max(0.05, min(periods) / 4))
                 try:
-                    await self.fs.metadata.renew(messages.RenewRequest(
+                    await self.context.metadata.renew(messages.RenewRequest(
                         ino=self.ino, handle=self.handle, writer=self._writer if self._writer_lease_s else 0,
                         reader=self._reader))
                 except TectofsError as exc:  # the next renewal, or the commit, will tell
@@ -377,8 +387,9 @@ class AsyncFile:
 
     async def _bound_dirty(self) -> None:
         """Random writes may dirty many partial blocks; send the oldest past the limit."""
-        while len(self._dirty) > self._inflight_max + 2:
-            await self._send(next(iter(self._dirty)))
+        buffering = self._writes.in_state(WriteState.BUFFERING)
+        while len(buffering) > self._inflight_max + 2:
+            await self._send(next(iter(buffering)))
 
     async def truncate(self, size: int) -> None:
         """Set the file's size as seen by this handle; committed by the next flush. Bytes cut
@@ -403,27 +414,21 @@ class AsyncFile:
         last, within = divmod(size, self.block_size)
         if within and not self.replace:
             await self._cover(last, last)
-        for idx in [i for i in self._dirty if i >= first_gone]:
-            self.fs.buffers.put(self._dirty.pop(idx)[0])
-        for idx in [i for i in self._inflight if i >= first_gone]:
-            self._inflight.pop(idx).cancel()  # its chunks become orphans: the allocation expires to GC
-        for idx in [i for i in self._written if i >= first_gone]:
-            del self._written[idx]
-        if any(i >= first_gone for i in self._staged_idx):
-            await self.fs.metadata.stage(
+        if self._writes.staged_from(first_gone):
+            await self.context.metadata.stage(
                 messages.StageRequest(ino=self.ino, handle=self.handle, writer=self._writer, cut_from=first_gone))
-            self._staged = {i: b for i, b in self._staged.items() if i < first_gone}
-            self._staged_idx = {i for i in self._staged_idx if i < first_gone}
-        self._holes = {i for i in self._holes if i < first_gone}
-        self._holes_staged &= self._holes
+        for entry in self._writes:
+            if entry.idx >= first_gone:  # an in-flight put's chunks become orphans: the allocation expires to GC
+                self._forget(self._writes.drop(entry.idx))
         self.layout.forget_from(first_gone)
         if within:
-            if last in self._dirty:
-                buffer, valid = self._dirty[last]
-                self._dirty[last] = (buffer, min(valid, within))
-            elif last in self._inflight or last in self._written or last in self._staged:
+            kept = self._writes.get(last)
+            if kept is not None and kept.state is WriteState.BUFFERING:
+                assert kept.buffer is not None
+                self._writes.update(last, kept.buffer, min(kept.valid, within))
+            elif self._writes.sent(last):
                 buffer, valid = await self._block_buffer(last, within)
-                self._dirty[last] = (buffer, min(valid, within))
+                self._writes.update(last, buffer, min(valid, within))
             block = self.blocks.get(last)
             if block is not None:
                 if min(block.valid, within) > block.start:
@@ -450,14 +455,10 @@ class AsyncFile:
             return
         self._committed = True
         self.replace = False
-        self._written.clear()
-        self._staged.clear()
-        self._staged_idx.clear()
+        self._writes.committed()
         self._changed = False
         self.modified_at = None
         self._shrunk_to = None
-        self._holes.clear()
-        self._holes_staged.clear()
         self._drop_cache()  # read before this commit: stale
         self._set_layout(layout)  # the commit answers with the new layout
         self.committed_layout = layout
@@ -465,7 +466,11 @@ class AsyncFile:
     @property
     def unchanged(self) -> bool:
         """Nothing written, truncated or in flight since this handle's open or last commit."""
-        return not (self._changed or self._written or self._dirty or self._inflight or self._staged_idx)
+        return not (self._changed or self._pending_writes() or self._writes.anything_staged())
+
+    def _pending_writes(self) -> bool:
+        """Blocks buffered, in flight or written and not yet committed nor staged."""
+        return any(self._writes.count(state) for state in (WriteState.BUFFERING, WriteState.PUTTING, WriteState.WRITTEN))
 
     def adopt(self, layout: messages.LayoutSegment) -> bool:
         """Another handle of this process committed ``layout``: an unchanged handle takes it
@@ -480,18 +485,19 @@ class AsyncFile:
 
     async def _commit(self) -> messages.LayoutSegment | None:
         """Send what is buffered, wait for every block, commit; None if nothing changed."""
-        for idx in list(self._dirty):
+        for idx in list(self._writes.in_state(WriteState.BUFFERING)):
             await self._send(idx)
-        while self._inflight:
+        while self._writes.count(WriteState.PUTTING):
             await self._reap(wait=True)
-        if not self._changed and not self._written:
+        if not self._changed and not self._writes.count(WriteState.WRITTEN):
             return None
         await self._stage_excess()
-        staged = bool(self._staged_idx)
-        return await self.fs.metadata.commit(messages.CommitRequest(
+        staged = self._writes.anything_staged()
+        return await self.context.metadata.commit(messages.CommitRequest(
             ino=self.ino, handle=self.handle, size=self.size, replace=self.replace,
             mtime=self.modified_at or time.time(),
-            blocks=[messages.written(b) for b in self._written.values() if b.idx * self.block_size < self.size],
+            blocks=[messages.written(entry.block) for entry in self._writes.in_state(WriteState.WRITTEN).values()
+                    if entry.block is not None and entry.idx * self.block_size < self.size],
             shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,
         ))
 
@@ -517,7 +523,7 @@ class AsyncFile:
         self._release()
         if self.created and not self._committed and self.writable:
             try:
-                await self.fs.metadata.unlink(messages.UnlinkRequest(path=self.path, ino=self.ino, only_if_empty=True))
+                await self.context.metadata.unlink(messages.UnlinkRequest(path=self.path, ino=self.ino, only_if_empty=True))
             except TectofsError:
                 pass  # renamed or removed meanwhile: nothing of ours to take back
 
@@ -527,15 +533,17 @@ class AsyncFile:
             self._lease_task.cancel()
         if self._reader:  # end the lease now (else it lapses): a file unlinked while open goes at once
             reader, self._reader = self._reader, 0
-            self.fs.lease_endings.end(self.ino, reader, self.handle, self.fs.acting_uid)
-        for task in self._inflight.values():
-            task.cancel()
-        for buffer, _ in self._dirty.values():
-            self.fs.buffers.put(buffer)
-        self._dirty.clear()
-        self._written.clear()
-        self._staged.clear()
+            self.context.lease_endings.end(self.ino, reader, self.handle, self.context.acting_uid)
+        for entry in self._writes:
+            self._forget(self._writes.drop(entry.idx))
         self._drop_cache()
+
+    def _forget(self, entry: BlockWrite) -> None:
+        """A block write given up (cut off or closed): its put cancelled, its buffer returned."""
+        if entry.task is not None:
+            entry.task.cancel()
+        if entry.buffer is not None:
+            self.context.buffers.put(entry.buffer)
 
     # ------------------------------------------------------------------ read
 
@@ -556,7 +564,7 @@ class AsyncFile:
         self._check_open(write=False)
         if not self.readable:
             raise InvalidArgument(f"{self.path} is not open for reading")
-        if self._dirty or self._inflight or self._written or self._changed:
+        if self._pending_writes() or self._changed:
             await self.flush()  # read what this handle wrote
         out = Regions(targets)
         end = min(self.size, offset + len(out))
@@ -569,26 +577,36 @@ class AsyncFile:
             n = min(end - position, self.block_size - within)
             at = position - offset
             if within == 0 and self._whole_block_read(idx, n):
-                spans = self.blocks[idx]
-                stored_end = spans.start + spans.length
-                if spans.start:  # a sparse block's zero head and tail
-                    out.write(at, bytes(spans.start))
-                if stored_end < n:
-                    out.write(at + stored_end, bytes(n - stored_end))
-                if spans.length:
-                    views = out.views(at + spans.start, spans.length)
-                    whole.append((idx, views[0] if len(views) == 1 else Regions(views)))  # decoded in place, below
+                self._plan_whole_block(out, at, idx, n, whole)
             else:
-                block = await self._committed_block(idx)
-                available = max(0, min(n, len(block) - within))
-                out.write(at, memoryview(block)[within : within + available])
-                if available < n:  # hole or clipped tail: zeros
-                    out.write(at + available, bytes(n - available))
+                await self._copy_from_block(out, at, idx, within, n)
             position += n
         if whole:
             await self._read_whole_blocks(whole)
-        self.fs.metrics.read(max(0, end - offset))
+        self.context.metrics.read(max(0, end - offset))
         return max(0, end - offset)
+
+    def _plan_whole_block(self, out: Regions, at: int, idx: int, n: int,
+                          whole: list[tuple[int, memoryview | Regions]]) -> None:
+        """Block ``idx``, read whole into ``out`` at ``at``: its zero head and tail (if sparse)
+        written now, its stored span added to ``whole`` (decoded in place, several at once)."""
+        spans = self.blocks[idx]
+        stored_end = spans.start + spans.length
+        if spans.start:
+            out.write(at, bytes(spans.start))
+        if stored_end < n:
+            out.write(at + stored_end, bytes(n - stored_end))
+        if spans.length:
+            views = out.views(at + spans.start, spans.length)
+            whole.append((idx, views[0] if len(views) == 1 else Regions(views)))
+
+    async def _copy_from_block(self, out: Regions, at: int, idx: int, within: int, n: int) -> None:
+        """``n`` bytes of block ``idx`` from ``within``, through the block cache, into ``out`` at ``at``."""
+        block = await self._committed_block(idx)
+        available = max(0, min(n, len(block) - within))
+        out.write(at, memoryview(block)[within : within + available])
+        if available < n:  # hole or clipped tail: zeros
+            out.write(at + available, bytes(n - available))
 
     async def _read_whole_blocks(self, reads: list[tuple[int, memoryview | Regions]]) -> None:
         """Blocks the caller reads whole are decoded straight into its buffer (one copy of
@@ -634,7 +652,7 @@ class AsyncFile:
             data = await task if task is not None else await self._load_block(block)
             self._cache[idx] = data
             while len(self._cache) > 2:
-                self.fs.buffers.put(self._cache.popitem(last=False)[1])
+                self.context.buffers.put(self._cache.popitem(last=False)[1])
         if idx == self._last_read_block + 1:
             self._start_prefetch(idx + 1)
         self._last_read_block = idx
@@ -659,12 +677,12 @@ class AsyncFile:
             data = await self._read_block(block)
             assert isinstance(data, memoryview)  # (no target given: a buffer of the pool)
             return data
-        out = self.fs.buffers.get(_stored_end(block))
+        out = self.context.buffers.get(_stored_end(block))
         out[:start] = bytes(start)
         try:
             await self._read_block(block, out[start:])
         except BaseException:
-            self.fs.buffers.put(out)
+            self.context.buffers.put(out)
             raise
         return out
 
@@ -673,10 +691,10 @@ class AsyncFile:
         ``limits.capability_ttl_s``) is renewed from a fresh layout segment and the read
         retried. A block the file no longer has (it was rewritten meanwhile) is StaleFile."""
         try:
-            return await self.fs.blocks.read_block(block, into=into)
+            return await self.context.blocks.read_block(block, into=into)
         except CapabilityExpired:
-            self.fs.metrics.retried("chunk", "capability")
-            segment = await self.fs.metadata.layout(messages.LayoutRequest(ino=self.ino, handle=self.handle, first=block.idx))
+            self.context.metrics.retried("chunk", "capability")
+            segment = await self.context.metadata.layout(messages.LayoutRequest(ino=self.ino, handle=self.handle, first=block.idx))
             fresh = next((b for b in segment.blocks if b.block_id == block.block_id), None)
             if fresh is None:
                 raise StaleFile(f"{self.path} was rewritten while open and its read capability expired;"
@@ -684,7 +702,7 @@ class AsyncFile:
             renewed = msgspec.structs.replace(block, cap=fresh.cap)
             if self.blocks.get(block.idx) is block:
                 self.blocks[block.idx] = renewed
-            return await self.fs.blocks.read_block(renewed, into=into)
+            return await self.context.blocks.read_block(renewed, into=into)
 
     def _drop_cache(self) -> None:
         """Forget every block read (cached or being prefetched): it may be stale now."""
@@ -692,7 +710,7 @@ class AsyncFile:
             task.cancel()
         self._prefetch.clear()
         for data in self._cache.values():
-            self.fs.buffers.put(data)
+            self.context.buffers.put(data)
         self._cache.clear()
 
     def _check_open(self, write: bool) -> None:

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from tectofs import limits
 from tectofs.errors import TectofsError
 from tectofs.wire import messages
 
-if TYPE_CHECKING:
-    from .core import AsyncFileSystem
+from .metadata import MetadataClient
 
 log = logging.getLogger("tectofs.client")
 
@@ -29,9 +27,11 @@ log = logging.getLogger("tectofs.client")
 class LeaseEndings:
     """Leases of closed handles, waiting to be ended (on the client's event loop)."""
 
-    def __init__(self, fs: "AsyncFileSystem", delay_s: float = limits.lease_release_delay_s,
+    def __init__(self, metadata: MetadataClient, delay_s: float = limits.lease_release_delay_s,
                  batch_max: int = limits.leases_per_release_max) -> None:
-        self.fs = fs
+        """``metadata``: the client's own metadata connection (its views queue here too: the
+        batch is sent as the client, a proxy that may end leases issued to any uid)."""
+        self.metadata = metadata
         self.delay_s = delay_s
         self.batch_max = batch_max
         self._pending: list[messages.HeldLease] = []
@@ -60,7 +60,7 @@ class LeaseEndings:
 
     async def _release(self, batch: list[messages.HeldLease]) -> None:
         try:
-            await self.fs.metadata.release_leases(messages.ReleaseLeasesRequest(leases=batch))
+            await self.metadata.release_leases(messages.ReleaseLeasesRequest(leases=batch))
         except TectofsError as exc:  # they lapse after limits.reader_lease_s instead
             log.debug("could not end %d leases of closed handles: %s", len(batch), exc)
 

@@ -98,7 +98,7 @@ def test_replacing_a_huge_file_is_atomic(cluster: Any) -> None:
     handle = fs.run(fs.aio.open(path, "wb"))
     for idx in range(count):
         fs.run(handle.write(idx * 64 * KiB, b"new"))
-    assert len(handle._staged_idx) >= limits.commit_blocks_max  # sent ahead, not committed
+    assert sum(write.staged_at_mds for write in handle._writes) >= limits.commit_blocks_max  # sent ahead, not committed
     assert fs.read_bytes(path) == b"old"
     fs.run(handle.close())
     assert fs.stat(path).size == (count - 1) * 64 * KiB + 3

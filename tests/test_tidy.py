@@ -434,3 +434,14 @@ class _Private:
 '''
     assert loose_signatures(source) == ["lookup (line 5)", "Store.create (line 8)", "Store.layout (line 9)",
                                         "Store.servers (line 10)"]
+
+
+def test_no_import_cycle_in_the_client_even_for_the_type_checker() -> None:
+    """Counting imports under ``if TYPE_CHECKING:`` and inside functions too: an open file
+    depends on its narrow ``FileContext``, never on the file system that opened it."""
+    sources = {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in _library_files()}
+    graph = import_graph(sources, everywhere=True)
+    client = {name: {t for t in targets if t.startswith("tectofs.client")}
+              for name, targets in graph.items() if name.startswith("tectofs.client")}
+    cycle = import_cycle(client)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

@@ -332,7 +332,8 @@ class TectofsOperations(mfusepy.Operations):
             st = Stat.from_attrs(handle.file.attrs)
         elif handle is not None:  # fstat: as the handle's opener, like its other calls
             opened = handle.file
-            st = Stat.from_attrs(self._run(opened.fs.metadata.getattr(messages.InoRequest(ino=opened.ino, handle=opened.handle))).attrs)
+            fresh = self._run(opened.context.metadata.getattr(messages.InoRequest(ino=opened.ino, handle=opened.handle)))
+            st = Stat.from_attrs(fresh.attrs)
         elif path is None:
             raise mfusepy.FuseOSError(errno.ESTALE)
         elif path != "/" and self.listings.absent(_directory_of(path), path.rsplit("/", 1)[1]):
