@@ -1,0 +1,14 @@
+"""The deterministic simulator: production roles on declared seams, driven by a seed.
+
+- ``loop``: the virtual-time event loop (the clock seam; executors run inline);
+- ``network``: the in-memory transport seam (latency, delay, reordering, drops, crashes,
+  partitions) under the real wire protocols;
+- ``cluster``: the real metadata service, chunk servers and client on those seams;
+- ``schedule``: seeded fault schedules and the invariants they are checked against.
+
+Replay a seed: ``python3 -m tectofs.testing --seed N``; many: ``--seeds A..B``.
+"""
+
+from tectofs.testing.schedule import SimulationFailed, replay_command, run
+
+__all__ = ["SimulationFailed", "replay_command", "run"]

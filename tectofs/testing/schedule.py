@@ -1,0 +1,387 @@
+"""One seeded fault schedule over a cluster of production roles, and its invariants.
+
+``run(seed)`` builds a ``Cluster`` (``tectofs.testing.cluster``), writes a few files through
+the real client, then plays a schedule: client writes, overwrites and reads in flight while
+chunk servers crash, restart, lose their disks or are partitioned, chunk files are flipped or
+deleted, and the metadata service crashes and restarts — all over a network that, per seed,
+delays, reorders and drops messages (``NetworkFaults``). Then faults stop and the cluster
+must heal on its own. The first violated invariant raises ``SimulationFailed`` naming the
+seed and the command that replays it:
+
+(a) every committed file reads back bit-exact (every read the client completes, and a
+    read of every file once healed);
+(b) after faults stop every block heals: each block places every position on a running
+    server whose disk holds a sound copy, no repair queued or running;
+(c) no GC order deletes a chunk the store places on that server (checked as it reaches
+    the disk);
+(d) no block places two of its chunks on one server;
+(e) no acknowledged write is lost: once healed, a file holds the last version whose
+    write returned, or a later one still in doubt (its write failed after sending).
+
+The schedule keeps faults within what rs(4,2) survives: at most one fault (a crashed,
+wiped or partitioned server, a damaged chunk) outstanding until the store reports the
+cluster healthy again; a degraded write is the second one it may meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tectofs import checksum
+from tectofs.errors import ChunkMissing, TectofsError
+from tectofs.policy import parse as parse_policy
+from tectofs.testing.cluster import BLOCK_SIZE, ChunkHost, Cluster, quiet_logs
+from tectofs.testing.network import NetworkFaults
+
+FAULT_STEPS = (10, 20)
+HEAL_ROUNDS_MAX = 60
+HEAL_ROUND_S = 3.0
+VIRTUAL_DEADLINE_S = 1500.0
+EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
+          "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "pause": 10}
+BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file"}
+
+
+def replay_command(seed: int) -> str:
+    return f"python3 -m tectofs.testing --seed {seed}"
+
+
+class SimulationFailed(AssertionError):
+    """An invariant did not hold; the message names the seed and the command replaying it."""
+
+
+@dataclass
+class FileModel:
+    """What the application knows of one file: the last version whose write returned, and
+    the versions written since whose outcome is unknown (the write failed after sending)."""
+
+    acked: bytes | None = None
+    doubtful: list[bytes] = field(default_factory=list)
+
+    def possible(self) -> list[bytes]:
+        return ([self.acked] if self.acked is not None else []) + self.doubtful
+
+
+class Simulation:
+    def __init__(self, seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None = None) -> None:
+        self.seed = seed
+        self.tolerate = tolerate
+        self.rng = random.Random(seed)
+        faults = NetworkFaults(
+            delay_p=self.rng.choice([0.0, 0.01, 0.05]),
+            drop_p=self.rng.choice([0.0, 0.0, 0.002, 0.01]),
+        )
+        self.cluster = Cluster(seed, self.rng, faults, self.rng.randint(7, 9), echo=echo)
+        self.trace = self.cluster.trace
+        self.files: dict[str, FileModel] = {}
+        self.inflight: set[asyncio.Task[None]] = set()
+        self.faults: list[tuple[str, ChunkHost, int]] = []  # (kind, host, block id) not yet healed
+        self.stats: Counter[str] = Counter()
+        self.step = 0
+        self.cluster.on_delete = self.check_gc
+
+    # ------------------------------------------------------------------ plumbing
+
+    def fail(self, message: str) -> None:
+        recent = "\n    ".join(self.trace.lines[-12:])
+        raise SimulationFailed(f"simulation seed {self.seed} failed at step {self.step}: {message}\n"
+                               f"  replay: {replay_command(self.seed)}\n  last events:\n    {recent}")
+
+    async def pause(self, low: float, high: float) -> None:
+        await asyncio.sleep(self.rng.uniform(low, high))
+
+    def placements(self) -> dict[int, tuple[str, list[tuple[int, int, int, int]]]]:
+        """block id -> (policy, [(position, server id, crc, length)]) as the store records them."""
+        blocks = {int(b): (str(p), []) for b, p in self.cluster.query("SELECT block_id, policy FROM blocks")}
+        for block_id, position, server_id, crc, length in self.cluster.query(
+                "SELECT block_id, position, server_id, crc, length FROM chunks"):
+            if block_id in blocks:
+                blocks[block_id][1].append((position, server_id, crc, length))
+        return blocks
+
+    # ------------------------------------------------------------------ invariants
+
+    def check_gc(self, chunk: ChunkHost, block_ids: list[int]) -> None:
+        """(c) A GC order reaching a disk never names a chunk placed there."""
+        server_id = chunk.process.server_id if chunk.process is not None else None
+        for block_id in block_ids:
+            placed = self.cluster.query("SELECT position FROM chunks WHERE block_id = ? AND server_id = ?",
+                                        (block_id, server_id))
+            if placed:
+                self.fail(f"(c) a GC order deletes chunk {placed[0][0]} of block {block_id} on server {server_id}"
+                          f" ({chunk.host}), where the store places it")
+        self.stats["gc_deletes"] += len(block_ids)
+
+    def check_placement(self) -> None:
+        """(d) No block places two of its chunks on one server."""
+        for block_id, (_, chunks) in self.placements().items():
+            servers = [server_id for _, server_id, _, _ in chunks]
+            if len(set(servers)) < len(servers):
+                self.fail(f"(d) block {block_id} places two of its chunks on one server: {sorted(chunks)}"
+                          " (position, server, crc, length)")
+
+    def check_read(self, name: str, data: bytes) -> None:
+        """(a) A read the client completed returns a version that was written."""
+        model = self.files[name]
+        if data not in model.possible() and data != b"":
+            self.fail(f"(a) {name} reads back {len(data)} bytes that no write wrote"
+                      f" (sha {hashlib.sha256(data).hexdigest()[:12]})")
+
+    def unhealed(self) -> list[str]:
+        """Why the cluster is not whole (empty: healed), from the store and the disks."""
+        why = []
+        servers = self.cluster.chunk_by_server_id()
+        for block_id, (policy, chunks) in self.placements().items():
+            positions = {position for position, _, _, _ in chunks}
+            if len(positions) < parse_policy(policy).width:
+                why.append(f"block {block_id} places {len(positions)} chunks")
+                continue
+            for position, server_id, crc, length in chunks:
+                chunk = servers.get(server_id)
+                if chunk is None or chunk.process is None:
+                    why.append(f"block {block_id} position {position} on server {server_id}, not running")
+                    continue
+                try:
+                    info = chunk.process.store.verify(block_id)
+                except (TectofsError, OSError) as exc:
+                    why.append(f"block {block_id} position {position} on {chunk.host}: {type(exc).__name__}")
+                    continue
+                if (info.position, info.whole_crc, info.length) != (position, crc, length):
+                    why.append(f"block {block_id} position {position} on {chunk.host} holds another chunk")
+        (repairs,) = self.cluster.query("SELECT COUNT(*) FROM repairs")[0]
+        if repairs:
+            why.append(f"{repairs} repairs queued or running")
+        return why
+
+    def resolve_faults(self) -> None:
+        """Forget the faults the cluster has healed (all of them, once it is whole)."""
+        if self.faults and not any(c.partitioned or not c.up for c in self.cluster.chunks) and not self.unhealed():
+            self.faults.clear()
+
+    # ------------------------------------------------------------------ client work
+
+    def data_for(self, name: str) -> bytes:
+        size = self.rng.choice([1, self.rng.randrange(1, BLOCK_SIZE), BLOCK_SIZE,
+                                self.rng.randrange(BLOCK_SIZE, 3 * BLOCK_SIZE)])
+        return random.Random(self.rng.getrandbits(64)).randbytes(size)
+
+    async def write(self, name: str, data: bytes) -> None:
+        model = self.files.setdefault(name, FileModel())
+        model.doubtful.append(data)
+        client = self.cluster.client
+        assert client is not None
+        try:
+            await self.cluster.as_client(client.write_bytes(f"/{name}", data))
+        except (TectofsError, OSError) as exc:
+            self.stats["writes_failed"] += 1
+            self.trace(f"client: write {name} ({len(data)} bytes) failed: {type(exc).__name__}")
+            return
+        model.acked = data
+        # Earlier writes in doubt stay possible: a commit whose reply was lost may still land late.
+        model.doubtful = [d for d in model.doubtful if d is not data]
+        self.stats["writes_acked"] += 1
+        self.trace(f"client: write {name} ({len(data)} bytes) acknowledged")
+
+    async def read(self, name: str) -> None:
+        client = self.cluster.client
+        assert client is not None
+        try:
+            data = await self.cluster.as_client(client.read_bytes(f"/{name}"))
+        except (TectofsError, OSError) as exc:
+            self.stats["reads_failed"] += 1
+            self.trace(f"client: read {name} failed: {type(exc).__name__}")
+            return
+        self.stats["reads"] += 1
+        self.check_read(name, data)
+
+    def background(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self.inflight.add(task)
+        task.add_done_callback(self.inflight.discard)
+
+    # ------------------------------------------------------------------ the schedule
+
+    async def setup(self) -> None:
+        await self.cluster.start_meta()
+        for chunk in self.cluster.chunks:
+            await self.cluster.start_chunk(chunk)
+        self.cluster.start_client()
+        for i in range(self.rng.randint(2, 3)):
+            name = f"f{i}"
+            await self.write(name, self.data_for(name))
+
+    def budget_left(self) -> bool:
+        return not self.tolerate or not self.faults
+
+    async def fault_step(self) -> None:
+        self.step += 1
+        kind = self.rng.choices(list(EVENTS), weights=list(EVENTS.values()))[0]
+        if kind in BUDGETED and not self.budget_left():
+            kind = "pause"
+        cluster = self.cluster
+        up = [c for c in cluster.chunks if c.up and not c.partitioned]
+        if kind in ("write", "overwrite") or (kind == "read" and not self.files):
+            name = self.rng.choice(sorted(self.files)) if kind == "overwrite" and self.files else f"f{self.step + 10}"
+            self.background(self.write(name, self.data_for(name)))
+        elif kind == "read":
+            self.background(self.read(self.rng.choice(sorted(self.files))))
+        elif kind == "crash_chunk" and up:
+            chunk = self.rng.choice(up)
+            cluster.crash_chunk(chunk)
+            self.faults.append((kind, chunk, 0))
+        elif kind == "wipe_chunk" and up:
+            chunk = self.rng.choice(up)
+            cluster.wipe_chunk(chunk)
+            self.faults.append((kind, chunk, 0))
+        elif kind == "partition" and up:
+            chunk = self.rng.choice(up)
+            cluster.partition(chunk, True)
+            self.faults.append((kind, chunk, 0))
+        elif kind == "restart_chunk":
+            for chunk in cluster.chunks:
+                if chunk.partitioned:
+                    cluster.partition(chunk, False)
+                    break
+            else:
+                down = [c for c in cluster.chunks if not c.up]
+                if down and cluster.meta is not None:
+                    await cluster.start_chunk(self.rng.choice(down))
+        elif kind in ("flip", "delete_chunk_file") and up:
+            chunk = self.rng.choice(up)
+            assert chunk.process is not None
+            block_ids = sorted(chunk.process.store.block_ids())
+            if block_ids:
+                block_id = self.rng.choice(block_ids)
+                self.damage(chunk, block_id, kind)
+                self.faults.append((kind, chunk, block_id))
+        elif kind == "crash_meta" and cluster.meta is not None:
+            cluster.crash_meta()
+            await self.pause(0.5, 6.0)
+            await cluster.start_meta()
+        self.stats[kind] += 1
+        await self.pause(0.2, 3.0)
+        self.check_placement()
+        self.resolve_faults()
+
+    def damage(self, chunk: ChunkHost, block_id: int, kind: str) -> None:
+        """A disk that lies: one bit of a chunk file flipped, or the file gone."""
+        assert chunk.process is not None
+        path = chunk.process.store.path(block_id)
+        if kind == "delete_chunk_file":
+            os.unlink(path)
+        else:
+            with open(path, "r+b") as f:
+                length = os.fstat(f.fileno()).st_size
+                at = self.rng.randrange(length)
+                f.seek(at)
+                byte = f.read(1)[0]
+                f.seek(at)
+                f.write(bytes([byte ^ (1 << self.rng.randrange(8))]))
+        self.trace(f"chunk {chunk.host}: {kind} block {block_id}")
+
+    async def heal(self) -> None:
+        """Faults stop: the network is quiet, every server runs; the cluster must heal."""
+        self.step += 1
+        cluster = self.cluster
+        cluster.network.quiet = True
+        self.trace("faults stop")
+        if self.inflight:
+            await asyncio.wait(list(self.inflight))
+        if cluster.meta is None:
+            await cluster.start_meta()
+        for chunk in cluster.chunks:
+            if chunk.partitioned:
+                cluster.partition(chunk, False)
+        for _ in range(3):
+            for chunk in cluster.chunks:
+                if not chunk.up:
+                    await cluster.start_chunk(chunk)
+            if all(c.up for c in cluster.chunks):
+                break
+            await asyncio.sleep(2.0)
+        why: list[str] = []
+        for rounds in range(HEAL_ROUNDS_MAX):
+            await asyncio.sleep(HEAL_ROUND_S)
+            why = self.unhealed()
+            if not why:
+                self.stats["heal_rounds"] += rounds + 1
+                break
+        else:
+            self.fail(f"(b) not healed {HEAL_ROUNDS_MAX * HEAL_ROUND_S:.0f} s after faults stopped: {why[:6]}")
+        self.trace("healed")
+        self.check_placement()
+        for name in sorted(self.files):
+            await self.final_read(name)
+
+    async def final_read(self, name: str) -> None:
+        """(a) and (e): once healed, every file reads back as the last acknowledged version (or
+        a later one in doubt)."""
+        model = self.files[name]
+        client = self.cluster.client
+        assert client is not None
+        try:
+            data = await self.cluster.as_client(client.read_bytes(f"/{name}"))
+        except (TectofsError, OSError) as exc:
+            if model.acked is None and isinstance(exc, FileNotFoundError):
+                return
+            if model.acked is not None and isinstance(exc, FileNotFoundError):
+                self.fail(f"(e) {name} is gone, though a write of {len(model.acked)} bytes was acknowledged")
+            self.fail(f"(a) {name} cannot be read once healed: {type(exc).__name__}: {exc}")
+            return
+        if data in model.possible():
+            return
+        if model.acked is not None and checksum.crc(data) != checksum.crc(model.acked):
+            self.fail(f"(e) {name} holds {len(data)} bytes, not the acknowledged version ({len(model.acked)} bytes)"
+                      f" or one written since")
+        if data != b"" or model.acked is not None:
+            self.fail(f"(a) {name} reads back {len(data)} bytes that no write wrote")
+
+    def digest(self) -> str:
+        """A fingerprint of the run: its events and where every chunk ended up."""
+        h = hashlib.sha256("\n".join(self.trace.lines).encode())
+        h.update(repr(sorted(self.cluster.query("SELECT block_id, position, server_id, crc FROM chunks"))).encode())
+        return h.hexdigest()
+
+    async def main(self) -> None:
+        async with asyncio.timeout(VIRTUAL_DEADLINE_S):
+            await self.setup()
+            for _ in range(self.rng.randint(*FAULT_STEPS)):
+                await self.fault_step()
+            await self.heal()
+        self.trace(f"digest {self.digest()}")
+
+    def client_stats(self) -> dict[str, int]:
+        client = self.cluster.client
+        return dict(client.blocks.stats) if client is not None else {}
+
+
+def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None = None) -> Simulation:
+    """Play the schedule of ``seed``; raise ``SimulationFailed`` naming it on any violation
+    (or any unexpected error). Returns the finished simulation (stats, trace, digest)."""
+    quiet_logs()
+    state = random.getstate()
+    random.seed(seed)  # the little chance the roles take from the global source (retry jitter)
+    sim = Simulation(seed, tolerate=tolerate, echo=echo)
+    try:
+        sim.cluster.run(sim.main())
+        sim.stats.update({f"client_{k}": v for k, v in sim.client_stats().items()})
+        sim.stats.update({f"net_{k}": v for k, v in sim.cluster.network.stats.items()})
+    except SimulationFailed:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        try:
+            sim.fail(f"{type(exc).__name__}: {exc}")
+        except SimulationFailed as failed:
+            raise failed from exc
+    finally:
+        sim.cluster.close()
+        random.setstate(state)
+    return sim
