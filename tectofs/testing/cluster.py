@@ -225,7 +225,8 @@ class Cluster:
 
     def start_client(self) -> AsyncFileSystem:
         credential = auth.Credential.root_from_keys(auth.KeyRing(self.key_file))
-        self.client = host_context(CLIENT_HOST).run(AsyncFileSystem, self.meta_address, credential)
+        self.client = host_context(CLIENT_HOST).run(AsyncFileSystem, self.meta_address, credential,
+                                                   clock=self.clock.monotonic)
         return self.client
 
     async def as_client(self, coro: Coroutine[Any, Any, T]) -> T:
