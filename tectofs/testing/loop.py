@@ -95,7 +95,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         for task in list(self.tasks_of.pop(host, ())):
             task.cancel()
 
-    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]
         future: asyncio.Future[T] = self.create_future()
         try:
             future.set_result(func(*args))

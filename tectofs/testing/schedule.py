@@ -104,7 +104,8 @@ class Simulation:
 
     def placements(self) -> dict[int, tuple[str, list[tuple[int, int, int, int]]]]:
         """block id -> (policy, [(position, server id, crc, length)]) as the store records them."""
-        blocks = {int(b): (str(p), []) for b, p in self.cluster.query("SELECT block_id, policy FROM blocks")}
+        blocks: dict[int, tuple[str, list[tuple[int, int, int, int]]]] = {
+            int(b): (str(p), []) for b, p in self.cluster.query("SELECT block_id, policy FROM blocks")}
         for block_id, position, server_id, crc, length in self.cluster.query(
                 "SELECT block_id, position, server_id, crc, length FROM chunks"):
             if block_id in blocks:
