@@ -74,12 +74,12 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.clock = clock
         self.network = network
         self.tasks_of: dict[str, weakref.WeakSet[asyncio.Task[Any]]] = {}
-        self.set_task_factory(self._task_factory)  # type: ignore[arg-type]
+        self.set_task_factory(self._make_task)  # type: ignore[arg-type]
 
     def time(self) -> float:
         return self.clock.now
 
-    def _task_factory(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T] | Generator[Any, None, T],
+    def _make_task(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T] | Generator[Any, None, T],
                       context: contextvars.Context | None = None) -> asyncio.Task[T]:
         task: asyncio.Task[T] = asyncio.Task(coro, loop=loop, context=context)  # type: ignore[arg-type]
         host = context.get(HOST, HOST.get()) if context is not None else HOST.get()

@@ -226,6 +226,7 @@ class Network:
         self.listeners: dict[tuple[str, int], Listener] = {}
         self.transports: set[SimTransport] = set()
         self.unreachable: set[str] = set()  # partitioned hosts
+        self.crashed: set[str] = set()  # hosts whose process died (until one listens there again)
         self.ports: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()
         self.errors: list[str] = []
@@ -241,12 +242,15 @@ class Network:
             port = 40000 + self.ports[host]
         if (host, port) in self.listeners:
             raise OSError(98, f"address {host}:{port} already in use")
+        self.crashed.discard(owner)
         listener = Listener(self, loop, owner, factory, host, port)
         self.listeners[(host, port)] = listener
         return listener
 
     async def connect(self, loop: SimLoop, from_host: str, factory: Callable[[], asyncio.BaseProtocol], host: str,
                       port: int) -> tuple[SimTransport, asyncio.BaseProtocol]:
+        if from_host in self.crashed:
+            raise ConnectionRefusedError(111, f"{from_host} crashed: its process cannot connect")
         await asyncio.sleep(self.latency() * 2)
         if host in self.unreachable or from_host in self.unreachable:
             self.stats["connects_hung"] += 1
@@ -304,6 +308,7 @@ class Network:
 
     def crash(self, host: str) -> None:
         """``host``'s process dies: its listeners close, its connections reset."""
+        self.crashed.add(host)
         for key, listener in list(self.listeners.items()):
             if listener.owner == host:
                 listener.close()
