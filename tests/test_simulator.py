@@ -19,10 +19,14 @@ from typing import Any
 
 import pytest
 
+from tectofs import checksum
 from tectofs.client import blocks
+from tectofs.errors import ChecksumMismatch, NoSpace
+from tectofs.server.chunk.storage import ChunkStore
 from tectofs.store import SqlStore
 from tectofs.testing import SimulationFailed, run
 from tectofs.testing.__main__ import main
+from tectofs.testing.disk import SimDisk
 
 SCHEDULES = int(os.environ.get("TECTOFS_SIM_SCHEDULES", "1000"))
 BASE_SEED = int(os.environ.get("TECTOFS_SIM_BASE_SEED", random.randrange(1 << 32)))
@@ -169,3 +173,43 @@ def test_faults_beyond_what_a_policy_survives_are_caught() -> None:
     """Without the fault budget, schedules lose data, and the checks say so."""
     failures = _failures(range(12), tolerate=False)
     assert any(": (a) " in f or ": (b) " in f or ": (e) " in f for f in failures), failures
+
+
+# ---------------------------------------------------------------------- the chunk-disk seam
+
+
+def test_a_sim_disk_loses_only_what_was_not_durable(tmp_path: Any) -> None:
+    """Power loss: an acknowledged chunk stays; a GC delete not yet durable is undone; a
+    chunk written without sync is gone (its rename undone, its .tmp removed at start)."""
+    disk = SimDisk(random.Random(1))
+    data = memoryview(random.Random(2).randbytes(20_000))
+    pieces, whole = checksum.piece_and_whole_crcs(data)
+    durable = ChunkStore(str(tmp_path), sync="each", disk=disk)
+    durable.write(1, 0, data, pieces, whole)
+    durable.write(2, 0, data, pieces, whole)
+    assert durable.delete(2)  # a GC delete: no directory sync
+    ChunkStore(str(tmp_path), sync="none", disk=disk).write(3, 0, data, pieces, whole)
+    disk.crash()
+    after = ChunkStore(str(tmp_path), sync="each", disk=disk)
+    assert sorted(after.block_ids()) == [1, 2]
+    assert after.verify(1).whole_crc == whole and after.verify(2).whole_crc == whole
+    assert disk.stats["unlinks_undone"] == 1 and disk.stats["renames_undone"] == 1
+
+
+def test_a_sim_disk_fails_and_lies_as_told(tmp_path: Any) -> None:
+    disk = SimDisk(random.Random(3))
+    store = ChunkStore(str(tmp_path), sync="each", disk=disk)
+    data = memoryview(random.Random(4).randbytes(20_000))
+    pieces, whole = checksum.piece_and_whole_crcs(data)
+    store.write(1, 0, data, pieces, whole)
+    disk.full = True
+    with pytest.raises(NoSpace):
+        store.write(2, 0, data, pieces, whole)
+    disk.heal()
+    disk.lie_p = 1.0
+    with pytest.raises(ChecksumMismatch):  # the piece checksums catch every lie
+        store.read(1)
+    disk.heal()
+    disk.eio_p = 1.0
+    with pytest.raises(OSError):
+        store.read(1)

@@ -27,6 +27,7 @@ from tectofs.server.chunk.service import ChunkServer
 from tectofs.server.meta.service import MetadataService
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
+from tectofs.testing.disk import SimDisk
 from tectofs.testing.loop import SimLoop, VirtualClock, host_context
 from tectofs.testing.network import Network, NetworkFaults
 from tectofs.wire import auth
@@ -59,6 +60,7 @@ class ChunkHost:
     host: str
     data_dir: str
     identity: str
+    disk: SimDisk
     process: ChunkServer | None = None
     partitioned: bool = False
     generation: int = 0  # how many times its disk was replaced
@@ -104,8 +106,8 @@ class Cluster:
         self.store_path = os.path.join(self.dir, "meta.db")
         self.meta_address = f"{META_HOST}:{META_PORT}"
         self.meta: MetadataService | None = None
-        self.chunks = [ChunkHost(f"10.0.1.{i + 1}", os.path.join(self.dir, f"chunk{i + 1}"), self._identity())
-                       for i in range(servers)]
+        self.chunks = [ChunkHost(f"10.0.1.{i + 1}", os.path.join(self.dir, f"chunk{i + 1}"), self._identity(),
+                                 SimDisk(random.Random(rng.getrandbits(64)))) for i in range(servers)]
         self.client: AsyncFileSystem | None = None
         self._inspect: SqlStore | None = None
         self.on_delete: Callable[[ChunkHost, list[int]], None] | None = None  # the GC invariant's hook
@@ -170,7 +172,7 @@ class Cluster:
         process = host_context(chunk.host).run(
             ChunkServer, chunk.data_dir, self.meta_address, heartbeat_interval_s=HEARTBEAT_S, io_threads=1,
             scrub_rate_bytes_per_s=64 * limits.MiB, inventory_interval_s=INVENTORY_S, scrub_interval_s=SCRUB_PASS_S,
-            key_file=self.key_file, pack_max_bytes=0,
+            key_file=self.key_file, pack_max_bytes=0, disk=chunk.disk,
         )
         deliver = process._delete
 
@@ -197,10 +199,12 @@ class Cluster:
             process._gc_io.shutdown(wait=False)
 
     def crash_chunk(self, chunk: ChunkHost, quiet: bool = False) -> None:
-        """A chunk server's process dies between two steps; its disk stays."""
+        """A chunk server's machine loses power between two steps: the process is gone, and
+        of its disk only what was made durable stays."""
         self.network.crash(chunk.host)
         self.loop.cancel_host(chunk.host)
         self._drop_chunk_process(chunk)
+        chunk.disk.crash()
         if not quiet:
             self.trace(f"chunk {chunk.host}: CRASHED")
 
@@ -209,6 +213,7 @@ class Cluster:
         if chunk.up:
             self.crash_chunk(chunk)
         shutil.rmtree(chunk.data_dir, ignore_errors=True)
+        chunk.disk = SimDisk(random.Random(self.rng.getrandbits(64)))
         chunk.generation += 1
         chunk.identity = self._identity()
         self.trace(f"chunk {chunk.host}: disk WIPED")

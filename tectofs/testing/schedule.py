@@ -43,8 +43,8 @@ HEAL_ROUNDS_MAX = 60
 HEAL_ROUND_S = 3.0
 VIRTUAL_DEADLINE_S = 1500.0
 EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
-          "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "pause": 10}
-BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file"}
+          "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4, "pause": 10}
+BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file", "flaky_disk"}
 
 
 def replay_command(seed: int) -> str:
@@ -56,16 +56,53 @@ class SimulationFailed(AssertionError):
 
 
 @dataclass
+class Version:
+    """One write of a file: when it began, and when it was acknowledged (None: not yet, or
+    never — it failed, and whether its commit landed is unknown)."""
+
+    data: bytes
+    started_s: float
+    acked_s: float | None = None
+
+
+@dataclass
 class FileModel:
-    """What the application knows of one file: the last version whose write returned, and
-    the versions written since whose outcome is unknown (the write failed after sending)."""
+    """What the application knows of one file: every write of it, with its timing. Writes
+    that overlap may commit in either order; a write that began after another was
+    acknowledged commits after it (close-to-open)."""
 
-    acked: bytes | None = None
-    doubtful: list[bytes] = field(default_factory=list)
-    history: list[bytes] = field(default_factory=list)  # every version ever written
+    versions: list[Version] = field(default_factory=list)
 
-    def possible(self) -> list[bytes]:
-        return ([self.acked] if self.acked is not None else []) + self.doubtful
+    def superseded(self, version: Version | None, before_s: float) -> Version | None:
+        """An acknowledged write (acknowledged before ``before_s``) that must have committed
+        after ``version`` (None: the empty file its first write created); None if there is none."""
+        for later in self.versions:
+            if later.acked_s is None or later.acked_s >= before_s:
+                continue
+            if version is None or (version.acked_s is not None and later.started_s > version.acked_s):
+                return later
+        return None
+
+    def find(self, data: bytes) -> list[Version]:
+        return [v for v in self.versions if v.data == data]
+
+    def check(self, data: bytes, read_started_s: float) -> str | None:
+        """Why ``data``, read by a read that began at ``read_started_s``, is wrong (None: it
+        may be right): "(a) ..." bytes no write wrote, "(e) ..." a version an acknowledged
+        write replaced before the read began."""
+        candidates: list[Version | None] = [*self.find(data)]
+        if data == b"":
+            candidates.append(None)
+        if not candidates:
+            return f"(a) reads back {len(data)} bytes that no write wrote (sha {hashlib.sha256(data).hexdigest()[:12]})"
+        lost = [self.superseded(v, read_started_s) for v in candidates]
+        if all(lost):
+            winner = lost[0]
+            assert winner is not None
+            return (f"(e) holds an older version ({len(data)} bytes) though a write of {len(winner.data)} bytes,"
+                    f" begun at {winner.started_s:.3f}s after it was acknowledged, was acknowledged at"
+                    f" {winner.acked_s:.3f}s")
+        return None
 
 
 class Simulation:
@@ -133,12 +170,12 @@ class Simulation:
                 self.fail(f"(d) block {block_id} places two of its chunks on one server: {sorted(chunks)}"
                           " (position, server, crc, length)")
 
-    def check_read(self, name: str, data: bytes) -> None:
-        """(a) A read the client completed returns a version that was written."""
-        model = self.files[name]
-        if data not in model.possible() and data != b"":
-            self.fail(f"(a) {name} reads back {len(data)} bytes that no write wrote"
-                      f" (sha {hashlib.sha256(data).hexdigest()[:12]})")
+    def check_read(self, name: str, data: bytes, started_s: float) -> None:
+        """(a) and (e): a read returns a version that was written, and not one an acknowledged
+        write had replaced before the read began."""
+        wrong = self.files[name].check(data, started_s)
+        if wrong is not None:
+            self.fail(f"{wrong[:4]}{name} {wrong[4:]}")
 
     def unhealed(self) -> list[str]:
         """Why the cluster is not whole (empty: healed), from the store and the disks."""
@@ -168,7 +205,8 @@ class Simulation:
 
     def resolve_faults(self) -> None:
         """Forget the faults the cluster has healed (all of them, once it is whole)."""
-        if self.faults and not any(c.partitioned or not c.up for c in self.cluster.chunks) and not self.unhealed():
+        if self.faults and not any(c.partitioned or not c.up or c.disk.flaky for c in self.cluster.chunks) \
+                and not self.unhealed():
             self.faults.clear()
 
     # ------------------------------------------------------------------ client work
@@ -179,9 +217,8 @@ class Simulation:
         return random.Random(self.rng.getrandbits(64)).randbytes(size)
 
     async def write(self, name: str, data: bytes) -> None:
-        model = self.files.setdefault(name, FileModel())
-        model.doubtful.append(data)
-        model.history.append(data)
+        version = Version(data, self.cluster.clock.now)
+        self.files.setdefault(name, FileModel()).versions.append(version)
         client = self.cluster.client
         assert client is not None
         try:
@@ -190,15 +227,14 @@ class Simulation:
             self.stats["writes_failed"] += 1
             self.trace(f"client: write {name} ({len(data)} bytes) failed: {type(exc).__name__}")
             return
-        model.acked = data
-        # Earlier writes in doubt stay possible: a commit whose reply was lost may still land late.
-        model.doubtful = [d for d in model.doubtful if d is not data]
+        version.acked_s = self.cluster.clock.now
         self.stats["writes_acked"] += 1
         self.trace(f"client: write {name} ({len(data)} bytes) acknowledged")
 
     async def read(self, name: str) -> None:
         client = self.cluster.client
         assert client is not None
+        started_s = self.cluster.clock.now
         try:
             data = await self.cluster.as_client(client.read_bytes(f"/{name}"))
         except (TectofsError, OSError) as exc:
@@ -206,7 +242,7 @@ class Simulation:
             self.trace(f"client: read {name} failed: {type(exc).__name__}")
             return
         self.stats["reads"] += 1
-        self.check_read(name, data)
+        self.check_read(name, data, started_s)
 
     def background(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
@@ -251,10 +287,22 @@ class Simulation:
             chunk = self.rng.choice(up)
             cluster.partition(chunk, True)
             self.faults.append((kind, chunk, 0))
+        elif kind == "flaky_disk" and up:
+            chunk = self.rng.choice(up)
+            disk = chunk.disk
+            disk.eio_p = self.rng.choice([0.0, 0.02, 0.2])
+            disk.lie_p = self.rng.choice([0.0, 0.05, 0.3])
+            disk.full = self.rng.random() < 0.3 or not (disk.eio_p or disk.lie_p)
+            self.trace(f"chunk {chunk.host}: disk FLAKY (EIO {disk.eio_p}, lies {disk.lie_p}, full {disk.full})")
+            self.faults.append((kind, chunk, 0))
         elif kind == "restart_chunk":
             for chunk in cluster.chunks:
                 if chunk.partitioned:
                     cluster.partition(chunk, False)
+                    break
+                if chunk.disk.flaky:
+                    chunk.disk.heal()
+                    self.trace(f"chunk {chunk.host}: disk behaves again")
                     break
             else:
                 down = [c for c in cluster.chunks if not c.up]
@@ -308,6 +356,7 @@ class Simulation:
         for chunk in cluster.chunks:
             if chunk.partitioned:
                 cluster.partition(chunk, False)
+            chunk.disk.heal()
         for _ in range(3):
             for chunk in cluster.chunks:
                 if not chunk.up:
@@ -330,27 +379,23 @@ class Simulation:
             await self.final_read(name)
 
     async def final_read(self, name: str) -> None:
-        """(a) and (e): once healed, every file reads back as the last acknowledged version (or
-        a later one in doubt)."""
+        """(a) and (e): once healed, every file reads back as a version no acknowledged write
+        replaced (every write has ended by now)."""
         model = self.files[name]
         client = self.cluster.client
         assert client is not None
+        started_s = self.cluster.clock.now
         try:
             data = await self.cluster.as_client(client.read_bytes(f"/{name}"))
         except (TectofsError, OSError) as exc:
-            if model.acked is None and isinstance(exc, FileNotFoundError):
+            acked = [v for v in model.versions if v.acked_s is not None]
+            if isinstance(exc, FileNotFoundError):
+                if acked:
+                    self.fail(f"(e) {name} is gone, though a write of {len(acked[-1].data)} bytes was acknowledged")
                 return
-            if model.acked is not None and isinstance(exc, FileNotFoundError):
-                self.fail(f"(e) {name} is gone, though a write of {len(model.acked)} bytes was acknowledged")
             self.fail(f"(a) {name} cannot be read once healed: {type(exc).__name__}: {exc}")
             return
-        if data in model.possible() or (data == b"" and model.acked is None):
-            return
-        if model.acked is not None and (data == b"" or data in model.history):
-            self.fail(f"(e) {name} holds an older version ({len(data)} bytes), not the acknowledged one"
-                      f" ({len(model.acked)} bytes) or one written since")
-        self.fail(f"(a) {name} reads back {len(data)} bytes that no write wrote"
-                  f" (sha {hashlib.sha256(data).hexdigest()[:12]})")
+        self.check_read(name, data, started_s)
 
     def digest(self) -> str:
         """A fingerprint of the run: its events and where every chunk ended up."""
@@ -384,6 +429,8 @@ def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None 
             raise sim.violation
         sim.stats.update({f"client_{k}": v for k, v in sim.client_stats().items()})
         sim.stats.update({f"net_{k}": v for k, v in sim.cluster.network.stats.items()})
+        for chunk in sim.cluster.chunks:
+            sim.stats.update({f"disk_{k}": v for k, v in chunk.disk.stats.items()})
     except SimulationFailed as exc:
         raise sim.violation or exc
     except BaseException as exc:
