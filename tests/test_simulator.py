@@ -9,6 +9,7 @@ run, ``TECTOFS_SIM_SCHEDULES=N`` sets its size.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import multiprocessing
 import os
@@ -22,11 +23,13 @@ import pytest
 from tectofs import checksum
 from tectofs.client import blocks
 from tectofs.errors import ChecksumMismatch, NoSpace
+from tectofs.server.chunk.scrub import Scrubber
 from tectofs.server.chunk.storage import ChunkStore
 from tectofs.store import SqlStore
 from tectofs.testing import SimulationFailed, run
 from tectofs.testing.__main__ import main
 from tectofs.testing.disk import SimDisk
+from tectofs.wire import messages
 
 SCHEDULES = int(os.environ.get("TECTOFS_SIM_SCHEDULES", "1000"))
 BASE_SEED = int(os.environ.get("TECTOFS_SIM_BASE_SEED", random.randrange(1 << 32)))
@@ -213,3 +216,29 @@ def test_a_sim_disk_fails_and_lies_as_told(tmp_path: Any) -> None:
     disk.eio_p = 1.0
     with pytest.raises(OSError):
         store.read(1)
+
+
+def test_a_disk_read_error_is_reported_and_the_scrub_goes_on(tmp_path: Any) -> None:
+    """Found by seed 166: an EIO while scrubbing ended the scrubber for good, so a bit flipped
+    later on that server was never found and the block never healed."""
+    disk = SimDisk(random.Random(5))
+    store = ChunkStore(str(tmp_path), sync="each", disk=disk)
+    data = memoryview(random.Random(6).randbytes(20_000))
+    pieces, whole = checksum.piece_and_whole_crcs(data)
+    store.write(1, 0, data, pieces, whole)
+    reports: list[messages.ReportBadChunkRequest] = []
+
+    class Metadata:
+        async def report_bad_chunk(self, request: messages.ReportBadChunkRequest) -> messages.Empty:
+            reports.append(request)
+            return messages.Empty()
+
+    async def inline(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    scrubber = Scrubber(store, Metadata(), inline, 1 << 30, lambda: 7)  # type: ignore[arg-type]
+    disk.eio_p = 1.0
+    assert asyncio.run(scrubber.check(1)) is False
+    assert [(r.block_id, r.server_id, r.kind) for r in reports] == [(1, 7, "corrupt")]
+    disk.heal()
+    assert asyncio.run(scrubber.check(1)) is True
