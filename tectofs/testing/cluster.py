@@ -106,6 +106,7 @@ class Cluster:
         self.store_path = os.path.join(self.dir, "meta.db")
         self.meta_address = f"{META_HOST}:{META_PORT}"
         self.meta: MetadataService | None = None
+        self.meta_skew_s = 0.0
         self.chunks = [ChunkHost(f"10.0.1.{i + 1}", os.path.join(self.dir, f"chunk{i + 1}"), self._identity(),
                                  SimDisk(random.Random(rng.getrandbits(64)))) for i in range(servers)]
         self.client: AsyncFileSystem | None = None
@@ -139,17 +140,24 @@ class Cluster:
 
     # ------------------------------------------------------------------ the metadata service
 
-    async def start_meta(self) -> None:
+    async def start_meta(self, skew_s: float = 0.0) -> None:
+        """Start the metadata service; its wall clock reads ``skew_s`` off the others' (a
+        host whose clock was stepped while it was down: NTP, a new machine)."""
         assert self.meta is None
+        self.meta_skew_s = skew_s
+
+        def skewed() -> float:
+            return self.clock.time() + skew_s
+
         meta = host_context(META_HOST).run(
             MetadataService, self.store_path, POLICY, BLOCK_SIZE, server_dead_after_s=DEAD_AFTER_S,
             gc_delay_s=GC_DELAY_S, allocation_grace_s=ALLOCATION_GRACE_S, repair_after_s=REPAIR_AFTER_S,
             repair_interval_s=REPAIR_INTERVAL_S, orphan_grace_s=ORPHAN_GRACE_S, key_file=self.key_file,
-            clock=self.clock.time, rng=random.Random(self.store_rng.getrandbits(64)), inline_store=True,
+            clock=skewed, rng=random.Random(self.store_rng.getrandbits(64)), inline_store=True,
         )
         await self.loop.spawn(META_HOST, meta.start(META_HOST, META_PORT))
         self.meta = meta
-        self.trace("meta: started")
+        self.trace(f"meta: started{f' (clock {skew_s:+.1f} s)' if skew_s else ''}")
 
     def crash_meta(self) -> None:
         """The metadata service's process dies between two steps; its store stays."""
@@ -229,10 +237,18 @@ class Cluster:
     # ------------------------------------------------------------------ the client
 
     def start_client(self) -> AsyncFileSystem:
+        self.network.crashed.discard(CLIENT_HOST)
         credential = auth.Credential.root_from_keys(auth.KeyRing(self.key_file))
         self.client = host_context(CLIENT_HOST).run(AsyncFileSystem, self.meta_address, credential,
                                                    clock=self.clock.monotonic)
         return self.client
+
+    def crash_client(self) -> None:
+        """The application's process dies mid-whatever: its writes stop where they are."""
+        self.network.crash(CLIENT_HOST)
+        self.loop.cancel_host(CLIENT_HOST)
+        self.client = None
+        self.trace("client: CRASHED")
 
     async def as_client(self, coro: Coroutine[Any, Any, T]) -> T:
         return await self.loop.spawn(CLIENT_HOST, coro)
@@ -243,7 +259,7 @@ class Cluster:
         """A store of the checks' own over the service's database (read for invariants only)."""
         if self._inspect is None:
             self._inspect = SqlStore(SqliteDialect(self.store_path), POLICY, BLOCK_SIZE, GC_DELAY_S,
-                                     clock=self.clock.time, rng=random.Random(0))
+                                     clock=lambda: self.clock.time() + self.meta_skew_s, rng=random.Random(0))
         return self._inspect
 
     def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -43,7 +43,8 @@ HEAL_ROUNDS_MAX = 60
 HEAL_ROUND_S = 3.0
 VIRTUAL_DEADLINE_S = 1500.0
 EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
-          "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4, "pause": 10}
+          "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4,
+          "crash_client": 3, "unlink": 3, "pause": 10}
 BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file", "flaky_disk"}
 
 
@@ -72,6 +73,7 @@ class FileModel:
     acknowledged commits after it (close-to-open)."""
 
     versions: list[Version] = field(default_factory=list)
+    maybe_unlinked: bool = False  # an unlink of it failed: it may be gone
 
     def superseded(self, version: Version | None, before_s: float) -> Version | None:
         """An acknowledged write (acknowledged before ``before_s``) that must have committed
@@ -118,6 +120,7 @@ class Simulation:
         self.trace = self.cluster.trace
         self.files: dict[str, FileModel] = {}
         self.inflight: set[asyncio.Task[None]] = set()
+        self.writing: Counter[str] = Counter()  # writes in flight, by file
         self.faults: list[tuple[str, ChunkHost, int]] = []  # (kind, host, block id) not yet healed
         self.stats: Counter[str] = Counter()
         self.step = 0
@@ -170,10 +173,10 @@ class Simulation:
                 self.fail(f"(d) block {block_id} places two of its chunks on one server: {sorted(chunks)}"
                           " (position, server, crc, length)")
 
-    def check_read(self, name: str, data: bytes, started_s: float) -> None:
+    def check_read(self, name: str, model: FileModel, data: bytes, started_s: float) -> None:
         """(a) and (e): a read returns a version that was written, and not one an acknowledged
         write had replaced before the read began."""
-        wrong = self.files[name].check(data, started_s)
+        wrong = model.check(data, started_s)
         if wrong is not None:
             self.fail(f"{wrong[:4]}{name} {wrong[4:]}")
 
@@ -219,14 +222,17 @@ class Simulation:
     async def write(self, name: str, data: bytes) -> None:
         version = Version(data, self.cluster.clock.now)
         self.files.setdefault(name, FileModel()).versions.append(version)
+        self.writing[name] += 1
         client = self.cluster.client
         assert client is not None
         try:
             await self.cluster.as_client(client.write_bytes(f"/{name}", data))
-        except (TectofsError, OSError) as exc:
+        except (TectofsError, OSError, asyncio.CancelledError) as exc:  # cancelled: the client crashed
             self.stats["writes_failed"] += 1
             self.trace(f"client: write {name} ({len(data)} bytes) failed: {type(exc).__name__}")
             return
+        finally:
+            self.writing[name] -= 1
         version.acked_s = self.cluster.clock.now
         self.stats["writes_acked"] += 1
         self.trace(f"client: write {name} ({len(data)} bytes) acknowledged")
@@ -235,14 +241,31 @@ class Simulation:
         client = self.cluster.client
         assert client is not None
         started_s = self.cluster.clock.now
+        model = self.files[name]
         try:
             data = await self.cluster.as_client(client.read_bytes(f"/{name}"))
-        except (TectofsError, OSError) as exc:
+        except (TectofsError, OSError, asyncio.CancelledError) as exc:
             self.stats["reads_failed"] += 1
             self.trace(f"client: read {name} failed: {type(exc).__name__}")
             return
         self.stats["reads"] += 1
-        self.check_read(name, data, started_s)
+        self.check_read(name, model, data, started_s)
+
+    async def unlink(self, name: str) -> None:
+        """Remove a file no write of this schedule is writing (a read may be: its handle keeps
+        the version it opened)."""
+        client = self.cluster.client
+        assert client is not None
+        model = self.files.pop(name)
+        try:
+            await self.cluster.as_client(client.remove(f"/{name}"))
+        except (TectofsError, OSError, asyncio.CancelledError) as exc:
+            self.files[name] = model
+            model.maybe_unlinked = True
+            self.trace(f"client: unlink {name} failed: {type(exc).__name__}")
+            return
+        self.stats["unlinked"] += 1
+        self.trace(f"client: unlink {name}")
 
     def background(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
@@ -319,7 +342,17 @@ class Simulation:
         elif kind == "crash_meta" and cluster.meta is not None:
             cluster.crash_meta()
             await self.pause(0.5, 6.0)
-            await cluster.start_meta()
+            skew = self.rng.choice([0.0, 0.0, self.rng.uniform(-2.0, 2.0), self.rng.uniform(5.0, 30.0)])
+            await cluster.start_meta(cluster.meta_skew_s + skew)
+        elif kind == "crash_client" and cluster.client is not None:
+            self.stats.update({f"client_{k}": v for k, v in self.client_stats().items()})
+            cluster.crash_client()
+            await self.pause(0.0, 2.0)
+            cluster.start_client()
+        elif kind == "unlink":
+            idle = sorted(n for n in self.files if not self.writing[n])
+            if idle:
+                self.background(self.unlink(self.rng.choice(idle)))
         self.stats[kind] += 1
         await self.pause(0.2, 3.0)
         if self.violation is not None:
@@ -390,12 +423,12 @@ class Simulation:
         except (TectofsError, OSError) as exc:
             acked = [v for v in model.versions if v.acked_s is not None]
             if isinstance(exc, FileNotFoundError):
-                if acked:
+                if acked and not model.maybe_unlinked:
                     self.fail(f"(e) {name} is gone, though a write of {len(acked[-1].data)} bytes was acknowledged")
                 return
             self.fail(f"(a) {name} cannot be read once healed: {type(exc).__name__}: {exc}")
             return
-        self.check_read(name, data, started_s)
+        self.check_read(name, model, data, started_s)
 
     def digest(self) -> str:
         """A fingerprint of the run: its events and where every chunk ended up."""
