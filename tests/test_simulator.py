@@ -84,7 +84,9 @@ def test_a_thousand_schedules() -> None:
     assert not failures, f"{len(failures)} schedules failed:\n\n" + "\n\n".join(failures[:10])
     # The schedules reach the client's fault paths and every kind of fault.
     for counter in ("client_degraded_writes", "client_spare_writes", "client_hedged_writes", "client_degraded_reads",
-                    "crash_meta", "crash_chunk", "wipe_chunk", "flip", "net_dropped", "net_delayed"):
+                    "crash_meta", "crash_chunk", "crash_client", "wipe_chunk", "flip", "flaky_disk", "unlinked",
+                    "disk_eio", "disk_lies", "disk_enospc", "disk_unlinks_undone", "net_dropped", "net_delayed",
+                    "meta_release_leases", "meta_repair_done", "meta_report_bad_chunk"):
         assert totals[counter] > 0, counter
 
 

@@ -18,6 +18,7 @@ import shutil
 import sqlite3
 import tempfile
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, TypeVar
 
@@ -107,6 +108,7 @@ class Cluster:
         self.meta_address = f"{META_HOST}:{META_PORT}"
         self.meta: MetadataService | None = None
         self.meta_skew_s = 0.0
+        self.meta_served: Counter[str] = Counter()  # requests of metadata services since crashed
         self.chunks = [ChunkHost(f"10.0.1.{i + 1}", os.path.join(self.dir, f"chunk{i + 1}"), self._identity(),
                                  SimDisk(random.Random(rng.getrandbits(64)))) for i in range(servers)]
         self.client: AsyncFileSystem | None = None
@@ -159,9 +161,21 @@ class Cluster:
         self.meta = meta
         self.trace(f"meta: started{f' (clock {skew_s:+.1f} s)' if skew_s else ''}")
 
+    def meta_requests(self) -> dict[str, int]:
+        """Requests the running metadata service answered, by operation (its metrics)."""
+        out: dict[str, int] = {}
+        if self.meta is not None:
+            for metric in self.meta.metrics.registry.collect():
+                for sample in metric.samples:
+                    if sample.name == "tectofs_meta_requests_total":
+                        op = f"meta_{sample.labels['op']}"
+                        out[op] = out.get(op, 0) + int(sample.value)
+        return out
+
     def crash_meta(self) -> None:
         """The metadata service's process dies between two steps; its store stays."""
         assert self.meta is not None
+        self.meta_served.update(self.meta_requests())
         self.network.crash(META_HOST)
         self.loop.cancel_host(META_HOST)
         self.meta.runner.close()

@@ -462,6 +462,8 @@ def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None 
             raise sim.violation
         sim.stats.update({f"client_{k}": v for k, v in sim.client_stats().items()})
         sim.stats.update({f"net_{k}": v for k, v in sim.cluster.network.stats.items()})
+        sim.stats.update(sim.cluster.meta_served)
+        sim.stats.update(sim.cluster.meta_requests())
         for chunk in sim.cluster.chunks:
             sim.stats.update({f"disk_{k}": v for k, v in chunk.disk.stats.items()})
     except SimulationFailed as exc:
