@@ -3,6 +3,8 @@
 - ``loop``: the virtual-time event loop (the clock seam; executors run inline);
 - ``network``: the in-memory transport seam (latency, delay, reordering, drops, crashes,
   partitions) under the real wire protocols;
+- ``disk``: the chunk disk (``server/chunk/disk.py``'s seam) that fails, lies and loses what
+  was not durable when its machine crashes;
 - ``cluster``: the real metadata service, chunk servers and client on those seams;
 - ``schedule``: seeded fault schedules and the invariants they are checked against.
 

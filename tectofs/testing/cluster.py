@@ -26,8 +26,6 @@ from tectofs import limits
 from tectofs.client import AsyncFileSystem
 from tectofs.server.chunk.service import ChunkServer
 from tectofs.server.meta.service import MetadataService
-from tectofs.store import SqlStore
-from tectofs.store.dialect import SqliteDialect
 from tectofs.testing.disk import SimDisk
 from tectofs.testing.loop import SimLoop, VirtualClock, host_context
 from tectofs.testing.network import Network, NetworkFaults
@@ -112,7 +110,6 @@ class Cluster:
         self.chunks = [ChunkHost(f"10.0.1.{i + 1}", os.path.join(self.dir, f"chunk{i + 1}"), self._identity(),
                                  SimDisk(random.Random(rng.getrandbits(64)))) for i in range(servers)]
         self.client: AsyncFileSystem | None = None
-        self._inspect: SqlStore | None = None
         self.on_delete: Callable[[ChunkHost, list[int]], None] | None = None  # the GC invariant's hook
         self.store_rng = random.Random(rng.getrandbits(64))
 
@@ -128,8 +125,6 @@ class Cluster:
         if tasks:
             self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-        if self._inspect is not None:
-            self._inspect.close()
         if self.meta is not None:
             self.meta.runner.close()
         for chunk in self.chunks:
@@ -269,14 +264,8 @@ class Cluster:
 
     # ------------------------------------------------------------------ the checks' view of the store
 
-    def inspect(self) -> SqlStore:
-        """A store of the checks' own over the service's database (read for invariants only)."""
-        if self._inspect is None:
-            self._inspect = SqlStore(SqliteDialect(self.store_path), POLICY, BLOCK_SIZE, GC_DELAY_S,
-                                     clock=lambda: self.clock.time() + self.meta_skew_s, rng=random.Random(0))
-        return self._inspect
-
     def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """The checks' own read-only look at the service's database (invariants only)."""
         connection = sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True)
         try:
             return connection.execute(sql, args).fetchall()

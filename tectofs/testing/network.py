@@ -8,9 +8,10 @@ order, never duplicated; so the faults are TCP's:
 - latency: every write arrives after a seeded delay; writes on different connections
   overtake each other (messages reordered across connections);
 - delay: now and then a write waits much longer (a congested link);
-- drop: a write is cut short and the connection reset after the bytes that did arrive (a
-  lost segment the sender gave up on); the client's retry on a new connection is the
-  duplicated message, which the exactly-once call ids must absorb;
+- drop: a write is cut short (or not) and the connection reset after the bytes that did
+  arrive (a lost segment the sender gave up on); when a whole request arrived, the client's
+  retry on a new connection is a duplicated message, which the exactly-once call ids must
+  absorb;
 - crash: a host's process dies; its listeners close at once, its connections reset;
 - partition: a host is unreachable, connects hang until their deadline and its
   connections' bytes vanish until it heals.
@@ -295,7 +296,9 @@ class Network:
             return
         if not self.quiet and self.faults.drop_p and self.rng.random() < self.faults.drop_p:
             self.stats["dropped"] += 1
-            kept = data[: self.rng.randrange(len(data))]
+            # All of it may arrive before the reset: the request ran, its reply is lost, and the
+            # caller's retry on a new connection is a duplicate the call ids must absorb.
+            kept = data[: self.rng.randrange(len(data) + 1)]
             if kept:
                 self.schedule(sender, receiver._arrive, kept)
             self.schedule(sender, receiver._lose, ConnectionResetError("connection reset (simulated loss)"))

@@ -1,26 +1,29 @@
 """One seeded fault schedule over a cluster of production roles, and its invariants.
 
 ``run(seed)`` builds a ``Cluster`` (``tectofs.testing.cluster``), writes a few files through
-the real client, then plays a schedule: client writes, overwrites and reads in flight while
-chunk servers crash, restart, lose their disks or are partitioned, chunk files are flipped or
-deleted, and the metadata service crashes and restarts — all over a network that, per seed,
-delays, reorders and drops messages (``NetworkFaults``). Then faults stop and the cluster
-must heal on its own. The first violated invariant raises ``SimulationFailed`` naming the
-seed and the command that replays it:
+the real client, then plays a schedule: client writes, overwrites, reads and unlinks in flight
+while chunk machines crash (losing what their disks had not made durable), restart, lose their
+disks, are partitioned or get disks that fail and lie (``tectofs.testing.disk``), chunk files
+are flipped or deleted, the metadata service crashes and restarts (its clock stepped), and
+the client crashes mid-write — all over a network that, per seed, delays, reorders and drops
+messages (``NetworkFaults``). Then faults stop and the cluster must heal on its own. The
+first violated invariant raises ``SimulationFailed`` naming the seed and the command that
+replays it:
 
-(a) every committed file reads back bit-exact (every read the client completes, and a
-    read of every file once healed);
+(a) every read returns bytes some write wrote (every read the client completes, and a read
+    of every file once healed);
 (b) after faults stop every block heals: each block places every position on a running
     server whose disk holds a sound copy, no repair queued or running;
 (c) no GC order deletes a chunk the store places on that server (checked as it reaches
     the disk);
 (d) no block places two of its chunks on one server;
-(e) no acknowledged write is lost: once healed, a file holds the last version whose
-    write returned, or a later one still in doubt (its write failed after sending).
+(e) no acknowledged write is lost: a read never returns a version that an acknowledged
+    write, begun after that version was acknowledged, had replaced before the read began
+    (writes that overlap may commit in either order), and no acknowledged file vanishes.
 
 The schedule keeps faults within what rs(4,2) survives: at most one fault (a crashed,
-wiped or partitioned server, a damaged chunk) outstanding until the store reports the
-cluster healthy again; a degraded write is the second one it may meet.
+wiped or partitioned server, a flaky disk, a damaged chunk) outstanding until the cluster is
+whole again (``unhealed``); a degraded write is the second one it may meet.
 """
 
 from __future__ import annotations
@@ -268,9 +271,21 @@ class Simulation:
         self.trace(f"client: unlink {name}")
 
     def background(self, coro: Any) -> None:
+        """Run a client operation beside the schedule; an error it did not expect fails the run."""
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self.inflight.add(task)
-        task.add_done_callback(self.inflight.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, SimulationFailed):
+            try:
+                self.fail(f"a client operation raised {type(exc).__name__}: {exc}")
+            except SimulationFailed:
+                pass  # kept in self.violation, raised by the schedule
 
     # ------------------------------------------------------------------ the schedule
 
