@@ -1,7 +1,8 @@
 """One seeded fault schedule over a cluster of production roles, and its invariants.
 
 ``run(seed)`` builds a ``Cluster`` (``tectofs.testing.cluster``), writes a few files through
-the real client, then plays a schedule: client writes, overwrites, reads and unlinks in flight
+the real client, then plays a schedule: client writes (some slow: their handles renew their
+allocations' leases), overwrites, reads and unlinks in flight
 while chunk machines crash (losing what their disks had not made durable), restart, lose their
 disks, are partitioned or get disks that fail and lie (``tectofs.testing.disk``), chunk files
 are flipped or deleted, the metadata service crashes and restarts (its clock stepped), and
@@ -36,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tectofs.client import AsyncFileSystem
 from tectofs.errors import TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.testing.cluster import BLOCK_SIZE, ChunkHost, Cluster, quiet_logs
@@ -47,7 +49,7 @@ HEAL_ROUND_S = 3.0
 VIRTUAL_DEADLINE_S = 1500.0
 EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
           "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4,
-          "crash_client": 3, "unlink": 3, "pause": 10}
+          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10}
 BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file", "flaky_disk"}
 
 
@@ -222,14 +224,19 @@ class Simulation:
                                 self.rng.randrange(BLOCK_SIZE, 3 * BLOCK_SIZE)])
         return random.Random(self.rng.getrandbits(64)).randbytes(size)
 
-    async def write(self, name: str, data: bytes) -> None:
+    async def write(self, name: str, data: bytes, pause_s: float = 0.0) -> None:
+        """Replace the file's content; ``pause_s``: a slow writer, whose open handle must keep
+        its allocations alive (writer leases) while it waits between its two halves."""
         version = Version(data, self.cluster.clock.now)
         self.files.setdefault(name, FileModel()).versions.append(version)
         self.writing[name] += 1
         client = self.cluster.client
         assert client is not None
         try:
-            await self.cluster.as_client(client.write_bytes(f"/{name}", data))
+            if pause_s:
+                await self.write_slowly(client, name, data, pause_s)
+            else:
+                await self.cluster.as_client(client.write_bytes(f"/{name}", data))
         except (TectofsError, OSError, asyncio.CancelledError) as exc:  # cancelled: the client crashed
             self.stats["writes_failed"] += 1
             self.trace(f"client: write {name} ({len(data)} bytes) failed: {type(exc).__name__}")
@@ -239,6 +246,19 @@ class Simulation:
         version.acked_s = self.cluster.clock.now
         self.stats["writes_acked"] += 1
         self.trace(f"client: write {name} ({len(data)} bytes) acknowledged")
+
+    async def write_slowly(self, client: AsyncFileSystem, name: str, data: bytes, pause_s: float) -> None:
+        handle = await self.cluster.as_client(client.open(f"/{name}", "wb"))
+        try:
+            half = len(data) // 2
+            await self.cluster.as_client(handle.write(0, data[:half]))
+            await asyncio.sleep(pause_s)
+            await self.cluster.as_client(handle.write(half, data[half:]))
+            await self.cluster.as_client(handle.close())
+        except BaseException:
+            if self.cluster.client is client:  # (a crashed client's handle is gone with it)
+                await self.cluster.as_client(handle.abort())
+            raise
 
     async def read(self, name: str) -> None:
         client = self.cluster.client
@@ -311,6 +331,10 @@ class Simulation:
         if kind in ("write", "overwrite") or (kind == "read" and not self.files):
             name = self.rng.choice(sorted(self.files)) if kind == "overwrite" and self.files else f"f{self.step + 10}"
             self.background(self.write(name, self.data_for(name)))
+        elif kind == "slow_write":
+            name = f"f{self.step + 10}"
+            data = random.Random(self.rng.getrandbits(64)).randbytes(self.rng.randrange(2 * BLOCK_SIZE, 4 * BLOCK_SIZE))
+            self.background(self.write(name, data, pause_s=self.rng.uniform(10.0, 45.0)))
         elif kind == "read":
             self.background(self.read(self.rng.choice(sorted(self.files))))
         elif kind == "crash_chunk" and up:
