@@ -40,15 +40,15 @@ META_PORT = 7000
 CHUNK_PORT = 7001
 CLIENT_HOST = "10.0.9.1"
 # Virtual seconds, short so that a schedule of a few dozen steps crosses every threshold.
-DEAD_AFTER_S = 5.0
+DEAD_AFTER_S = 7.0
 REPAIR_AFTER_S = 8.0
 REPAIR_INTERVAL_S = 1.0
 GC_DELAY_S = 4.0
 ALLOCATION_GRACE_S = 20.0
 ORPHAN_GRACE_S = 8.0
-HEARTBEAT_S = 1.0
-INVENTORY_S = 15.0
-SCRUB_PASS_S = 10.0
+HEARTBEAT_S = 2.0
+INVENTORY_S = 30.0
+SCRUB_PASS_S = 15.0
 
 
 @dataclass
