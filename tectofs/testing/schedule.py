@@ -126,7 +126,10 @@ class Simulation:
         self.files: dict[str, FileModel] = {}
         self.inflight: set[asyncio.Task[None]] = set()
         self.writing: Counter[str] = Counter()  # writes in flight, by file
-        self.faults: list[tuple[str, ChunkHost, int]] = []  # (kind, host, block id) not yet healed
+        # Faults not yet healed: kind, host, block id, and the writes in flight when it struck.
+        self.faults: list[tuple[str, ChunkHost, int, frozenset[int]]] = []
+        self.writes_in_flight: set[int] = set()
+        self.write_ids = 0
         self.stats: Counter[str] = Counter()
         self.step = 0
         self.violation: SimulationFailed | None = None
@@ -211,11 +214,18 @@ class Simulation:
             why.append(f"{repairs} repairs queued or running")
         return why
 
+    def fault(self, kind: str, chunk: ChunkHost, block_id: int = 0) -> None:
+        self.faults.append((kind, chunk, block_id, frozenset(self.writes_in_flight)))
+
     def resolve_faults(self) -> None:
-        """Forget the faults the cluster has healed (all of them, once it is whole)."""
-        if self.faults and not any(c.partitioned or not c.up or c.disk.flaky for c in self.cluster.chunks) \
-                and not self.unhealed():
-            self.faults.clear()
+        """Forget the faults the cluster has healed: all of them, once it is whole and every
+        write in flight when one struck has ended (a chunk it damaged before its block was
+        committed shows only once the block is: seed 877515303)."""
+        if not self.faults or any(c.partitioned or not c.up or c.disk.flaky for c in self.cluster.chunks):
+            return
+        if any(during & self.writes_in_flight for _, _, _, during in self.faults) or self.unhealed():
+            return
+        self.faults.clear()
 
     # ------------------------------------------------------------------ client work
 
@@ -230,6 +240,9 @@ class Simulation:
         version = Version(data, self.cluster.clock.now)
         self.files.setdefault(name, FileModel()).versions.append(version)
         self.writing[name] += 1
+        self.write_ids += 1
+        write_id = self.write_ids
+        self.writes_in_flight.add(write_id)
         client = self.cluster.client
         assert client is not None
         try:
@@ -243,6 +256,7 @@ class Simulation:
             return
         finally:
             self.writing[name] -= 1
+            self.writes_in_flight.discard(write_id)
         version.acked_s = self.cluster.clock.now
         self.stats["writes_acked"] += 1
         self.trace(f"client: write {name} ({len(data)} bytes) acknowledged")
@@ -340,15 +354,15 @@ class Simulation:
         elif kind == "crash_chunk" and up:
             chunk = self.rng.choice(up)
             cluster.crash_chunk(chunk)
-            self.faults.append((kind, chunk, 0))
+            self.fault(kind, chunk)
         elif kind == "wipe_chunk" and up:
             chunk = self.rng.choice(up)
             cluster.wipe_chunk(chunk)
-            self.faults.append((kind, chunk, 0))
+            self.fault(kind, chunk)
         elif kind == "partition" and up:
             chunk = self.rng.choice(up)
             cluster.partition(chunk, True)
-            self.faults.append((kind, chunk, 0))
+            self.fault(kind, chunk)
         elif kind == "flaky_disk" and up:
             chunk = self.rng.choice(up)
             disk = chunk.disk
@@ -356,7 +370,7 @@ class Simulation:
             disk.lie_p = self.rng.choice([0.0, 0.05, 0.3])
             disk.full = self.rng.random() < 0.3 or not (disk.eio_p or disk.lie_p)
             self.trace(f"chunk {chunk.host}: disk FLAKY (EIO {disk.eio_p}, lies {disk.lie_p}, full {disk.full})")
-            self.faults.append((kind, chunk, 0))
+            self.fault(kind, chunk)
         elif kind == "restart_chunk":
             for chunk in cluster.chunks:
                 if chunk.partitioned:
@@ -377,7 +391,7 @@ class Simulation:
             if block_ids:
                 block_id = self.rng.choice(block_ids)
                 self.damage(chunk, block_id, kind)
-                self.faults.append((kind, chunk, block_id))
+                self.fault(kind, chunk, block_id)
         elif kind == "crash_meta" and cluster.meta is not None:
             cluster.crash_meta()
             await self.pause(0.5, 6.0)
