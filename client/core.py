@@ -7,7 +7,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from tectofs import allocator, limits, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
@@ -134,7 +134,8 @@ class AsyncFileSystem:
 
     Paths are absolute; every call that changes the namespace is one metadata transaction."""
 
-    def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None) -> None:
+    def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None, *,
+                 clock: Callable[[], float] | None = None) -> None:
         """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
         metadata services sharing one store (``tectofs.wire.client.RpcClient``). ``credentials``: a
         credential file or :class:`tectofs.wire.auth.Credential`; by default the one
@@ -143,7 +144,8 @@ class AsyncFileSystem:
 
         Counts in the process's client metrics (:func:`tectofs.metrics.client_metrics`); the
         first client of a process serves them if asked (``$TECTOFS_METRICS``:
-        :func:`tectofs.metrics.serve_client_if_asked`)."""
+        :func:`tectofs.metrics.serve_client_if_asked`). ``clock`` (monotonic seconds; the simulator's
+        seam, ``tectofs.testing``): the time that decides when servers found down are tried first again."""
         parse_group(meta_address)
         self.meta_address = meta_address
         self.credential = (credentials if isinstance(credentials, auth.Credential)
@@ -158,6 +160,8 @@ class AsyncFileSystem:
         self.meta_rpc = self.rpc  # metadata calls; chunk traffic always goes through self.rpc
         self.metadata = MetadataClient(self.meta_rpc, meta_address)  # the typed metadata calls
         self.blocks = BlockIO(self.rpc, meta_address, executor, self.buffers, self.metrics)
+        if clock is not None:  # the simulator's virtual time (tectofs.testing)
+            self.blocks.down.clock = clock
         self._views: dict[tuple[int, int, tuple[int, ...]], AsyncFileSystem] = {}
         self.lease_endings = LeaseEndings(self.metadata)  # shared with the views: sent as this client
         self.acting_uid: int | None = None  # a view's: the uid it acts for (acting_as)

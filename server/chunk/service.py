@@ -56,6 +56,7 @@ from tectofs.wire.server import Handlers, RpcServer, current_peer
 from tectofs.wire.transport import ReplyPayload
 
 from . import admission
+from .disk import REAL_DISK, Disk
 from .repair import Repairer
 from .scrub import Inventory, Scrubber
 from .storage import ChunkStore
@@ -80,12 +81,14 @@ class ChunkServer:
         key_file: str | None = None,
         advertise: str | None = None,
         pack_max_bytes: int = limits.chunk_pack_max_bytes_default,
+        *,
+        disk: Disk = REAL_DISK,
     ) -> None:
         """``key_file``: the cluster key (required; ``tectofs.wire.auth``). ``pack_max_bytes``:
         chunks up to this size are packed into segment files (``packs.py``; 0: a file each). ``advertise``
         (``HOST[:PORT]``): the address registered with the metadata service, which hands it to
         every client and peer (``server/addresses.py``; default: the bound address; a wildcard
-        bind needs it)."""
+        bind needs it). ``disk``: the chunk-disk seam (``disk.py``; the simulator's fails and lies)."""
         path = auth.key_file_from(key_file)
         if path is None:
             raise InvalidArgument("a chunk server needs the cluster key: --key-file FILE or $TECTOFS_KEY_FILE")
@@ -103,7 +106,7 @@ class ChunkServer:
         self.address = ""
         self.metrics_url: str | None = None
         self.store = ChunkStore(self.data_dir, sync=sync, on_sync=self.metrics.sync_seconds.observe,
-                                pack_max_bytes=pack_max_bytes)
+                                pack_max_bytes=pack_max_bytes, disk=disk)
         self.metrics.watch_disk_free(self.store.disk_free_bytes)
         self.uuid = self._identity()
         self.admission = admission.Admission(inflight_bytes_max)

@@ -45,7 +45,8 @@ from tectofs.wire import sendfile
 
 from . import pieces
 from .chunkinfo import ChunkInfo
-from .fileio import direct_prefix, fsync_dir, write_all, write_direct_then_rest
+from .disk import REAL_DISK, Disk
+from .fileio import direct_prefix, write_direct_then_rest
 from .groupsync import GroupSync
 from .packs import PackStore
 
@@ -63,22 +64,24 @@ class ChunkStore:
     ``pack_max_bytes``, records in segment files (``packs.PackStore``)."""
 
     def __init__(self, data_dir: str, sync: str = "each", on_sync: Callable[[float], None] | None = None,
-                 pack_max_bytes: int = 0) -> None:
+                 pack_max_bytes: int = 0, *, disk: Disk = REAL_DISK) -> None:
         """``on_sync(seconds)``: told how long each write waited to be durable (metrics).
         ``pack_max_bytes``: new chunks up to this size are packed (0: none). Chunks packed
-        before stay readable whatever it is now."""
+        before stay readable whatever it is now. ``disk``: what chunk files are read from and
+        written to (``disk.py``; the simulator's fails and lies)."""
         if sync not in SYNC_MODES:
             raise InvalidArgument(f"sync mode {sync!r}: use one of {', '.join(SYNC_MODES)}")
         if pack_max_bytes < 0 or pack_max_bytes > limits.chunk_pack_max_bytes_max:
             raise InvalidArgument(f"packed chunks of up to {pack_max_bytes} bytes: use 0 (none) to"
                                   f" {limits.chunk_pack_max_bytes_max}")
         self.root = os.path.join(data_dir, "chunks")
+        self.disk = disk
         self.sync = sync
         # Chunks of at least limits.chunk_direct_io_min_bytes received into aligned buffers
         # are written with O_DIRECT (fileio); off for good once the file system refuses it.
         self.direct_io = True
         self._on_sync = on_sync
-        os.makedirs(self.root, exist_ok=True)
+        disk.makedirs(self.root)
         self._group = syncfs_group(self.root) if sync == "group" else None
         self._file_bytes = 0
         self._file_count = 0
@@ -128,16 +131,17 @@ class ChunkStore:
 
     def _scan(self) -> None:
         """Remove half-written leftovers and count what is stored."""
-        for sub in os.listdir(self.root):
+        disk = self.disk
+        for sub in disk.listdir(self.root):
             directory = os.path.join(self.root, sub)
-            if not os.path.isdir(directory):
+            if not disk.isdir(directory):
                 continue
-            for name in os.listdir(directory):
+            for name in disk.listdir(directory):
                 path = os.path.join(directory, name)
                 if name.endswith(".tmp"):
-                    os.unlink(path)
+                    disk.unlink(path)
                 elif name.endswith(".chunk"):
-                    self._file_bytes += os.path.getsize(path)
+                    self._file_bytes += disk.getsize(path)
                     self._file_count += 1
 
     def path(self, block_id: int) -> str:
@@ -145,7 +149,7 @@ class ChunkStore:
         return os.path.join(self.root, name[-2:], name + ".chunk")
 
     def exists(self, block_id: int) -> bool:
-        return self._packed(block_id) is not None or os.path.exists(self.path(block_id))
+        return self._packed(block_id) is not None or self.disk.exists(self.path(block_id))
 
     def stored_bytes(self, block_id: int) -> int:
         """How many bytes of disk the chunk takes (ChunkMissing if it is not here)."""
@@ -153,7 +157,7 @@ class ChunkStore:
         if packed is not None:
             return packed.stored_bytes(block_id)
         try:
-            return os.path.getsize(self.path(block_id))
+            return self.disk.getsize(self.path(block_id))
         except FileNotFoundError:
             raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
 
@@ -205,12 +209,13 @@ class ChunkStore:
 
     def _write_file(self, block_id: int, position: int, data: memoryview, piece_crcs: list[int], whole_crc: int) -> None:
         final = self.path(block_id)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
+        disk = self.disk
+        disk.makedirs(os.path.dirname(final))
         crc_bytes = struct.pack(f"<{len(piece_crcs)}I", *piece_crcs)
         head = FOOTER.pack(MAGIC, block_id, len(data), position, whole_crc, 0)[:-4]
         footer = head + struct.pack("<I", checksum.crc(head))
         tmp = final + ".tmp"
-        replaced = os.path.getsize(final) if os.path.exists(final) else 0
+        replaced = disk.getsize(final) if disk.exists(final) else 0
         # O_DIRECT only where the chunk must be durable before it is acknowledged
         # (--sync none wants the page cache's speed, not the disk's).
         prefix = direct_prefix(data, limits.chunk_direct_io_min_bytes) if self.direct_io and self.sync != "none" else 0
@@ -221,26 +226,26 @@ class ChunkStore:
                     if not write_direct_then_rest(fd, data, prefix, [crc_bytes, footer]):
                         self.direct_io = False
                 else:
-                    write_all(fd, [data, crc_bytes, footer])
+                    disk.write_all(fd, [data, crc_bytes, footer])
                 if self.sync == "each":
                     synced = time.perf_counter()
-                    os.fdatasync(fd)
+                    disk.fdatasync(fd)
                     # Clean pages of a chunk just written are unlikely to be read soon, and
                     # copying into fresh page-cache pages is what this VM is slowest at:
                     # dropping them lets the next writes reuse warm pages.
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    disk.drop_cache(fd)
             finally:
-                os.close(fd)
-            os.rename(tmp, final)
+                disk.close(fd)
+            disk.rename(tmp, final)
             if self.sync == "each":
-                fsync_dir(os.path.dirname(final))
+                disk.fsync_dir(os.path.dirname(final))
                 self._synced(synced)
             elif self._group is not None:
                 synced = time.perf_counter()
                 self._group.wait_durable()
                 self._synced(synced)
         except OSError as exc:
-            _unlink_quietly(tmp)
+            _unlink_quietly(tmp, disk)
             self._raise_no_space_for(exc)
             raise
         with self._counts_lock:
@@ -256,12 +261,12 @@ class ChunkStore:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         if direct:
             try:
-                return os.open(path, flags | os.O_DIRECT, 0o644), True
+                return self.disk.open(path, flags | os.O_DIRECT, 0o644), True
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 self.direct_io = False
-        return os.open(path, flags, 0o644), False
+        return self.disk.open(path, flags, 0o644), False
 
     def _raise_no_space_for(self, exc: OSError) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -297,28 +302,28 @@ class ChunkStore:
             try:
                 return self._info(fd, block_id)
             finally:
-                os.close(fd)
+                self.disk.close(fd)
 
         return self._either(block_id, lambda packs: packs.info(block_id), in_file)  # type: ignore[no-any-return]
 
     def _open(self, block_id: int) -> int:
         try:
-            return os.open(self.path(block_id), os.O_RDONLY)
+            return self.disk.open(self.path(block_id), os.O_RDONLY)
         except FileNotFoundError:
             raise ChunkMissing(f"chunk {block_id:x} is not stored here") from None
 
     def _info(self, fd: int, block_id: int) -> ChunkInfo:
-        size = os.fstat(fd).st_size
+        size = self.disk.size(fd)
         if size < FOOTER.size:
             raise ChecksumMismatch(f"chunk {block_id:x}: file truncated to {size} bytes")
-        footer = os.pread(fd, FOOTER.size, size - FOOTER.size)
+        footer = self.disk.pread(fd, FOOTER.size, size - FOOTER.size)
         magic, stored_id, length, position, whole_crc, footer_crc = FOOTER.unpack(footer)
         if magic != MAGIC or checksum.crc(footer[:-4]) != footer_crc or stored_id != block_id:
             raise ChecksumMismatch(f"chunk {block_id:x}: footer damaged")
         pieces = (length + PIECE - 1) // PIECE
         if size != length + 4 * pieces + FOOTER.size:
             raise ChecksumMismatch(f"chunk {block_id:x}: file size {size} does not match its footer")
-        crcs = list(struct.unpack(f"<{pieces}I", os.pread(fd, 4 * pieces, length)))
+        crcs = list(struct.unpack(f"<{pieces}I", self.disk.pread(fd, 4 * pieces, length)))
         return ChunkInfo(block_id, position, length, whole_crc, crcs)
 
     def read(
@@ -351,10 +356,10 @@ class ChunkStore:
                     if region is not None:  # it owns fd now (None: too many open; read it here)
                         fd = -1
                         return region, pieces.range_crcs(info, offset, end), info
-                buffer, crcs = pieces.read_range(fd, info, 0, offset, length, allocate)
+                buffer, crcs = pieces.read_range(fd, info, 0, offset, length, allocate, disk=self.disk)
             finally:
                 if fd >= 0:
-                    os.close(fd)
+                    self.disk.close(fd)
             return buffer, crcs, info
 
         return self._either(  # type: ignore[no-any-return]
@@ -370,10 +375,11 @@ class ChunkStore:
 
     def _file_ids(self) -> list[int]:
         out: list[int] = []
-        for sub in os.listdir(self.root):
+        disk = self.disk
+        for sub in disk.listdir(self.root):
             directory = os.path.join(self.root, sub)
-            if os.path.isdir(directory):
-                out.extend(int(name[:-6], 16) for name in os.listdir(directory)
+            if disk.isdir(directory):
+                out.extend(int(name[:-6], 16) for name in disk.listdir(directory)
                            if name.endswith(".chunk") and len(name) == 22)
         return out
 
@@ -384,10 +390,10 @@ class ChunkStore:
             fd = self._open(block_id)
             try:
                 info = self._info(fd, block_id)
-                pieces.verify_all(fd, info, 0, step_bytes)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a scrub must not evict what clients read
+                pieces.verify_all(fd, info, 0, step_bytes, disk=self.disk)
+                self.disk.drop_cache(fd)  # a scrub must not evict what clients read
             finally:
-                os.close(fd)
+                self.disk.close(fd)
             return info
 
         return self._either(block_id, lambda packs: packs.verify(block_id, step_bytes), in_file)  # type: ignore[no-any-return]
@@ -402,12 +408,12 @@ class ChunkStore:
         other layout now holds the block: a file back after a crash would shadow it)."""
         path = self.path(block_id)
         try:
-            size = os.path.getsize(path)
-            os.unlink(path)
+            size = self.disk.getsize(path)
+            self.disk.unlink(path)
         except FileNotFoundError:
             return False
         if durable:
-            fsync_dir(os.path.dirname(path))
+            self.disk.fsync_dir(os.path.dirname(path))
         with self._counts_lock:
             self._file_bytes -= size
             self._file_count -= 1
@@ -438,8 +444,8 @@ def _syncfs(fd: int) -> None:
         raise OSError(err, f"syncfs failed: {os.strerror(err)}")
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(path: str, disk: Disk = REAL_DISK) -> None:
     try:
-        os.unlink(path)
+        disk.unlink(path)
     except FileNotFoundError:
         pass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 import time
 from typing import Callable, TypeVar
@@ -79,11 +80,20 @@ class MetadataService:
         key_file: str | None = None,
         capability_ttl_s: float = limits.capability_ttl_s,
         advertise: str | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        inline_store: bool = False,
     ) -> None:
         """``key_file``: the cluster key (``tectofs.wire.auth``), required: peers authenticate
         against it and chunk capabilities are signed with it. ``advertise`` (``HOST[:PORT]``):
         the address others reach this service at, which ``stats`` reports with the metrics URL
-        (``server/addresses.py``; default: the bound address, none for a wildcard)."""
+        (``server/addresses.py``; default: the bound address, none for a wildcard).
+
+        The simulator's seams (``tectofs.testing``): ``clock`` (seconds since the epoch) is the
+        time of the store's leases, liveness, repairs and GC and of heartbeat arrivals; ``rng``
+        the store's source of chance; ``inline_store`` runs each store call at once on the event
+        loop's thread (``StoreRunner(inline=True)``) instead of a group-commit thread."""
         path = auth.key_file_from(key_file)
         if path is None:
             raise InvalidArgument("the metadata service needs the cluster key: --key-file FILE or $TECTOFS_KEY_FILE"
@@ -94,7 +104,7 @@ class MetadataService:
         self.heartbeats_seen: dict[int, float] = {}
 
         def open_store() -> SqlStore:
-            store = SqlStore(dialect, default_policy, default_block_size, gc_delay_s)
+            store = SqlStore(dialect, default_policy, default_block_size, gc_delay_s, clock=clock, rng=rng)
             store.server_dead_after_s = server_dead_after_s
             store.heartbeats_seen = self.heartbeats_seen
             return store
@@ -105,7 +115,8 @@ class MetadataService:
         self.metrics_address: str | None = None
         self.address: str | None = None  # advertised; None: bound to a wildcard, nothing advertised
         self.metrics_url: str | None = None
-        self.runner = StoreRunner(open_store, on_batch=self.metrics.batch_sizes.observe)
+        self.clock = clock
+        self.runner = StoreRunner(open_store, on_batch=self.metrics.batch_sizes.observe, inline=inline_store)
         self.metrics.watch_queue(lambda: self.runner.queued)
         self.allocation_grace_s = allocation_grace_s
         self.repair_after_s = repair_after_s
@@ -119,7 +130,7 @@ class MetadataService:
         # a flood of them cannot lock authenticated clients out (tectofs.wire.connlimits).
         self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", self._handlers(),
                              authenticator=self.guard, observe=self.metrics.requests.observe, pool_anonymous=True)
-        self.started = time.time()
+        self.started = clock()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
         self.busy_answers = 0
@@ -547,7 +558,7 @@ class MetadataService:
         return messages.RegisterServerReply(server_id=server_id), b""
 
     async def rpc_heartbeat(self, r: messages.HeartbeatRequest, _: memoryview) -> Reply[messages.HeartbeatReply]:
-        arrived = time.time()
+        arrived = self.clock()
         if r.server_id in self.heartbeats_seen:  # a known server: alive as of now, whatever the queue
             self.heartbeats_seen[r.server_id] = arrived
         reply = await self._call(lambda store: store.heartbeat_with_orders(
@@ -565,7 +576,7 @@ class MetadataService:
         counts = await self._call(lambda store: store.counts(), dict[str, int])
         health = await self._call(lambda store: store.health_summary(), dict[str, int])
         return messages.StatsReply(
-            uptime_s=time.time() - self.started,
+            uptime_s=self.clock() - self.started,
             store=dict(self.runner.stats),
             counts={**counts, **health, **{f"repairs_{k}": v for k, v in self.repairs.items()}},
             bad_chunk_reports=self.bad_chunk_reports,

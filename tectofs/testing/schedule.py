@@ -1,0 +1,536 @@
+"""One seeded fault schedule over a cluster of production roles, and its invariants.
+
+``run(seed)`` builds a ``Cluster`` (``tectofs.testing.cluster``), writes a few files through
+the real client, then plays a schedule: client writes (some slow: their handles renew their
+allocations' leases), overwrites, reads and unlinks in flight
+while chunk machines crash (losing what their disks had not made durable), restart, lose their
+disks, are partitioned or get disks that fail and lie (``tectofs.testing.disk``), chunk files
+are flipped or deleted, the metadata service crashes and restarts (its clock stepped), and
+the client crashes mid-write — all over a network that, per seed, delays, reorders and drops
+messages (``NetworkFaults``). Then faults stop and the cluster must heal on its own. The
+first violated invariant raises ``SimulationFailed`` naming the seed and the command that
+replays it:
+
+(a) every read returns bytes some write wrote (every read the client completes, and a read
+    of every file once healed);
+(b) after faults stop every block heals: each block places every position on a running
+    server whose disk holds a sound copy, no repair queued or running;
+(c) no GC order deletes a chunk the store places on that server (checked as it reaches
+    the disk);
+(d) no block places two of its chunks on one server;
+(e) no acknowledged write is lost: a read never returns a version that an acknowledged
+    write, begun after that version was acknowledged, had replaced before the read began
+    (writes that overlap may commit in either order), and no acknowledged file vanishes.
+
+The schedule keeps faults within what rs(4,2) survives: at most one fault (a crashed,
+wiped or partitioned server, a flaky disk, a damaged chunk) outstanding until the cluster is
+whole again (``unhealed``); a degraded write is the second one it may meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tectofs.client import AsyncFileSystem
+from tectofs.errors import TectofsError
+from tectofs.policy import parse as parse_policy
+from tectofs.testing.cluster import BLOCK_SIZE, ChunkHost, Cluster, quiet_logs
+from tectofs.testing.network import NetworkFaults
+
+FAULT_STEPS = (10, 20)
+HEAL_ROUNDS_MAX = 60
+HEAL_ROUND_S = 3.0
+VIRTUAL_DEADLINE_S = 1500.0
+EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
+          "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4,
+          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10}
+BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file", "flaky_disk"}
+
+
+def replay_command(seed: int) -> str:
+    return f"python3 -m tectofs.testing --seed {seed}"
+
+
+class SimulationFailed(AssertionError):
+    """An invariant did not hold; the message names the seed and the command replaying it."""
+
+
+@dataclass
+class Version:
+    """One write of a file: when it began, and when it was acknowledged (None: not yet, or
+    never — it failed, and whether its commit landed is unknown)."""
+
+    data: bytes
+    started_s: float
+    acked_s: float | None = None
+
+
+@dataclass
+class FileModel:
+    """What the application knows of one file: every write of it, with its timing. Writes
+    that overlap may commit in either order; a write that began after another was
+    acknowledged commits after it (close-to-open)."""
+
+    versions: list[Version] = field(default_factory=list)
+    maybe_unlinked: bool = False  # an unlink of it failed: it may be gone
+
+    def superseded(self, version: Version | None, before_s: float) -> Version | None:
+        """An acknowledged write (acknowledged before ``before_s``) that must have committed
+        after ``version`` (None: the empty file its first write created); None if there is none."""
+        for later in self.versions:
+            if later.acked_s is None or later.acked_s >= before_s:
+                continue
+            if version is None or (version.acked_s is not None and later.started_s > version.acked_s):
+                return later
+        return None
+
+    def find(self, data: bytes) -> list[Version]:
+        return [v for v in self.versions if v.data == data]
+
+    def check(self, data: bytes, read_started_s: float) -> str | None:
+        """Why ``data``, read by a read that began at ``read_started_s``, is wrong (None: it
+        may be right): "(a) ..." bytes no write wrote, "(e) ..." a version an acknowledged
+        write replaced before the read began."""
+        candidates: list[Version | None] = [*self.find(data)]
+        if data == b"":
+            candidates.append(None)
+        if not candidates:
+            return f"(a) reads back {len(data)} bytes that no write wrote (sha {hashlib.sha256(data).hexdigest()[:12]})"
+        lost = [self.superseded(v, read_started_s) for v in candidates]
+        if all(lost):
+            winner = lost[0]
+            assert winner is not None
+            return (f"(e) holds an older version ({len(data)} bytes) though a write of {len(winner.data)} bytes,"
+                    f" begun at {winner.started_s:.3f}s after it was acknowledged, was acknowledged at"
+                    f" {winner.acked_s:.3f}s")
+        return None
+
+
+class Simulation:
+    def __init__(self, seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None = None) -> None:
+        self.seed = seed
+        self.tolerate = tolerate
+        self.rng = random.Random(seed)
+        faults = NetworkFaults(
+            delay_p=self.rng.choice([0.0, 0.01, 0.05]),
+            drop_p=self.rng.choice([0.0, 0.0, 0.002, 0.01]),
+        )
+        self.cluster = Cluster(seed, self.rng, faults, self.rng.randint(7, 9), echo=echo)
+        self.trace = self.cluster.trace
+        self.files: dict[str, FileModel] = {}
+        self.inflight: set[asyncio.Task[None]] = set()
+        self.writing: Counter[str] = Counter()  # writes in flight, by file
+        # Faults not yet healed: kind, host, block id, and the writes in flight when it struck.
+        self.faults: list[tuple[str, ChunkHost, int, frozenset[int]]] = []
+        self.writes_in_flight: set[int] = set()
+        self.write_ids = 0
+        self.stats: Counter[str] = Counter()
+        self.step = 0
+        self.violation: SimulationFailed | None = None
+        self.cluster.on_delete = self.check_gc
+
+    # ------------------------------------------------------------------ plumbing
+
+    def fail(self, message: str) -> None:
+        """Raise the violation; the first one is also kept, for checks that run where a
+        role would swallow the error (a GC order's delete runs as an unawaited future)."""
+        recent = "\n    ".join(self.trace.lines[-12:])
+        failed = SimulationFailed(f"simulation seed {self.seed} failed at step {self.step}: {message}\n"
+                                  f"  replay: {replay_command(self.seed)}\n  last events:\n    {recent}")
+        if self.violation is None:
+            self.violation = failed
+        raise failed
+
+    async def pause(self, low: float, high: float) -> None:
+        await asyncio.sleep(self.rng.uniform(low, high))
+
+    def placements(self) -> dict[int, tuple[str, list[tuple[int, int, int, int]]]]:
+        """block id -> (policy, [(position, server id, crc, length)]) as the store records them."""
+        blocks: dict[int, tuple[str, list[tuple[int, int, int, int]]]] = {
+            int(b): (str(p), []) for b, p in self.cluster.query("SELECT block_id, policy FROM blocks")}
+        for block_id, position, server_id, crc, length in self.cluster.query(
+                "SELECT block_id, position, server_id, crc, length FROM chunks"):
+            if block_id in blocks:
+                blocks[block_id][1].append((position, server_id, crc, length))
+        return blocks
+
+    # ------------------------------------------------------------------ invariants
+
+    def check_gc(self, chunk: ChunkHost, block_ids: list[int]) -> None:
+        """(c) A GC order reaching a disk never names a chunk placed there."""
+        server_id = chunk.process.server_id if chunk.process is not None else None
+        for block_id in block_ids:
+            placed = self.cluster.query("SELECT position FROM chunks WHERE block_id = ? AND server_id = ?",
+                                        (block_id, server_id))
+            if placed:
+                self.fail(f"(c) a GC order deletes chunk {placed[0][0]} of block {block_id} on server {server_id}"
+                          f" ({chunk.host}), where the store places it")
+        self.stats["gc_deletes"] += len(block_ids)
+
+    def check_placement(self) -> None:
+        """(d) No block places two of its chunks on one server."""
+        for block_id, (_, chunks) in self.placements().items():
+            servers = [server_id for _, server_id, _, _ in chunks]
+            if len(set(servers)) < len(servers):
+                self.fail(f"(d) block {block_id} places two of its chunks on one server: {sorted(chunks)}"
+                          " (position, server, crc, length)")
+
+    def check_read(self, name: str, model: FileModel, data: bytes, started_s: float) -> None:
+        """(a) and (e): a read returns a version that was written, and not one an acknowledged
+        write had replaced before the read began."""
+        wrong = model.check(data, started_s)
+        if wrong is not None:
+            self.fail(f"{wrong[:4]}{name} {wrong[4:]}")
+
+    def unhealed(self) -> list[str]:
+        """Why the cluster is not whole (empty: healed), from the store and the disks."""
+        why = []
+        servers = self.cluster.chunk_by_server_id()
+        for block_id, (policy, chunks) in self.placements().items():
+            positions = {position for position, _, _, _ in chunks}
+            if len(positions) < parse_policy(policy).width:
+                why.append(f"block {block_id} places {len(positions)} chunks")
+                continue
+            for position, server_id, crc, length in chunks:
+                chunk = servers.get(server_id)
+                if chunk is None or chunk.process is None:
+                    why.append(f"block {block_id} position {position} on server {server_id}, not running")
+                    continue
+                try:
+                    info = chunk.process.store.verify(block_id)
+                except (TectofsError, OSError) as exc:
+                    why.append(f"block {block_id} position {position} on {chunk.host}: {type(exc).__name__}")
+                    continue
+                if (info.position, info.whole_crc, info.length) != (position, crc, length):
+                    why.append(f"block {block_id} position {position} on {chunk.host} holds another chunk")
+        (repairs,) = self.cluster.query("SELECT COUNT(*) FROM repairs")[0]
+        if repairs:
+            why.append(f"{repairs} repairs queued or running")
+        return why
+
+    def fault(self, kind: str, chunk: ChunkHost, block_id: int = 0) -> None:
+        self.faults.append((kind, chunk, block_id, frozenset(self.writes_in_flight)))
+
+    def resolve_faults(self) -> None:
+        """Forget the faults the cluster has healed: all of them, once it is whole and every
+        write in flight when one struck has ended (a chunk it damaged before its block was
+        committed shows only once the block is: seed 877515303)."""
+        if not self.faults or any(c.partitioned or not c.up or c.disk.flaky for c in self.cluster.chunks):
+            return
+        if any(during & self.writes_in_flight for _, _, _, during in self.faults) or self.unhealed():
+            return
+        self.faults.clear()
+
+    # ------------------------------------------------------------------ client work
+
+    def data_for(self, name: str) -> bytes:
+        size = self.rng.choice([1, self.rng.randrange(1, BLOCK_SIZE), BLOCK_SIZE,
+                                self.rng.randrange(BLOCK_SIZE, 3 * BLOCK_SIZE)])
+        return random.Random(self.rng.getrandbits(64)).randbytes(size)
+
+    async def write(self, name: str, data: bytes, pause_s: float = 0.0) -> None:
+        """Replace the file's content; ``pause_s``: a slow writer, whose open handle must keep
+        its allocations alive (writer leases) while it waits between its two halves."""
+        version = Version(data, self.cluster.clock.now)
+        self.files.setdefault(name, FileModel()).versions.append(version)
+        self.writing[name] += 1
+        self.write_ids += 1
+        write_id = self.write_ids
+        self.writes_in_flight.add(write_id)
+        client = self.cluster.client
+        assert client is not None
+        try:
+            if pause_s:
+                await self.write_slowly(client, name, data, pause_s)
+            else:
+                await self.cluster.as_client(client.write_bytes(f"/{name}", data))
+        except (TectofsError, OSError, asyncio.CancelledError) as exc:  # cancelled: the client crashed
+            self.stats["writes_failed"] += 1
+            self.trace(f"client: write {name} ({len(data)} bytes) failed: {type(exc).__name__}")
+            return
+        finally:
+            self.writing[name] -= 1
+            self.writes_in_flight.discard(write_id)
+        version.acked_s = self.cluster.clock.now
+        self.stats["writes_acked"] += 1
+        self.trace(f"client: write {name} ({len(data)} bytes) acknowledged")
+
+    async def write_slowly(self, client: AsyncFileSystem, name: str, data: bytes, pause_s: float) -> None:
+        handle = await self.cluster.as_client(client.open(f"/{name}", "wb"))
+        try:
+            half = len(data) // 2
+            await self.cluster.as_client(handle.write(0, data[:half]))
+            await asyncio.sleep(pause_s)
+            await self.cluster.as_client(handle.write(half, data[half:]))
+            await self.cluster.as_client(handle.close())
+        except BaseException:
+            if self.cluster.client is client:  # (a crashed client's handle is gone with it)
+                await self.cluster.as_client(handle.abort())
+            raise
+
+    async def read(self, name: str) -> None:
+        client = self.cluster.client
+        assert client is not None
+        started_s = self.cluster.clock.now
+        model = self.files[name]
+        try:
+            data = await self.cluster.as_client(client.read_bytes(f"/{name}"))
+        except (TectofsError, OSError, asyncio.CancelledError) as exc:
+            self.stats["reads_failed"] += 1
+            self.trace(f"client: read {name} failed: {type(exc).__name__}")
+            return
+        self.stats["reads"] += 1
+        self.check_read(name, model, data, started_s)
+
+    async def unlink(self, name: str) -> None:
+        """Remove a file no write of this schedule is writing (a read may be: its handle keeps
+        the version it opened)."""
+        client = self.cluster.client
+        assert client is not None
+        model = self.files.pop(name)
+        try:
+            await self.cluster.as_client(client.remove(f"/{name}"))
+        except (TectofsError, OSError, asyncio.CancelledError) as exc:
+            self.files[name] = model
+            model.maybe_unlinked = True
+            self.trace(f"client: unlink {name} failed: {type(exc).__name__}")
+            return
+        self.stats["unlinked"] += 1
+        self.trace(f"client: unlink {name}")
+
+    def background(self, coro: Any) -> None:
+        """Run a client operation beside the schedule; an error it did not expect fails the run."""
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self.inflight.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, SimulationFailed):
+            try:
+                self.fail(f"a client operation raised {type(exc).__name__}: {exc}")
+            except SimulationFailed:
+                pass  # kept in self.violation, raised by the schedule
+
+    # ------------------------------------------------------------------ the schedule
+
+    async def setup(self) -> None:
+        await self.cluster.start_meta()
+        for chunk in self.cluster.chunks:
+            await self.cluster.start_chunk(chunk)
+        self.cluster.start_client()
+        for i in range(self.rng.randint(2, 3)):
+            name = f"f{i}"
+            await self.write(name, self.data_for(name))
+
+    def budget_left(self) -> bool:
+        return not self.tolerate or not self.faults
+
+    async def fault_step(self) -> None:
+        self.step += 1
+        kind = self.rng.choices(list(EVENTS), weights=list(EVENTS.values()))[0]
+        if kind in BUDGETED and not self.budget_left():
+            kind = "pause"
+        cluster = self.cluster
+        up = [c for c in cluster.chunks if c.up and not c.partitioned]
+        if kind in ("write", "overwrite") or (kind == "read" and not self.files):
+            name = self.rng.choice(sorted(self.files)) if kind == "overwrite" and self.files else f"f{self.step + 10}"
+            self.background(self.write(name, self.data_for(name)))
+        elif kind == "slow_write":
+            name = f"f{self.step + 10}"
+            data = random.Random(self.rng.getrandbits(64)).randbytes(self.rng.randrange(2 * BLOCK_SIZE, 4 * BLOCK_SIZE))
+            self.background(self.write(name, data, pause_s=self.rng.uniform(10.0, 45.0)))
+        elif kind == "read":
+            self.background(self.read(self.rng.choice(sorted(self.files))))
+        elif kind == "crash_chunk" and up:
+            chunk = self.rng.choice(up)
+            cluster.crash_chunk(chunk)
+            self.fault(kind, chunk)
+        elif kind == "wipe_chunk" and up:
+            chunk = self.rng.choice(up)
+            cluster.wipe_chunk(chunk)
+            self.fault(kind, chunk)
+        elif kind == "partition" and up:
+            chunk = self.rng.choice(up)
+            cluster.partition(chunk, True)
+            self.fault(kind, chunk)
+        elif kind == "flaky_disk" and up:
+            chunk = self.rng.choice(up)
+            disk = chunk.disk
+            disk.eio_p = self.rng.choice([0.0, 0.02, 0.2])
+            disk.lie_p = self.rng.choice([0.0, 0.05, 0.3])
+            disk.full = self.rng.random() < 0.3 or not (disk.eio_p or disk.lie_p)
+            self.trace(f"chunk {chunk.host}: disk FLAKY (EIO {disk.eio_p}, lies {disk.lie_p}, full {disk.full})")
+            self.fault(kind, chunk)
+        elif kind == "restart_chunk":
+            for chunk in cluster.chunks:
+                if chunk.partitioned:
+                    cluster.partition(chunk, False)
+                    break
+                if chunk.disk.flaky:
+                    chunk.disk.heal()
+                    self.trace(f"chunk {chunk.host}: disk behaves again")
+                    break
+            else:
+                down = [c for c in cluster.chunks if not c.up]
+                if down and cluster.meta is not None:
+                    await cluster.start_chunk(self.rng.choice(down))
+        elif kind in ("flip", "delete_chunk_file") and up:
+            chunk = self.rng.choice(up)
+            assert chunk.process is not None
+            block_ids = sorted(chunk.process.store.block_ids())
+            if block_ids:
+                block_id = self.rng.choice(block_ids)
+                self.damage(chunk, block_id, kind)
+                self.fault(kind, chunk, block_id)
+        elif kind == "crash_meta" and cluster.meta is not None:
+            cluster.crash_meta()
+            await self.pause(0.5, 6.0)
+            skew = self.rng.choice([0.0, 0.0, self.rng.uniform(-2.0, 2.0), self.rng.uniform(5.0, 30.0)])
+            await cluster.start_meta(cluster.meta_skew_s + skew)
+        elif kind == "crash_client" and cluster.client is not None:
+            self.stats.update({f"client_{k}": v for k, v in self.client_stats().items()})
+            cluster.crash_client()
+            await self.pause(0.0, 2.0)
+            cluster.start_client()
+        elif kind == "unlink":
+            idle = sorted(n for n in self.files if not self.writing[n])
+            if idle:
+                self.background(self.unlink(self.rng.choice(idle)))
+        self.stats[kind] += 1
+        await self.pause(0.2, 3.0)
+        if self.violation is not None:
+            raise self.violation
+        self.check_placement()
+        self.resolve_faults()
+
+    def damage(self, chunk: ChunkHost, block_id: int, kind: str) -> None:
+        """A disk that lies: one bit of a chunk file flipped, or the file gone."""
+        assert chunk.process is not None
+        path = chunk.process.store.path(block_id)
+        if kind == "delete_chunk_file":
+            os.unlink(path)
+        else:
+            with open(path, "r+b") as f:
+                length = os.fstat(f.fileno()).st_size
+                at = self.rng.randrange(length)
+                f.seek(at)
+                byte = f.read(1)[0]
+                f.seek(at)
+                f.write(bytes([byte ^ (1 << self.rng.randrange(8))]))
+        self.trace(f"chunk {chunk.host}: {kind} block {block_id}")
+
+    async def heal(self) -> None:
+        """Faults stop: the network is quiet, every server runs; the cluster must heal."""
+        self.step += 1
+        cluster = self.cluster
+        cluster.network.quiet = True
+        self.trace("faults stop")
+        if self.inflight:
+            await asyncio.wait(list(self.inflight))
+        if cluster.meta is None:
+            await cluster.start_meta()
+        for chunk in cluster.chunks:
+            if chunk.partitioned:
+                cluster.partition(chunk, False)
+            chunk.disk.heal()
+        for _ in range(3):
+            for chunk in cluster.chunks:
+                if not chunk.up:
+                    await cluster.start_chunk(chunk)
+            if all(c.up for c in cluster.chunks):
+                break
+            await asyncio.sleep(2.0)
+        why: list[str] = []
+        for rounds in range(HEAL_ROUNDS_MAX):
+            await asyncio.sleep(HEAL_ROUND_S)
+            why = self.unhealed()
+            if not why:
+                self.stats["heal_rounds"] += rounds + 1
+                break
+        else:
+            self.fail(f"(b) not healed {HEAL_ROUNDS_MAX * HEAL_ROUND_S:.0f} s after faults stopped: {why[:6]}")
+        self.trace("healed")
+        self.check_placement()
+        for name in sorted(self.files):
+            await self.final_read(name)
+
+    async def final_read(self, name: str) -> None:
+        """(a) and (e): once healed, every file reads back as a version no acknowledged write
+        replaced (every write has ended by now)."""
+        model = self.files[name]
+        client = self.cluster.client
+        assert client is not None
+        started_s = self.cluster.clock.now
+        try:
+            data = await self.cluster.as_client(client.read_bytes(f"/{name}"))
+        except (TectofsError, OSError) as exc:
+            acked = [v for v in model.versions if v.acked_s is not None]
+            if isinstance(exc, FileNotFoundError):
+                if acked and not model.maybe_unlinked:
+                    self.fail(f"(e) {name} is gone, though a write of {len(acked[-1].data)} bytes was acknowledged")
+                return
+            self.fail(f"(a) {name} cannot be read once healed: {type(exc).__name__}: {exc}")
+            return
+        self.check_read(name, model, data, started_s)
+
+    def digest(self) -> str:
+        """A fingerprint of the run: its events and where every chunk ended up."""
+        h = hashlib.sha256("\n".join(self.trace.lines).encode())
+        h.update(repr(sorted(self.cluster.query("SELECT block_id, position, server_id, crc FROM chunks"))).encode())
+        return h.hexdigest()
+
+    async def main(self) -> None:
+        async with asyncio.timeout(VIRTUAL_DEADLINE_S):
+            await self.setup()
+            for _ in range(self.rng.randint(*FAULT_STEPS)):
+                await self.fault_step()
+            await self.heal()
+        self.trace(f"digest {self.digest()}")
+
+    def client_stats(self) -> dict[str, int]:
+        client = self.cluster.client
+        return dict(client.blocks.stats) if client is not None else {}
+
+
+def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None = None) -> Simulation:
+    """Play the schedule of ``seed``; raise ``SimulationFailed`` naming it on any violation
+    (or any unexpected error). Returns the finished simulation (stats, trace, digest)."""
+    quiet_logs()
+    state = random.getstate()
+    random.seed(seed)  # the little chance the roles take from the global source (retry jitter)
+    sim = Simulation(seed, tolerate=tolerate, echo=echo)
+    try:
+        sim.cluster.run(sim.main())
+        if sim.violation is not None:
+            raise sim.violation
+        sim.stats.update({f"client_{k}": v for k, v in sim.client_stats().items()})
+        sim.stats.update({f"net_{k}": v for k, v in sim.cluster.network.stats.items()})
+        sim.stats.update(sim.cluster.meta_served)
+        sim.stats.update(sim.cluster.meta_requests())
+        for chunk in sim.cluster.chunks:
+            sim.stats.update({f"disk_{k}": v for k, v in chunk.disk.stats.items()})
+    except SimulationFailed as exc:
+        raise sim.violation or exc
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        if sim.violation is not None:
+            raise sim.violation from exc
+        try:
+            sim.fail(f"{type(exc).__name__}: {exc}")
+        except SimulationFailed as failed:
+            raise failed from exc
+    finally:
+        sim.cluster.close()
+        random.setstate(state)
+    return sim
