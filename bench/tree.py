@@ -454,7 +454,8 @@ def summarize(tree: Tree, systems: list[str], rounds: int, files: int, times: di
                 if row[f"vs {base}"] is not None:
                     ratios[f"tectofs {row.get('step') or row.get('op')} / {base}"] = row[f"vs {base}"]
     targets = []
-    tectofs_creates, juicefs_creates = (_median(rates.get(n, {}).get("creates/s")) for n in ("tectofs", "juicefs"))
+    tectofs_creates, juicefs_creates = (_median(rates[n].get("creates/s")) if n in systems else None
+                                        for n in ("tectofs", "juicefs"))
     if tectofs_creates and juicefs_creates:
         targets.append(target("tectofs creates/s / JuiceFS creates/s", tectofs_creates / juicefs_creates, at_least=1.0))
     return {
