@@ -8,8 +8,8 @@
 The tree: by default the installed files (each distribution's RECORD: modules, compiled
 bytecode, extension modules, bundled libraries, metadata) of ``--packages`` (default pandas)
 and of the distributions they require, recursively (extras left out), taken from the running
-interpreter's site-packages: numpy + pandas + python-dateutil + six, about 4,500 files and
-160 MB with pandas 3.1 and numpy 2.4. The file list is sorted, so the same install gives the
+interpreter's site-packages: numpy + pandas + python-dateutil + six, about 4,600 files and
+150 MB with pandas 3.1 and numpy 2.4. The file list is sorted, so the same install gives the
 same tree. ``--tree DIR`` takes every file under DIR instead. The tree is packed once into an
 uncompressed tar in the work directory; every system untars the same bytes.
 
