@@ -378,7 +378,10 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
     def cold(system: FileSystem) -> None:
         if cold_how["how"] == "drop_caches" and drop_caches():
             return
-        cold_how["how"] = "remount"
+        if cold_how["how"] == "drop_caches":
+            cold_how["how"] = "remount (drop_caches not permitted)"
+            print("tree: the page cache cannot be dropped here (needs root): cold steps remount instead",
+                  file=sys.stderr, flush=True)
         if system.can_remount:
             system.remount()
 
@@ -484,7 +487,8 @@ def summarize(tree: Tree, systems: list[str], rounds: int, files: int, times: di
         "targets": targets, "errors": errors, "error_count": len(errors),
         "note": (f"medians of {rounds} round(s), systems alternating order per round; cold steps: "
                  + ("page cache dropped (echo 3 > /proc/sys/vm/drop_caches)" if cold == "drop_caches" else
-                    "mounts remounted (the page cache could not be dropped; local steps are NOT cold)")
+                   f"mounts remounted ({'--remount' if cold == 'remount' else 'the page cache could not be dropped'};"
+                   " local steps are NOT cold)")
                  + f"; metadata: {files} empty files, one process, {SETTLE_S:g} s pause before stats and unlinks"),
     }
 

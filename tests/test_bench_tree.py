@@ -140,7 +140,9 @@ def test_summary_ratios_targets_and_absent_systems(capsys):
     assert "/juicefs" in printed
     without_juicefs = tree.summarize(picked, ["local", "tectofs"], 3, 10, times, rates, status, {}, [], "remount")
     assert without_juicefs["targets"] == []  # nothing to compare creates/s with
-    assert "NOT cold" in without_juicefs["note"]
+    assert "(--remount; local steps are NOT cold)" in without_juicefs["note"]
+    forced = tree.summarize(picked, ["local"], 3, 10, times, rates, status, {}, [], "remount (drop_caches not permitted)")
+    assert "the page cache could not be dropped" in forced["note"]
 
 
 def test_missing_binary_is_unavailable_with_a_reason(tmp_path, monkeypatch):
