@@ -59,6 +59,8 @@ def draw_chart(result: Mapping[str, Any], path: str, title: str) -> str | None:
 def chart_figure(plt: Any, result: Mapping[str, Any], title: str) -> Any:
     """The figure ``draw_chart`` saves (None: nothing to draw): the targets on top, then one
     :class:`Panel` per kind of figure."""
+    if result.get("benchmark") == "tree":
+        return _tree_figure(plt, result, title)
     burst = result.get("benchmark") == "burst"
     panels = _burst_panels(result) if burst else _row_panels(result)
     if not panels:
@@ -171,3 +173,50 @@ def _burst_panels(result: Mapping[str, Any]) -> list[Panel]:
                             "seconds", [n for n, _ in times], [v for _, v in times],
                             lambda label: LATENCY_COLOUR, [("tectofs latency", LATENCY_COLOUR)]))
     return panels
+
+
+SYSTEM_COLOURS = {"local": BASELINE_COLOUR, "tectofs": TECTOFS_COLOUR, "juicefs": "#55A868", "seaweedfs": "#C44E52"}
+
+
+def _tree_figure(plt: Any, result: Mapping[str, Any], title: str) -> Any:
+    """``tectofs bench tree``: per step, one bar per system (seconds, log scale); beside it, the
+    metadata rates per system; the targets in the title."""
+    rows = result.get("rows") or []
+    meta_rows = (result.get("metadata") or {}).get("rows") or []
+    systems = [n for n in SYSTEM_COLOURS if any(r["system"] == n and numeric(r.get("median s")) for r in rows)]
+    if not systems:
+        return None
+    steps = list(dict.fromkeys(r["step"] for r in rows))
+    ops = list(dict.fromkeys(r["op"] for r in meta_rows))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 0.5 * len(steps) * len(systems) / 2 + 2.5),
+                                         layout="constrained", gridspec_kw={"width_ratios": [3, 2]})
+    for axis, rows_, key, value_key, labels in ((left, rows, "step", "median s", steps),
+                                                 (right, meta_rows, "op", "ops/s (median)", ops)):
+        height = 0.8 / len(systems)
+        for i, name in enumerate(systems):
+            values = {r[key]: numeric(r.get(value_key)) for r in rows_ if r["system"] == name}
+            positions = [n + i * height for n in range(len(labels))]
+            bars = axis.barh(positions, [values.get(label) or 0.0 for label in labels], height=height,
+                             color=SYSTEM_COLOURS[name], label=name)
+            axis.bar_label(bars, labels=[_figure(values.get(label)) for label in labels], padding=2, fontsize=7)
+        axis.set_yticks([n + 0.4 - height / 2 for n in range(len(labels))], labels)
+        axis.invert_yaxis()
+        axis.set_xscale("log")
+        axis.margins(x=0.2)
+    left.set_xlabel("seconds, median (log scale; lower is better)")
+    left.set_title("tree steps", fontsize=9, loc="left")
+    right.set_xlabel("operations per second, median (log scale; higher is better)")
+    right.set_title(f"{result.get('files')} empty files, one process", fontsize=9, loc="left")
+    left.legend(fontsize=8, loc="lower right")
+    targets = targets_of(result)
+    lines = [f"{title}: {result.get('tree_files', 0):,} files, {(result.get('tree_bytes') or 0) / 1e6:.0f} MB, "
+             f"median of {result.get('rounds')} round(s), cold = {result.get('cold')}"]
+    lines += [f"target {t['name']}: {show(t.get('measured'))} (needs {t['target']}): {verdict(t['met'])}"
+              for t in targets]
+    figure.suptitle("\n".join(lines), fontsize=9)
+    return figure
+
+
+def _figure(value: float | None) -> str:
+    """A bar's label: 4 significant digits, whole numbers with thousands separators from 1,000."""
+    return "-" if value is None else f"{value:,.0f}" if value >= 1000 else f"{value:.4g}"

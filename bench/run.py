@@ -6,6 +6,8 @@
     tectofs bench fuse --metadata-only --files 2000 # just creates/s, stats/s, unlinks/s vs. a local directory
     tectofs bench burst --out results/              # N ranks checkpoint at once
     tectofs bench repair --out results/             # rebuild throughput; a save during a rebuild
+    tectofs bench tree --out results/               # untar/import/ls/cat/rm a package tree: local, tectofs,
+                                                    #   JuiceFS, SeaweedFS (when installed); creates/s
     tectofs bench all --out results/ --quick        # everything, small sizes
 
 Each benchmark shows a progress bar while it runs, then prints a table, writes
@@ -106,7 +108,8 @@ def _fuse(args: argparse.Namespace, progress: Progress) -> Result:
 
     size = args.size or (128 * MiB if args.quick else 2048 * MiB)
     return fuse_bench.run(args.out, size_bytes=size, repeats=samples(args), work_dir=args.work_dir, progress=progress,
-                          files=args.files, meta_repeats=samples(args), data=not args.metadata_only)
+                          files=args.files or fuse_bench.META_FILES_DEFAULT, meta_repeats=samples(args),
+                          data=not args.metadata_only)
 
 
 def _fuse_steps(args: argparse.Namespace) -> int:
@@ -149,6 +152,24 @@ def _burst(args: argparse.Namespace, progress: Progress) -> Result:
     )
 
 
+def _tree(args: argparse.Namespace, progress: Progress) -> Result:
+    from tectofs.benchmarks import tree
+
+    return tree.run_from_args(args, progress)
+
+
+def _tree_steps(args: argparse.Namespace) -> int:
+    from tectofs.benchmarks import tree
+
+    return tree.steps(args)
+
+
+def _tree_summary(result: Result) -> None:
+    from tectofs.benchmarks import tree
+
+    tree.print_summary(result)
+
+
 def _burst_summary(result: Result) -> None:
     from tectofs.benchmarks import burst_report
 
@@ -172,6 +193,7 @@ RUNS: dict[str, Benchmark] = {
     "fuse": Benchmark("fuse_bench", _fuse, _fuse_steps, _fuse_summary),
     "burst": Benchmark("burst", _burst, lambda a: 6 * samples(a), _burst_summary),  # per run: burst.PROGRESS_STEPS
     "repair": Benchmark("repair", _repair, lambda a: None),  # same options as checkpoint: --quick, --size, --repeats
+    "tree": Benchmark("tree", _tree, _tree_steps, _tree_summary),  # its own options: tree.add_options
 }
 BENCHMARKS = tuple(RUNS)  # in the order `all` runs them
 
@@ -246,10 +268,14 @@ def build_parser(prog: str = "tectofs bench") -> argparse.ArgumentParser:
                         help="burst: worker processes (default 4, quick 2)")
     parser.add_argument("--dir-block-size", type=numbers.BLOCK_SIZE, default=None,
                         help="burst: block size of the checkpoint directory (default: the shard size rounded up)")
-    parser.add_argument("--files", type=numbers.count(1, _FILES_MAX), default=2000,
-                        help="fuse: empty files created, stat'ed and unlinked per metadata run (default 2000)")
+    parser.add_argument("--files", type=numbers.count(1, _FILES_MAX), default=None,
+                        help="fuse/tree: empty files created, stat'ed and unlinked per metadata run "
+                             "(default 2000; tree --quick 200)")
     parser.add_argument("--metadata-only", action="store_true",
                         help="fuse: only the metadata part (creates/s, stats/s, unlinks/s vs. a local directory)")
+    from tectofs.benchmarks import tree  # its options only (the module imports no cluster or client)
+
+    tree.add_options(parser, standalone=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed benchmarks")
     return parser
 

