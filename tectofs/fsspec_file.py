@@ -23,15 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any, Awaitable, TypeVar
+from typing import Any, Awaitable, TypeVar
 
-from fsspec.asyn import sync
+from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.spec import AbstractBufferedFile
 
 from tectofs.client import AsyncFile
-
-if TYPE_CHECKING:
-    from .fsspec_fs import TectofsFileSystem
 
 T = TypeVar("T")
 
@@ -42,9 +39,10 @@ class TectofsFile(AbstractBufferedFile):
     DEFAULT_BLOCK_SIZE = 4 * 2**20  # bytes buffered per call into the handle (it buffers per block itself)
 
     def __init__(
-        self, fs: "TectofsFileSystem", path: str, mode: str, handle: AsyncFile, info: dict[str, Any], **kwargs: Any
+        self, fs: AsyncFileSystem, path: str, mode: str, handle: AsyncFile, info: dict[str, Any], **kwargs: Any
     ) -> None:
-        """``handle``: opened by ``fs`` in the matching client-library mode; this file owns it
+        """``fs``: the ``TectofsFileSystem`` that opened it (its ``loop`` runs ``handle``'s calls).
+        ``handle``: opened by ``fs`` in the matching client-library mode; this file owns it
         from now on. ``info``: the file's ``fs.info`` entry as of the open."""
         assert mode in ("rb", "wb", "xb", "ab"), mode
         assert handle.readable == (mode == "rb")

@@ -19,15 +19,24 @@ import contextvars
 import selectors
 import weakref
 from collections.abc import Coroutine, Generator
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
-
-if TYPE_CHECKING:
-    from tectofs.testing.network import Network
+from typing import Any, Callable, Protocol, TypeVar
 
 T = TypeVar("T")
 
 HOST: contextvars.ContextVar[str] = contextvars.ContextVar("tectofs_sim_host", default="sim")
 EPOCH_S = 1_800_000_000.0  # what the wall clock reads at virtual time 0
+
+
+class Fabric(Protocol):
+    """Where a ``SimLoop``'s servers listen and its connections go (``tectofs.testing.network.Network``)."""
+
+    def listen(self, loop: SimLoop, owner: str, factory: Callable[[], asyncio.BaseProtocol], host: str,
+               port: int) -> Any:
+        """Start listening on ``host:port`` (0: a free port) for ``owner``; the listener (an ``asyncio.Server`` look-alike)."""
+
+    async def connect(self, loop: SimLoop, from_host: str, factory: Callable[[], asyncio.BaseProtocol], host: str,
+                      port: int) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+        """Connect ``from_host`` to ``host:port``: its transport and the protocol ``factory`` made."""
 
 
 class Stuck(RuntimeError):
@@ -69,7 +78,7 @@ class SimLoop(asyncio.SelectorEventLoop):
     (``create_server`` and ``create_connection`` go to ``network``; local sockets are absent, so
     the wire stack falls back to TCP as it does on a kernel without them)."""
 
-    def __init__(self, clock: VirtualClock, network: Network) -> None:
+    def __init__(self, clock: VirtualClock, network: Fabric) -> None:
         super().__init__(_VirtualSelector(clock))
         self.clock = clock
         self.network = network

@@ -46,15 +46,13 @@ import dataclasses
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Set
+from typing import Mapping, Protocol
 
 from tectofs import limits
 from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, Timeout
-from tectofs.wire.framing import encode_error
-
-if TYPE_CHECKING:
-    from tectofs.wire.server import RpcServer, _ServerConnection
+from tectofs.wire.framing import FrameDecoder, encode_error
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +139,42 @@ def _peer_ip(transport: asyncio.BaseTransport) -> str:
     return ip[7:] if ip.startswith("::ffff:") else ip  # an IPv4 peer on a dual-stack socket
 
 
+class GuardedConnection(Protocol):
+    """What the guard reads and stamps of one server connection (``tectofs.wire.server``'s
+    connection protocol): the guard depends on this, not on the server module."""
+
+    transport: asyncio.Transport | None
+    decoder: FrameDecoder
+    peer: str
+    peer_ip: str | None
+    received_s: float
+    frame_started_s: float
+    quiet_since_s: float
+    progress: ProgressWindow | None
+    bytes_received: int
+    inflight: int
+    greeted: bool
+    reading_paused: bool
+    sending_file: bool
+
+
+class GuardedServer(Protocol):
+    """What the guard reads of the server it guards (``tectofs.wire.server.RpcServer``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def connections(self) -> Set[GuardedConnection]: ...
+
+
 class ConnectionGuard:
     """Enforces a :class:`ConnectionPolicy` for one ``RpcServer`` (see the module docstring).
     Each of the server's connections reports to it: ``admit`` when made (False: refused),
     ``release`` when lost; its ``buffer_updated`` stamps ``received_s`` and
     ``frame_started_s``."""
 
-    def __init__(self, server: "RpcServer", policy: ConnectionPolicy) -> None:
+    def __init__(self, server: GuardedServer, policy: ConnectionPolicy) -> None:
         self.server = server
         self.policy = policy
         fd_room = raise_fd_limit() - limits.file_descriptors_reserved
@@ -157,10 +184,10 @@ class ConnectionGuard:
                      server.name, self.connections_max, policy.connections_max)
         self.admitted = 0
         # Each peer address's connections, in connection order (dicts keep insertion order).
-        self.per_peer: dict[str, dict["_ServerConnection", None]] = {}
+        self.per_peer: dict[str, dict[GuardedConnection, None]] = {}
         # The server's unauthenticated connections, oldest first (servers that pool them only).
         self.pool_anonymous = bool(getattr(server, "pool_anonymous", False))
-        self.anonymous: dict["_ServerConnection", None] = {}
+        self.anonymous: dict[GuardedConnection, None] = {}
         self.stats = {"refused": 0, "stalled": 0, "idle_closed": 0, "evicted": 0}
         self.lingering = 0
         self._last_sweep_s = 0.0
@@ -174,7 +201,7 @@ class ConnectionGuard:
 
     # ------------------------------------------------------------------ caps
 
-    def admit(self, conn: "_ServerConnection") -> bool:
+    def admit(self, conn: GuardedConnection) -> bool:
         """Count a new connection in, evicting another to make room where the policy says so;
         False: refused (handed an ERROR frame)."""
         assert conn.transport is not None
@@ -217,7 +244,7 @@ class ConnectionGuard:
         return (f"the {name} has {self.admitted} connections, its limit; retry later"
                 f" (or raise TECTOFS_CONNECTIONS_MAX and the open files limit)")
 
-    def _idle_victim(self, ip: str, from_peer: int) -> "_ServerConnection | None":
+    def _idle_victim(self, ip: str, from_peer: int) -> GuardedConnection | None:
         """The connection to close for a newcomer from ``ip`` at the cap: the longest idle one
         of the peer address holding the most, if ``ip`` holds less than its fair share."""
         peers = len(self.per_peer) + (ip not in self.per_peer)
@@ -226,11 +253,11 @@ class ConnectionGuard:
         busiest = max(self.per_peer, key=lambda peer: len(self.per_peer[peer]))
         return longest_idle(self.per_peer[busiest], limits.eviction_scan_max)
 
-    def authenticated(self, conn: "_ServerConnection") -> None:
+    def authenticated(self, conn: GuardedConnection) -> None:
         """``conn``'s hello proved who it is: it leaves the anonymous pool."""
         self.anonymous.pop(conn, None)
 
-    def evict(self, conn: "_ServerConnection", why: str) -> None:
+    def evict(self, conn: GuardedConnection, why: str) -> None:
         """Close ``conn`` to make room (uncounted at once), telling it why."""
         self.stats["evicted"] += 1
         self.release(conn)
@@ -247,7 +274,7 @@ class ConnectionGuard:
         finally:
             transport.close()
 
-    def release(self, conn: "_ServerConnection") -> None:
+    def release(self, conn: GuardedConnection) -> None:
         ip = conn.peer_ip
         if ip is None:
             return
@@ -310,7 +337,7 @@ class ConnectionGuard:
                 log.debug("%s: closing %s, idle for %.0f s", self.server.name, conn.peer, now - conn.quiet_since_s)
                 transport.close()
 
-    def _close_stalled(self, conn: "_ServerConnection", what: str) -> None:
+    def _close_stalled(self, conn: GuardedConnection, what: str) -> None:
         self.stats["stalled"] += 1
         message = f"the {self.server.name} closed the connection: {what}"
         self._log.warning("%s: closing the connection from %s: %s", self.server.name, conn.peer, what)
@@ -324,11 +351,11 @@ class ConnectionGuard:
             conn.transport.close()
 
 
-def _idle(conn: "_ServerConnection") -> bool:
+def _idle(conn: GuardedConnection) -> bool:
     return conn.greeted and not conn.inflight and not conn.decoder.mid_frame and not conn.sending_file
 
 
-def longest_idle(connections: "dict[_ServerConnection, None]", scan_max: int) -> "_ServerConnection | None":
+def longest_idle(connections: dict[GuardedConnection, None], scan_max: int) -> GuardedConnection | None:
     """Of the first ``scan_max`` of ``connections`` (oldest first), the idle one (greeted, no
     frame begun, no request in flight) quiet the longest; None if none is idle. Bounded, so a
     server at its cap pays a fixed price per newcomer."""
