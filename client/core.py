@@ -388,7 +388,7 @@ class AsyncFileSystem:
             attrs, created, directory, ctime_before = (reply.attrs, reply.created, reply.directory,
                                                         reply.directory_ctime_before)
             # a new file has no blocks yet (and its creator may write it whatever its mode)
-            layout = messages.LayoutSegment(attrs=attrs, blocks=[]) if truncate or created else (
+            layout = messages.LayoutSegment(attrs=attrs, blocks=[], inline_max=reply.inline_max) if truncate or created else (
                 await self.metadata.layout(messages.LayoutRequest(ino=attrs.ino, handle=attrs.handle)))
         else:
             layout = await self.metadata.layout(messages.LayoutRequest(

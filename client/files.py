@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
 
-from tectofs import limits, sparse
-from tectofs.errors import CapabilityExpired, InvalidArgument, NoSpace, StaleFile, TectofsError
+from tectofs import checksum, limits, sparse
+from tectofs.errors import CapabilityExpired, ChecksumMismatch, InvalidArgument, NoSpace, StaleFile, TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.regions import Regions
 from tectofs.wire import messages
@@ -89,6 +89,7 @@ class AsyncFile:
         self._inflight_max = max(low, min(high, limits.write_inflight_bytes_max // self.block_size))
         self.layout = LayoutMap(layout)
         self.blocks = self.layout.blocks  # the committed blocks this handle knows of, by index
+        self.inline_max = layout.inline_max  # a file up to this size is committed inline (its block 0 in the MDS)
         self._blocks_per_call = messages.blocks_per_call(parse_policy(self.attrs.policy).width)
 
     async def _cover(self, first: int, last: int) -> None:
@@ -485,6 +486,7 @@ class AsyncFile:
 
     async def _commit(self) -> messages.LayoutSegment | None:
         """Send what is buffered, wait for every block, commit; None if nothing changed."""
+        await self._place_block_zero()
         for idx in list(self._writes.in_state(WriteState.BUFFERING)):
             await self._send(idx)
         while self._writes.count(WriteState.PUTTING):
@@ -500,6 +502,30 @@ class AsyncFile:
                     if entry.block is not None and entry.idx * self.block_size < self.size],
             shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,
         ))
+
+    async def _place_block_zero(self) -> None:
+        """Before a commit: a small file (at most ``inline_max`` bytes, all of it in block 0,
+        which this handle buffers) is committed inline, its bytes in the commit itself, with no
+        allocation and no chunk put; a file that outgrew that size, whose committed block 0 is
+        inline, moves block 0 to chunks with this commit."""
+        entry = self._writes.get(0)
+        if 0 < self.size <= self.inline_max and len(self._writes) == 1 and entry is not None and (
+                entry.state is WriteState.BUFFERING and not self._writes.anything_staged()):
+            assert entry.buffer is not None
+            content = entry.buffer[: min(entry.valid, self.size)]
+            start, end = sparse.data_span(content)
+            if end == 0:
+                return  # zeros only: sent as a hole
+            data = bytes(content[start:end])
+            block = messages.Block(idx=0, block_id=0, policy=self.attrs.policy, start=start, length=end - start,
+                                   valid=end, chunks=[], inline=messages.InlineData(data=data, crc=checksum.crc(data)))
+            self.context.buffers.put(self._writes.inline(0, block))
+            self.context.metrics.event("inline_writes")
+        elif self.size > self.inline_max and not self.replace and self._writes.state(0) is None:
+            await self._cover(0, 0)
+            committed = self.blocks.get(0)
+            if committed is not None and committed.inline is not None:
+                await self._block_buffer(0, 0)  # its bytes, BUFFERING: sent to chunks like any block
 
     async def close(self) -> None:
         """Commit (readers that open the file afterwards see everything written) and close.
@@ -689,7 +715,10 @@ class AsyncFile:
     async def _read_block(self, block: messages.Block, into: memoryview | Regions | None = None) -> memoryview | Regions:
         """``BlockIO.read_block``; a capability that expired while the file was open (they live
         ``limits.capability_ttl_s``) is renewed from a fresh layout segment and the read
-        retried. A block the file no longer has (it was rewritten meanwhile) is StaleFile."""
+        retried. A block the file no longer has (it was rewritten meanwhile) is StaleFile.
+        A block stored inline is its bytes, checked against their crc32c."""
+        if block.inline is not None:
+            return self._inline_content(block, into)
         try:
             return await self.context.blocks.read_block(block, into=into)
         except CapabilityExpired:
@@ -703,6 +732,24 @@ class AsyncFile:
             if self.blocks.get(block.idx) is block:
                 self.blocks[block.idx] = renewed
             return await self.context.blocks.read_block(renewed, into=into)
+
+    def _inline_content(self, block: messages.Block, into: memoryview | Regions | None) -> memoryview | Regions:
+        """The bytes of a block stored inline, in ``into`` (None: a pool buffer)."""
+        assert block.inline is not None
+        data = block.inline.data
+        if checksum.crc(data) != block.inline.crc:
+            self.context.metrics.event("inline_checksum_failures")
+            raise ChecksumMismatch(f"{self.path}: the inline data of block {block.idx} fails its crc32c")
+        self.context.metrics.event("inline_reads")
+        if into is None:
+            out = self.context.buffers.get(len(data))
+            out[:] = data
+            return out
+        if isinstance(into, Regions):
+            into.write(0, data)
+        else:
+            into[: len(data)] = data
+        return into
 
     def _drop_cache(self) -> None:
         """Forget every block read (cached or being prefetched): it may be stale now."""

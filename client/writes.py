@@ -15,6 +15,7 @@ raises :class:`IllegalTransition` otherwise (a bug in the caller, never a peer's
      HOLE -+--------------+
       |  \\--stage--> HOLE_STAGED (-> BUFFERING or PUTTING, as HOLE)
 
+    BUFFERING --inline (a small file's block 0, at its commit)--> WRITTEN (its bytes in the Block)
     (absent) --first touch--> BUFFERING, or PUTTING for a block written whole
     any state --cut (truncate) or release (close, abort)--> (absent)
     every entry --commit--> (absent): the commit's layout holds the blocks now
@@ -61,6 +62,7 @@ _FROM: dict[str, frozenset[WriteState | None]] = {
     "put": frozenset({None, WriteState.BUFFERING, WriteState.HOLE, WriteState.HOLE_STAGED}),
     "hole": frozenset({WriteState.BUFFERING}),
     "written": frozenset({WriteState.PUTTING}),
+    "inline": frozenset({WriteState.BUFFERING}),
     "failed": frozenset({WriteState.PUTTING}),
     "staged": frozenset({WriteState.WRITTEN, WriteState.HOLE}),
 }
@@ -188,6 +190,16 @@ class BlockWrites:
         assert block.idx == idx
         self._enter(entry, WriteState.WRITTEN)
         entry.task, entry.block = None, block
+
+    def inline(self, idx: int, block: messages.Block) -> memoryview:
+        """The BUFFERING block is committed inline (``block`` carries its bytes: nothing to
+        put). Returns its buffer, for the pool."""
+        entry = self._check("inline", idx)
+        assert entry is not None and entry.buffer is not None and block.idx == idx and block.inline is not None
+        buffer = entry.buffer
+        self._enter(entry, WriteState.WRITTEN)
+        entry.buffer, entry.valid, entry.block = None, 0, block
+        return buffer
 
     def failed(self, idx: int) -> None:
         """Its put failed or was cancelled (the handle is poisoned: nothing is committed)."""

@@ -25,6 +25,8 @@ int64_max = 2**63 - 1                     # inode numbers, sizes, offsets, ids: 
 owner_id_max = 2**32 - 2                  # uid/gid (2**32 - 1 is "no owner" to the kernel)
 timestamp_abs_max_s = 1e11                # times are finite and within ~3,000 years of 1970
 policy_width_max = 48                     # chunks of one block: rs(32,16)
+inline_bytes_default = 64 * KiB           # files up to this size live in the metadata store (tectofs meta --inline-max)
+inline_bytes_max = 256 * KiB              # the most --inline-max may be (one frame header carries a file's data)
 
 # Wire protocol
 frame_header_max_bytes = 1 * MiB          # msgpack header of one frame

@@ -225,6 +225,11 @@ class ClientMetrics:
             "bad_chunks": counter("tectofs_client_bad_chunk_reports", "bad chunks reported to the metadata service"),
             "skipped_down_servers": counter("tectofs_client_reads_around_down_servers",
                                             "blocks read from parity without asking a chunk server found down moments before"),
+            "inline_writes": counter("tectofs_client_inline_writes", "small files committed inline (their bytes kept by"
+                                     " the metadata service: no chunk put)"),
+            "inline_reads": counter("tectofs_client_inline_reads", "blocks read from inline data (no chunk get)"),
+            "inline_checksum_failures": counter("tectofs_client_inline_checksum_failures",
+                                                "inline data that failed its checksum on reading"),
         }
 
     def meta_done(self, op: str, outcome: str, seconds: float) -> None:

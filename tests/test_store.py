@@ -13,10 +13,10 @@ from typing import Callable
 import msgspec
 import pytest
 
-from tectofs import errors
+from tectofs import checksum, errors
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.dialect import PostgresDialect, SqliteDialect
-from tectofs.wire.messages import Attrs, WrittenBlock
+from tectofs.wire.messages import Attrs, InlineData, WrittenBlock
 
 
 def written(blocks: list[dict]) -> list[WrittenBlock]:
@@ -150,6 +150,70 @@ class StoreContract:
         assert [b.idx for b in layout.blocks] == [0, 1]
         with pytest.raises(errors.InvalidArgument):
             store.commit(f.ino, 10, written(committed[:1]), replace=True)  # already committed
+
+    def _inline(self, data: bytes, start: int = 0) -> WrittenBlock:
+        return WrittenBlock(idx=0, block_id=0, start=start, length=len(data), chunks=[],
+                            inline=InlineData(data=data, crc=checksum.crc(data)))
+
+    def test_a_small_file_is_committed_and_read_inline(self, store):
+        """A small file's bytes go with its commit and come back with its layout: no
+        allocation, no chunk; its block reads as a block (start, length, valid), stored counts
+        it, a truncation clips it, an unlink removes it."""
+        f = store.create_file(["f"])
+        assert f.inline_max == min(store.inline_max, f.attrs.block_size) > 0
+        layout = store.commit(f.attrs.ino, 4096, [self._inline(b"x" * 1000, start=10)], replace=True)
+        (block,) = layout.blocks
+        assert block.inline is not None and block.inline.data == b"x" * 1000 and not block.chunks
+        assert (block.start, block.length, block.valid) == (10, 1000, 1010)
+        assert layout == store.layout(["f"]) and layout.inline_max == f.inline_max
+        assert store.lookup(["f"]).stored == 1000 and store.lookup(["f"]).size == 4096
+        assert store.servers() == [] and store.health_summary()["healthy"] == 0  # nothing for repair to look at
+        store.truncate(["f"], 500)
+        (block,) = store.layout(["f"]).blocks
+        assert block.valid == 500 and store.lookup(["f"]).stored == 490
+        store.truncate(["f"], 5)  # below its start: nothing of it is left
+        assert store.layout(["f"]).blocks == [] and store.lookup(["f"]).stored == 0
+        store.commit(f.attrs.ino, 3, [self._inline(b"abc")], replace=True)
+        store.unlink(["f"])
+        assert store._one("SELECT COUNT(*) FROM inline_blocks")[0] == 0
+
+    def test_inline_and_chunk_blocks_replace_each_other(self, store):
+        """A file that grows past the threshold moves block 0 to chunks (the chunk block
+        replaces the inline one at its index) and back; a commit of another index keeps an
+        inline block 0 (a concurrent writer's far block)."""
+        self._servers(store, 6)
+        f = store.create(["f"])
+        store.commit(f.ino, 3, [self._inline(b"abc")], replace=False)
+        (b,) = store.allocate(f.ino, 1)
+        chunks = [{"position": p, "server_id": s.server_id, "length": 5, "crc": 1} for p, s in enumerate(b.servers[:6])]
+        far = f.block_size * 2 + 10
+        layout = store.commit(f.ino, far, written([{"idx": 2, "block_id": b.block_id, "length": 10, "chunks": chunks}]),
+                              replace=False)
+        assert [(x.idx, x.inline is not None) for x in layout.blocks] == [(0, True), (2, False)]
+        (b0,) = store.allocate(f.ino, 1)
+        chunks0 = [{"position": p, "server_id": s.server_id, "length": 5, "crc": 1} for p, s in enumerate(b0.servers[:6])]
+        layout = store.commit(f.ino, far, written([{"idx": 0, "block_id": b0.block_id, "length": 100, "chunks": chunks0}]),
+                              replace=False)
+        assert [(x.idx, x.inline is not None) for x in layout.blocks] == [(0, False), (2, False)]
+        layout = store.commit(f.ino, 3, [self._inline(b"xyz")], replace=True)  # small again: chunks to GC
+        assert [(x.idx, x.inline) for x in layout.blocks] == [(0, InlineData(data=b"xyz", crc=checksum.crc(b"xyz")))]
+        assert store._one("SELECT COUNT(*) FROM gc_queue WHERE block_id IN (?, ?)", (b.block_id, b0.block_id))[0] == 12
+
+    def test_inline_commits_that_are_refused(self, store):
+        f = store.create(["f"])
+        limit = min(store.inline_max, f.block_size)
+        with pytest.raises(errors.InvalidArgument, match="not stored inline"):
+            store.commit(f.ino, limit + 1, [self._inline(b"a")], replace=True)  # the file is too large
+        with pytest.raises(errors.InvalidArgument, match="at most"):
+            store.commit(f.ino, limit, [self._inline(b"a", start=limit)], replace=True)  # past the threshold
+        with pytest.raises(errors.InvalidArgument, match="block 0"):
+            store.commit(f.ino, 10, [msgspec.structs.replace(self._inline(b"a"), idx=1)], replace=True)
+        with pytest.raises(errors.ChecksumMismatch):
+            store.commit(f.ino, 1, [msgspec.structs.replace(self._inline(b"a"), inline=InlineData(data=b"a", crc=7))],
+                         replace=True)
+        with pytest.raises(errors.InvalidArgument, match="never staged"):
+            store.stage(f.ino, 5, [self._inline(b"a")])
+        assert store.layout(["f"]).blocks == [] and store.lookup(["f"]).size == 0  # nothing of them stayed
 
     def test_no_space_without_enough_servers(self, store):
         self._servers(store, 3)

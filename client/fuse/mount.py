@@ -48,7 +48,8 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
         try:
             TectofsFuse(
                 operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
-                fsname=f"tectofs:{address}", subtype="tectofs",
+                # a failover group "A,B": libfuse splits options at unescaped commas
+                fsname="tectofs:" + address.replace("\\", "\\\\").replace(",", "\\,"), subtype="tectofs",
                 max_threads=threads_max, max_idle_threads=threads_max,
                 allow_other=shared, default_permissions=shared and default_permissions,
             )

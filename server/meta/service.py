@@ -56,12 +56,13 @@ def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int, uid: i
 def layout_segment(
     layout: messages.LayoutSegment, keys: auth.KeyRing, ttl_s: float, handle: bytes = b""
 ) -> messages.LayoutSegment:
-    """A layout segment of the store's, with a read capability for each block (and the
-    caller's ``handle`` for the file)."""
+    """A layout segment of the store's, with a read capability for each block stored in chunks
+    (and the caller's ``handle`` for the file)."""
     expiry = auth.capability_expiry(ttl_s)
     return msgspec.structs.replace(
         layout, attrs=msgspec.structs.replace(layout.attrs, handle=handle),
-        blocks=[msgspec.structs.replace(b, cap=capability(keys, b.block_id, "r", expiry)) for b in layout.blocks],
+        blocks=[b if b.inline is not None else msgspec.structs.replace(b, cap=capability(keys, b.block_id, "r", expiry))
+                for b in layout.blocks],
     )
 
 
@@ -80,6 +81,7 @@ class MetadataService:
         key_file: str | None = None,
         capability_ttl_s: float = limits.capability_ttl_s,
         advertise: str | None = None,
+        inline_max: int = limits.inline_bytes_default,
         *,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -89,6 +91,8 @@ class MetadataService:
         against it and chunk capabilities are signed with it. ``advertise`` (``HOST[:PORT]``):
         the address others reach this service at, which ``stats`` reports with the metrics URL
         (``server/addresses.py``; default: the bound address, none for a wildcard).
+        ``inline_max``: files up to this many bytes are committed inline, their data kept in the
+        store with the inode (0: never; at most ``limits.inline_bytes_max``).
 
         The simulator's seams (``tectofs.testing``): ``clock`` (seconds since the epoch) is the
         time of the store's leases, liveness, repairs and GC and of heartbeat arrivals; ``rng``
@@ -98,6 +102,8 @@ class MetadataService:
         if path is None:
             raise InvalidArgument("the metadata service needs the cluster key: --key-file FILE or $TECTOFS_KEY_FILE"
                                   " (tectofs init makes one)")
+        if not 0 <= inline_max <= limits.inline_bytes_max:
+            raise InvalidArgument(f"inline_max {inline_max}: it must be between 0 and {limits.inline_bytes_max}")
         self.keys = auth.KeyRing(path)
         self.capability_ttl_s = capability_ttl_s
         dialect = dialect_for(store_url)
@@ -106,6 +112,7 @@ class MetadataService:
         def open_store() -> SqlStore:
             store = SqlStore(dialect, default_policy, default_block_size, gc_delay_s, clock=clock, rng=rng)
             store.server_dead_after_s = server_dead_after_s
+            store.inline_max = inline_max
             store.heartbeats_seen = self.heartbeats_seen
             return store
 

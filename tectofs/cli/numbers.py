@@ -118,4 +118,5 @@ class ListOf(Generic[N]):
 
 
 BLOCK_SIZE = size(limits.block_size_min_bytes, limits.block_size_max_bytes)
+INLINE_SIZE = size(0, limits.inline_bytes_max)  # tectofs meta --inline-max
 OWNER_ID = count(0, limits.owner_id_max, "an id")  # uid or gid

@@ -59,7 +59,7 @@ def cmd_meta(args: argparse.Namespace) -> None:
             args.store, args.policy, args.block_size, server_dead_after_s=args.dead_after, gc_delay_s=args.gc_delay,
             allocation_grace_s=args.allocation_grace, repair_after_s=args.repair_after,
             repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace, key_file=args.key_file,
-            capability_ttl_s=args.capability_ttl, advertise=args.advertise,
+            capability_ttl_s=args.capability_ttl, advertise=args.advertise, inline_max=args.inline_max,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {_without_password(args.store)})")
@@ -296,6 +296,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--policy", default="rs(4,2)", help="policy of / on a new store")
     p.add_argument("--block-size", type=numbers.BLOCK_SIZE, default=limits.block_size_default_bytes,
                    help="block size of / on a new store (default 64M; directories can set their own)")
+    p.add_argument("--inline-max", type=numbers.INLINE_SIZE, default=limits.inline_bytes_default, metavar="SIZE",
+                   help="files up to this size are kept in the metadata store with their inode, not in chunks:"
+                   " a small file is written and read in one metadata call (default 64K; at most"
+                   f" {limits.inline_bytes_max // limits.KiB}K; 0: every file in chunks)")
     p.add_argument("--dead-after", type=_POSITIVE_SECONDS, default=limits.server_dead_after_s,
                    help="seconds without heartbeat before a chunk server counts as dead")
     p.add_argument("--gc-delay", type=_SECONDS, default=30.0, help="seconds before deleted chunks are removed")

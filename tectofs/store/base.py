@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 class StoreParts:
     gc_delay_s: float
+    inline_max: int
     server_dead_after_s: float
     heartbeats_seen: dict[int, float]
     clock: Callable[[], float]

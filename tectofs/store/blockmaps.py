@@ -9,10 +9,10 @@ from typing import Iterable
 
 import msgspec
 
-from .. import limits
-from ..errors import InvalidArgument, IsADirectory, NoSpace, StaleFile
+from .. import checksum, limits
+from ..errors import ChecksumMismatch, InvalidArgument, IsADirectory, NoSpace, StaleFile
 from ..policy import parse as parse_policy
-from ..wire.values import Allocation, Attrs, Block, ChunkRef, LayoutSegment, ServerRef, WrittenBlock
+from ..wire.values import Allocation, Attrs, Block, ChunkRef, InlineData, LayoutSegment, ServerRef, WrittenBlock
 from . import access
 from .access import Caller, R, W
 from .base import StoreParts
@@ -65,7 +65,8 @@ class BlockMaps(StoreParts):
             if not write_only:
                 attrs = self._accessed(attrs)
         width = parse_policy(attrs.policy).width
-        count = max(1, limits.reply_header_budget_bytes // (_BLOCK_BYTES_MAX + width * _CHUNK_BYTES_MAX))
+        budget = limits.reply_header_budget_bytes - limits.inline_bytes_max  # room for an inline block
+        count = max(1, budget // (_BLOCK_BYTES_MAX + width * _CHUNK_BYTES_MAX))
         row = self._one(
             "SELECT idx FROM blocks WHERE ino = ? AND idx >= ? ORDER BY idx LIMIT 1 OFFSET ?", (attrs.ino, first, count)
         )
@@ -84,7 +85,18 @@ class BlockMaps(StoreParts):
                 block = blocks[idx] = Block(idx=idx, block_id=block_id, policy=policy, start=start, length=length,
                                             valid=valid, chunks=[])
             block.chunks.append(ChunkRef(position=position, server_id=server_id, address=address, length=clen, crc=crc))
-        return LayoutSegment(attrs=attrs, blocks=list(blocks.values()), first=first, end=end)
+        for idx, start, length, valid, data, crc in self._all(
+            "SELECT idx, start, length, valid, data, crc FROM inline_blocks WHERE ino = ? AND idx >= ? AND idx < ?",
+            (attrs.ino, first, limits.int64_max if end is None else end),
+        ):
+            blocks[idx] = Block(idx=idx, block_id=0, policy=attrs.policy, start=start, length=length, valid=valid,
+                                chunks=[], inline=InlineData(data=bytes(data), crc=crc))
+        return LayoutSegment(attrs=attrs, blocks=sorted(blocks.values(), key=lambda b: b.idx), first=first, end=end,
+                             inline_max=self._inline_max(attrs))
+
+    def _inline_max(self, attrs: Attrs) -> int:
+        """The largest file of ``attrs``'s that is committed inline (its block 0 kept here)."""
+        return min(self.inline_max, attrs.block_size) if attrs.kind == "file" else 0
 
     def _accessed(self, attrs: Attrs) -> Attrs:
         """An open for reading (or a listing) of ``attrs``: its atime moves to now under
@@ -153,7 +165,11 @@ class BlockMaps(StoreParts):
     def _check_written_block(self, ino: int, attrs: Attrs, block: WrittenBlock) -> None:
         """A block a writer commits or stages: allocated to this file, not committed yet,
         its stored span inside the block, chunk positions distinct and at least the policy's
-        ``write_min`` of them (all of them, unless the write was degraded)."""
+        ``write_min`` of them (all of them, unless the write was degraded). A block stored
+        inline: see ``_check_inline_block``."""
+        if block.inline is not None:
+            self._check_inline_block(attrs, block)
+            return
         row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block.block_id,))
         if row is None or row[0] != ino:
             raise InvalidArgument(f"block {block.block_id} was not allocated to inode {ino} or is committed")
@@ -169,6 +185,22 @@ class BlockMaps(StoreParts):
                 f"block {block.block_id} has chunks {positions}; {policy} needs at least {minimum}"
                 f" distinct positions in [0, {policy.width})"
             )
+
+    def _check_inline_block(self, attrs: Attrs, block: WrittenBlock) -> None:
+        """An inline block a writer commits: block 0 of a file that is at most ``inline_max``
+        bytes (the size it commits is checked by ``commit``), no chunks, block id 0, ``length``
+        bytes whose crc32c is the one sent."""
+        assert block.inline is not None
+        if block.idx != 0 or block.chunks or block.block_id:
+            raise InvalidArgument(f"an inline block is block 0 with no chunks and no block id (got block {block.idx},"
+                                  f" {len(block.chunks)} chunks, id {block.block_id})")
+        data = block.inline.data
+        if len(data) != block.length or block.start + block.length > self._inline_max(attrs):
+            raise InvalidArgument(f"inline block of inode {attrs.ino}: {block.length} bytes at {block.start} with"
+                                  f" {len(data)} bytes of data; at most {self._inline_max(attrs)} are stored inline")
+        if checksum.crc(data) != block.inline.crc:
+            raise ChecksumMismatch(f"inline block of inode {attrs.ino}: its data does not match its crc32c"
+                                   " (damaged on the way)")
 
     def _file(self, ino: int, writing_caller: Caller | None = None) -> Attrs:
         """File ``ino``'s attributes, for writing its data with ``writing_caller``."""
@@ -188,6 +220,8 @@ class BlockMaps(StoreParts):
         a later block or hole at an index replaces what was staged there."""
         attrs = self._file(ino, caller)
         for block in blocks:
+            if block.inline is not None:
+                raise InvalidArgument("an inline block is committed, never staged")
             self._check_written_block(ino, attrs, block)
         if cut_from is not None:
             for (block_id,) in self._all(
@@ -248,6 +282,9 @@ class BlockMaps(StoreParts):
             new[block.idx] = block
         for block in new.values():
             self._check_written_block(ino, attrs, block)
+        if size > self._inline_max(attrs) and any(b.inline is not None for b in new.values()):
+            raise InvalidArgument(f"inode {ino}: a file of {size} bytes is not stored inline"
+                                  f" (at most {self._inline_max(attrs)} bytes are)")
         if replace:
             self._drop_blocks(ino)
         else:
@@ -262,6 +299,10 @@ class BlockMaps(StoreParts):
             valid = min(start + block.length, size - block.idx * block_size)
             if valid <= start:  # nothing of it lies below the size: a hole after all
                 self._release_allocation(block.block_id, set())
+                continue
+            if block.inline is not None:
+                self._x("INSERT INTO inline_blocks (ino, idx, start, length, valid, data, crc) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (ino, block.idx, start, block.length, valid, block.inline.data, block.inline.crc))
                 continue
             self._x(
                 "INSERT INTO blocks (ino, idx, block_id, policy, start, length, valid, missing)"
@@ -321,14 +362,16 @@ class BlockMaps(StoreParts):
         self._drop_blocks(ino, from_idx=(size + block_size - 1) // block_size)
         if size % block_size:
             last, within = divmod(size, block_size)
-            self._x("UPDATE blocks SET valid = ? WHERE ino = ? AND idx = ? AND valid > ?", (within, ino, last, within))
-            if self._one("SELECT 1 FROM blocks WHERE ino = ? AND idx = ? AND valid <= start", (ino, last)):
+            for table in ("blocks", "inline_blocks"):
+                self._x(f"UPDATE {table} SET valid = ? WHERE ino = ? AND idx = ? AND valid > ?", (within, ino, last, within))
+            if self._one("SELECT 1 FROM blocks WHERE ino = ? AND idx = ? AND valid <= start UNION ALL"
+                         " SELECT 1 FROM inline_blocks WHERE ino = ? AND idx = ? AND valid <= start", (ino, last, ino, last)):
                 self._drop_blocks(ino, only_idx=last)
 
     def _count_stored(self, ino: int) -> None:
         """Recount the bytes file ``ino`` really stores (holes and zero heads and tails excluded)."""
         self._x("UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE ino = ?)"
-                " WHERE ino = ?", (ino, ino))
+                " + (SELECT COALESCE(SUM(valid - start), 0) FROM inline_blocks WHERE ino = ?) WHERE ino = ?", (ino, ino, ino))
 
     def truncate(self, parts: list[str], size: int, *, caller: Caller | None = None) -> Attrs:
         """Set the size of a file: shrinking drops data past ``size``; growing reads as zeros.

@@ -97,6 +97,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
     (the runner's) owns it."""
 
     server_dead_after_s = limits.server_dead_after_s  # the service sets its configured value
+    inline_max = limits.inline_bytes_default  # files up to this size are committed inline (the service sets it)
 
     def __init__(
         self,
@@ -348,7 +349,8 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
             self.renew(attrs.ino, reader=reader)
         # the directory after: as read, or as _touch just changed it (a new file adds no link)
         after = msgspec.structs.replace(directory, mtime=attrs.ctime, ctime=attrs.ctime) if created else directory
-        return CreateReply(attrs=attrs, created=created, directory=after, directory_ctime_before=directory.ctime)
+        return CreateReply(attrs=attrs, created=created, directory=after, directory_ctime_before=directory.ctime,
+                           inline_max=self._inline_max(attrs))
 
     def _create_file(
         self, parts: list[str], mode: int, uid: int, gid: int, exclusive: bool, caller: Caller | None
@@ -483,6 +485,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         self._x(f"DELETE FROM chunks WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
         self._x(f"DELETE FROM repairs WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
         self._x(f"DELETE FROM blocks WHERE {where}", params)
+        self._x(f"DELETE FROM inline_blocks WHERE {where}", params)
 
     def _remove_inode(self, attrs: Attrs) -> None:
         self._drop_blocks(attrs.ino)
@@ -506,7 +509,8 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
             raise IsADirectory(f"/{'/'.join(parts)} is a directory (use rmdir)")
         access.require_removable(parent, attrs, caller, _p(parts), _p(parts[:-1]))
         if (ino and attrs.ino != ino) or (only_if_empty and (attrs.size or self._one(
-                "SELECT 1 FROM blocks WHERE ino = ? LIMIT 1", (attrs.ino,)))):
+                "SELECT 1 FROM blocks WHERE ino = ? UNION ALL SELECT 1 FROM inline_blocks WHERE ino = ? LIMIT 1",
+                (attrs.ino, attrs.ino)))):
             return UnlinkReply(directory=parent, directory_ctime_before=parent.ctime)
         now = self.clock()
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (parent.ino, parts[-1]))

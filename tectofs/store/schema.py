@@ -30,6 +30,12 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS gc_queue (
         server_id INTEGER NOT NULL, block_id BIGINT NOT NULL, due DOUBLE PRECISION NOT NULL,
         ino BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (server_id, block_id))""",
+    # Blocks stored inline (a small file's block 0): its bytes in the store instead of chunks;
+    # like a blocks row otherwise (start, length, valid). A file has a block at an index in
+    # blocks or here, never both.
+    """CREATE TABLE IF NOT EXISTS inline_blocks (
+        ino BIGINT NOT NULL, idx BIGINT NOT NULL, start BIGINT NOT NULL, length BIGINT NOT NULL,
+        valid BIGINT NOT NULL, data BYTEA NOT NULL, crc BIGINT NOT NULL, PRIMARY KEY (ino, idx))""",
     # Readers' leases: while one is live, the chunks of the file's dropped blocks are kept (an
     # unlinked or replaced file stays readable through the handles that have it open).
     """CREATE TABLE IF NOT EXISTS read_leases (

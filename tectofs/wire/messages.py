@@ -33,6 +33,7 @@ from tectofs.wire.values import (  # noqa: F401 (re-exported)
     DirEntry,
     Handle,
     Id,
+    InlineData,
     Ino,
     Int64,
     KeyId,
@@ -139,6 +140,7 @@ class CreateReply(Message, frozen=True, kw_only=True):
     created: bool = False  # the file did not exist before this call
     directory: Attrs | None = None
     directory_ctime_before: Time | None = None
+    inline_max: Int64 = 0  # as LayoutSegment.inline_max
 
 
 class UnlinkReply(Message, frozen=True, kw_only=True):
@@ -764,6 +766,7 @@ def written(block: Block) -> WrittenBlock:
     return WrittenBlock(
         idx=block.idx, block_id=block.block_id, start=block.start, length=block.length,
         chunks=[WrittenChunk(position=c.position, server_id=c.server_id, length=c.length, crc=c.crc) for c in block.chunks],
+        inline=block.inline,
     )
 
 

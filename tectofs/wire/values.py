@@ -100,11 +100,22 @@ class ChunkRef(Message, frozen=True, kw_only=True):
     crc: Crc
 
 
+class InlineData(Message, frozen=True, kw_only=True):
+    """A small file's stored bytes, kept in the metadata store instead of chunks (a block
+    stored inline), and their crc32c: the writer computes it, the store checks it and keeps it,
+    every reader checks it again."""
+
+    data: Annotated[bytes, msgspec.Meta(min_length=1, max_length=limits.inline_bytes_max)]
+    crc: Crc
+
+
 class Block(Message, frozen=True, kw_only=True):
     """One committed (or written, not yet committed) block of a file.
 
     It covers file bytes ``[idx * block_size, idx * block_size + valid)``; its ``length``
-    stored bytes sit at ``start`` within it, and everything else in it reads as zeros."""
+    stored bytes sit at ``start`` within it, and everything else in it reads as zeros.
+    A block stored inline (a small file's block 0) has ``inline`` (its ``length`` bytes), no
+    chunks and ``block_id`` 0."""
 
     idx: Int64
     block_id: Id
@@ -114,6 +125,7 @@ class Block(Message, frozen=True, kw_only=True):
     valid: BlockOffset
     chunks: Annotated[list[ChunkRef], msgspec.Meta(max_length=limits.policy_width_max)]
     cap: Capability | None = None  # to read its chunks (layouts); None in what a writer commits
+    inline: InlineData | None = None
 
 
 class WrittenChunk(Message, frozen=True, kw_only=True):
@@ -124,13 +136,15 @@ class WrittenChunk(Message, frozen=True, kw_only=True):
 
 
 class WrittenBlock(Message, frozen=True, kw_only=True):
-    """A block as a writer commits (or stages) it: where its chunks went."""
+    """A block as a writer commits (or stages) it: where its chunks went, or (``inline``,
+    commits only, no chunks, ``block_id`` 0) its bytes themselves."""
 
     idx: Int64
     block_id: Id
     start: BlockOffset = 0
     length: Annotated[int, msgspec.Meta(ge=1, le=limits.block_size_max_bytes)]
-    chunks: Annotated[list[WrittenChunk], msgspec.Meta(min_length=1, max_length=limits.policy_width_max)]
+    chunks: Annotated[list[WrittenChunk], msgspec.Meta(max_length=limits.policy_width_max)]
+    inline: InlineData | None = None
 
 
 class LayoutSegment(Message, frozen=True, kw_only=True):
@@ -142,6 +156,9 @@ class LayoutSegment(Message, frozen=True, kw_only=True):
     blocks: list[Block]
     first: Int64 = 0
     end: Int64 | None = None
+    # Files up to this size are stored inline (the whole file one block in the metadata
+    # store); 0: never (a service that does not, or --inline-max 0).
+    inline_max: Int64 = 0
 
 
 class ServerRef(Message, frozen=True, kw_only=True):

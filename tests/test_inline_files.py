@@ -1,0 +1,241 @@
+"""Small files stored inline (their block 0 kept by the metadata store with the inode): what
+they cost in calls, every size around the threshold, a file crossing it under concurrent
+readers, damaged inline data, and the faults: a metadata service SIGKILLed after ``close``
+returned, and a failover to a second service over PostgreSQL in the middle of an untar."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import tarfile
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tectofs import errors, limits
+from tectofs.client import connect
+from tests.test_client_metrics import local, moved
+from tests.test_failover import TwoMetaCluster
+
+KiB = 1 << 10
+INLINE = limits.inline_bytes_default
+
+
+def _content(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def test_a_small_file_costs_a_create_and_a_commit_and_no_chunk_request(cluster: Any) -> None:
+    fs = cluster.fs
+    data = _content(26 * KiB, 1)
+    before = local()
+    fs.write_bytes("/small-costs", data)
+    written = local()
+    assert fs.read_bytes("/small-costs") == data
+    read = local()
+    assert moved(before, written, "tectofs_client_meta_requests_total", op="create", outcome="ok") == 1
+    assert moved(before, written, "tectofs_client_meta_requests_total", op="commit", outcome="ok") == 1
+    assert moved(before, written, "tectofs_client_meta_requests_total", op="allocate", outcome="ok") == 0
+    assert moved(before, read, "tectofs_client_chunk_requests_total", op="put_chunk", outcome="ok") == 0
+    assert moved(written, read, "tectofs_client_chunk_requests_total", op="get_chunk", outcome="ok") == 0
+    assert moved(written, read, "tectofs_client_meta_requests_total", op="layout", outcome="ok") == 1
+    assert moved(before, written, "tectofs_client_inline_writes_total") == 1
+    assert moved(written, read, "tectofs_client_inline_reads_total") == 1
+    # one byte over the threshold: a chunk block as before
+    fs.write_bytes("/small-costs", _content(INLINE + 1, 2))
+    assert moved(read, local(), "tectofs_client_chunk_requests_total", op="put_chunk", outcome="ok") >= 4
+
+
+@pytest.mark.parametrize("size", [1, 4095, INLINE - 1, INLINE, INLINE + 1, 3 * INLINE])
+def test_sizes_around_the_threshold_round_trip_through_every_kind_of_write(cluster: Any, size: int) -> None:
+    """Whole writes, zero heads and tails (a trimmed stored span), a patch in the middle of
+    an inline file, appends across the threshold and back, truncations: each read equals a
+    model kept in memory."""
+    fs = cluster.fs
+    path = f"/sizes-{size}"
+    model = bytearray(bytes(100) + _content(max(0, size - 200), size) + bytes(min(size, 100)))[:size]
+    fs.write_bytes(path, bytes(model))
+    assert fs.read_bytes(path) == model
+    with fs.open(path, "r+b") as f:  # patch the middle
+        f.seek(size // 2)
+        f.write(b"PATCH")
+    model[size // 2 : size // 2 + 5] = b"PATCH"
+    assert fs.read_bytes(path) == model
+    with fs.open(path, "ab") as f:  # grow past the threshold
+        f.write(b"A" * INLINE)
+    model += b"A" * INLINE
+    assert fs.read_bytes(path) == model
+    fs.truncate(path, min(size, 1000))  # back below it (the block stays in chunks until rewritten)
+    del model[min(size, 1000):]
+    assert fs.read_bytes(path) == model
+    with fs.open(path, "r+b") as f:  # rewritten small: inline again
+        f.write(b"B")
+    model[0:1] = b"B"
+    assert fs.read_bytes(path) == model
+    fs.truncate(path, size + 10)  # extended: zeros past the stored bytes
+    model += bytes(size + 10 - len(model))
+    assert fs.read_bytes(path) == model and fs.stat(path).size == size + 10
+
+
+def test_a_file_crossing_the_threshold_under_concurrent_readers_reads_back_bit_exact(cluster: Any) -> None:
+    """One writer replaces and appends a file so that it crosses the threshold both ways many
+    times; two readers on their own clients read it whole all the while, and one keeps a
+    handle open across versions. Every read is exactly one version the writer committed (or
+    was committing), and a handle reads the version it opened every time."""
+    path = "/crossing"
+    versions: set[bytes] = {b""}
+    cluster.fs.write_bytes(path, b"")
+    stop = threading.Event()
+    failures: list[str] = []
+    counts = [0, 0]
+
+    def read_whole(index: int) -> None:
+        with connect(cluster.address, credentials=cluster.credential_file) as fs:
+            while not stop.is_set():
+                data = fs.read_bytes(path)
+                if data not in versions:
+                    failures.append(f"reader {index}: {len(data)} bytes that no version had")
+                    return
+                counts[index] += 1
+
+    def hold_open() -> None:
+        with connect(cluster.address, credentials=cluster.credential_file) as fs:
+            while not stop.is_set():
+                with fs.open(path, "rb") as f:
+                    first = f.read()
+                    time.sleep(0.02)
+                    f.seek(0)
+                    if f.read() != first:
+                        failures.append("an open handle read two versions")
+                        return
+
+    readers = [threading.Thread(target=read_whole, args=(i,)) for i in range(2)] + [threading.Thread(target=hold_open)]
+    for thread in readers:
+        thread.start()
+    try:
+        rng = random.Random(7)
+        current = b""
+        for step in range(60):
+            if step % 3 == 2:
+                piece = rng.randbytes(rng.choice([100, INLINE // 2, INLINE]))
+                versions.add(current + piece)
+                with cluster.fs.open(path, "ab") as f:
+                    f.write(piece)
+                current += piece
+            else:
+                current = rng.randbytes(rng.choice([1, INLINE - 1, INLINE, INLINE + 1, 3 * INLINE]))
+                versions.add(current)
+                cluster.fs.write_bytes(path, current)
+            assert cluster.fs.read_bytes(path) == current
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join(timeout=60)
+    assert not failures, failures
+    assert min(counts) > 0, counts
+
+
+def test_damaged_inline_data_is_an_error_never_bytes(make_cluster: Any) -> None:
+    """Inline data is checked end to end: bytes damaged in the store (a bad disk under the
+    database) fail the reader's crc32c check with a clear error."""
+    c = make_cluster(servers=6)
+    data = _content(5000, 3)
+    c.fs.write_bytes("/damaged", data)
+    ino = c.fs.stat("/damaged").ino
+    with sqlite3.connect(os.path.join(c.root, "meta.db"), timeout=10) as db:
+        (stored,) = db.execute("SELECT data FROM inline_blocks WHERE ino = ?", (ino,)).fetchone()
+        flipped = bytes([stored[0] ^ 1]) + bytes(stored[1:])
+        db.execute("UPDATE inline_blocks SET data = ? WHERE ino = ?", (flipped, ino))
+    with pytest.raises(errors.ChecksumMismatch, match="inline data"):
+        c.fs.read_bytes("/damaged")
+
+
+def test_a_sigkilled_metadata_service_loses_no_small_file_whose_close_returned(make_cluster: Any) -> None:
+    c = make_cluster(servers=6)
+    rng = random.Random(11)
+    written = {f"/k/{i:03d}": rng.randbytes(rng.randrange(1, INLINE + 1)) for i in range(300)}
+    c.fs.mkdir("/k")
+    for path, data in written.items():
+        c.fs.write_bytes(path, data)  # returned: committed
+    c.kill_meta(signal.SIGKILL)
+    c.restart_meta()
+    with connect(c.address, credentials=c.credential_file) as fs:
+        assert sorted(fs.listdir("/k")) == sorted(p.rsplit("/", 1)[1] for p in written)
+        for path, data in written.items():
+            assert fs.read_bytes(path) == data, path
+
+
+def _files_below(fs: Any, directory: str) -> set[str]:
+    """Every file below ``directory``, as a path without the leading ``/``."""
+    found: set[str] = set()
+    for name, st in fs.scandir(directory):
+        path = f"{directory}/{name}"
+        found |= _files_below(fs, path) if st.is_dir else {path[1:]}
+    return found
+
+
+def _small_tree_tar(files: int, seed: int) -> tuple[bytes, dict[str, bytes]]:
+    """A tarball of ``files`` small files in nested directories (sizes as in a package tree)."""
+    rng = random.Random(seed)
+    contents: dict[str, bytes] = {}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for i in range(files):
+            name = f"pkg/m{i % 7}/s{i % 31}/f{i:05d}.py"
+            data = rng.randbytes(min(INLINE, int(rng.lognormvariate(8, 1.2))))
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+            contents[name] = data
+    return buffer.getvalue(), contents
+
+
+@pytest.mark.slow
+def test_failover_to_a_second_metadata_service_mid_untar_loses_and_duplicates_nothing(
+        make_cluster: Any, postgres_server: str, tmp_path: Any) -> None:
+    """``tar -x`` of 1,500 small files onto a mount of the group "A,B" over PostgreSQL; A is
+    SIGKILLed once a third of them exist. tar succeeds; the tree read back through B alone
+    is the tarball's, bit-exact, every file once and nothing else."""
+    from tectofs.client.fuse import start_mount_process
+    from tests.postgres import new_database
+
+    c = make_cluster(cluster_class=TwoMetaCluster, store=new_database(postgres_server))
+    assert isinstance(c, TwoMetaCluster)
+    archive, contents = _small_tree_tar(1500, seed=5)
+    (tmp_path / "tree.tar").write_bytes(archive)
+    mount = start_mount_process(c.address, str(tmp_path / "mnt"), log_path=str(tmp_path / "mount.log"),
+                                credentials=c.credential_file)
+    killed: list[float] = []
+
+    def kill_a_third_of_the_way() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            made = sum(len(names) for _, _, names in os.walk(tmp_path / "mnt" / "pkg"))
+            if made >= len(contents) // 3:
+                c.kill_meta(signal.SIGKILL)
+                killed.append(time.monotonic())
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_a_third_of_the_way)
+    killer.start()
+    try:
+        untar = subprocess.run(["tar", "-xf", str(tmp_path / "tree.tar"), "-C", str(tmp_path / "mnt")],
+                               capture_output=True, text=True, timeout=600)
+        ended = time.monotonic()
+        killer.join(timeout=130)
+        assert untar.returncode == 0, untar.stderr
+        assert killed and killed[0] < ended, "A was not killed while tar ran"
+    finally:
+        mount.stop()
+    with connect(c.second_address, credentials=c.credential_file) as fs:
+        found = _files_below(fs, "/pkg")
+        assert found == set(contents), (sorted(found - set(contents))[:5], sorted(set(contents) - found)[:5])
+        for name, data in contents.items():
+            assert fs.read_bytes("/" + name) == data, name
