@@ -78,6 +78,7 @@ class AsyncFile:
         self._writer_lease_s: float | None = None  # set by the first allocation
         self._reader = 0  # a reader's lease id (0: none)
         self._committed = False  # a commit of this handle succeeded
+        self._stamped: tuple[float | None, float | None] | None = None  # (atime, mtime) for the next commit
         self.committed_layout: messages.LayoutSegment | None = None  # by this handle's last commit
 
     def _set_layout(self, layout: messages.LayoutSegment) -> None:
@@ -455,6 +456,7 @@ class AsyncFile:
         if layout is None:
             return
         self._committed = True
+        self._stamped = None
         self.replace = False
         self._writes.committed()
         self._changed = False
@@ -463,6 +465,13 @@ class AsyncFile:
         self._drop_cache()  # read before this commit: stale
         self._set_layout(layout)  # the commit answers with the new layout
         self.committed_layout = layout
+
+    def stamp_times(self, atime: float | None, mtime: float | None) -> None:
+        """Have the next commit set these times (None: that time as a commit sets it), in the
+        same call: ``utimens`` on a file being written (``tar``, ``cp -p``)."""
+        self._check_open(write=True)
+        self._stamped = (atime, mtime)
+        self._changed = True
 
     @property
     def unchanged(self) -> bool:
@@ -495,9 +504,10 @@ class AsyncFile:
             return None
         await self._stage_excess()
         staged = self._writes.anything_staged()
+        atime, mtime = self._stamped or (None, None)
         return await self.context.metadata.commit(messages.CommitRequest(
-            ino=self.ino, handle=self.handle, size=self.size, replace=self.replace,
-            mtime=self.modified_at or time.time(),
+            ino=self.ino, handle=self.handle, size=self.size, replace=self.replace, atime=atime,
+            mtime=mtime if mtime is not None else self.modified_at or time.time(),
             blocks=[messages.written(entry.block) for entry in self._writes.in_state(WriteState.WRITTEN).values()
                     if entry.block is not None and entry.idx * self.block_size < self.size],
             shrunk_to=self._shrunk_to, holes=self._holes_to_send(), writer=self._writer if staged else None,

@@ -350,6 +350,37 @@ def test_rename_replace_and_noreplace(mounted: Mounted) -> None:
     assert sorted(os.listdir(f"{where}/d2")) == ["e", "inner"]
 
 
+def test_times_and_owner_set_on_a_file_being_written_go_with_its_data(mounted: Mounted) -> None:
+    """What tar does per file: write, fchown to the owner it has, futimens, close. The times
+    ride on the data's commit; the no-op chown changes nothing; both read back from this mount
+    and from the library; a file renamed while open gets its times under its new name, and
+    the file made at its old name keeps its own."""
+    where, tectofs_dir = mounted.fresh_dir("stamped")
+    with open(f"{where}/f", "wb") as f:
+        f.write(b"data" * 1000)
+        f.flush()  # to the mount (Python buffers it), as tar's write(2)
+        os.fchown(f.fileno(), os.getuid(), os.getgid())
+        os.utime(f.fileno(), ns=(1_500_000_000_000_000_000, 1_600_000_000_000_000_000))
+        assert os.stat(f"{where}/f").st_mtime_ns == 1_600_000_000_000_000_000
+    for st in (os.stat(f"{where}/f"), mounted.fs.stat(f"{tectofs_dir}/f")):
+        mtime = st.st_mtime_ns if isinstance(st, os.stat_result) else round(st.mtime * 1e9)
+        atime = st.st_atime_ns if isinstance(st, os.stat_result) else round(st.atime * 1e9)
+        assert abs(mtime - 1_600_000_000_000_000_000) < 1000 and abs(atime - 1_500_000_000_000_000_000) < 1000
+    assert mounted.fs.read_bytes(f"{tectofs_dir}/f") == b"data" * 1000
+    with open(f"{where}/g", "wb") as g:
+        g.write(b"g")
+        g.flush()
+        os.rename(f"{where}/g", f"{where}/h")
+        with open(f"{where}/g", "wb") as other:
+            other.write(b"other")
+            other.flush()
+            os.utime(f"{where}/h", ns=(1_000_000_000, 1_100_000_000_000_000_000))
+    assert os.stat(f"{where}/h").st_mtime_ns == 1_100_000_000_000_000_000
+    assert os.stat(f"{where}/g").st_mtime_ns != 1_100_000_000_000_000_000
+    with open(f"{where}/h", "rb") as h, open(f"{where}/g", "rb") as g2:
+        assert (h.read(), g2.read()) == (b"g", b"other")
+
+
 def test_ls_l_attributes(mounted: Mounted) -> None:
     where, tectofs_dir = mounted.fresh_dir("attrs")
     with open(f"{where}/f", "wb") as f:

@@ -67,7 +67,7 @@ from tectofs.errors import PermissionDenied, TectofsError
 from tectofs.wire import messages
 
 __all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "start_mount_process", "unmount_wait_s"]
-from tectofs.client.fuse.directories import FreshDirectories
+from tectofs.client.fuse.fresh import FreshAttributes
 from tectofs.client.fuse.links import LinkedNames
 from tectofs.client.fuse.listings import KnownListings
 from tectofs.client.fuse.readdir import READDIR_PLUS, Entry, OpenListings, fill
@@ -89,23 +89,26 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
+_SET_ID = statmod.S_ISUID | statmod.S_ISGID
 _ACCESS_MODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 _CAP_READDIRPLUS_AUTO = 1 << 14  # FUSE_CAP_READDIRPLUS_AUTO (libfuse3)
 _KIND_BITS = {"file": statmod.S_IFREG, "dir": statmod.S_IFDIR, "symlink": statmod.S_IFLNK, "fifo": statmod.S_IFIFO,
               "socket": statmod.S_IFSOCK, "char": statmod.S_IFCHR, "block": statmod.S_IFBLK}
 
 
-# Requests that change no directory's attributes (create and unlink tell FreshDirectories
-# themselves); every other request moves its epoch.
+# Requests that change no directory's attributes, or tell FreshAttributes themselves (create,
+# unlink, chmod, chown, utimens; those change no listing either); every other request moves its
+# epoch and drops the known listings.
 _LEAVE_DIRECTORIES = frozenset({
     "getattr", "read", "readinto", "write", "flush", "fsync", "release", "readlink", "statfs",
     "getxattr", "listxattr", "access", "open", "releasedir", "fsyncdir", "create", "unlink",
+    "chmod", "chown", "utimens",
 })
 
 
 def _errno(method: F) -> F:
     """Turn tectofs errors into ``FuseOSError(errno)``; anything unexpected is EIO, logged.
-    A request that may change a directory is a change for ``FreshDirectories``, and drops the
+    A request that may change a directory is a change for ``FreshAttributes``, and drops the
     ``KnownListings`` when it starts and ends (``mkdir`` keeps track itself)."""
     changes = method.__name__ not in _LEAVE_DIRECTORIES
     drops_listings = changes and method.__name__ != "mkdir"
@@ -114,7 +117,7 @@ def _errno(method: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if drops_listings:
             args[0].listings.forget_all()
-        started = args[0].directories.begin_change() if changes else 0
+        started = args[0].fresh.begin_change() if changes else 0
         try:
             return method(*args, **kwargs)
         except TectofsError as exc:
@@ -127,7 +130,7 @@ def _errno(method: F) -> F:
             raise mfusepy.FuseOSError(errno.EIO) from None
         finally:
             if changes:
-                args[0].directories.end_change(started)
+                args[0].fresh.end_change(started)
             if drops_listings:
                 args[0].listings.forget_all()
 
@@ -186,7 +189,7 @@ class TectofsOperations(mfusepy.Operations):
         self._reported_lock = threading.Lock()
         self.callers = callers or Callers()
         self.links = LinkedNames()
-        self.directories = FreshDirectories(attr_timeout_s)
+        self.fresh = FreshAttributes(attr_timeout_s)
         self.listings = KnownListings(negative_cache_s if self.entry_timeout_s > 0 else 0.0)
 
     # ------------------------------------------------------------------ plumbing
@@ -227,7 +230,10 @@ class TectofsOperations(mfusepy.Operations):
 
     def _writers(self, ino: int) -> list[_OpenFile]:
         with self._registry_lock:
-            return [h for h in self._by_ino.get(ino, ()) if h.file.writable]
+            return self._writers_locked(ino)
+
+    def _writers_locked(self, ino: int) -> list[_OpenFile]:
+        return [h for h in self._by_ino.get(ino, ()) if h.file.writable]
 
     def _remember(self, ino: int, size: int, mtime: float) -> None:
         with self._reported_lock:
@@ -338,7 +344,7 @@ class TectofsOperations(mfusepy.Operations):
             raise mfusepy.FuseOSError(errno.ESTALE)
         elif path != "/" and self.listings.absent(_directory_of(path), path.rsplit("/", 1)[1]):
             raise mfusepy.FuseOSError(errno.ENOENT)  # the lookup before a create, mostly
-        elif (fresh := self.directories.take(path, self.callers.identity())) is not None:
+        elif (fresh := self.fresh.take(path, self.callers.identity())) is not None:
             st = fresh  # what the create or unlink just made of this directory
         else:
             try:
@@ -367,14 +373,21 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def chmod(self, path: str, mode: int) -> int:
-        self._as_caller(lambda fs: fs.setattr(path, mode=mode & 0o7777))
-        self._changed_through(path)
+        self._set_attributes(path, lambda: self._as_caller(lambda fs: fs.setattr(path, mode=mode & 0o7777)))
         return 0
 
     @_errno
     def chown(self, path: str, uid: int, gid: int) -> int:
-        self._as_caller(lambda fs: fs.setattr(path, uid=None if uid == -1 else uid, gid=None if gid == -1 else gid))
-        self._changed_through(path)
+        new_uid, new_gid = None if uid == -1 else uid, None if gid == -1 else gid
+        writer = self._lone_writer(path)
+        if writer is not None and writer.file.created:
+            attrs = writer.file.attrs
+            if new_uid in (None, attrs.uid) and new_gid in (None, attrs.gid) and not attrs.mode & _SET_ID:
+                # tar restoring the owner its create gave the file already: nothing changes but
+                # the ctime, which the commit at close stamps; no call.
+                self._set_attributes(path, lambda: Stat.from_attrs(attrs))
+                return 0
+        self._set_attributes(path, lambda: self._as_caller(lambda fs: fs.setattr(path, uid=new_uid, gid=new_gid)))
         return 0
 
     @_errno
@@ -385,13 +398,53 @@ class TectofsOperations(mfusepy.Operations):
             mtime: float | None = now
         else:
             atime, mtime = (None if t == UTIME_OMIT else now if t == UTIME_NOW else t / 1e9 for t in times)
-        if atime is not None or mtime is not None:
-            # cp -p and tar set times on the open file before closing it; commit its data
-            # first so that the commit at close does not stamp the current time over them.
-            self._commit_writers_of(path)
-            self._as_caller(lambda fs: fs.setattr(path, atime=atime, mtime=mtime))
-            self._changed_through(path)
+        if atime is None and mtime is None:
+            return 0
+        writer = self._lone_writer(path) if times is not None else None
+        if writer is not None:
+            # tar and cp -p set times on the file they are writing before closing it: the times
+            # go with the commit of its data, one call (not a commit, then a setattr).
+            self._set_attributes(path, lambda: self._commit_with_times(writer, atime, mtime))
+            return 0
+        # other writers of it on this mount commit first, so that their commit at close does
+        # not stamp the current time over the times set now
+        self._commit_writers_of(path)
+        self._set_attributes(path, lambda: self._as_caller(lambda fs: fs.setattr(path, atime=atime, mtime=mtime)))
         return 0
+
+    def _set_attributes(self, path: str, change: Callable[[], Stat]) -> None:
+        """Run ``change`` (a setattr, or what answers for one) as one change of this mount;
+        the attributes it answers answer libfuse's ``getattr`` that follows it."""
+        started, st = self.fresh.begin_change(), None
+        try:
+            st = change()
+        finally:
+            self.fresh.end_change(started, path, self.callers.identity(), st)
+        self._changed_through(path)
+
+    def _lone_writer(self, path: str) -> _OpenFile | None:
+        """The descriptor of this mount writing the file at ``path`` with changes not yet
+        committed, if there is exactly one writer of that file here and the caller of this
+        request opened it; else None. (By path: the kernel sends no file handle with
+        ``futimens`` or ``fchown``.)"""
+        identity = self.callers.identity()
+        with self._registry_lock:
+            named = [h for h in self._handles.values() if h.file.path == path and h.file.writable]
+            if len(named) != 1 or len(self._writers_locked(named[0].file.ino)) != 1:
+                return None
+        handle = named[0]
+        opener = handle.file.context.acting_uid
+        return handle if handle.dirty and opener == (None if identity is None else identity[0]) else None
+
+    def _commit_with_times(self, handle: _OpenFile, atime: float | None, mtime: float | None) -> Stat:
+        with handle.lock:
+            handle.file.stamp_times(atime, mtime)
+            self._run(handle.file.flush())
+            handle.dirty = False
+            layout = handle.file.committed_layout
+        self._share_commit(handle)
+        assert layout is not None
+        return Stat.from_attrs(layout.attrs)
 
     def _commit_writers_of(self, path: str) -> None:
         with self._registry_lock:
@@ -481,11 +534,11 @@ class TectofsOperations(mfusepy.Operations):
     @_errno
     def unlink(self, path: str) -> int:
         others = self.links.others(path)
-        started, change = self.directories.begin_change(), None
+        started, change = self.fresh.begin_change(), None
         try:
             change = self._as_caller(lambda fs: fs.remove(path))
         finally:
-            self.directories.end_change(started, _directory_of(path), self.callers.identity(),
+            self.fresh.end_change(started, _directory_of(path), self.callers.identity(),
                                         None if change is None else change.after)
             self._follow(path, change, present=False)
         self.links.removed(path)
@@ -496,14 +549,27 @@ class TectofsOperations(mfusepy.Operations):
     def rename(self, old: str, new: str, flags: int = 0) -> int:
         if flags == RENAME_EXCHANGE:  # atomic swap, e.g. a new checkpoint directory for the old one
             self._as_caller(lambda fs: fs.exchange(old, new))
+            self._moved_handles({old: new, new: old})
             return 0
         if flags & ~RENAME_NOREPLACE:
             raise mfusepy.FuseOSError(errno.EINVAL)  # NOREPLACE|EXCHANGE, RENAME_WHITEOUT
         replaced_others = self.links.others(new)
         self._as_caller(lambda fs: fs.rename(old, new, noreplace=bool(flags & RENAME_NOREPLACE)))
+        self._moved_handles({old: new})
         self.links.renamed(old, new)
         self._changed_through(new, replaced_others + self.links.others(new))
         return 0
+
+    def _moved_handles(self, moves: dict[str, str]) -> None:
+        """Open files under a renamed path (``moves``: old -> new, the path itself or below it)
+        go by their new path."""
+        with self._registry_lock:
+            for handle in self._handles.values():
+                for old, new in moves.items():
+                    path = handle.file.path
+                    if path == old or path.startswith(old + "/"):
+                        handle.file.path = new + path[len(old):]
+                        break
 
     @_errno
     def symlink(self, path: str, target: str) -> int:
@@ -562,12 +628,12 @@ class TectofsOperations(mfusepy.Operations):
             client_mode = "w+b"
         else:
             client_mode = "a+b"  # create if missing, keep content if another client just made it
-        started, file = self.directories.begin_change(), None
+        started, file = self.fresh.begin_change(), None
         try:
             file = self._as_caller(lambda fs: fs.open(path, client_mode, file_mode=mode & 0o7777))
         finally:
             change = None if file is None else file.directory
-            self.directories.end_change(started, _directory_of(path), self.callers.identity(),
+            self.fresh.end_change(started, _directory_of(path), self.callers.identity(),
                                         None if change is None else change.after)
             self._follow(path, change, present=True)
         file.readable = True  # the kernel enforces the access mode of each descriptor

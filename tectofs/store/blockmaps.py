@@ -253,9 +253,10 @@ class BlockMaps(StoreParts):
     def commit(
         self, ino: int, size: int, blocks: list[WrittenBlock], replace: bool, mtime: float | None = None,
         shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
-        *, caller: Caller | None = None,
+        atime: float | None = None, *, caller: Caller | None = None,
     ) -> LayoutSegment:
-        """Publish written blocks and the new size in one step.
+        """Publish written blocks and the new size (and ``mtime``, and ``atime`` if given: a
+        writer may set its file's times, as ``setattr`` lets it) in one step.
 
         ``blocks``: each allocated to this file and not committed before;
         with ``writer``, what that writer staged (``stage``) comes first, and ``blocks`` and
@@ -316,7 +317,8 @@ class BlockMaps(StoreParts):
                     (block.block_id, chunk.position, chunk.server_id, chunk.length, chunk.crc, now),
                 )
             self._release_allocation(block.block_id, {c.server_id for c in block.chunks})
-        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, mtime or now, now, ino))
+        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ?, atime = COALESCE(?, atime) WHERE ino = ?",
+                (size, mtime or now, now, atime, ino))
         self._count_stored(ino)
         return self.layout(ino=ino)
 

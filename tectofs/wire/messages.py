@@ -381,6 +381,7 @@ class CommitRequest(Message, frozen=True, kw_only=True):
     shrunk_to: Int64 | None = None
     holes: HoleList = []
     writer: Id | None = None  # publish what this writer staged, too
+    atime: Time | None = None  # also set the access time (utimens on a file being written: one call)
 
 
 BadChunkKind = Literal["corrupt", "missing", "unreachable", ""]

@@ -1,11 +1,12 @@
-"""Directory attributes a namespace change already answered, for the kernel's next question.
+"""Attributes a change already answered, for the kernel's next question.
 
 After a create or an unlink the kernel drops its cached attributes of the directory, and
 with ``default_permissions`` its next permission check there (the next create's or unlink's)
 asks for them again: one metadata call per file. The metadata service returns the
 directory's attributes with the create or unlink reply (post-operation attributes, as
 NFSv3's ``wcc_data``), so the mount keeps them here and answers that one ``getattr``
-itself.
+itself. The same for a file after ``chmod``, ``chown`` or ``utimens``: libfuse's path API
+asks for its attributes right after each, and the change's reply has them.
 
 Correctness rests on a change counter (the *epoch*): every request of the mount that may
 change a directory (anything but reads, ``getattr``, ``statfs`` and the like) moves it when
@@ -25,8 +26,9 @@ from typing import Any
 from tectofs.client.core import Stat
 
 
-class FreshDirectories:
-    """Post-operation directory attributes, keyed by path, valid until the next change."""
+class FreshAttributes:
+    """Post-operation attributes (of a directory or a file), keyed by path, valid until the
+    next change."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -42,8 +44,9 @@ class FreshDirectories:
 
     def end_change(self, started: int, directory: str | None = None, caller: Any = None,
                    attrs: Stat | None = None) -> None:
-        """The request begun at ``started`` ended; its reply said ``directory`` (a path) now
-        has ``attrs``, kept if no other change overlapped it."""
+        """The request begun at ``started`` ended; its reply said ``directory`` (a path: of a
+        directory, or of the file it changed) now has ``attrs``, kept if no other change
+        overlapped it."""
         with self._lock:
             alone = self._epoch == started
             self._epoch += 1
@@ -54,8 +57,8 @@ class FreshDirectories:
                 self._fresh = {directory: self._fresh[directory]}
 
     def take(self, path: str, caller: Any) -> Stat | None:
-        """The attributes of directory ``path`` if a change's reply gave them and nothing
-        changed since (once: the kernel caches the answer)."""
+        """The attributes of ``path`` if a change's reply gave them and nothing changed since
+        (once: the kernel caches the answer)."""
         with self._lock:
             entry = self._fresh.pop(path, None)
             if entry is None:
