@@ -78,7 +78,9 @@ class AsyncFile:
         self._writer_lease_s: float | None = None  # set by the first allocation
         self._reader = 0  # a reader's lease id (0: none)
         self._committed = False  # a commit of this handle succeeded
-        self._stamped: tuple[float | None, float | None] | None = None  # (atime, mtime) for the next commit
+        # what the next commit also sets: (atime, mtime), None each for as a commit sets it; a mode
+        self.stamped_times: tuple[float | None, float | None] = (None, None)
+        self.stamped_mode: int | None = None
         self.committed_layout: messages.LayoutSegment | None = None  # by this handle's last commit
 
     def _set_layout(self, layout: messages.LayoutSegment) -> None:
@@ -145,7 +147,7 @@ class AsyncFile:
                 self._bytes_written += n
                 self.size = max(self.size, position + n)
                 self._changed = True
-                self.modified_at = time.time()
+                self._touch()
                 continue
             buffer, valid = await self._block_buffer(idx, within + n)
             if within > valid:  # a gap inside the block reads as zeros
@@ -160,7 +162,7 @@ class AsyncFile:
             self._bytes_written += n
             self.size = max(self.size, position + n)
             self._changed = True
-            self.modified_at = time.time()
+            self._touch()
             if valid == self.block_size:
                 await self._send(idx)
         await self._bound_dirty()
@@ -407,7 +409,7 @@ class AsyncFile:
                 raise
         self.size = size
         self._changed = True
-        self.modified_at = time.time()
+        self._touch()
 
     async def _cut(self, size: int) -> None:
         """Forget everything this handle holds or sees past ``size``: buffered, in-flight,
@@ -456,7 +458,7 @@ class AsyncFile:
         if layout is None:
             return
         self._committed = True
-        self._stamped = None
+        self.stamped_times, self.stamped_mode = (None, None), None
         self.replace = False
         self._writes.committed()
         self._changed = False
@@ -468,9 +470,23 @@ class AsyncFile:
 
     def stamp_times(self, atime: float | None, mtime: float | None) -> None:
         """Have the next commit set these times (None: that time as a commit sets it), in the
-        same call: ``utimens`` on a file being written (``tar``, ``cp -p``)."""
+        same call: ``utimens`` on a file being written (``tar``, ``cp -p``). A later write
+        does not move a stamped mtime."""
         self._check_open(write=True)
-        self._stamped = (atime, mtime)
+        old_atime, old_mtime = self.stamped_times
+        self.stamped_times = (old_atime if atime is None else atime, old_mtime if mtime is None else mtime)
+        self._changed = True
+
+    def _touch(self) -> None:
+        """The data changed now: the next commit's mtime (a stamped one is overtaken)."""
+        self.modified_at = time.time()
+        self.stamped_times = (self.stamped_times[0], None)
+
+    def stamp_mode(self, mode: int) -> None:
+        """Have the next commit also set the permission bits to ``mode`` (a chmod of a file
+        being written, carried by its commit)."""
+        self._check_open(write=True)
+        self.stamped_mode = mode
         self._changed = True
 
     @property
@@ -504,9 +520,9 @@ class AsyncFile:
             return None
         await self._stage_excess()
         staged = self._writes.anything_staged()
-        atime, mtime = self._stamped or (None, None)
+        atime, mtime = self.stamped_times
         return await self.context.metadata.commit(messages.CommitRequest(
-            ino=self.ino, handle=self.handle, size=self.size, replace=self.replace, atime=atime,
+            ino=self.ino, handle=self.handle, size=self.size, replace=self.replace, atime=atime, mode=self.stamped_mode,
             mtime=mtime if mtime is not None else self.modified_at or time.time(),
             blocks=[messages.written(entry.block) for entry in self._writes.in_state(WriteState.WRITTEN).values()
                     if entry.block is not None and entry.idx * self.block_size < self.size],

@@ -350,23 +350,38 @@ def test_rename_replace_and_noreplace(mounted: Mounted) -> None:
     assert sorted(os.listdir(f"{where}/d2")) == ["e", "inner"]
 
 
-def test_times_and_owner_set_on_a_file_being_written_go_with_its_data(mounted: Mounted) -> None:
-    """What tar does per file: write, fchown to the owner it has, futimens, close. The times
-    ride on the data's commit; the no-op chown changes nothing; both read back from this mount
-    and from the library; a file renamed while open gets its times under its new name, and
-    the file made at its old name keeps its own."""
+def test_times_owner_and_mode_set_on_a_file_being_written_go_with_its_commit(mounted: Mounted) -> None:
+    """What tar does per file: create (mode 0600), write, futimens, fchown to the owner it has,
+    fchmod 0644, close. The mount shows each change at once and commits them with the data;
+    afterwards the library reads them back. A chmod that takes permission away is applied at
+    once, for everyone. A file renamed while open gets its times under its new name, and the
+    file made at its old name keeps its own."""
     where, tectofs_dir = mounted.fresh_dir("stamped")
-    with open(f"{where}/f", "wb") as f:
-        f.write(b"data" * 1000)
-        f.flush()  # to the mount (Python buffers it), as tar's write(2)
-        os.fchown(f.fileno(), os.getuid(), os.getgid())
-        os.utime(f.fileno(), ns=(1_500_000_000_000_000_000, 1_600_000_000_000_000_000))
-        assert os.stat(f"{where}/f").st_mtime_ns == 1_600_000_000_000_000_000
-    for st in (os.stat(f"{where}/f"), mounted.fs.stat(f"{tectofs_dir}/f")):
-        mtime = st.st_mtime_ns if isinstance(st, os.stat_result) else round(st.mtime * 1e9)
-        atime = st.st_atime_ns if isinstance(st, os.stat_result) else round(st.atime * 1e9)
-        assert abs(mtime - 1_600_000_000_000_000_000) < 1000 and abs(atime - 1_500_000_000_000_000_000) < 1000
+    fd = os.open(f"{where}/f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, b"data" * 1000)
+        os.utime(fd, ns=(1_500_000_000_000_000_000, 1_600_000_000_000_000_000))
+        os.fchown(fd, os.getuid(), os.getgid())
+        os.fchmod(fd, 0o644)
+        seen = os.stat(f"{where}/f")
+        assert (seen.st_mtime_ns, seen.st_atime_ns) == (1_600_000_000_000_000_000, 1_500_000_000_000_000_000)
+        assert stat.S_IMODE(seen.st_mode) == 0o644 and seen.st_size == 4000
+    finally:
+        os.close(fd)
+    st = mounted.fs.stat(f"{tectofs_dir}/f")
+    assert abs(st.mtime - 1.6e9) < 1e-6 and abs(st.atime - 1.5e9) < 1e-6 and st.mode & 0o7777 == 0o644
     assert mounted.fs.read_bytes(f"{tectofs_dir}/f") == b"data" * 1000
+    assert abs(os.stat(f"{where}/f").st_mtime_ns - 1_600_000_000_000_000_000) < 1000
+
+    fd = os.open(f"{where}/private", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"secret")
+        os.fchmod(fd, 0o600)  # takes read permission away: everyone sees it before the close
+        assert mounted.fs.stat(f"{tectofs_dir}/private").mode & 0o7777 == 0o600
+    finally:
+        os.close(fd)
+    assert mounted.fs.read_bytes(f"{tectofs_dir}/private") == b"secret"
+
     with open(f"{where}/g", "wb") as g:
         g.write(b"g")
         g.flush()

@@ -85,7 +85,9 @@ def test_creates_in_a_directory_the_mount_made_skip_the_lookup(make_cluster: Any
         os.stat(f"{mnt}/other")
         other_calls = lookups_while_creating(f"{mnt}/other")
         assert made_calls < 20, made_calls  # the lookup before each create answered by the mount
-        assert other_calls >= 200, other_calls
+        # there, every create's lookup asks, but the first's: the listing the mount made is
+        # found stale by that create's reply (another client wrote /other/seed)
+        assert other_calls >= 199, other_calls
         assert sorted(os.listdir(f"{mnt}/made")) == sorted(f"f{i}" for i in range(200))
         assert all(os.path.getsize(f"{mnt}/made/f{i}") == i for i in range(200))
         # never wrong about its own changes: a removed name is gone, a renamed-in one is there

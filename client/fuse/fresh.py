@@ -56,6 +56,15 @@ class FreshAttributes:
             if len(self._fresh) > 64:  # only the latest can be current: drop the others
                 self._fresh = {directory: self._fresh[directory]}
 
+    def remember(self, path: str, caller: Any, attrs: Stat) -> None:
+        """``path`` has ``attrs`` as of now, by a request that changed nothing anyone else can
+        see (a change that rides on a later commit): kept without moving the epoch, so what
+        other changes left here stays valid."""
+        if self.timeout_s <= 0:
+            return
+        with self._lock:
+            self._fresh[path] = (self._epoch, time.monotonic() + self.timeout_s, caller, attrs)
+
     def take(self, path: str, caller: Any) -> Stat | None:
         """The attributes of ``path`` if a change's reply gave them and nothing changed since
         (once: the kernel caches the answer)."""

@@ -40,6 +40,7 @@ one; special files are metadata the kernel serves.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import functools
 import itertools
@@ -137,10 +138,21 @@ def _errno(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Uncommitted:
+    """What this mount's open writers of a file changed and did not commit yet."""
+
+    size: int
+    modified_at: float | None  # their last write or truncation: mtime and ctime at least this
+    mtime: float | None  # set (utimens) on the file being written: exactly this
+    atime: float | None
+    mode: int | None  # a chmod riding on the commit
+
+
 class _OpenFile:
     """One kernel file handle: the client handle, its lock, and what the kernel asked for."""
 
-    __slots__ = ("file", "lock", "append", "dirty", "just_created")
+    __slots__ = ("file", "lock", "append", "dirty", "just_created", "xattrs_set")
 
     def __init__(self, file: AsyncFile, append: bool, dirty: bool) -> None:
         self.file = file
@@ -148,6 +160,7 @@ class _OpenFile:
         self.append = append
         self.dirty = dirty  # written or truncated since the last commit
         self.just_created = False  # by ``create``, whose reply carried the attributes
+        self.xattrs_set = False  # an extended attribute of its file was set or removed through this mount
 
 
 async def _listing(fs: AsyncFileSystem, path: str) -> tuple[messages.AttrsReply, list[tuple[str, Stat]]]:
@@ -242,36 +255,47 @@ class TectofsOperations(mfusepy.Operations):
             while len(self._reported) > reported_attrs_max:
                 self._reported.popitem(last=False)
 
-    def _stat_dict(self, st: Stat, size: int | None = None, modified_at: float | None = None) -> dict[str, Any]:
-        """The kernel's view of ``st``; an open writer's uncommitted ``size`` and time of its
-        last change (``modified_at``: mtime and ctime) override the committed ones."""
-        size = st.size if size is None else size
-        mtime = st.mtime if modified_at is None else max(st.mtime, modified_at)
-        ctime = st.ctime if modified_at is None else max(st.ctime, modified_at)
+    def _stat_dict(self, st: Stat, uncommitted: "_Uncommitted | None" = None) -> dict[str, Any]:
+        """The kernel's view of ``st``; what open writers changed and did not commit yet
+        (their size, the time of their last change as mtime and ctime, times and a mode set
+        on the file they write) overrides the committed attributes."""
+        size, mtime, ctime, atime, mode = st.size, st.mtime, st.ctime, st.atime, st.mode
+        if uncommitted is not None:
+            size = uncommitted.size
+            if uncommitted.modified_at is not None:
+                mtime, ctime = max(mtime, uncommitted.modified_at), max(ctime, uncommitted.modified_at)
+            mtime = mtime if uncommitted.mtime is None else uncommitted.mtime
+            atime = atime if uncommitted.atime is None else uncommitted.atime
+            mode = mode if uncommitted.mode is None else uncommitted.mode
         self._remember(st.ino, size, st.mtime)
         return {
             "st_ino": st.ino,
-            "st_mode": _KIND_BITS[st.kind] | (st.mode & 0o7777),
+            "st_mode": _KIND_BITS[st.kind] | (mode & 0o7777),
             "st_nlink": st.nlink,
             "st_uid": st.uid,
             "st_gid": st.gid,
             "st_size": size,
             "st_blocks": (st.stored + 511) // 512,  # what is stored, so du sees holes
             "st_blksize": io_size_hint_bytes,
-            "st_atime": int(st.atime * 1e9),
+            "st_atime": int(atime * 1e9),
             "st_mtime": int(mtime * 1e9),
             "st_ctime": int(ctime * 1e9),
             "st_rdev": st.rdev,
         }
 
-    def _seen_by_writers(self, ino: int) -> tuple[int | None, float | None]:
-        """The size open writers made (uncommitted), which the kernel already believes, and
-        when they last changed the file (None, None: no uncommitted change)."""
+    def _seen_by_writers(self, ino: int) -> "_Uncommitted | None":
+        """What open writers of this mount changed and did not commit (the size, which the
+        kernel already believes; when they last changed the data; times and a mode set on
+        the file); None: no uncommitted change."""
         dirty = [h.file for h in self._writers(ino) if h.dirty]
         if not dirty:
-            return None, None
+            return None
         changes = [f.modified_at for f in dirty if f.modified_at is not None]
-        return max(f.size for f in dirty), max(changes) if changes else None
+        stamped_atime = next((f.stamped_times[0] for f in dirty if f.stamped_times[0] is not None), None)
+        stamped_mtime = next((f.stamped_times[1] for f in dirty if f.stamped_times[1] is not None), None)
+        mode = next((f.stamped_mode for f in dirty if f.stamped_mode is not None), None)
+        return _Uncommitted(max(f.size for f in dirty), max(changes) if changes else None, stamped_mtime,
+                            stamped_atime, mode)
 
     def _invalidate_if_changed(self, path: str, file: AsyncFile) -> None:
         """Close-to-open across mounts: the kernel may still hold attributes (size!) from
@@ -345,14 +369,16 @@ class TectofsOperations(mfusepy.Operations):
         elif path != "/" and self.listings.absent(_directory_of(path), path.rsplit("/", 1)[1]):
             raise mfusepy.FuseOSError(errno.ENOENT)  # the lookup before a create, mostly
         elif (fresh := self.fresh.take(path, self.callers.identity())) is not None:
-            st = fresh  # what the create or unlink just made of this directory
+            st = fresh  # what a create, unlink or setattr just made of it
+        elif (writer := self._creating_writer(path)) is not None and not self.links.others(path):
+            st = Stat.from_attrs(writer.file.attrs)  # the file this caller is writing: as created, and what it changed since
         else:
             try:
                 st = self._as_caller(lambda fs: fs.stat(path))
             except PermissionDenied as refusal:
                 st = self._stat_through_open_file(path, refusal)
             self.links.seen(path, st.ino, st.nlink)
-        return self._stat_dict(st, *self._seen_by_writers(st.ino))
+        return self._stat_dict(st, self._seen_by_writers(st.ino))
 
     def _stat_through_open_file(self, path: str, refusal: PermissionDenied) -> Stat:
         """``fstat`` reaches a high-level FUSE mount as a getattr by path: the kernel sends no
@@ -371,22 +397,36 @@ class TectofsOperations(mfusepy.Operations):
                 continue
         raise refusal
 
+    # tar, cp -p and rsync create a file, write it, then set its times, owner and mode before
+    # closing it. On a file the caller's descriptor on this mount created (and is the only one
+    # writing), the changes that make nothing more restrictive ride on its commit at close, one
+    # call for all: times, a chown that changes nothing, a chmod that only adds permission bits.
+    # Anything else commits this mount's writers of the file first, then sets the attributes.
+
     @_errno
     def chmod(self, path: str, mode: int) -> int:
+        writer = self._creating_writer(path)
+        if writer is not None:
+            current = writer.file.attrs.mode & 0o7777 if writer.file.stamped_mode is None else writer.file.stamped_mode
+            bits = mode & 0o7777  # (the kernel's mode carries the file type bits too)
+            if not bits & ~0o777 and not current & ~bits:  # grants, takes nothing away
+                self._defer(path, writer, lambda file: file.stamp_mode(bits))
+                return 0
+        self._commit_writers_of(path)
         self._set_attributes(path, lambda: self._as_caller(lambda fs: fs.setattr(path, mode=mode & 0o7777)))
         return 0
 
     @_errno
     def chown(self, path: str, uid: int, gid: int) -> int:
         new_uid, new_gid = None if uid == -1 else uid, None if gid == -1 else gid
-        writer = self._lone_writer(path)
-        if writer is not None and writer.file.created:
+        writer = self._creating_writer(path)
+        if writer is not None:
             attrs = writer.file.attrs
-            if new_uid in (None, attrs.uid) and new_gid in (None, attrs.gid) and not attrs.mode & _SET_ID:
-                # tar restoring the owner its create gave the file already: nothing changes but
-                # the ctime, which the commit at close stamps; no call.
-                self._set_attributes(path, lambda: Stat.from_attrs(attrs))
+            mode = attrs.mode if writer.file.stamped_mode is None else writer.file.stamped_mode
+            if new_uid in (None, attrs.uid) and new_gid in (None, attrs.gid) and not mode & _SET_ID:
+                self._defer(path, writer, lambda file: None)  # nothing changes but the ctime, at the commit
                 return 0
+        self._commit_writers_of(path)
         self._set_attributes(path, lambda: self._as_caller(lambda fs: fs.setattr(path, uid=new_uid, gid=new_gid)))
         return 0
 
@@ -400,14 +440,12 @@ class TectofsOperations(mfusepy.Operations):
             atime, mtime = (None if t == UTIME_OMIT else now if t == UTIME_NOW else t / 1e9 for t in times)
         if atime is None and mtime is None:
             return 0
-        writer = self._lone_writer(path) if times is not None else None
+        writer = self._creating_writer(path)
         if writer is not None:
-            # tar and cp -p set times on the file they are writing before closing it: the times
-            # go with the commit of its data, one call (not a commit, then a setattr).
-            self._set_attributes(path, lambda: self._commit_with_times(writer, atime, mtime))
+            self._defer(path, writer, lambda file: file.stamp_times(atime, mtime))
             return 0
-        # other writers of it on this mount commit first, so that their commit at close does
-        # not stamp the current time over the times set now
+        # writers of it on this mount commit first, so that their commit at close does not
+        # stamp the current time over the times set now
         self._commit_writers_of(path)
         self._set_attributes(path, lambda: self._as_caller(lambda fs: fs.setattr(path, atime=atime, mtime=mtime)))
         return 0
@@ -422,11 +460,11 @@ class TectofsOperations(mfusepy.Operations):
             self.fresh.end_change(started, path, self.callers.identity(), st)
         self._changed_through(path)
 
-    def _lone_writer(self, path: str) -> _OpenFile | None:
-        """The descriptor of this mount writing the file at ``path`` with changes not yet
-        committed, if there is exactly one writer of that file here and the caller of this
-        request opened it; else None. (By path: the kernel sends no file handle with
-        ``futimens`` or ``fchown``.)"""
+    def _creating_writer(self, path: str) -> _OpenFile | None:
+        """The descriptor of this mount that created the file at ``path`` and writes it, if it
+        is the only writer of that file here and the caller of this request opened it; else
+        None. (By path: the kernel sends no file handle with ``futimens``, ``fchown`` or
+        ``fchmod``.)"""
         identity = self.callers.identity()
         with self._registry_lock:
             named = [h for h in self._handles.values() if h.file.path == path and h.file.writable]
@@ -434,17 +472,17 @@ class TectofsOperations(mfusepy.Operations):
                 return None
         handle = named[0]
         opener = handle.file.context.acting_uid
-        return handle if handle.dirty and opener == (None if identity is None else identity[0]) else None
+        return handle if handle.file.created and opener == (None if identity is None else identity[0]) else None
 
-    def _commit_with_times(self, handle: _OpenFile, atime: float | None, mtime: float | None) -> Stat:
-        with handle.lock:
-            handle.file.stamp_times(atime, mtime)
-            self._run(handle.file.flush())
-            handle.dirty = False
-            layout = handle.file.committed_layout
-        self._share_commit(handle)
-        assert layout is not None
-        return Stat.from_attrs(layout.attrs)
+    def _defer(self, path: str, writer: _OpenFile, stamp: Callable[[AsyncFile], None]) -> None:
+        """An attribute change that rides on ``writer``'s next commit (``stamp`` records it on
+        the file); the kernel sees it at once (``_seen_by_writers``). Nothing changed at the
+        metadata service yet: the attributes other changes left fresh stay so."""
+        with writer.lock:
+            stamp(writer.file)
+            writer.dirty = True
+            st = Stat.from_attrs(writer.file.attrs)
+        self.fresh.remember(path, self.callers.identity(), st)
 
     def _commit_writers_of(self, path: str) -> None:
         with self._registry_lock:
@@ -514,7 +552,7 @@ class TectofsOperations(mfusepy.Operations):
             return st
         if st.nlink > 1:
             self.links.seen(directory.rstrip("/") + "/" + name, st.ino, st.nlink)
-        return self._stat_dict(st, *self._seen_by_writers(st.ino))
+        return self._stat_dict(st, self._seen_by_writers(st.ino))
 
     @_errno
     def mkdir(self, path: str, mode: int) -> int:
@@ -593,21 +631,40 @@ class TectofsOperations(mfusepy.Operations):
 
     @_errno
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        if self._has_no_xattrs(path):
+            raise mfusepy.FuseOSError(errno.ENODATA)
         return bytes(self._as_caller(lambda fs: fs.getxattr(path, name)))
 
     @_errno
     def listxattr(self, path: str) -> list[str]:
+        if self._has_no_xattrs(path):
+            return []
         return list(self._as_caller(lambda fs: fs.listxattr(path)))
 
     @_errno
     def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        self._xattrs_set(path)
         self._as_caller(lambda fs: fs.setxattr(path, name, value, options))
         return 0
 
     @_errno
     def removexattr(self, path: str, name: str) -> int:
+        self._xattrs_set(path)
         self._as_caller(lambda fs: fs.removexattr(path, name))
         return 0
+
+    def _has_no_xattrs(self, path: str) -> bool:
+        """A file the caller's descriptor on this mount created, whose extended attributes
+        nobody set through this mount since: it has none, and the kernel's probes (it asks
+        for ``security.capability`` at every write) cost no call."""
+        writer = self._creating_writer(path)
+        return writer is not None and not writer.xattrs_set
+
+    def _xattrs_set(self, path: str) -> None:
+        with self._registry_lock:
+            for handle in self._handles.values():
+                if handle.file.path == path:
+                    handle.xattrs_set = True
 
     @_errno
     def mknod(self, path: str, mode: int, dev: int) -> int:

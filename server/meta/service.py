@@ -500,7 +500,7 @@ class MetadataService:
         self._check_handle(r.ino, r.handle)
         caller = self._caller()
         layout = await self._call(lambda store: store.commit(
-            r.ino, r.size, r.blocks, r.replace, r.mtime, r.shrunk_to, r.holes, r.writer, r.atime, caller=caller),
+            r.ino, r.size, r.blocks, r.replace, r.mtime, r.shrunk_to, r.holes, r.writer, r.atime, r.mode, caller=caller),
             messages.LayoutSegment)
         return self._segment(layout), b""
 

@@ -253,10 +253,11 @@ class BlockMaps(StoreParts):
     def commit(
         self, ino: int, size: int, blocks: list[WrittenBlock], replace: bool, mtime: float | None = None,
         shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
-        atime: float | None = None, *, caller: Caller | None = None,
+        atime: float | None = None, mode: int | None = None, *, caller: Caller | None = None,
     ) -> LayoutSegment:
         """Publish written blocks and the new size (and ``mtime``, and ``atime`` if given: a
-        writer may set its file's times, as ``setattr`` lets it) in one step.
+        writer may set its file's times, as ``setattr`` lets it; and ``mode``'s permission
+        bits, under ``setattr``'s rules for a chmod) in one step.
 
         ``blocks``: each allocated to this file and not committed before;
         with ``writer``, what that writer staged (``stage``) comes first, and ``blocks`` and
@@ -269,6 +270,9 @@ class BlockMaps(StoreParts):
         Returns the first segment of the file's new layout, so a writer that goes on reading
         needs no second call."""
         attrs = self._file(ino, caller)
+        if mode is not None:
+            mode = access.checked_setattr(attrs, caller, f"inode {ino}", (attrs.mode & ~0o7777) | (mode & 0o7777),
+                                          None, None, times=False)
         block_size = attrs.block_size
         new, hole_set = self._take_staged(ino, writer) if writer is not None else ({}, set())
         for idx in holes:
@@ -317,8 +321,8 @@ class BlockMaps(StoreParts):
                     (block.block_id, chunk.position, chunk.server_id, chunk.length, chunk.crc, now),
                 )
             self._release_allocation(block.block_id, {c.server_id for c in block.chunks})
-        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ?, atime = COALESCE(?, atime) WHERE ino = ?",
-                (size, mtime or now, now, atime, ino))
+        self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ?, atime = COALESCE(?, atime), mode = COALESCE(?, mode)"
+                " WHERE ino = ?", (size, mtime or now, now, atime, mode, ino))
         self._count_stored(ino)
         return self.layout(ino=ino)
 

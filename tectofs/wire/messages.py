@@ -382,6 +382,7 @@ class CommitRequest(Message, frozen=True, kw_only=True):
     holes: HoleList = []
     writer: Id | None = None  # publish what this writer staged, too
     atime: Time | None = None  # also set the access time (utimens on a file being written: one call)
+    mode: Mode | None = None  # also chmod (the permission bits), under setattr's rules
 
 
 BadChunkKind = Literal["corrupt", "missing", "unreachable", ""]
