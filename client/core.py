@@ -7,9 +7,9 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
-from tectofs import allocator, limits, metrics, paths, xattr_names
+from tectofs import allocator, checksum, limits, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NotFound
 from tectofs.wire import auth, messages
@@ -165,6 +165,8 @@ class AsyncFileSystem:
         self._views: dict[tuple[int, int, tuple[int, ...]], AsyncFileSystem] = {}
         self.lease_endings = LeaseEndings(self.metadata)  # shared with the views: sent as this client
         self.acting_uid: int | None = None  # a view's: the uid it acts for (acting_as)
+        # the largest file the metadata service keeps inline, as its last answer said (0: none seen yet)
+        self.inline_max = 0
 
     def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "AsyncFileSystem":
         """This client as seen by another local user (a multi-user FUSE mount): namespace calls
@@ -380,24 +382,31 @@ class AsyncFileSystem:
         unlink or a replace, and a file unlinked while open lives on (no name, ``nlink`` 0)
         until its last handle closes."""
         readable, writable, create, truncate, exclusive, append = _MODES[normalize_mode(mode)]
-        created, directory, ctime_before = False, None, None
         lease = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         if create:
             reply = await self.metadata.create(messages.CreateRequest(
                 path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease))
-            attrs, created, directory, ctime_before = (reply.attrs, reply.created, reply.directory,
-                                                        reply.directory_ctime_before)
-            # a new file has no blocks yet (and its creator may write it whatever its mode)
-            layout = messages.LayoutSegment(attrs=attrs, blocks=[], inline_max=reply.inline_max) if truncate or created else (
-                await self.metadata.layout(messages.LayoutRequest(ino=attrs.ino, handle=attrs.handle)))
-        else:
-            layout = await self.metadata.layout(messages.LayoutRequest(
-                path=path, reader=lease, write_only=writable and (write_only or not readable)))
+            return await self._opened(path, reply, readable, writable, truncate, lease)
+        layout = await self.metadata.layout(messages.LayoutRequest(
+            path=path, reader=lease, write_only=writable and (write_only or not readable)))
+        self.inline_max = layout.inline_max
+        handle = AsyncFile(self._file_context(), path, layout, readable, writable, truncate)
+        handle.hold_read_lease(lease)
+        return handle
+
+    async def _opened(self, path: str, reply: messages.CreateReply, readable: bool, writable: bool, truncate: bool,
+                      lease: int) -> AsyncFile:
+        """The handle of a creating open, from its create's ``reply``."""
+        self.inline_max = reply.inline_max
+        # a new file has no blocks yet (and its creator may write it whatever its mode)
+        layout = messages.LayoutSegment(attrs=reply.attrs, blocks=[], inline_max=reply.inline_max) if (
+            truncate or reply.created) else await self.metadata.layout(
+                messages.LayoutRequest(ino=reply.attrs.ino, handle=reply.attrs.handle))
         # a file this call created is empty already: nothing to truncate (no commit at close
         # unless something is written)
-        handle = AsyncFile(self._file_context(), path, layout, readable, writable, truncate and not created)
-        handle.created = created
-        handle.directory = DirectoryChange.from_reply(directory, ctime_before)
+        handle = AsyncFile(self._file_context(), path, layout, readable, writable, truncate and not reply.created)
+        handle.created = reply.created
+        handle.directory = DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
         handle.hold_read_lease(lease)
         return handle
 
@@ -430,15 +439,40 @@ class AsyncFileSystem:
         finally:
             await handle.close()
 
-    async def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
-        """Replace (or create) a file's content: all of ``data``, or — on any failure — nothing."""
-        handle = await self.open(path, "wb")
+    async def write_bytes(
+        self, path: str, data: bytes | bytearray | memoryview, *, exclusive: bool = False,
+        mtime: float | None = None, xattrs: Sequence[tuple[str, bytes]] = (), file_mode: int = 0o644,
+    ) -> Stat:
+        """Replace (or create) a file's content: all of ``data``, or — on any failure — nothing;
+        returns its attributes after. ``exclusive``: fail if the name exists. ``mtime``: the
+        file's modification time (default: now). ``xattrs``: extended attributes to set with it
+        (at most ``limits.create_xattrs_max``, published with the content).
+
+        A small file (up to what the metadata service keeps inline) is one call: created,
+        filled and published together. A larger one is written through a handle."""
+        if len(xattrs) > limits.create_xattrs_max:
+            raise InvalidArgument(f"{len(xattrs)} extended attributes: at most {limits.create_xattrs_max} go with a write")
+        entries = [messages.XattrEntry(name=name, value=value) for name, value in xattrs]
+        lease = int.from_bytes(os.urandom(8), "big") >> 1 or 1
+        content = messages.InlineData(data=bytes(data), crc=checksum.crc(data)) if len(data) <= self.inline_max else None
+        reply = await self.metadata.create(messages.CreateRequest(
+            path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=0 if content else lease,
+            content=content, mtime=mtime, xattrs=entries if content else []))
+        if reply.content_stored:
+            self.inline_max = reply.inline_max
+            return Stat.from_attrs(reply.attrs)
+        handle = await self._opened(path, reply, False, True, True, lease)
         try:
             await handle.write(0, data)
+            if mtime is not None:
+                handle.stamp_times(None, mtime)
             await handle.close()
+            for name, value in xattrs:
+                await self.setxattr(path, name, value)
         except BaseException:
             await handle.abort()
             raise
+        return Stat.from_attrs(handle.attrs)
 
     async def gather(self, *coros: Any) -> list[Any]:
         return list(await asyncio.gather(*coros))

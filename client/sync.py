@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
-from typing import Any, Awaitable, Iterator, TypeVar
+from typing import Any, Awaitable, Iterator, Sequence, TypeVar
 
 from tectofs import limits
 from tectofs.errors import InvalidArgument
@@ -332,8 +332,10 @@ class FileSystem:
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         return self.run(self.aio.read_range(path, offset, length))
 
-    def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
-        self.run(self.aio.write_bytes(path, data))
+    def write_bytes(self, path: str, data: bytes | bytearray | memoryview, *, exclusive: bool = False,
+                    mtime: float | None = None, xattrs: Sequence[tuple[str, bytes]] = ()) -> Stat:
+        """``AsyncFileSystem.write_bytes``: a small file in one call."""
+        return self.run(self.aio.write_bytes(path, data, exclusive=exclusive, mtime=mtime, xattrs=xattrs))
 
     def statfs(self) -> messages.StatfsReply:
         return self.run(self.aio.statfs())

@@ -436,9 +436,20 @@ class TectofsFileSystem(FsspecAsyncFileSystem):
 
     async def _pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         """Write a whole file: all of ``value`` or, on any failure, nothing. ``mode="create"``
-        fails with FileExistsError if the name exists."""
-        async with self._writing(path, mode) as handle:
-            await handle.write(0, value)
+        fails with FileExistsError if the name exists. A small file is one call
+        (``AsyncFileSystem.write_bytes``); a missing parent is made first if ``auto_mkdir``."""
+        if mode not in _WRITE_MODES:
+            raise ValueError(f"write mode {mode!r}: use one of {', '.join(_WRITE_MODES)}")
+        client = await self._client()
+        path = self._strip_protocol(path)
+        try:
+            await client.write_bytes(path, value, exclusive=mode == "create")
+            return
+        except FileNotFoundError:
+            if not self.auto_mkdir or path == self.root_marker:
+                raise
+        await client.mkdir(self._parent(path), parents=True, exist_ok=True)
+        await client.write_bytes(path, value, exclusive=mode == "create")
 
     async def _put_file(
         self, lpath: str, rpath: str, callback: Callback = DEFAULT_CALLBACK, mode: str = "overwrite", **kwargs: Any,

@@ -27,6 +27,7 @@ timestamp_abs_max_s = 1e11                # times are finite and within ~3,000 y
 policy_width_max = 48                     # chunks of one block: rs(32,16)
 inline_bytes_default = 64 * KiB           # files up to this size live in the metadata store (tectofs meta --inline-max)
 inline_bytes_max = 256 * KiB              # the most --inline-max may be (one frame header carries a file's data)
+create_xattrs_max = 4                     # xattrs a create carrying a file's content sets (4 x 64K + 256K of data fit a frame header)
 
 # Wire protocol
 frame_header_max_bytes = 1 * MiB          # msgpack header of one frame

@@ -239,3 +239,61 @@ def test_failover_to_a_second_metadata_service_mid_untar_loses_and_duplicates_no
         assert found == set(contents), (sorted(found - set(contents))[:5], sorted(set(contents) - found)[:5])
         for name, data in contents.items():
             assert fs.read_bytes("/" + name) == data, name
+
+
+def _meta_calls(cluster: Any) -> dict[str, float]:
+    """Requests the metadata service answered so far, by operation (its own metrics)."""
+    from tests.test_metrics import scrape
+
+    found: dict[str, float] = {}
+    for (name, labels), count in scrape(cluster.metrics_urls["meta"]).items():
+        if name == "tectofs_meta_requests_total":
+            op = dict(labels)["op"]
+            found[op] = found.get(op, 0.0) + count
+    return found
+
+
+def _calls_during(cluster: Any, action: Any) -> dict[str, float]:
+    """Metadata requests (heartbeats and repairs left out) while ``action()`` ran."""
+    background = {"heartbeat", "inventory", "inventory_begin", "repair_done", "repair_failed", "register_server",
+                  "release_leases", "renew"}
+    before = _meta_calls(cluster)
+    action()
+    after = _meta_calls(cluster)
+    return {op: n - before.get(op, 0.0) for op, n in after.items() if op not in background and n > before.get(op, 0.0)}
+
+
+def test_a_small_object_is_one_round_trip_through_the_library_fsspec_and_s3(make_cluster: Any) -> None:
+    """A small file written (library ``write_bytes``, fsspec ``pipe``, S3 PUT) is one metadata
+    call and no chunk request; read (``read_bytes``, ``cat``, S3 GET) one call as well. The
+    counts are the metadata service's own, so every path is measured the same way."""
+    import boto3
+    import fsspec
+    from botocore.config import Config
+
+    c = make_cluster(servers=6, metrics=True, s3_port=0)
+    data = _content(20 * KiB, 4)
+    c.fs.write_bytes("/warm", b"x")  # the client learns how large a file the service keeps inline
+    assert _calls_during(c, lambda: c.fs.write_bytes("/lib", data)) == {"create": 1}
+    assert _calls_during(c, lambda: c.fs.read_bytes("/lib") == data) == {"layout": 1}
+
+    fs = fsspec.filesystem("tectofs", meta=c.address, credentials=c.credential_file, skip_instance_cache=True)
+    fs.pipe_file("/warm2", b"x")
+    assert _calls_during(c, lambda: fs.pipe_file("/viafsspec", data)) == {"create": 1}
+    assert _calls_during(c, lambda: fs.cat_file("/viafsspec")) == {"layout": 1}
+    assert fs.cat_file("/viafsspec") == data
+
+    with open(c.s3_env_file) as f:
+        env = dict(line.split("=", 1) for line in f.read().split())
+    s3 = boto3.client("s3", endpoint_url=f"http://{c.s3_address}", aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1",
+                      config=Config(retries={"max_attempts": 1}))
+    s3.create_bucket(Bucket="small")
+    s3.put_object(Bucket="small", Key="warm/x", Body=b"x")
+    put = _calls_during(c, lambda: s3.put_object(Bucket="small", Key="warm/obj", Body=data))
+    assert put.get("create") == 1 and sum(put.values()) <= 2, put  # the create, and the bucket's stat
+    got: list[bytes] = []
+    get = _calls_during(c, lambda: got.append(s3.get_object(Bucket="small", Key="warm/obj")["Body"].read()))
+    assert got == [data] and get.get("layout") == 1 and sum(get.values()) <= 3, get
+    head = s3.head_object(Bucket="small", Key="warm/obj")
+    assert head["ContentLength"] == len(data) and head["ETag"].strip('"') == __import__("hashlib").md5(data).hexdigest()

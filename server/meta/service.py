@@ -349,7 +349,8 @@ class MetadataService:
     async def rpc_create(self, r: messages.CreateRequest, _: memoryview) -> Reply[messages.CreateReply]:
         parts, caller = paths.split(r.path), self._caller()
         made = await self._call(lambda store: store.create_file(
-            parts, r.mode, r.uid, r.gid, r.exclusive, r.reader, caller=caller), messages.CreateReply)
+            parts, r.mode, r.uid, r.gid, r.exclusive, r.reader, r.content, r.mtime, r.xattrs, caller=caller),
+            messages.CreateReply)
         return msgspec.structs.replace(
             made, attrs=self._attrs(made.attrs), directory=self._attrs(made.directory) if made.directory else None), b""
 

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -152,6 +153,49 @@ async def write_file(fs: AsyncFileSystem, path: str, body: AsyncIterator[memoryv
 
 async def _write_file(fs: AsyncFileSystem, path: str, body: AsyncIterator[memoryview | bytes], make_record: "Any",
                       make_parents: bool) -> Record:
+    head, complete = await _read_up_to(body, fs.inline_max)
+    if complete:
+        return await _write_small_file(fs, path, bytes(head), make_record, make_parents)
+    return await _write_staged(fs, path, _chained(bytes(head), body), make_record, make_parents)
+
+
+async def _read_up_to(body: AsyncIterator[memoryview | bytes], limit: int) -> tuple[bytearray, bool]:
+    """The body's first bytes, at least ``limit + 1`` of them if it has more; and whether
+    that was all of it."""
+    head = bytearray()
+    async for piece in body:
+        head += piece
+        if len(head) > limit:
+            return head, False
+    return head, True
+
+
+async def _chained(head: bytes, rest: AsyncIterator[memoryview | bytes]) -> AsyncIterator[memoryview | bytes]:
+    yield head
+    async for piece in rest:
+        yield piece
+
+
+async def _write_small_file(fs: AsyncFileSystem, path: str, data: bytes, make_record: "Any",
+                            make_parents: bool) -> Record:
+    """A small object: its bytes, record and mtime published in one metadata call (the common
+    case: its prefix exists), atomically, with no staging file."""
+    record = make_record()
+    record.size, record.mtime = len(data), time.time()
+    xattrs = [(RECORD_XATTR, record.encode())]
+    try:
+        await fs.write_bytes(path, data, mtime=record.mtime, xattrs=xattrs)
+    except errors.NotFound:
+        if not make_parents:
+            raise
+        await _make_parents(fs, path)
+        await fs.write_bytes(path, data, mtime=record.mtime, xattrs=xattrs)
+    return record
+
+
+async def _write_staged(fs: AsyncFileSystem, path: str, body: AsyncIterator[memoryview | bytes], make_record: "Any",
+                        make_parents: bool) -> Record:
+    """A large object: written beside its name, committed, recorded, renamed into place."""
     parent = parent_of(path)
     staging = paths.join(parent, f"{INTERNAL_PREFIX}put-{secrets.token_hex(8)}")
     for attempt in range(3):  # a concurrent delete may remove the empty parent just made

@@ -50,8 +50,8 @@ from ..errors import (
 from ..paths import check_name
 from ..policy import DEFAULT_POLICY
 from ..policy import parse as parse_policy
-from ..wire.messages import CreateReply, ReaddirReply, StatfsReply, UnlinkReply
-from ..wire.values import Attrs, DirEntry, Kind
+from ..wire.messages import CreateReply, ReaddirReply, StatfsReply, UnlinkReply, XattrEntry
+from ..wire.values import Attrs, DirEntry, InlineData, Kind, WrittenBlock
 from . import access
 from .access import Caller, R, W, X
 from .blockmaps import BlockMaps, _p
@@ -336,21 +336,36 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     def create_file(
         self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False,
-        reader: int = 0, *, caller: Caller | None = None,
+        reader: int = 0, content: InlineData | None = None, mtime: float | None = None,
+        xattrs: Iterable[XattrEntry] = (), *, caller: Caller | None = None,
     ) -> CreateReply:
         """``create``, also saying whether the file is new (a writer that fails removes it),
         the attributes of its directory after the call and its ctime before (NFSv3's
         ``wcc_data``: a mount answers the kernel's next questions about the directory with
         them, and knows whether anyone else changed it meanwhile); with ``reader``, the opening handle takes
         its lease. Opening an existing file needs only the path's search permissions: read
-        and write permission are checked when the handle asks for the layout or writes."""
+        and write permission are checked when the handle asks for the layout or writes.
+
+        ``content``: the file's whole new content, committed inline in this same operation
+        (``commit``'s rules: a writer's permission, the crc32c checked), with ``mtime`` and
+        ``xattrs`` (``setxattr``'s rules); content larger than the file may keep inline is not
+        stored, and the reply says so (``content_stored``)."""
         attrs, created, directory = self._create_file(parts, mode, uid, gid, exclusive, caller)
-        if reader:
-            self.renew(attrs.ino, reader=reader)
         # the directory after: as read, or as _touch just changed it (a new file adds no link)
         after = msgspec.structs.replace(directory, mtime=attrs.ctime, ctime=attrs.ctime) if created else directory
+        if reader:
+            self.renew(attrs.ino, reader=reader)
+        stored = content is not None and len(content.data) <= self._inline_max(attrs)
+        if stored:
+            assert content is not None
+            size = len(content.data)
+            block = WrittenBlock(idx=0, block_id=0, length=size, chunks=[], inline=content)
+            self.commit(attrs.ino, size, [block] if size else [], replace=True, mtime=mtime, caller=caller)
+            for entry in xattrs:
+                self.setxattr(parts, entry.name, entry.value, caller=caller)
+            attrs = self._get(attrs.ino)
         return CreateReply(attrs=attrs, created=created, directory=after, directory_ctime_before=directory.ctime,
-                           inline_max=self._inline_max(attrs))
+                           inline_max=self._inline_max(attrs), content_stored=stored)
 
     def _create_file(
         self, parts: list[str], mode: int, uid: int, gid: int, exclusive: bool, caller: Caller | None

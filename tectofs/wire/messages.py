@@ -141,6 +141,7 @@ class CreateReply(Message, frozen=True, kw_only=True):
     directory: Attrs | None = None
     directory_ctime_before: Time | None = None
     inline_max: Int64 = 0  # as LayoutSegment.inline_max
+    content_stored: bool = False  # the request's content was committed (else: too large to keep inline)
 
 
 class UnlinkReply(Message, frozen=True, kw_only=True):
@@ -170,8 +171,21 @@ class MkdirRequest(Message, frozen=True, kw_only=True):
     exist_ok: bool = False
 
 
+XattrName = Annotated[str, msgspec.Meta(min_length=1, max_length=4 * limits.xattr_name_max_bytes)]
+
+
+class XattrEntry(Message, frozen=True, kw_only=True):
+    """An extended attribute set with a file's content (``CreateRequest.xattrs``)."""
+
+    name: XattrName
+    value: Annotated[bytes, msgspec.Meta(max_length=limits.xattr_value_max_bytes)]
+
+
 class CreateRequest(Message, frozen=True, kw_only=True):
-    """``reader``: the opening handle's lease (see RenewRequest), taken in the same call."""
+    """``reader``: the opening handle's lease (see RenewRequest), taken in the same call.
+    ``content``: a small file's whole content, replacing any it had, committed in this same
+    call (with ``mtime``, and ``xattrs`` set too): a small file written in one round trip.
+    Content larger than the file may keep inline is not stored (``CreateReply.content_stored``)."""
 
     path: Path
     mode: Mode = 0o644
@@ -179,6 +193,9 @@ class CreateRequest(Message, frozen=True, kw_only=True):
     gid: Owner = 0
     exclusive: bool = False
     reader: Id = 0
+    content: InlineData | None = None
+    mtime: Time | None = None
+    xattrs: Annotated[list[XattrEntry], msgspec.Meta(max_length=limits.create_xattrs_max)] = []
 
 
 class LinkRequest(Message, frozen=True, kw_only=True):
@@ -188,7 +205,6 @@ class LinkRequest(Message, frozen=True, kw_only=True):
     dst: Path
 
 
-XattrName = Annotated[str, msgspec.Meta(min_length=1, max_length=4 * limits.xattr_name_max_bytes)]
 
 
 class XattrRequest(Message, frozen=True, kw_only=True):

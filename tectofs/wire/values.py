@@ -105,7 +105,7 @@ class InlineData(Message, frozen=True, kw_only=True):
     stored inline), and their crc32c: the writer computes it, the store checks it and keeps it,
     every reader checks it again."""
 
-    data: Annotated[bytes, msgspec.Meta(min_length=1, max_length=limits.inline_bytes_max)]
+    data: Annotated[bytes, msgspec.Meta(max_length=limits.inline_bytes_max)]
     crc: Crc
 
 
