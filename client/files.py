@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
 
-from tectofs import checksum, limits, sparse
-from tectofs.errors import CapabilityExpired, ChecksumMismatch, InvalidArgument, NoSpace, StaleFile, TectofsError
+from tectofs import limits, sparse
+from tectofs.errors import CapabilityExpired, InvalidArgument, NoSpace, StaleFile, TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.regions import Regions
 from tectofs.wire import messages
 
+from . import inline, partial_reads
 from .blocks import consume_outcome
 from .layout import LayoutMap
 from .writes import BlockWrite, BlockWrites, WriteState
@@ -67,6 +68,8 @@ class AsyncFile:
         self._cache: OrderedDict[int, Any] = OrderedDict()
         self._prefetch: dict[int, asyncio.Task[Any]] = {}
         self._last_read_block = -1  # reading block 0 counts as sequential: prefetch block 1
+        self._next_read = 0  # where the last read ended: a read from there goes on reading whole blocks
+        self._reading_on = True  # the current read starts where the last one ended
         self._bytes_written = 0
         self._failure: BaseException | None = None
         # Since the last commit: the smallest size this handle truncated the file to (the
@@ -538,15 +541,10 @@ class AsyncFile:
         if 0 < self.size <= self.inline_max and len(self._writes) == 1 and entry is not None and (
                 entry.state is WriteState.BUFFERING and not self._writes.anything_staged()):
             assert entry.buffer is not None
-            content = entry.buffer[: min(entry.valid, self.size)]
-            start, end = sparse.data_span(content)
-            if end == 0:
-                return  # zeros only: sent as a hole
-            data = bytes(content[start:end])
-            block = messages.Block(idx=0, block_id=0, policy=self.attrs.policy, start=start, length=end - start,
-                                   valid=end, chunks=[], inline=messages.InlineData(data=data, crc=checksum.crc(data)))
-            self.context.buffers.put(self._writes.inline(0, block))
-            self.context.metrics.event("inline_writes")
+            block = inline.inline_block(entry.buffer[: min(entry.valid, self.size)], self.attrs.policy)
+            if block is not None:  # (None: zeros only, sent as a hole)
+                self.context.buffers.put(self._writes.inline(0, block))
+                self.context.metrics.event("inline_writes")
         elif self.size > self.inline_max and not self.replace and self._writes.state(0) is None:
             await self._cover(0, 0)
             committed = self.blocks.get(0)
@@ -624,6 +622,8 @@ class AsyncFile:
             await self._cover(offset // self.block_size, (end - 1) // self.block_size + limits.read_prefetch_blocks)
         position = offset
         whole: list[tuple[int, memoryview | Regions]] = []
+        self._reading_on = offset == self._next_read  # a read through: whole blocks, prefetched
+        self._next_read = max(end, offset)
         while position < end:
             idx, within = divmod(position, self.block_size)
             n = min(end - position, self.block_size - within)
@@ -653,12 +653,27 @@ class AsyncFile:
             whole.append((idx, views[0] if len(views) == 1 else Regions(views)))
 
     async def _copy_from_block(self, out: Regions, at: int, idx: int, within: int, n: int) -> None:
-        """``n`` bytes of block ``idx`` from ``within``, through the block cache, into ``out`` at ``at``."""
+        """``n`` bytes of block ``idx`` from ``within``, through the block cache, into ``out`` at
+        ``at``. A small read of a large block that is not being read through (not cached, not
+        prefetched, not the continuation of the last read) fetches only its own bytes."""
+        if await self._copy_part(out, at, idx, within, n):
+            return
         block = await self._committed_block(idx)
         available = max(0, min(n, len(block) - within))
         out.write(at, memoryview(block)[within : within + available])
         if available < n:  # hole or clipped tail: zeros
             out.write(at + available, bytes(n - available))
+
+    async def _copy_part(self, out: Regions, at: int, idx: int, within: int, n: int) -> bool:
+        """``_copy_from_block`` by a partial read (``client/partial_reads.py``); False, having
+        done nothing, where the whole block is read instead."""
+        block = self.blocks.get(idx)
+        if block is None or idx in self._cache or idx in self._prefetch or self._reading_on:
+            return False
+        data = await partial_reads.read_within(self.context.blocks, block, within, n)
+        if data is not None:
+            out.write(at, data)
+        return data is not None
 
     async def _read_whole_blocks(self, reads: list[tuple[int, memoryview | Regions]]) -> None:
         """Blocks the caller reads whole are decoded straight into its buffer (one copy of
@@ -744,7 +759,7 @@ class AsyncFile:
         retried. A block the file no longer has (it was rewritten meanwhile) is StaleFile.
         A block stored inline is its bytes, checked against their crc32c."""
         if block.inline is not None:
-            return self._inline_content(block, into)
+            return inline.inline_bytes(block, into, self.context.buffers, self.context.metrics, self.path)
         try:
             return await self.context.blocks.read_block(block, into=into)
         except CapabilityExpired:
@@ -758,24 +773,6 @@ class AsyncFile:
             if self.blocks.get(block.idx) is block:
                 self.blocks[block.idx] = renewed
             return await self.context.blocks.read_block(renewed, into=into)
-
-    def _inline_content(self, block: messages.Block, into: memoryview | Regions | None) -> memoryview | Regions:
-        """The bytes of a block stored inline, in ``into`` (None: a pool buffer)."""
-        assert block.inline is not None
-        data = block.inline.data
-        if checksum.crc(data) != block.inline.crc:
-            self.context.metrics.event("inline_checksum_failures")
-            raise ChecksumMismatch(f"{self.path}: the inline data of block {block.idx} fails its crc32c")
-        self.context.metrics.event("inline_reads")
-        if into is None:
-            out = self.context.buffers.get(len(data))
-            out[:] = data
-            return out
-        if isinstance(into, Regions):
-            into.write(0, data)
-        else:
-            into[: len(data)] = data
-        return into
 
     def _drop_cache(self) -> None:
         """Forget every block read (cached or being prefetched): it may be stale now."""

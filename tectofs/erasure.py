@@ -66,6 +66,30 @@ def chunk_length(policy: Policy, block_length: int) -> int:
     return sum(_fragment_size(policy.data, policy.redundancy, n) for _, n in _segments(block_length))
 
 
+def data_extents(policy: Policy, block_length: int, start: int, length: int) -> list[tuple[int, int, int, int]]:
+    """Where bytes ``[start, start + length)`` of a block of ``block_length`` bytes lie in its
+    data chunks: ``(position, chunk_offset, block_offset, n)`` runs, in block order. For rep,
+    every replica holds the block as it is: position 0 stands for any of them."""
+    end = min(block_length, start + length)
+    if start >= end:
+        return []
+    if policy.kind == "rep":
+        return [(0, start, start, end - start)]
+    k, m = policy.data, policy.redundancy
+    runs: list[tuple[int, int, int, int]] = []
+    chunk_at = 0
+    for offset, n in _segments(block_length):
+        f = _fragment_size(k, m, n)
+        payload = f - FRAGMENT_HEADER_BYTES
+        if offset < end and start < offset + n:
+            for i in range(k):
+                first, last = max(start, offset + i * payload), min(end, offset + n, offset + (i + 1) * payload)
+                if first < last:
+                    runs.append((i, chunk_at + FRAGMENT_HEADER_BYTES + first - offset - i * payload, first, last - first))
+        chunk_at += f
+    return runs
+
+
 def backend_name(policy: Policy) -> str:
     return str(_driver(policy.data, policy.redundancy).ec_type) if policy.kind == "rs" else "replication"
 

@@ -228,6 +228,8 @@ class ClientMetrics:
             "inline_writes": counter("tectofs_client_inline_writes", "small files committed inline (their bytes kept by"
                                      " the metadata service: no chunk put)"),
             "inline_reads": counter("tectofs_client_inline_reads", "blocks read from inline data (no chunk get)"),
+            "partial_reads": counter("tectofs_client_partial_reads", "reads of part of a block that fetched only"
+                                     " the bytes asked (the pieces holding them)"),
             "inline_checksum_failures": counter("tectofs_client_inline_checksum_failures",
                                                 "inline data that failed its checksum on reading"),
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 
 import pytest
 
@@ -147,3 +148,22 @@ def test_a_block_split_over_several_buffers_decodes_in_place_with_any_survivors(
                      for p in subset}
         erasure.decode_into(policy, survivors, out)
         assert b"".join(parts) == data, subset
+
+
+@pytest.mark.parametrize("policy_text", ["rs(4,2)", "rs(2,1)", "rep(3)"])
+def test_data_extents_say_where_every_byte_of_a_block_lies(policy_text: str) -> None:
+    """Every range of a block, gathered from its data chunks where ``data_extents`` says, is
+    the block's bytes: across segments, fragment headers and the last fragment's padding."""
+    policy = parse(policy_text)
+    rng = random.Random(policy_text)
+    for length in (1, 1000, erasure.SEGMENT_BYTES, erasure.SEGMENT_BYTES + 12345, 3 * erasure.SEGMENT_BYTES + 7):
+        block = rng.randbytes(length)
+        chunks = erasure.encode(policy, block)
+        for _ in range(40):
+            start = rng.randrange(length)
+            n = rng.randrange(1, length - start + 1)
+            runs = erasure.data_extents(policy, length, start, n)
+            gathered = b"".join(bytes(memoryview(chunks[p])[at : at + k]) for p, at, _, k in runs)
+            assert gathered == block[start : start + n], (length, start, n)
+            assert all(p < policy.data for p, *_ in runs) and sum(k for *_, k in runs) == n
+    assert erasure.data_extents(policy, 100, 100, 5) == [] and erasure.data_extents(policy, 100, 90, 50)[-1][3] <= 10

@@ -129,7 +129,8 @@ def test_creating_needs_write_and_search_on_the_parent(store):
     assert store.mkdir(["pub"], exist_ok=True, caller=NOBODY).kind == "dir"
     directory = store.lookup(["pub"])
     assert store.create_file(["pub", "f"], caller=NOBODY) == CreateReply(
-        attrs=existing, created=False, directory=directory, directory_ctime_before=directory.ctime)
+        attrs=existing, created=False, directory=directory, directory_ctime_before=directory.ctime,
+        inline_max=store.inline_max)
 
 
 def test_new_inodes_belong_to_the_caller(store):

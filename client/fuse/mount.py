@@ -12,8 +12,9 @@ from typing import Callable
 from tectofs import diagnostics
 from tectofs.client import connect
 from tectofs.client.fuse import is_mounted
+from tectofs.client.fuse.binding import TectofsFuse
 from tectofs.client.fuse.daemon import daemonize
-from tectofs.client.fuse.operations import TectofsFuse, TectofsOperations
+from tectofs.client.fuse.operations import TectofsOperations
 from tectofs.client.fuse.users import Callers, choose_sharing
 from tectofs.client.sync import FileSystem
 
@@ -48,8 +49,8 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
         try:
             TectofsFuse(
                 operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
-                # a failover group "A,B": libfuse splits options at unescaped commas
-                fsname="tectofs:" + address.replace("\\", "\\\\").replace(",", "\\,"), subtype="tectofs",
+                # a failover group "A,B" shows as "tectofs:A+B" (libfuse splits options at commas)
+                fsname="tectofs:" + address.replace(",", "+"), subtype="tectofs",
                 max_threads=threads_max, max_idle_threads=threads_max,
                 allow_other=shared, default_permissions=shared and default_permissions,
             )

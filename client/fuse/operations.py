@@ -40,7 +40,6 @@ one; special files are metadata the kernel serves.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import errno
 import functools
 import itertools
@@ -59,19 +58,20 @@ from tectofs.client.core import AsyncFileSystem, DirectoryChange, Stat
 from tectofs.client.files import AsyncFile
 from tectofs.client.fuse.process import (
     MountProcess,
-    _unescape_mount_path,
     is_mounted,
+    raise_read_ahead,
     start_mount_process,
     unmount_wait_s,
 )
 from tectofs.errors import PermissionDenied, TectofsError
 from tectofs.wire import messages
 
-__all__ = ["MountProcess", "TectofsFuse", "TectofsOperations", "is_mounted", "start_mount_process", "unmount_wait_s"]
+__all__ = ["MountProcess", "TectofsOperations", "is_mounted", "start_mount_process", "unmount_wait_s"]
 from tectofs.client.fuse.fresh import FreshAttributes
+from tectofs.client.fuse.handles import OpenFile, Uncommitted
 from tectofs.client.fuse.links import LinkedNames
 from tectofs.client.fuse.listings import KnownListings
-from tectofs.client.fuse.readdir import READDIR_PLUS, Entry, OpenListings, fill
+from tectofs.client.fuse.readdir import Entry, OpenListings
 from tectofs.client.fuse.users import Callers, on_view
 from tectofs.client.sync import FileSystem
 
@@ -138,31 +138,6 @@ def _errno(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Uncommitted:
-    """What this mount's open writers of a file changed and did not commit yet."""
-
-    size: int
-    modified_at: float | None  # their last write or truncation: mtime and ctime at least this
-    mtime: float | None  # set (utimens) on the file being written: exactly this
-    atime: float | None
-    mode: int | None  # a chmod riding on the commit
-
-
-class _OpenFile:
-    """One kernel file handle: the client handle, its lock, and what the kernel asked for."""
-
-    __slots__ = ("file", "lock", "append", "dirty", "just_created", "xattrs_set")
-
-    def __init__(self, file: AsyncFile, append: bool, dirty: bool) -> None:
-        self.file = file
-        self.lock = threading.Lock()
-        self.append = append
-        self.dirty = dirty  # written or truncated since the last commit
-        self.just_created = False  # by ``create``, whose reply carried the attributes
-        self.xattrs_set = False  # an extended attribute of its file was set or removed through this mount
-
-
 async def _listing(fs: AsyncFileSystem, path: str) -> tuple[messages.AttrsReply, list[tuple[str, Stat]]]:
     """A directory's attributes and entries."""
     directory = await fs.metadata.lookup(messages.PathRequest(path=path))
@@ -191,8 +166,8 @@ class TectofsOperations(mfusepy.Operations):
         self.attr_timeout_s = attr_timeout_s
         self.entry_timeout_s = attr_timeout_s if entry_timeout_s is None else entry_timeout_s
         self._on_ready = on_ready
-        self._handles: dict[int, _OpenFile] = {}
-        self._by_ino: dict[int, set[_OpenFile]] = {}
+        self._handles: dict[int, OpenFile] = {}
+        self._by_ino: dict[int, set[OpenFile]] = {}
         self._registry_lock = threading.Lock()
         self._next_fh = itertools.count(1)
         self.open_listings = OpenListings(attributes_fresh_s=attr_timeout_s)
@@ -217,21 +192,21 @@ class TectofsOperations(mfusepy.Operations):
         identity = self.callers.identity()
         return self.fs.run(on_view(self.fs.aio, identity, call))
 
-    def _handle(self, fh: int) -> _OpenFile:
+    def _handle(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)
         if handle is None:
             raise mfusepy.FuseOSError(errno.EBADF)
         return handle
 
     def _register(self, file: AsyncFile, flags: int, dirty: bool) -> int:
-        handle = _OpenFile(file, append=bool(flags & os.O_APPEND), dirty=dirty)
+        handle = OpenFile(file, append=bool(flags & os.O_APPEND), dirty=dirty)
         with self._registry_lock:
             fh = next(self._next_fh)
             self._handles[fh] = handle
             self._by_ino.setdefault(file.ino, set()).add(handle)
         return fh
 
-    def _unregister(self, fh: int) -> _OpenFile | None:
+    def _unregister(self, fh: int) -> OpenFile | None:
         with self._registry_lock:
             handle = self._handles.pop(fh, None)
             if handle is not None:
@@ -241,11 +216,11 @@ class TectofsOperations(mfusepy.Operations):
                     self._by_ino.pop(handle.file.ino, None)
         return handle
 
-    def _writers(self, ino: int) -> list[_OpenFile]:
+    def _writers(self, ino: int) -> list[OpenFile]:
         with self._registry_lock:
             return self._writers_locked(ino)
 
-    def _writers_locked(self, ino: int) -> list[_OpenFile]:
+    def _writers_locked(self, ino: int) -> list[OpenFile]:
         return [h for h in self._by_ino.get(ino, ()) if h.file.writable]
 
     def _remember(self, ino: int, size: int, mtime: float) -> None:
@@ -255,7 +230,7 @@ class TectofsOperations(mfusepy.Operations):
             while len(self._reported) > reported_attrs_max:
                 self._reported.popitem(last=False)
 
-    def _stat_dict(self, st: Stat, uncommitted: "_Uncommitted | None" = None) -> dict[str, Any]:
+    def _stat_dict(self, st: Stat, uncommitted: Uncommitted | None = None) -> dict[str, Any]:
         """The kernel's view of ``st``; what open writers changed and did not commit yet
         (their size, the time of their last change as mtime and ctime, times and a mode set
         on the file they write) overrides the committed attributes."""
@@ -283,19 +258,11 @@ class TectofsOperations(mfusepy.Operations):
             "st_rdev": st.rdev,
         }
 
-    def _seen_by_writers(self, ino: int) -> "_Uncommitted | None":
+    def _seen_by_writers(self, ino: int) -> Uncommitted | None:
         """What open writers of this mount changed and did not commit (the size, which the
         kernel already believes; when they last changed the data; times and a mode set on
         the file); None: no uncommitted change."""
-        dirty = [h.file for h in self._writers(ino) if h.dirty]
-        if not dirty:
-            return None
-        changes = [f.modified_at for f in dirty if f.modified_at is not None]
-        stamped_atime = next((f.stamped_times[0] for f in dirty if f.stamped_times[0] is not None), None)
-        stamped_mtime = next((f.stamped_times[1] for f in dirty if f.stamped_times[1] is not None), None)
-        mode = next((f.stamped_mode for f in dirty if f.stamped_mode is not None), None)
-        return _Uncommitted(max(f.size for f in dirty), max(changes) if changes else None, stamped_mtime,
-                            stamped_atime, mode)
+        return Uncommitted.of([h.file for h in self._writers(ino) if h.dirty])
 
     def _invalidate_if_changed(self, path: str, file: AsyncFile) -> None:
         """Close-to-open across mounts: the kernel may still hold attributes (size!) from
@@ -339,7 +306,7 @@ class TectofsOperations(mfusepy.Operations):
             config.hard_remove = 1
             config.kernel_cache = 0
             config.auto_cache = 0
-        _raise_read_ahead(self.mountpoint, max_readahead_bytes)
+        raise_read_ahead(self.mountpoint, max_readahead_bytes)
         if self._on_ready is not None:
             self._on_ready()
 
@@ -460,7 +427,7 @@ class TectofsOperations(mfusepy.Operations):
             self.fresh.end_change(started, path, self.callers.identity(), st)
         self._changed_through(path)
 
-    def _creating_writer(self, path: str) -> _OpenFile | None:
+    def _creating_writer(self, path: str) -> OpenFile | None:
         """The descriptor of this mount that created the file at ``path`` and writes it, if it
         is the only writer of that file here and the caller of this request opened it; else
         None. (By path: the kernel sends no file handle with ``futimens``, ``fchown`` or
@@ -474,7 +441,7 @@ class TectofsOperations(mfusepy.Operations):
         opener = handle.file.context.acting_uid
         return handle if handle.file.created and opener == (None if identity is None else identity[0]) else None
 
-    def _defer(self, path: str, writer: _OpenFile, stamp: Callable[[AsyncFile], None]) -> None:
+    def _defer(self, path: str, writer: OpenFile, stamp: Callable[[AsyncFile], None]) -> None:
         """An attribute change that rides on ``writer``'s next commit (``stamp`` records it on
         the file); the kernel sees it at once (``_seen_by_writers``). Nothing changed at the
         metadata service yet: the attributes other changes left fresh stay so."""
@@ -714,7 +681,7 @@ class TectofsOperations(mfusepy.Operations):
         self._commit_peers(file.ino, self._handles[fh])
         return fh
 
-    def _commit_peers(self, ino: int, opener: _OpenFile) -> None:
+    def _commit_peers(self, ino: int, opener: OpenFile) -> None:
         """A new descriptor reads what the file's other descriptors on this mount wrote, as on a
         local disk (not only while the kernel's page cache still holds it): their changes are
         committed now and shared (``_share_commit``). A peer's failure is its own: it surfaces
@@ -784,7 +751,7 @@ class TectofsOperations(mfusepy.Operations):
     def _commit(self, path: str | None, fh: int) -> int:
         return self._commit_handle(self._handle(fh), path)
 
-    def _commit_handle(self, handle: _OpenFile, path: str | None) -> int:
+    def _commit_handle(self, handle: OpenFile, path: str | None) -> int:
         with handle.lock:
             changed = handle.dirty
             self._run(handle.file.flush())
@@ -794,7 +761,7 @@ class TectofsOperations(mfusepy.Operations):
             self._changed_through(path)
         return 0
 
-    def _share_commit(self, committer: _OpenFile) -> None:
+    def _share_commit(self, committer: OpenFile) -> None:
         """The other descriptors of the file on this mount read what ``committer`` just
         committed (local-file semantics within one mount; across mounts: close-to-open)."""
         layout = committer.file.committed_layout
@@ -827,67 +794,3 @@ class TectofsOperations(mfusepy.Operations):
 def _directory_of(path: str) -> str:
     """The mount path of the directory holding ``path`` (``/`` for a top-level name)."""
     return path.rsplit("/", 1)[0] or "/"
-
-
-def _raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
-    """Let the kernel read ahead ``read_ahead_bytes`` on this mount.
-
-    The kernel caps a FUSE mount's read-ahead at its device's setting (128 KiB by default)
-    whatever ``conn.max_readahead`` says, so sequential reads would arrive as 128 KiB
-    requests, each a round trip through this process. Raising the device setting while
-    the kernel waits for our init reply makes them 1 MiB requests, several in flight. Reads
-    /proc/self/mountinfo rather than stat()ing the mount, which would wait for this very
-    init to finish. Needs root; without it reads are just slower."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            devices = [line.split()[2] for line in f if _unescape_mount_path(line.split()[4]) == mountpoint]
-        if not devices:
-            return
-        with open(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb", "w") as f:
-            f.write(str(read_ahead_bytes // 1024))
-    except (OSError, IndexError) as exc:
-        log.info("read-ahead of %s stays at the kernel default: %s", mountpoint, exc)
-
-
-class TectofsFuse(mfusepy.FUSE):
-    """``mfusepy.FUSE`` with five changes: listings are paged with every entry's attributes
-    (``readdir_fuse_3``, ``readdir``), ``rename`` receives the kernel's flags
-    (``RENAME_NOREPLACE``, ``RENAME_EXCHANGE``; mfusepy drops them), ``truncate`` receives
-    the file handle of an ``ftruncate`` (mfusepy drops it), ``read`` fills the kernel's buffer
-    in place and ``write`` hands the kernel's buffer to the client without a copy (the client
-    copies it into its block buffer before the call returns)."""
-
-    def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
-        return self.operations.rename(
-            old.decode(self.encoding, self.errors), new.decode(self.encoding, self.errors), flags
-        )
-
-    def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
-        return self.operations.truncate(
-            None if path is None else path.decode(self.encoding, self.errors), length, fip.contents.fh if fip else None
-        )
-
-    def readdir_fuse_3(self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
-        """A listing paged from ``offset``, with attributes for READDIRPLUS (``readdir``)."""
-        where = "/" if path is None else path.decode(self.encoding, self.errors)
-        operations: TectofsOperations = self.operations
-        entries, fresh = operations.listing_page(where, fip.contents.fh, offset)  # errors: -errno (mfusepy)
-        try:
-            fill(filler, buf, entries, offset, fresh and bool(flags & READDIR_PLUS),
-                 functools.partial(operations.entry_attributes, where), self.encoding, self.errors)
-        except Exception:
-            log.exception("FUSE readdir of %s failed unexpectedly", where)
-            raise mfusepy.FuseOSError(errno.EIO) from None
-        return 0
-
-    def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-        target = (ctypes.c_ubyte * size).from_address(ctypes.addressof(buf.contents))
-        return self.operations.readinto(
-            None if path is None else path.decode(self.encoding, self.errors), target, offset, fip.contents.fh
-        )
-
-    def write(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-        data = (ctypes.c_ubyte * size).from_address(ctypes.addressof(buf.contents))
-        return self.operations.write(
-            None if path is None else path.decode(self.encoding, self.errors), data, offset, fip.contents.fh
-        )

@@ -146,3 +146,23 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
             raise Timeout(f"{mountpoint} was not mounted within {timeout_s:.0f}s; daemon log:\n{handle.log_tail()}")
         time.sleep(0.05)
     return handle
+
+
+def raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
+    """Let the kernel read ahead ``read_ahead_bytes`` on this mount.
+
+    The kernel caps a FUSE mount's read-ahead at its device's setting (128 KiB by default)
+    whatever ``conn.max_readahead`` says, so sequential reads would arrive as 128 KiB
+    requests, each a round trip through this process. Raising the device setting while
+    the kernel waits for our init reply makes them 1 MiB requests, several in flight. Reads
+    /proc/self/mountinfo rather than stat()ing the mount, which would wait for this very
+    init to finish. Needs root; without it reads are just slower."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            devices = [line.split()[2] for line in f if _unescape_mount_path(line.split()[4]) == mountpoint]
+        if not devices:
+            return
+        with open(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb", "w") as f:
+            f.write(str(read_ahead_bytes // 1024))
+    except (OSError, IndexError) as exc:
+        log.info("read-ahead of %s stays at the kernel default: %s", mountpoint, exc)
