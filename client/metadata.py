@@ -95,6 +95,9 @@ class MetadataClient:
     async def unlink(self, request: messages.UnlinkRequest) -> messages.UnlinkReply:
         return await self.call(messages.UNLINK, request)
 
+    async def unlink_many(self, request: messages.UnlinkManyRequest) -> messages.UnlinkReply:
+        return await self.call(messages.UNLINK_MANY, request)
+
     async def rmdir(self, request: messages.PathRequest) -> messages.Empty:
         return await self.call(messages.RMDIR, request)
 

@@ -322,9 +322,16 @@ class TectofsFileSystem(FsspecAsyncFileSystem):
     ) -> None:
         """Remove files and directories (globs and lists too). Files go first, concurrently,
         then directories deepest first; a directory that is not empty then (no ``recursive``,
-        or below ``maxdepth``) fails with OSError ENOTEMPTY. The root itself is never removed."""
-        paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        or below ``maxdepth``) fails with OSError ENOTEMPTY. The root itself is never removed.
+        A whole directory (``recursive``, one path, no glob, no ``maxdepth``) goes by
+        ``rmtree``: a call per page of its files, not one per file."""
         client = await self._client()
+        if recursive and maxdepth is None and isinstance(path, str) and not has_magic(path):
+            whole = self._strip_protocol(path)
+            if whole != self.root_marker and (await client.stat(whole)).is_dir:
+                await client.rmtree(whole)
+                return
+        paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
         directories: list[str] = []
 
         async def remove(name: str) -> None:

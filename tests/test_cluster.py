@@ -152,8 +152,9 @@ def test_namespace_operations(cluster):
 
 
 def test_rmtree_removes_a_wide_and_deep_tree_and_raises_the_failure_itself(cluster) -> None:
-    """rmtree keeps many removals in flight (pages of 2,000 entries, nested directories);
-    a failure comes out as itself (not an ExceptionGroup), and stops the walk."""
+    """rmtree removes the files of each listing page in one call (pages of 2,000 entries,
+    nested directories): 4,800 files in a handful of calls; a failure comes out as itself,
+    stops the walk, and leaves the failing call's names all in place."""
     fs = cluster.fs
     fs.mkdir("/tree")
 
@@ -165,28 +166,47 @@ def test_rmtree_removes_a_wide_and_deep_tree_and_raises_the_failure_itself(clust
         await fs.aio.mkdir("/tree/d0/deeper/still", parents=True)
 
     fs.run(populate())
-    fs.rmtree("/tree")
-    assert not fs.exists("/tree")
+    real_unlink_many = fs.aio.metadata.unlink_many
+    calls: list[int] = []
 
-    fs.mkdir("/tree2")
-    for i in range(50):
-        fs.write_bytes(f"/tree2/f{i}", b"x")
-    real_remove = fs.aio.remove
+    async def counted(request: messages.UnlinkManyRequest) -> messages.UnlinkReply:
+        calls.append(len(request.names))
+        if any(name == "f7" for name in request.names):
+            raise errors.NotPermitted(f"{request.directory}/f7: refused")
+        return await real_unlink_many(request)
 
-    async def failing_remove(path: str):
-        if path.endswith("/f7"):
-            raise errors.NotPermitted(f"{path}: refused")
-        return await real_remove(path)
-
-    fs.aio.remove = failing_remove  # type: ignore[method-assign]
+    fs.aio.metadata.unlink_many = counted  # type: ignore[method-assign]
     try:
+        fs.rmtree("/tree")
+        assert not fs.exists("/tree")
+        assert sum(calls) == 4800 and len(calls) <= 10, calls
+        fs.mkdir("/tree2")
+        for i in range(50):
+            fs.write_bytes(f"/tree2/f{i}", b"x")
         with pytest.raises(errors.NotPermitted, match="f7: refused"):
             fs.rmtree("/tree2")
     finally:
-        del fs.aio.remove
-    assert fs.exists("/tree2/f7")  # the directory stays, with what was not removed
+        del fs.aio.metadata.unlink_many
+    assert sorted(fs.listdir("/tree2")) == sorted(f"f{i}" for i in range(50))  # that call removed nothing
     fs.rmtree("/tree2")
     assert not fs.exists("/tree2")
+
+
+def test_unlink_many_is_all_or_nothing(cluster) -> None:
+    """A name that cannot be removed (absent, a directory, not a single name) fails the whole
+    call: every other name of it is still there."""
+    fs = cluster.fs
+    fs.mkdir("/many")
+    for name in ("a", "b", "c"):
+        fs.write_bytes(f"/many/{name}", name.encode())
+    fs.mkdir("/many/sub")
+    for bad, error in (("nope", errors.NotFound), ("sub", errors.IsADirectory), ("x/y", errors.InvalidPath),
+                       ("..", errors.InvalidPath)):
+        with pytest.raises(error):
+            fs.run(fs.aio.remove_many("/many", ["a", bad, "b"]))
+        assert sorted(fs.listdir("/many")) == ["a", "b", "c", "sub"], bad
+    fs.run(fs.aio.remove_many("/many", ["a", "b", "c"]))
+    assert fs.listdir("/many") == ["sub"]
 
 
 @pytest.mark.parametrize(

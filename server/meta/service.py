@@ -289,6 +289,7 @@ class MetadataService:
         handlers.add(messages.REMOVEXATTR, self.rpc_removexattr)
         handlers.add(messages.EXCHANGE, self.rpc_exchange)
         handlers.add(messages.UNLINK, self.rpc_unlink)
+        handlers.add(messages.UNLINK_MANY, self.rpc_unlink_many)
         handlers.add(messages.RMDIR, self.rpc_rmdir)
         handlers.add(messages.STATFS, self.rpc_statfs)
         handlers.add(messages.LAYOUT, self.rpc_layout)
@@ -443,6 +444,13 @@ class MetadataService:
     async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply[messages.UnlinkReply]:
         parts, caller = paths.split(r.path), self._caller()
         removed = await self._call(lambda store: store.unlink(parts, r.ino, r.only_if_empty, caller=caller),
+                                   messages.UnlinkReply)
+        return msgspec.structs.replace(
+            removed, directory=self._attrs(removed.directory) if removed.directory else None), b""
+
+    async def rpc_unlink_many(self, r: messages.UnlinkManyRequest, _: memoryview) -> Reply[messages.UnlinkReply]:
+        directory, caller = paths.split(r.directory), self._caller()
+        removed = await self._call(lambda store: store.unlink_many(directory, list(r.names), caller=caller),
                                    messages.UnlinkReply)
         return msgspec.structs.replace(
             removed, directory=self._attrs(removed.directory) if removed.directory else None), b""

@@ -533,6 +533,21 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         self._drop_link(attrs, now)
         return UnlinkReply(directory=self._get(parent.ino), directory_ctime_before=parent.ctime)
 
+    def unlink_many(self, directory: list[str], names: list[str], *, caller: Caller | None = None) -> UnlinkReply:
+        """``unlink`` of each of ``names`` in ``directory``, in one operation (``rm -r`` of a
+        directory of many files costs a call per page of names, not per name): the first
+        failure is raised and, the operation being one transaction, none of them is removed.
+        Returns the directory's attributes after and its ctime before (as ``unlink``)."""
+        if len(names) > limits.unlink_batch_max:
+            raise InvalidArgument(f"{len(names)} names: at most {limits.unlink_batch_max} per unlink_many")
+        before = None
+        for name in names:
+            check_name(name)  # one component: no "/", ".", ".." or NUL
+            reply = self.unlink([*directory, name], caller=caller)
+            before = reply.directory_ctime_before if before is None else before
+        return UnlinkReply(directory=self._resolve(directory, caller) if directory else self._get(ROOT_INO),
+                           directory_ctime_before=before)
+
     def link(self, src: list[str], dst: list[str], *, caller: Caller | None = None) -> Attrs:
         """A second name ``dst`` for the file ``src`` (``link(2)``): any kind but a directory.
         A caller needs write and search permission on ``dst``'s directory, and the file must be

@@ -161,6 +161,14 @@ class UnlinkRequest(Message, frozen=True, kw_only=True):
     only_if_empty: bool = False
 
 
+class UnlinkManyRequest(Message, frozen=True, kw_only=True):
+    """Remove ``names`` (not directories) from ``directory`` in one transaction: all of them,
+    or (the first failure raised) none."""
+
+    directory: Path
+    names: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=limits.unlink_batch_max)]
+
+
 class MkdirRequest(Message, frozen=True, kw_only=True):
     path: Path
     mode: Mode = 0o755
@@ -721,6 +729,7 @@ SETXATTR: Final = Operation("setxattr", SetxattrRequest, Empty, idempotent=True)
 REMOVEXATTR: Final = Operation("removexattr", XattrRequest, Empty, idempotent=False)
 EXCHANGE: Final = Operation("exchange", ExchangeRequest, Empty, idempotent=False)
 UNLINK: Final = Operation("unlink", UnlinkRequest, UnlinkReply, idempotent=False)
+UNLINK_MANY: Final = Operation("unlink_many", UnlinkManyRequest, UnlinkReply, idempotent=False)
 RMDIR: Final = Operation("rmdir", PathRequest, Empty, idempotent=False)
 STATFS: Final = Operation("statfs", Empty, StatfsReply, idempotent=True)
 LAYOUT: Final = Operation("layout", LayoutRequest, LayoutSegment, idempotent=True)
@@ -755,8 +764,8 @@ CHUNK_STAT: Final = Operation("stat", Empty, ChunkStatReply, idempotent=True)
 
 META_OPERATIONS: Final = _table(
     HELLO, LOOKUP, GETATTR, MKDIR, MAKEDIRS, CREATE, SYMLINK, MKNOD, READDIR, SETATTR, TRUNCATE, SET_POLICY,
-    RENAME, LINK, RELEASE, RELEASE_LEASES, GETXATTR, LISTXATTR, SETXATTR, REMOVEXATTR, EXCHANGE, UNLINK, RMDIR,
-    STATFS, LAYOUT, ALLOCATE, STAGE, RENEW, COMMIT, REPORT_BAD_CHUNK, REPAIR_DONE, REPAIR_FAILED,
+    RENAME, LINK, RELEASE, RELEASE_LEASES, GETXATTR, LISTXATTR, SETXATTR, REMOVEXATTR, EXCHANGE, UNLINK,
+    UNLINK_MANY, RMDIR, STATFS, LAYOUT, ALLOCATE, STAGE, RENEW, COMMIT, REPORT_BAD_CHUNK, REPAIR_DONE, REPAIR_FAILED,
     INVENTORY_BEGIN, INVENTORY, DRAIN, BLOCK_HEALTH, REGISTER_SERVER, HEARTBEAT, SERVERS, STATS, PING, USER_ADD,
     USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI,
 )
