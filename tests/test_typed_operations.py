@@ -95,6 +95,7 @@ _SAMPLES: dict[type, dict[str, Any]] = {
     messages.PathRequest: {"path": "/a"},
     messages.InoRequest: {"ino": 1},
     messages.MkdirRequest: {"path": "/a"},
+    messages.UnlinkManyRequest: {"directory": "/a", "names": ["b", "c"]},
     messages.CreateRequest: {"path": "/a"},
     messages.SymlinkRequest: {"path": "/a", "target": "b"},
     messages.MknodRequest: {"path": "/a", "mode": 0o10644},

@@ -57,6 +57,8 @@ from tectofs.wire.values import (  # noqa: F401 (re-exported)
     UserName,
     WrittenBlock,
     WrittenChunk,
+    XattrEntry,
+    XattrName,
 )
 
 # ---------------------------------------------------------------------- handshake
@@ -177,16 +179,6 @@ class MkdirRequest(Message, frozen=True, kw_only=True):
     policy: PolicyText | None = None
     block_size: BlockSize | None = None
     exist_ok: bool = False
-
-
-XattrName = Annotated[str, msgspec.Meta(min_length=1, max_length=4 * limits.xattr_name_max_bytes)]
-
-
-class XattrEntry(Message, frozen=True, kw_only=True):
-    """An extended attribute set with a file's content (``CreateRequest.xattrs``)."""
-
-    name: XattrName
-    value: Annotated[bytes, msgspec.Meta(max_length=limits.xattr_value_max_bytes)]
 
 
 class CreateRequest(Message, frozen=True, kw_only=True):

@@ -194,3 +194,13 @@ class ServerInfo(Message, frozen=True, kw_only=True):
     state: Text = "in"  # "in" | "draining"
     stats: dict[str, int] = {}
     metrics_url: MetricsUrl | None = None  # its Prometheus endpoint; None: off (or a server of 0.1.0)
+
+
+XattrName = Annotated[str, msgspec.Meta(min_length=1, max_length=4 * limits.xattr_name_max_bytes)]
+
+
+class XattrEntry(Message, frozen=True, kw_only=True):
+    """An extended attribute set with a file's content (``CreateRequest.xattrs``)."""
+
+    name: XattrName
+    value: Annotated[bytes, msgspec.Meta(max_length=limits.xattr_value_max_bytes)]
