@@ -112,6 +112,10 @@ class Cluster:
         self.client: AsyncFileSystem | None = None
         self.on_delete: Callable[[ChunkHost, list[int]], None] | None = None  # the GC invariant's hook
         self.store_rng = random.Random(rng.getrandbits(64))
+        # Every third seed keeps small files inline in the metadata store; the others put every
+        # file in chunks, so most schedules still exercise the chunk paths (degraded writes,
+        # spares, hedges) with the small files the schedules write.
+        self.inline_max = limits.inline_bytes_default if seed % 3 == 0 else 0
 
     def _identity(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -151,6 +155,7 @@ class Cluster:
             gc_delay_s=GC_DELAY_S, allocation_grace_s=ALLOCATION_GRACE_S, repair_after_s=REPAIR_AFTER_S,
             repair_interval_s=REPAIR_INTERVAL_S, orphan_grace_s=ORPHAN_GRACE_S, key_file=self.key_file,
             clock=skewed, rng=random.Random(self.store_rng.getrandbits(64)), inline_store=True,
+            inline_max=self.inline_max,
         )
         await self.loop.spawn(META_HOST, meta.start(META_HOST, META_PORT))
         self.meta = meta
