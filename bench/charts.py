@@ -61,6 +61,8 @@ def chart_figure(plt: Any, result: Mapping[str, Any], title: str) -> Any:
     :class:`Panel` per kind of figure."""
     if result.get("benchmark") == "tree":
         return _tree_figure(plt, result, title)
+    if result.get("benchmark") == "fuse_bindings":
+        return _bindings_figure(plt, result, title)
     burst = result.get("benchmark") == "burst"
     panels = _burst_panels(result) if burst else _row_panels(result)
     if not panels:
@@ -220,3 +222,40 @@ def _tree_figure(plt: Any, result: Mapping[str, Any], title: str) -> Any:
 def _figure(value: float | None) -> str:
     """A bar's label: 4 significant digits, whole numbers with thousands separators from 1,000."""
     return "-" if value is None else f"{value:,.0f}" if value >= 1000 else f"{value:.4g}"
+
+
+def _bindings_figure(plt: Any, result: Mapping[str, Any], title: str) -> Any:
+    """``tectofs bench fuse-bindings``: a panel per step, a bar per binding (its median, labelled
+    with its speed relative to the baseline), the baseline grey."""
+    rows = result.get("rows") or []
+    names = [n for n in result.get("bindings") or {} if any(r["binding"] == n and numeric(r.get("median"))
+                                                            for r in rows)]
+    if not names:
+        return None
+    steps = list(result.get("steps") or dict.fromkeys(r["step"] for r in rows))
+    baseline = result.get("baseline")
+    columns = 3
+    figure, axes = plt.subplots((len(steps) + columns - 1) // columns, columns, squeeze=False,
+                                figsize=(13, 0.35 * len(names) * ((len(steps) + columns - 1) // columns) + 2.5),
+                                layout="constrained")
+    for axis, step in zip(axes.flat, steps):
+        by = {r["binding"]: r for r in rows if r["step"] == step}
+        values = [numeric(by[n].get("median")) if n in by else None for n in names]
+        bars = axis.barh(names, [v or 0.0 for v in values],
+                         color=[BASELINE_COLOUR if n == baseline else TECTOFS_COLOUR for n in names])
+        axis.invert_yaxis()
+        speed = {n: numeric(by[n].get(f"speed vs {baseline}")) if n in by else None for n in names}
+        axis.bar_label(bars, labels=[_figure(v) + ("" if n == baseline or speed[n] is None else f" ({speed[n]:.2g}x)")
+                                     for n, v in zip(names, values)], padding=2, fontsize=7)
+        unit = str(next((r["unit"] for r in by.values()), ""))
+        axis.set_title(f"{step} ({'lower' if unit == 's' else 'higher'} is better)", fontsize=9, loc="left")
+        axis.set_xlabel(unit)
+        axis.margins(x=0.35)
+        axis.tick_params(axis="y", labelsize=8)
+    for axis in list(axes.flat)[len(steps):]:
+        axis.axis("off")
+    figure.suptitle(f"{title}: medians of {result.get('rounds')} round(s); (Nx): speed relative to {baseline}, "
+                    f"> 1 faster\n{result.get('files')} creates and stats, {result.get('listing_entries')} entries "
+                    f"listed, {(result.get('size_bytes') or 0) / (1 << 20):g} MiB written and read, "
+                    f"{result.get('tree_files')} files untarred", fontsize=9)
+    return figure

@@ -8,6 +8,8 @@
     tectofs bench repair --out results/             # rebuild throughput; a save during a rebuild
     tectofs bench tree --out results/               # untar/import/ls/cat/rm a package tree: local, tectofs,
                                                     #   JuiceFS, SeaweedFS (when installed); creates/s
+    tectofs bench fuse-bindings --out results/      # one in-memory file system through mfusepy, llfuse and
+                                                    #   pyfuse3 (when installed): creates, stats, listing, I/O, untar
     tectofs bench all --out results/ --quick        # everything, small sizes
 
 Each benchmark shows a progress bar while it runs, then prints a table, writes
@@ -170,6 +172,24 @@ def _tree_summary(result: Result) -> None:
     tree.print_summary(result)
 
 
+def _fuse_bindings(args: argparse.Namespace, progress: Progress) -> Result:
+    from tectofs.benchmarks import fuse_bindings
+
+    return fuse_bindings.run_from_args(args, progress)
+
+
+def _fuse_bindings_steps(args: argparse.Namespace) -> int:
+    from tectofs.benchmarks import fuse_bindings
+
+    return fuse_bindings.steps(args)
+
+
+def _fuse_bindings_summary(result: Result) -> None:
+    from tectofs.benchmarks import fuse_bindings
+
+    fuse_bindings.print_summary(result)
+
+
 def _burst_summary(result: Result) -> None:
     from tectofs.benchmarks import burst_report
 
@@ -194,6 +214,8 @@ RUNS: dict[str, Benchmark] = {
     "burst": Benchmark("burst", _burst, lambda a: 6 * samples(a), _burst_summary),  # per run: burst.PROGRESS_STEPS
     "repair": Benchmark("repair", _repair, lambda a: None),  # same options as checkpoint: --quick, --size, --repeats
     "tree": Benchmark("tree", _tree, _tree_steps, _tree_summary),  # its own options: tree.add_options
+    # its own options: fuse_bindings.add_options; --files, --size, --rounds and --quick shared
+    "fuse-bindings": Benchmark("fuse_bindings", _fuse_bindings, _fuse_bindings_steps, _fuse_bindings_summary),
 }
 BENCHMARKS = tuple(RUNS)  # in the order `all` runs them
 
@@ -257,7 +279,8 @@ def build_parser(prog: str = "tectofs bench") -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few minutes")
     parser.add_argument("--work-dir", default=None,
                         help="where clusters and local files live, created if missing (default: temp dir)")
-    parser.add_argument("--size", type=numbers.size(), default=None, help="client-io/fuse/checkpoint: bytes per run")
+    parser.add_argument("--size", type=numbers.size(), default=None,
+                        help="client-io/fuse/checkpoint/fuse-bindings: bytes per run")
     parser.add_argument("--repeats", type=numbers.count(MIN_SAMPLES, _REPEATS_MAX), default=None,
                         help=f"client-io/fuse/checkpoint/repair/burst: runs per figure, the median is reported "
                              f"(default and minimum {MIN_SAMPLES}, --quick included)")
@@ -269,13 +292,14 @@ def build_parser(prog: str = "tectofs bench") -> argparse.ArgumentParser:
     parser.add_argument("--dir-block-size", type=numbers.BLOCK_SIZE, default=None,
                         help="burst: block size of the checkpoint directory (default: the shard size rounded up)")
     parser.add_argument("--files", type=numbers.count(1, _FILES_MAX), default=None,
-                        help="fuse/tree: empty files created, stat'ed and unlinked per metadata run "
-                             "(default 2000; tree --quick 200)")
+                        help="fuse/tree/fuse-bindings: empty files created, stat'ed and unlinked per metadata run "
+                             "(default 2000; tree --quick 200, fuse-bindings --quick 100)")
     parser.add_argument("--metadata-only", action="store_true",
                         help="fuse: only the metadata part (creates/s, stats/s, unlinks/s vs. a local directory)")
-    from tectofs.benchmarks import tree  # its options only (the module imports no cluster or client)
+    from tectofs.benchmarks import fuse_bindings, tree  # their options only (they import no cluster or client)
 
     tree.add_options(parser, standalone=False)
+    fuse_bindings.add_options(parser, standalone=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed benchmarks")
     return parser
 

@@ -564,7 +564,7 @@ def add_options(parser: argparse.ArgumentParser, standalone: bool) -> None:
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=None,
                         help="tree: systems to measure (default: all; JuiceFS and SeaweedFS when installed)")
     parser.add_argument("--rounds", type=numbers.count(1, ROUNDS_MAX), default=None,
-                        help=f"tree: rounds, alternating the order of the systems; medians reported "
+                        help=f"tree, fuse-bindings: rounds, alternating the order of the systems; medians reported "
                              f"(default {DEFAULT_ROUNDS})")
     parser.add_argument("--remount", action="store_true",
                         help="tree: make steps cold by remounting, even where the page cache can be dropped")
