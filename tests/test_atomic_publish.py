@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tectofs import errors
+from tectofs import errors, limits
 
 pytestmark = pytest.mark.slow  # starts processes (the fast lane is in-process: tests/conftest.py)
 
@@ -51,8 +51,11 @@ def test_failed_writes_publish_nothing(make_cluster: Callable[..., Any], tmp_pat
     assert not fs.exists("/d/new")
     with pytest.raises(errors.NoSpace):  # a file object, failing at close
         with fs.open("/d/new-file-object", "wb") as f:
-            f.write(b"x" * 1000)
+            f.write(b"x" * (limits.inline_bytes_default + 1))
     assert not fs.exists("/d/new-file-object")
+    with fs.open("/d/small", "wb") as f:  # a small file lives in the metadata store: no chunk server needed
+        f.write(b"x" * 1000)
+    assert fs.read_bytes("/d/small") == b"x" * 1000
 
     local = tmp_path / "one-mib.bin"
     local.write_bytes(os.urandom(MiB))
