@@ -25,7 +25,8 @@ def test_burst_of_128_ranks_commits_and_verifies(make_cluster, tmp_path, rng):
     assert save["ranks_ok"] == 128
     assert load["ranks_ok"] == 128
     assert load["verified"] == 128
-    assert save["mds_operations"] >= 3 * 128  # create + allocate + commit per rank at least
+    # create + commit per rank at least (a 48 KiB shard is kept inline: no allocate, no chunk put)
+    assert save["mds_operations"] >= 2 * 128
     assert save["mds_ops_per_s"] > 0
     assert result["ratios"]["burst save / single writer"] > 0
     # The next checkpoint, with the ranks' connections open.

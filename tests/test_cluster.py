@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tectofs import errors
+from tectofs import errors, limits
 from tectofs.client import connect
 from tectofs.wire import messages
 from tectofs.wire.framing import FrameDecoder, FrameKind, encode_frame
@@ -348,7 +348,9 @@ def test_no_live_servers_is_no_space(make_cluster):
     while time.monotonic() < deadline and any(s.live for s in c.servers()):
         time.sleep(0.2)
     with pytest.raises(errors.NoSpace, match="live chunk servers"):
-        c.fs.write_bytes("/nowhere", b"x" * 100)
+        c.fs.write_bytes("/nowhere", b"x" * (limits.inline_bytes_default + 1))
+    c.fs.write_bytes("/small", b"x" * 100)  # a small file is kept by the metadata service: no chunk server needed
+    assert c.fs.read_bytes("/small") == b"x" * 100
 
 
 def test_deleted_file_chunks_are_collected(make_cluster):

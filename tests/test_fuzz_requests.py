@@ -78,6 +78,8 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
                              "value": rng.randbytes(rng.choice([0, 10, 65536])), "flags": rng.randrange(4)},
         "removexattr": lambda: {"path": path(), "name": rng.choice(["user.a", "trusted.b"])},
         "unlink": lambda: {"path": path()},
+        "unlink_many": lambda: {"directory": path(), "names": [rng.choice(["a", "b", "..", "x/y", "c" * 300])
+                                                              for _ in range(rng.randrange(1, 5))]},
         "rmdir": lambda: {"path": path()},
         "statfs": dict, "servers": dict, "stats": dict, "ping": dict, "stat": dict,
         "layout": lambda: {"ino": ino(), "first": rng.randrange(10)},

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tectofs import checksum
+from tectofs import checksum, limits
 from tectofs.client import connect
 from tectofs.errors import (
     AlreadyExists,
@@ -322,17 +322,18 @@ def test_key_rotation_keeps_the_cluster_working(make_cluster: Any) -> None:
     """Two valid keys at a time: add a key, make it sign, remove the old one; running
     services follow the file, old capabilities stop working once their key is removed."""
     c = make_cluster(servers=6)
-    c.fs.write_bytes("/before", b"a" * 5000)
+    big = limits.inline_bytes_default + 5000  # kept in chunks (a smaller file is kept inline: no capability)
+    c.fs.write_bytes("/before", b"a" * big)
     layout = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path="/before")))
     old_id = auth.KeyRing(c.key_file).signing[0]
     ids = auth.edit_key_file(c.key_file, add=True)
     new_id = ids[1]
     auth.edit_key_file(c.key_file, use=new_id)
     time.sleep(1.5)  # services re-read the file at most once a second
-    c.fs.write_bytes("/during", b"b" * 5000)  # capabilities now signed with the new key
+    c.fs.write_bytes("/during", b"b" * big)  # capabilities now signed with the new key
     fresh = c.fs.run(c.fs.aio.metadata.layout(messages.LayoutRequest(path="/during")))
     assert fresh.blocks[0].cap.key == new_id and layout.blocks[0].cap.key == old_id
-    assert c.fs.read_bytes("/before") == b"a" * 5000
+    assert c.fs.read_bytes("/before") == b"a" * big
     auth.edit_key_file(c.key_file, remove=old_id)
     time.sleep(1.5)
     block, address = _chunk_address(layout)
@@ -343,7 +344,7 @@ def test_key_rotation_keeps_the_cluster_working(make_cluster: Any) -> None:
         _run(_call(c.address, "whoami", {}, auth.ClientAuth(credential=auth.Credential.load(c.credential_file))))
     renewed = auth.Credential.root_from_keys(auth.KeyRing(c.key_file), c.address)
     with connect(c.address, credentials=renewed.save(c.credential_file)) as fs:
-        assert fs.read_bytes("/before") == b"a" * 5000 and fs.read_bytes("/during") == b"b" * 5000
+        assert fs.read_bytes("/before") == b"a" * big and fs.read_bytes("/during") == b"b" * big
     # chunk servers kept heartbeating through the rotation (they authenticate with the file's keys)
     with connect(c.address, credentials=c.credential_file) as fs:
         assert sum(1 for s in fs.servers() if s.live) == 6
