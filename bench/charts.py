@@ -8,6 +8,7 @@ orange, with a legend.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -178,6 +179,14 @@ def _burst_panels(result: Mapping[str, Any]) -> list[Panel]:
 
 
 SYSTEM_COLOURS = {"local": BASELINE_COLOUR, "tectofs": TECTOFS_COLOUR, "juicefs": "#55A868", "seaweedfs": "#C44E52"}
+VARIANT_COLOURS = ("#8FAADC", "#2E4A7D", "#B8C9E8", "#1B2F52")  # tectofs-VARIANT systems, other blues, in turn
+
+
+def system_colours(systems: list[str]) -> dict[str, str]:
+    """A colour per system of a tree result: its own for those of ``SYSTEM_COLOURS``, the
+    next of ``VARIANT_COLOURS`` (round again if need be) for any other (a tectofs variant)."""
+    variants = itertools.cycle(VARIANT_COLOURS)
+    return {name: SYSTEM_COLOURS.get(name) or next(variants) for name in systems}
 
 
 def _tree_figure(plt: Any, result: Mapping[str, Any], title: str) -> Any:
@@ -185,9 +194,11 @@ def _tree_figure(plt: Any, result: Mapping[str, Any], title: str) -> Any:
     metadata rates per system; the targets in the title."""
     rows = result.get("rows") or []
     meta_rows = (result.get("metadata") or {}).get("rows") or []
-    systems = [n for n in SYSTEM_COLOURS if any(r["system"] == n and numeric(r.get("median s")) for r in rows)]
+    systems = [n for n in dict.fromkeys(r["system"] for r in rows)
+               if any(r["system"] == n and numeric(r.get("median s")) for r in rows)]
     if not systems:
         return None
+    colours = system_colours(systems)
     steps = list(dict.fromkeys(r["step"] for r in rows))
     ops = list(dict.fromkeys(r["op"] for r in meta_rows))
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 0.5 * len(steps) * len(systems) / 2 + 2.5),
@@ -199,7 +210,7 @@ def _tree_figure(plt: Any, result: Mapping[str, Any], title: str) -> Any:
             values = {r[key]: numeric(r.get(value_key)) for r in rows_ if r["system"] == name}
             positions = [n + i * height for n in range(len(labels))]
             bars = axis.barh(positions, [values.get(label) or 0.0 for label in labels], height=height,
-                             color=SYSTEM_COLOURS[name], label=name)
+                             color=colours[name], label=name)
             axis.bar_label(bars, labels=[_figure(values.get(label)) for label in labels], padding=2, fontsize=7)
         axis.set_yticks([n + 0.4 - height / 2 for n in range(len(labels))], labels)
         axis.invert_yaxis()

