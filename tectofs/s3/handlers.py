@@ -373,8 +373,8 @@ async def put_object(call: Call) -> web.StreamResponse:
     if "x-amz-copy-source" in call.request.headers:
         return await copy_object(call)
     path = objects.object_path(call.bucket, call.key)
-    await objects.require_bucket(call.fs, call.bucket)
     if call.key.endswith("/"):  # a "folder" marker: a directory
+        await objects.require_bucket(call.fs, call.bucket)
         if body.declared_length(call.request, call.signed):
             raise S3Error("InvalidArgument", "an object whose key ends with '/' must be empty in tectofs", call.resource)
         await call.fs.mkdir(path, parents=True, exist_ok=True)
@@ -382,6 +382,7 @@ async def put_object(call: Call) -> web.StreamResponse:
     md5 = hashlib.md5()
     content_type = call.request.headers.get("Content-Type") or Record.content_type
     metadata = _user_metadata(call.request)
+    # (the bucket is checked only if the write finds no directory for the key: one call for a small object)
     record = await objects.write_file(call.fs, path, call.body(md5), lambda: Record(
         etag=md5.hexdigest(), content_type=content_type, metadata=metadata))
     return web.Response(headers={"ETag": quoted(record.etag)})

@@ -132,7 +132,10 @@ async def require_bucket(fs: AsyncFileSystem, bucket: str) -> Stat:
 
 
 async def _make_parents(fs: AsyncFileSystem, path: str) -> None:
+    """The directories of an object's key below its bucket; NoSuchBucket if the bucket is not
+    there (never made here: only CreateBucket makes one)."""
     parent = parent_of(path)
+    await require_bucket(fs, paths.split(path)[0])
     if paths.split(parent)[1:]:  # below the bucket itself
         await fs.mkdir(parent, parents=True, exist_ok=True)
 
