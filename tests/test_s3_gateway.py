@@ -120,6 +120,16 @@ def test_root_keys_file_and_bucket_crud(gateway: ClusterWithClient, s3: Any, roo
     assert _code(err) == "NoSuchBucket"
 
 
+def test_a_put_into_a_missing_bucket_makes_no_bucket(gateway: ClusterWithClient, s3: Any) -> None:
+    """A small PUT tries the write first and looks for the bucket only when that fails; a
+    large one looks first. Either way: NoSuchBucket, and no bucket (no directory) is made."""
+    for key, body in (("k", b"small"), ("deep/er/k", b"small"), ("k", os.urandom(MiB)), ("a/b", os.urandom(MiB))):
+        with pytest.raises(ClientError) as err:
+            s3.put_object(Bucket="nobucket", Key=key, Body=body)
+        assert _code(err) == "NoSuchBucket", (key, len(body))
+        assert not gateway.fs.exists("/nobucket")
+
+
 def test_objects_are_files(gateway: ClusterWithClient, s3: Any) -> None:
     _bucket(s3, "same")
     data = os.urandom(3 * MiB + 123)
