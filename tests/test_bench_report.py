@@ -68,6 +68,7 @@ def test_table_and_summary_say_not_met_never_ok(tmp_path, capsys, monkeypatch):
         "burst": {"ok": False, "error": "RuntimeError: boom"},
         "repair": {"ok": False, "skipped": True, "error": "not found"},
         "tree": {"ok": True, "targets": [], "ratios": {}, "error_count": 0},
+        "fuse-bindings": {"ok": True, "targets": [], "ratios": {}, "error_count": 0},
     }
     monkeypatch.setattr(run, "run_one", lambda name, args: dict(entries[name]))
     assert run.main(["all", "--out", str(tmp_path)]) == 1  # burst failed
@@ -235,7 +236,7 @@ def _clean_env() -> dict[str, str]:
 
 
 # Modules of tectofs.benchmarks that are not benchmarks (nothing to run, no --help)
-_HELPERS = {"__init__.py", "common.py", "report.py", "charts.py", "filesystems.py"}
+_HELPERS = {"__init__.py", "common.py", "report.py", "charts.py", "filesystems.py", "memory_tree.py"}
 
 
 @pytest.mark.timeout(120)
