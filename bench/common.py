@@ -159,3 +159,18 @@ def alternate(trees: dict[str, str], rounds: int, module: str, args: list[str],
             for key, values in json.loads(out.stdout.strip().splitlines()[-1]).items():
                 runs[name].setdefault(key, []).extend(values)
     return runs
+
+
+def fs_type(path: str) -> str:
+    """The file system type of the mount holding ``path`` (from /proc/self/mounts)."""
+    path, best, kind = os.path.realpath(path), "", "?"
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and (path == fields[1] or path.startswith(fields[1].rstrip("/") + "/")) \
+                        and len(fields[1]) >= len(best):
+                    best, kind = fields[1], fields[2]
+    except OSError:
+        pass
+    return kind

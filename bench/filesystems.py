@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tectofs import limits
+from tectofs.benchmarks.common import fs_type
+from tectofs.diagnostics import file_tail
 
 start_timeout_s = 60.0          # a system's processes must be up, mounted and writable by then
 stop_timeout_s = 30.0           # a process must have exited this long after SIGTERM
@@ -105,7 +107,7 @@ class LocalDirectory(FileSystem):
         pass
 
     def version(self) -> str:
-        return _fs_type(self.work_dir)
+        return fs_type(self.work_dir)
 
 
 @dataclass(frozen=True)
@@ -226,12 +228,7 @@ class _Daemon:
         return self.process.poll() is not None
 
     def log_tail(self, max_bytes: int = 2000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log_path) - max_bytes))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return file_tail(self.log_path, max_bytes)
 
     def stop(self) -> None:
         """SIGTERM to its process group, then SIGKILL if it is still there after ``stop_timeout_s``."""
@@ -478,21 +475,6 @@ def _accepts(port: int) -> bool:
         return True
 
 
-def _fs_type(path: str) -> str:
-    """The file system type of the mount holding ``path`` (from /proc/self/mounts)."""
-    path, best, kind = os.path.realpath(path), "", "?"
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 2 and (path == fields[1] or path.startswith(fields[1].rstrip("/") + "/")) \
-                        and len(fields[1]) >= len(best):
-                    best, kind = fields[1], fields[2]
-    except OSError:
-        pass
-    return kind
-
-
 SYSTEMS: dict[str, type[FileSystem]] = {"local": LocalDirectory, "tectofs": Tectofs, "juicefs": JuiceFS,
                                         "seaweedfs": SeaweedFS}
 VARIANT_SYSTEMS = {variant.system: variant for variant in TECTOFS_VARIANTS.values()}  # "tectofs-inline-off": ...
@@ -504,4 +486,3 @@ def make_system(name: str, work_dir: str) -> FileSystem:
     if name in VARIANT_SYSTEMS:
         return Tectofs(work_dir, VARIANT_SYSTEMS[name])
     return SYSTEMS[name](work_dir)
-

@@ -37,7 +37,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
-from tectofs.benchmarks.common import drop_caches, parse_size, process_cpu_s, work_dir, write_results
+from tectofs.benchmarks.common import drop_caches, fs_type, parse_size, process_cpu_s, work_dir, write_results
 from tectofs.benchmarks.report import Target, print_targets, verdict
 from tectofs.benchmarks.report import target as goal
 from tectofs.client import connect
@@ -118,21 +118,6 @@ def _client_read(fs: Any, path: str, size: int) -> float:
     return elapsed
 
 
-
-
-def _fs_type(path: str) -> str:
-    """The file system type of the mount holding ``path`` (from /proc/self/mounts)."""
-    path, best, kind = os.path.realpath(path), "", "?"
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 2 and (path == fields[1] or path.startswith(fields[1].rstrip("/") + "/")) \
-                        and len(fields[1]) >= len(best):
-                    best, kind = fields[1], fields[2]
-    except OSError:
-        pass
-    return kind
 
 
 def _store_stats(fs: Any) -> dict[str, int]:
@@ -272,7 +257,7 @@ def run(out_dir: str, size_bytes: int = 2 << 30, repeats: int = 3, work_dir: str
     caches_dropped = drop_caches() if data else False
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
-        local_fs = _fs_type(tmp)
+        local_fs = fs_type(tmp)
         with LocalCluster(os.path.join(tmp, "cluster")) as cluster, connect(cluster.address) as fs:
             mounts = {}
             try:

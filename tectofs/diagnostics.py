@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import signal
 import threading
 import time
@@ -74,3 +75,13 @@ class RateLimitedLog:
             self.logger.warning(message, *args)
         else:
             self._dropped += 1
+
+
+def file_tail(path: str, max_bytes: int) -> str:
+    """The last ``max_bytes`` of a log file, as text ("" if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from tectofs import children
+from tectofs.diagnostics import file_tail
 from tectofs.errors import TectofsError, Timeout
 
 log = logging.getLogger("tectofs.fuse")
@@ -55,12 +56,7 @@ class MountProcess:
         return self.process.pid
 
     def log_tail(self, max_bytes: int = 4000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log_path) - max_bytes))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return file_tail(self.log_path, max_bytes)
 
     def stop(self, timeout_s: float = unmount_wait_s) -> None:
         """Unmount (``fusermount3 -u``, lazily if the mount is busy) and reap the daemon;
