@@ -18,6 +18,7 @@ from tectofs.wire.transport import parse_group
 from .blocks import BlockIO
 from .context import FileContext
 from .files import AsyncFile
+from .lease_session import LeaseSession
 from .leases import LeaseEndings
 from .metadata import MetadataClient
 from .metered import MeteredRpcClient
@@ -135,7 +136,7 @@ class AsyncFileSystem:
     Paths are absolute; every call that changes the namespace is one metadata transaction."""
 
     def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None, *,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, leases: bool = False) -> None:
         """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
         metadata services sharing one store (``tectofs.wire.client.RpcClient``). ``credentials``: a
         credential file or :class:`tectofs.wire.auth.Credential`; by default the one
@@ -145,7 +146,9 @@ class AsyncFileSystem:
         Counts in the process's client metrics (:func:`tectofs.metrics.client_metrics`); the
         first client of a process serves them if asked (``$TECTOFS_METRICS``:
         :func:`tectofs.metrics.serve_client_if_asked`). ``clock`` (monotonic seconds; the simulator's
-        seam, ``tectofs.testing``): the time that decides when servers found down are tried first again."""
+        seam, ``tectofs.testing``): the time that decides when servers found down are tried first again.
+        ``leases``: hold metadata leases (``client/lease_session.py``) so that a cache over this
+        client may answer without asking; needs a running event loop, which keeps them alive."""
         parse_group(meta_address)
         self.meta_address = meta_address
         self.credential = (credentials if isinstance(credentials, auth.Credential)
@@ -167,6 +170,11 @@ class AsyncFileSystem:
         self.acting_uid: int | None = None  # a view's: the uid it acts for (acting_as)
         # the largest file the metadata service keeps inline, as its last answer said (0: none seen yet)
         self.inline_max = 0
+        self.lease_session: LeaseSession | None = None
+        if leases:
+            self.lease_session = LeaseSession(self.metadata)
+            self.lease_session.attach(self.rpc)
+            self.lease_session.start()
 
     def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "AsyncFileSystem":
         """This client as seen by another local user (a multi-user FUSE mount): namespace calls
@@ -184,6 +192,7 @@ class AsyncFileSystem:
             view._views = {}
             view.meta_rpc = MeteredRpcClient(self.metrics, allocate_payload=lambda header, n: self.buffers.get(n))
             view.meta_rpc.expect_role(self.meta_address, "meta")
+            view.meta_rpc.session = self.rpc.session  # its calls are this client's: its leases, its changes
             view.meta_rpc.authenticate(self.meta_address, auth.ClientAuth(credential=self.credential, act_as=key))
             view.metadata = MetadataClient(view.meta_rpc, self.meta_address)
             view.acting_uid = uid
@@ -196,6 +205,8 @@ class AsyncFileSystem:
     async def close(self) -> None:
         if self.meta_rpc is self.rpc:
             await self.lease_endings.flush()
+            if self.lease_session is not None:
+                await self.lease_session.close()
         for view in self._views.values():
             await view.meta_rpc.close()
         self._views.clear()

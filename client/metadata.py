@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from tectofs.wire import messages
 from tectofs.wire.client import RpcClient
+from tectofs.wire.leases import KeepaliveReply, KeepaliveRequest
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
@@ -169,3 +170,6 @@ class MetadataClient:
 
     async def whoami(self, request: messages.Empty = _EMPTY) -> messages.WhoamiReply:
         return await self.call(messages.WHOAMI, request)
+
+    async def keepalive(self, request: KeepaliveRequest) -> KeepaliveReply:
+        return await self.call(messages.KEEPALIVE, request)

@@ -16,6 +16,7 @@ from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 from tectofs.store.registry import SERVER_STATS_KEPT
 from tectofs.wire import auth, messages
+from tectofs.wire.leases import KeepaliveReply, Recall
 
 WIDEST = "rs(32,16)"
 # The largest capabilities: the longest key id, the latest expiry.
@@ -140,6 +141,8 @@ def test_fixed_size_replies_fit() -> None:
     _fits(messages.ListxattrReply(names=[name] * (limits.xattr_names_max_bytes // (len(name) + 1))))
     _fits(messages.ListxattrReply(names=["user.x"] * (limits.xattr_names_max_bytes // 7)))
     _fits(messages.XattrReply(value=b"v" * limits.xattr_value_max_bytes))
+    recall = Recall(id=2**63 - 1, inos=[2**63 - 1] * limits.lease_recall_inodes_max)
+    _fits(KeepaliveReply(lease_s=1e9, renewed=True, restarted=True, recalls=[recall] * limits.lease_recalls_per_reply_max))
     _fits(messages.GetChunkReply(crcs=[0xFFFFFFFF] * (limits.block_size_max_bytes // limits.checksum_piece_bytes),
                                  chunk_length=2**40, position=47, crc=0xFFFFFFFF))
 
@@ -148,7 +151,7 @@ def test_every_reply_type_is_covered() -> None:
     """Replies with lists are the ones a bound can fail on; each has a test above."""
     covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
                messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply,
-               messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply}
+               messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply, KeepaliveReply}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
         for operation in table.values():
             has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))

@@ -31,9 +31,11 @@ from tectofs.store.access import Caller
 from tectofs.store.dialect import dialect_for
 from tectofs.store.users import MAYBE_USER, StoredUser
 from tectofs.wire import auth, messages
+from tectofs.wire.leases import KeepaliveReply, KeepaliveRequest
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
 from .guard import MetaGuard
+from .leases import LeaseTable
 
 log = logging.getLogger("tectofs.meta")
 
@@ -46,6 +48,13 @@ USER_ENTRY_BYTES_MAX = 640  # one UserInfo, encoded, at most (64 groups, 64-byte
 def _user_info(user: StoredUser) -> messages.UserInfo:
     return messages.UserInfo(name=user.name, uid=user.uid, gid=user.gid, groups=list(user.groups),
                              admin=user.admin, proxy=user.proxy, s3_access_key=user.s3_access_key)
+
+
+def _read_inodes(walked: list[int], result: object) -> list[int]:
+    """The inodes an operation's answer tells about: those its paths walked, and a listing's entries."""
+    if isinstance(result, messages.ReaddirReply):
+        return walked + [entry.attrs.ino for entry in result.entries]
+    return walked
 
 
 def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int, uid: int | None = None) -> messages.Capability:
@@ -82,6 +91,7 @@ class MetadataService:
         capability_ttl_s: float = limits.capability_ttl_s,
         advertise: str | None = None,
         inline_max: int = limits.inline_bytes_default,
+        lease_s: float = limits.lease_s,
         *,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -92,7 +102,8 @@ class MetadataService:
         the address others reach this service at, which ``stats`` reports with the metrics URL
         (``server/addresses.py``; default: the bound address, none for a wildcard).
         ``inline_max``: files up to this many bytes are committed inline, their data kept in the
-        store with the inode (0: never; at most ``limits.inline_bytes_max``).
+        store with the inode (0: never; at most ``limits.inline_bytes_max``). ``lease_s``: the life
+        of a client's metadata leases after its last keepalive (``server/meta/leases.py``).
 
         The simulator's seams (``tectofs.testing``): ``clock`` (seconds since the epoch) is the
         time of the store's leases, liveness, repairs and GC and of heartbeat arrivals; ``rng``
@@ -137,6 +148,7 @@ class MetadataService:
         # a flood of them cannot lock authenticated clients out (tectofs.wire.connlimits).
         self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", self._handlers(),
                              authenticator=self.guard, observe=self.metrics.requests.observe, pool_anonymous=True)
+        self.leases = LeaseTable(lease_s)
         self.started = clock()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
@@ -220,7 +232,32 @@ class MetadataService:
             self.metrics.busy_answers.inc()
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         call = current_call.get()
-        return await self.runner.call(operation, returns=returns, request_key=call.next_key() if call else None)
+        if not self.leases.active:
+            return await self.runner.call(operation, returns=returns, request_key=call.next_key() if call else None)
+        session, modified = current_peer.get().session, set[int]()
+        leased = self._leased(operation, session, modified)
+        result = await self.runner.call(leased, returns=returns, request_key=call.next_key() if call else None)
+        if modified:
+            await self.leases.recall(modified, changed_by=session)
+        return result
+
+    def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes,
+                modified: set[int]) -> Callable[[SqlStore], ResultT]:
+        """``operation`` that, on the store's thread, grants ``session`` a lease on every inode it
+        read (before any later operation can change one: ``server/meta/leases.py``) and
+        collects into ``modified`` the inodes it changed, which ``_call`` then recalls."""
+        def run(store: SqlStore) -> ResultT:
+            walked: list[int] = []
+            store.walked, store.modified = walked, modified
+            result: ResultT | None = None
+            try:
+                result = operation(store)
+                return result
+            finally:
+                store.walked = store.modified = None
+                if session:
+                    self.leases.grant(session, _read_inodes(walked, result))
+        return run
 
     def _caller(self) -> Caller | None:
         """The POSIX caller the peer acts as: the store checks permission bits as its uid
@@ -314,6 +351,7 @@ class MetadataService:
         handlers.add(messages.USER_LIST, self.rpc_user_list)
         handlers.add(messages.S3_PRINCIPAL, self.rpc_s3_principal)
         handlers.add(messages.WHOAMI, self.rpc_whoami)
+        handlers.add(messages.KEEPALIVE, self.rpc_keepalive)
         return handlers
 
     # ------------------------------------------------------------------ namespace
@@ -648,6 +686,18 @@ class MetadataService:
         if user is None or user.s3_secret is None:
             raise NotFound(f"no user has the S3 access key {r.access_key!r}")
         return messages.S3PrincipalReply(user=_user_info(user), secret_key=user.s3_secret), b""
+
+    async def rpc_keepalive(self, r: KeepaliveRequest, _: memoryview) -> Reply[KeepaliveReply]:
+        peer = current_peer.get()
+        if not peer.session:
+            raise InvalidArgument("keepalive: the connection's hello named no lease session")
+        if r.end:
+            self.leases.end(peer.session, peer.uid)
+            return KeepaliveReply(lease_s=0.0, renewed=False, restarted=False), b""
+        try:
+            return await self.leases.keepalive(peer.session, peer.uid, r.acked, r.wait_s), b""
+        except PermissionError as exc:
+            raise PermissionDenied(str(exc)) from None
 
     async def rpc_whoami(self, r: messages.Empty, _: memoryview) -> Reply[messages.WhoamiReply]:
         peer = current_peer.get()

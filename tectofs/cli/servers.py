@@ -60,6 +60,7 @@ def cmd_meta(args: argparse.Namespace) -> None:
             allocation_grace_s=args.allocation_grace, repair_after_s=args.repair_after,
             repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace, key_file=args.key_file,
             capability_ttl_s=args.capability_ttl, advertise=args.advertise, inline_max=args.inline_max,
+            lease_s=args.lease,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {_without_password(args.store)})")
@@ -300,6 +301,10 @@ def add_parsers(sub: Any) -> None:
                    help="files up to this size are kept in the metadata store with their inode, not in chunks:"
                    " a small file is written and read in one metadata call (default 64K; at most"
                    f" {limits.inline_bytes_max // limits.KiB}K; 0: every file in chunks)")
+    p.add_argument("--lease", type=numbers.seconds(0.5, 3600.0), default=limits.lease_s, metavar="SECONDS",
+                   help="life of a client's metadata leases after its last keepalive: while it holds them, a mount"
+                   " answers names and attributes from its cache; a change waits at most this long for a client"
+                   f" that stopped answering (default {limits.lease_s:g})")
     p.add_argument("--dead-after", type=_POSITIVE_SECONDS, default=limits.server_dead_after_s,
                    help="seconds without heartbeat before a chunk server counts as dead")
     p.add_argument("--gc-delay", type=_SECONDS, default=30.0, help="seconds before deleted chunks are removed")

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Final, Generic, Literal, TypeAlias, TypeVar
 import msgspec
 
 from tectofs import limits
+from tectofs.wire.leases import SESSION_BYTES, KeepaliveReply, KeepaliveRequest
 from tectofs.wire.values import (  # noqa: F401 (re-exported)
     Address,
     Allocation,
@@ -59,6 +60,7 @@ from tectofs.wire.values import (  # noqa: F401 (re-exported)
     WrittenChunk,
     XattrEntry,
     XattrName,
+    written,
 )
 
 # ---------------------------------------------------------------------- handshake
@@ -91,6 +93,7 @@ class Hello(Message, frozen=True, kw_only=True):
     version: Annotated[int, msgspec.Meta(ge=0, le=255)]
     software: Text = ""
     auth: HelloAuth | None = None
+    session: Annotated[bytes, msgspec.Meta(max_length=SESSION_BYTES)] = b""  # its lease session (wire/leases.py)
 
 
 class HelloReply(Message, frozen=True, kw_only=True):
@@ -746,6 +749,7 @@ USER_REMOVE: Final = Operation("user_remove", UserNameRequest, Empty, idempotent
 USER_LIST: Final = Operation("user_list", Empty, UserListReply, idempotent=True)
 S3_PRINCIPAL: Final = Operation("s3_principal", S3KeyRequest, S3PrincipalReply, idempotent=True)
 WHOAMI: Final = Operation("whoami", Empty, WhoamiReply, idempotent=True)
+KEEPALIVE: Final = Operation("keepalive", KeepaliveRequest, KeepaliveReply, idempotent=True)
 
 # ---- chunk servers (and PING, above)
 
@@ -759,7 +763,7 @@ META_OPERATIONS: Final = _table(
     RENAME, LINK, RELEASE, RELEASE_LEASES, GETXATTR, LISTXATTR, SETXATTR, REMOVEXATTR, EXCHANGE, UNLINK,
     UNLINK_MANY, RMDIR, STATFS, LAYOUT, ALLOCATE, STAGE, RENEW, COMMIT, REPORT_BAD_CHUNK, REPAIR_DONE, REPAIR_FAILED,
     INVENTORY_BEGIN, INVENTORY, DRAIN, BLOCK_HEALTH, REGISTER_SERVER, HEARTBEAT, SERVERS, STATS, PING, USER_ADD,
-    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI,
+    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI, KEEPALIVE,
 )
 
 CHUNK_OPERATIONS: Final = _table(
@@ -778,15 +782,6 @@ def blocks_per_call(width: int) -> int:
     within the reply budget whatever the values."""
     return max(1, min(limits.commit_blocks_max, limits.reply_header_budget_bytes
                       // (_WRITTEN_BLOCK_BYTES_MAX + width * _WRITTEN_CHUNK_BYTES_MAX)))
-
-
-def written(block: Block) -> WrittenBlock:
-    """What a writer commits of a block it wrote."""
-    return WrittenBlock(
-        idx=block.idx, block_id=block.block_id, start=block.start, length=block.length,
-        chunks=[WrittenChunk(position=c.position, server_id=c.server_id, length=c.length, crc=c.crc) for c in block.chunks],
-        inline=block.inline,
-    )
 
 
 def convert(value: Any, kind: type[Any]) -> Any:

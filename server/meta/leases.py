@@ -1,0 +1,219 @@
+"""Read leases on metadata, and their recalls (NFSv4 delegations, CephFS capabilities, Chubby's
+cache invalidations carried by KeepAlives).
+
+A client that says a *session* id in its hello (``messages.Hello.session``) holds a lease on
+every inode its reads reached: each directory its paths walked (the names in it, present or
+absent, and its attributes) and each inode it read the attributes, extended attributes or
+target of (``SqlStore.walked``). While its session lives, it may answer those from its cache
+without asking. A change to an inode (``SqlStore.modified``: a directory whose names changed, an
+inode whose attributes changed) *recalls* it from every other session holding it, and the
+changing call returns only once each holder acknowledged or its session ran out.
+
+Sessions live by ``keepalive`` calls (Chubby's KeepAlive): the client has one outstanding at a
+time; the service holds it until a recall is due or ``limits.lease_keepalive_wait_s`` passed,
+answers with the recalls, and the next keepalive acknowledges them. A session's expiry is
+``lease_s`` after its last keepalive *arrived*; the client counts from when it *sent* it, so the
+client stops trusting its cache first. A keepalive that arrives while a recall to its session
+is unacknowledged does not renew it: a client that receives recalls and never acknowledges them
+cannot hold a change back for longer than one ``lease_s`` (a dead or partitioned client costs a
+change at most that). An expired session is forgotten with all its leases; its next keepalive
+starts it afresh and says so (``restarted``), and the client then drops everything it cached.
+
+Thread safety: grants are recorded on the store's thread, during the operation that read what
+they cover (so a change whose store operation runs after it is sure to see the holder), and
+recalls are sent from the event loop's, after the changing operation committed: every method
+takes the table's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from tectofs import limits
+from tectofs.wire.leases import KeepaliveReply, Recall
+
+
+@dataclass
+class _Session:
+    expires: float
+    uid: int
+    holding: "OrderedDict[int, None]" = field(default_factory=OrderedDict)  # inodes, oldest grant first
+    recalls: dict[int, Recall] = field(default_factory=dict)  # sent or due, not acknowledged, by id
+    due: asyncio.Event | None = None  # set when a recall is queued (wakes the held keepalive)
+    acked: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # recall id -> done
+
+
+class LeaseTable:
+    """Who holds which inodes, and the recalls on their way. Bounded: a session holds at most
+    ``holding_max`` inodes (granting more recalls its oldest at once, without waiting), and
+    ``sessions_max`` sessions live at a time (a new one past that is not granted anything)."""
+
+    def __init__(self, lease_s: float = limits.lease_s, *, holding_max: int = limits.lease_inodes_per_session_max,
+                 sessions_max: int = limits.lease_sessions_max, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lease_s = lease_s
+        self.holding_max = holding_max
+        self.sessions_max = sessions_max
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._sessions: dict[bytes, _Session] = {}
+        self._holders: dict[int, set[bytes]] = {}
+        self._ids = itertools.count(1)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the service's, known from the first keepalive
+        self.recalls_sent = 0
+        self.recalls_expired = 0  # completed because the holder's session ran out, not by its ack
+
+    @property
+    def active(self) -> bool:
+        """Whether any session lives (no session: no grant to record, no recall to send)."""
+        return bool(self._sessions)
+
+    def holders(self, ino: int) -> set[bytes]:
+        with self._lock:
+            return set(self._holders.get(ino, ()))
+
+    # ------------------------------------------------------------------ grants (store thread)
+
+    def grant(self, session: bytes, inos: Iterable[int]) -> None:
+        """Record that ``session`` holds ``inos`` (an unknown or expired session: nothing)."""
+        with self._lock:
+            held = self._sessions.get(session)
+            if held is None or held.expires <= self.clock():
+                return
+            for ino in inos:
+                if ino in held.holding:
+                    held.holding.move_to_end(ino)
+                    continue
+                held.holding[ino] = None
+                self._holders.setdefault(ino, set()).add(session)
+            evicted = []
+            while len(held.holding) > self.holding_max:
+                ino, _ = held.holding.popitem(last=False)
+                self._drop_holder(ino, session)
+                evicted.append(ino)
+            if evicted:
+                self._queue(held, evicted)  # not waited for: the holder just drops the oldest
+
+    # ------------------------------------------------------------------ recalls (event loop)
+
+    async def recall(self, inos: Iterable[int], *, changed_by: bytes = b"") -> None:
+        """Recall ``inos`` from every session holding any of them but ``changed_by`` (the
+        session whose call changed them: its client keeps its own cache right), and wait until
+        each acknowledged or ran out."""
+        waits: list[tuple[asyncio.Future[None], float]] = []
+        with self._lock:
+            targets: dict[bytes, list[int]] = {}
+            for ino in set(inos):
+                for session in self._holders.get(ino, ()):
+                    if session != changed_by:
+                        targets.setdefault(session, []).append(ino)
+            for session, held_inos in targets.items():
+                held = self._sessions[session]
+                for ino in held_inos:
+                    del held.holding[ino]
+                    self._drop_holder(ino, session)
+                recall_id = self._queue(held, held_inos)
+                done = held.acked[recall_id] = asyncio.get_running_loop().create_future()
+                waits.append((done, held.expires))
+        for done, expires in waits:
+            try:
+                await asyncio.wait_for(asyncio.shield(done), timeout=max(0.0, expires - self.clock()))
+            except asyncio.TimeoutError:
+                self.recalls_expired += 1
+                self._expire_overdue()
+
+    def _queue(self, held: _Session, inos: list[int]) -> int:
+        """Queue a recall of ``inos`` to ``held`` and wake its keepalive (from any thread);
+        returns the recall's id. Called with the lock held."""
+        recall = Recall(id=next(self._ids), inos=sorted(inos))
+        held.recalls[recall.id] = recall
+        self._wake(held)
+        self.recalls_sent += 1
+        return recall.id
+
+    def _wake(self, held: _Session) -> None:
+        if held.due is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(held.due.set)
+
+    def _drop_holder(self, ino: int, session: bytes) -> None:
+        holders = self._holders.get(ino)
+        if holders is not None:
+            holders.discard(session)
+            if not holders:
+                del self._holders[ino]
+
+    def _expire_overdue(self) -> None:
+        now = self.clock()
+        with self._lock:
+            for session in [s for s, held in self._sessions.items() if held.expires <= now]:
+                self._forget(session)
+
+    def _forget(self, session: bytes) -> None:
+        held = self._sessions.pop(session)
+        for ino in held.holding:
+            self._drop_holder(ino, session)
+        for done in held.acked.values():
+            if not done.done():
+                done.set_result(None)
+        self._wake(held)
+
+    # ------------------------------------------------------------------ keepalives (event loop)
+
+    async def keepalive(self, session: bytes, uid: int, acked: Iterable[int], wait_s: float) -> KeepaliveReply:
+        """One keepalive of ``session`` (for caller ``uid``): acknowledge ``acked``, renew the
+        session unless a recall to it is outstanding, then answer the due recalls, waiting up to
+        ``wait_s`` for one. A session id in use by another uid is refused (PermissionError)."""
+        self.loop = asyncio.get_running_loop()
+        now = self.clock()
+        with self._lock:
+            self._expire_unlocked(now)
+            held = self._sessions.get(session)
+            restarted = held is None
+            if held is None:
+                if len(self._sessions) >= self.sessions_max:
+                    return KeepaliveReply(lease_s=0.0, renewed=False, restarted=True, recalls=[])
+                held = self._sessions[session] = _Session(expires=now + self.lease_s, uid=uid)
+            elif held.uid != uid:
+                raise PermissionError("that lease session belongs to another user")
+            for recall_id in acked:
+                held.recalls.pop(recall_id, None)
+                done = held.acked.pop(recall_id, None)
+                if done is not None and not done.done():
+                    done.set_result(None)
+            renewed = not held.recalls
+            if renewed:
+                held.expires = now + self.lease_s
+            if not held.recalls and wait_s > 0:
+                held.due = asyncio.Event()
+                due = held.due
+            else:
+                due = None
+        if due is not None:
+            try:
+                await asyncio.wait_for(due.wait(), timeout=wait_s)
+            except asyncio.TimeoutError:
+                pass
+        with self._lock:
+            alive = self._sessions.get(session) is held
+            if alive:
+                held.due = None
+            recalls = list(held.recalls.values()) if alive else []
+        return KeepaliveReply(lease_s=self.lease_s, renewed=renewed and alive, restarted=restarted or not alive,
+                              recalls=recalls[:limits.lease_recalls_per_reply_max])
+
+    def _expire_unlocked(self, now: float) -> None:
+        for session in [s for s, held in self._sessions.items() if held.expires <= now]:
+            self._forget(session)
+
+    def end(self, session: bytes, uid: int) -> None:
+        """The client (as ``uid``) ended its session: forget it and everything it held."""
+        with self._lock:
+            held = self._sessions.get(session)
+            if held is not None and held.uid == uid:
+                self._forget(session)
+

@@ -1,0 +1,215 @@
+"""Metadata leases and recalls (server/meta/leases.py, client/lease_session.py).
+
+The table alone, in process: grants, recalls answered or run out, no renewal while a recall is
+outstanding, bounds. Then end to end on a real cluster: every kind of change made by one client
+recalls what another client holds before the change's call returns."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tectofs.server.meta.leases import LeaseTable
+
+A, B = b"a" * 16, b"b" * 16
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_a_change_waits_for_the_holders_acknowledgement_and_not_for_its_own_session():
+    async def scenario():
+        table = LeaseTable(lease_s=5.0)
+        await table.keepalive(A, 0, [], 0)
+        await table.keepalive(B, 0, [], 0)
+        table.grant(A, [1, 7])
+        table.grant(B, [7])
+        recall = asyncio.create_task(table.recall([7], changed_by=B))
+        await asyncio.sleep(0.05)
+        assert not recall.done()  # A has not acknowledged
+        reply = await table.keepalive(A, 0, [], 1.0)
+        assert [r.inos for r in reply.recalls] == [[7]]
+        assert not recall.done()
+        await table.keepalive(A, 0, [reply.recalls[0].id], 0)
+        await asyncio.wait_for(recall, 1)
+        assert table.holders(7) == {B} and table.holders(1) == {A}  # A's grant of 7 ended with the recall
+        assert table.recalls_expired == 0
+    run(scenario())
+
+
+def test_a_silent_holder_costs_a_change_at_most_its_lease_and_is_then_forgotten():
+    async def scenario():
+        table = LeaseTable(lease_s=0.3)
+        await table.keepalive(A, 0, [], 0)
+        table.grant(A, [9])
+        started = time.monotonic()
+        await table.recall([9])
+        waited = time.monotonic() - started
+        assert 0.2 < waited < 1.0
+        assert table.recalls_expired == 1 and table.holders(9) == set()
+        reply = await table.keepalive(A, 0, [], 0)  # it comes back: told to drop everything
+        assert reply.restarted
+    run(scenario())
+
+
+def test_no_renewal_while_a_recall_is_outstanding():
+    async def scenario():
+        clock = Clock()
+        table = LeaseTable(lease_s=10.0, clock=clock)
+        await table.keepalive(A, 0, [], 0)
+        table.grant(A, [3])
+        recall = asyncio.create_task(table.recall([3]))
+        await asyncio.sleep(0)
+        clock.now += 5
+        reply = await table.keepalive(A, 0, [], 0)  # never acknowledges
+        assert reply.recalls and not reply.renewed
+        clock.now += 6  # past the expiry the recall started under
+        table._expire_overdue()
+        await asyncio.wait_for(recall, 1)
+        assert (await table.keepalive(A, 0, [], 0)).restarted
+    run(scenario())
+
+
+def test_grants_to_unknown_sessions_are_not_recorded_and_holdings_are_bounded():
+    async def scenario():
+        table = LeaseTable(lease_s=5.0, holding_max=3)
+        table.grant(A, [1, 2])  # no keepalive yet: no session, no grant
+        assert table.holders(1) == set()
+        await table.keepalive(A, 0, [], 0)
+        table.grant(A, [1, 2, 3, 4, 5])
+        assert {i for i in range(1, 6) if table.holders(i)} == {3, 4, 5}
+        reply = await table.keepalive(A, 0, [], 0)
+        assert [r.inos for r in reply.recalls] == [[1, 2]]  # the oldest, recalled at once
+    run(scenario())
+
+
+def test_a_session_id_is_bound_to_its_user():
+    async def scenario():
+        table = LeaseTable(lease_s=5.0)
+        await table.keepalive(A, 1000, [], 0)
+        with pytest.raises(PermissionError):
+            await table.keepalive(A, 1001, [], 0)
+        table.end(A, 1001)  # another user cannot end it either
+        assert table.active
+        table.end(A, 1000)
+        assert not table.active
+    run(scenario())
+
+
+def test_every_statement_that_changes_an_inode_names_it_last():
+    """SqlStore.modified reads the inode of an ``UPDATE inodes SET`` from its last parameter."""
+    store = Path(__file__).parent.parent / "tectofs" / "store"
+    statements = []
+    for path in store.glob("*.py"):
+        if path.name == "schema.py":  # migrations run before any lease exists
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_x"):
+                continue
+            sql = node.args[0]
+            assert not (isinstance(sql, ast.JoinedStr) and "UPDATE inodes" in ast.unparse(sql)), ast.unparse(node)
+            if isinstance(sql, ast.Constant) and str(sql.value).startswith("UPDATE inodes SET"):
+                statements.append(str(sql.value))
+    assert len(statements) >= 10
+    for statement in statements:
+        assert re.search(r"WHERE ino = \?( AND [^?]*)?$", statement), statement
+
+
+# ---------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def leased_cluster(tmp_path_factory):
+    from tectofs.server.cluster import LocalCluster
+    cluster = LocalCluster(str(tmp_path_factory.mktemp("leases")), meta_args=["--lease", "2"])
+    address = cluster.start()
+    yield address
+    cluster.stop()
+
+
+
+
+async def _holder_and_changer(address):
+    from tectofs.client.core import AsyncFileSystem
+    holder, changer = AsyncFileSystem(address, leases=True), AsyncFileSystem(address)
+    recalled: list[int] = []
+    assert holder.lease_session is not None
+
+    async def on_recall(inos):
+        recalled.extend(inos or [])
+    holder.lease_session.listeners.append(on_recall)
+    for _ in range(100):
+        if holder.lease_session.remaining():
+            break
+        await asyncio.sleep(0.02)
+    assert holder.lease_session.remaining() > 0
+    return holder, changer, recalled
+
+
+@pytest.mark.slow
+def test_every_kind_of_change_recalls_what_another_client_holds_before_it_returns(leased_cluster):
+    async def scenario():
+        holder, changer, recalled = await _holder_and_changer(leased_cluster)
+        base = f"/recalls-{os.getpid()}"
+        await changer.mkdir(base)
+        await changer.write_bytes(f"{base}/f", b"x" * 10)
+        directory = (await holder.stat(base)).ino
+
+        async def check(what, change, expect):
+            recalled.clear()
+            for path in (base, f"{base}/f", f"{base}/absent"):  # names, attributes, an absent name
+                try:
+                    await holder.stat(path)
+                except Exception:
+                    pass
+            inos = expect()
+            await change()
+            assert set(inos) <= set(recalled), (what, inos, recalled)
+
+        file_ino = (await holder.stat(f"{base}/f")).ino
+        await check("chmod", lambda: changer.setattr(f"{base}/f", mode=0o600), lambda: [file_ino])
+        await check("write", lambda: changer.write_bytes(f"{base}/f", b"y" * 20), lambda: [file_ino])
+        file_ino = (await changer.stat(f"{base}/f")).ino
+        await check("setxattr", lambda: changer.setxattr(f"{base}/f", "user.k", b"v"), lambda: [file_ino])
+        await check("create", lambda: changer.write_bytes(f"{base}/absent", b""), lambda: [directory])
+        await check("rename", lambda: changer.rename(f"{base}/absent", f"{base}/moved"), lambda: [directory])
+        await check("unlink", lambda: changer.remove(f"{base}/moved"), lambda: [directory])
+        await check("truncate", lambda: changer.truncate(f"{base}/f", 3), lambda: [file_ino])
+        await holder.close()
+        started = time.monotonic()
+        await changer.setattr(f"{base}/f", mode=0o644)  # the holder ended its session: no wait
+        assert time.monotonic() - started < 1.0
+        await changer.close()
+    run(scenario())
+
+
+@pytest.mark.slow
+def test_a_client_that_stopped_answering_holds_a_change_back_at_most_its_lease(leased_cluster):
+    async def scenario():
+        holder, changer, recalled = await _holder_and_changer(leased_cluster)
+        path = f"/silent-{os.getpid()}"
+        await changer.write_bytes(path, b"1")
+        await holder.stat(path)
+        holder.lease_session._task.cancel()  # the keepalives stop, as when its host hangs
+        started = time.monotonic()
+        await changer.setattr(path, mode=0o600)
+        waited = time.monotonic() - started
+        assert 0.5 < waited < 2.0 + 1.0, waited  # at most its lease (2 s), counted from its last keepalive
+        await changer.close()
+        await holder.close()
+    run(scenario())
