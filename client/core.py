@@ -172,7 +172,7 @@ class AsyncFileSystem:
         self.inline_max = 0
         self.lease_session: LeaseSession | None = None
         if leases:
-            self.lease_session = LeaseSession(self.metadata)
+            self.lease_session = LeaseSession(self.metadata, **({"clock": clock} if clock is not None else {}))
             self.lease_session.attach(self.rpc)
             self.lease_session.start()
 

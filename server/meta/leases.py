@@ -65,6 +65,7 @@ class LeaseTable:
         self._holders: dict[int, set[bytes]] = {}
         self._ids = itertools.count(1)
         self.loop: asyncio.AbstractEventLoop | None = None  # the service's, known from the first keepalive
+        self.grace_until = 0.0  # before this, every change waits (leases of a predecessor may live)
         self.recalls_sent = 0
         self.recalls_expired = 0  # completed because the holder's session ran out, not by its ack
 
@@ -72,6 +73,9 @@ class LeaseTable:
     def active(self) -> bool:
         """Whether any session lives (no session: no grant to record, no recall to send)."""
         return bool(self._sessions)
+
+    def in_grace(self) -> bool:
+        return self.grace_until > self.clock()
 
     def holders(self, ino: int) -> set[bytes]:
         with self._lock:
@@ -104,8 +108,11 @@ class LeaseTable:
     async def recall(self, inos: Iterable[int], *, changed_by: bytes = b"") -> None:
         """Recall ``inos`` from every session holding any of them but ``changed_by`` (the
         session whose call changed them: its client keeps its own cache right), and wait until
-        each acknowledged or ran out."""
+        each acknowledged or ran out; in the grace period after a restart, wait until it ends."""
         waits: list[tuple[asyncio.Future[None], float]] = []
+        grace_s = self.grace_until - self.clock()
+        if grace_s > 0:  # a holder of the predecessor's may not know yet: wait until its lease ran out
+            await asyncio.sleep(grace_s)
         with self._lock:
             targets: dict[bytes, list[int]] = {}
             for ino in set(inos):

@@ -42,6 +42,7 @@ log = logging.getLogger("tectofs.meta")
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
 ResultT = TypeVar("ResultT")
 Reply = tuple[ReplyT, bytes]  # what a handler answers: the reply, and no payload
+LEASES_GRANTED = "lease_sessions"  # the store's counter of services that granted leases over it
 USER_ENTRY_BYTES_MAX = 640  # one UserInfo, encoded, at most (64 groups, 64-byte names and keys)
 
 
@@ -148,7 +149,10 @@ class MetadataService:
         # a flood of them cannot lock authenticated clients out (tectofs.wire.connlimits).
         self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", self._handlers(),
                              authenticator=self.guard, observe=self.metrics.requests.observe, pool_anonymous=True)
-        self.leases = LeaseTable(lease_s)
+        # Lease time is measured on a monotonic clock: a stepped wall clock must not end leases
+        # early (the simulator's virtual clock is both).
+        self.leases = LeaseTable(lease_s, clock=time.monotonic if clock is time.time else clock)
+        self._leases_noted = False  # the store knows leases were granted (see _grace_after_restart)
         self.started = clock()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
@@ -167,9 +171,18 @@ class MetadataService:
             await self.rpc.close()
             raise
         address = self.address or bound
+        await self._grace_after_restart()
         self._gc_task = asyncio.get_running_loop().create_task(self._gc_loop())
         self._repair_task = asyncio.get_running_loop().create_task(self._repair_loop())
         return address
+
+    async def _grace_after_restart(self) -> None:
+        """Clients may hold leases a previous service over this store granted (this service's
+        predecessor, or a failed-over peer), which this one cannot recall: if the store says any
+        were ever granted, changes wait until such leases ran out (NFSv4's grace period)."""
+        if await self.runner.call(lambda store: store.counter(LEASES_GRANTED)):
+            self.leases.grace_until = self.leases.clock() + self.leases.lease_s
+            self._leases_noted = True
 
     async def close(self) -> None:
         for task in (self._gc_task, self._repair_task):
@@ -232,7 +245,7 @@ class MetadataService:
             self.metrics.busy_answers.inc()
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         call = current_call.get()
-        if not self.leases.active:
+        if not self.leases.active and not self.leases.in_grace():
             return await self.runner.call(operation, returns=returns, request_key=call.next_key() if call else None)
         session, modified = current_peer.get().session, set[int]()
         leased = self._leased(operation, session, modified)
@@ -691,6 +704,9 @@ class MetadataService:
         peer = current_peer.get()
         if not peer.session:
             raise InvalidArgument("keepalive: the connection's hello named no lease session")
+        if not self._leases_noted:  # before the first grant: a successor must know to wait
+            await self.runner.call(lambda store: store.bump_counter(LEASES_GRANTED))
+            self._leases_noted = True
         if r.end:
             self.leases.end(peer.session, peer.uid)
             return KeepaliveReply(lease_s=0.0, renewed=False, restarted=False), b""

@@ -200,6 +200,16 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         (value,) = self._one("UPDATE counters SET value = value + ? WHERE name = ? RETURNING value", (count, counter))
         return int(value) - count + 1
 
+    def counter(self, name: str) -> int:
+        """The value of counter ``name`` (0 if it was never counted)."""
+        row = self._one("SELECT value FROM counters WHERE name = ?", (name,))
+        return 0 if row is None else int(row[0])
+
+    def bump_counter(self, name: str) -> None:
+        """Count one more of ``name``."""
+        self._x("INSERT INTO counters (name, value) VALUES (?, 1)"
+                " ON CONFLICT (name) DO UPDATE SET value = counters.value + 1", (name,))
+
     def _checked_policy(self, policy: str | None) -> str | None:
         """``policy`` normalized; refused, with the numbers, if it is wider than the cluster
         (once any chunk server registered: a new cluster may set policies first)."""

@@ -41,6 +41,7 @@ from tectofs.client import AsyncFileSystem
 from tectofs.errors import TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.testing.cluster import BLOCK_SIZE, ChunkHost, Cluster, quiet_logs
+from tectofs.testing.lease_watch import LeaseWatcher
 from tectofs.testing.network import NetworkFaults
 
 FAULT_STEPS = (10, 20)
@@ -49,7 +50,7 @@ HEAL_ROUND_S = 3.0
 VIRTUAL_DEADLINE_S = 1500.0
 EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
           "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4,
-          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10}
+          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10, "watch": 14}
 BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file", "flaky_disk"}
 
 
@@ -134,6 +135,7 @@ class Simulation:
         self.step = 0
         self.violation: SimulationFailed | None = None
         self.cluster.on_delete = self.check_gc
+        self.watcher: LeaseWatcher | None = None  # a second client, holding leases (invariant f)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -288,6 +290,17 @@ class Simulation:
         self.stats["reads"] += 1
         self.check_read(name, model, data, started_s)
 
+    async def watch(self, name: str) -> None:
+        """The leasing client stats ``name`` a few times, while writes go on: from its cache
+        whenever its leases allow (invariant f)."""
+        assert self.watcher is not None
+        for _ in range(self.rng.randint(2, 6)):
+            model = self.files.get(name)
+            if model is None:
+                return
+            await self.watcher.stat(name, model)
+            await self.pause(0.0, 2.0)
+
     async def unlink(self, name: str) -> None:
         """Remove a file no write of this schedule is writing (a read may be: its handle keeps
         the version it opened)."""
@@ -302,6 +315,8 @@ class Simulation:
             self.trace(f"client: unlink {name} failed: {type(exc).__name__}")
             return
         self.stats["unlinked"] += 1
+        if self.watcher is not None:
+            self.watcher.unlinked(name)
         self.trace(f"client: unlink {name}")
 
     def background(self, coro: Any) -> None:
@@ -328,6 +343,7 @@ class Simulation:
         for chunk in self.cluster.chunks:
             await self.cluster.start_chunk(chunk)
         self.cluster.start_client()
+        self.watcher = LeaseWatcher(self.cluster, self.fail)
         for i in range(self.rng.randint(2, 3)):
             name = f"f{i}"
             await self.write(name, self.data_for(name))
@@ -351,6 +367,9 @@ class Simulation:
             self.background(self.write(name, data, pause_s=self.rng.uniform(10.0, 45.0)))
         elif kind == "read":
             self.background(self.read(self.rng.choice(sorted(self.files))))
+        elif kind == "watch" and self.watcher is not None and self.files:
+            name = self.rng.choice(sorted(self.files))
+            self.background(self.watch(name))
         elif kind == "crash_chunk" and up:
             chunk = self.rng.choice(up)
             cluster.crash_chunk(chunk)
@@ -517,6 +536,8 @@ def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None 
         sim.stats.update({f"net_{k}": v for k, v in sim.cluster.network.stats.items()})
         sim.stats.update(sim.cluster.meta_served)
         sim.stats.update(sim.cluster.meta_requests())
+        if sim.watcher is not None:
+            sim.stats["leased_answers"] = sim.watcher.served
         for chunk in sim.cluster.chunks:
             sim.stats.update({f"disk_{k}": v for k, v in chunk.disk.stats.items()})
     except SimulationFailed as exc:
