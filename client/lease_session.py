@@ -11,9 +11,10 @@ cache, ``client/fuse/kernel_cache.py``):
 - ``epoch``: grows at every recall and every loss of the session. A reader notes it before a
   call and caches the answer only if it did not move meanwhile (``still(epoch)``): an answer
   that crossed a recall on the wire may predate the change that caused it.
-- listeners, awaited for every recall (``on_recall(inos)``) and when everything must go
-  (``on_recall(None)``: the session was lost or restarted); the recall is acknowledged once every
-  listener returned, so a change completes only after every cache dropped what it changed.
+- listeners, awaited for every recall (``on_recall(recall)``: a ``tectofs.wire.leases.Recall``,
+  the attributes, names and listings to drop) and when everything must go (``on_recall(None)``:
+  the session was lost or restarted); the recall is acknowledged once every listener returned,
+  so a change completes only after every cache dropped what it changed.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ from typing import Awaitable, Callable
 from tectofs import limits
 from tectofs.errors import TectofsError
 from tectofs.wire.client import RpcClient
-from tectofs.wire.leases import SESSION_BYTES, KeepaliveRequest
+from tectofs.wire.leases import SESSION_BYTES, KeepaliveRequest, Recall
 
 from .metadata import MetadataClient
 
 log = logging.getLogger("tectofs.client")
 
-RecallListener = Callable[["list[int] | None"], Awaitable[None]]
+RecallListener = Callable[["Recall | None"], Awaitable[None]]
 CLOCK_RATE_MARGIN = 0.1  # the client trusts a lease for 90% of its life: clocks may run 10% apart
 
 
@@ -108,7 +109,7 @@ class LeaseSession:
                 await self._lost()
             for recall in reply.recalls:
                 self.epoch += 1
-                await self._tell(list(recall.inos))
+                await self._tell(recall)
                 acked.append(recall.id)
                 self.recalls_done += 1
             if reply.renewed and not reply.restarted:
@@ -123,9 +124,9 @@ class LeaseSession:
         self.epoch += 1
         await self._tell(None)
 
-    async def _tell(self, inos: "list[int] | None") -> None:
+    async def _tell(self, recall: "Recall | None") -> None:
         for listener in list(self.listeners):
             try:
-                await listener(inos)
+                await listener(recall)
             except Exception:  # a listener's failure must not stop the acknowledgements
                 log.exception("a lease recall listener failed")

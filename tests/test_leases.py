@@ -16,8 +16,14 @@ from pathlib import Path
 import pytest
 
 from tectofs.server.meta.leases import LeaseTable
+from tectofs.store import lease_keys
+from tectofs.wire.leases import ATTRS, ENTRY, LISTING
 
 A, B = b"a" * 16, b"b" * 16
+
+
+def attrs(*inos):
+    return [(ATTRS, ino) for ino in inos]
 
 
 class Clock:
@@ -37,17 +43,18 @@ def test_a_change_waits_for_the_holders_acknowledgement_and_not_for_its_own_sess
         table = LeaseTable(lease_s=5.0)
         await table.keepalive(A, 0, [], 0)
         await table.keepalive(B, 0, [], 0)
-        table.grant(A, [1, 7])
-        table.grant(B, [7])
-        recall = asyncio.create_task(table.recall([7], changed_by=B))
+        table.grant(A, [*attrs(1, 7), (ENTRY, 1, "x")])
+        table.grant(B, attrs(7))
+        recall = asyncio.create_task(table.recall([*attrs(7), (ENTRY, 1, "x"), (LISTING, 1)], changed_by=B))
         await asyncio.sleep(0.05)
         assert not recall.done()  # A has not acknowledged
         reply = await table.keepalive(A, 0, [], 1.0)
-        assert [r.inos for r in reply.recalls] == [[7]]
+        [sent] = reply.recalls
+        assert (sent.inos, [(e.parent, e.name) for e in sent.entries], sent.listings) == ([7], [(1, "x")], [])
         assert not recall.done()
-        await table.keepalive(A, 0, [reply.recalls[0].id], 0)
+        await table.keepalive(A, 0, [sent.id], 0)
         await asyncio.wait_for(recall, 1)
-        assert table.holders(7) == {B} and table.holders(1) == {A}  # A's grant of 7 ended with the recall
+        assert table.holders((ATTRS, 7)) == {B} and table.holders((ATTRS, 1)) == {A}  # A's 7 ended with the recall
         assert table.recalls_expired == 0
     run(scenario())
 
@@ -56,12 +63,12 @@ def test_a_silent_holder_costs_a_change_at_most_its_lease_and_is_then_forgotten(
     async def scenario():
         table = LeaseTable(lease_s=0.3)
         await table.keepalive(A, 0, [], 0)
-        table.grant(A, [9])
+        table.grant(A, attrs(9))
         started = time.monotonic()
-        await table.recall([9])
+        await table.recall(attrs(9))
         waited = time.monotonic() - started
         assert 0.2 < waited < 1.0
-        assert table.recalls_expired == 1 and table.holders(9) == set()
+        assert table.recalls_expired == 1 and table.holders((ATTRS, 9)) == set()
         reply = await table.keepalive(A, 0, [], 0)  # it comes back: told to drop everything
         assert reply.restarted
     run(scenario())
@@ -72,8 +79,8 @@ def test_no_renewal_while_a_recall_is_outstanding():
         clock = Clock()
         table = LeaseTable(lease_s=10.0, clock=clock)
         await table.keepalive(A, 0, [], 0)
-        table.grant(A, [3])
-        recall = asyncio.create_task(table.recall([3]))
+        table.grant(A, attrs(3))
+        recall = asyncio.create_task(table.recall(attrs(3)))
         await asyncio.sleep(0)
         clock.now += 5
         reply = await table.keepalive(A, 0, [], 0)  # never acknowledges
@@ -88,11 +95,11 @@ def test_no_renewal_while_a_recall_is_outstanding():
 def test_grants_to_unknown_sessions_are_not_recorded_and_holdings_are_bounded():
     async def scenario():
         table = LeaseTable(lease_s=5.0, holding_max=3)
-        table.grant(A, [1, 2])  # no keepalive yet: no session, no grant
-        assert table.holders(1) == set()
+        table.grant(A, attrs(1, 2))  # no keepalive yet: no session, no grant
+        assert table.holders((ATTRS, 1)) == set()
         await table.keepalive(A, 0, [], 0)
-        table.grant(A, [1, 2, 3, 4, 5])
-        assert {i for i in range(1, 6) if table.holders(i)} == {3, 4, 5}
+        table.grant(A, attrs(1, 2, 3, 4, 5))
+        assert {i for i in range(1, 6) if table.holders((ATTRS, i))} == {3, 4, 5}
         reply = await table.keepalive(A, 0, [], 0)
         assert [r.inos for r in reply.recalls] == [[1, 2]]  # the oldest, recalled at once
     run(scenario())
@@ -111,10 +118,14 @@ def test_a_session_id_is_bound_to_its_user():
     run(scenario())
 
 
-def test_every_statement_that_changes_an_inode_names_it_last():
-    """SqlStore.modified reads the inode of an ``UPDATE inodes SET`` from its last parameter."""
+def test_every_statement_that_changes_a_name_or_an_inode_has_a_shape_lease_keys_reads():
+    """``lease_keys.changed_by`` reads what a statement changed from its parameters, by the
+    statement's shape: every statement of the store that changes ``names`` or ``inodes`` must
+    have one of those shapes, or a change would not recall what clients hold."""
     store = Path(__file__).parent.parent / "tectofs" / "store"
-    statements = []
+    shapes = {lease_keys.INODE_UPDATE: r"WHERE ino = \?( AND [^?]*)?$", lease_keys.NAME_INSERT: r"VALUES \(\?, \?, \?\)$",
+              lease_keys.NAME_DELETE: r"name = \?$", lease_keys.NAME_REPOINT: r"name = \?$"}
+    found = 0
     for path in store.glob("*.py"):
         if path.name == "schema.py":  # migrations run before any lease exists
             continue
@@ -122,12 +133,29 @@ def test_every_statement_that_changes_an_inode_names_it_last():
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_x"):
                 continue
             sql = node.args[0]
-            assert not (isinstance(sql, ast.JoinedStr) and "UPDATE inodes" in ast.unparse(sql)), ast.unparse(node)
-            if isinstance(sql, ast.Constant) and str(sql.value).startswith("UPDATE inodes SET"):
-                statements.append(str(sql.value))
-    assert len(statements) >= 10
-    for statement in statements:
-        assert re.search(r"WHERE ino = \?( AND [^?]*)?$", statement), statement
+            text = ast.unparse(sql)
+            changes = re.search(r"(UPDATE|INSERT INTO|DELETE FROM) (inodes|names)\b", text)
+            if not changes or (changes.group(1) in ("INSERT INTO", "DELETE FROM") and changes.group(2) == "inodes"):
+                continue  # a new inode is nobody's yet; a removed one went with its last name
+            assert isinstance(sql, ast.Constant), f"{path.name}: {text}: a statement changing {changes.group(2)} must be a literal"
+            statement = str(sql.value)
+            shape = next((s for s in shapes if statement.startswith(s)), None)
+            assert shape is not None, f"{path.name}: {statement}: a shape lease_keys.changed_by does not know"
+            assert re.search(shapes[shape], statement), f"{path.name}: {statement}"
+            found += 1
+    assert found >= 15
+
+
+def test_what_statements_change_as_lease_keys():
+    assert lease_keys.changed_by("UPDATE inodes SET mode = ? WHERE ino = ?", (0o600, 7)) == [(ATTRS, 7)]
+    assert lease_keys.changed_by("UPDATE inodes SET atime = ? WHERE ino = ?", (1.0, 7)) == []
+    assert lease_keys.changed_by("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (2, "x", 9)) == [
+        (ENTRY, 2, "x"), (LISTING, 2)]
+    assert lease_keys.changed_by("DELETE FROM names WHERE parent = ? AND name = ?", (2, "x")) == [
+        (ENTRY, 2, "x"), (LISTING, 2)]
+    assert lease_keys.changed_by("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (9, 2, "x")) == [
+        (ENTRY, 2, "x"), (LISTING, 2)]
+    assert lease_keys.changed_by("SELECT 1 FROM names", ()) == []
 
 
 # ---------------------------------------------------------------------- end to end
@@ -147,11 +175,14 @@ def leased_cluster(tmp_path_factory):
 async def _holder_and_changer(address):
     from tectofs.client.core import AsyncFileSystem
     holder, changer = AsyncFileSystem(address, leases=True), AsyncFileSystem(address)
-    recalled: list[int] = []
+    recalled: list = []
     assert holder.lease_session is not None
 
-    async def on_recall(inos):
-        recalled.extend(inos or [])
+    async def on_recall(recall):
+        if recall is not None:
+            recalled.extend((ATTRS, ino) for ino in recall.inos)
+            recalled.extend((ENTRY, e.parent, e.name) for e in recall.entries)
+            recalled.extend((LISTING, ino) for ino in recall.listings)
     holder.lease_session.listeners.append(on_recall)
     for _ in range(100):
         if holder.lease_session.remaining():
@@ -182,14 +213,29 @@ def test_every_kind_of_change_recalls_what_another_client_holds_before_it_return
             assert set(inos) <= set(recalled), (what, inos, recalled)
 
         file_ino = (await holder.stat(f"{base}/f")).ino
-        await check("chmod", lambda: changer.setattr(f"{base}/f", mode=0o600), lambda: [file_ino])
-        await check("write", lambda: changer.write_bytes(f"{base}/f", b"y" * 20), lambda: [file_ino])
+        await check("chmod", lambda: changer.setattr(f"{base}/f", mode=0o600), lambda: [(ATTRS, file_ino)])
+        await check("write", lambda: changer.write_bytes(f"{base}/f", b"y" * 20), lambda: [(ATTRS, file_ino)])
         file_ino = (await changer.stat(f"{base}/f")).ino
-        await check("setxattr", lambda: changer.setxattr(f"{base}/f", "user.k", b"v"), lambda: [file_ino])
-        await check("create", lambda: changer.write_bytes(f"{base}/absent", b""), lambda: [directory])
-        await check("rename", lambda: changer.rename(f"{base}/absent", f"{base}/moved"), lambda: [directory])
-        await check("unlink", lambda: changer.remove(f"{base}/moved"), lambda: [directory])
-        await check("truncate", lambda: changer.truncate(f"{base}/f", 3), lambda: [file_ino])
+        await check("setxattr", lambda: changer.setxattr(f"{base}/f", "user.k", b"v"), lambda: [(ATTRS, file_ino)])
+        await check("create", lambda: changer.write_bytes(f"{base}/absent", b""),
+                    lambda: [(ENTRY, directory, "absent"), (ATTRS, directory)])
+        await check("rename", lambda: changer.rename(f"{base}/absent", f"{base}/moved"),
+                    lambda: [(ENTRY, directory, "absent"), (ATTRS, directory)])
+        await check("unlink", lambda: changer.remove(f"{base}/moved"), lambda: [(ATTRS, directory)])
+        await check("truncate", lambda: changer.truncate(f"{base}/f", 3), lambda: [(ATTRS, file_ino)])
+        await holder.scandir(base)
+        await check("create in a listed directory", lambda: changer.write_bytes(f"{base}/new", b""),
+                    lambda: [(LISTING, directory)])
+        # Walking through a directory leases the names walked, not the directory: creates of
+        # other names in it recall nothing from a client that only walked through.
+        await changer.mkdir(f"{base}/sub/deep", parents=True)
+        recalled.clear()
+        await holder.stat(f"{base}/sub/deep")
+        await changer.write_bytes(f"{base}/sub/other", b"")
+        await changer.write_bytes(f"{base}/other", b"")
+        assert recalled == []
+        await changer.rename(f"{base}/sub", f"{base}/sub2")  # but renaming one walked recalls it
+        assert (ENTRY, directory, "sub") in recalled
         await holder.close()
         started = time.monotonic()
         await changer.setattr(f"{base}/f", mode=0o644)  # the holder ended its session: no wait

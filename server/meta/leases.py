@@ -2,12 +2,18 @@
 cache invalidations carried by KeepAlives).
 
 A client that says a *session* id in its hello (``messages.Hello.session``) holds a lease on
-every inode its reads reached: each directory its paths walked (the names in it, present or
-absent, and its attributes) and each inode it read the attributes, extended attributes or
-target of (``SqlStore.walked``). While its session lives, it may answer those from its cache
-without asking. A change to an inode (``SqlStore.modified``: a directory whose names changed, an
-inode whose attributes changed) *recalls* it from every other session holding it, and the
-changing call returns only once each holder acknowledged or its session ran out.
+what its reads told it (``tectofs.wire.leases``: the keys): each name its paths walked, present
+or absent (``("e", directory, name)``); the attributes, extended attributes, target and inline
+data of each inode an answer carried (``("a", ino)``); each directory it listed
+(``("l", directory)``). While its session lives, it may answer those from its cache without
+asking. A change (``SqlStore.modified``, ``tectofs/store/lease_keys.py``: the names a statement
+added, removed or repointed, and with them their directory's listing; the inodes whose rows it
+updated) *recalls* what it invalidated from every other session holding it, and the changing
+call returns only once each holder acknowledged or its session ran out. A recall ends the
+holding: the holder is recalled again only after it read the thing again, so a client that
+keeps creating in a directory another client once listed pays one recall, not one per create.
+Names are leased one by one, so walking through a directory is not disturbed by creates of
+other names in it.
 
 Sessions live by ``keepalive`` calls (Chubby's KeepAlive): the client has one outstanding at a
 time; the service holds it until a recall is due or ``limits.lease_keepalive_wait_s`` passed,
@@ -36,22 +42,22 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from tectofs import limits
-from tectofs.wire.leases import KeepaliveReply, Recall
+from tectofs.wire.leases import KeepaliveReply, LeaseKey, Recall, recall_of
 
 
 @dataclass
 class _Session:
     expires: float
     uid: int
-    holding: "OrderedDict[int, None]" = field(default_factory=OrderedDict)  # inodes, oldest grant first
+    holding: "OrderedDict[LeaseKey, None]" = field(default_factory=OrderedDict)  # oldest grant first
     recalls: dict[int, Recall] = field(default_factory=dict)  # sent or due, not acknowledged, by id
     due: asyncio.Event | None = None  # set when a recall is queued (wakes the held keepalive)
     acked: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # recall id -> done
 
 
 class LeaseTable:
-    """Who holds which inodes, and the recalls on their way. Bounded: a session holds at most
-    ``holding_max`` inodes (granting more recalls its oldest at once, without waiting), and
+    """Who holds what, and the recalls on their way. Bounded: a session holds at most
+    ``holding_max`` keys (granting more recalls its oldest at once, without waiting), and
     ``sessions_max`` sessions live at a time (a new one past that is not granted anything)."""
 
     def __init__(self, lease_s: float = limits.lease_s, *, holding_max: int = limits.lease_inodes_per_session_max,
@@ -62,7 +68,7 @@ class LeaseTable:
         self.clock = clock
         self._lock = threading.Lock()
         self._sessions: dict[bytes, _Session] = {}
-        self._holders: dict[int, set[bytes]] = {}
+        self._holders: dict[LeaseKey, set[bytes]] = {}
         self._ids = itertools.count(1)
         self.loop: asyncio.AbstractEventLoop | None = None  # the service's, known from the first keepalive
         self.grace_until = 0.0  # before this, every change waits (leases of a predecessor may live)
@@ -77,36 +83,36 @@ class LeaseTable:
     def in_grace(self) -> bool:
         return self.grace_until > self.clock()
 
-    def holders(self, ino: int) -> set[bytes]:
+    def holders(self, key: LeaseKey) -> set[bytes]:
         with self._lock:
-            return set(self._holders.get(ino, ()))
+            return set(self._holders.get(key, ()))
 
     # ------------------------------------------------------------------ grants (store thread)
 
-    def grant(self, session: bytes, inos: Iterable[int]) -> None:
-        """Record that ``session`` holds ``inos`` (an unknown or expired session: nothing)."""
+    def grant(self, session: bytes, keys: Iterable[LeaseKey]) -> None:
+        """Record that ``session`` holds ``keys`` (an unknown or expired session: nothing)."""
         with self._lock:
             held = self._sessions.get(session)
             if held is None or held.expires <= self.clock():
                 return
-            for ino in inos:
-                if ino in held.holding:
-                    held.holding.move_to_end(ino)
+            for key in keys:
+                if key in held.holding:
+                    held.holding.move_to_end(key)
                     continue
-                held.holding[ino] = None
-                self._holders.setdefault(ino, set()).add(session)
+                held.holding[key] = None
+                self._holders.setdefault(key, set()).add(session)
             evicted = []
             while len(held.holding) > self.holding_max:
-                ino, _ = held.holding.popitem(last=False)
-                self._drop_holder(ino, session)
-                evicted.append(ino)
+                key, _ = held.holding.popitem(last=False)
+                self._drop_holder(key, session)
+                evicted.append(key)
             if evicted:
                 self._queue(held, evicted)  # not waited for: the holder just drops the oldest
 
     # ------------------------------------------------------------------ recalls (event loop)
 
-    async def recall(self, inos: Iterable[int], *, changed_by: bytes = b"") -> None:
-        """Recall ``inos`` from every session holding any of them but ``changed_by`` (the
+    async def recall(self, keys: Iterable[LeaseKey], *, changed_by: bytes = b"") -> None:
+        """Recall ``keys`` from every session holding any of them but ``changed_by`` (the
         session whose call changed them: its client keeps its own cache right), and wait until
         each acknowledged or ran out; in the grace period after a restart, wait until it ends."""
         waits: list[tuple[asyncio.Future[None], float]] = []
@@ -114,17 +120,17 @@ class LeaseTable:
         if grace_s > 0:  # a holder of the predecessor's may not know yet: wait until its lease ran out
             await asyncio.sleep(grace_s)
         with self._lock:
-            targets: dict[bytes, list[int]] = {}
-            for ino in set(inos):
-                for session in self._holders.get(ino, ()):
+            targets: dict[bytes, list[LeaseKey]] = {}
+            for key in set(keys):
+                for session in self._holders.get(key, ()):
                     if session != changed_by:
-                        targets.setdefault(session, []).append(ino)
-            for session, held_inos in targets.items():
+                        targets.setdefault(session, []).append(key)
+            for session, held_keys in targets.items():
                 held = self._sessions[session]
-                for ino in held_inos:
-                    del held.holding[ino]
-                    self._drop_holder(ino, session)
-                recall_id = self._queue(held, held_inos)
+                for key in held_keys:
+                    del held.holding[key]
+                    self._drop_holder(key, session)
+                recall_id = self._queue(held, held_keys)
                 done = held.acked[recall_id] = asyncio.get_running_loop().create_future()
                 waits.append((done, held.expires))
         for done, expires in waits:
@@ -134,10 +140,10 @@ class LeaseTable:
                 self.recalls_expired += 1
                 self._expire_overdue()
 
-    def _queue(self, held: _Session, inos: list[int]) -> int:
-        """Queue a recall of ``inos`` to ``held`` and wake its keepalive (from any thread);
+    def _queue(self, held: _Session, keys: list[LeaseKey]) -> int:
+        """Queue a recall of ``keys`` to ``held`` and wake its keepalive (from any thread);
         returns the recall's id. Called with the lock held."""
-        recall = Recall(id=next(self._ids), inos=sorted(inos))
+        recall = recall_of(next(self._ids), keys)
         held.recalls[recall.id] = recall
         self._wake(held)
         self.recalls_sent += 1
@@ -147,12 +153,12 @@ class LeaseTable:
         if held.due is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(held.due.set)
 
-    def _drop_holder(self, ino: int, session: bytes) -> None:
-        holders = self._holders.get(ino)
+    def _drop_holder(self, key: LeaseKey, session: bytes) -> None:
+        holders = self._holders.get(key)
         if holders is not None:
             holders.discard(session)
             if not holders:
-                del self._holders[ino]
+                del self._holders[key]
 
     def _expire_overdue(self) -> None:
         now = self.clock()
@@ -162,8 +168,8 @@ class LeaseTable:
 
     def _forget(self, session: bytes) -> None:
         held = self._sessions.pop(session)
-        for ino in held.holding:
-            self._drop_holder(ino, session)
+        for key in held.holding:
+            self._drop_holder(key, session)
         for done in held.acked.values():
             if not done.done():
                 done.set_result(None)

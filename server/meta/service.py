@@ -31,7 +31,7 @@ from tectofs.store.access import Caller
 from tectofs.store.dialect import dialect_for
 from tectofs.store.users import MAYBE_USER, StoredUser
 from tectofs.wire import auth, messages
-from tectofs.wire.leases import KeepaliveReply, KeepaliveRequest
+from tectofs.wire.leases import ATTRS, ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
 from .guard import MetaGuard
@@ -51,10 +51,19 @@ def _user_info(user: StoredUser) -> messages.UserInfo:
                              admin=user.admin, proxy=user.proxy, s3_access_key=user.s3_access_key)
 
 
-def _read_inodes(walked: list[int], result: object) -> list[int]:
-    """The inodes an operation's answer tells about: those its paths walked, and a listing's entries."""
+def _granted(walked: list[LeaseKey], reached: int, result: object) -> list[LeaseKey]:
+    """What an operation's answer told its caller, as lease keys: the names its paths walked
+    (present or absent), and what the answer holds: attributes, a listing and its entries, the
+    extended attributes of the inode reached."""
+    if isinstance(result, messages.Attrs):
+        return [*walked, (ATTRS, result.ino)]
+    if isinstance(result, (messages.CreateReply, messages.LayoutSegment)):
+        return [*walked, (ATTRS, result.attrs.ino)]
     if isinstance(result, messages.ReaddirReply):
-        return walked + [entry.attrs.ino for entry in result.entries]
+        return [*walked, (LISTING, reached), *((ENTRY, reached, e.name) for e in result.entries),
+                *((ATTRS, e.attrs.ino) for e in result.entries)]
+    if isinstance(result, (bytes, list)) and reached:  # extended attributes (a value, the names)
+        return [*walked, (ATTRS, reached)]
     return walked
 
 
@@ -247,7 +256,7 @@ class MetadataService:
         call = current_call.get()
         if not self.leases.active and not self.leases.in_grace():
             return await self.runner.call(operation, returns=returns, request_key=call.next_key() if call else None)
-        session, modified = current_peer.get().session, set[int]()
+        session, modified = current_peer.get().session, set[LeaseKey]()
         leased = self._leased(operation, session, modified)
         result = await self.runner.call(leased, returns=returns, request_key=call.next_key() if call else None)
         if modified:
@@ -255,21 +264,21 @@ class MetadataService:
         return result
 
     def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes,
-                modified: set[int]) -> Callable[[SqlStore], ResultT]:
-        """``operation`` that, on the store's thread, grants ``session`` a lease on every inode it
-        read (before any later operation can change one: ``server/meta/leases.py``) and
-        collects into ``modified`` the inodes it changed, which ``_call`` then recalls."""
+                modified: set[LeaseKey]) -> Callable[[SqlStore], ResultT]:
+        """``operation`` that, on the store's thread, grants ``session`` a lease on what it read
+        (before any later operation can change it: ``server/meta/leases.py``) and collects into
+        ``modified`` what it changed, which ``_call`` then recalls."""
         def run(store: SqlStore) -> ResultT:
-            walked: list[int] = []
-            store.walked, store.modified = walked, modified
+            walked: list[LeaseKey] = []
+            store.walked, store.modified, store.reached = walked, modified, 0
             result: ResultT | None = None
             try:
                 result = operation(store)
                 return result
             finally:
-                store.walked = store.modified = None
+                reached, store.walked, store.modified = store.reached, None, None
                 if session:
-                    self.leases.grant(session, _read_inodes(walked, result))
+                    self.leases.grant(session, _granted(walked, reached, result))
         return run
 
     def _caller(self) -> Caller | None:

@@ -50,6 +50,7 @@ from ..errors import (
 from ..paths import check_name
 from ..policy import DEFAULT_POLICY
 from ..policy import parse as parse_policy
+from ..wire.leases import ENTRY, LeaseKey
 from ..wire.messages import CreateReply, ReaddirReply, StatfsReply, UnlinkReply, XattrEntry
 from ..wire.values import Attrs, DirEntry, InlineData, Kind, WrittenBlock
 from . import access
@@ -57,6 +58,7 @@ from .access import Caller, R, W, X
 from .blockmaps import BlockMaps, _p
 from .dialect import Dialect
 from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
+from .lease_keys import changed_by
 from .registry import ServersAndLeases
 from .schema import ADDED_COLUMNS, SCHEMA, WIDENED_COLUMNS_POSTGRESQL
 from .users import Users
@@ -64,10 +66,6 @@ from .xattrs import SCHEMA as XATTR_SCHEMA
 from .xattrs import ExtendedAttributes
 
 ROOT_INO = 1
-# The statements that change an inode's row; each names its inode as its last parameter
-# (``WHERE ino = ?``, checked by tests/test_leases.py), which ``SqlStore.modified`` collects.
-MODIFIES_INODE = "UPDATE inodes SET"
-MODIFIES_ATIME_ONLY = "UPDATE inodes SET atime = ? WHERE"  # a read's access time: no lease covers it
 _KINDS: dict[str, Kind] = {"f": "file", "d": "dir", "l": "symlink", "p": "fifo", "s": "socket", "c": "char", "b": "block"}
 # Special files: kind code by file type bits (stored as metadata only; the kernel serves them).
 _SPECIAL = {statmod.S_IFIFO: "p", statmod.S_IFSOCK: "s", statmod.S_IFCHR: "c", statmod.S_IFBLK: "b"}
@@ -122,12 +120,14 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         # before the heartbeat waits in the store's queue: a busy MDS must not age every
         # server at once and declare the whole cluster dead.
         self.heartbeats_seen: dict[int, float] = {}
-        # What the operation being run read and wrote, for the service's leases
-        # (``server/meta/leases.py``): every inode its path walks reached (``walked``) and every
-        # inode row it updated but for atime (``modified``). Kept only while the service sets
-        # them (to empty collections, around one operation); None: not kept.
-        self.walked: list[int] | None = None
-        self.modified: set[int] | None = None
+        # What the operation being run read and changed, for the service's leases
+        # (``server/meta/leases.py``): the names its path walks looked up, present or absent
+        # (``walked``), the inode they reached last (``reached``), and the lease keys its
+        # statements invalidated (``modified``, ``lease_keys.changed_by``). Kept only while the
+        # service sets them (to empty collections, around one operation); None: not kept.
+        self.walked: list[LeaseKey] | None = None
+        self.reached = 0
+        self.modified: set[LeaseKey] | None = None
         parse_policy(default_policy)
         self._check_block_size(default_block_size)
         self._init_schema(default_policy, default_block_size)
@@ -136,8 +136,8 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     def _x(self, sql: str, params: Iterable[Any] = ()) -> Any:
         params = tuple(params)
-        if self.modified is not None and sql.startswith(MODIFIES_INODE) and not sql.startswith(MODIFIES_ATIME_ONLY):
-            self.modified.add(params[-1])  # every such statement names its inode last ("WHERE ino = ?")
+        if self.modified is not None:
+            self.modified.update(changed_by(sql, params))
         return self.conn.execute(self.dialect.sql(sql), params)
 
     def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
@@ -253,8 +253,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         name (the root twice for ``[]``); with a caller, who needs search permission on every
         directory walked."""
         parent = attrs = self._get(ROOT_INO)
-        if self.walked is not None:
-            self.walked.append(ROOT_INO)
+        self.reached = ROOT_INO
         walked = ""
         for name in parts:
             if attrs.kind != "dir":
@@ -262,10 +261,11 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
             access.require(attrs, caller, X, path=_p(parts), on=walked or "/")
             walked += "/" + name
             child = self._child_attrs(attrs.ino, name)
+            if self.walked is not None:
+                self.walked.append((ENTRY, attrs.ino, name))
             if child is None:
                 raise NotFound(f"{walked}: no such file or directory")
-            if self.walked is not None:
-                self.walked.append(child.ino)
+            self.reached = child.ino
             parent, attrs = attrs, child
         return parent, attrs
 
@@ -292,8 +292,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
     def getattr_ino(self, ino: int, *, caller: Caller | None = None) -> Attrs:
         """No permission bits are checked here: the metadata service answers a user's call
         only with the file handle that a checked lookup issued it (``tectofs.wire.auth``)."""
-        if self.walked is not None:
-            self.walked.append(ino)
+        self.reached = ino
         return self._get(ino)
 
     def _insert_inode(

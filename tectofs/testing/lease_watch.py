@@ -19,6 +19,9 @@ from tectofs.client import AsyncFileSystem
 from tectofs.errors import TectofsError
 from tectofs.testing.loop import host_context
 from tectofs.wire import auth
+from tectofs.wire.leases import Recall
+
+ROOT_INO = 1
 
 if TYPE_CHECKING:
     from tectofs.testing.cluster import Cluster
@@ -42,12 +45,13 @@ class LeaseWatcher:
         self.session = session
         session.listeners.append(self._recalled)
 
-    async def _recalled(self, inos: "list[int] | None") -> None:
-        if inos is None:
+    async def _recalled(self, recall: "Recall | None") -> None:
+        if recall is None:
             self.cache.clear()
             return
-        gone = set(inos)
-        for name in [n for n, (ino, _) in self.cache.items() if ino in gone]:
+        gone = set(recall.inos)
+        names = {e.name for e in recall.entries if e.parent == ROOT_INO}  # the simulation's files are in /
+        for name in [n for n, (ino, _) in self.cache.items() if ino in gone or n in names]:
             del self.cache[name]
 
     def unlinked(self, name: str) -> None:

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
 from tectofs import limits
-from tectofs.wire.values import Id, Ino, Message
+from tectofs.wire.values import Id, Ino, Message, Name
 
 SESSION_BYTES = 16  # a lease session id: random, chosen by the client, said in its hellos
 
 
 class Recall(Message, frozen=True, kw_only=True):
-    """The holder must stop answering anything about ``inos`` from its cache (the names in
-    those that are directories, and their attributes, extended attributes, targets), then
-    acknowledge ``id`` in its next keepalive."""
+    """The holder must stop answering from its cache about: the attributes (extended
+    attributes, target, inline data) of ``inos``; the names ``entries`` (present or absent);
+    the complete listings of the directories ``listings``; then acknowledge ``id`` in its next
+    keepalive."""
 
     id: Id
-    inos: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_inodes_max)]
+    inos: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_inodes_max)] = []
+    entries: Annotated[list["Entry"], msgspec.Meta(max_length=limits.lease_recall_inodes_max)] = []
+    listings: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_inodes_max)] = []
 
 
 class KeepaliveRequest(Message, frozen=True, kw_only=True):
@@ -41,3 +44,24 @@ class KeepaliveReply(Message, frozen=True, kw_only=True):
     renewed: bool
     restarted: bool
     recalls: Annotated[list[Recall], msgspec.Meta(max_length=limits.lease_recalls_per_reply_max)] = []
+
+
+# What a lease covers, as the metadata service keys it (``server/meta/leases.py``):
+ATTRS = "a"  # ("a", ino): an inode's attributes, extended attributes, symlink target and inline data
+ENTRY = "e"  # ("e", directory ino, name): one name of a directory, present or absent
+LISTING = "l"  # ("l", directory ino): a directory's complete listing
+LeaseKey = tuple[Any, ...]
+
+
+class Entry(Message, frozen=True, array_like=True):
+    """One name of a directory."""
+
+    parent: Ino
+    name: Name
+
+
+def recall_of(recall_id: int, keys: "list[LeaseKey]") -> "Recall":
+    """The recall of ``keys``, as the wire carries it."""
+    return Recall(id=recall_id, inos=sorted(k[1] for k in keys if k[0] == ATTRS),
+                  entries=[Entry(parent=k[1], name=k[2]) for k in keys if k[0] == ENTRY],
+                  listings=sorted(k[1] for k in keys if k[0] == LISTING))
