@@ -112,9 +112,7 @@ class LeaseSession:
                 await self._tell(recall)
                 acked.append(recall.id)
                 self.recalls_done += 1
-            if reply.renewed and not reply.restarted:
-                self._valid_until = sent + reply.lease_s * (1 - CLOCK_RATE_MARGIN)
-            elif reply.restarted and reply.lease_s > 0:
+            if reply.renewed:
                 self._valid_until = sent + reply.lease_s * (1 - CLOCK_RATE_MARGIN)
             wait_s = 0.0 if acked else min(limits.lease_keepalive_wait_s, reply.lease_s / 3)
 

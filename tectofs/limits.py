@@ -167,3 +167,4 @@ lease_inodes_per_session_max = 1_000_000  # inodes one session holds (past that 
 lease_sessions_max = 100_000              # sessions one metadata service keeps at a time
 lease_recalls_per_reply_max = 16          # recalls one keepalive answer carries (the rest: the next one)
 lease_recall_inodes_max = 4096            # inodes one recall names
+lease_remote_changes_kept = 100_000       # peers' recalls remembered for reads that raced them

@@ -259,3 +259,52 @@ def test_a_client_that_stopped_answering_holds_a_change_back_at_most_its_lease(l
         await changer.close()
         await holder.close()
     run(scenario())
+
+
+@pytest.mark.slow
+def test_a_change_through_one_service_recalls_what_clients_of_another_hold(make_cluster, postgres_server):
+    """Two metadata services over one PostgreSQL store: the recall crosses from the service
+    that made the change to the one holding the client's session (LISTEN/NOTIFY), before the
+    change's call returns; a peer that is killed holds changes back at most 2 leases."""
+    from tectofs.client.core import AsyncFileSystem
+    from tests.postgres import new_database
+
+    c = make_cluster(store=new_database(postgres_server), meta_args=["--lease", "2"])
+    address_b, process_b = c.start_extra_meta()
+    try:
+        async def scenario():
+            holder = AsyncFileSystem(address_b, c.credential_file, leases=True)
+            changer = AsyncFileSystem(c.address, c.credential_file)
+            recalled: list = []
+
+            async def on_recall(recall):
+                if recall is not None:
+                    recalled.extend((ATTRS, ino) for ino in recall.inos)
+                    recalled.extend((ENTRY, e.parent, e.name) for e in recall.entries)
+            assert holder.lease_session is not None
+            holder.lease_session.listeners.append(on_recall)
+            deadline = time.monotonic() + 10
+            while not holder.lease_session.remaining():  # service b renews once its peers know it
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            await changer.write_bytes("/peer-f", b"1")
+            ino = (await holder.stat("/peer-f")).ino
+            with pytest.raises(FileNotFoundError):
+                await holder.stat("/peer-absent")
+            await changer.setattr("/peer-f", mode=0o600)
+            assert (ATTRS, ino) in recalled
+            await changer.write_bytes("/peer-absent", b"")
+            assert (ENTRY, 1, "peer-absent") in recalled
+            await holder.stat("/peer-f")
+            process_b.kill()  # the holder's service dies: its sessions die with it
+            process_b.wait(timeout=10)
+            started = time.monotonic()
+            await changer.setattr("/peer-f", mode=0o644)
+            assert time.monotonic() - started < 2 * 2 + 1.5
+            await holder.close()
+            await changer.close()
+        run(scenario())
+    finally:
+        if process_b.poll() is None:
+            process_b.terminate()
+            process_b.wait(timeout=20)

@@ -72,6 +72,11 @@ class LeaseTable:
         self._ids = itertools.count(1)
         self.loop: asyncio.AbstractEventLoop | None = None  # the service's, known from the first keepalive
         self.grace_until = 0.0  # before this, every change waits (leases of a predecessor may live)
+        self.renewing = True  # False: sessions are not renewed (a service cut off from its peers)
+        # Recalls that peers sent (lease_peers.py), for reads that may have raced them:
+        self.change_seq = 0
+        self._changed_at: dict[LeaseKey, int] = {}
+        self._horizon = 0  # what changed before this was forgotten
         self.recalls_sent = 0
         self.recalls_expired = 0  # completed because the holder's session ran out, not by its ack
 
@@ -89,12 +94,17 @@ class LeaseTable:
 
     # ------------------------------------------------------------------ grants (store thread)
 
-    def grant(self, session: bytes, keys: Iterable[LeaseKey]) -> None:
-        """Record that ``session`` holds ``keys`` (an unknown or expired session: nothing)."""
+    def grant(self, session: bytes, keys: Iterable[LeaseKey], since: int | None = None) -> list[LeaseKey]:
+        """Record that ``session`` holds ``keys`` (an unknown or expired session: nothing).
+        ``since``: the ``change_seq`` when the read began; returns the keys a peer's recall
+        named since then (the read may have seen them before the change: ``raced``)."""
         with self._lock:
             held = self._sessions.get(session)
             if held is None or held.expires <= self.clock():
-                return
+                return []
+            keys = list(keys)
+            raced = [] if since is None else (
+                keys if since < self._horizon else [k for k in keys if self._changed_at.get(k, 0) > since])
             for key in keys:
                 if key in held.holding:
                     held.holding.move_to_end(key)
@@ -108,20 +118,41 @@ class LeaseTable:
                 evicted.append(key)
             if evicted:
                 self._queue(held, evicted)  # not waited for: the holder just drops the oldest
+            return raced
+
+    async def recall_raced(self, session: bytes, keys: list[LeaseKey]) -> None:
+        """Recall ``keys`` from ``session`` alone (a read that raced a peer's recall of them) and
+        wait until it acknowledged or ran out."""
+        with self._lock:
+            held = self._sessions.get(session)
+            if held is None:
+                return
+            for key in keys:
+                if key in held.holding:
+                    del held.holding[key]
+                    self._drop_holder(key, session)
+            recall_id = self._queue(held, keys)
+            done = held.acked[recall_id] = asyncio.get_running_loop().create_future()
+            expires = held.expires
+        await self._wait(done, expires)
 
     # ------------------------------------------------------------------ recalls (event loop)
 
-    async def recall(self, keys: Iterable[LeaseKey], *, changed_by: bytes = b"") -> None:
+    async def recall(self, keys: Iterable[LeaseKey], *, changed_by: bytes = b"", remote: bool = False) -> None:
         """Recall ``keys`` from every session holding any of them but ``changed_by`` (the
         session whose call changed them: its client keeps its own cache right), and wait until
-        each acknowledged or ran out; in the grace period after a restart, wait until it ends."""
+        each acknowledged or ran out; in the grace period after a restart, wait until it ends.
+        ``remote``: the change was made through a peer service (its reads in flight may have raced it)."""
         waits: list[tuple[asyncio.Future[None], float]] = []
         grace_s = self.grace_until - self.clock()
         if grace_s > 0:  # a holder of the predecessor's may not know yet: wait until its lease ran out
             await asyncio.sleep(grace_s)
         with self._lock:
+            keys = set(keys)
+            if remote:
+                self._note_remote(keys)
             targets: dict[bytes, list[LeaseKey]] = {}
-            for key in set(keys):
+            for key in keys:
                 for session in self._holders.get(key, ()):
                     if session != changed_by:
                         targets.setdefault(session, []).append(key)
@@ -134,11 +165,22 @@ class LeaseTable:
                 done = held.acked[recall_id] = asyncio.get_running_loop().create_future()
                 waits.append((done, held.expires))
         for done, expires in waits:
-            try:
-                await asyncio.wait_for(asyncio.shield(done), timeout=max(0.0, expires - self.clock()))
-            except asyncio.TimeoutError:
-                self.recalls_expired += 1
-                self._expire_overdue()
+            await self._wait(done, expires)
+
+    async def _wait(self, done: "asyncio.Future[None]", expires: float) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout=max(0.0, expires - self.clock()))
+        except asyncio.TimeoutError:
+            self.recalls_expired += 1
+            self._expire_overdue()
+
+    def _note_remote(self, keys: set[LeaseKey]) -> None:
+        self.change_seq += 1
+        if len(self._changed_at) > limits.lease_remote_changes_kept:
+            self._changed_at.clear()
+            self._horizon = self.change_seq
+        for key in keys:
+            self._changed_at[key] = self.change_seq
 
     def _queue(self, held: _Session, keys: list[LeaseKey]) -> int:
         """Queue a recall of ``keys`` to ``held`` and wake its keepalive (from any thread);
@@ -188,8 +230,8 @@ class LeaseTable:
             held = self._sessions.get(session)
             restarted = held is None
             if held is None:
-                if len(self._sessions) >= self.sessions_max:
-                    return KeepaliveReply(lease_s=0.0, renewed=False, restarted=True, recalls=[])
+                if len(self._sessions) >= self.sessions_max or not self.renewing:
+                    return KeepaliveReply(lease_s=self.lease_s, renewed=False, restarted=True, recalls=[])
                 held = self._sessions[session] = _Session(expires=now + self.lease_s, uid=uid)
             elif held.uid != uid:
                 raise PermissionError("that lease session belongs to another user")
@@ -198,7 +240,7 @@ class LeaseTable:
                 done = held.acked.pop(recall_id, None)
                 if done is not None and not done.done():
                     done.set_result(None)
-            renewed = not held.recalls
+            renewed = not held.recalls and self.renewing
             if renewed:
                 held.expires = now + self.lease_s
             if not held.recalls and wait_s > 0:

@@ -35,6 +35,7 @@ from tectofs.wire.leases import ATTRS, ENTRY, LISTING, KeepaliveReply, Keepalive
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
 from .guard import MetaGuard
+from .lease_peers import LeasePeers
 from .leases import LeaseTable
 
 log = logging.getLogger("tectofs.meta")
@@ -162,6 +163,8 @@ class MetadataService:
         # early (the simulator's virtual clock is both).
         self.leases = LeaseTable(lease_s, clock=time.monotonic if clock is time.time else clock)
         self._leases_noted = False  # the store knows leases were granted (see _grace_after_restart)
+        self.store_url = store_url
+        self.peers: LeasePeers | None = None  # the other services over a PostgreSQL store (lease_peers.py)
         self.started = clock()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
@@ -181,6 +184,9 @@ class MetadataService:
             raise
         address = self.address or bound
         await self._grace_after_restart()
+        if dialect_for(self.store_url).name == "postgresql":
+            self.peers = LeasePeers(self.store_url, self.leases)
+            await self.peers.start()
         self._gc_task = asyncio.get_running_loop().create_task(self._gc_loop())
         self._repair_task = asyncio.get_running_loop().create_task(self._repair_loop())
         return address
@@ -197,6 +203,8 @@ class MetadataService:
         for task in (self._gc_task, self._repair_task):
             if task is not None:
                 task.cancel()
+        if self.peers is not None:
+            await self.peers.close()
         await self.rpc.close()
         self.runner.close()
 
@@ -254,20 +262,30 @@ class MetadataService:
             self.metrics.busy_answers.inc()
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         call = current_call.get()
-        if not self.leases.active and not self.leases.in_grace():
-            return await self.runner.call(operation, returns=returns, request_key=call.next_key() if call else None)
-        session, modified = current_peer.get().session, set[LeaseKey]()
-        leased = self._leased(operation, session, modified)
-        result = await self.runner.call(leased, returns=returns, request_key=call.next_key() if call else None)
+        key = call.next_key() if call else None
+        if self.peers is None and not self.leases.active and not self.leases.in_grace():
+            return await self.runner.call(operation, returns=returns, request_key=key)
+        session, modified, raced = current_peer.get().session, set[LeaseKey](), list[LeaseKey]()
+        since = self.leases.change_seq if self.peers is not None else None
+        try:
+            result = await self.runner.call(self._leased(operation, session, modified, since, raced),
+                                            returns=returns, request_key=key)
+        finally:
+            if raced:  # the answer may predate a peer's change: the client must not keep it
+                await self.leases.recall_raced(session, raced)
         if modified:
-            await self.leases.recall(modified, changed_by=session)
+            recalls = [self.leases.recall(modified, changed_by=session)]
+            if self.peers is not None:
+                recalls.append(self.peers.recall(modified, session))
+            await asyncio.gather(*recalls)
         return result
 
-    def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes,
-                modified: set[LeaseKey]) -> Callable[[SqlStore], ResultT]:
+    def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes, modified: set[LeaseKey],
+                since: int | None, raced: list[LeaseKey]) -> Callable[[SqlStore], ResultT]:
         """``operation`` that, on the store's thread, grants ``session`` a lease on what it read
-        (before any later operation can change it: ``server/meta/leases.py``) and collects into
-        ``modified`` what it changed, which ``_call`` then recalls."""
+        (before any later operation can change it: ``server/meta/leases.py``; into ``raced``,
+        what a peer's recall since ``since`` named) and collects into ``modified`` what it
+        changed, which ``_call`` then recalls."""
         def run(store: SqlStore) -> ResultT:
             walked: list[LeaseKey] = []
             store.walked, store.modified, store.reached = walked, modified, 0
@@ -278,7 +296,7 @@ class MetadataService:
             finally:
                 reached, store.walked, store.modified = store.reached, None, None
                 if session:
-                    self.leases.grant(session, _granted(walked, reached, result))
+                    raced.extend(self.leases.grant(session, _granted(walked, reached, result), since))
         return run
 
     def _caller(self) -> Caller | None:
