@@ -267,7 +267,7 @@ def test_a_change_through_one_service_recalls_what_clients_of_another_hold(make_
     that made the change to the one holding the client's session (LISTEN/NOTIFY), before the
     change's call returns; a peer that is killed holds changes back at most 2 leases."""
     from tectofs.client.core import AsyncFileSystem
-    from tests.postgres import new_database
+    from tectofs.testing.postgres import new_database
 
     c = make_cluster(store=new_database(postgres_server), meta_args=["--lease", "2"])
     address_b, process_b = c.start_extra_meta()

@@ -21,8 +21,12 @@ its session at once, and its answer waits for that (``LeaseTable.grant(..., sinc
 client, whose lease epoch moved meanwhile, does not cache the answer.
 
 The channel is checked end to end: each heartbeat is also a notification to itself, and a
-service that did not receive its previous one stops renewing. A new service renews nothing
-before its peers have read its row (two heartbeats).
+service that did not receive its previous one stops renewing.
+
+A change is told only to the peers that hold sessions (their rows say how many), so services
+whose clients hold no leases (the plugin's, the S3 gateway's) cost nothing. The price: a service
+whose row said it had no sessions renews none until its peers have read a row that says it has
+(two heartbeats, ``lease_s / 2``); a client's first lease takes that long.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ log = logging.getLogger("tectofs.meta")
 
 CHANNEL = "tectofs_leases"
 PAYLOAD_KEYS_MAX = 60  # keys per notification (PostgreSQL's payload is at most 8000 bytes)
-SCHEMA = "CREATE TABLE IF NOT EXISTS lease_services (id TEXT PRIMARY KEY, seen TIMESTAMPTZ NOT NULL)"
+SCHEMA = ("CREATE TABLE IF NOT EXISTS lease_services"
+          " (id TEXT PRIMARY KEY, seen TIMESTAMPTZ NOT NULL, sessions INT NOT NULL DEFAULT 0)")
 
 
 class LeasePeers:
@@ -60,6 +65,7 @@ class LeasePeers:
         self.live: set[str] = set()  # the peers whose rows were fresh at the last heartbeat
         self._beats_sent = 0
         self._beats_heard = 0
+        self._published: list[int] = []
 
     async def start(self) -> None:
         import psycopg  # type: ignore[import-not-found]
@@ -159,21 +165,26 @@ class LeasePeers:
             except Exception as exc:
                 self._unsound(f"cannot reach the store: {exc}")
                 continue
-            if self._beats_sent >= 2:  # peers have read our row by now: their changes reach us
-                self.table.renewing = True
+            # Renew only once two rows in a row told the peers we have sessions: every peer has
+            # refreshed its list of whom to tell since, so its changes reach our sessions.
+            self.table.renewing = len(self._published) == 2 and all(self._published)
 
     async def _beat(self) -> None:
         """Say we live, learn who else does, and send ourselves the notification that proves
         the channel at the next heartbeat."""
+        count = self.table.sessions_wanted()
+        if not count:  # the row about to say "none": no session may be started meanwhile
+            self.table.renewing = False
         async with self._send_lock:
             await self._send.execute(
-                "INSERT INTO lease_services (id, seen) VALUES (%s, now())"
-                " ON CONFLICT (id) DO UPDATE SET seen = now()", (self.id,))
+                "INSERT INTO lease_services (id, seen, sessions) VALUES (%s, now(), %s)"
+                " ON CONFLICT (id) DO UPDATE SET seen = now(), sessions = EXCLUDED.sessions", (self.id, count))
             await self._send.execute("DELETE FROM lease_services WHERE seen < now() - interval '1 hour'")
             cursor = await self._send.execute(
-                "SELECT id FROM lease_services WHERE id <> %s AND seen > now() - make_interval(secs => %s)",
-                (self.id, self.table.lease_s))
+                "SELECT id FROM lease_services WHERE id <> %s AND sessions > 0"
+                " AND seen > now() - make_interval(secs => %s)", (self.id, self.table.lease_s))
             self.live = {row[0] for row in await cursor.fetchall()}
+        self._published = (self._published + [count])[-2:]
         self._beats_sent += 1
         await self._notify({"kind": "beat", "from": self.id, "n": self._beats_sent})
 

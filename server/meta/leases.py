@@ -73,6 +73,7 @@ class LeaseTable:
         self.loop: asyncio.AbstractEventLoop | None = None  # the service's, known from the first keepalive
         self.grace_until = 0.0  # before this, every change waits (leases of a predecessor may live)
         self.renewing = True  # False: sessions are not renewed (a service cut off from its peers)
+        self._refused_at = -1e18  # when a new session was last refused for want of renewing
         # Recalls that peers sent (lease_peers.py), for reads that may have raced them:
         self.change_seq = 0
         self._changed_at: dict[LeaseKey, int] = {}
@@ -84,6 +85,11 @@ class LeaseTable:
     def active(self) -> bool:
         """Whether any session lives (no session: no grant to record, no recall to send)."""
         return bool(self._sessions)
+
+    def sessions_wanted(self) -> int:
+        """Sessions this service holds or was asked for in the last lease (lease_peers.py publishes it)."""
+        with self._lock:
+            return len(self._sessions) + (1 if self.clock() - self._refused_at < self.lease_s else 0)
 
     def in_grace(self) -> bool:
         return self.grace_until > self.clock()
@@ -231,6 +237,7 @@ class LeaseTable:
             restarted = held is None
             if held is None:
                 if len(self._sessions) >= self.sessions_max or not self.renewing:
+                    self._refused_at = now
                     return KeepaliveReply(lease_s=self.lease_s, renewed=False, restarted=True, recalls=[])
                 held = self._sessions[session] = _Session(expires=now + self.lease_s, uid=uid)
             elif held.uid != uid:
