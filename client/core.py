@@ -11,8 +11,9 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from tectofs import allocator, checksum, limits, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
-from tectofs.errors import InvalidArgument, IsADirectory, NotFound
+from tectofs.errors import InvalidArgument, IsADirectory, NoAttribute, NotFound
 from tectofs.wire import auth, messages
+from tectofs.wire.leases import Recall
 from tectofs.wire.transport import parse_group
 
 from .blocks import BlockIO
@@ -21,6 +22,7 @@ from .files import AsyncFile
 from .lease_session import LeaseSession
 from .leases import LeaseEndings
 from .metadata import MetadataClient
+from .metadata_cache import ABSENT, MISS, MetadataCache, changed_paths
 from .metered import MeteredRpcClient
 
 _MODES = {
@@ -171,10 +173,37 @@ class AsyncFileSystem:
         # the largest file the metadata service keeps inline, as its last answer said (0: none seen yet)
         self.inline_max = 0
         self.lease_session: LeaseSession | None = None
+        self.metadata_cache: MetadataCache | None = None  # answers while leases are held (this identity's)
         if leases:
             self.lease_session = LeaseSession(self.metadata, **({"clock": clock} if clock is not None else {}))
             self.lease_session.attach(self.rpc)
+            self.metadata_cache = MetadataCache()
+            self.lease_session.listeners.append(self._recalled)
+            self.metadata.on_change = self._changed
             self.lease_session.start()
+
+    async def _recalled(self, recall: "Recall | None") -> None:
+        if self.metadata_cache is not None:
+            self.metadata_cache.forget(recall)
+
+    def _changed(self, request: messages.Message) -> None:
+        """This client changed what ``request`` names (whether or not the call succeeded: it
+        may have, unseen): what its cache knew of it goes, and answers on their way are not kept."""
+        assert self.lease_session is not None and self.metadata_cache is not None
+        self.lease_session.epoch += 1
+        for path in changed_paths(request):
+            self.metadata_cache.forget_path(path)
+        ino = getattr(request, "ino", 0)
+        if ino:
+            self.metadata_cache.forget_inode(ino)
+
+    def _cached(self) -> "MetadataCache | None":
+        """The cache this client may answer from now (a view acting for another user has none:
+        permission checks differ by user)."""
+        cache = self.metadata_cache
+        if cache is None or self.acting_uid is not None or self.lease_session is None:
+            return None
+        return cache if self.lease_session.remaining() > 0 else None
 
     def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "AsyncFileSystem":
         """This client as seen by another local user (a multi-user FUSE mount): namespace calls
@@ -195,6 +224,7 @@ class AsyncFileSystem:
             view.meta_rpc.session = self.rpc.session  # its calls are this client's: its leases, its changes
             view.meta_rpc.authenticate(self.meta_address, auth.ClientAuth(credential=self.credential, act_as=key))
             view.metadata = MetadataClient(view.meta_rpc, self.meta_address)
+            view.metadata.on_change = self.metadata.on_change  # its changes are this client's too
             view.acting_uid = uid
             while len(self._views) >= limits.acting_views_max:
                 oldest = self._views.pop(next(iter(self._views)))  # the least recently used
@@ -218,8 +248,27 @@ class AsyncFileSystem:
     # ------------------------------------------------------------------ namespace
 
     async def stat(self, path: str) -> Stat:
-        reply = await self.metadata.lookup(messages.PathRequest(path=path))
-        return Stat.from_attrs(reply.attrs)
+        cache = self._cached()
+        if cache is None:
+            reply = await self.metadata.lookup(messages.PathRequest(path=path))
+            return Stat.from_attrs(reply.attrs)
+        cached = cache.lookup(path)
+        if isinstance(cached, Stat):
+            return cached
+        if cached is ABSENT:
+            raise NotFound(f"{path}: no such file or directory")
+        assert self.lease_session is not None
+        epoch = self.lease_session.epoch
+        try:
+            reply = await self.metadata.lookup(messages.PathRequest(path=path))
+        except NotFound:
+            if self.lease_session.still(epoch):
+                cache.learned_absent(path)
+            raise
+        stat = Stat.from_attrs(reply.attrs)
+        if self.lease_session.still(epoch):
+            cache.learned(path, list(reply.walk), stat)
+        return stat
 
     async def exists(self, path: str) -> bool:
         try:
@@ -293,12 +342,36 @@ class AsyncFileSystem:
         """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``; other
         names fail here, without a call: ``tectofs.xattr_names``)."""
         xattr_names.namespace_of(name)
-        reply = await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))
-        return bytes(reply.value)
+        cache = self._cached()
+        if cache is None:
+            return bytes((await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))).value)
+        cached = cache.xattr(path, name)
+        if isinstance(cached, bytes):
+            return cached
+        if cached is None:
+            raise NoAttribute(f"{path}: no extended attribute {name!r}")
+        assert self.lease_session is not None
+        epoch = self.lease_session.epoch
+        try:
+            value = bytes((await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))).value)
+        except NoAttribute:
+            if self.lease_session.still(epoch):
+                cache.learned_xattr(path, name, None)
+            raise
+        if self.lease_session.still(epoch):
+            cache.learned_xattr(path, name, value)
+        return value
 
     async def listxattr(self, path: str) -> list[str]:
-        reply = await self.metadata.listxattr(messages.PathRequest(path=path))
-        return list(reply.names)
+        cache = self._cached()
+        cached = cache.xattr_names(path) if cache is not None else MISS
+        if isinstance(cached, list):
+            return cached
+        epoch = self.lease_session.epoch if self.lease_session is not None else 0
+        names = list((await self.metadata.listxattr(messages.PathRequest(path=path))).names)
+        if cache is not None and self.lease_session is not None and self.lease_session.still(epoch):
+            cache.learned_xattr_names(path, names)
+        return names
 
     async def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
         """``flags``: ``os.XATTR_CREATE`` or ``os.XATTR_REPLACE``, as ``os.setxattr``."""

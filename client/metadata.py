@@ -9,7 +9,7 @@ Every method is one line over :meth:`MetadataClient.call`, which takes the retry
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from tectofs.wire import messages
 from tectofs.wire.client import RpcClient
@@ -20,6 +20,22 @@ ReplyT = TypeVar("ReplyT", bound=messages.Message)
 _EMPTY = messages.Empty()
 
 
+# The operations that change names, attributes or extended attributes: after each (whatever
+# its outcome), ``MetadataClient.on_change`` hears of it, so a cache over this client forgets
+# what its own change made stale (the service recalls only other clients' leases).
+# tests/test_leases.py holds every operation of the table to being here or in READING.
+CHANGING = frozenset({
+    "mkdir", "makedirs", "create", "symlink", "mknod", "setattr", "truncate", "set_policy", "rename", "link",
+    "setxattr", "removexattr", "exchange", "unlink", "unlink_many", "rmdir", "commit",
+})
+READING = frozenset({
+    "hello", "lookup", "getattr", "readdir", "getxattr", "listxattr", "statfs", "layout", "allocate", "stage", "renew",
+    "release", "release_leases", "report_bad_chunk", "repair_done", "repair_failed", "inventory_begin", "inventory",
+    "drain", "block_health", "register_server", "heartbeat", "servers", "stats", "ping", "user_add", "user_remove",
+    "user_list", "s3_principal", "whoami", "keepalive",
+})  # what leaves names, attributes and extended attributes as they were
+
+
 class MetadataClient:
     """Calls to the metadata service at ``address`` (an address or a failover group) through
     ``rpc`` (whose connections carry the caller's identity)."""
@@ -27,10 +43,15 @@ class MetadataClient:
     def __init__(self, rpc: RpcClient, address: str) -> None:
         self.rpc = rpc
         self.address = address
+        self.on_change: Callable[[messages.Message], None] | None = None
 
     async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
         """One call of ``operation``: its reply, or the service's error raised."""
-        reply, _ = await self.rpc.call(self.address, operation, request)
+        try:
+            reply, _ = await self.rpc.call(self.address, operation, request)
+        finally:
+            if self.on_change is not None and operation.name in CHANGING:
+                self.on_change(request)
         return reply
 
     async def lookup(self, request: messages.PathRequest) -> messages.AttrsReply:

@@ -168,3 +168,4 @@ lease_sessions_max = 100_000              # sessions one metadata service keeps 
 lease_recalls_per_reply_max = 16          # recalls one keepalive answer carries (the rest: the next one)
 lease_recall_inodes_max = 4096            # inodes one recall names
 lease_remote_changes_kept = 100_000       # peers' recalls remembered for reads that raced them
+metadata_cache_entries_max = 1_000_000     # names (and as many inodes) a leasing client keeps cached

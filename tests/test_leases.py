@@ -308,3 +308,72 @@ def test_a_change_through_one_service_recalls_what_clients_of_another_hold(make_
         if process_b.poll() is None:
             process_b.terminate()
             process_b.wait(timeout=20)
+
+
+@pytest.mark.slow
+def test_a_leasing_clients_cache_answers_without_calls_and_sees_every_change_at_its_next_call(leased_cluster):
+    """The library's cache (client/metadata_cache.py): repeated stats, absent names and extended
+    attributes cost no call while leases are held; a change by another client, or by itself, is
+    seen at its next call."""
+    async def scenario():
+        holder, changer, _ = await _holder_and_changer(leased_cluster)
+        cache = holder.metadata_cache
+        assert cache is not None
+        base = f"/cached-{os.getpid()}"
+        await changer.mkdir(f"{base}/d", parents=True)
+        await changer.write_bytes(f"{base}/d/f", b"1234")
+        await changer.setxattr(f"{base}/d/f", "user.k", b"v1")
+
+        first = await holder.stat(f"{base}/d/f")
+        hits = cache.hits
+        for _ in range(50):
+            assert (await holder.stat(f"{base}/d/f")).mode == first.mode
+        assert cache.hits == hits + 50  # no call
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/d/absent")
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/d/absent")
+        assert await holder.getxattr(f"{base}/d/f", "user.k") == b"v1"
+        assert await holder.getxattr(f"{base}/d/f", "user.k") == b"v1"
+        assert cache.hits >= hits + 52
+
+        await changer.setattr(f"{base}/d/f", mode=0o600)
+        assert (await holder.stat(f"{base}/d/f")).mode & 0o777 == 0o600
+        await changer.write_bytes(f"{base}/d/absent", b"now")
+        assert (await holder.stat(f"{base}/d/absent")).size == 3
+        await changer.setxattr(f"{base}/d/f", "user.k", b"v2")
+        assert await holder.getxattr(f"{base}/d/f", "user.k") == b"v2"
+        await changer.write_bytes(f"{base}/d/f", b"123456789")
+        assert (await holder.stat(f"{base}/d/f")).size == 9
+        await holder.stat(f"{base}/d/f")
+        await changer.rename(f"{base}/d", f"{base}/e")
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/d/f")
+        assert (await holder.stat(f"{base}/e/f")).size == 9
+        await changer.remove(f"{base}/e/f")
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/e/f")
+
+        # Its own changes: seen at once, though the service recalls nothing from it.
+        await holder.write_bytes(f"{base}/mine", b"a")
+        assert (await holder.stat(f"{base}/mine")).size == 1
+        await holder.write_bytes(f"{base}/mine", b"abc")
+        assert (await holder.stat(f"{base}/mine")).size == 3
+        await holder.setattr(f"{base}/mine", mode=0o640)
+        assert (await holder.stat(f"{base}/mine")).mode & 0o777 == 0o640
+        await holder.remove(f"{base}/mine")
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/mine")
+        await holder.close()
+        await changer.close()
+    run(scenario())
+
+
+def test_every_metadata_operation_is_known_to_change_or_not():
+    """A cache over the client forgets what its own changes made stale: an operation missing
+    from both lists would be one whose changes it keeps serving."""
+    from tectofs.client.metadata import CHANGING, READING
+    from tectofs.wire import messages
+
+    assert CHANGING | READING == set(messages.META_OPERATIONS)
+    assert not CHANGING & READING

@@ -52,10 +52,17 @@ def _user_info(user: StoredUser) -> messages.UserInfo:
                              admin=user.admin, proxy=user.proxy, s3_access_key=user.s3_access_key)
 
 
+def _walked_directories(store: SqlStore) -> list[int]:
+    """The directories the operation's path walks went through, / first (while leases are kept)."""
+    return [key[1] for key in store.walked or () if key[0] == ENTRY]
+
+
 def _granted(walked: list[LeaseKey], reached: int, result: object) -> list[LeaseKey]:
     """What an operation's answer told its caller, as lease keys: the names its paths walked
     (present or absent), and what the answer holds: attributes, a listing and its entries, the
     extended attributes of the inode reached."""
+    if isinstance(result, tuple):  # (attributes, the directories walked): a lookup's
+        result = result[0]
     if isinstance(result, messages.Attrs):
         return [*walked, (ATTRS, result.ino)]
     if isinstance(result, (messages.CreateReply, messages.LayoutSegment)):
@@ -398,8 +405,13 @@ class MetadataService:
     # Each rpc_<op> gets its request already validated (tectofs.wire.messages, tectofs.wire.server).
 
     async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.AttrsReply]:
+        """With a lease session, the reply names the directories walked (``walk``): the client's
+        cache keys what it learned by them (``client/metadata_cache.py``)."""
         parts, caller = paths.split(r.path), self._caller()
-        return self._attrs_reply(await self._call(lambda store: store.lookup(parts, caller=caller), messages.Attrs)), b""
+        attrs, walk = await self._call(lambda store: (store.lookup(parts, caller=caller), _walked_directories(store)),
+                                       tuple[messages.Attrs, list[int]])
+        reply = self._attrs_reply(attrs)
+        return (msgspec.structs.replace(reply, walk=walk) if walk and current_peer.get().session else reply), b""
 
     async def rpc_getattr(self, r: messages.InoRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         self._check_handle(r.ino, r.handle)

@@ -1,6 +1,6 @@
 """A second client of the simulation that holds metadata leases and answers stats from its cache
-while they last, as a FUSE mount's kernel cache does (``server/meta/leases.py``,
-``client/lease_session.py``), and the invariant it must keep:
+while they last (``server/meta/leases.py``, ``client/lease_session.py``,
+``client/metadata_cache.py``), and the invariant it must keep:
 
 (f) no answer from its cache is older than a change whose call already returned: a cached size
     is that of a version no acknowledged write had replaced before the answer, of a file no
@@ -19,9 +19,6 @@ from tectofs.client import AsyncFileSystem
 from tectofs.errors import TectofsError
 from tectofs.testing.loop import host_context
 from tectofs.wire import auth
-from tectofs.wire.leases import Recall
-
-ROOT_INO = 1
 
 if TYPE_CHECKING:
     from tectofs.testing.cluster import Cluster
@@ -31,47 +28,37 @@ WATCH_HOST = "10.0.9.2"
 
 
 class LeaseWatcher:
+    """The leasing client, whose stats its library cache answers while it may
+    (``client/metadata_cache.py``), and the check of every answer it gives."""
+
     def __init__(self, cluster: "Cluster", fail: Callable[[str], None]) -> None:
         self.cluster = cluster
         self.fail = fail
-        self.cache: dict[str, tuple[int, int]] = {}  # name -> (ino, size), as a stat answered while leased
         self.unlinked_s: dict[str, float] = {}  # name -> when an unlink of it was acknowledged
-        self.served = 0
         credential = auth.Credential.root_from_keys(auth.KeyRing(cluster.key_file))
         self.client: AsyncFileSystem = host_context(WATCH_HOST).run(
             AsyncFileSystem, cluster.meta_address, credential, clock=cluster.clock.monotonic, leases=True)
-        session = self.client.lease_session
-        assert session is not None
-        self.session = session
-        session.listeners.append(self._recalled)
+        assert self.client.metadata_cache is not None
+        self.cache = self.client.metadata_cache
 
-    async def _recalled(self, recall: "Recall | None") -> None:
-        if recall is None:
-            self.cache.clear()
-            return
-        gone = set(recall.inos)
-        names = {e.name for e in recall.entries if e.parent == ROOT_INO}  # the simulation's files are in /
-        for name in [n for n, (ino, _) in self.cache.items() if ino in gone or n in names]:
-            del self.cache[name]
+    @property
+    def served(self) -> int:
+        """Answers its cache gave."""
+        return self.cache.hits
 
     def unlinked(self, name: str) -> None:
         self.unlinked_s[name] = self.cluster.clock.now
 
     async def stat(self, name: str, model: "FileModel") -> None:
-        """Stat ``name``: from the cache while leases are held (checking (f)), else from the service."""
-        now = self.cluster.clock.now
-        cached = self.cache.get(name)
-        if cached is not None and self.session.remaining() > 0:
-            self.served += 1
-            self.check(name, model, cached[1], now)
-            return
-        epoch = self.session.epoch
+        """Stat ``name`` and check the answer: (f) for one from the cache, which comes at once."""
+        started = self.cluster.clock.now
+        hits = self.cache.hits
         try:
             st = await self.cluster.loop.spawn(WATCH_HOST, self.client.stat(f"/{name}"))
         except (TectofsError, OSError):
             return
-        if self.session.still(epoch):
-            self.cache[name] = (st.ino, st.size)
+        if self.cache.hits > hits:
+            self.check(name, model, st.size, started)
 
     def check(self, name: str, model: "FileModel", size: int, at_s: float) -> None:
         unlinked = self.unlinked_s.get(name)

@@ -41,7 +41,7 @@ from tectofs.client import AsyncFileSystem
 from tectofs.errors import TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.testing.cluster import BLOCK_SIZE, ChunkHost, Cluster, quiet_logs
-from tectofs.testing.lease_watch import LeaseWatcher
+from tectofs.testing.lease_watch import WATCH_HOST, LeaseWatcher
 from tectofs.testing.network import NetworkFaults
 
 FAULT_STEPS = (10, 20)
@@ -50,7 +50,7 @@ HEAL_ROUND_S = 3.0
 VIRTUAL_DEADLINE_S = 1500.0
 EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
           "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4,
-          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10, "watch": 14}
+          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10, "watch": 14, "isolate_watcher": 3}
 BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file", "flaky_disk"}
 
 
@@ -301,6 +301,24 @@ class Simulation:
             await self.watcher.stat(name, model)
             await self.pause(0.0, 2.0)
 
+    async def isolate_watcher(self, name: str) -> None:
+        """The leasing client's host drops off the network unnoticed (no connection closes) while
+        the metadata service restarts and the file it watches is rewritten: it must stop
+        answering from its cache before the rewrite can return (the service's grace period)."""
+        network = self.cluster.network
+        assert self.watcher is not None
+        await self.watcher.stat(name, self.files[name])
+        network.unreachable.add(WATCH_HOST)
+        self.trace("watcher: PARTITIONED")
+        self.background(self.watch(name))
+        self.cluster.crash_meta()
+        await self.pause(0.5, 3.0)
+        await self.cluster.start_meta(self.cluster.meta_skew_s)
+        self.background(self.write(name, self.data_for(name)))
+        await self.pause(0.0, 45.0)
+        network.unreachable.discard(WATCH_HOST)
+        self.trace("watcher: reachable again")
+
     async def unlink(self, name: str) -> None:
         """Remove a file no write of this schedule is writing (a read may be: its handle keeps
         the version it opened)."""
@@ -411,6 +429,8 @@ class Simulation:
                 block_id = self.rng.choice(block_ids)
                 self.damage(chunk, block_id, kind)
                 self.fault(kind, chunk, block_id)
+        elif kind == "isolate_watcher" and self.watcher is not None and self.files and cluster.meta is not None:
+            await self.isolate_watcher(self.rng.choice(sorted(self.files)))
         elif kind == "crash_meta" and cluster.meta is not None:
             cluster.crash_meta()
             await self.pause(0.5, 6.0)

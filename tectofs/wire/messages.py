@@ -130,6 +130,7 @@ class InoRequest(Message, frozen=True, kw_only=True):
 
 class AttrsReply(Message, frozen=True, kw_only=True):
     attrs: Attrs
+    walk: Annotated[list[Ino], msgspec.Meta(max_length=limits.path_length_max_bytes // 2)] = []  # leased lookups: dirs walked
 
 
 class Empty(Message, frozen=True, kw_only=True):
