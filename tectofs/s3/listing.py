@@ -13,7 +13,8 @@ common prefixes, in ascending order, every one starting with ``prefix`` and grea
 behaviour for a StartAfter inside a rolled-up prefix); a prefix equal to ``after`` is not.
 With delimiter ``/`` a subdirectory is a common prefix without being read (an empty directory
 shows as one); any other delimiter walks every key and rolls them up. Hidden names (the
-gateway's own) and special files never appear.
+gateway's own) and special files never appear, but a directory's marker file (the key ``d/``,
+:data:`~tectofs.s3.objects.MARKER_NAME`) is listed as ``d/``, first of the keys below ``d``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import AsyncIterator
 from tectofs import errors, paths
 from tectofs.client import AsyncFileSystem, Stat
 
-from .objects import Record, bucket_path, hidden, record_of
+from .objects import MARKER_NAME, Record, bucket_path, hidden, object_path, record_of
 from .xml import S3Error
 
 RECORDS_PARALLEL = 32  # records (ETags) fetched at once for one page of a listing
@@ -59,6 +60,7 @@ async def _ordered(fs: AsyncFileSystem, directory: str, rel: str, after: str) ->
     order, a directory's key ending in ``/``; readdir starts after the name ``after``."""
     pending: list[tuple[str, int, Stat]] = []
     tie = itertools.count()
+    marker_done = False
     cursor: str | None = after
     while cursor is not None:
         try:
@@ -66,6 +68,13 @@ async def _ordered(fs: AsyncFileSystem, directory: str, rel: str, after: str) ->
         except (errors.NotFound, errors.NotADirectory):
             return  # removed while listed: nothing more below it
         for name, st in page:
+            if rel and not marker_done and name <= MARKER_NAME:
+                # the directory's own marker "d/" comes before every key below it, but a few
+                # names ("-x", ".a") sort before its file name: look it up before those
+                marker_done = True
+                marker = st if name == MARKER_NAME else await _marker(fs, directory)
+                if marker is not None and marker.is_file:
+                    yield rel, marker
             if hidden(name) or not (st.is_dir or st.is_file):
                 continue
             key = rel + name + ("/" if st.is_dir else "")
@@ -79,6 +88,13 @@ async def _ordered(fs: AsyncFileSystem, directory: str, rel: str, after: str) ->
     while pending:
         due, _, due_st = heapq.heappop(pending)
         yield due, due_st
+
+
+async def _marker(fs: AsyncFileSystem, directory: str) -> Stat | None:
+    try:
+        return await fs.stat(paths.join(directory, MARKER_NAME))
+    except (errors.NotFound, errors.NotADirectory):
+        return None
 
 
 class _Walk:
@@ -163,6 +179,6 @@ async def records(fs: AsyncFileSystem, bucket: str, objects: list[tuple[str, Sta
 
     async def one(key: str, st: Stat) -> Record:
         async with gate:
-            return await record_of(fs, paths.join(bucket_path(bucket), key), st)
+            return await record_of(fs, object_path(bucket, key), st)
 
     return list(await asyncio.gather(*(one(k, st) for k, st in objects)))

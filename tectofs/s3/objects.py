@@ -2,7 +2,8 @@
 streaming write, read and copy every object operation is built from.
 
 - Bucket ``b``, key ``k/x`` is the file ``/b/k/x``; the directories on the way are made as
-  needed (and removed again when a delete leaves them empty). Names starting with
+  needed (and removed again when a delete leaves them empty). A key ending in ``/`` (``k/``, a
+  directory marker as consoles and s3fs make them) is the file ``/b/k/.tectofs-dir``. Names starting with
   ``.tectofs-`` are the gateway's own (staging files, multipart uploads): never keys, never
   listed.
 - **Atomic publish.** An object is written to a hidden staging file beside its final name
@@ -34,6 +35,7 @@ from .xml import S3Error, from_tectofs
 
 RECORD_XATTR = "user.s3"
 INTERNAL_PREFIX = ".tectofs-"
+MARKER_NAME = INTERNAL_PREFIX + "dir"  # in directory d: the object "d/" (a directory marker)
 READ_BYTES = 4 << 20  # a GET reads and sends this much at a time (one ahead)
 KEY_BYTES_MAX = 1024
 
@@ -54,14 +56,16 @@ def bucket_path(bucket: str) -> str:
 
 def object_path(bucket: str, key: str) -> str:
     """The file of ``key``, refusing keys that name no file (empty or dot components,
-    reserved names)."""
+    reserved names). A key ending in ``/`` (a directory marker, ``a/``) is the file
+    :data:`MARKER_NAME` in the directory ``a``."""
     if not key or len(key.encode()) > KEY_BYTES_MAX:
         raise S3Error("KeyTooLongError" if key else "InvalidArgument", "keys are 1 to 1024 bytes", key)
-    parts = key.rstrip("/").split("/")
+    marker = key.endswith("/")
+    parts = (key[:-1] if marker else key).split("/")
     if any(p in ("", ".", "..") or hidden(p) or "\0" in p for p in parts):
         raise S3Error("InvalidArgument", f"key {key!r} cannot be stored: tectofs keys have no empty, '.', '..' or"
                       f" '{INTERNAL_PREFIX}*' components", key)
-    return paths.join(bucket_path(bucket), *parts)
+    return paths.join(bucket_path(bucket), *parts, *([MARKER_NAME] if marker else []))
 
 
 @dataclass
@@ -73,9 +77,16 @@ class Record:
     metadata: dict[str, str] = field(default_factory=dict)
     size: int = -1
     mtime: float = -1.0
+    headers: dict[str, str] = field(default_factory=dict)  # Cache-Control, Expires, ... as given at PUT
+    parts: list[list[int]] = field(default_factory=list)  # a multipart object's part sizes: [[size, count], ...]
+    upload_id: str = ""  # the multipart upload that made it (a retried Complete answers from it)
 
     def encode(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+        fields = dataclasses.asdict(self)
+        for name in ("headers", "parts", "upload_id"):  # left out when empty: the common record stays small
+            if not fields[name]:
+                del fields[name]
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "Record | None":
@@ -83,9 +94,27 @@ class Record:
             fields = json.loads(raw)
             return cls(etag=str(fields["etag"]), content_type=str(fields.get("content_type") or cls.content_type),
                        metadata={str(k): str(v) for k, v in dict(fields.get("metadata") or {}).items()},
-                       size=int(fields.get("size", -1)), mtime=float(fields.get("mtime", -1.0)))
+                       size=int(fields.get("size", -1)), mtime=float(fields.get("mtime", -1.0)),
+                       headers={str(k): str(v) for k, v in dict(fields.get("headers") or {}).items()},
+                       parts=[[int(size), int(count)] for size, count in fields.get("parts") or []],
+                       upload_id=str(fields.get("upload_id") or ""))
         except (ValueError, KeyError, TypeError):
             return None
+
+    def part_sizes(self) -> list[int]:
+        """The sizes of a multipart object's parts, in order (empty for a single-part object)."""
+        return [size for size, count in self.parts for _ in range(count)]
+
+    @staticmethod
+    def runs(sizes: list[int]) -> list[list[int]]:
+        """``[5, 5, 5, 2]`` -> ``[[5, 3], [2, 1]]`` (what :attr:`parts` holds)."""
+        out: list[list[int]] = []
+        for size in sizes:
+            if out and out[-1][0] == size:
+                out[-1][1] += 1
+            else:
+                out.append([size, 1])
+        return out
 
 
 def derived_etag(st: Stat) -> str:
@@ -112,7 +141,7 @@ async def stat_object(fs: AsyncFileSystem, bucket: str, key: str) -> tuple[str, 
     except errors.TectofsError as exc:
         await require_bucket(fs, bucket)
         raise from_tectofs(exc, f"/{bucket}/{key}") from None
-    if not st.is_file or key.endswith("/"):
+    if not st.is_file:
         raise S3Error("NoSuchKey", "The specified key does not exist.", f"/{bucket}/{key}")
     return path, st, await record_of(fs, path, st)
 
