@@ -36,6 +36,8 @@ UPLOAD_XATTR = "user.s3.upload"
 PART_NUMBER_MAX = 10_000
 PART_BYTES_MIN = 5 << 20
 RECORDS_PARALLEL = 32  # part records read at once (a Complete of 10,000 parts)
+SMALL_PART_BYTES = 1 << 20  # parts up to this are read whole, several at once, when assembled
+SMALL_PARTS_AHEAD = 16  # ... this many ahead (at most 16 MiB in memory)
 
 
 def uploads_path(bucket: str) -> str:
@@ -174,10 +176,8 @@ async def prepare_complete(fs: AsyncFileSystem, bucket: str, key: str, upload_id
     have = {n: (st, record) for n, st, record in await parts(fs, bucket, upload_id)}
     chosen = chosen_parts(wanted, have, part_bytes_min)
 
-    async def concatenated() -> AsyncIterator[bytes]:
-        for number in chosen:
-            async for data in stream_file(fs, part_path(bucket, upload_id, number), 0, have[number][0].size):
-                yield data
+    def concatenated() -> AsyncIterator[bytes]:
+        return _concatenated(fs, [(part_path(bucket, upload_id, n), have[n][0].size) for n in chosen])
 
     digest = hashlib.md5(b"".join(bytes.fromhex(have[n][1].etag) for n in chosen)).hexdigest()
 
@@ -191,6 +191,27 @@ async def prepare_complete(fs: AsyncFileSystem, bucket: str, key: str, upload_id
         return record
 
     return assemble
+
+
+async def _concatenated(fs: AsyncFileSystem, files: list[tuple[str, int]]) -> AsyncIterator[bytes]:
+    """The bytes of ``files`` (path, size) one after the other. Small parts (up to
+    :data:`SMALL_PART_BYTES`) are read whole, up to :data:`SMALL_PARTS_AHEAD` of them ahead
+    (one round trip each would otherwise make 10,000 tiny parts take minutes); larger ones
+    stream (:func:`~tectofs.s3.objects.stream_file`)."""
+    ahead: dict[int, asyncio.Future[bytes]] = {}
+    try:
+        for index, (path, size) in enumerate(files):
+            if size > SMALL_PART_BYTES:
+                async for data in stream_file(fs, path, 0, size):
+                    yield data
+                continue
+            for later in range(index, min(len(files), index + SMALL_PARTS_AHEAD)):
+                if later not in ahead and files[later][1] <= SMALL_PART_BYTES:
+                    ahead[later] = asyncio.ensure_future(fs.read_range(files[later][0], 0, files[later][1]))
+            yield await ahead.pop(index)
+    finally:
+        for future in ahead.values():
+            future.cancel()
 
 
 async def abort(fs: AsyncFileSystem, bucket: str, upload_id: str) -> None:

@@ -118,13 +118,15 @@ class S3Gateway:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=s3xml.BODY_MAX_BYTES)
-        app.router.add_route("*", "/{path:.*}", self.handle)
+        app.router.add_route("*", r"/{path:[\s\S]*}", self.handle)  # keys may hold newlines
         app.on_response_prepare.append(self._tag)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen; returns ``HOST:PORT``."""
-        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, read_bufsize=1 << 20)
+        # auto_decompress off: a body sent with Content-Encoding gzip is the object's bytes, stored as sent
+        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, read_bufsize=1 << 20,
+                                    auto_decompress=False)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port, backlog=1024)
         await site.start()
