@@ -12,7 +12,8 @@ started with its gateway, the answer compared with what S3 documents:
 - a body sent with ``Transfer-Encoding: chunked`` and no Content-Length;
 - keys: directory markers (``a/``) as objects; ``encoding-type=url`` as S3 escapes;
 - buckets and auth: CreateBucket of one's own bucket; copying from another user's bucket
-  into one's own; presigned URLs (SigV2 as boto3 makes by default, and SigV4 expiry limits).
+  into one's own; presigned URLs (SigV2 as boto3 makes by default, and SigV4 expiry limits);
+- the aws CLI, for those of them it has commands for.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import asyncio
 import datetime
 import hashlib
 import http.client
+import json
 import os
+import shutil
+import subprocess
 import threading
 import time
 import urllib.error
@@ -551,3 +555,40 @@ def test_presigned_urls_as_boto3_makes_them_by_default(gateway: ClusterWithClien
     time.sleep(2.1)
     status, body = _status_of(expiring)
     assert status == 403 and b"Request has expired" in body
+
+
+# ---------------------------------------------------------------------------- the aws CLI
+
+
+def test_aws_cli_sees_the_same(gateway: ClusterWithClient, tmp_path: Any, root_keys: tuple[str, str]) -> None:
+    """The behaviours above where the aws CLI has a command of its own."""
+    aws = shutil.which("aws")
+    assert aws is not None, "the aws CLI (awscli) is not installed"
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": root_keys[0], "AWS_SECRET_ACCESS_KEY": root_keys[1],
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+
+    def aws_run(*args: str, ok: bool = True) -> str:
+        done = subprocess.run([aws, "--endpoint-url", f"http://{gateway.s3_address}", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert (done.returncode == 0) == ok, (args, done.stdout, done.stderr)
+        return done.stdout + done.stderr
+
+    aws_run("s3api", "create-bucket", "--bucket", "clisem")
+    aws_run("s3api", "create-bucket", "--bucket", "clisem")  # one's own again: success in us-east-1
+    source = tmp_path / "body.txt"
+    source.write_bytes(b"from the cli")
+    aws_run("s3api", "put-object", "--bucket", "clisem", "--key", "k", "--body", str(source), "--cache-control",
+            "max-age=60", "--content-disposition", "inline", "--content-language", "en")
+    head = json.loads(aws_run("s3api", "head-object", "--bucket", "clisem", "--key", "k", "--part-number", "1"))
+    assert (head["CacheControl"], head["ContentDisposition"], head["ContentLanguage"], head["ContentLength"]) == (
+        "max-age=60", "inline", "en", 12)
+    later = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert "304" in aws_run("s3api", "get-object", "--bucket", "clisem", "--key", "k", "--if-modified-since", later,
+                            str(tmp_path / "out"), ok=False)
+    aws_run("s3api", "put-object", "--bucket", "clisem", "--key", "folder/")
+    assert "PRE folder/" in aws_run("s3", "ls", "s3://clisem/")
+    listed = json.loads(aws_run("s3api", "list-objects-v2", "--bucket", "clisem", "--prefix", "folder/"))
+    assert [o["Key"] for o in listed["Contents"]] == ["folder/"]
+    url = aws_run("s3", "presign", "s3://clisem/k", "--expires-in", "300").strip()
+    assert _status_of(url) == (200, b"from the cli")
