@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import boto3
 import pytest
@@ -480,20 +480,28 @@ def test_streaming_signed_chunks(gateway: ClusterWithClient, s3: Any, root_keys:
 # ---------------------------------------------------------------------------- other clients and the CLI
 
 
-@pytest.mark.slow  # starts processes
-def test_aws_cli(gateway: ClusterWithClient, tmp_path: Any, root_keys: tuple[str, str]) -> None:
+def aws_cli(address: str, keys: tuple[str, str], home: Any) -> Callable[..., str]:
+    """The aws CLI against the gateway at ``address`` as the owner of ``keys`` (no config
+    read from ``home``): ``run(*args, ok=True)`` asserts how it exits and returns its stdout
+    (with its stderr, for a run expected to fail)."""
     aws = shutil.which("aws")
     assert aws is not None, "the aws CLI (awscli) is not installed"
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": root_keys[0], "AWS_SECRET_ACCESS_KEY": root_keys[1],
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp_path / "none"),
-           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
-    endpoint = ["--endpoint-url", f"http://{gateway.s3_address}"]
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": keys[0], "AWS_SECRET_ACCESS_KEY": keys[1],
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(home / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(home / "none")}
 
-    def aws_run(*args: str) -> str:
-        done = subprocess.run([aws, *endpoint, *args], env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+    def run(*args: str, ok: bool = True) -> str:
+        done = subprocess.run([aws, "--endpoint-url", f"http://{address}", *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert (done.returncode == 0) == ok, (args, done.stdout, done.stderr)
+        return done.stdout if ok else done.stdout + done.stderr
 
+    return run
+
+
+@pytest.mark.slow  # starts processes
+def test_aws_cli(gateway: ClusterWithClient, tmp_path: Any, root_keys: tuple[str, str]) -> None:
+    aws_run = aws_cli(gateway.s3_address, root_keys, tmp_path)
     source = tmp_path / "data.bin"
     source.write_bytes(os.urandom(20 * MiB + 3))  # over the CLI's 8 MiB threshold: a multipart upload
     aws_run("s3", "mb", "s3://cli")

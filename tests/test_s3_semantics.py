@@ -24,8 +24,6 @@ import hashlib
 import http.client
 import json
 import os
-import shutil
-import subprocess
 import threading
 import time
 import urllib.error
@@ -44,7 +42,7 @@ from botocore.exceptions import ClientError
 from tectofs.s3.server import S3Gateway
 from tests import test_s3_gateway as base
 from tests.conftest import TestCluster as ClusterWithClient
-from tests.test_s3_gateway import TIMEOUT_S, MiB, _chunked_put, _client, _code
+from tests.test_s3_gateway import TIMEOUT_S, MiB, _chunked_put, _client, _code, aws_cli
 
 # the cluster, its gateway and the boto3 clients of root and bob: test_s3_gateway's fixtures
 gateway, root_keys, s3, bob = base.gateway, base.root_keys, base.s3, base.bob
@@ -562,18 +560,7 @@ def test_presigned_urls_as_boto3_makes_them_by_default(gateway: ClusterWithClien
 
 def test_aws_cli_sees_the_same(gateway: ClusterWithClient, tmp_path: Any, root_keys: tuple[str, str]) -> None:
     """The behaviours above where the aws CLI has a command of its own."""
-    aws = shutil.which("aws")
-    assert aws is not None, "the aws CLI (awscli) is not installed"
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": root_keys[0], "AWS_SECRET_ACCESS_KEY": root_keys[1],
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp_path / "none"),
-           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
-
-    def aws_run(*args: str, ok: bool = True) -> str:
-        done = subprocess.run([aws, "--endpoint-url", f"http://{gateway.s3_address}", *args], env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert (done.returncode == 0) == ok, (args, done.stdout, done.stderr)
-        return done.stdout + done.stderr
-
+    aws_run = aws_cli(gateway.s3_address, root_keys, tmp_path)
     aws_run("s3api", "create-bucket", "--bucket", "clisem")
     aws_run("s3api", "create-bucket", "--bucket", "clisem")  # one's own again: success in us-east-1
     source = tmp_path / "body.txt"
