@@ -10,7 +10,8 @@ started with its gateway, the answer compared with what S3 documents:
 - headers: Cache-Control, Expires, Content-Encoding, Content-Language, Content-Disposition
   kept; ``response-*`` overrides; ``aws-chunked`` taken out of Content-Encoding;
 - a body sent with ``Transfer-Encoding: chunked`` and no Content-Length;
-- keys: directory markers (``a/``) as objects; ``encoding-type=url`` as S3 escapes;
+- keys: directory markers (``a/``) as objects; a key that is also a prefix (``a`` and
+  ``a/b``); ``encoding-type=url`` as S3 escapes;
 - buckets and auth: CreateBucket of one's own bucket; copying from another user's bucket
   into one's own; presigned URLs (SigV2 as boto3 makes by default, and SigV4 expiry limits);
 - the aws CLI, for those of them it has commands for.
@@ -433,16 +434,53 @@ def test_directory_markers(gateway: ClusterWithClient, s3: Any) -> None:
     assert _status(err) == 404
 
 
-def test_object_and_prefix_of_the_same_name(s3: Any) -> None:
-    """Kept refused (README: objects are files, prefixes directories), with S3's InvalidRequest."""
+def test_object_and_prefix_of_the_same_name(gateway: ClusterWithClient, s3: Any) -> None:
+    """``a`` and ``a/b`` both: ``/bucket/a`` is the directory, the object ``a`` its twin."""
     s3.create_bucket(Bucket="both")
-    s3.put_object(Bucket="both", Key="a", Body=b"object")
-    s3.put_object(Bucket="both", Key="b/c", Body=b"below")
-    for key in ("a/b", "a/", "b"):
-        with pytest.raises(ClientError) as err:
-            s3.put_object(Bucket="both", Key=key, Body=b"x")
-        assert (_code(err), _status(err)) == ("InvalidRequest", 400), key
-        assert "both an object and a prefix" in err.value.response["Error"]["Message"]
+    s3.put_object(Bucket="both", Key="a", Body=b"object a")
+    s3.put_object(Bucket="both", Key="a/b", Body=b"below a")  # turns the file a into its twin
+    s3.put_object(Bucket="both", Key="x/y", Body=b"below x")
+    s3.put_object(Bucket="both", Key="x", Body=os.urandom(3 * MiB))  # the directory first; a staged write
+    big = os.urandom(3 * MiB)
+    s3.put_object(Bucket="both", Key="x", Body=big)  # overwritten while a twin
+    for key in ("a-b", "a.txt", "a/", "m"):
+        s3.put_object(Bucket="both", Key=key, Body=key.encode())
+    assert gateway.fs.stat("/both/a").is_dir and gateway.fs.stat("/both/.tectofs-object-a").is_file
+    assert s3.get_object(Bucket="both", Key="a")["Body"].read() == b"object a"
+    assert s3.get_object(Bucket="both", Key="x")["Body"].read() == big
+    assert s3.head_object(Bucket="both", Key="x")["ETag"] == f'"{hashlib.md5(big).hexdigest()}"'
+    keys = ["a", "a-b", "a.txt", "a/", "a/b", "m", "x", "x/y"]
+    for page_size in (1, 3, 1000):
+        listed = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket="both", PaginationConfig={"PageSize": page_size}) for o in page.get("Contents", [])]
+        assert listed == keys, page_size
+    first = s3.list_objects_v2(Bucket="both")["Contents"][0]
+    assert (first["Key"], first["ETag"], first["Size"]) == ("a", f'"{hashlib.md5(b"object a").hexdigest()}"', 8)
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="both", StartAfter="m")["Contents"]] == ["x", "x/y"]
+    top = s3.list_objects_v2(Bucket="both", Delimiter="/")
+    assert [o["Key"] for o in top["Contents"]] == ["a", "a-b", "a.txt", "m", "x"]
+    assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["a/", "x/"]
+    s3.copy_object(Bucket="both", Key="m/n", CopySource={"Bucket": "both", "Key": "a"})
+    assert s3.get_object(Bucket="both", Key="m")["Body"].read() == b"m"
+    assert s3.get_object(Bucket="both", Key="m/n")["Body"].read() == b"object a"
+
+    s3.delete_objects(Bucket="both", Delete={"Objects": [{"Key": "a/b"}, {"Key": "a/"}]})
+    assert gateway.fs.stat("/both/a").is_file  # its directory gone, the twin took its name back
+    assert not gateway.fs.exists("/both/.tectofs-object-a")
+    assert s3.get_object(Bucket="both", Key="a")["Body"].read() == b"object a"
+    s3.delete_object(Bucket="both", Key="x")  # the object goes, the keys below it stay
+    with pytest.raises(ClientError) as err:
+        s3.get_object(Bucket="both", Key="x")
+    assert _code(err) == "NoSuchKey"
+    assert s3.get_object(Bucket="both", Key="x/y")["Body"].read() == b"below x"
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="both")["Contents"]] == [
+        "a", "a-b", "a.txt", "m", "m/n", "x/y"]
+
+    upload, listed = _upload(s3, "both", "x", [b"assembled onto a directory's name"])
+    s3.complete_multipart_upload(Bucket="both", Key="x", UploadId=upload, MultipartUpload={"Parts": listed})
+    again = s3.complete_multipart_upload(Bucket="both", Key="x", UploadId=upload, MultipartUpload={"Parts": listed})
+    assert again["ETag"].endswith('-1"')
+    assert s3.get_object(Bucket="both", Key="x")["Body"].read() == b"assembled onto a directory's name"
 
 
 def test_url_encoded_listing(s3: Any) -> None:

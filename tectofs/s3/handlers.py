@@ -232,8 +232,8 @@ async def _listing(call: Call, root: Any, after: str, owners: bool) -> tuple[boo
     except errors.TectofsError as exc:
         raise from_tectofs(exc, call.resource, missing="NoSuchBucket") from None
     encode = _encoder(call)
-    records = await listing.records(call.fs, call.bucket, found)
-    for (key, st), record in zip(found, records):
+    records = await listing.records(call.fs, found)
+    for (key, st, _), record in zip(found, records):
         entry = s3xml.child(root, "Contents", [("Key", encode(key)), ("LastModified", s3xml.timestamp(st.mtime)),
                                                ("ETag", quoted(record.etag)), ("Size", st.size)])
         if owners:

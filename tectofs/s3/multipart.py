@@ -28,7 +28,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from tectofs import errors, paths
 from tectofs.client import AsyncFileSystem, Stat
 
-from .objects import INTERNAL_PREFIX, Record, object_path, record_of, require_bucket, stream_file, write_file
+from .objects import INTERNAL_PREFIX, Record, locate, object_path, record_of, require_bucket, stream_file, write_file
 from .xml import S3Error, from_tectofs
 
 UPLOADS_DIR = INTERNAL_PREFIX + "multipart"
@@ -143,12 +143,12 @@ async def completed(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str) 
     """The object a Complete of ``upload_id`` already published, if it is still the one at
     ``key`` (its record names the upload): what a retried Complete answers."""
     try:
-        st = await fs.stat(object_path(bucket, key))
-    except errors.TectofsError:
+        found = await locate(fs, bucket, key)
+    except S3Error:
         return None
-    if not st.is_file:
+    if found is None:
         return None
-    record = await record_of(fs, object_path(bucket, key), st)
+    record = await record_of(fs, *found)
     return record if record.upload_id == upload_id else None
 
 
