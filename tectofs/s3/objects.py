@@ -17,7 +17,8 @@ streaming write, read and copy every object operation is built from.
   signature or digest did not check out, a chunk server failed — aborts the staging file:
   readers keep the previous object, or find none.
 - **Record.** The extended attribute ``user.s3`` holds JSON: ETag, content type, user
-  metadata, and the size and mtime the object had when they were recorded. A file changed
+  metadata, the headers given at PUT, a multipart object's part sizes and upload id, and the
+  size and mtime the object had when they were recorded. A file changed
   since (through the client or the mount) no longer matches them: its ETag is then derived
   from its inode, size and mtime (not an MD5, but it changes whenever the content does).
 """
