@@ -25,6 +25,7 @@ import hashlib
 import http.client
 import json
 import os
+import socket
 import threading
 import time
 import urllib.error
@@ -227,8 +228,8 @@ def test_ten_thousand_parts(s3: Any, small_parts_gateway: Any) -> None:
     assert s3.get_object(Bucket="tenthousand", Key="obj")["Body"].read() == b"".join(bodies)
     last = s3.get_object(Bucket="tenthousand", Key="obj", PartNumber=10_000)
     assert (last["Body"].read(), last["PartsCount"]) == (b"<10000>", 10_000)
+    upload2, listed2 = _upload(s3, "tenthousand", "small", [b"a", b"b"])
     with pytest.raises(ClientError) as err:  # the usual gateway keeps S3's 5 MiB minimum
-        upload2, listed2 = _upload(s3, "tenthousand", "small", [b"a", b"b"])
         s3.complete_multipart_upload(Bucket="tenthousand", Key="small", UploadId=upload2,
                                      MultipartUpload={"Parts": listed2})
     assert _code(err) == "EntityTooSmall"
@@ -358,45 +359,60 @@ def test_aws_chunked_is_not_stored_as_content_encoding(gateway: ClusterWithClien
         assert got.get("ContentEncoding") == kept, sent
 
 
+def _signed_headers(address: str, keys: tuple[str, str], path: str, headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with a SigV4 Authorization for a PUT of ``path`` with an unsigned payload."""
+    request = AWSRequest("PUT", f"http://{address}{path}", headers=headers)
+    signer = S3SigV4Auth(Credentials(*keys), "s3", "us-east-1")
+    signer.payload = lambda request: "UNSIGNED-PAYLOAD"  # type: ignore[method-assign]
+    signer.add_auth(request)
+    return dict(request.headers)
+
+
 def test_upload_without_content_length(gateway: ClusterWithClient, s3: Any, root_keys: tuple[str, str]) -> None:
-    """``Transfer-Encoding: chunked``, no Content-Length: accepted, small or large, and an
-    upload whose sender stops before the end publishes nothing."""
+    """``Transfer-Encoding: chunked``, no Content-Length: accepted, small or large; one whose
+    sender goes away before the last chunk publishes nothing; with neither, S3's
+    MissingContentLength."""
     s3.create_bucket(Bucket="tchunked")
     host, port = gateway.s3_address.rsplit(":", 1)
     for key, data in (("small", b"streamed without a length"), ("large", os.urandom(3 * MiB + 1))):
-        request = AWSRequest("PUT", f"http://{gateway.s3_address}/tchunked/{key}", headers={
-            "Transfer-Encoding": "chunked"})
-        signer = S3SigV4Auth(Credentials(*root_keys), "s3", "us-east-1")
-        signer.payload = lambda request: "UNSIGNED-PAYLOAD"  # type: ignore[method-assign]
-        signer.add_auth(request)
+        headers = _signed_headers(gateway.s3_address, root_keys, f"/tchunked/{key}", {"Transfer-Encoding": "chunked"})
         connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
         try:
             connection.request("PUT", f"/tchunked/{key}", body=iter([data[i:i + 65536]
                                                                      for i in range(0, len(data), 65536)]),
-                               headers=dict(request.headers), encode_chunked=True)
+                               headers=headers, encode_chunked=True)
             answer = connection.getresponse()
             assert answer.status == 200, answer.read()
             assert answer.getheader("ETag") == f'"{hashlib.md5(data).hexdigest()}"'
         finally:
             connection.close()
         assert s3.get_object(Bucket="tchunked", Key=key)["Body"].read() == data
-    with pytest.raises(ClientError) as err:  # neither a length nor chunked: S3's MissingContentLength
-        request = AWSRequest("PUT", f"http://{gateway.s3_address}/tchunked/none")
-        S3SigV4Auth(Credentials(*root_keys), "s3", "us-east-1").add_auth(request)
-        prepared = dict(request.headers)
-        connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
-        try:
-            connection.putrequest("PUT", "/tchunked/none", skip_accept_encoding=True)
-            for name, value in prepared.items():
-                connection.putheader(name, value)
-            connection.endheaders()
-            answer = connection.getresponse()
-            body = answer.read()
-        finally:
-            connection.close()
-        raise ClientError({"Error": {"Code": "MissingContentLength" if b"MissingContentLength" in body else body.decode()},
-                           "ResponseMetadata": {"HTTPStatusCode": answer.status}}, "PutObject")
-    assert (_code(err), _status(err)) == ("MissingContentLength", 411)
+
+    headers = _signed_headers(gateway.s3_address, root_keys, "/tchunked/cut", {"Transfer-Encoding": "chunked"})
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+        head = "PUT /tchunked/cut HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        piece = os.urandom(2 * MiB)
+        sock.sendall(head.encode() + b"\r\n" + f"{len(piece):x}\r\n".encode() + piece + b"\r\n")  # no last chunk
+        time.sleep(0.5)
+    deadline = time.monotonic() + TIMEOUT_S
+    while gateway.fs.listdir("/tchunked") != ["large", "small"]:  # the staging file goes
+        assert time.monotonic() < deadline, gateway.fs.listdir("/tchunked")
+        time.sleep(0.1)
+    with pytest.raises(ClientError) as err:
+        s3.head_object(Bucket="tchunked", Key="cut")
+    assert _status(err) == 404
+
+    headers = _signed_headers(gateway.s3_address, root_keys, "/tchunked/none", {})
+    connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
+    try:
+        connection.putrequest("PUT", "/tchunked/none", skip_accept_encoding=True)
+        for name, value in headers.items():
+            connection.putheader(name, value)
+        connection.endheaders()
+        answer = connection.getresponse()
+        assert (answer.status, b"<Code>MissingContentLength</Code>" in answer.read()) == (411, True)
+    finally:
+        connection.close()
 
 
 # ---------------------------------------------------------------------------- keys
