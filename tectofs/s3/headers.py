@@ -56,7 +56,7 @@ def http_time(text: str | None) -> float | None:
         return None
     try:
         return email.utils.parsedate_to_datetime(text).timestamp()
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
 
 
