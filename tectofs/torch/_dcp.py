@@ -42,6 +42,7 @@ import io
 import os
 import pickle
 import threading
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ from ..checkpoint_gc import COMPRESS_XATTR, METADATA_NAME, PENDING_GRACE_S, REPL
 from ..checksum import crc
 from . import _timing
 from ._failures import step
-from ._staging import StagingPool
+from ._staging import Lease, StagedStateDict, StagingPool
 
 if TYPE_CHECKING:
     from ..client import FileSystem
@@ -289,6 +290,16 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             by default saving onto an existing non-empty checkpoint fails.
         staging_max_bytes: optional hard cap on the staging buffers used by
             ``dcp.async_save`` (a bigger state dict is refused instead of staged).
+        async_staging: ``dcp.async_save`` returns at once and copies the state into the staging
+            buffers on a background thread, beside the next training step, instead of
+            blocking for the copy. ``async_save`` then returns DCP's ``AsyncSaveResponse``
+            (``staging_completion``, ``upload_completion``) rather than a future: the caller
+            may modify the state again once ``staging_completion`` is done. Every
+            ``torch.optim`` optimizer's ``step()`` waits for that by itself; other in-place
+            changes (a forward pass that updates BatchNorm statistics) must wait for it, and
+            a tensor changed before its copy is finished fails the save
+            (``CheckpointError``) instead of saving a torn state
+            (:meth:`tectofs.torch._staging.StagingPool.stage_beside`).
         staging_timeout_s: how long ``async_save`` may wait for the previous upload
             to release the staging buffers (default ``limits.staging_timeout_s``, 300 s:
             training never freezes behind a stuck upload; None: forever).
@@ -324,6 +335,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         staging_timeout_s: float | None = limits.staging_timeout_s,
         pending_grace_s: float | None = PENDING_GRACE_S,
         compress: bool | None = None,
+        async_staging: bool = False,
     ) -> None:
         super().__init__()
         if thread_count < 1:
@@ -335,6 +347,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self.staging_timeout_s = staging_timeout_s
         self.pending_grace_s = pending_grace_s
         self.compress = compress
+        self.async_staging = async_staging
         self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
         self.save_id = uuid.uuid4().hex
         self.rank = 0
@@ -343,7 +356,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self._plan_data: _PlanData | None = None
         self._pool: StagingPool | None = None
         self._pool_lock = threading.Lock()
-        self._unclaimed_lease: Any = None
+        self._unclaimed_lease: Lease | None = None
         self._pending_owned: str | None = None  # coordinator: a pending directory not yet committed
         self._staged_s: float | None = None  # the last stage()'s copy time, for the save that follows it
         self._phases: dict[str, float] = {}  # this save's timings (tectofs.torch._timing)
@@ -650,16 +663,33 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                 self._pool = StagingPool(self.staging_max_bytes)
             return self._pool
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Copy ``state_dict`` into this writer's reusable staging buffers (blocking).
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | cf.Future[dict[str, Any]]:
+        """Copy ``state_dict`` into this writer's reusable staging buffers: blocking, or with
+        ``async_staging`` on a background thread (a future of the staged copy; DCP's
+        upload thread waits for it).
 
         Waits first for the previous ``async_save`` through this writer to finish: one
         staged checkpoint in flight per writer, so memory stays bounded and DCP's
         collectives of two saves never interleave."""
-        phases: dict[str, float] = {}
-        with _timing.timed(phases, "stage"):
+        started = time.perf_counter()
+        if not self.async_staging:
             staged, lease = self._staging_pool().stage(state_dict, timeout=self.staging_timeout_s)
-        self._staged_s = phases["stage"]
+            return self._keep_staged(staged, lease, time.perf_counter() - started)
+        staging = self._staging_pool().stage_beside(state_dict, timeout=self.staging_timeout_s)
+        out: cf.Future[dict[str, Any]] = cf.Future()
+
+        def hand_over(done: cf.Future[tuple[StagedStateDict, Lease]]) -> None:
+            try:
+                out.set_result(self._keep_staged(*done.result(), time.perf_counter() - started))
+            except BaseException as exc:
+                out.set_exception(exc)
+
+        staging.add_done_callback(hand_over)
+        return out
+
+    def _keep_staged(self, staged: StagedStateDict, lease: Lease, seconds: float) -> dict[str, Any]:
+        """Hand ``lease`` to the upload that follows (it claims it) and keep the copy's time."""
+        self._staged_s = seconds
         self._unclaimed_lease = lease
         return staged
 
