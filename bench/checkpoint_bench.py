@@ -131,6 +131,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
     import tectofs
     import tectofs.torch as tt
@@ -284,6 +285,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
                     times.setdefault("training step alone", []).append(_timed(step))
                     started = time.perf_counter()
                     response = dcp.async_save(sd, checkpoint_id=f"{base}/beside/step_{i}", storage_writer=beside)
+                    assert isinstance(response, AsyncSaveResponse)  # (async_staging: DCP's non-blocking stager reply)
                     returned = time.perf_counter() - started
                     stepped = _timed(step)
                     waited = _timed(lambda: response.staging_completion.result(timeout=300))

@@ -277,17 +277,19 @@ class StoreContract:
         store.gc_delay_s = 0
         ids = self._servers(store, 6)
         a = self._file_with_blocks(store, "a", 2)
-        b = store.create(["b"])
+        store.create(["b"])
         store.truncate(["b"], a.attrs.size)
         attrs = store.reference_blocks(["b"], ["a"], [(0, 0), (1, 1)])
         assert attrs.stored == a.attrs.stored == 20
         shared = store.layout(["b"])
         assert [(x.idx, x.block_id, x.chunks) for x in shared.blocks] == [(x.idx, x.block_id, x.chunks) for x in a.blocks]
-        assert sorted(store.shared_blocks([a.attrs.ino, b.ino])) == sorted(
-            [(a.attrs.ino, x.block_id, 10) for x in a.blocks] + [(b.ino, x.block_id, 10) for x in a.blocks])
+        assert store.shared_blocks([], ["a", "b", "nothing"]) == (
+            [(0, x.block_id, 10) for x in a.blocks] + [(1, x.block_id, 10) for x in a.blocks], False)
+        assert store.shared_blocks([], ["b", "a"], offset=1, limit=2) == (  # (in inode order: a's, then b's)
+            [(1, a.blocks[1].block_id, 10), (0, a.blocks[0].block_id, 10)], True)
         store.unlink(["a"])
         assert [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids] == [[]] * 6  # b still uses them
-        assert store.shared_blocks([b.ino]) == []  # ... alone now
+        assert store.shared_blocks([], ["b"]) == ([], False)  # ... alone now
         store.truncate(["b"], 5)  # drops block 1, the last use of it
         orders = [o for sid in ids for o in store.heartbeat(sid, 1 << 40, 0, 0, 0)]
         assert orders == [a.blocks[1].block_id] * 6

@@ -27,7 +27,7 @@ from .. import limits
 from ..errors import InvalidArgument, IsADirectory
 from ..wire.values import Attrs
 from . import access
-from .access import Caller, R, W
+from .access import Caller, R, W, X
 from .base import StoreParts
 
 SHARING_SCHEMA = ["CREATE INDEX IF NOT EXISTS blocks_block_id ON blocks (block_id)"]
@@ -79,21 +79,34 @@ class SharedBlocks(StoreParts):
         self._count_stored(into.ino)
         return self._get(into.ino)
 
-    def shared_blocks(self, inos: list[int]) -> list[tuple[int, int, int]]:
-        """For files ``inos``: ``(ino, block_id, stored bytes)`` of each of their blocks that some
-        file (one of these or any other) also uses, the others being unique to their file.
-        ``tectofs du`` counts a subtree's unique bytes from it: its logical bytes, less every
-        use of a shared block after the first within the subtree."""
-        if len(inos) > limits.health_inos_per_call_max:
+    def shared_blocks(
+        self, directory: list[str], names: list[str], offset: int = 0, limit: int = 16384, *, caller: Caller | None = None,
+    ) -> tuple[list[tuple[int, int, int]], bool]:
+        """For the files ``names`` of ``directory`` (other names are skipped): ``(i, block_id,
+        stored bytes)`` of each of their blocks that some use elsewhere (another file, or
+        another index) shares, ``i`` indexing ``names``; blocks used once are unique to their
+        file. At most ``limit`` rows from row ``offset`` on, and whether more follow.
+        ``tectofs du`` counts a subtree's unique bytes from it: its logical bytes less every
+        use of a shared block after the first within the subtree. A caller needs to be
+        allowed to list ``directory``."""
+        if len(names) > limits.health_inos_per_call_max:
             raise InvalidArgument(f"shared_blocks takes at most {limits.health_inos_per_call_max} files")
+        parent = self._resolve(directory, caller)
+        access.require(parent, caller, R | X, path=_p(directory))
+        inos: dict[int, int] = {}
+        for i, name in enumerate(names):
+            child = self._child_attrs(parent.ino, name)
+            if child is not None and child.kind == "file":
+                inos.setdefault(child.ino, i)
         if not inos:
-            return []
+            return [], False
         marks = ", ".join("?" for _ in inos)
         rows = self._all(
             f"SELECT b.ino, b.block_id, b.valid - b.start FROM blocks b WHERE b.ino IN ({marks}) AND EXISTS"
             " (SELECT 1 FROM blocks o WHERE o.block_id = b.block_id AND (o.ino != b.ino OR o.idx != b.idx))"
-            " ORDER BY b.ino, b.idx", inos)
-        return [(int(ino), int(block_id), int(nbytes)) for ino, block_id, nbytes in rows]
+            " ORDER BY b.ino, b.idx LIMIT ? OFFSET ?", (*inos, limit + 1, offset))
+        out = [(inos[int(ino)], int(block_id), int(nbytes)) for ino, block_id, nbytes in rows[:limit]]
+        return out, len(rows) > limit
 
     def _regular(self, parts: list[str], caller: Caller | None, want: int) -> Attrs:
         attrs = self._resolve(parts, caller)
