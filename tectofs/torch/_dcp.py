@@ -64,7 +64,7 @@ from .. import errors, limits, tensor_codec
 from .. import uri as _uri
 from ..checkpoint_gc import COMPRESS_XATTR, METADATA_NAME, PENDING_GRACE_S, REPLACED_MARK, gc_pending, pending_name
 from ..checksum import crc
-from . import _timing
+from . import _incremental, _timing
 from ._failures import step
 from ._staging import Lease, StagedStateDict, StagingPool
 
@@ -89,6 +89,7 @@ class _ItemInfo:
     # tensor), "bytes" (planner BytesIO); crc32c is of the bytes stored (a zraw item's frame)
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
+    pieces: list[bytes] | None = None  # incremental checkpoints: digest of each block of the item (_incremental)
 
 
 @dataclass
@@ -99,6 +100,8 @@ class _PlanData:
     pending: str
     token: str
     compress: bool = False  # store raw tensors through tectofs.tensor_codec (the writer's option or the directory's)
+    block_size: int = 0  # incremental (CheckpointWriter(incremental=True)): the files' block size, else 0
+    previous: str | None = None  # incremental: the committed checkpoint to share unchanged pieces with
 
 
 def _item_nbytes(item: WriteItem) -> int:
@@ -308,6 +311,14 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             None (default): as the checkpoint's directory says: the extended attribute
             ``user.tectofs.compress`` (``zstd`` or ``off``) on the nearest ancestor that has it
             (``tectofs set-policy DIR --compress zstd``), else off. Loads need no option.
+        incremental: share unchanged pieces with the previous checkpoint instead of writing them
+            again (``tectofs.torch._incremental``): each tensor of 1 MiB or more starts on a
+            block boundary, each of its blocks is hashed (SHA-256), and a block equal to the
+            same item's block in the newest committed checkpoint next to this one (other than
+            itself) is referenced, not rewritten: the same chunks, counted by the metadata
+            store, so deleting either checkpoint keeps what the other uses. Loads need no
+            option and verify every item's crc32c as always. Tensors are stored raw (no
+            ``compress``). ``referenced_bytes`` says how many bytes the last save shared.
         pending_grace_s: after each commit the coordinator deletes leftovers of
             interrupted saves (``.<name>.pending-*``/``.replaced-*``) in the checkpoint's
             parent directory that nothing has touched for this long (see
@@ -336,10 +347,17 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         pending_grace_s: float | None = PENDING_GRACE_S,
         compress: bool | None = None,
         async_staging: bool = False,
+        incremental: bool = False,
     ) -> None:
         super().__init__()
         if thread_count < 1:
             raise ValueError("thread_count must be >= 1")
+        if incremental and compress:
+            raise ValueError("an incremental checkpoint stores tensors raw (its pieces are shared as stored):"
+                             " CheckpointWriter(incremental=True) takes no compress=True")
+        self.incremental = incremental
+        self.referenced_bytes = 0  # incremental: bytes of this rank's last save taken from the previous checkpoint
+        self._previous_items: dict[MetadataIndex, _ItemInfo] = {}
         self.thread_count = thread_count
         self.max_file_bytes = max_file_bytes
         self.overwrite = overwrite
@@ -454,9 +472,14 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             fs.mkdir(pending)
         self._pending_owned = pending
         compress = self.compress if self.compress is not None else directory_compresses(fs, loc.parent)
+        block_size, previous = 0, None
+        if self.incremental:
+            compress, block_size = False, fs.stat(pending).block_size
+            previous = _incremental.previous_checkpoint(fs, loc.parent, loc.name)
         return [
             dataclasses.replace(plan, storage_data=_PlanData(prefix=f"__{i}_", pending=pending, token=token,
-                                                             compress=compress))
+                                                             compress=compress, block_size=block_size,
+                                                             previous=previous))
             for i, plan in enumerate(plans)
         ]
 
@@ -493,6 +516,8 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             raise errors.CheckpointError(f"plan carries no tectofs storage data (got {type(data).__name__})")
         self._plan_data = data
         fs = self._fs()
+        self.referenced_bytes = 0
+        self._previous_items = _incremental.previous_items(fs, data.previous) if data.previous else {}
         buckets = _split_items(plan.items, self.thread_count, self.max_file_bytes)
         jobs = [(f"{data.prefix}{i}{DATA_SUFFIX}", bucket) for i, bucket in enumerate(buckets)]
         if len(jobs) <= 1:
@@ -508,7 +533,52 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self, fs: FileSystem, pending: str, name: str, items: list[WriteItem], planner: SavePlanner
     ) -> list[WriteResult]:
         with self._step("write file", f"{pending}/{name}"):
+            if self._plan_data is not None and self._plan_data.block_size:
+                return self._write_items_incremental(fs, f"{pending}/{name}", name, items, planner)
             return self._write_items(fs, f"{pending}/{name}", name, items, planner)
+
+    def _write_items_incremental(
+        self, fs: FileSystem, path: str, name: str, items: list[WriteItem], planner: SavePlanner
+    ) -> list[WriteResult]:
+        """``_write_items`` for an incremental checkpoint (``_incremental``): tensors of
+        ``ALIGN_MIN_BYTES`` or more each from a block boundary, only their pieces that differ
+        from the previous checkpoint's written, the others referenced; then the rest packed."""
+        data = self._plan_data
+        assert data is not None and data.block_size
+        bs, previous_dir = data.block_size, data.previous
+        big = [i for i in items if i.type != WriteItemType.BYTE_IO and _item_nbytes(i) >= _incremental.ALIGN_MIN_BYTES]
+        rest = sorted((i for i in items if not any(i is b for b in big)), key=lambda it: it.type != WriteItemType.BYTE_IO)
+        references = _incremental.References(fs, path, bs)
+        results: list[WriteResult] = []
+        offset = end = 0
+        with fs.open(path, "wb", buffering=0) as raw:
+            for item in big:
+                prepared = self._prepare_item(item, planner)
+                view, n = prepared.view, prepared.view.nbytes
+                checksum = _pool("crc", 2).submit(crc, view)
+                pieces = _incremental.digests(view, bs, _pool("crc", 2)) if prepared.fmt == "raw" else None
+                old = self._previous_items.get(item.index)
+                same = _incremental.shared_pieces(old, n, pieces, bs) if pieces and previous_dir else []
+                if same:
+                    assert old is not None and previous_dir is not None
+                    references.add(f"{previous_dir}/{old.relative_path}", offset, old.offset, view, same)
+                changed = sorted(set(range(-(-n // bs))) - set(same))
+                for first, end in _incremental.runs(changed):
+                    chunk = view[first * bs : min(end * bs, n)]
+                    if raw.pwritev([chunk], offset + first * bs) != chunk.nbytes:
+                        raise errors.CheckpointError(f"{name}: short write at offset {offset + first * bs}")
+                info = _ItemInfo(name, offset, n, checksum.result(), prepared.fmt, prepared.dtype, prepared.shape, pieces)
+                results.append(WriteResult(index=item.index, size_in_bytes=n, storage_data=info))
+                end, offset = offset + n, _incremental.aligned(offset + n, bs)
+            out = _ItemWriter(raw, name, _WRITE_BATCH_BYTES, _WRITE_BATCH_TEMPORARY_BYTES)
+            out.offset = offset
+            for item in rest:
+                out.add(self._prepare_item(item, planner))
+            out.flush()
+        references.apply(out.offset if rest else end)
+        with self._pool_lock:
+            self.referenced_bytes += references.referenced_bytes
+        return results + out.results
 
     def _write_items(
         self, fs: FileSystem, path: str, name: str, items: list[WriteItem], planner: SavePlanner
