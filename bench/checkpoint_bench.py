@@ -18,7 +18,10 @@ parameter, in a few large tensors, plus small biases and the optimizer's scalars
       training step (``STEP_S`` of matmuls): blocked = until ``async_save`` returns plus the wait
       for ``staging_completion`` after the step's compute (where its optimizer step would
       mutate the state), and that compute's time beside the copy and the upload against beside the
-      upload alone (the same compute is timed right after (d)'s blocking ``async_save`` too).
+      upload alone (the same compute is timed right after (d)'s blocking ``async_save`` too);
+  (f) incremental checkpoints of a fine-tune with 90% of its weights frozen
+      (``checkpoint_incremental.py``): chunk bytes sent and time of the second save against a
+      full save of the same weights.
 
 Medians of ``--repeats`` runs; the page cache is dropped before every load (root only) so
 loads come from disk (from the chunk servers' files for the plugin). At the end the plugin
@@ -41,6 +44,7 @@ import time
 import warnings
 from typing import Any, Callable
 
+from tectofs.benchmarks import checkpoint_incremental
 from tectofs.benchmarks.common import drop_caches, parse_size, print_table, process_cpu_s, work_dir, write_results
 from tectofs.benchmarks.report import print_targets
 from tectofs.benchmarks.report import target as goal
@@ -302,6 +306,10 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
                              "async (beside) ckpt load check")
             times.pop("async (beside) ckpt load check", None)
 
+            # (f) incremental checkpoints of a fine-tune with 90% of its weights frozen.
+            incremental = checkpoint_incremental.measure(f"{base}/incremental", size_bytes, repeats, record, same_state)
+            checks["incremental second save load"] = incremental["bit_exact"]
+
             # Durability: the plugin checkpoints, read with two chunk servers down (as many as the healthy loads).
             # Compared with the same loads, back to back, just before the kills: like for like, as a
             # load right after a save (as in (a)) took up to twice the CPU of one right after a load.
@@ -331,7 +339,8 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
              "tectofs async_save total", "tectofs async_save blocking, staging beside the step",
              "async_save returned (staging beside)", "training step alone",
              "training step beside the upload (staged before)", "training step beside staging and upload",
-             "tectofs load, back to back", "tectofs load, 2 of 6 servers down"]
+             "tectofs save, full", "tectofs save, incremental, first (90% frozen)",
+             "tectofs save, incremental, second (90% frozen)", "tectofs load, back to back", "tectofs load, 2 of 6 servers down"]
     rows = []
     for name in sorted(times, key=lambda n: order.index(n) if n in order else len(order)):
         if name.startswith(("tectofs async_save blocking", "training step", "async_save returned")):
@@ -353,6 +362,11 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
         "training step beside the upload (staged before) / alone": round(
             med("training step beside the upload (staged before)") / med("training step alone"), 3),
     }
+    sent = {k: statistics.median(v) for k, v in incremental["chunk_bytes_sent"].items()}
+    ratios["incremental save, 90% frozen: chunk bytes sent / full save"] = round(
+        sent["incremental, second"] / sent["full"], 4)
+    ratios["incremental save, 90% frozen: time / full save"] = round(
+        med("tectofs save, incremental, second (90% frozen)") / med("tectofs save, full"), 3)
     ratios["tectofs compressed save / dcp local save"] = round(gbps("tectofs save, compressed") / gbps("dcp local save"), 3)
     ratios["tectofs compressed load / dcp local load"] = round(gbps("tectofs load, compressed") / gbps("dcp local load"), 3)
     # rs(4,2): 6 chunks of a quarter block each reach a disk per block saved; a load reads the 4 data chunks.
@@ -377,6 +391,8 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
         goal("tectofs load / dcp local load", ratios["tectofs load / dcp local load"], at_least=1.0),
         goal("async_save blocking, staging beside the step / tectofs sync save",
              ratios["async_save blocking, staging beside the step / tectofs sync save"], at_most=0.03),
+        goal("incremental save, 90% frozen: chunk bytes sent / full save",
+             ratios["incremental save, 90% frozen: chunk bytes sent / full save"], at_most=0.12),
         goal("tectofs compressed save / dcp local save", ratios["tectofs compressed save / dcp local save"],
              at_least=0.8),
         goal("bf16 weights compression ratio", compression["bf16 weights"]["ratio"], at_most=0.67),
