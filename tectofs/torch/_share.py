@@ -13,7 +13,10 @@ happened, so no rank waits for bytes that will not come.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from .. import errors
 from ._failures import _WHERE, where
@@ -77,3 +80,141 @@ def _error_payload(exc: BaseException) -> tuple[str, str, str, str | None]:
         return "error", code, message, where(exc)
     except Exception:
         return "error", errors.TectofsError.code, type(exc).__name__, None
+
+
+# -- every stored item read once per load (CheckpointReader(share_reads=...)) -------------------
+
+
+@dataclass
+class ReadShare:
+    """One rank's part in reading each shared item once: the items it reads from storage for
+    other ranks too (``send``: item -> the group ranks it sends it to) and those it gets from
+    the rank that read them (``receive``: item -> that group rank). ``tags`` numbers each
+    shared item the same way on every rank (point-to-point messages are matched by tag)."""
+
+    send: dict[MetadataIndex, list[int]] = field(default_factory=dict)
+    receive: dict[MetadataIndex, int] = field(default_factory=dict)
+    tags: dict[MetadataIndex, int] = field(default_factory=dict)
+
+
+def assign_readers(needs: list[dict[MetadataIndex, int]]) -> list[ReadShare]:
+    """``needs[r]``: the stored items group rank ``r`` loads (item -> bytes). Each item more
+    than one rank needs is read by one of them (the one with the fewest bytes to read so far,
+    the lower rank on a tie; the largest items are placed first) and sent to the others.
+    Returns each rank's :class:`ReadShare` (the same ``tags`` on every rank)."""
+    wanted: dict[MetadataIndex, list[int]] = {}
+    nbytes: dict[MetadataIndex, int] = {}
+    for rank, items in enumerate(needs):
+        for item, n in items.items():
+            wanted.setdefault(item, []).append(rank)
+            nbytes[item] = n
+    load = [sum(n for item, n in items.items() if len(wanted[item]) == 1) for items in needs]
+    shares = [ReadShare() for _ in needs]
+    shared = sorted((item for item, ranks in wanted.items() if len(ranks) > 1 and nbytes[item] > 0),
+                    key=lambda item: (-nbytes[item], str(item)))
+    tags = {item: tag for tag, item in enumerate(shared)}
+    for item in shared:
+        ranks = wanted[item]
+        reader = min(ranks, key=lambda r: (load[r], r))
+        load[reader] += nbytes[item]
+        shares[reader].send[item] = [r for r in ranks if r != reader]
+        for r in ranks:
+            if r != reader:
+                shares[r].receive[item] = reader
+    for share in shares:
+        share.tags = {item: tags[item] for item in (*share.send, *share.receive)}
+    return shares
+
+
+_OK, _FAILED = 1, 2
+
+
+class Exchange:
+    """The point-to-point transfers of one rank's :class:`ReadShare` over ``group`` (a
+    ``ProcessGroup``). Each item goes as a header (its length, or a failure mark) and then
+    its bytes, so a rank that could not read an item tells the ranks waiting for it instead
+    of leaving them waiting: every header is sent whatever happens (:meth:`close`).
+
+    Call order: :meth:`__init__` (posts the receives of the headers), :meth:`send` for each
+    item of ``share.send`` as soon as it is read, :meth:`received` (yields each received
+    item), :meth:`close` (in a ``finally``: sends the failure marks of items not sent, waits
+    for every send)."""
+
+    def __init__(self, group: Any, share: ReadShare) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._dist, self._torch = dist, torch
+        self.group, self.share = group, share
+        self.received_bytes = self.sent_bytes = 0
+        self._sends: list[Any] = []  # (work, the tensor it sends: kept alive until it is done)
+        self._unsent = set(share.send)
+        self._headers = {item: torch.zeros(2, dtype=torch.int64) for item in share.receive}
+        self._header_works = {item: _started(dist.irecv(header, src=self._global(share.receive[item]), group=group,
+                                                        tag=2 * share.tags[item]))
+                              for item, header in self._headers.items()}
+
+    def _global(self, group_rank: int) -> int:
+        return int(self._dist.get_global_rank(self.group, group_rank))
+
+    def send(self, item: MetadataIndex, data: memoryview) -> None:
+        """Send ``item``'s bytes (checked against its crc32c) to every rank that waits for it."""
+        torch, dist = self._torch, self._dist
+        payload = torch.frombuffer(data, dtype=torch.uint8) if data.nbytes else torch.empty(0, dtype=torch.uint8)
+        header = torch.tensor([_OK, data.nbytes], dtype=torch.int64)
+        for rank in self.share.send[item]:
+            tag = 2 * self.share.tags[item]
+            self._sends.append((_started(dist.isend(header, dst=self._global(rank), group=self.group, tag=tag)), header))
+            self._sends.append((_started(dist.isend(payload, dst=self._global(rank), group=self.group, tag=tag + 1)),
+                                payload))
+            self.sent_bytes += data.nbytes
+        self._unsent.discard(item)
+
+    def received(self) -> Iterator[tuple[MetadataIndex, memoryview]]:
+        """Yield ``(item, bytes)`` for each item of ``share.receive``, as it arrives (its
+        crc32c is for the caller to check, as for bytes read from storage). Raises
+        ``CheckpointError`` naming the rank that could not read an item."""
+        while self._header_works:
+            item = next(iter(self._header_works))
+            data = self._take(item)
+            if data is None:
+                raise errors.CheckpointError(
+                    f"rank {self.share.receive[item]} of the load's group could not read an item it reads for this"
+                    " rank too (its own error says why)")
+            self.received_bytes += data.nbytes
+            yield item, data
+
+    def _take(self, item: MetadataIndex) -> memoryview | None:
+        """Wait for ``item``'s header, then its bytes (None: its reader failed)."""
+        torch, dist = self._torch, self._dist
+        self._header_works.pop(item).wait()
+        status, length = (int(v) for v in self._headers.pop(item))
+        if status != _OK:
+            return None
+        buffer = torch.empty(length, dtype=torch.uint8)
+        if length:
+            _started(dist.irecv(buffer, src=self._global(self.share.receive[item]), group=self.group,
+                                tag=2 * self.share.tags[item] + 1)).wait()
+        return memoryview(buffer.numpy()).cast("B")
+
+    def close(self) -> None:
+        """Tell the waiting ranks about every item not sent (this rank failed before it read
+        them), take (and drop) what is still coming to this rank (its senders wait until it
+        is taken), then wait until every send is done."""
+        torch, dist = self._torch, self._dist
+        failed = torch.tensor([_FAILED, 0], dtype=torch.int64)
+        for item in sorted(self._unsent, key=self.share.tags.__getitem__):
+            for rank in self.share.send[item]:
+                self._sends.append((_started(dist.isend(failed, dst=self._global(rank), group=self.group,
+                                                        tag=2 * self.share.tags[item])), failed))
+        self._unsent.clear()
+        while self._header_works:
+            self._take(next(iter(self._header_works)))
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
+
+def _started(work: Any) -> Any:
+    """A point-to-point operation's ``Work`` (None only for a rank outside the group: never here)."""
+    assert work is not None
+    return work
