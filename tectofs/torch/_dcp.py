@@ -270,6 +270,10 @@ def _add_compressed(out: _ItemWriter, item: _Item, job: "cf.Future[Any] | None")
     return item.view.nbytes if job is not None else 0
 
 
+def _done(job: "cf.Future[Any] | None") -> bool:
+    return job is None or job.done()
+
+
 def _describe(index: MetadataIndex) -> str:
     s = index.fqn
     if index.offset is not None and any(index.offset):
@@ -551,25 +555,33 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         references = _incremental.References(fs, path, bs)
         results: list[WriteResult] = []
         offset = end = 0
+
+        def write(item: WriteItem, prepared: _Item, checksum: cf.Future[int], hashed: cf.Future[list[bytes]] | None) -> None:
+            nonlocal offset, end
+            n, pieces = prepared.view.nbytes, hashed.result() if hashed is not None else None
+            references.write(raw, name, offset, prepared.view, pieces, self._previous_items.get(item.index), previous_dir)
+            info = _ItemInfo(name, offset, n, checksum.result(), prepared.fmt, prepared.dtype, prepared.shape, pieces)
+            results.append(WriteResult(index=item.index, size_in_bytes=n, storage_data=info))
+            end, offset = offset + n, _incremental.aligned(offset + n, bs)
+
         with fs.open(path, "wb", buffering=0) as raw:
-            for item in big:
-                prepared = self._prepare_item(item, planner)
-                view, n = prepared.view, prepared.view.nbytes
-                checksum = _pool("crc", 2).submit(crc, view)
-                pieces = _incremental.digests(view, bs, _pool("crc", 2)) if prepared.fmt == "raw" else None
-                old = self._previous_items.get(item.index)
-                same = _incremental.shared_pieces(old, n, pieces, bs) if pieces and previous_dir else []
-                if same:
-                    assert old is not None and previous_dir is not None
-                    references.add(f"{previous_dir}/{old.relative_path}", offset, old.offset, view, same)
-                changed = sorted(set(range(-(-n // bs))) - set(same))
-                for first, end in _incremental.runs(changed):
-                    chunk = view[first * bs : min(end * bs, n)]
-                    if raw.pwritev([chunk], offset + first * bs) != chunk.nbytes:
-                        raise errors.CheckpointError(f"{name}: short write at offset {offset + first * bs}")
-                info = _ItemInfo(name, offset, n, checksum.result(), prepared.fmt, prepared.dtype, prepared.shape, pieces)
-                results.append(WriteResult(index=item.index, size_in_bytes=n, storage_data=info))
-                end, offset = offset + n, _incremental.aligned(offset + n, bs)
+            # Items are hashed on a pool, up to _COMPRESS_AHEAD_BYTES ahead of the upload.
+            ahead: collections.deque[tuple[WriteItem, _Item, cf.Future[int], cf.Future[list[bytes]] | None]]
+            ahead, ahead_bytes = collections.deque(), 0
+            try:
+                for item in big:
+                    prepared = self._prepare_item(item, planner)
+                    hashing = (_pool("digest", 2).submit(_incremental.digests, prepared.view, bs)
+                               if prepared.fmt == "raw" else None)
+                    ahead.append((item, prepared, _pool("crc", 2).submit(crc, prepared.view), hashing))
+                    ahead_bytes += prepared.view.nbytes
+                    while ahead and (ahead_bytes > _COMPRESS_AHEAD_BYTES or _done(ahead[0][3])):
+                        ahead_bytes -= ahead[0][1].view.nbytes
+                        write(*ahead.popleft())
+                while ahead:
+                    write(*ahead.popleft())
+            finally:  # (after a failure: the pools still read the caller's tensors)
+                cf.wait([f for _, _, c, h in ahead for f in (c, h) if f is not None])  # type: ignore[misc]
             out = _ItemWriter(raw, name, _WRITE_BATCH_BYTES, _WRITE_BATCH_TEMPORARY_BYTES)
             out.offset = offset
             for item in rest:

@@ -23,7 +23,6 @@ it would have lent are written from memory instead: the save never depends on it
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import pickle
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,7 @@ from .. import errors
 from ..checkpoint_gc import METADATA_NAME
 
 if TYPE_CHECKING:
-    from ..client import FileSystem
+    from ..client import FileSystem, RawFile
 
 PIECE_DIGEST_BYTES = 16
 ALIGN_MIN_BYTES = 1 << 20  # smaller raw tensors are packed after the aligned ones, never shared
@@ -66,13 +65,11 @@ def previous_items(fs: FileSystem, checkpoint: str) -> dict[MetadataIndex, Any]:
     return dict(getattr(metadata, "storage_data", None) or {})
 
 
-def digests(view: memoryview, block_size: int, pool: cf.ThreadPoolExecutor) -> list[bytes]:
-    """The digest of each ``block_size`` piece of ``view`` (hashlib releases the GIL: the
-    pieces are hashed on ``pool``)."""
-    def digest(piece: memoryview) -> bytes:
-        return hashlib.sha256(piece).digest()[:PIECE_DIGEST_BYTES]
-
-    return list(pool.map(digest, [view[i : i + block_size] for i in range(0, view.nbytes, block_size)]))
+def digests(view: memoryview, block_size: int) -> list[bytes]:
+    """The digest of each ``block_size`` piece of ``view`` (hashlib releases the GIL: run it on
+    a pool to hash several items at once)."""
+    return [hashlib.sha256(view[i : i + block_size]).digest()[:PIECE_DIGEST_BYTES]
+            for i in range(0, view.nbytes, block_size)]
 
 
 def shared_pieces(previous: Any, nbytes: int, pieces: list[bytes], block_size: int) -> list[int]:
@@ -122,6 +119,21 @@ class References:
             piece = view[k * bs : (k + 1) * bs]
             self._bytes.setdefault(source, []).append((offset + k * bs, piece))
             self.referenced_bytes += piece.nbytes
+
+    def write(self, raw: RawFile, name: str, offset: int, view: memoryview, pieces: list[bytes] | None,
+              previous: Any, previous_dir: str | None) -> None:
+        """Write the item ``view`` at ``offset`` (aligned) of the open file ``raw`` (``name`` in
+        the checkpoint): the pieces whose digests (``pieces``) equal those of the same item of
+        the previous checkpoint (``previous``: its ``_ItemInfo``, in ``previous_dir``) are only
+        recorded, to be referenced by :meth:`apply`; the others are written."""
+        bs, n = self.block_size, view.nbytes
+        same = shared_pieces(previous, n, pieces, bs) if pieces and previous_dir else []
+        if same:
+            self.add(f"{previous_dir}/{previous.relative_path}", offset, previous.offset, view, same)
+        for first, stop in runs(sorted(set(range(-(-n // bs))) - set(same))):
+            piece = view[first * bs : min(stop * bs, n)]
+            if raw.pwritev([piece], offset + first * bs) != piece.nbytes:
+                raise errors.CheckpointError(f"{name}: short write at offset {offset + first * bs}")
 
     def apply(self, size: int) -> int:
         """Grow the file to ``size`` (its final size) and take the references; the pieces of a
