@@ -21,7 +21,10 @@ parameter, in a few large tensors, plus small biases and the optimizer's scalars
       upload alone (the same compute is timed right after (d)'s blocking ``async_save`` too);
   (f) incremental checkpoints of a fine-tune with 90% of its weights frozen
       (``checkpoint_incremental.py``): chunk bytes sent and time of the second save against a
-      full save of the same weights.
+      full save of the same weights;
+  (g) 16 gloo ranks, 4 data-parallel replicas of 4 shards, load one checkpoint (at most
+      ``SHARE_READS_BYTES_MAX``) with and without ``share_reads`` (``checkpoint_share_reads.py``):
+      chunk bytes read from the chunk servers against the checkpoint's size, slowest rank's time.
 
 Medians of ``--repeats`` runs; the page cache is dropped before every load (root only) so
 loads come from disk (from the chunk servers' files for the plugin). At the end the plugin
@@ -44,7 +47,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from tectofs.benchmarks import checkpoint_incremental
+from tectofs.benchmarks import checkpoint_incremental, checkpoint_share_reads
 from tectofs.benchmarks.common import drop_caches, parse_size, print_table, process_cpu_s, work_dir, write_results
 from tectofs.benchmarks.report import print_targets
 from tectofs.benchmarks.report import target as goal
@@ -310,6 +313,11 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
             incremental = checkpoint_incremental.measure(f"{base}/incremental", size_bytes, repeats, record, same_state)
             checks["incremental second save load"] = incremental["bit_exact"]
 
+            # (g) 16 gloo ranks, 4 replicas x 4 shards, load each item once (share_reads) or per replica.
+            fanout = checkpoint_share_reads.measure(cluster.address, "/bench/share_reads/step_1",
+                                                    min(size_bytes, SHARE_READS_BYTES_MAX), repeats, record)
+            checks["16-rank loads (share_reads or not)"] = fanout["bit_exact"]
+
             # Durability: the plugin checkpoints, read with two chunk servers down (as many as the healthy loads).
             # Compared with the same loads, back to back, just before the kills: like for like, as a
             # load right after a save (as in (a)) took up to twice the CPU of one right after a load.
@@ -340,7 +348,10 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
              "async_save returned (staging beside)", "training step alone",
              "training step beside the upload (staged before)", "training step beside staging and upload",
              "tectofs save, full", "tectofs save, incremental, first (90% frozen)",
-             "tectofs save, incremental, second (90% frozen)", "tectofs load, back to back", "tectofs load, 2 of 6 servers down"]
+             "tectofs save, incremental, second (90% frozen)",
+             "tectofs load, 16 ranks (4 replicas x 4 shards), every rank reads",
+             "tectofs load, 16 ranks (4 replicas x 4 shards), share_reads", "tectofs load, back to back",
+             "tectofs load, 2 of 6 servers down"]
     rows = []
     for name in sorted(times, key=lambda n: order.index(n) if n in order else len(order)):
         if name.startswith(("tectofs async_save blocking", "training step", "async_save returned")):
@@ -367,6 +378,12 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
         sent["incremental, second"] / sent["full"], 4)
     ratios["incremental save, 90% frozen: time / full save"] = round(
         med("tectofs save, incremental, second (90% frozen)") / med("tectofs save, full"), 3)
+    for mode, runs in fanout["chunk_bytes_read"].items():
+        ratios[f"16 ranks (4 replicas x 4 shards), {mode}: chunk bytes read / checkpoint size"] = round(
+            statistics.median(runs) / fanout["checkpoint_bytes"], 3)
+    sixteen = "tectofs load, 16 ranks (4 replicas x 4 shards)"
+    ratios["16-rank load time, share_reads / every rank reads"] = round(
+        med(f"{sixteen}, share_reads") / med(f"{sixteen}, every rank reads"), 3)
     ratios["tectofs compressed save / dcp local save"] = round(gbps("tectofs save, compressed") / gbps("dcp local save"), 3)
     ratios["tectofs compressed load / dcp local load"] = round(gbps("tectofs load, compressed") / gbps("dcp local load"), 3)
     # rs(4,2): 6 chunks of a quarter block each reach a disk per block saved; a load reads the 4 data chunks.
@@ -393,6 +410,8 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
              ratios["async_save blocking, staging beside the step / tectofs sync save"], at_most=0.03),
         goal("incremental save, 90% frozen: chunk bytes sent / full save",
              ratios["incremental save, 90% frozen: chunk bytes sent / full save"], at_most=0.12),
+        goal("16 ranks (4 replicas x 4 shards), share_reads: chunk bytes read / checkpoint size",
+             ratios["16 ranks (4 replicas x 4 shards), share_reads: chunk bytes read / checkpoint size"], at_most=1.1),
         goal("tectofs compressed save / dcp local save", ratios["tectofs compressed save / dcp local save"],
              at_least=0.8),
         goal("bf16 weights compression ratio", compression["bf16 weights"]["ratio"], at_most=0.67),
@@ -427,6 +446,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
 
 
 STEP_S = 0.5  # the simulated training step's compute, alone
+SHARE_READS_BYTES_MAX = 256 * MiB  # (g)'s checkpoint: 16 ranks hold it twice each (state and load target)
 
 
 def _calibrated_step(seconds: float) -> Callable[[], None]:
