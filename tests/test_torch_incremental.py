@@ -21,6 +21,7 @@ import tectofs.torch as tt  # noqa: E402
 from tectofs import metrics  # noqa: E402
 from tectofs.torch import _incremental  # noqa: E402
 from tectofs.torch._dcp import CheckpointWriter  # noqa: E402
+from tectofs.wire import messages  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -151,6 +152,30 @@ def test_frozen_fine_tune_writes_what_changed_and_keeps_what_it_shares(cluster: 
     _assert_loads(f"{run}/both/step_2", expected2)
     assert fs.shared_blocks(tt.parse(f"{run}/both/step_2").path, ["__0_0.distcp"]) == []  # its blocks alone now
     del expected1
+
+
+def test_a_shared_block_is_repaired_like_any_block(cluster: Any) -> None:
+    """A corrupt chunk of a block two checkpoints share: both load bit-exact (from parity) and
+    the chunk is rebuilt once, for both."""
+    run = f"tectofs://{cluster.address}/torch-tests/incremental-repair-{os.getpid()}"
+    model, optimizer = _fine_tune()
+    _train(model, optimizer, 1)
+    weights1 = _clone(model.state_dict())
+    _saved({"model": model.state_dict()}, f"{run}/step_1")
+    _train(model, optimizer, 1)
+    weights2 = _clone(model.state_dict())
+    _, writer = _saved({"model": model.state_dict()}, f"{run}/step_2")
+    assert writer.referenced_bytes
+    first, second = (f"{tt.parse(f'{run}/step_{i}').path}/__0_0.distcp" for i in (1, 2))
+    shared = cluster.fs.shared_blocks(tt.parse(f"{run}/step_2").path, ["__0_0.distcp"])
+    blocks = cluster.fs.run(cluster.fs.aio.metadata.layout(messages.LayoutRequest(path=second))).blocks
+    victim = min(i for i, block in enumerate(blocks) if block.block_id in {b for _, b, _ in shared})
+    original = cluster.flip_chunk_byte(second, victim, 0, 100)
+    _assert_loads(f"{run}/step_2", {"model": weights2})  # from parity
+    _assert_loads(f"{run}/step_1", {"model": weights1})
+    cluster.wait_chunk_byte(second, victim, 0, 100, original)  # rebuilt in the background ...
+    cluster.wait_chunk_byte(first, victim, 0, 100, original)  # ... the one chunk both files use
+    _assert_loads(f"{run}/step_2", {"model": weights2})
 
 
 def test_a_crash_between_references_and_commit_leaves_the_previous_checkpoint_whole(
