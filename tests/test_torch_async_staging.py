@@ -21,6 +21,8 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # n
 import tectofs.torch as tt  # noqa: E402
 from tectofs.errors import CheckpointError  # noqa: E402
 from tectofs.torch._staging import StagingPool  # noqa: E402
+from tests.test_torch_plugin import _assert_same  # noqa: E402
+from tests.torch_states import snapshot, tensors  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -38,40 +40,13 @@ def _train_step(model: Any, optimizer: Any) -> None:
     optimizer.zero_grad()
 
 
-def _snapshot(sd: Any) -> Any:
-    if isinstance(sd, torch.Tensor):
-        return sd.clone()
-    if isinstance(sd, dict):
-        return {k: _snapshot(v) for k, v in sd.items()}
-    if isinstance(sd, list):
-        return [_snapshot(v) for v in sd]
-    return sd
-
-
-def _assert_same(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), where
-        assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 def test_optimizer_step_waits_for_the_staging_and_the_copy_is_the_state_at_the_call() -> None:
     model, optimizer = _model_and_optimizer()
     _train_step(model, optimizer)
     pool = StagingPool()
     blocker, blocker_lease = pool.stage({"x": torch.zeros(4)})  # holds the buffers: the next staging waits
     sd = {"model": model.state_dict(), "optim": optimizer.state_dict(), "step": 1}
-    expected = _snapshot(sd)
+    expected = snapshot(sd)
     started = time.perf_counter()
     staging = pool.stage_beside(sd, timeout=30)
     returned_s = time.perf_counter() - started
@@ -135,7 +110,7 @@ def test_async_save_beside_training_steps_saves_the_state_at_each_call(cluster: 
     try:
         for step in range(3):
             sd = {"model": model.state_dict(), "optim": optimizer.state_dict(), "step": step}
-            expected[step] = _snapshot(sd)
+            expected[step] = snapshot(sd)
             response = dcp.async_save(sd, checkpoint_id=f"{run}/step_{step}", storage_writer=writer)
             assert isinstance(response, AsyncSaveResponse)
             responses.append(response)
@@ -147,20 +122,10 @@ def test_async_save_beside_training_steps_saves_the_state_at_each_call(cluster: 
         writer.close()
     assert tt.latest(run) == f"{run}/step_2"
     for step, state in expected.items():
-        out = _snapshot(state)
-        for t in _tensors(out):
+        out = snapshot(state)
+        for t in tensors(out):
             t.zero_()
         out["step"] = -1
         dcp.load(out, checkpoint_id=f"{run}/step_{step}")
         _assert_same(state, out, f"step {step}")
 
-
-def _tensors(sd: Any) -> Any:
-    if isinstance(sd, torch.Tensor):
-        yield sd
-    elif isinstance(sd, dict):
-        for v in sd.values():
-            yield from _tensors(v)
-    elif isinstance(sd, list):
-        for v in sd:
-            yield from _tensors(v)

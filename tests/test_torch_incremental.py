@@ -22,6 +22,7 @@ from tectofs import metrics  # noqa: E402
 from tectofs.torch import _incremental  # noqa: E402
 from tectofs.torch._dcp import CheckpointWriter  # noqa: E402
 from tectofs.wire import messages  # noqa: E402
+from tests.torch_states import named, snapshot, tensors  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -47,6 +48,18 @@ def _train(model: Any, optimizer: Any, steps: int) -> None:
         optimizer.zero_grad()
 
 
+def _saved_then_trained(run: str) -> tuple[Any, Any, float, dict[str, Any], dict[str, Any]]:
+    """A fine-tune trained a step, saved as ``run/step_1`` (incrementally: in full, the first),
+    trained one more step: the model, its optimizer, the chunk bytes of that save, and the
+    weights saved and the weights now."""
+    model, optimizer = _fine_tune()
+    _train(model, optimizer, 1)
+    saved = snapshot(model.state_dict())
+    full, _ = _saved({"model": model.state_dict()}, f"{run}/step_1")
+    _train(model, optimizer, 1)
+    return model, optimizer, full, saved, snapshot(model.state_dict())
+
+
 def _put_bytes() -> float:
     return metrics.client_registry().get_sample_value("tectofs_client_chunk_bytes_total", {"op": "put_chunk"}) or 0.0
 
@@ -58,38 +71,13 @@ def _saved(state: dict[str, Any], uri: str, **options: Any) -> tuple[float, Chec
     return _put_bytes() - before, writer
 
 
-def _clone(sd: Any) -> Any:
-    if isinstance(sd, torch.Tensor):
-        return sd.clone()
-    if isinstance(sd, dict):
-        return {k: _clone(v) for k, v in sd.items()}
-    if isinstance(sd, list):
-        return [_clone(v) for v in sd]
-    return sd
-
-
 def _assert_loads(uri: str, expected: dict[str, Any]) -> None:
-    out = _clone(expected)
-    for t in _tensors(out):
+    out = snapshot(expected)
+    for t in tensors(out):
         t.fill_(-7)
     dcp.load(out, checkpoint_id=uri)
-    for (name, a), (_, b) in zip(_named(expected), _named(out)):
+    for (name, a), (_, b) in zip(named(expected), named(out)):
         assert a.dtype == b.dtype and torch.equal(a, b), f"{uri}: {name} differs"
-
-
-def _named(sd: Any, prefix: str = "") -> Any:
-    if isinstance(sd, torch.Tensor):
-        yield prefix, sd
-    elif isinstance(sd, dict):
-        for k, v in sorted(sd.items(), key=lambda kv: str(kv[0])):
-            yield from _named(v, f"{prefix}.{k}")
-    elif isinstance(sd, list):
-        for i, v in enumerate(sd):
-            yield from _named(v, f"{prefix}.{i}")
-
-
-def _tensors(sd: Any) -> Any:
-    return (t for _, t in _named(sd))
 
 
 def _wait_collected(cluster: Any, before: int, timeout_s: float = 30.0) -> int:
@@ -111,11 +99,11 @@ def test_frozen_fine_tune_writes_what_changed_and_keeps_what_it_shares(cluster: 
     run = f"tectofs://{cluster.address}/torch-tests/incremental-{os.getpid()}"
     model, optimizer = _fine_tune()
     _train(model, optimizer, 1)
-    weights1 = _clone(model.state_dict())
+    weights1 = snapshot(model.state_dict())
     full, first = _saved({"model": model.state_dict()}, f"{run}/model/step_1")
     assert first.referenced_bytes == 0  # nothing before it
     _train(model, optimizer, 2)
-    weights2 = _clone(model.state_dict())
+    weights2 = snapshot(model.state_dict())
     second, writer = _saved({"model": model.state_dict()}, f"{run}/model/step_2")
     frozen = (LAYERS - 1) * WIDTH * WIDTH * 4
     assert writer.referenced_bytes == frozen  # every frozen weight, no more (the biases are packed, small)
@@ -125,13 +113,13 @@ def test_frozen_fine_tune_writes_what_changed_and_keeps_what_it_shares(cluster: 
     # Model and optimizer: the trainable layer's weights and Adam moments change, the rest is shared.
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
     full_both, _ = _saved(state, f"{run}/both/step_1")
-    expected1 = _clone(state)
+    expected1 = snapshot(state)
     _train(model, optimizer, 1)
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-    expected2 = _clone(state)
+    expected2 = snapshot(state)
     second_both, writer = _saved(state, f"{run}/both/step_2")
     assert writer.referenced_bytes == frozen
-    changed = sum(t.numel() * t.element_size() for _, t in _named(expected2)) - frozen
+    changed = sum(t.numel() * t.element_size() for _, t in named(expected2)) - frozen
     print(f"model + AdamW: second save sent {second_both / full_both:.3f} of the first's chunk bytes;"
           f" {changed / (changed + frozen):.3f} of the tensor bytes changed")
     assert second_both <= full_both * (changed / (changed + frozen)) * 1.1
@@ -158,12 +146,7 @@ def test_a_shared_block_is_repaired_like_any_block(cluster: Any) -> None:
     """A corrupt chunk of a block two checkpoints share: both load bit-exact (from parity) and
     the chunk is rebuilt once, for both."""
     run = f"tectofs://{cluster.address}/torch-tests/incremental-repair-{os.getpid()}"
-    model, optimizer = _fine_tune()
-    _train(model, optimizer, 1)
-    weights1 = _clone(model.state_dict())
-    _saved({"model": model.state_dict()}, f"{run}/step_1")
-    _train(model, optimizer, 1)
-    weights2 = _clone(model.state_dict())
+    model, _, _, weights1, weights2 = _saved_then_trained(run)
     _, writer = _saved({"model": model.state_dict()}, f"{run}/step_2")
     assert writer.referenced_bytes
     first, second = (f"{tt.parse(f'{run}/step_{i}').path}/__0_0.distcp" for i in (1, 2))
@@ -181,11 +164,7 @@ def test_a_shared_block_is_repaired_like_any_block(cluster: Any) -> None:
 def test_a_crash_between_references_and_commit_leaves_the_previous_checkpoint_whole(
         cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     run = f"tectofs://{cluster.address}/torch-tests/incremental-crash-{os.getpid()}"
-    model, optimizer = _fine_tune()
-    _train(model, optimizer, 1)
-    expected = _clone(model.state_dict())
-    _saved({"model": model.state_dict()}, f"{run}/step_1")
-    _train(model, optimizer, 1)
+    model, _, _, expected, _ = _saved_then_trained(run)
 
     def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("simulated crash before the commit")
@@ -208,11 +187,7 @@ def test_a_crash_between_references_and_commit_leaves_the_previous_checkpoint_wh
 def test_a_previous_checkpoint_deleted_during_the_save_is_written_instead(
         cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     run = f"tectofs://{cluster.address}/torch-tests/incremental-gone-{os.getpid()}"
-    model, optimizer = _fine_tune()
-    _train(model, optimizer, 1)
-    full, _ = _saved({"model": model.state_dict()}, f"{run}/step_1")
-    _train(model, optimizer, 1)
-    expected = _clone(model.state_dict())
+    model, _, full, _, expected = _saved_then_trained(run)
     apply = _incremental.References.apply
 
     def previous_deleted_first(self: Any, size: int) -> int:

@@ -24,7 +24,7 @@ maps themselves:
 from __future__ import annotations
 
 from .. import limits
-from ..errors import InvalidArgument, IsADirectory
+from ..errors import InvalidArgument
 from ..wire.values import Attrs
 from . import access
 from .access import Caller, R, W, X
@@ -51,7 +51,7 @@ class SharedBlocks(StoreParts):
         Returns ``target``'s attributes after; all or nothing (one transaction)."""
         if len(pairs) > limits.commit_blocks_max:
             raise InvalidArgument(f"{len(pairs)} blocks: at most {limits.commit_blocks_max} per reference_blocks")
-        into, origin = self._regular(target, caller, W), self._regular(source, caller, R)
+        into, origin = self._regular_file(target, caller, W), self._regular_file(source, caller, R)
         if into.ino == origin.ino:
             raise InvalidArgument(f"{_p(target)}: a file cannot reference its own blocks")
         if into.block_size != origin.block_size:
@@ -107,12 +107,3 @@ class SharedBlocks(StoreParts):
             " ORDER BY b.ino, b.idx LIMIT ? OFFSET ?", (*inos, limit + 1, offset))
         out = [(inos[int(ino)], int(block_id), int(nbytes)) for ino, block_id, nbytes in rows[:limit]]
         return out, len(rows) > limit
-
-    def _regular(self, parts: list[str], caller: Caller | None, want: int) -> Attrs:
-        attrs = self._resolve(parts, caller)
-        if attrs.kind == "dir":
-            raise IsADirectory(f"{_p(parts)} is a directory")
-        if attrs.kind != "file":
-            raise InvalidArgument(f"{_p(parts)} is not a regular file")
-        access.require(attrs, caller, want, path=_p(parts))
-        return attrs
