@@ -83,6 +83,32 @@ def _worker(rank: int, replicas: int, shards: int, port: int, run: str, out: str
         dist.destroy_process_group()
 
 
+def _failing_worker(rank: int, replicas: int, shards: int, port: int, run: str, out: str) -> None:
+    """Rank 0 cannot read anything: every rank's load fails (none waits for rank 0's items)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=replicas * shards,
+                            timeout=timedelta(seconds=60))
+
+    class Broken(tt.CheckpointReader):
+        def _run_task(self, *args: Any, **kwargs: Any) -> Any:
+            if rank == 0:
+                raise OSError("simulated: chunk servers unreachable from rank 0")
+            return super()._run_task(*args, **kwargs)
+
+    try:
+        state = _state(replicas, shards, rank, fill=-1.0)
+        try:
+            dcp.load(state, storage_reader=Broken(f"{run}/step_1", share_reads=True))
+            outcome = "loaded"
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            outcome = "failed: " + str(exc).splitlines()[0]
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(outcome)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.slow
 def test_replicas_read_each_item_once(cluster: Any, tmp_path: Any) -> None:
     import torch.multiprocessing as mp
@@ -120,3 +146,19 @@ def test_each_shared_item_is_read_by_one_rank_balanced_across_replicas() -> None
             assert rank in shares[source].send[item]
         assert all(shares[0].tags.get(i, t) == t for i, t in share.tags.items())  # one numbering
     assert MetadataIndex("alone") not in shares[0].tags
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_read_fails_the_load_everywhere_without_a_hang(cluster: Any, tmp_path: Any) -> None:
+    import torch.multiprocessing as mp
+
+    replicas, shards = 2, 2
+    run = f"tectofs://{cluster.address}/torch-tests/share-reads-fail-{os.getpid()}"
+    out = str(tmp_path / "outcome")
+    mp.spawn(_worker, args=(replicas, shards, _free_port(), run, str(tmp_path / "counts.json")),
+             nprocs=replicas * shards, join=True)  # (saves the checkpoint)
+    mp.spawn(_failing_worker, args=(replicas, shards, _free_port(), run, out), nprocs=replicas * shards, join=True)
+    outcomes = [open(f"{out}.{rank}").read() for rank in range(replicas * shards)]
+    print(outcomes)
+    assert all(o.startswith("failed") for o in outcomes), outcomes
+    assert "rank 0" in outcomes[0] and "unreachable" in outcomes[0]

@@ -194,7 +194,8 @@ class CheckpointReader(StorageReader):
         if share is None or group is None:
             self._read_stored(plan, planner, None)
             return
-        exchange = _share.Exchange(group, share)
+        lengths = {index: self.storage_data[index].length for index in share.tags}
+        exchange = _share.Exchange(group, share, lengths)
         try:
             self._read_stored(plan, planner, exchange)
             loc = self._location()

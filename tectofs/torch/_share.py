@@ -131,51 +131,77 @@ _OK, _FAILED = 1, 2
 
 class Exchange:
     """The point-to-point transfers of one rank's :class:`ReadShare` over ``group`` (a
-    ``ProcessGroup``). Each item goes as a header (its length, or a failure mark) and then
-    its bytes, so a rank that could not read an item tells the ranks waiting for it instead
-    of leaving them waiting: every header is sent whatever happens (:meth:`close`).
+    ``ProcessGroup``). Each item goes as a header (a status: read, or a failure mark) and its
+    bytes (``lengths[item]`` of them, known on both sides from the checkpoint's metadata), so
+    receives are posted ahead, up to ``window_bytes``, and run beside the reads. A rank that
+    could not read an item still sends both, the header marking the failure (and zeros for
+    the bytes), so the ranks waiting for it fail at once instead of waiting: every item owed
+    is sent whatever happens (:meth:`close`).
 
-    Call order: :meth:`__init__` (posts the receives of the headers), :meth:`send` for each
-    item of ``share.send`` as soon as it is read, :meth:`received` (yields each received
-    item), :meth:`close` (in a ``finally``: sends the failure marks of items not sent, waits
-    for every send)."""
+    Call order: :meth:`__init__` (posts the first receives), :meth:`send` for each item of
+    ``share.send`` as soon as it is read, :meth:`received` (yields each received item),
+    :meth:`close` (in a ``finally``: sends what was not sent, takes what is still coming,
+    waits for every send)."""
 
-    def __init__(self, group: Any, share: ReadShare) -> None:
+    def __init__(self, group: Any, share: ReadShare, lengths: dict[MetadataIndex, int],
+                 window_bytes: int = 256 << 20) -> None:
         import torch
         import torch.distributed as dist
 
         self._dist, self._torch = dist, torch
-        self.group, self.share = group, share
+        self.group, self.share, self.lengths, self.window_bytes = group, share, lengths, window_bytes
         self.received_bytes = self.sent_bytes = 0
         self._sends: list[Any] = []  # (work, the tensor it sends: kept alive until it is done)
         self._unsent = set(share.send)
-        self._headers = {item: torch.zeros(2, dtype=torch.int64) for item in share.receive}
-        self._header_works = {item: _started(dist.irecv(header, src=self._global(share.receive[item]), group=group,
-                                                        tag=2 * share.tags[item]))
-                              for item, header in self._headers.items()}
+        self._waiting = list(share.receive)  # in the order they are taken
+        self._posted: dict[MetadataIndex, tuple[Any, Any, Any, Any]] = {}  # item -> header, its work, bytes, work
+        self._posted_bytes = 0
+        self._post()
 
     def _global(self, group_rank: int) -> int:
         return int(self._dist.get_global_rank(self.group, group_rank))
 
+    def _post(self) -> None:
+        """Post the receives of the next items, while within ``window_bytes`` (at least one)."""
+        torch, dist = self._torch, self._dist
+        for item in self._waiting:
+            if item in self._posted:
+                continue
+            n = self.lengths[item]
+            if self._posted and self._posted_bytes + n > self.window_bytes:
+                return
+            source, tag = self._global(self.share.receive[item]), 2 * self.share.tags[item]
+            header, payload = torch.zeros(1, dtype=torch.int64), torch.empty(n, dtype=torch.uint8)
+            self._posted[item] = (header, _started(dist.irecv(header, src=source, group=self.group, tag=tag)),
+                                  payload, _started(dist.irecv(payload, src=source, group=self.group, tag=tag + 1))
+                                  if n else None)
+            self._posted_bytes += n
+
+    def _push(self, item: MetadataIndex, status: int, payload: Any) -> None:
+        torch, dist = self._torch, self._dist
+        header, tag = torch.tensor([status], dtype=torch.int64), 2 * self.share.tags[item]
+        for rank in self.share.send[item]:
+            self._sends.append((_started(dist.isend(header, dst=self._global(rank), group=self.group, tag=tag)), header))
+            if payload.numel():
+                self._sends.append((_started(dist.isend(payload, dst=self._global(rank), group=self.group,
+                                                        tag=tag + 1)), payload))
+        self._unsent.discard(item)
+
     def send(self, item: MetadataIndex, data: memoryview) -> None:
         """Send ``item``'s bytes (checked against its crc32c) to every rank that waits for it."""
-        torch, dist = self._torch, self._dist
+        torch = self._torch
+        if data.nbytes != self.lengths[item]:
+            raise errors.CheckpointError(f"item of {data.nbytes} bytes, {self.lengths[item]} recorded")
         payload = torch.frombuffer(data, dtype=torch.uint8) if data.nbytes else torch.empty(0, dtype=torch.uint8)
-        header = torch.tensor([_OK, data.nbytes], dtype=torch.int64)
-        for rank in self.share.send[item]:
-            tag = 2 * self.share.tags[item]
-            self._sends.append((_started(dist.isend(header, dst=self._global(rank), group=self.group, tag=tag)), header))
-            self._sends.append((_started(dist.isend(payload, dst=self._global(rank), group=self.group, tag=tag + 1)),
-                                payload))
-            self.sent_bytes += data.nbytes
-        self._unsent.discard(item)
+        self._push(item, _OK, payload)
+        self.sent_bytes += data.nbytes * len(self.share.send[item])
 
     def received(self) -> Iterator[tuple[MetadataIndex, memoryview]]:
         """Yield ``(item, bytes)`` for each item of ``share.receive``, as it arrives (its
         crc32c is for the caller to check, as for bytes read from storage). Raises
         ``CheckpointError`` naming the rank that could not read an item."""
-        while self._header_works:
-            item = next(iter(self._header_works))
+        while self._waiting:
+            item = self._waiting[0]
             data = self._take(item)
             if data is None:
                 raise errors.CheckpointError(
@@ -185,31 +211,26 @@ class Exchange:
             yield item, data
 
     def _take(self, item: MetadataIndex) -> memoryview | None:
-        """Wait for ``item``'s header, then its bytes (None: its reader failed)."""
-        torch, dist = self._torch, self._dist
-        self._header_works.pop(item).wait()
-        status, length = (int(v) for v in self._headers.pop(item))
-        if status != _OK:
-            return None
-        buffer = torch.empty(length, dtype=torch.uint8)
-        if length:
-            _started(dist.irecv(buffer, src=self._global(self.share.receive[item]), group=self.group,
-                                tag=2 * self.share.tags[item] + 1)).wait()
-        return memoryview(buffer.numpy()).cast("B")
+        """Wait for ``item``'s header and bytes (None: its reader failed); post the next receives."""
+        self._post()
+        header, header_work, payload, payload_work = self._posted.pop(item)
+        self._waiting.remove(item)
+        header_work.wait()
+        if payload_work is not None:
+            payload_work.wait()
+        self._posted_bytes -= payload.numel()
+        self._post()
+        return memoryview(payload.numpy()).cast("B") if int(header[0]) == _OK else None
 
     def close(self) -> None:
-        """Tell the waiting ranks about every item not sent (this rank failed before it read
-        them), take (and drop) what is still coming to this rank (its senders wait until it
-        is taken), then wait until every send is done."""
-        torch, dist = self._torch, self._dist
-        failed = torch.tensor([_FAILED, 0], dtype=torch.int64)
+        """Send what was not sent (this rank failed before it read it: a failure mark and
+        zeros), take (and drop) what is still coming to this rank (its senders wait until
+        it is taken), then wait until every send is done."""
+        torch = self._torch
         for item in sorted(self._unsent, key=self.share.tags.__getitem__):
-            for rank in self.share.send[item]:
-                self._sends.append((_started(dist.isend(failed, dst=self._global(rank), group=self.group,
-                                                        tag=2 * self.share.tags[item])), failed))
-        self._unsent.clear()
-        while self._header_works:
-            self._take(next(iter(self._header_works)))
+            self._push(item, _FAILED, torch.zeros(self.lengths[item], dtype=torch.uint8))
+        while self._waiting:
+            self._take(self._waiting[0])
         for work, _ in self._sends:
             work.wait()
         self._sends.clear()
