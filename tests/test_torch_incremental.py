@@ -24,7 +24,7 @@ from tectofs.torch._dcp import CheckpointWriter  # noqa: E402
 from tectofs.wire import messages  # noqa: E402
 from tests.torch_states import named, snapshot, tensors  # noqa: E402
 
-pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"),
+pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 LAYERS = 10
@@ -95,6 +95,7 @@ def _wait_collected(cluster: Any, before: int, timeout_s: float = 30.0) -> int:
     pytest.fail(f"chunks were not collected within {timeout_s:g} s ({last} of {before} left)")
 
 
+@pytest.mark.slow
 def test_frozen_fine_tune_writes_what_changed_and_keeps_what_it_shares(cluster: Any) -> None:
     run = f"tectofs://{cluster.address}/torch-tests/incremental-{os.getpid()}"
     model, optimizer = _fine_tune()
@@ -142,6 +143,7 @@ def test_frozen_fine_tune_writes_what_changed_and_keeps_what_it_shares(cluster: 
     del expected1
 
 
+@pytest.mark.slow
 def test_a_shared_block_is_repaired_like_any_block(cluster: Any) -> None:
     """A corrupt chunk of a block two checkpoints share: both load bit-exact (from parity) and
     the chunk is rebuilt once, for both."""
@@ -161,6 +163,7 @@ def test_a_shared_block_is_repaired_like_any_block(cluster: Any) -> None:
     _assert_loads(f"{run}/step_2", {"model": weights2})
 
 
+@pytest.mark.slow
 def test_a_crash_between_references_and_commit_leaves_the_previous_checkpoint_whole(
         cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     run = f"tectofs://{cluster.address}/torch-tests/incremental-crash-{os.getpid()}"
@@ -184,6 +187,7 @@ def test_a_crash_between_references_and_commit_leaves_the_previous_checkpoint_wh
     _assert_loads(f"{run}/step_1", {"model": expected})
 
 
+@pytest.mark.slow
 def test_a_previous_checkpoint_deleted_during_the_save_is_written_instead(
         cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     run = f"tectofs://{cluster.address}/torch-tests/incremental-gone-{os.getpid()}"
