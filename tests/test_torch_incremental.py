@@ -208,3 +208,25 @@ def test_a_previous_checkpoint_deleted_during_the_save_is_written_instead(
 def test_an_incremental_writer_takes_no_compression() -> None:
     with pytest.raises(ValueError, match="raw"):
         tt.CheckpointWriter(incremental=True, compress=True)
+
+
+@pytest.mark.slow
+def test_incremental_async_saves_staged_beside_the_steps(cluster: Any) -> None:
+    """incremental=True with async_staging=True: the pieces are hashed from the staged copy."""
+    run = f"tectofs://{cluster.address}/torch-tests/incremental-async-{os.getpid()}"
+    model, optimizer = _fine_tune()
+    writer = tt.CheckpointWriter(incremental=True, async_staging=True)
+    expected = {}
+    try:
+        for step in (1, 2):
+            _train(model, optimizer, 1)
+            expected[step] = snapshot(model.state_dict())
+            response = dcp.async_save({"model": model.state_dict()}, checkpoint_id=f"{run}/step_{step}",
+                                      storage_writer=writer)
+            _train(model, optimizer, 1)  # beside the staging: the optimizer waits for the copy
+            response.upload_completion.result(timeout=120)
+    finally:
+        writer.close()
+    assert writer.referenced_bytes == (LAYERS - 1) * WIDTH * WIDTH * 4
+    for step in (1, 2):
+        _assert_loads(f"{run}/step_{step}", {"model": expected[step]})
