@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse  # noqa: E402
 
 import tectofs.torch as tt  # noqa: E402
 from tectofs import metrics  # noqa: E402
@@ -223,6 +224,7 @@ def test_incremental_async_saves_staged_beside_the_steps(cluster: Any) -> None:
             expected[step] = snapshot(model.state_dict())
             response = dcp.async_save({"model": model.state_dict()}, checkpoint_id=f"{run}/step_{step}",
                                       storage_writer=writer)
+            assert isinstance(response, AsyncSaveResponse)
             _train(model, optimizer, 1)  # beside the staging: the optimizer waits for the copy
             response.upload_completion.result(timeout=120)
     finally:
