@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from tectofs.wire import messages
+from tectofs.wire import messages, shared_blocks
 from tectofs.wire.client import RpcClient
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
@@ -97,6 +97,12 @@ class MetadataClient:
 
     async def unlink_many(self, request: messages.UnlinkManyRequest) -> messages.UnlinkReply:
         return await self.call(messages.UNLINK_MANY, request)
+
+    async def reference_blocks(self, request: shared_blocks.ReferenceBlocksRequest) -> shared_blocks.ReferenceBlocksReply:
+        return await self.call(messages.REFERENCE_BLOCKS, request)
+
+    async def shared_blocks(self, request: shared_blocks.SharedBlocksRequest) -> shared_blocks.SharedBlocksReply:
+        return await self.call(messages.SHARED_BLOCKS, request)
 
     async def rmdir(self, request: messages.PathRequest) -> messages.Empty:
         return await self.call(messages.RMDIR, request)

@@ -15,7 +15,7 @@ from tectofs.server.meta.service import USER_ENTRY_BYTES_MAX, capability, layout
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 from tectofs.store.registry import SERVER_STATS_KEPT
-from tectofs.wire import auth, messages
+from tectofs.wire import auth, messages, shared_blocks
 
 WIDEST = "rs(32,16)"
 # The largest capabilities: the longest key id, the latest expiry.
@@ -142,13 +142,15 @@ def test_fixed_size_replies_fit() -> None:
     _fits(messages.XattrReply(value=b"v" * limits.xattr_value_max_bytes))
     _fits(messages.GetChunkReply(crcs=[0xFFFFFFFF] * (limits.block_size_max_bytes // limits.checksum_piece_bytes),
                                  chunk_length=2**40, position=47, crc=0xFFFFFFFF))
+    widest = shared_blocks.SharedBlock(name=limits.health_inos_per_call_max, block_id=2**63 - 1, nbytes=2**63 - 1)
+    _fits(shared_blocks.SharedBlocksReply(blocks=[widest] * shared_blocks.SHARED_BLOCKS_PER_REPLY_MAX, more=True))
 
 
 def test_every_reply_type_is_covered() -> None:
     """Replies with lists are the ones a bound can fail on; each has a test above."""
     covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
                messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply,
-               messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply}
+               messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply, shared_blocks.SharedBlocksReply}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
         for operation in table.values():
             has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))
