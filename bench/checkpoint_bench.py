@@ -13,7 +13,18 @@ parameter, in a few large tensors, plus small biases and the optimizer's scalars
   (c) ``torch.save`` to a local file + fsync / ``torch.load``;
   (d) ``dcp.async_save`` with a ``CheckpointWriter`` reused across saves: the time until
       ``async_save`` returns (staging into warm buffers), measured on warm saves only,
-      against the synchronous plugin save of (a).
+      against the synchronous plugin save of (a);
+  (e) the same with ``CheckpointWriter(async_staging=True)``, the copy beside a simulated
+      training step (``STEP_S`` of matmuls): blocked = until ``async_save`` returns plus the wait
+      for ``staging_completion`` after the step's compute (where its optimizer step would
+      mutate the state), and that compute's time beside the copy and the upload against beside the
+      upload alone (the same compute is timed right after (d)'s blocking ``async_save`` too);
+  (f) incremental checkpoints of a fine-tune with 90% of its weights frozen
+      (``checkpoint_incremental.py``): chunk bytes sent and time of the second save against a
+      full save of the same weights;
+  (g) 16 gloo ranks, 4 data-parallel replicas of 4 shards, load one checkpoint (at most
+      ``SHARE_READS_BYTES_MAX``) with and without ``share_reads`` (``checkpoint_share_reads.py``):
+      chunk bytes read from the chunk servers against the checkpoint's size, slowest rank's time.
 
 Medians of ``--repeats`` runs; the page cache is dropped before every load (root only) so
 loads come from disk (from the chunk servers' files for the plugin). At the end the plugin
@@ -36,6 +47,7 @@ import time
 import warnings
 from typing import Any, Callable
 
+from tectofs.benchmarks import checkpoint_incremental, checkpoint_share_reads
 from tectofs.benchmarks.common import drop_caches, parse_size, print_table, process_cpu_s, work_dir, write_results
 from tectofs.benchmarks.report import print_targets
 from tectofs.benchmarks.report import target as goal
@@ -126,6 +138,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
     import tectofs
     import tectofs.torch as tt
@@ -246,6 +259,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
                     method(i)
 
             # (d) async_save through one writer: first save warms the staging buffers.
+            step = _calibrated_step(STEP_S)
             writer = tt.CheckpointWriter()
             try:
                 for i in range(repeats + 1):
@@ -253,18 +267,56 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
                     blocked = _timed(lambda: fut.append(
                         dcp.async_save(sd, checkpoint_id=f"{base}/async/step_{i}", storage_writer=writer)))
                     total_started = time.perf_counter()
+                    stepped = _timed(step)
                     fut[0].result()
                     total = blocked + time.perf_counter() - total_started
                     if i == 0:
                         times.setdefault("tectofs async_save blocking (cold, 1st)", []).append(blocked)
                         continue
                     record("tectofs async_save blocking", blocked)
+                    times.setdefault("training step beside the upload (staged before)", []).append(stepped)
                     times.setdefault("tectofs async_save total", []).append(total)
                     writer.wait_staging_idle(timeout=60)
             finally:
                 writer.close()
             load_into_target(lambda: dcp.load(target, checkpoint_id=f"{base}/async/step_{repeats}"), "async ckpt load check")
             times.pop("async ckpt load check", None)
+
+            # (e) async_save staging beside the next training step (CheckpointWriter(async_staging=True)):
+            # blocked = until async_save returns + the wait for staging_completion once a fixed
+            # "forward/backward" (matmuls, as long alone as STEP_S) is done, i.e. where the optimizer
+            # step would mutate the state. Also: that compute's time with the copy beside it / alone.
+            beside = tt.CheckpointWriter(async_staging=True)
+            try:
+                for i in range(repeats + 1):
+                    times.setdefault("training step alone", []).append(_timed(step))
+                    started = time.perf_counter()
+                    response = dcp.async_save(sd, checkpoint_id=f"{base}/beside/step_{i}", storage_writer=beside)
+                    assert isinstance(response, AsyncSaveResponse)  # (async_staging: DCP's non-blocking stager reply)
+                    returned = time.perf_counter() - started
+                    stepped = _timed(step)
+                    waited = _timed(lambda: response.staging_completion.result(timeout=300))
+                    response.upload_completion.result(timeout=600)
+                    if i == 0:  # cold buffers
+                        continue
+                    record("tectofs async_save blocking, staging beside the step", returned + waited)
+                    times.setdefault("async_save returned (staging beside)", []).append(returned)
+                    times.setdefault("training step beside staging and upload", []).append(stepped)
+                    beside.wait_staging_idle(timeout=60)
+            finally:
+                beside.close()
+            load_into_target(lambda: dcp.load(target, checkpoint_id=f"{base}/beside/step_{repeats}"),
+                             "async (beside) ckpt load check")
+            times.pop("async (beside) ckpt load check", None)
+
+            # (f) incremental checkpoints of a fine-tune with 90% of its weights frozen.
+            incremental = checkpoint_incremental.measure(f"{base}/incremental", size_bytes, repeats, record, same_state)
+            checks["incremental second save load"] = incremental["bit_exact"]
+
+            # (g) 16 gloo ranks, 4 replicas x 4 shards, load each item once (share_reads) or per replica.
+            fanout = checkpoint_share_reads.measure(cluster.address, "/bench/share_reads/step_1",
+                                                    min(size_bytes, SHARE_READS_BYTES_MAX), repeats, record)
+            checks["16-rank loads (share_reads or not)"] = fanout["bit_exact"]
 
             # Durability: the plugin checkpoints, read with two chunk servers down (as many as the healthy loads).
             # Compared with the same loads, back to back, just before the kills: like for like, as a
@@ -292,10 +344,17 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
              "tectofs save, compressed",
              "tectofs load, compressed", "torch.save local",
              "torch.load local", "tectofs async_save blocking (cold, 1st)", "tectofs async_save blocking",
-             "tectofs async_save total", "tectofs load, back to back", "tectofs load, 2 of 6 servers down"]
+             "tectofs async_save total", "tectofs async_save blocking, staging beside the step",
+             "async_save returned (staging beside)", "training step alone",
+             "training step beside the upload (staged before)", "training step beside staging and upload",
+             "tectofs save, full", "tectofs save, incremental, first (90% frozen)",
+             "tectofs save, incremental, second (90% frozen)",
+             "tectofs load, 16 ranks (4 replicas x 4 shards), every rank reads",
+             "tectofs load, 16 ranks (4 replicas x 4 shards), share_reads", "tectofs load, back to back",
+             "tectofs load, 2 of 6 servers down"]
     rows = []
     for name in sorted(times, key=lambda n: order.index(n) if n in order else len(order)):
-        if name.startswith("tectofs async_save blocking"):
+        if name.startswith(("tectofs async_save blocking", "training step", "async_save returned")):
             rows.append({"what": name, "GB/s (median)": None, "median_s": round(med(name), 4),
                          "runs_s": [round(t, 4) for t in times[name]]})
         else:
@@ -307,7 +366,24 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
         "torch.save local / dcp local save": round(gbps("torch.save local") / gbps("dcp local save"), 3),
         "torch.load local / dcp local load": round(gbps("torch.load local") / gbps("dcp local load"), 3),
         "async_save blocking / tectofs sync save": round(med("tectofs async_save blocking") / med("tectofs save"), 4),
+        "async_save blocking, staging beside the step / tectofs sync save": round(
+            med("tectofs async_save blocking, staging beside the step") / med("tectofs save"), 4),
+        "training step beside staging and upload / beside the upload (staged before)": round(
+            med("training step beside staging and upload") / med("training step beside the upload (staged before)"), 3),
+        "training step beside the upload (staged before) / alone": round(
+            med("training step beside the upload (staged before)") / med("training step alone"), 3),
     }
+    sent = {k: statistics.median(v) for k, v in incremental["chunk_bytes_sent"].items()}
+    ratios["incremental save, 90% frozen: chunk bytes sent / full save"] = round(
+        sent["incremental, second"] / sent["full"], 4)
+    ratios["incremental save, 90% frozen: time / full save"] = round(
+        med("tectofs save, incremental, second (90% frozen)") / med("tectofs save, full"), 3)
+    for mode, runs in fanout["chunk_bytes_read"].items():
+        ratios[f"16 ranks (4 replicas x 4 shards), {mode}: chunk bytes read / checkpoint size"] = round(
+            statistics.median(runs) / fanout["checkpoint_bytes"], 3)
+    sixteen = "tectofs load, 16 ranks (4 replicas x 4 shards)"
+    ratios["16-rank load time, share_reads / every rank reads"] = round(
+        med(f"{sixteen}, share_reads") / med(f"{sixteen}, every rank reads"), 3)
     ratios["tectofs compressed save / dcp local save"] = round(gbps("tectofs save, compressed") / gbps("dcp local save"), 3)
     ratios["tectofs compressed load / dcp local load"] = round(gbps("tectofs load, compressed") / gbps("dcp local load"), 3)
     # rs(4,2): 6 chunks of a quarter block each reach a disk per block saved; a load reads the 4 data chunks.
@@ -330,8 +406,12 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     targets = [
         goal("tectofs save / dcp local save", ratios["tectofs save / dcp local save"], at_least=1.0),
         goal("tectofs load / dcp local load", ratios["tectofs load / dcp local load"], at_least=1.0),
-        goal("async_save blocking / tectofs sync save", ratios["async_save blocking / tectofs sync save"],
-             at_most=0.03),
+        goal("async_save blocking, staging beside the step / tectofs sync save",
+             ratios["async_save blocking, staging beside the step / tectofs sync save"], at_most=0.03),
+        goal("incremental save, 90% frozen: chunk bytes sent / full save",
+             ratios["incremental save, 90% frozen: chunk bytes sent / full save"], at_most=0.12),
+        goal("16 ranks (4 replicas x 4 shards), share_reads: chunk bytes read / checkpoint size",
+             ratios["16 ranks (4 replicas x 4 shards), share_reads: chunk bytes read / checkpoint size"], at_most=1.1),
         goal("tectofs compressed save / dcp local save", ratios["tectofs compressed save / dcp local save"],
              at_least=0.8),
         goal("bf16 weights compression ratio", compression["bf16 weights"]["ratio"], at_most=0.67),
@@ -363,6 +443,30 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     }
     write_results(out_dir, "checkpoint_bench", result)
     return result
+
+
+STEP_S = 0.5  # the simulated training step's compute, alone
+SHARE_READS_BYTES_MAX = 256 * MiB  # (g)'s checkpoint: 16 ranks hold it twice each (state and load target)
+
+
+def _calibrated_step(seconds: float) -> Callable[[], None]:
+    """A fixed amount of compute (1024x1024 fp32 matmuls) that takes about ``seconds`` alone
+    now: the same work every time, so a copy beside it shows as a longer step."""
+    import torch
+
+    a = torch.randn(1024, 1024)
+    started = time.perf_counter()
+    count = 0
+    while time.perf_counter() - started < seconds / 4:
+        a @ a
+        count += 1
+    count *= 4
+
+    def step() -> None:
+        for _ in range(count):
+            a @ a
+
+    return step
 
 
 def _raw_write(path: str, nbytes: int) -> None:

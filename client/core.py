@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from tectofs import allocator, checksum, limits, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NoAttribute, NotFound
-from tectofs.wire import auth, messages
+from tectofs.wire import auth, messages, shared_blocks
 from tectofs.wire.leases import Recall
 from tectofs.wire.transport import parse_group
 
@@ -337,6 +337,36 @@ class AsyncFileSystem:
                 directory=directory, names=list(names[first : first + limits.unlink_batch_max])))
             change = DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
         return change
+
+    async def reference_blocks(self, path: str, source: str, pairs: Sequence[tuple[int, int]]) -> Stat:
+        """Make block ``t`` of file ``path`` the block ``s`` of file ``source`` for each ``(t, s)``
+        of ``pairs`` (``tectofs.store.sharing``: the same chunks, counted once more, so deleting
+        either file keeps what the other uses), ``limits.commit_blocks_max`` pairs per call, each
+        call one transaction. ``path`` must already be at least as long as the blocks it takes
+        (``truncate`` it first) and have the block size of ``source``. Returns ``path``'s status."""
+        if not pairs:
+            return await self.stat(path)
+        reply = None
+        for first in range(0, len(pairs), limits.commit_blocks_max):
+            reply = await self.metadata.reference_blocks(shared_blocks.ReferenceBlocksRequest(
+                path=path, source=source, pairs=list(pairs[first : first + limits.commit_blocks_max])))
+        assert reply is not None
+        return Stat.from_attrs(reply.attrs)
+
+    async def shared_blocks(self, directory: str, names: Sequence[str]) -> list[tuple[str, int, int]]:
+        """``(name, block_id, stored bytes)`` for each block of the files ``names`` of
+        ``directory`` that another use (another file, another index) shares; blocks not listed
+        are their file's alone."""
+        out: list[tuple[str, int, int]] = []
+        for first in range(0, len(names), limits.health_inos_per_call_max):
+            page = list(names[first : first + limits.health_inos_per_call_max])
+            offset, more = 0, True
+            while more:
+                reply = await self.metadata.shared_blocks(shared_blocks.SharedBlocksRequest(
+                    directory=directory, names=page, offset=offset))
+                out += [(page[b.name], b.block_id, b.nbytes) for b in reply.blocks]
+                offset, more = offset + len(reply.blocks), reply.more
+        return out
 
     async def getxattr(self, path: str, name: str) -> bytes:
         """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``; other

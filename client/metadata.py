@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from tectofs.wire import messages
+from tectofs.wire import messages, shared_blocks
 from tectofs.wire.client import RpcClient
-from tectofs.wire.leases import KeepaliveReply, KeepaliveRequest
+from tectofs.wire.leases import KEEPALIVE, KeepaliveReply, KeepaliveRequest
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
@@ -26,13 +26,13 @@ _EMPTY = messages.Empty()
 # tests/test_leases.py holds every operation of the table to being here or in READING.
 CHANGING = frozenset({
     "mkdir", "makedirs", "create", "symlink", "mknod", "setattr", "truncate", "set_policy", "rename", "link",
-    "setxattr", "removexattr", "exchange", "unlink", "unlink_many", "rmdir", "commit",
+    "setxattr", "removexattr", "exchange", "unlink", "unlink_many", "rmdir", "commit", "reference_blocks",
 })
 READING = frozenset({
     "hello", "lookup", "getattr", "readdir", "getxattr", "listxattr", "statfs", "layout", "allocate", "stage", "renew",
     "release", "release_leases", "report_bad_chunk", "repair_done", "repair_failed", "inventory_begin", "inventory",
     "drain", "block_health", "register_server", "heartbeat", "servers", "stats", "ping", "user_add", "user_remove",
-    "user_list", "s3_principal", "whoami", "keepalive",
+    "user_list", "s3_principal", "whoami", "keepalive", "shared_blocks",
 })  # what leaves names, attributes and extended attributes as they were
 
 
@@ -120,6 +120,12 @@ class MetadataClient:
     async def unlink_many(self, request: messages.UnlinkManyRequest) -> messages.UnlinkReply:
         return await self.call(messages.UNLINK_MANY, request)
 
+    async def reference_blocks(self, request: shared_blocks.ReferenceBlocksRequest) -> shared_blocks.ReferenceBlocksReply:
+        return await self.call(messages.REFERENCE_BLOCKS, request)
+
+    async def shared_blocks(self, request: shared_blocks.SharedBlocksRequest) -> shared_blocks.SharedBlocksReply:
+        return await self.call(messages.SHARED_BLOCKS, request)
+
     async def rmdir(self, request: messages.PathRequest) -> messages.Empty:
         return await self.call(messages.RMDIR, request)
 
@@ -193,4 +199,4 @@ class MetadataClient:
         return await self.call(messages.WHOAMI, request)
 
     async def keepalive(self, request: KeepaliveRequest) -> KeepaliveReply:
-        return await self.call(messages.KEEPALIVE, request)
+        return await self.call(KEEPALIVE, request)

@@ -308,6 +308,12 @@ class FileSystem:
     def truncate(self, path: str, size: int) -> None:
         self.run(self.aio.truncate(path, size))
 
+    def reference_blocks(self, path: str, source: str, pairs: Sequence[tuple[int, int]]) -> Stat:
+        return self.run(self.aio.reference_blocks(path, source, pairs))
+
+    def shared_blocks(self, directory: str, names: Sequence[str]) -> list[tuple[str, int, int]]:
+        return self.run(self.aio.shared_blocks(directory, names))
+
     def chmod(self, path: str, mode: int) -> Stat:
         return self.run(self.aio.setattr(path, mode=mode))
 

@@ -166,6 +166,6 @@ lease_keepalive_wait_s = 10.0             # longest a keepalive is held waiting 
 lease_inodes_per_session_max = 1_000_000  # inodes one session holds (past that its oldest are recalled)
 lease_sessions_max = 100_000              # sessions one metadata service keeps at a time
 lease_recalls_per_reply_max = 16          # recalls one keepalive answer carries (the rest: the next one)
-lease_recall_inodes_max = 4096            # inodes one recall names
+lease_recall_keys_max = 128               # names, inodes and listings one recall names (more: several recalls)
 lease_remote_changes_kept = 100_000       # peers' recalls remembered for reads that raced them
 metadata_cache_entries_max = 1_000_000     # names (and as many inodes) a leasing client keeps cached

@@ -203,6 +203,18 @@ def test_du_and_df(cluster, tmp_path):
     assert tectofs("du", "-sh", "/du", address=a).stdout == "2.0M\t/du\n"
     rows = json.loads(tectofs("du", "-s", "--json", "/du", address=a).stdout)
     assert rows == [{"path": "/du", "bytes": 1000 + 2 * MiB, "files": 2, "dirs": 2}]
+    # Blocks shared between files (incremental checkpoints) count once in the unique bytes.
+    fs.write_bytes("/du/x/three", b"")
+    fs.truncate("/du/x/three", 2 * MiB)
+    blocks = -(-2 * MiB // fs.stat("/du/x/two").block_size)
+    fs.reference_blocks("/du/x/three", "/du/x/two", [(i, i) for i in range(blocks)])
+    assert tectofs("du", "--unique", "/du", address=a).stdout.splitlines() == [
+        f"{4 * MiB}\t{2 * MiB}\t/du/x", f"{1000 + 4 * MiB}\t{1000 + 2 * MiB}\t/du"]
+    rows = json.loads(tectofs("du", "-s", "--unique", "--json", "/du/x/three", address=a).stdout)
+    assert rows == [{"path": "/du/x/three", "bytes": 2 * MiB, "unique": 2 * MiB, "files": 1, "dirs": 0}]
+    fs.remove("/du/x/three")
+    assert tectofs("du", "-s", "--unique", "/du", address=a).stdout == f"{1000 + 2 * MiB}\t{1000 + 2 * MiB}\t/du\n"
+    assert fs.read_bytes("/du/x/two") == b"2" * (2 * MiB)
     df = json.loads(tectofs("df", "--json", address=a).stdout)
     assert df["capacity"] > df["used"] > 0 and df["free"] == df["capacity"] - df["used"] and df["meta"] == a
     text = tectofs("df", "-h", address=a).stdout.splitlines()

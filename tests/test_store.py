@@ -262,6 +262,64 @@ class StoreContract:
         orders = [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids]
         assert sorted(o for order in orders for o in order) == [b.block_id] * 6
 
+    def _file_with_blocks(self, store, name, count, length=10):
+        f = store.create([name])
+        allocated = store.allocate(f.ino, count)
+        store.commit(f.ino, (count - 1) * f.block_size + length, written([
+            {"idx": i, "block_id": b.block_id, "length": length, "chunks": [
+                {"position": p, "server_id": s.server_id, "length": 5, "crc": 1} for p, s in enumerate(b.servers[:6])]}
+            for i, b in enumerate(allocated)]), replace=True)
+        return store.layout([name])
+
+    def test_shared_blocks_live_while_any_file_uses_them(self, store):
+        """reference_blocks gives a file another file's blocks (the same chunks); unlinking
+        either keeps the chunks; the last user's unlink queues them for deletion."""
+        store.gc_delay_s = 0
+        ids = self._servers(store, 6)
+        a = self._file_with_blocks(store, "a", 2)
+        store.create(["b"])
+        store.truncate(["b"], a.attrs.size)
+        attrs = store.reference_blocks(["b"], ["a"], [(0, 0), (1, 1)])
+        assert attrs.stored == a.attrs.stored == 20
+        shared = store.layout(["b"])
+        assert [(x.idx, x.block_id, x.chunks) for x in shared.blocks] == [(x.idx, x.block_id, x.chunks) for x in a.blocks]
+        assert store.shared_blocks([], ["a", "b", "nothing"]) == (
+            [(0, x.block_id, 10) for x in a.blocks] + [(1, x.block_id, 10) for x in a.blocks], False)
+        assert store.shared_blocks([], ["b", "a"], offset=1, limit=2) == (  # (in inode order: a's, then b's)
+            [(1, a.blocks[1].block_id, 10), (0, a.blocks[0].block_id, 10)], True)
+        store.unlink(["a"])
+        assert [store.heartbeat(sid, 1 << 40, 0, 0, 0) for sid in ids] == [[]] * 6  # b still uses them
+        assert store.shared_blocks([], ["b"]) == ([], False)  # ... alone now
+        store.truncate(["b"], 5)  # drops block 1, the last use of it
+        orders = [o for sid in ids for o in store.heartbeat(sid, 1 << 40, 0, 0, 0)]
+        assert orders == [a.blocks[1].block_id] * 6
+        store.unlink(["b"])
+        orders = [o for sid in ids for o in store.heartbeat(sid, 1 << 40, 0, 0, 0)]
+        assert orders == [a.blocks[0].block_id] * 6
+
+    def test_references_that_are_refused(self, store):
+        self._servers(store, 6)
+        self._file_with_blocks(store, "a", 2)
+        store.create(["b"])
+        with pytest.raises(errors.InvalidArgument, match="past its size"):
+            store.reference_blocks(["b"], ["a"], [(0, 0)])  # b is empty
+        store.truncate(["b"], 1 << 30)
+        with pytest.raises(errors.InvalidArgument, match="no stored block 5"):
+            store.reference_blocks(["b"], ["a"], [(0, 5)])
+        with pytest.raises(errors.InvalidArgument, match="twice"):
+            store.reference_blocks(["b"], ["a"], [(0, 0), (0, 1)])
+        with pytest.raises(errors.InvalidArgument, match="its own blocks"):
+            store.reference_blocks(["a"], ["a"], [(3, 0)])
+        store.mkdir(["small"])
+        store.set_policy(["small"], None, block_size=1 << 20)
+        store.create(["small", "c"])
+        store.truncate(["small", "c"], 1 << 30)
+        with pytest.raises(errors.InvalidArgument, match="same size"):
+            store.reference_blocks(["small", "c"], ["a"], [(0, 0)])
+        with pytest.raises(FileNotFoundError):
+            store.reference_blocks(["b"], ["missing"], [(0, 0)])
+        assert store.layout(["b"]).blocks == []  # all or nothing
+
     def test_expired_allocations_are_collected(self, store):
         ids = self._servers(store, 6)
         f = store.create(["f"])

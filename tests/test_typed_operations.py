@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from tectofs.client.metadata import MetadataClient
-from tectofs.wire import messages
+from tectofs.wire import messages, shared_blocks
 from tectofs.wire.server import Handlers
 
 
@@ -96,6 +96,8 @@ _SAMPLES: dict[type, dict[str, Any]] = {
     messages.InoRequest: {"ino": 1},
     messages.MkdirRequest: {"path": "/a"},
     messages.UnlinkManyRequest: {"directory": "/a", "names": ["b", "c"]},
+    shared_blocks.ReferenceBlocksRequest: {"path": "/a", "source": "/b", "pairs": [[0, 0]]},
+    shared_blocks.SharedBlocksRequest: {"directory": "/a", "names": ["b"]},
     messages.CreateRequest: {"path": "/a"},
     messages.SymlinkRequest: {"path": "/a", "target": "b"},
     messages.MknodRequest: {"path": "/a", "mode": 0o10644},

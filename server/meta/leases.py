@@ -137,10 +137,10 @@ class LeaseTable:
                 if key in held.holding:
                     del held.holding[key]
                     self._drop_holder(key, session)
-            recall_id = self._queue(held, keys)
-            done = held.acked[recall_id] = asyncio.get_running_loop().create_future()
+            dones = self._awaited(held, self._queue(held, keys))
             expires = held.expires
-        await self._wait(done, expires)
+        for done in dones:
+            await self._wait(done, expires)
 
     # ------------------------------------------------------------------ recalls (event loop)
 
@@ -167,9 +167,7 @@ class LeaseTable:
                 for key in held_keys:
                     del held.holding[key]
                     self._drop_holder(key, session)
-                recall_id = self._queue(held, held_keys)
-                done = held.acked[recall_id] = asyncio.get_running_loop().create_future()
-                waits.append((done, held.expires))
+                waits.extend((done, held.expires) for done in self._awaited(held, self._queue(held, held_keys)))
         for done, expires in waits:
             await self._wait(done, expires)
 
@@ -188,14 +186,23 @@ class LeaseTable:
         for key in keys:
             self._changed_at[key] = self.change_seq
 
-    def _queue(self, held: _Session, keys: list[LeaseKey]) -> int:
-        """Queue a recall of ``keys`` to ``held`` and wake its keepalive (from any thread);
-        returns the recall's id. Called with the lock held."""
-        recall = recall_of(next(self._ids), keys)
-        held.recalls[recall.id] = recall
+    def _queue(self, held: _Session, keys: list[LeaseKey]) -> list[int]:
+        """Queue the recalls of ``keys`` to ``held`` (``limits.lease_recall_keys_max`` keys each)
+        and wake its keepalive (from any thread); returns their ids. Called with the lock held."""
+        ids = []
+        for start in range(0, len(keys), limits.lease_recall_keys_max):
+            recall = recall_of(next(self._ids), keys[start:start + limits.lease_recall_keys_max])
+            held.recalls[recall.id] = recall
+            ids.append(recall.id)
+            self.recalls_sent += 1
         self._wake(held)
-        self.recalls_sent += 1
-        return recall.id
+        return ids
+
+    @staticmethod
+    def _awaited(held: _Session, recall_ids: list[int]) -> "list[asyncio.Future[None]]":
+        """Futures done when each of ``recall_ids`` is acknowledged (on the event loop)."""
+        loop = asyncio.get_running_loop()
+        return [held.acked.setdefault(recall_id, loop.create_future()) for recall_id in recall_ids]
 
     def _wake(self, held: _Session) -> None:
         if held.due is not None and self.loop is not None:

@@ -30,7 +30,7 @@ from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.access import Caller
 from tectofs.store.dialect import dialect_for
 from tectofs.store.users import MAYBE_USER, StoredUser
-from tectofs.wire import auth, messages
+from tectofs.wire import auth, messages, shared_blocks
 from tectofs.wire.leases import ATTRS, ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
@@ -374,6 +374,8 @@ class MetadataService:
         handlers.add(messages.EXCHANGE, self.rpc_exchange)
         handlers.add(messages.UNLINK, self.rpc_unlink)
         handlers.add(messages.UNLINK_MANY, self.rpc_unlink_many)
+        handlers.add(messages.REFERENCE_BLOCKS, self.rpc_reference_blocks)
+        handlers.add(messages.SHARED_BLOCKS, self.rpc_shared_blocks)
         handlers.add(messages.RMDIR, self.rpc_rmdir)
         handlers.add(messages.STATFS, self.rpc_statfs)
         handlers.add(messages.LAYOUT, self.rpc_layout)
@@ -544,6 +546,23 @@ class MetadataService:
                                    messages.UnlinkReply)
         return msgspec.structs.replace(
             removed, directory=self._attrs(removed.directory) if removed.directory else None), b""
+
+    async def rpc_reference_blocks(self, r: shared_blocks.ReferenceBlocksRequest,
+                                   _: memoryview) -> Reply[shared_blocks.ReferenceBlocksReply]:
+        target, source, caller = paths.split(r.path), paths.split(r.source), self._caller()
+        pairs = [(int(t), int(s)) for t, s in r.pairs]
+        attrs = await self._call(lambda store: store.reference_blocks(target, source, pairs, caller=caller),
+                                 messages.Attrs)
+        return shared_blocks.ReferenceBlocksReply(attrs=self._attrs(attrs)), b""
+
+    async def rpc_shared_blocks(self, r: shared_blocks.SharedBlocksRequest,
+                                _: memoryview) -> Reply[shared_blocks.SharedBlocksReply]:
+        directory, caller = paths.split(r.directory), self._caller()
+        rows, more = await self._call(lambda store: store.shared_blocks(
+            directory, list(r.names), r.offset, shared_blocks.SHARED_BLOCKS_PER_REPLY_MAX, caller=caller),
+            tuple[list[tuple[int, int, int]], bool])
+        return shared_blocks.SharedBlocksReply(
+            blocks=[shared_blocks.SharedBlock(name=i, block_id=b, nbytes=n) for i, b, n in rows], more=more), b""
 
     async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.Empty]:
         parts, caller = paths.split(r.path), self._caller()

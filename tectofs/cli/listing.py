@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from tectofs.wire import messages
 
 from . import output
-from .common import _client, client_command
+from .common import UsageError, _client, client_command
 from .transfer import parse
 
 
@@ -104,37 +104,64 @@ def cmd_stat(args: argparse.Namespace) -> None:
         print(f"{key:>10}: {value}")
 
 
-def _usage(fs: Any, path: str, apparent: bool, report: list[dict[str, Any]], every_dir: bool) -> dict[str, Any]:
+def _usage(fs: Any, path: str, apparent: bool, report: list[dict[str, Any]], every_dir: bool,
+           unique: bool = False) -> dict[str, Any]:
     """Bytes, files and directories at and below ``path``; appends each directory's total to
-    ``report`` after its children's (as du prints them) when ``every_dir``."""
+    ``report`` after its children's (as du prints them) when ``every_dir``. With ``unique``
+    (stored bytes only), also ``unique``: the bytes stored once however many files below
+    ``path`` share them (an incremental checkpoint shares blocks with the previous one)."""
     st = fs.stat(path)
     total = {"path": path, "bytes": st.size if apparent else st.stored, "files": int(not st.is_dir),
              "dirs": int(st.is_dir)}
+    shared: dict[int, int] = {}  # block id -> bytes, of the shared blocks used below path
+    uses = [0]  # bytes of every use of those blocks
+
+    def count(directory: str, names: list[str]) -> None:
+        for _, block_id, nbytes in fs.shared_blocks(directory, names) if unique and names else []:
+            shared[block_id] = nbytes
+            uses[0] += nbytes
+
     if st.is_dir:
+        files = []
         for name, entry in fs.iter_scandir(path):
             if entry.is_dir:
-                below = _usage(fs, posixpath.join(path, name), apparent, report, every_dir)
+                below = _usage(fs, posixpath.join(path, name), apparent, report, every_dir, unique)
+                shared.update(below.pop("_shared", {}))
+                uses[0] += below.pop("_uses", 0)
             else:
                 below = {"bytes": entry.size if apparent else entry.stored, "files": 1, "dirs": 0}
+                files.append(name)
             for key in ("bytes", "files", "dirs"):
                 total[key] += below[key]
+        count(path, files)
+    else:
+        directory, name = posixpath.split(path)
+        count(directory, [name])
+    if unique:
+        total["unique"] = total["bytes"] - uses[0] + sum(shared.values())
     if every_dir and st.is_dir:
-        report.append(total)
-    return total
+        report.append(dict(total))
+    return {**total, "_shared": shared, "_uses": uses[0]} if unique else total
 
 
 def cmd_du(args: argparse.Namespace) -> None:
+    if args.unique and args.apparent_size:
+        raise UsageError("--unique counts stored bytes; it does not go with --apparent-size")
     report: list[dict[str, Any]] = []
     with _client(args) as fs:
         for path in [_path(p) for p in args.paths]:
-            total = _usage(fs, path, args.apparent_size, report, not args.summarize)
+            total = _usage(fs, path, args.apparent_size, report, not args.summarize, args.unique)
+            total.pop("_shared", None)
+            total.pop("_uses", None)
             if args.summarize or not fs.stat(path).is_dir:
                 report.append(total)
     if args.json:
         output.print_json(report)
         return
+    size = output.short_human if args.human_readable else str
     for row in report:
-        print(f"{output.short_human(row['bytes']) if args.human_readable else row['bytes']}\t{output.shown(row['path'])}")
+        unique = f"{size(row['unique'])}\t" if args.unique else ""
+        print(f"{size(row['bytes'])}\t{unique}{output.shown(row['path'])}")
 
 
 def cmd_df(args: argparse.Namespace) -> None:
@@ -175,6 +202,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("-s", "--summarize", action="store_true", help="only a total for each PATH")
     p.add_argument("-h", "--human-readable", action="store_true", help="sizes as 1.5K, 12M, 3.0G (powers of 1024)")
     p.add_argument("--apparent-size", action="store_true", help="file sizes instead of the bytes they store")
+    p.add_argument("--unique", action="store_true",
+                   help="also the unique bytes (second column; JSON: unique): blocks that several files share,"
+                        " as incremental checkpoints do, counted once")
     p = client_command(sub, "df", cmd_df, "cluster capacity, use and free space", json_output=True,
                        short_help_flag=False)
     p.description = ("Raw capacity and use of the live chunk servers, and what files can use of it under the root"

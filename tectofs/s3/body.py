@@ -5,7 +5,8 @@ Contract: :func:`pieces` yields the payload in arrival order and raises :class:`
 *at the end* (after the last piece, before the caller publishes anything) when the body's
 integrity fails: a signed payload hash that differs (``XAmzContentSHA256Mismatch``), a chunk
 signature that does not chain (``SignatureDoesNotMatch``, raised as soon as that chunk ends),
-a body shorter than announced (``IncompleteBody``), or a Content-MD5 that differs
+a body shorter than announced (``IncompleteBody``; a ``Transfer-Encoding: chunked`` body
+without Content-Length announces nothing), or a Content-MD5 that differs
 (``BadDigest``). Memory: one piece at a time, whatever the body's size.
 """
 
@@ -28,9 +29,12 @@ PIECE_BYTES = 1 << 20  # pieces are gathered up to this before they are passed o
 
 def declared_length(request: web.Request, signed: sigv4.SignedRequest | None) -> int:
     """The payload's length: ``x-amz-decoded-content-length`` for aws-chunked bodies, else
-    Content-Length (required: S3 refuses a PUT without one)."""
+    Content-Length; -1 (not known before its end) for a body sent with ``Transfer-Encoding:
+    chunked`` and neither. A body with none of them is refused (MissingContentLength)."""
     chunked = signed is not None and signed.payload.startswith("STREAMING-")
     text = request.headers.get("x-amz-decoded-content-length" if chunked else "Content-Length")
+    if text is None and "chunked" in request.headers.get("Transfer-Encoding", "").lower():
+        return -1
     if text is None:
         raise S3Error("MissingContentLength", "You must provide the Content-Length HTTP header.")
     try:
@@ -114,7 +118,7 @@ async def pieces(request: web.Request, signed: sigv4.SignedRequest | None, key: 
         async for raw in _gathered(request):
             for piece in decoder.feed(raw) if decoder is not None else [memoryview(raw)]:
                 received += len(piece)
-                if received > length:
+                if received > length >= 0:
                     raise S3Error("IncompleteBody", "the body is longer than its declared length")
                 await digests.update(piece)
                 yield piece
@@ -122,7 +126,7 @@ async def pieces(request: web.Request, signed: sigv4.SignedRequest | None, key: 
         await digests.finish()
     if decoder is not None:
         decoder.finish()
-    if received != length:
+    if received != length and length >= 0:
         raise S3Error("IncompleteBody", f"You did not provide the number of bytes specified ({received} of {length})")
     if sha is not None and not hmac.compare_digest(sha.hexdigest(), payload):
         raise S3Error("XAmzContentSHA256Mismatch", "The provided 'x-amz-content-sha256' header does not match what was"
@@ -135,4 +139,9 @@ async def read_all(request: web.Request, signed: sigv4.SignedRequest | None, key
     """A small body (an XML request document) whole, verified; longer than ``limit`` is refused."""
     if declared_length(request, signed) > limit:
         raise S3Error("MalformedXML", f"request document larger than {limit} bytes")
-    return b"".join([bytes(p) async for p in pieces(request, signed, key)])
+    document = bytearray()
+    async for piece in pieces(request, signed, key):
+        document += piece
+        if len(document) > limit:  # a chunked body says its length only at its end
+            raise S3Error("MalformedXML", f"request document larger than {limit} bytes")
+    return bytes(document)

@@ -15,7 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any, Awaitable
-from urllib.parse import unquote
+from urllib.parse import quote_plus, unquote
 
 from aiohttp import web
 
@@ -23,6 +23,7 @@ from tectofs import errors
 from tectofs.client import AsyncFileSystem
 
 from . import body, listing, multipart, objects, sigv4
+from . import headers as s3headers
 from . import xml as s3xml
 from .objects import Record
 from .principals import Principal
@@ -31,7 +32,6 @@ from .xml import S3Error, from_tectofs
 BUCKET_NAME = re.compile(r"(?=.{3,63}$)[a-z0-9][a-z0-9.-]*[a-z0-9]")
 LIST_KEYS_MAX = 1000
 SMALL_BODY_MAX = s3xml.BODY_MAX_BYTES
-EMPTY_MD5 = hashlib.md5(b"").hexdigest()
 KEEPALIVE_S = 10.0  # a long Complete or Copy sends a space this often
 
 
@@ -50,6 +50,7 @@ class Call:
     bucket: str
     key: str
     query: dict[str, str] = field(default_factory=dict)
+    part_bytes_min: int = multipart.PART_BYTES_MIN  # the gateway's (S3's 5 MiB unless a test says otherwise)
 
     @property
     def resource(self) -> str:
@@ -120,7 +121,7 @@ def _user_metadata(request: web.Request) -> dict[str, str]:
 
 def _object_headers(st: Any, record: Record) -> dict[str, str]:
     headers = {"ETag": quoted(record.etag), "Last-Modified": s3xml.http_date(st.mtime), "Accept-Ranges": "bytes",
-               "Content-Type": record.content_type}
+               "Content-Type": record.content_type, **record.headers}
     headers.update({f"x-amz-meta-{k}": v for k, v in record.metadata.items()})
     return headers
 
@@ -139,20 +140,34 @@ async def list_buckets(call: Call) -> web.Response:
 
 
 async def create_bucket(call: Call) -> web.Response:
+    """Any S3 user may create a bucket, as in S3: the gateway makes the top-level directory
+    and gives it to the caller (their uid and gid, mode 0755). A bucket the caller already
+    owns answers 200 in us-east-1 (S3's legacy behaviour there), BucketAlreadyOwnedByYou in
+    other regions; someone else's is BucketAlreadyExists."""
     if not BUCKET_NAME.fullmatch(call.bucket) or ".." in call.bucket:
         raise S3Error("InvalidBucketName", "The specified bucket is not valid.", call.resource)
+    path = objects.bucket_path(call.bucket)
     try:
-        await call.fs.mkdir(objects.bucket_path(call.bucket), mode=0o755)
+        await call.gateway_fs.mkdir(path, mode=0o755)
     except errors.AlreadyExists:
-        st = await call.fs.stat(objects.bucket_path(call.bucket))
-        code = "BucketAlreadyOwnedByYou" if st.uid == call.principal.uid else "BucketAlreadyExists"
-        raise S3Error(code, "The requested bucket name is not available.", call.resource) from None
+        st = await call.gateway_fs.stat(path)
+        if st.uid != call.principal.uid or not st.is_dir:
+            raise S3Error("BucketAlreadyExists", "The requested bucket name is not available.", call.resource) from None
+        if (call.signed.region if call.signed else "us-east-1") != "us-east-1":
+            raise S3Error("BucketAlreadyOwnedByYou", "Your previous request to create the named bucket succeeded and"
+                          " you already own it.", call.resource) from None
+        return web.Response(headers={"Location": f"/{call.bucket}"})
+    if call.principal.uid != 0:
+        await call.gateway_fs.setattr(path, uid=call.principal.uid, gid=call.principal.gid)
     return web.Response(headers={"Location": f"/{call.bucket}"})
 
 
 async def delete_bucket(call: Call) -> web.Response:
-    """Remove an empty bucket (its empty uploads directory goes with it)."""
-    await objects.require_bucket(call.fs, call.bucket)
+    """Remove an empty bucket (its empty uploads directory goes with it): its owner (or root)
+    may, whoever owns the directory above it."""
+    st = await objects.require_bucket(call.fs, call.bucket)
+    if call.principal.uid not in (0, st.uid):
+        raise S3Error("AccessDenied", "Access Denied", call.resource)
     try:
         await call.gateway_fs.rmdir(multipart.uploads_path(call.bucket))
     except errors.NotFound:
@@ -160,7 +175,7 @@ async def delete_bucket(call: Call) -> web.Response:
     except errors.DirectoryNotEmpty:
         raise S3Error("BucketNotEmpty", "The bucket has multipart uploads in progress", call.resource) from None
     try:
-        await call.fs.rmdir(objects.bucket_path(call.bucket))
+        await call.gateway_fs.rmdir(objects.bucket_path(call.bucket))
     except errors.TectofsError as exc:
         raise from_tectofs(exc, call.resource, missing="NoSuchBucket") from None
     return web.Response(status=204)
@@ -193,10 +208,17 @@ def _listing_args(call: Call) -> tuple[str, str, int]:
     return call.query.get("prefix", ""), delimiter, call.int_query("max-keys", LIST_KEYS_MAX)
 
 
+def url_encode(key: str) -> str:
+    """A key as S3 writes it for ``encoding-type=url``: letters, digits and ``-_.*/`` kept,
+    a space as ``+``, every other byte of its UTF-8 as ``%XX`` (botocore decodes it with
+    ``unquote_plus``)."""
+    return quote_plus(key, safe="/*").replace("~", "%7E")
+
+
 def _encoder(call: Call) -> Any:
     """Keys as the client asked: ``encoding-type=url`` percent-encodes them."""
     if call.query.get("encoding-type") == "url":
-        return lambda k: sigv4.uri_encode(k)
+        return url_encode
     return lambda k: k
 
 
@@ -210,8 +232,8 @@ async def _listing(call: Call, root: Any, after: str, owners: bool) -> tuple[boo
     except errors.TectofsError as exc:
         raise from_tectofs(exc, call.resource, missing="NoSuchBucket") from None
     encode = _encoder(call)
-    records = await listing.records(call.fs, call.bucket, found)
-    for (key, st), record in zip(found, records):
+    records = await listing.records(call.fs, found)
+    for (key, st, _), record in zip(found, records):
         entry = s3xml.child(root, "Contents", [("Key", encode(key)), ("LastModified", s3xml.timestamp(st.mtime)),
                                                ("ETag", quoted(record.etag)), ("Size", st.size)])
         if owners:
@@ -302,30 +324,25 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-def _check_conditions(request: web.Request, etag: str) -> int | None:
-    """304 or 412 from If-None-Match / If-Match, else None."""
-    def tags(text: str) -> set[str]:
-        return {t.strip().strip('"') for t in text.split(",")}
-
-    if_match = request.headers.get("If-Match")
-    if if_match is not None and not ({"*", etag} & tags(if_match)):
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold",
-                      Condition="If-Match")
-    if_none = request.headers.get("If-None-Match")
-    if if_none is not None and ({"*", etag} & tags(if_none)):
-        return 304
-    return None
-
-
 async def _answer_head(call: Call) -> "tuple[str, Any, dict[str, str], tuple[int, int] | None] | web.Response":
-    """What HEAD and GET share: the object's path, Stat and headers, and the requested span
-    (with its Content-Range set); or the whole answer when a condition decides it (304/412)."""
+    """What HEAD and GET share: the object's path, Stat and headers (``response-*``
+    overrides applied), and the requested span — a Range, or ``?partNumber=N`` (with
+    ``x-amz-mp-parts-count`` for a multipart object) — with its Content-Range set; or the
+    whole answer when a condition decides it (304; 412 is raised)."""
+    number = s3headers.part_number(call.query)
+    if number is not None and "Range" in call.request.headers:
+        raise S3Error("InvalidRequest", "Cannot specify both Range header and partNumber query parameter")
     path, st, record = await objects.stat_object(call.fs, call.bucket, call.key)
     headers = _object_headers(st, record)
-    status = _check_conditions(call.request, record.etag)
-    if status is not None:
-        return web.Response(status=status, headers={"ETag": headers["ETag"]})
+    if s3headers.evaluate(call.request.headers, record.etag, st.mtime) is not None:
+        return web.Response(status=304, headers={"ETag": headers["ETag"], "Last-Modified": headers["Last-Modified"]})
+    s3headers.override(headers, call.query)
     span = parse_range(call.request.headers.get("Range"), st.size)
+    if number is not None:
+        start, end, count = s3headers.part_span(record, st.size, number)
+        span = (start, end) if end > start else None
+        if count:
+            headers["x-amz-mp-parts-count"] = str(count)
     if span is not None:
         headers["Content-Range"] = f"bytes {span[0]}-{span[1] - 1}/{st.size}"
     return path, st, headers, span
@@ -348,10 +365,6 @@ async def get_object(call: Call) -> web.StreamResponse:
         return answer
     path, st, headers, span = answer
     start, end = span or (0, st.size)
-    for name, header in (("response-content-type", "Content-Type"), ("response-content-disposition",
-                         "Content-Disposition"), ("response-cache-control", "Cache-Control")):
-        if name in call.query:
-            headers[header] = call.query[name]
     stream = objects.stream_file(call.fs, path, start, end)
     try:
         first = await anext(stream, b"")  # opening errors are still S3 errors, before the status is sent
@@ -372,19 +385,14 @@ async def get_object(call: Call) -> web.StreamResponse:
 async def put_object(call: Call) -> web.StreamResponse:
     if "x-amz-copy-source" in call.request.headers:
         return await copy_object(call)
-    path = objects.object_path(call.bucket, call.key)
-    if call.key.endswith("/"):  # a "folder" marker: a directory
-        await objects.require_bucket(call.fs, call.bucket)
-        if body.declared_length(call.request, call.signed):
-            raise S3Error("InvalidArgument", "an object whose key ends with '/' must be empty in tectofs", call.resource)
-        await call.fs.mkdir(path, parents=True, exist_ok=True)
-        return web.Response(headers={"ETag": quoted(EMPTY_MD5)})
+    path = objects.object_path(call.bucket, call.key)  # a key "d/" (a directory marker): the file d/.tectofs-dir
     md5 = hashlib.md5()
     content_type = call.request.headers.get("Content-Type") or Record.content_type
     metadata = _user_metadata(call.request)
+    stored = s3headers.stored(call.request.headers)
     # (the bucket is checked only if the write finds no directory for the key: one call for a small object)
     record = await objects.write_file(call.fs, path, call.body(md5), lambda: Record(
-        etag=md5.hexdigest(), content_type=content_type, metadata=metadata))
+        etag=md5.hexdigest(), content_type=content_type, metadata=metadata, headers=stored))
     return web.Response(headers={"ETag": quoted(record.etag)})
 
 
@@ -403,6 +411,7 @@ async def copy_object(call: Call) -> web.StreamResponse:
     metadata, otherwise the source's is kept."""
     src_bucket, src_key = copy_source(call.request.headers["x-amz-copy-source"])
     src_path, st, src_record = await objects.stat_object(call.fs, src_bucket, src_key)
+    s3headers.check_copy_source(call.request.headers, src_record.etag, st.mtime)
     await objects.require_bucket(call.fs, call.bucket)
     replace = call.request.headers.get("x-amz-metadata-directive", "COPY").upper() == "REPLACE"
     if not replace and (src_bucket, src_key) == (call.bucket, call.key):
@@ -410,13 +419,14 @@ async def copy_object(call: Call) -> web.StreamResponse:
                       " without changing the object's metadata.")
     content_type = (call.request.headers.get("Content-Type") or Record.content_type) if replace else src_record.content_type
     metadata = _user_metadata(call.request) if replace else src_record.metadata
+    stored = s3headers.stored(call.request.headers) if replace else src_record.headers
     destination = objects.object_path(call.bucket, call.key)
 
     async def copy() -> Any:
         md5 = hashlib.md5()
         record = await objects.write_file(call.fs, destination, objects.stream_file(call.fs, src_path, 0, st.size, md5),
                                           lambda: Record(etag=md5.hexdigest(), content_type=content_type,
-                                                         metadata=metadata))
+                                                         metadata=metadata, headers=stored))
         return s3xml.document("CopyObjectResult", [("LastModified", s3xml.timestamp(record.mtime)),
                                                    ("ETag", quoted(record.etag))])
 
@@ -434,7 +444,7 @@ async def delete_object(call: Call) -> web.Response:
 async def create_upload(call: Call) -> web.Response:
     upload_id = await multipart.create(call.fs, call.gateway_fs, call.bucket, call.key,
                                        call.request.headers.get("Content-Type") or Record.content_type,
-                                       _user_metadata(call.request))
+                                       _user_metadata(call.request), s3headers.stored(call.request.headers))
     root = s3xml.document("InitiateMultipartUploadResult", [("Bucket", call.bucket), ("Key", call.key),
                                                             ("UploadId", upload_id)])
     return xml_response(root)
@@ -453,8 +463,9 @@ async def upload_part(call: Call) -> web.StreamResponse:
 async def upload_part_copy(call: Call, number: int) -> web.StreamResponse:
     """UploadPartCopy: a part from (a range of) an existing object, streamed through."""
     src_bucket, src_key = copy_source(call.request.headers["x-amz-copy-source"])
-    src_path, st, _ = await objects.stat_object(call.fs, src_bucket, src_key)
-    start, end = parse_range(call.request.headers.get("x-amz-copy-source-range"), st.size) or (0, st.size)
+    src_path, st, src_record = await objects.stat_object(call.fs, src_bucket, src_key)
+    start, end = s3headers.copy_range(call.request.headers.get("x-amz-copy-source-range"), st.size)
+    s3headers.check_copy_source(call.request.headers, src_record.etag, st.mtime)
     await multipart.info(call.fs, call.bucket, call.key, call.query["uploadId"])
 
     async def copy() -> Any:
@@ -469,7 +480,8 @@ async def upload_part_copy(call: Call, number: int) -> web.StreamResponse:
 
 async def complete_upload(call: Call) -> web.StreamResponse:
     wanted = s3xml.parse_complete(await call.small_body())
-    assemble = await multipart.prepare_complete(call.fs, call.bucket, call.key, call.query["uploadId"], wanted)
+    assemble = await multipart.prepare_complete(call.fs, call.bucket, call.key, call.query["uploadId"], wanted,
+                                                call.part_bytes_min)
 
     async def complete() -> Any:
         record = await assemble()

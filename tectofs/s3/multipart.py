@@ -8,15 +8,18 @@ anyone may start an upload there, only its owner may touch it) holds one directo
 part, each published like an object (staged, recorded with its MD5, renamed), so a part
 upload that fails leaves the previous part of that number, or none.
 
-Complete checks the part list (ascending numbers, ETags matching, every part but the last
-at least 5 MiB, as S3 requires), streams the parts into the object (two reads in memory at a
-time, whatever the object's size), publishes it with the multipart ETag (MD5 of the parts'
-MD5s, ``-N``), and removes the upload; the list is checked before the (long) assembly
-starts, so a wrong list is an ordinary error answer. Abort removes the upload directory.
+Complete checks the part list (:func:`chosen_parts`: numbers not decreasing, ETags matching,
+every part but the last at least 5 MiB, as S3 requires), streams the parts into the object (two
+reads in memory at a time, whatever the object's size), publishes it with the multipart ETag
+(MD5 of the parts' MD5s, ``-N``), the parts' sizes (GET ``?partNumber=N``) and the upload id in
+its record, then removes the upload; the list is checked before the (long) assembly starts, so
+a wrong list is an ordinary error answer. A Complete sent again answers from the object's
+record (:func:`completed`). Abort removes the upload directory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import secrets
@@ -25,13 +28,16 @@ from typing import AsyncIterator, Awaitable, Callable
 from tectofs import errors, paths
 from tectofs.client import AsyncFileSystem, Stat
 
-from .objects import INTERNAL_PREFIX, Record, object_path, record_of, require_bucket, stream_file, write_file
+from .objects import INTERNAL_PREFIX, Record, locate, object_path, record_of, require_bucket, stream_file, write_file
 from .xml import S3Error, from_tectofs
 
 UPLOADS_DIR = INTERNAL_PREFIX + "multipart"
 UPLOAD_XATTR = "user.s3.upload"
 PART_NUMBER_MAX = 10_000
 PART_BYTES_MIN = 5 << 20
+RECORDS_PARALLEL = 32  # part records read at once (a Complete of 10,000 parts)
+SMALL_PART_BYTES = 1 << 20  # parts up to this are read whole, several at once, when assembled
+SMALL_PARTS_AHEAD = 16  # ... this many ahead (at most 16 MiB in memory)
 
 
 def uploads_path(bucket: str) -> str:
@@ -51,7 +57,7 @@ def part_path(bucket: str, upload_id: str, number: int) -> str:
 
 
 async def create(fs: AsyncFileSystem, gateway_fs: AsyncFileSystem, bucket: str, key: str, content_type: str,
-                 metadata: dict[str, str]) -> str:
+                 metadata: dict[str, str], headers: dict[str, str] | None = None) -> str:
     """Start an upload of ``key``; returns its id. ``gateway_fs`` (root) makes the shared
     uploads directory of the bucket if it is not there yet."""
     object_path(bucket, key)  # refuse keys that cannot be stored now, not at the end
@@ -61,7 +67,7 @@ async def create(fs: AsyncFileSystem, gateway_fs: AsyncFileSystem, bucket: str, 
     directory = paths.join(uploads_path(bucket), upload_id)
     try:
         await fs.mkdir(directory, mode=0o700)
-        info = {"key": key, "content_type": content_type, "metadata": metadata}
+        info = {"key": key, "content_type": content_type, "metadata": metadata, "headers": headers or {}}
         await fs.setxattr(directory, UPLOAD_XATTR, json.dumps(info).encode())
     except errors.TectofsError as exc:
         raise from_tectofs(exc, f"/{bucket}/{key}") from None
@@ -96,50 +102,116 @@ async def upload_part(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str
 
 async def parts(fs: AsyncFileSystem, bucket: str, upload_id: str) -> list[tuple[int, Stat, Record]]:
     """The upload's parts: ``(number, stat, record)`` by number."""
-    found = []
     directory = upload_path(bucket, upload_id)
-    for name, st in await fs.scandir(directory):
-        if name.startswith("part-") and st.is_file:
-            found.append((int(name[5:]), st, await record_of(fs, paths.join(directory, name), st)))
+    gate = asyncio.Semaphore(RECORDS_PARALLEL)
+
+    async def one(name: str, st: Stat) -> tuple[int, Stat, Record]:
+        async with gate:
+            return int(name[5:]), st, await record_of(fs, paths.join(directory, name), st)
+
+    found = await asyncio.gather(*(one(name, st) for name, st in await fs.scandir(directory)
+                                   if name.startswith("part-") and st.is_file))
     return sorted(found, key=lambda p: p[0])
 
 
-def _check_list(wanted: list[tuple[int, str]], have: dict[int, tuple[Stat, Record]]) -> None:
+def chosen_parts(wanted: list[tuple[int, str]], have: dict[int, tuple[Stat, Record]],
+                 part_bytes_min: int = PART_BYTES_MIN) -> list[int]:
+    """The part numbers a Complete's list (``wanted``: part number, ETag) assembles, in order.
+
+    As S3: the numbers must not decrease (``InvalidPartOrder``); each must name a part as it
+    is stored now (``InvalidPart``); every part but the last is at least ``part_bytes_min``
+    (``EntityTooSmall``). A number listed more than once (a client that re-sent a part and
+    listed both answers) is one part, the one stored: one of its entries must carry its ETag."""
     numbers = [n for n, _ in wanted]
-    if numbers != sorted(set(numbers)):
-        raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.")
-    for i, (number, etag) in enumerate(wanted):
+    if numbers != sorted(numbers):
+        raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order. The parts list must be"
+                      " specified in order by part number.")
+    chosen: list[int] = []
+    for number in dict.fromkeys(numbers):
         part = have.get(number)
-        if part is None or part[1].etag != etag:
+        if part is None or part[1].etag not in {etag for n, etag in wanted if n == number}:
             raise S3Error("InvalidPart", f"One or more of the specified parts could not be found (part {number}).")
-        if i < len(wanted) - 1 and part[0].size < PART_BYTES_MIN:
+        chosen.append(number)
+    for number in chosen[:-1]:
+        if have[number][0].size < part_bytes_min:
             raise S3Error("EntityTooSmall", f"Your proposed upload is smaller than the minimum allowed object size"
-                          f" (part {number}: {part[0].size} bytes).")
+                          f" (part {number}: {have[number][0].size} bytes).")
+    return chosen
+
+
+async def completed(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str) -> Record | None:
+    """The object a Complete of ``upload_id`` already published, if it is still the one at
+    ``key`` (its record names the upload): what a retried Complete answers."""
+    try:
+        found = await locate(fs, bucket, key)
+    except S3Error:
+        return None
+    if found is None:
+        return None
+    record = await record_of(fs, *found)
+    return record if record.upload_id == upload_id else None
 
 
 async def prepare_complete(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str,
-                           wanted: list[tuple[int, str]]) -> Callable[[], Awaitable[Record]]:
+                           wanted: list[tuple[int, str]],
+                           part_bytes_min: int = PART_BYTES_MIN) -> Callable[[], Awaitable[Record]]:
     """Check a Complete's part list (``wanted``: part number, ETag) at once; returns what
-    assembles and publishes the object (which may take minutes) and removes the upload."""
+    assembles and publishes the object (which may take minutes) and removes the upload.
+
+    Idempotent, as S3: the object's record names the upload, so a Complete sent again (its
+    first answer lost) answers the same success while the object is the one it made — after
+    the upload is gone, and also when a crash came between publishing and removing the
+    upload (the object is published atomically first, then the upload removed)."""
+    done = await completed(fs, bucket, key, upload_id)
+    if done is not None:
+        async def answer_again() -> Record:
+            try:
+                await abort(fs, bucket, upload_id)
+            except S3Error:
+                pass  # removed already (the usual case)
+            return done
+
+        return answer_again
     upload = await info(fs, bucket, key, upload_id)
     have = {n: (st, record) for n, st, record in await parts(fs, bucket, upload_id)}
-    _check_list(wanted, have)
+    chosen = chosen_parts(wanted, have, part_bytes_min)
 
-    async def concatenated() -> AsyncIterator[bytes]:
-        for number, _ in wanted:
-            async for data in stream_file(fs, part_path(bucket, upload_id, number), 0, have[number][0].size):
-                yield data
+    def concatenated() -> AsyncIterator[bytes]:
+        return _concatenated(fs, [(part_path(bucket, upload_id, n), have[n][0].size) for n in chosen])
 
-    digest = hashlib.md5(b"".join(bytes.fromhex(have[n][1].etag) for n, _ in wanted)).hexdigest()
+    digest = hashlib.md5(b"".join(bytes.fromhex(have[n][1].etag) for n in chosen)).hexdigest()
 
     async def assemble() -> Record:
         record = await write_file(fs, object_path(bucket, key), concatenated(), lambda: Record(
-            etag=f"{digest}-{len(wanted)}", content_type=str(upload.get("content_type") or Record.content_type),
-            metadata=dict(upload.get("metadata") or {})))  # type: ignore[call-overload]
+            etag=f"{digest}-{len(chosen)}", content_type=str(upload.get("content_type") or Record.content_type),
+            metadata=dict(upload.get("metadata") or {}),  # type: ignore[call-overload]
+            headers=dict(upload.get("headers") or {}),  # type: ignore[call-overload]
+            parts=Record.runs([have[n][0].size for n in chosen]), upload_id=upload_id))
         await abort(fs, bucket, upload_id)
         return record
 
     return assemble
+
+
+async def _concatenated(fs: AsyncFileSystem, files: list[tuple[str, int]]) -> AsyncIterator[bytes]:
+    """The bytes of ``files`` (path, size) one after the other. Small parts (up to
+    :data:`SMALL_PART_BYTES`) are read whole, up to :data:`SMALL_PARTS_AHEAD` of them ahead
+    (one round trip each would otherwise make 10,000 tiny parts take minutes); larger ones
+    stream (:func:`~tectofs.s3.objects.stream_file`)."""
+    ahead: dict[int, asyncio.Future[bytes]] = {}
+    try:
+        for index, (path, size) in enumerate(files):
+            if size > SMALL_PART_BYTES:
+                async for data in stream_file(fs, path, 0, size):
+                    yield data
+                continue
+            for later in range(index, min(len(files), index + SMALL_PARTS_AHEAD)):
+                if later not in ahead and files[later][1] <= SMALL_PART_BYTES:
+                    ahead[later] = asyncio.ensure_future(fs.read_range(files[later][0], 0, files[later][1]))
+            yield await ahead.pop(index)
+    finally:
+        for future in ahead.values():
+            future.cancel()
 
 
 async def abort(fs: AsyncFileSystem, bucket: str, upload_id: str) -> None:

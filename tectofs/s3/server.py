@@ -8,9 +8,10 @@ PUT 1.66 GB/s; uvicorn + httptools 3.43 / 1.27; uvicorn + h11 2.19 / 0.93. aioht
 (request body streaming, what checkpoints do most) is the fastest, its GET close to the best,
 and it is one dependency with back-pressured request streams and ``StreamResponse``.
 
-Contract: path-style addressing (``/bucket/key``); every request must be signed (header or
-presigned URL) by a key :class:`~tectofs.s3.principals.Principals` knows; errors are S3
-XML documents with S3's codes; a response already streaming when a read fails is cut short
+Contract: path-style addressing (``/bucket/key``); every request must be signed (header,
+SigV4 presigned URL, or SigV2 presigned URL as boto3 makes by default) by a key
+:class:`~tectofs.s3.principals.Principals` knows; errors are S3 XML documents with S3's
+codes; a response already streaming when a read fails is cut short
 (the client sees fewer bytes than Content-Length, never wrong ones). Every request is
 counted in :class:`tectofs.metrics.S3Metrics` (``S3Gateway.metrics``; its ``registry`` is the
 process's client registry, which ``--metrics`` serves).
@@ -30,7 +31,7 @@ from tectofs import errors, metrics
 from tectofs.client import AsyncFileSystem
 from tectofs.wire import auth
 
-from . import handlers, sigv4
+from . import handlers, multipart, sigv4
 from . import xml as s3xml
 from .principals import Principals
 from .xml import S3Error
@@ -106,7 +107,8 @@ class S3Gateway:
     gateway acts as root, and for every user; with it, the metadata service tells the gateway
     each user's S3 secret: :mod:`tectofs.s3.principals`)."""
 
-    def __init__(self, meta_address: str, key_file: str) -> None:
+    def __init__(self, meta_address: str, key_file: str, part_bytes_min: int = multipart.PART_BYTES_MIN) -> None:
+        self.part_bytes_min = part_bytes_min  # every multipart part but the last: at least this (S3: 5 MiB)
         self.ring = auth.KeyRing(key_file)
         self.fs = AsyncFileSystem(meta_address, auth.Credential.root_from_keys(self.ring, meta_address))
         self.principals = Principals(self.fs, self.ring)
@@ -116,13 +118,15 @@ class S3Gateway:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=s3xml.BODY_MAX_BYTES)
-        app.router.add_route("*", "/{path:.*}", self.handle)
+        app.router.add_route("*", r"/{path:[\s\S]*}", self.handle)  # keys may hold newlines
         app.on_response_prepare.append(self._tag)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen; returns ``HOST:PORT``."""
-        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, read_bufsize=1 << 20)
+        # auto_decompress off: a body sent with Content-Encoding gzip is the object's bytes, stored as sent
+        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, read_bufsize=1 << 20,
+                                    auto_decompress=False)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port, backlog=1024)
         await site.start()
@@ -150,7 +154,7 @@ class S3Gateway:
                           AWSAccessKeyId=signed.access_key[:128])
         signing_key = sigv4.verify(signed, principal.secret, request.method, raw_path, pairs, request.headers)
         return handlers.Call(request, self.principals.filesystem(principal), self.fs, principal, signed, signing_key,
-                             bucket, key, dict(pairs))
+                             bucket, key, dict(pairs), self.part_bytes_min)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         request["request_id"] = secrets.token_hex(8).upper()

@@ -18,6 +18,7 @@ payload hash, or chunk signatures) is checked by the body reader as bytes arrive
 
 from __future__ import annotations
 
+import base64
 import calendar
 import hashlib
 import hmac
@@ -55,7 +56,8 @@ class SignedRequest:
     signature: str
     payload: str
     presigned: bool = False
-    expires_s: int = 0
+    expires_s: int = 0  # presigned: X-Amz-Expires (SigV4), or the Expires epoch second (SigV2)
+    version: int = 4  # 2: a SigV2 presigned URL (AWSAccessKeyId, Expires, Signature)
 
     @property
     def scope(self) -> str:
@@ -174,10 +176,30 @@ def _from_query(query: dict[str, str]) -> SignedRequest:
     except KeyError as missing:
         raise S3Error("AuthorizationQueryParametersError", f"a presigned URL needs {missing}") from None
     except ValueError:
-        raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires must be a number of seconds") from None
-    if not 0 < expires <= PRESIGN_EXPIRES_MAX_S:
-        raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires must be between 1 and 604800 seconds")
+        raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires should be a number",
+                      http_status=403) from None
+    if expires < 0:
+        raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires must be non-negative", http_status=403)
+    if expires == 0:
+        raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires must be greater than 0 (a URL valid for no"
+                      " time at all)", http_status=403)
+    if expires > PRESIGN_EXPIRES_MAX_S:
+        raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires must be less than a week (in seconds); that"
+                      f" is, the given X-Amz-Expires must be less than {PRESIGN_EXPIRES_MAX_S} seconds", http_status=403)
     return signed
+
+
+def _from_query_v2(query: dict[str, str]) -> SignedRequest:
+    """A SigV2 presigned URL (what boto3 makes unless told ``signature_version="s3v4"``)."""
+    try:
+        expires = int(query["Expires"])
+    except KeyError:
+        raise S3Error("AccessDenied", "Query-string authentication requires the Signature, Expires and AWSAccessKeyId"
+                      " parameters") from None
+    except ValueError:
+        raise S3Error("AccessDenied", "Invalid date (should be seconds since epoch): Expires") from None
+    return SignedRequest(query["AWSAccessKeyId"], "", "us-east-1", "", (), query.get("Signature", ""), UNSIGNED,
+                         presigned=True, expires_s=expires, version=2)
 
 
 def parse(headers: Mapping[str, str], query: list[tuple[str, str]]) -> SignedRequest | None:
@@ -188,6 +210,8 @@ def parse(headers: Mapping[str, str], query: list[tuple[str, str]]) -> SignedReq
     as_dict = dict(query)
     if "X-Amz-Signature" in as_dict or "X-Amz-Credential" in as_dict:
         return _from_query(as_dict)
+    if "AWSAccessKeyId" in as_dict and "Signature" in as_dict:
+        return _from_query_v2(as_dict)
     return None
 
 
@@ -203,6 +227,10 @@ def _amz_time(amz_date: str) -> float:
 
 def check_time(signed: SignedRequest, now: float) -> None:
     """Header signatures must be within 15 minutes of ``now``; presigned URLs unexpired."""
+    if signed.version == 2:
+        if now > signed.expires_s:
+            raise S3Error("AccessDenied", "Request has expired")
+        return
     at = _amz_time(signed.amz_date)
     if not signed.amz_date.startswith(signed.date):
         raise S3Error("SignatureDoesNotMatch", "X-Amz-Date is not on the credential scope's day")
@@ -220,6 +248,9 @@ def verify(signed: SignedRequest, secret: str, method: str, raw_path: str, query
     """Raise unless ``signed`` is a valid signature by the holder of ``secret``; return the
     day's signing key (chunk signatures chain from it)."""
     check_time(signed, time.time() if now is None else now)
+    if signed.version == 2:
+        _verify_v2(signed, secret, method, raw_path, query, headers)
+        return b""
     key = signing_key(secret, signed.date, signed.region)
     canonical = canonical_request(method, raw_path, query, headers, signed)
     expected = _hmac_hex(key, string_to_sign(signed, canonical))
@@ -228,6 +259,40 @@ def verify(signed: SignedRequest, secret: str, method: str, raw_path: str, query
                       "The request signature we calculated does not match the signature you provided. Check your key"
                       " and signing method.")
     return key
+
+
+# Query parameters SigV2 signs as part of the resource (botocore's ``HmacV1Auth.QSAOfInterest``).
+V2_SUBRESOURCES = frozenset({
+    "accelerate", "acl", "cors", "defaultObjectAcl", "location", "logging", "partNumber", "policy", "requestPayment",
+    "torrent", "versioning", "versionId", "versions", "website", "uploads", "uploadId", "response-content-type",
+    "response-content-language", "response-expires", "response-cache-control", "response-content-disposition",
+    "response-content-encoding", "delete", "lifecycle", "tagging", "restore", "storageClass", "notification",
+    "replication", "analytics", "metrics", "inventory", "select", "select-type", "object-lock",
+})
+
+
+def string_to_sign_v2(method: str, raw_path: str, query: list[tuple[str, str]], headers: Mapping[str, str]) -> str:
+    """SigV2's string to sign for a presigned URL: method, Content-MD5, Content-Type, Expires,
+    the ``x-amz-*`` parameters, and the resource (path and signed sub-resources)."""
+    as_dict = dict(query)
+    amz = sorted((k.lower(), v.strip()) for k, v in query if k.lower().startswith("x-amz-"))
+    resource = uri_encode(unquote(raw_path)) or "/"
+    sub = sorted((k, v) for k, v in query if k in V2_SUBRESOURCES)
+    if sub:
+        resource += "?" + "&".join(f"{k}={v}" if v else k for k, v in sub)
+    lines = [method, as_dict.get("content-md5", headers.get("Content-MD5", "")),
+             as_dict.get("content-type", headers.get("Content-Type", "")), as_dict.get("Expires", ""),
+             *(f"{k}:{v}" for k, v in amz), resource]
+    return "\n".join(lines)
+
+
+def _verify_v2(signed: SignedRequest, secret: str, method: str, raw_path: str, query: list[tuple[str, str]],
+               headers: Mapping[str, str]) -> None:
+    text = string_to_sign_v2(method, raw_path, query, headers)
+    expected = base64.b64encode(hmac.new(secret.encode(), text.encode(), hashlib.sha1).digest()).decode()
+    if not hmac.compare_digest(expected, signed.signature):
+        raise S3Error("SignatureDoesNotMatch", "The request signature we calculated does not match the signature you"
+                      " provided. Check your key and signing method.")
 
 
 def chunk_signature(key: bytes, signed: SignedRequest, previous: str, chunk_sha256: str) -> str:

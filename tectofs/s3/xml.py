@@ -24,7 +24,7 @@ STATUS = {
     "BadDigest": 400, "BucketAlreadyExists": 409, "BucketAlreadyOwnedByYou": 409, "BucketNotEmpty": 409,
     "EntityTooLarge": 400, "EntityTooSmall": 400, "IncompleteBody": 400, "InternalError": 500,
     "InvalidAccessKeyId": 403, "InvalidArgument": 400, "InvalidBucketName": 400, "InvalidDigest": 400,
-    "InvalidPart": 400, "InvalidPartOrder": 400, "InvalidRange": 416, "InvalidRequest": 400,
+    "InvalidPart": 400, "InvalidPartOrder": 400, "InvalidPartNumber": 416, "InvalidRange": 416, "InvalidRequest": 400,
     "KeyTooLongError": 400, "MalformedXML": 400, "MethodNotAllowed": 405, "MissingContentLength": 411,
     "NoSuchBucket": 404, "NoSuchKey": 404, "NoSuchUpload": 404, "NotImplemented": 501,
     "PreconditionFailed": 412, "RequestTimeTooSkewed": 403, "ServiceUnavailable": 503,
@@ -39,13 +39,14 @@ MISSING_MESSAGES = {"NoSuchKey": "The specified key does not exist.", "NoSuchBuc
 class S3Error(Exception):
     """An S3 error answer: ``code`` (S3's), a message, and the resource it concerns."""
 
-    def __init__(self, code: str, message: str, resource: str = "", **extra: str) -> None:
+    def __init__(self, code: str, message: str, resource: str = "", *, http_status: int = 0, **extra: str) -> None:
         super().__init__(message)
         self.code, self.message, self.resource, self.extra = code, message, resource, extra
+        self.http_status = http_status  # 0: the code's usual status (STATUS)
 
     @property
     def status(self) -> int:
-        return STATUS.get(self.code, 400)
+        return self.http_status or STATUS.get(self.code, 400)
 
 
 def from_tectofs(exc: errors.TectofsError, resource: str, missing: str = "NoSuchKey") -> S3Error:
@@ -96,7 +97,10 @@ def child(parent: ET.Element, tag: str, fields: Iterable[tuple[str, Any]] = ()) 
 
 
 def render(root: ET.Element) -> bytes:
-    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8", xml_declaration=False)
+    """The document, with a carriage return in text written ``&#13;`` (as S3 does: an XML
+    parser would turn a raw one into a newline)."""
+    body = ET.tostring(root, encoding="utf-8", xml_declaration=False).replace(b"\r", b"&#13;")
+    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + body
 
 
 def error_document(error: S3Error, request_id: str) -> bytes:

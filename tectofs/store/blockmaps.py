@@ -382,12 +382,7 @@ class BlockMaps(StoreParts):
     def truncate(self, parts: list[str], size: int, *, caller: Caller | None = None) -> Attrs:
         """Set the size of a file: shrinking drops data past ``size``; growing reads as zeros.
         A caller needs write permission."""
-        attrs = self._resolve(parts, caller)
-        if attrs.kind == "dir":
-            raise IsADirectory(f"/{'/'.join(parts)} is a directory")
-        if attrs.kind != "file":
-            raise InvalidArgument(f"/{'/'.join(parts)} is not a regular file")
-        access.require(attrs, caller, W, path=_p(parts))
+        attrs = self._regular_file(parts, caller, W)
         if size < 0:
             raise InvalidArgument("negative size")
         if size < attrs.size:
@@ -396,3 +391,13 @@ class BlockMaps(StoreParts):
         now = self.clock()
         self._x("UPDATE inodes SET size = ?, mtime = ?, ctime = ? WHERE ino = ?", (size, now, now, attrs.ino))
         return self._get(attrs.ino)
+
+    def _regular_file(self, parts: list[str], caller: Caller | None, want: int) -> Attrs:
+        """The regular file at ``parts``, once ``caller`` is allowed ``want`` (``R``, ``W``) on it."""
+        attrs = self._resolve(parts, caller)
+        if attrs.kind == "dir":
+            raise IsADirectory(f"{_p(parts)} is a directory")
+        if attrs.kind != "file":
+            raise InvalidArgument(f"{_p(parts)} is not a regular file")
+        access.require(attrs, caller, want, path=_p(parts))
+        return attrs

@@ -61,6 +61,7 @@ from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
 from .lease_keys import changed_by
 from .registry import ServersAndLeases
 from .schema import ADDED_COLUMNS, SCHEMA, WIDENED_COLUMNS_POSTGRESQL
+from .sharing import SHARING_SCHEMA, SharedBlocks
 from .users import Users
 from .xattrs import SCHEMA as XATTR_SCHEMA
 from .xattrs import ExtendedAttributes
@@ -94,7 +95,7 @@ def _as_dir(attrs: Attrs, parts: list[str]) -> Attrs:
     return attrs
 
 
-class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttributes):
+class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, ExtendedAttributes):
     """All metadata operations over one DB-API connection. Not thread-safe: one thread
     (the runner's) owns it."""
 
@@ -170,7 +171,7 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
 
     def _init_schema(self, default_policy: str, default_block_size: int) -> None:
         self.tx_begin()
-        for statement in SCHEMA + HEALTH_SCHEMA + XATTR_SCHEMA:
+        for statement in SCHEMA + HEALTH_SCHEMA + XATTR_SCHEMA + SHARING_SCHEMA:
             self._x(statement)
         for table, column, declaration, fill in ADDED_COLUMNS + HEALTH_COLUMNS:
             present = [d[0] for d in self._x(f"SELECT * FROM {table} LIMIT 0").description]
@@ -516,17 +517,25 @@ class SqlStore(BlockMaps, ServersAndLeases, BlockHealth, Users, ExtendedAttribut
         return self._get(directory.ino)
 
     def _drop_blocks(self, ino: int, from_idx: int = 0, only_idx: int | None = None) -> None:
-        """Queue the chunks of blocks ``idx >= from_idx`` (or just ``only_idx``) for deletion
-        after the GC delay (readers holding an older layout may still be reading them)."""
-        where = "ino = ? AND idx = ?" if only_idx is not None else "ino = ? AND idx >= ?"
+        """Forget blocks ``idx >= from_idx`` (or just ``only_idx``) of file ``ino``; the chunks
+        of those no other file uses (``sharing.py``: a block's references are its ``blocks``
+        rows) are queued for deletion after the GC delay (readers holding an older layout may
+        still be reading them)."""
+        def rows(alias: str) -> str:
+            return f"{alias}ino = ? AND {alias}idx {'=' if only_idx is not None else '>='} ?"
+
+        where = rows("")
         params = (ino, from_idx if only_idx is None else only_idx)
+        # The dropped blocks that no row outside the dropped ones refers to.
+        last = (f"SELECT d.block_id FROM blocks d WHERE {rows('d.')} AND NOT EXISTS"
+                f" (SELECT 1 FROM blocks o WHERE o.block_id = d.block_id AND NOT ({rows('o.')}))")
         self._x(
             "INSERT INTO gc_queue (server_id, block_id, due, ino) SELECT c.server_id, c.block_id, ?, ? FROM chunks c"
-            f" WHERE c.block_id IN (SELECT block_id FROM blocks WHERE {where}) ON CONFLICT DO NOTHING",
-            (self.clock() + self.gc_delay_s, ino, *params),
+            f" WHERE c.block_id IN ({last}) ON CONFLICT DO NOTHING",
+            (self.clock() + self.gc_delay_s, ino, *params, *params),
         )
-        self._x(f"DELETE FROM chunks WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
-        self._x(f"DELETE FROM repairs WHERE block_id IN (SELECT block_id FROM blocks WHERE {where})", params)
+        self._x(f"DELETE FROM repairs WHERE block_id IN ({last})", params + params)
+        self._x(f"DELETE FROM chunks WHERE block_id IN ({last})", params + params)
         self._x(f"DELETE FROM blocks WHERE {where}", params)
         self._x(f"DELETE FROM inline_blocks WHERE {where}", params)
 

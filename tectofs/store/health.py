@@ -96,9 +96,9 @@ class BlockHealth(StoreParts):
             f" LEFT JOIN chunks c ON c.block_id = b.block_id WHERE b.ino IN ({_marks(inos)}) ORDER BY b.block_id",
             inos,
         )
-        per_block: dict[int, list[Any]] = {}  # block id -> [ino, policy, chunks available]
-        for ino, policy, server_id, state, block_id in rows:
-            entry = per_block.setdefault(block_id, [ino, policy, 0])
+        per_block: dict[tuple[int, int], list[Any]] = {}  # (ino, block id) -> [ino, policy, chunks available]
+        for ino, policy, server_id, state, block_id in rows:  # (a block shared by two files counts for both)
+            entry = per_block.setdefault((ino, block_id), [ino, policy, 0])
             if server_id is not None and state == OK and server_id in live:
                 entry[2] += 1
         for ino, policy, available in per_block.values():
@@ -332,7 +332,8 @@ class BlockHealth(StoreParts):
         sources (the block's available chunks and their addresses); marked sent."""
         now = self.clock()
         rows = self._all(
-            "SELECT r.block_id, r.position, b.policy, b.length FROM repairs r JOIN blocks b ON b.block_id = r.block_id"
+            "SELECT DISTINCT r.block_id, r.position, b.policy, b.length, r.priority FROM repairs r"
+            " JOIN blocks b ON b.block_id = r.block_id"  # (DISTINCT: a block shared by several files, once)
             " WHERE r.target = ? AND r.sent = 0 ORDER BY r.priority, r.block_id LIMIT ?",
             (server_id, count),
         )
@@ -343,7 +344,7 @@ class BlockHealth(StoreParts):
         addresses = {s.server_id: s.address for s in servers}
         chunk_rows = self._block_chunks([int(r[0]) for r in rows])
         orders: list[RepairOrder] = []
-        for block_id, position, policy, length in rows:
+        for block_id, position, policy, length, _ in rows:
             own = [c for c in chunk_rows[block_id] if c[0] == position]
             sources = [
                 ChunkRef(position=c[0], server_id=c[1], address=addresses.get(c[1]), length=c[2], crc=c[3])

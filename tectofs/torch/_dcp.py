@@ -42,6 +42,7 @@ import io
 import os
 import pickle
 import threading
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -63,9 +64,9 @@ from .. import errors, limits, tensor_codec
 from .. import uri as _uri
 from ..checkpoint_gc import COMPRESS_XATTR, METADATA_NAME, PENDING_GRACE_S, REPLACED_MARK, gc_pending, pending_name
 from ..checksum import crc
-from . import _timing
+from . import _incremental, _timing
 from ._failures import step
-from ._staging import StagingPool
+from ._staging import Lease, StagedStateDict, StagingPool
 
 if TYPE_CHECKING:
     from ..client import FileSystem
@@ -88,6 +89,7 @@ class _ItemInfo:
     # tensor), "bytes" (planner BytesIO); crc32c is of the bytes stored (a zraw item's frame)
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
+    pieces: list[bytes] | None = None  # incremental checkpoints: digest of each block of the item (_incremental)
 
 
 @dataclass
@@ -98,6 +100,8 @@ class _PlanData:
     pending: str
     token: str
     compress: bool = False  # store raw tensors through tectofs.tensor_codec (the writer's option or the directory's)
+    block_size: int = 0  # incremental (CheckpointWriter(incremental=True)): the files' block size, else 0
+    previous: str | None = None  # incremental: the committed checkpoint to share unchanged pieces with
 
 
 def _item_nbytes(item: WriteItem) -> int:
@@ -266,6 +270,10 @@ def _add_compressed(out: _ItemWriter, item: _Item, job: "cf.Future[Any] | None")
     return item.view.nbytes if job is not None else 0
 
 
+def _done(job: "cf.Future[Any] | None") -> bool:
+    return job is None or job.done()
+
+
 def _describe(index: MetadataIndex) -> str:
     s = index.fqn
     if index.offset is not None and any(index.offset):
@@ -289,6 +297,16 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             by default saving onto an existing non-empty checkpoint fails.
         staging_max_bytes: optional hard cap on the staging buffers used by
             ``dcp.async_save`` (a bigger state dict is refused instead of staged).
+        async_staging: ``dcp.async_save`` returns at once and copies the state into the staging
+            buffers on a background thread, beside the next training step, instead of
+            blocking for the copy. ``async_save`` then returns DCP's ``AsyncSaveResponse``
+            (``staging_completion``, ``upload_completion``) rather than a future: the caller
+            may modify the state again once ``staging_completion`` is done. Every
+            ``torch.optim`` optimizer's ``step()`` waits for that by itself; other in-place
+            changes (a forward pass that updates BatchNorm statistics) must wait for it, and
+            a tensor changed before its copy is finished fails the save
+            (``CheckpointError``) instead of saving a torn state
+            (:meth:`tectofs.torch._staging.StagingPool.stage_beside`).
         staging_timeout_s: how long ``async_save`` may wait for the previous upload
             to release the staging buffers (default ``limits.staging_timeout_s``, 300 s:
             training never freezes behind a stuck upload; None: forever).
@@ -297,6 +315,14 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             None (default): as the checkpoint's directory says: the extended attribute
             ``user.tectofs.compress`` (``zstd`` or ``off``) on the nearest ancestor that has it
             (``tectofs set-policy DIR --compress zstd``), else off. Loads need no option.
+        incremental: share unchanged pieces with the previous checkpoint instead of writing them
+            again (``tectofs.torch._incremental``): each tensor of 1 MiB or more starts on a
+            block boundary, each of its blocks is hashed (SHA-256), and a block equal to the
+            same item's block in the newest committed checkpoint next to this one (other than
+            itself) is referenced, not rewritten: the same chunks, counted by the metadata
+            store, so deleting either checkpoint keeps what the other uses. Loads need no
+            option and verify every item's crc32c as always. Tensors are stored raw (no
+            ``compress``). ``referenced_bytes`` says how many bytes the last save shared.
         pending_grace_s: after each commit the coordinator deletes leftovers of
             interrupted saves (``.<name>.pending-*``/``.replaced-*``) in the checkpoint's
             parent directory that nothing has touched for this long (see
@@ -324,10 +350,18 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         staging_timeout_s: float | None = limits.staging_timeout_s,
         pending_grace_s: float | None = PENDING_GRACE_S,
         compress: bool | None = None,
+        async_staging: bool = False,
+        incremental: bool = False,
     ) -> None:
         super().__init__()
         if thread_count < 1:
             raise ValueError("thread_count must be >= 1")
+        if incremental and compress:
+            raise ValueError("an incremental checkpoint stores tensors raw (its pieces are shared as stored):"
+                             " CheckpointWriter(incremental=True) takes no compress=True")
+        self.incremental = incremental
+        self.referenced_bytes = 0  # incremental: bytes of this rank's last save taken from the previous checkpoint
+        self._previous_items: dict[MetadataIndex, _ItemInfo] = {}
         self.thread_count = thread_count
         self.max_file_bytes = max_file_bytes
         self.overwrite = overwrite
@@ -335,6 +369,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self.staging_timeout_s = staging_timeout_s
         self.pending_grace_s = pending_grace_s
         self.compress = compress
+        self.async_staging = async_staging
         self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
         self.save_id = uuid.uuid4().hex
         self.rank = 0
@@ -343,7 +378,7 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self._plan_data: _PlanData | None = None
         self._pool: StagingPool | None = None
         self._pool_lock = threading.Lock()
-        self._unclaimed_lease: Any = None
+        self._unclaimed_lease: Lease | None = None
         self._pending_owned: str | None = None  # coordinator: a pending directory not yet committed
         self._staged_s: float | None = None  # the last stage()'s copy time, for the save that follows it
         self._phases: dict[str, float] = {}  # this save's timings (tectofs.torch._timing)
@@ -441,9 +476,14 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             fs.mkdir(pending)
         self._pending_owned = pending
         compress = self.compress if self.compress is not None else directory_compresses(fs, loc.parent)
+        block_size, previous = 0, None
+        if self.incremental:
+            compress, block_size = False, fs.stat(pending).block_size
+            previous = _incremental.previous_checkpoint(fs, loc.parent, loc.name)
         return [
             dataclasses.replace(plan, storage_data=_PlanData(prefix=f"__{i}_", pending=pending, token=token,
-                                                             compress=compress))
+                                                             compress=compress, block_size=block_size,
+                                                             previous=previous))
             for i, plan in enumerate(plans)
         ]
 
@@ -480,6 +520,8 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             raise errors.CheckpointError(f"plan carries no tectofs storage data (got {type(data).__name__})")
         self._plan_data = data
         fs = self._fs()
+        self.referenced_bytes = 0
+        self._previous_items = _incremental.previous_items(fs, data.previous) if data.previous else {}
         buckets = _split_items(plan.items, self.thread_count, self.max_file_bytes)
         jobs = [(f"{data.prefix}{i}{DATA_SUFFIX}", bucket) for i, bucket in enumerate(buckets)]
         if len(jobs) <= 1:
@@ -495,7 +537,60 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         self, fs: FileSystem, pending: str, name: str, items: list[WriteItem], planner: SavePlanner
     ) -> list[WriteResult]:
         with self._step("write file", f"{pending}/{name}"):
+            if self._plan_data is not None and self._plan_data.block_size:
+                return self._write_items_incremental(fs, f"{pending}/{name}", name, items, planner)
             return self._write_items(fs, f"{pending}/{name}", name, items, planner)
+
+    def _write_items_incremental(
+        self, fs: FileSystem, path: str, name: str, items: list[WriteItem], planner: SavePlanner
+    ) -> list[WriteResult]:
+        """``_write_items`` for an incremental checkpoint (``_incremental``): tensors of
+        ``ALIGN_MIN_BYTES`` or more each from a block boundary, only their pieces that differ
+        from the previous checkpoint's written, the others referenced; then the rest packed."""
+        data = self._plan_data
+        assert data is not None and data.block_size
+        bs, previous_dir = data.block_size, data.previous
+        big = [i for i in items if i.type != WriteItemType.BYTE_IO and _item_nbytes(i) >= _incremental.ALIGN_MIN_BYTES]
+        rest = sorted((i for i in items if not any(i is b for b in big)), key=lambda it: it.type != WriteItemType.BYTE_IO)
+        references = _incremental.References(fs, path, bs)
+        results: list[WriteResult] = []
+        offset = end = 0
+
+        def write(item: WriteItem, prepared: _Item, checksum: cf.Future[int], hashed: cf.Future[list[bytes]] | None) -> None:
+            nonlocal offset, end
+            n, pieces = prepared.view.nbytes, hashed.result() if hashed is not None else None
+            references.write(raw, name, offset, prepared.view, pieces, self._previous_items.get(item.index), previous_dir)
+            info = _ItemInfo(name, offset, n, checksum.result(), prepared.fmt, prepared.dtype, prepared.shape, pieces)
+            results.append(WriteResult(index=item.index, size_in_bytes=n, storage_data=info))
+            end, offset = offset + n, _incremental.aligned(offset + n, bs)
+
+        with fs.open(path, "wb", buffering=0) as raw:
+            # Items are hashed on a pool, up to _COMPRESS_AHEAD_BYTES ahead of the upload.
+            ahead: collections.deque[tuple[WriteItem, _Item, cf.Future[int], cf.Future[list[bytes]] | None]]
+            ahead, ahead_bytes = collections.deque(), 0
+            try:
+                for item in big:
+                    prepared = self._prepare_item(item, planner)
+                    hashing = (_pool("digest", 2).submit(_incremental.digests, prepared.view, bs)
+                               if prepared.fmt == "raw" else None)
+                    ahead.append((item, prepared, _pool("crc", 2).submit(crc, prepared.view), hashing))
+                    ahead_bytes += prepared.view.nbytes
+                    while ahead and (ahead_bytes > _COMPRESS_AHEAD_BYTES or _done(ahead[0][3])):
+                        ahead_bytes -= ahead[0][1].view.nbytes
+                        write(*ahead.popleft())
+                while ahead:
+                    write(*ahead.popleft())
+            finally:  # (after a failure: the pools still read the caller's tensors)
+                cf.wait([f for _, _, c, h in ahead for f in (c, h) if f is not None])  # type: ignore[misc]
+            out = _ItemWriter(raw, name, _WRITE_BATCH_BYTES, _WRITE_BATCH_TEMPORARY_BYTES)
+            out.offset = offset
+            for item in rest:
+                out.add(self._prepare_item(item, planner))
+            out.flush()
+        references.apply(out.offset if rest else end)
+        with self._pool_lock:
+            self.referenced_bytes += references.referenced_bytes
+        return results + out.results
 
     def _write_items(
         self, fs: FileSystem, path: str, name: str, items: list[WriteItem], planner: SavePlanner
@@ -650,16 +745,33 @@ class CheckpointWriter(StorageWriter, AsyncStager):
                 self._pool = StagingPool(self.staging_max_bytes)
             return self._pool
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Copy ``state_dict`` into this writer's reusable staging buffers (blocking).
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | cf.Future[dict[str, Any]]:
+        """Copy ``state_dict`` into this writer's reusable staging buffers: blocking, or with
+        ``async_staging`` on a background thread (a future of the staged copy; DCP's
+        upload thread waits for it).
 
         Waits first for the previous ``async_save`` through this writer to finish: one
         staged checkpoint in flight per writer, so memory stays bounded and DCP's
         collectives of two saves never interleave."""
-        phases: dict[str, float] = {}
-        with _timing.timed(phases, "stage"):
+        started = time.perf_counter()
+        if not self.async_staging:
             staged, lease = self._staging_pool().stage(state_dict, timeout=self.staging_timeout_s)
-        self._staged_s = phases["stage"]
+            return self._keep_staged(staged, lease, time.perf_counter() - started)
+        staging = self._staging_pool().stage_beside(state_dict, timeout=self.staging_timeout_s)
+        out: cf.Future[dict[str, Any]] = cf.Future()
+
+        def hand_over(done: cf.Future[tuple[StagedStateDict, Lease]]) -> None:
+            try:
+                out.set_result(self._keep_staged(*done.result(), time.perf_counter() - started))
+            except BaseException as exc:
+                out.set_exception(exc)
+
+        staging.add_done_callback(hand_over)
+        return out
+
+    def _keep_staged(self, staged: StagedStateDict, lease: Lease, seconds: float) -> dict[str, Any]:
+        """Hand ``lease`` to the upload that follows (it claims it) and keep the copy's time."""
+        self._staged_s = seconds
         self._unclaimed_lease = lease
         return staged
 

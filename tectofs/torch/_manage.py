@@ -7,12 +7,15 @@ import io
 import os
 import re
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import uri as _uri
 from ..checkpoint_gc import METADATA_NAME, pending_name
+
+if TYPE_CHECKING:
+    from ..client import Stat
 
 _STEP = re.compile(r"(\d+)$")
 
@@ -30,14 +33,18 @@ def checkpoints(uri: str | os.PathLike) -> list[str]:
         entries = fs.scandir(loc.path)
     except FileNotFoundError:
         return []
+    return [loc.child(n).uri() for n in ordered_names(entries)]
+
+
+def ordered_names(entries: list[tuple[str, Stat]]) -> list[str]:
+    """The candidate checkpoints of a directory listing (``scandir``), oldest first: the
+    visible directories, by step number when every name has one, else by mtime."""
     dirs = [(name, st) for name, st in entries if st.kind == "dir" and not name.startswith(".")]
     steps = [_step(name) for name, _ in dirs]
     if dirs and all(s is not None for s in steps):
         ordered = sorted(zip(steps, dirs), key=lambda x: (x[0], x[1][1].mtime, x[1][0]))
-        names = [d[0] for _, d in ordered]
-    else:
-        names = [name for name, _ in sorted(dirs, key=lambda d: (d[1].mtime, d[0]))]
-    return [loc.child(n).uri() for n in names]
+        return [d[0] for _, d in ordered]
+    return [name for name, _ in sorted(dirs, key=lambda d: (d[1].mtime, d[0]))]
 
 
 def latest(uri: str | os.PathLike) -> str | None:

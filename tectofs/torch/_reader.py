@@ -51,6 +51,14 @@ class CheckpointReader(StorageReader):
     ``ProcessGroup`` that ``dcp.load`` is given. It is a collective, so it is off by default:
     turn it on only when every rank of that group loads with this reader (as ``dcp.load``
     does on every rank of its group); a subgroup's load must pass its group.
+
+    ``share_reads`` (``True`` or the load's ``ProcessGroup``, the same rule): a tensor item that
+    several ranks load (data-parallel replicas of the same shards) is read from storage by one
+    of them, chosen by the coordinator to balance the bytes each rank reads
+    (:func:`tectofs.torch._share.assign_readers`), and sent to the others point to point over
+    ``torch.distributed`` as soon as it is read and checked (:class:`tectofs.torch._share.Exchange`),
+    while the reads go on; every receiver checks its crc32c again. A rank that cannot read an
+    item tells the ranks waiting for it, which fail naming it.
     """
 
     def __init__(
@@ -62,9 +70,12 @@ class CheckpointReader(StorageReader):
         coalesce_gap_bytes: int = 1 * MiB,
         max_read_bytes: int = 64 * MiB,
         share_metadata: Any = False,
+        share_reads: Any = False,
     ) -> None:
         super().__init__()
         self.share_metadata = share_metadata
+        self.share_reads = share_reads
+        self.received_bytes = 0  # share_reads: bytes of this rank's last load received from other ranks
         self._loc: _uri.Location | None = _uri.parse(checkpoint_id) if checkpoint_id else None
         self.thread_count = thread_count
         self.inflight_bytes = inflight_bytes
@@ -149,7 +160,14 @@ class CheckpointReader(StorageReader):
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
+        """With ``share_reads``: each rank's part in reading shared items once, in its plan."""
+        if _share.group_of(self.share_reads) is None:
+            return plans
+        needs = [{req.storage_index: self.storage_data[req.storage_index].length
+                  for req in plan.items if req.type == LoadItemType.TENSOR and req.storage_index in self.storage_data}
+                 for plan in plans]
+        shares = _share.assign_readers(needs)
+        return [dataclasses.replace(plan, storage_data=share) for plan, share in zip(plans, shares)]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         fut: Future[None] = Future()
@@ -168,14 +186,47 @@ class CheckpointReader(StorageReader):
         return fut
 
     def _read_all(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        """Fetch every needed item with block-aligned ranged reads on ``thread_count``
-        threads, straight into the destination tensor whenever the stored bytes are the
-        tensor as-is; check each item's crc32c in the thread that completes it; hand items
-        to the planner from this thread (planners are not thread-safe)."""
+        """``_read_stored``, and with ``share_reads`` the items other ranks read for this one
+        received beside it (each checked, then handed to the planner as if read here)."""
+        share = plan.storage_data if isinstance(plan.storage_data, _share.ReadShare) else None
+        group = _share.group_of(self.share_reads) if share is not None else None
+        self.received_bytes = 0
+        if share is None or group is None:
+            self._read_stored(plan, planner, None)
+            return
+        lengths = {index: self.storage_data[index].length for index in share.tags}
+        exchange = _share.Exchange(group, share, lengths)
+        try:
+            self._read_stored(plan, planner, exchange)
+            loc = self._location()
+            reqs: dict[MetadataIndex, list[ReadItem]] = {}
+            for req in plan.items:
+                reqs.setdefault(req.storage_index, []).append(req)
+            for index, data in exchange.received():
+                load = _Load(index, self.storage_data[index])
+                load.reqs = reqs[index]
+                load.dest = data
+                self._check(loc, index, load.info, data)
+                if load.info.fmt == "zraw":
+                    self._decode(loc, load)
+                self._finish(load, planner)
+            self.received_bytes = exchange.received_bytes
+        finally:
+            exchange.close()
+
+    def _read_stored(self, plan: LoadPlan, planner: LoadPlanner, exchange: _share.Exchange | None) -> None:
+        """Fetch every needed item (but those ``exchange`` receives) with block-aligned ranged
+        reads on ``thread_count`` threads, straight into the destination tensor whenever the
+        stored bytes are the tensor as-is; check each item's crc32c in the thread that
+        completes it; send those ``exchange`` sends; hand items to the planner from this thread
+        (planners are not thread-safe)."""
         loc = self._location()
         fs = _uri.filesystem(loc.address)
         loads: dict[MetadataIndex, _Load] = {}
+        sends = exchange.share.send if exchange is not None else {}
         for req in plan.items:
+            if exchange is not None and req.storage_index in exchange.share.receive:
+                continue
             load = loads.get(req.storage_index)
             if load is None:
                 info = self.storage_data.get(req.storage_index)
@@ -212,6 +263,9 @@ class CheckpointReader(StorageReader):
                     for f in done:
                         inflight -= pending.pop(f).length
                         for load in f.result():
+                            if exchange is not None and load.index in sends:
+                                assert load.stored is not None
+                                exchange.send(load.index, load.stored)
                             self._finish(load, planner)
             except BaseException:
                 for f in pending:
@@ -254,6 +308,7 @@ class CheckpointReader(StorageReader):
             if last:
                 assert load.dest is not None
                 self._check(loc, load.index, load.info, load.dest)
+                load.stored = load.dest  # (the bytes as stored: what share_reads sends)
                 if load.info.fmt == "zraw":
                     self._decode(loc, load)  # here, in the reading thread: zstd runs beside the others
                 completed.append(load)
@@ -314,7 +369,7 @@ class CheckpointReader(StorageReader):
         else:
             for req in load.reqs:
                 self._apply(req, load.info, dest, planner)
-        load.dest = load.target = None
+        load.dest = load.target = load.stored = None
         load.reqs = []
 
     def _check(self, loc: _uri.Location, index: MetadataIndex, info: _ItemInfo, item: memoryview) -> None:
@@ -380,7 +435,7 @@ class CheckpointReader(StorageReader):
 class _Load:
     """One stored item being loaded: where its bytes go and how many reads are left."""
 
-    __slots__ = ("index", "info", "reqs", "dest", "target", "remaining")
+    __slots__ = ("index", "info", "reqs", "dest", "target", "remaining", "stored")
 
     def __init__(self, index: MetadataIndex, info: _ItemInfo) -> None:
         self.index = index
@@ -389,6 +444,7 @@ class _Load:
         self.dest: memoryview | None = None  # the target tensor's bytes, or a private buffer
         self.target: torch.Tensor | None = None  # set when dest is the target tensor itself
         self.remaining = 0  # tasks that still have to deliver part of this item
+        self.stored: memoryview | None = None  # once read and checked: its bytes as stored
 
 
 @dataclass

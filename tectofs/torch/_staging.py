@@ -26,11 +26,13 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+from .. import errors, limits
 
 _PRIMITIVES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 # Large CPU tensors are copied in slices that the staging thread and one helper thread take in
@@ -45,7 +47,9 @@ class StagedStateDict(dict):
     __slots__ = ("__weakref__",)
 
 
-class _Lease:
+class Lease:
+    """A staged checkpoint's hold on its pool buffers (see the module docstring)."""
+
     __slots__ = ("buffers", "nbytes", "stage_thread", "owner", "released", "__weakref__")
 
     def __init__(self, buffers: list[torch.Tensor], nbytes: int) -> None:
@@ -77,10 +81,11 @@ class StagingPool:
         self._poll_s = poll_s
         self._cond = threading.Condition()
         self._free: dict[int, list[torch.Tensor]] = {}
-        self._lease: _Lease | None = None
+        self._lease: Lease | None = None
         self.allocated_bytes = 0  # bytes of buffers allocated by the pool over its life
         self.reused_bytes = 0  # bytes served from kept buffers
         self._helper: tuple[int, ThreadPoolExecutor] | None = None  # (pid, the copying helper thread)
+        self._stage_thread: tuple[int, ThreadPoolExecutor] | None = None  # (pid, stage_beside's thread)
 
     def _copy_helper(self) -> ThreadPoolExecutor:
         """The pool's helper thread for copies (made again in a forked child: threads do not
@@ -90,7 +95,7 @@ class StagingPool:
         return self._helper[1]
 
     # -- leases -----------------------------------------------------------------------
-    def _acquire(self, sizes: list[int], timeout: float | None) -> _Lease:
+    def _acquire(self, sizes: list[int], timeout: float | None) -> Lease:
         total = sum(sizes)
         if self.max_bytes is not None and total > self.max_bytes:
             raise ValueError(
@@ -124,11 +129,11 @@ class StagingPool:
                     buffers.append(torch.empty(n, dtype=torch.uint8))
                     self.allocated_bytes += n
             self._free.clear()
-            lease = _Lease(buffers, total)
+            lease = Lease(buffers, total)
             self._lease = lease
             return lease
 
-    def _release_locked(self, lease: _Lease) -> None:
+    def _release_locked(self, lease: Lease) -> None:
         if lease.released:
             return
         lease.released = True
@@ -139,7 +144,7 @@ class StagingPool:
             self._lease = None
         self._cond.notify_all()
 
-    def release(self, lease: _Lease) -> None:
+    def release(self, lease: Lease) -> None:
         with self._cond:
             self._release_locked(lease)
 
@@ -157,6 +162,9 @@ class StagingPool:
         if self._helper is not None:
             self._helper[1].shutdown(wait=False)
             self._helper = None
+        if self._stage_thread is not None:
+            self._stage_thread[1].shutdown(wait=False)
+            self._stage_thread = None
         with self._cond:
             self._free.clear()
             if self._lease is not None:
@@ -173,28 +181,66 @@ class StagingPool:
 
     # -- staging ----------------------------------------------------------------------
     @torch.no_grad()
-    def stage(self, state_dict: dict[str, Any], timeout: float | None = None) -> tuple[StagedStateDict, _Lease]:
+    def stage(self, state_dict: dict[str, Any], timeout: float | None = None) -> tuple[StagedStateDict, Lease]:
         """Copy ``state_dict`` into pool buffers; returns the staged copy and its lease.
 
         Blocks first until the previous staged checkpoint of this pool is uploaded."""
-        sources: list[torch.Tensor] = []
-        seen: set[int] = set()
+        sources = _sources(state_dict)
+        return self._stage(state_dict, sources, timeout, self._copy_helper())
 
-        def collect(t: torch.Tensor) -> None:
-            if _poolable(t) and id(t) not in seen:
-                seen.add(id(t))
-                sources.append(t)
+    def stage_beside(self, state_dict: dict[str, Any], timeout: float | None = None) -> Future[tuple[StagedStateDict, Lease]]:
+        """Start staging ``state_dict`` on the pool's staging thread and return at once.
 
-        _walk(state_dict, collect, None)
+        The caller's thread only takes a snapshot of the structure (containers and
+        non-tensor values are copied now; tensors are referenced, with their in-place
+        version counters). The wait for the previous upload and the copies run on one
+        background thread (not two: the training step owns the other cores meanwhile).
+        Until the returned future is done the caller must not modify the tensors in place:
+        every ``torch.optim`` optimizer's ``step()`` waits for it by itself (a global step
+        pre-hook, at most ``timeout``); anything else (a forward pass updating BatchNorm
+        statistics, a manual ``add_``) must wait for the future first. A tensor modified in
+        place before its copy is finished fails the staging (``CheckpointError``): the copy
+        would not be the state at the call."""
+        sources = _sources(state_dict)
+        versions = [t._version for t in sources]
+        identity: dict[int, torch.Tensor] = {id(t): t for t in sources}
+        skeleton = _walk(state_dict, None, identity)  # private tensors (sparse, empty...) are copied here
+        for t in list(identity.values()):
+            identity.setdefault(id(t), t)
+        _ensure_optimizer_hook()
+        future = self._stager().submit(self._stage_checked, skeleton, sources, versions, timeout, identity)
+        with _in_flight_lock:
+            _in_flight.add(future)
+        future.add_done_callback(_forget_in_flight)
+        return future
+
+    @torch.no_grad()
+    def _stage_checked(self, skeleton: dict[str, Any], sources: list[torch.Tensor], versions: list[int],
+                       timeout: float | None, private: dict[int, torch.Tensor]) -> tuple[StagedStateDict, Lease]:
+        staged, lease = self._stage(skeleton, sources, timeout, None, private)
+        changed = [t for t, v in zip(sources, versions) if t._version != v]
+        if changed:
+            self.release(lease)
+            t = changed[0]
+            raise errors.CheckpointError(
+                f"{len(changed)} tensor(s) (the first {tuple(t.shape)} {t.dtype}) were modified in place while "
+                "async_save was staging them, so the checkpoint would not be the state it was called with: "
+                "wait for the staging (AsyncSaveResponse.staging_completion.result()) before changing the state "
+                "outside an optimizer step")
+        return staged, lease
+
+    def _stage(self, state_dict: dict[str, Any], sources: list[torch.Tensor], timeout: float | None,
+               helper: ThreadPoolExecutor | None, private: dict[int, torch.Tensor] | None = None,
+               ) -> tuple[StagedStateDict, Lease]:
         lease = self._acquire([_nbytes(t) for t in sources], timeout)
         try:
-            memo: dict[int, torch.Tensor] = {}
+            memo: dict[int, torch.Tensor] = dict(private or {})
             pairs = []
             for src, buf in zip(sources, lease.buffers):
                 dst = buf.view(src.dtype).view(src.shape)
                 pairs.append((src.detach(), dst))
                 memo[id(src)] = dst
-            _copy_into(pairs, self._copy_helper())
+            _copy_into(pairs, helper)
             staged = _walk(state_dict, None, memo)
         except BaseException:
             self.release(lease)
@@ -203,13 +249,67 @@ class StagingPool:
         weakref.finalize(out, _release_weak, weakref.ref(self), weakref.ref(lease))
         return out, lease
 
+    def _stager(self) -> ThreadPoolExecutor:
+        """The thread that runs :meth:`stage_beside` (made again in a forked child)."""
+        if self._stage_thread is None or self._stage_thread[0] != os.getpid():
+            self._stage_thread = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="tectofs-stage-beside"))
+        return self._stage_thread[1]
 
-def _copy_into(pairs: list[tuple[torch.Tensor, torch.Tensor]], helper: ThreadPoolExecutor) -> None:
+
+def _sources(state_dict: dict[str, Any]) -> list[torch.Tensor]:
+    """The plain local tensors of ``state_dict`` that go into pool buffers, each once."""
+    sources: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def collect(t: torch.Tensor) -> None:
+        if _poolable(t) and id(t) not in seen:
+            seen.add(id(t))
+            sources.append(t)
+
+    _walk(state_dict, collect, None)
+    return sources
+
+
+# Stagings running beside the training step (StagingPool.stage_beside), process-wide: every
+# optimizer's step() waits for them first (the optimizer mutates parameters in place).
+_in_flight: set[Future[Any]] = set()
+_in_flight_lock = threading.Lock()
+_hook_installed = False
+
+
+def _forget_in_flight(future: Future[Any]) -> None:
+    with _in_flight_lock:
+        _in_flight.discard(future)
+
+
+def _ensure_optimizer_hook() -> None:
+    """Install (once per process) the optimizer step pre-hook that waits for stagings."""
+    global _hook_installed
+    with _in_flight_lock:
+        if _hook_installed:
+            return
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(_before_optimizer_step)
+        _hook_installed = True
+
+
+def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Before any ``optimizer.step()``: wait for the stagings in flight (at most
+    ``limits.staging_timeout_s``; past it the step goes on and the staging, if the step
+    touches a tensor it has not copied yet, fails rather than save a torn tensor)."""
+    with _in_flight_lock:
+        pending = [f for f in _in_flight if not f.done()]
+    if pending:
+        wait(pending, timeout=limits.staging_timeout_s)
+
+
+def _copy_into(pairs: list[tuple[torch.Tensor, torch.Tensor]], helper: ThreadPoolExecutor | None) -> None:
     """Copy each source into its destination. Contiguous CPU tensors of ``_SLICED_MIN_BYTES`` or
     more go in ``_SLICE_BYTES`` slices of plain memory copies (numpy's: no GIL, no OpenMP), taken
     in turn by this thread and ``helper``: when the other core is busy, whichever thread runs
     takes the next slice (torch's own ``copy_`` splits a tensor in fixed halves and waits for the
-    slower). Everything else is copied with ``copy_`` here meanwhile. Returns once every byte is
+    slower). Everything else is copied with ``copy_`` here meanwhile. No ``helper``: all on this thread. Returns once every byte is
     copied; raises once the helper stopped: it never writes into a buffer after this returns."""
     sliced: list[tuple[np.ndarray, np.ndarray]] = []
     rest: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -232,7 +332,7 @@ def _copy_into(pairs: list[tuple[torch.Tensor, torch.Tensor]], helper: ThreadPoo
                 return
             np.copyto(job[0], job[1])
 
-    helping: Future[None] | None = helper.submit(take_slices) if len(sliced) > 1 else None
+    helping: Future[None] | None = helper.submit(take_slices) if helper is not None and len(sliced) > 1 else None
     try:
         for src, dst in rest:
             dst.copy_(src)

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import msgspec
 
 from tectofs import limits
+from tectofs.wire.operation import Operation
 from tectofs.wire.values import Id, Ino, Message, Name
 
 SESSION_BYTES = 16  # a lease session id: random, chosen by the client, said in its hellos
+
+
+class Entry(Message, frozen=True, array_like=True):
+    """One name of a directory."""
+
+    parent: Ino
+    name: Name
 
 
 class Recall(Message, frozen=True, kw_only=True):
@@ -19,9 +27,9 @@ class Recall(Message, frozen=True, kw_only=True):
     keepalive."""
 
     id: Id
-    inos: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_inodes_max)] = []
-    entries: Annotated[list["Entry"], msgspec.Meta(max_length=limits.lease_recall_inodes_max)] = []
-    listings: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_inodes_max)] = []
+    inos: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_keys_max)] = []
+    entries: Annotated[list[Entry], msgspec.Meta(max_length=limits.lease_recall_keys_max)] = []
+    listings: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_keys_max)] = []
 
 
 class KeepaliveRequest(Message, frozen=True, kw_only=True):
@@ -46,18 +54,14 @@ class KeepaliveReply(Message, frozen=True, kw_only=True):
     recalls: Annotated[list[Recall], msgspec.Meta(max_length=limits.lease_recalls_per_reply_max)] = []
 
 
+KEEPALIVE: Final = Operation("keepalive", KeepaliveRequest, KeepaliveReply, idempotent=True)
+
+
 # What a lease covers, as the metadata service keys it (``server/meta/leases.py``):
 ATTRS = "a"  # ("a", ino): an inode's attributes, extended attributes, symlink target and inline data
 ENTRY = "e"  # ("e", directory ino, name): one name of a directory, present or absent
 LISTING = "l"  # ("l", directory ino): a directory's complete listing
 LeaseKey = tuple[Any, ...]
-
-
-class Entry(Message, frozen=True, array_like=True):
-    """One name of a directory."""
-
-    parent: Ino
-    name: Name
 
 
 def recall_of(recall_id: int, keys: "list[LeaseKey]") -> "Recall":

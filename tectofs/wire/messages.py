@@ -13,13 +13,14 @@ the FUSE adapter and the plugin all use them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Final, Generic, Literal, TypeAlias, TypeVar
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
 from tectofs import limits
-from tectofs.wire.leases import SESSION_BYTES, KeepaliveReply, KeepaliveRequest
+from tectofs.wire.leases import KEEPALIVE, SESSION_BYTES
+from tectofs.wire.operation import AnyOperation, Operation, ReplyT, RequestT, table  # noqa: F401 (re-exported)
+from tectofs.wire.shared_blocks import REFERENCE_BLOCKS, SHARED_BLOCKS
 from tectofs.wire.values import (  # noqa: F401 (re-exported)
     Address,
     Allocation,
@@ -671,35 +672,6 @@ class WhoamiReply(Message, frozen=True, kw_only=True):
 
 # ---------------------------------------------------------------------- the tables
 
-
-RequestT = TypeVar("RequestT", bound=Message, covariant=True)
-ReplyT = TypeVar("ReplyT", bound=Message, covariant=True)
-
-
-@dataclass(frozen=True)
-class Operation(Generic[RequestT, ReplyT]):
-    """One RPC: its request and reply types, whether it may be retried blindly (it changes
-    nothing, or doing it twice is the same as once), and whether the request carries a payload.
-
-    Each operation is one constant below (``LOOKUP``, ``PUT_CHUNK``, ...); the tables of the
-    two services are made of those constants, and so are the typed client
-    (``tectofs.client.metadata``) and each service's handler table: the request and reply types
-    named here are the ones a caller passes and gets back and the ones a handler takes and answers."""
-
-    name: str
-    request: type[RequestT]
-    reply: type[ReplyT]
-    idempotent: bool
-    payload: bool = False
-
-
-AnyOperation: TypeAlias = "Operation[Message, Message]"
-
-
-def _table(*operations: AnyOperation) -> dict[str, AnyOperation]:
-    return {op.name: op for op in operations}
-
-
 HELLO: Final = Operation("hello", Hello, HelloReply, idempotent=True)
 
 # ---- the metadata service
@@ -750,7 +722,6 @@ USER_REMOVE: Final = Operation("user_remove", UserNameRequest, Empty, idempotent
 USER_LIST: Final = Operation("user_list", Empty, UserListReply, idempotent=True)
 S3_PRINCIPAL: Final = Operation("s3_principal", S3KeyRequest, S3PrincipalReply, idempotent=True)
 WHOAMI: Final = Operation("whoami", Empty, WhoamiReply, idempotent=True)
-KEEPALIVE: Final = Operation("keepalive", KeepaliveRequest, KeepaliveReply, idempotent=True)
 
 # ---- chunk servers (and PING, above)
 
@@ -759,15 +730,15 @@ GET_CHUNK: Final = Operation("get_chunk", GetChunkRequest, GetChunkReply, idempo
 DELETE_CHUNKS: Final = Operation("delete_chunks", DeleteChunksRequest, DeleteChunksReply, idempotent=True)
 CHUNK_STAT: Final = Operation("stat", Empty, ChunkStatReply, idempotent=True)
 
-META_OPERATIONS: Final = _table(
+META_OPERATIONS: Final = table(
     HELLO, LOOKUP, GETATTR, MKDIR, MAKEDIRS, CREATE, SYMLINK, MKNOD, READDIR, SETATTR, TRUNCATE, SET_POLICY,
     RENAME, LINK, RELEASE, RELEASE_LEASES, GETXATTR, LISTXATTR, SETXATTR, REMOVEXATTR, EXCHANGE, UNLINK,
     UNLINK_MANY, RMDIR, STATFS, LAYOUT, ALLOCATE, STAGE, RENEW, COMMIT, REPORT_BAD_CHUNK, REPAIR_DONE, REPAIR_FAILED,
     INVENTORY_BEGIN, INVENTORY, DRAIN, BLOCK_HEALTH, REGISTER_SERVER, HEARTBEAT, SERVERS, STATS, PING, USER_ADD,
-    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI, KEEPALIVE,
+    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI, REFERENCE_BLOCKS, SHARED_BLOCKS, KEEPALIVE,
 )
 
-CHUNK_OPERATIONS: Final = _table(
+CHUNK_OPERATIONS: Final = table(
     HELLO, PUT_CHUNK, GET_CHUNK, DELETE_CHUNKS, CHUNK_STAT, PING,
 )
 
