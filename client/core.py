@@ -173,11 +173,11 @@ class AsyncFileSystem:
         # the largest file the metadata service keeps inline, as its last answer said (0: none seen yet)
         self.inline_max = 0
         self.lease_session: LeaseSession | None = None
-        self.metadata_cache: MetadataCache | None = None  # answers while leases are held (this identity's)
+        self.metadata_cache: MetadataCache[Stat] | None = None  # answers while leases are held (this identity's)
         if leases:
             self.lease_session = LeaseSession(self.metadata, **({"clock": clock} if clock is not None else {}))
             self.lease_session.attach(self.rpc)
-            self.metadata_cache = MetadataCache()
+            self.metadata_cache = MetadataCache[Stat]()
             self.lease_session.listeners.append(self._recalled)
             self.metadata.on_change = self._changed
             self.lease_session.start()
@@ -197,7 +197,7 @@ class AsyncFileSystem:
         if ino:
             self.metadata_cache.forget_inode(ino)
 
-    def _cached(self) -> "MetadataCache | None":
+    def _cached(self) -> "MetadataCache[Stat] | None":
         """The cache this client may answer from now (a view acting for another user has none:
         permission checks differ by user)."""
         cache = self.metadata_cache

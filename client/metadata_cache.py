@@ -13,15 +13,25 @@ and as many inodes, least recently used first out.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, TypeVar, Union
+from typing import Generic, Protocol, TypeVar, Union
 
 from tectofs import limits, paths
 from tectofs.wire.leases import Recall
 from tectofs.wire.values import Message
 
-if TYPE_CHECKING:
-    from .core import Stat
 
+
+class Attributes(Protocol):
+    """What the cache needs of the attributes it keeps (``tectofs.client.Stat``)."""
+
+    @property
+    def ino(self) -> int: ...
+
+    @property
+    def kind(self) -> str: ...
+
+
+StatT = TypeVar("StatT", bound=Attributes)
 ROOT_INO = 1
 ABSENT = None  # a name cached as absent
 
@@ -31,15 +41,14 @@ class Miss:
 
 
 MISS = Miss()
-Lookup = Union["Stat", None, Miss]  # the attributes, absent, or not cached
 AnswerT = TypeVar("AnswerT")
 
 
-class MetadataCache:
+class MetadataCache(Generic[StatT]):
     def __init__(self, entries_max: int = limits.metadata_cache_entries_max) -> None:
         self.entries_max = entries_max
         self._names: OrderedDict[tuple[int, str], int | None] = OrderedDict()
-        self._attrs: OrderedDict[int, "Stat"] = OrderedDict()
+        self._attrs: OrderedDict[int, StatT] = OrderedDict()
         self._xattrs: dict[int, dict[str, bytes | None]] = {}
         self._xattr_names: dict[int, list[str]] = {}
         self.hits = 0
@@ -47,7 +56,7 @@ class MetadataCache:
 
     # ------------------------------------------------------------------ answers
 
-    def lookup(self, path: str) -> Lookup:
+    def lookup(self, path: str) -> Union[StatT, None, Miss]:
         """``path``'s attributes, ``ABSENT`` if a name on the way is absent, or ``MISS``."""
         ino = self._resolve(paths.split(path))
         if isinstance(ino, Miss) or ino is None:
@@ -89,7 +98,7 @@ class MetadataCache:
 
     # ------------------------------------------------------------------ what the service said
 
-    def learned(self, path: str, walk: list[int], stat: "Stat") -> None:
+    def learned(self, path: str, walk: list[int], stat: StatT) -> None:
         """A lookup of ``path`` through the directories ``walk`` (/ first) found ``stat``."""
         parts = paths.split(path)
         if len(walk) != len(parts):
@@ -107,7 +116,7 @@ class MetadataCache:
         if isinstance(parent, int):
             self._name(parent, parts[-1], ABSENT)
 
-    def attributes(self, stat: "Stat") -> None:
+    def attributes(self, stat: StatT) -> None:
         self._attrs[stat.ino] = stat
         self._attrs.move_to_end(stat.ino)
         while len(self._attrs) > self.entries_max:

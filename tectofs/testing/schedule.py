@@ -136,6 +136,7 @@ class Simulation:
         self.violation: SimulationFailed | None = None
         self.cluster.on_delete = self.check_gc
         self.watcher: LeaseWatcher | None = None  # a second client, holding leases (invariant f)
+        self.unlinked_s: dict[str, float] = {}  # name -> when an unlink of it was acknowledged
 
     # ------------------------------------------------------------------ plumbing
 
@@ -189,6 +190,24 @@ class Simulation:
         wrong = model.check(data, started_s)
         if wrong is not None:
             self.fail(f"{wrong[:4]}{name} {wrong[4:]}")
+
+    def check_leased(self, name: str, size: int, at_s: float) -> None:
+        """(f) An answer of the leasing client's cache (its size of ``name`` at ``at_s``) is not
+        older than a change whose call had returned: no acknowledged write had replaced that
+        version, no acknowledged unlink had removed the file."""
+        unlinked = self.unlinked_s.get(name)
+        if unlinked is not None and unlinked < at_s:
+            self.fail(f"(f) a leased cache answered for {name} at {at_s:.3f}s, unlinked at {unlinked:.3f}s")
+        model = self.files.get(name)
+        if model is None:
+            return
+        candidates = [v for v in model.versions if len(v.data) == size]
+        if not candidates and size != 0:
+            self.fail(f"(f) a leased cache answered size {size} for {name}, which no write wrote")
+        options = [model.superseded(v, at_s) for v in candidates] + ([model.superseded(None, at_s)] if size == 0 else [])
+        if options and all(options):
+            self.fail(f"(f) a leased cache answered size {size} for {name} at {at_s:.3f}s, though a write"
+                      " acknowledged before then replaced that version")
 
     def unhealed(self) -> list[str]:
         """Why the cluster is not whole (empty: healed), from the store and the disks."""
@@ -295,10 +314,9 @@ class Simulation:
         whenever its leases allow (invariant f)."""
         assert self.watcher is not None
         for _ in range(self.rng.randint(2, 6)):
-            model = self.files.get(name)
-            if model is None:
+            if name not in self.files:
                 return
-            await self.watcher.stat(name, model)
+            await self.watcher.stat(name)
             await self.pause(0.0, 2.0)
 
     async def isolate_watcher(self, name: str) -> None:
@@ -307,7 +325,7 @@ class Simulation:
         answering from its cache before the rewrite can return (the service's grace period)."""
         network = self.cluster.network
         assert self.watcher is not None
-        await self.watcher.stat(name, self.files[name])
+        await self.watcher.stat(name)
         network.unreachable.add(WATCH_HOST)
         self.trace("watcher: PARTITIONED")
         self.background(self.watch(name))
@@ -333,8 +351,7 @@ class Simulation:
             self.trace(f"client: unlink {name} failed: {type(exc).__name__}")
             return
         self.stats["unlinked"] += 1
-        if self.watcher is not None:
-            self.watcher.unlinked(name)
+        self.unlinked_s[name] = self.cluster.clock.now
         self.trace(f"client: unlink {name}")
 
     def background(self, coro: Any) -> None:
@@ -361,7 +378,7 @@ class Simulation:
         for chunk in self.cluster.chunks:
             await self.cluster.start_chunk(chunk)
         self.cluster.start_client()
-        self.watcher = LeaseWatcher(self.cluster, self.fail)
+        self.watcher = LeaseWatcher(self.cluster, self.check_leased)
         for i in range(self.rng.randint(2, 3)):
             name = f"f{i}"
             await self.write(name, self.data_for(name))
