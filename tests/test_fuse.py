@@ -37,9 +37,9 @@ def _fuse_unavailable() -> str | None:
     if shutil.which("fusermount3") is None:
         return "fusermount3 is not installed (apt-get install fuse3)"
     try:
-        import mfusepy  # noqa: F401
+        import pyfuse3  # noqa: F401
     except Exception as exc:  # ImportError, or OSError when libfuse3 cannot be loaded
-        return f"mfusepy/libfuse3 unavailable: {exc}"
+        return f"pyfuse3/libfuse3 unavailable: {exc}"
     return None
 
 
