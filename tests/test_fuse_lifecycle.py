@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -36,3 +37,25 @@ def test_a_signal_commits_open_files_and_unmounts(cluster: Any, tmp_path: Any, s
     finally:
         mount.stop()
         assert not os.path.ismount(mnt)
+
+
+def test_sequential_reads_get_an_8_mib_read_ahead(cluster: Any, tmp_path: Any) -> None:
+    """The device read-ahead is raised after the kernel's INIT (which would cap it at 128 KiB),
+    so sequential reads reach the daemon as 1 MiB requests."""
+    from tectofs.client.fuse import start_mount_process
+
+    if os.geteuid() != 0:
+        pytest.skip("raising a device's read-ahead needs root")
+    mnt = str(tmp_path / "mnt")
+    with start_mount_process(cluster.address, mnt, log_path=str(tmp_path / "mount.log")):
+        with open("/proc/self/mountinfo") as f:
+            device = [line.split()[2] for line in f if line.split()[4] == mnt][-1]
+        os.stat(mnt)  # answered once the kernel's INIT is
+        deadline = time.monotonic() + 10
+        while True:
+            with open(f"/sys/class/bdi/{device}/read_ahead_kb") as f:
+                read_ahead_kb = int(f.read())
+            if read_ahead_kb == 8192 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert read_ahead_kb == 8192

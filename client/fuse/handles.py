@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import itertools
 import logging
 from typing import Iterator
 
 from tectofs.client.files import AsyncFile
-from tectofs.errors import StaleFile, TectofsError
+from tectofs.errors import TectofsError
 
 log = logging.getLogger("tectofs.fuse")
 
@@ -87,11 +88,11 @@ class OpenFiles:
         return handle
 
     def get(self, fh: int) -> OpenFile:
-        """The open file of handle ``fh``; :class:`StaleFile` (ESTALE) if none."""
-        handle = self._handles.get(fh)
-        if handle is None:
-            raise StaleFile(f"file handle {fh} is not open")
-        return handle
+        """The open file of handle ``fh``; ``OSError(EBADF)`` if none."""
+        try:
+            return self._handles[fh]
+        except KeyError:
+            raise OSError(errno.EBADF, f"file handle {fh} is not open") from None
 
     def numbers(self) -> list[int]:
         return list(self._handles)

@@ -25,6 +25,7 @@ one; special files are metadata the kernel serves. Listings bring every entry's 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat as statmod
 from typing import Callable, Sequence
@@ -69,6 +70,14 @@ class TectofsOperations(FileOperations):
         self._listing_callers: dict[int, tuple[int, Identity | None]] = {}  # directory fh -> (inode, opener)
 
     def init(self) -> None:
+        """The kernel's INIT request, before its reply: once the reply is sent (the loop's next
+        turn), raise the read-ahead and say the mount is ready."""
+        asyncio.get_running_loop().call_soon(self._initialized)
+
+    def _initialized(self) -> None:
+        # The kernel sets the device's read-ahead to the lesser of its setting and the INIT
+        # reply's max_readahead, which pyfuse3 leaves at the kernel's offer (128 KiB): raised
+        # after the reply, reads arrive as 1 MiB requests, several in flight (8 times fewer).
         raise_read_ahead(self.mountpoint, max_readahead_bytes)
         if self._on_ready is not None:
             self._on_ready()
