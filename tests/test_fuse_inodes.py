@@ -105,6 +105,7 @@ def test_kernel_cache_policy_and_invalidations(monkeypatch: pytest.MonkeyPatch) 
     assert (entry.attr_timeout, entry.entry_timeout) == (1.5, 1.5) and cache.caches_names
     stale = cache.timeouts(pyfuse3.EntryAttributes(), fresh=False)
     assert (stale.attr_timeout, stale.entry_timeout) == (0, 0)
+    assert cache.absent(1, "missing") is None  # no negative caching: the lookup fails with ENOENT
     service_checks = KernelCache(attr_timeout_s=1.0, entry_timeout_s=0.0)
     assert service_checks.timeouts(pyfuse3.EntryAttributes()).entry_timeout == 0 and not service_checks.caches_names
 

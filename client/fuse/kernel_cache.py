@@ -1,12 +1,13 @@
 """What the kernel may cache, and for how long: the mount's one kernel cache policy.
 
-Every reply that carries attributes goes through :meth:`KernelCache.timeouts`, which decides
-its ``entry_timeout`` (how long the kernel may reuse the name without a lookup) and
+Every reply that carries attributes goes through :meth:`KernelCache.timeouts` (the entry's
+``st_ino`` says which inode), which decides its ``entry_timeout`` (how long the kernel may reuse the name without a lookup) and
 ``attr_timeout`` (how long it may reuse the attributes without a getattr). Today's policy:
 both ``attr_timeout_s`` (``tectofs mount --attr-timeout``, default 1 s), the entry timeout 0
 when the metadata service alone checks permissions (a path walk through a cached name asks
 nobody), and no negative caching (a lookup that finds nothing is an error reply, which the
-kernel does not keep: a name created on another mount is visible at once).
+kernel does not keep, :meth:`KernelCache.absent`: a name created on another mount is visible
+at once).
 
 :meth:`invalidate_entry` and :meth:`invalidate_inode` tell the kernel to drop a name or an
 inode's attributes before their timeouts: the hooks lease recalls will drive (a lease held
@@ -49,6 +50,13 @@ class KernelCache:
         entry.attr_timeout = self.attr_timeout_s if fresh else 0
         entry.entry_timeout = self.entry_timeout_s if fresh else 0
         return entry
+
+    def absent(self, parent_inode: int, name: str) -> pyfuse3.EntryAttributes | None:
+        """The reply to a lookup of ``name`` in ``parent_inode`` that found nothing: None, an
+        ENOENT error, which the kernel does not keep (today's policy: no negative caching); a
+        policy that knows the name stays absent (a directory lease held) returns an entry with
+        ``st_ino`` 0 and an ``entry_timeout``, which the kernel keeps as a negative entry."""
+        return None
 
     @property
     def caches_names(self) -> bool:

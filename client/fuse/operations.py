@@ -87,9 +87,15 @@ class TectofsOperations(FileOperations):
     @handler
     async def lookup(self, parent_inode: int, name: bytes, ctx: Caller) -> pyfuse3.EntryAttributes:
         text, path = self.child(parent_inode, name)
-        if self.listings.absent(parent_inode, text):
-            raise NotFound(f"{path}: no such file")  # the lookup before a create, mostly
-        st = await self.as_caller(self.identity(ctx), lambda fs: fs.stat(path))
+        try:
+            if self.listings.absent(parent_inode, text):
+                raise NotFound(f"{path}: no such file")  # the lookup before a create, mostly
+            st = await self.as_caller(self.identity(ctx), lambda fs: fs.stat(path))
+        except NotFound:
+            negative = self.cache.absent(parent_inode, text)
+            if negative is None:
+                raise
+            return negative
         self.inodes.looked_up(parent_inode, text, st.ino)
         return self.entry(st)
 
