@@ -4,7 +4,7 @@ failures reach the kernel (:func:`handler`).
 Handlers are coroutines on the one event loop pyfuse3 reads ``/dev/fuse`` on, and call the
 async client (:class:`AsyncFileSystem`, :class:`AsyncFile`) directly: no thread and no hand-off
 per request. Every tectofs error leaves as its one ``errno``; anything unexpected is logged
-and answered EIO (an exception other than ``FUSEError`` would stop pyfuse3's main loop).
+and answered EIO (pyfuse3 allows a handler no exception but ``FUSEError``).
 """
 
 from __future__ import annotations
