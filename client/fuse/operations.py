@@ -35,6 +35,7 @@ import pyfuse3
 from tectofs.client.core import AsyncFileSystem, Stat
 from tectofs.client.fuse.attributes import directory_entry, statvfs
 from tectofs.client.fuse.file_operations import FileOperations
+from tectofs.client.fuse.inodes import ROOT_INODE
 from tectofs.client.fuse.kernel_cache import KernelCache
 from tectofs.client.fuse.process import raise_read_ahead
 from tectofs.client.fuse.readdir import Entry, fill
@@ -45,6 +46,8 @@ from tectofs.errors import InvalidArgument, NoAttribute, NotFound
 from tectofs.wire import messages
 
 max_readahead_bytes = 8 * 1024 * 1024  # the kernel caps it at the device's read-ahead setting
+
+assert pyfuse3.ROOT_INODE == ROOT_INODE  # the kernel's root inode is tectofs's root inode (1)
 
 
 class TectofsOperations(FileOperations):
