@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything tectofs needs on a fresh Debian machine with Python 3.11 (as root):
-# libfuse3 + fusermount3 for the mount, the PostgreSQL server binaries for the store tests
+# libfuse3 + fusermount3 for the mount (and libfuse3-dev, pkg-config and gcc: pip builds pyfuse3
+# from source), the PostgreSQL server binaries for the store tests
 # (tests/postgres.py starts a throwaway server; the system service is never started), the CPU
 # build of PyTorch from this machine's disk (pinned first, so no dependency can pull a
 # multi-GB CUDA build), and tectofs itself in editable mode with its test and benchmark
@@ -15,9 +16,10 @@ apt_install() {
     apt-get install -y -qq "$@" >/dev/null
 }
 
-if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q libfuse3; then
-    echo "install.sh: installing fuse3 (apt)" >&2
-    apt_install fuse3 libfuse3-3
+if ! command -v fusermount3 >/dev/null 2>&1 || ! command -v pkg-config >/dev/null 2>&1 \
+        || ! pkg-config --exists fuse3 || ! command -v gcc >/dev/null 2>&1; then
+    echo "install.sh: installing fuse3, libfuse3-dev, pkg-config, gcc (apt; pyfuse3 builds against libfuse3)" >&2
+    apt_install fuse3 libfuse3-3 libfuse3-dev pkg-config gcc
 fi
 
 if ! command -v openssl >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then
@@ -57,5 +59,5 @@ fi
 rm -f "$log"
 # pyenv only creates a shim for a new console script on rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
-python3 -c "import tectofs.client, tectofs.s3, tectofs.tensor_codec, mfusepy, pyeclib, crc32c, torch, psycopg, fsspec, aiohttp, boto3, s3fs, pyarrow" || { echo "install.sh: import check failed" >&2; exit 1; }
+python3 -c "import tectofs.client, tectofs.s3, tectofs.tensor_codec, pyfuse3, pyfuse3.asyncio, pyeclib, crc32c, torch, psycopg, fsspec, aiohttp, boto3, s3fs, pyarrow" || { echo "install.sh: import check failed" >&2; exit 1; }
 command -v tectofs >/dev/null || { echo "install.sh: the tectofs command is not on PATH ($(python3 -m site --user-base)/bin?)" >&2; exit 1; }

@@ -361,9 +361,9 @@ def test_expected_errors_are_one_line_with_an_exit_status(cluster, tmp_path):
                              env={**{k: v for k, v in os.environ.items() if k != "TECTOFS_META"},
                                   "TECTOFS_CONFIG": os.devnull})
     assert no_meta.returncode == 2 and "TECTOFS_META" in one_line_error(no_meta, "ls")
-    # a FUSE mount without the 'fuse' extra: mfusepy made unimportable
+    # a FUSE mount without the 'fuse' extra: pyfuse3 made unimportable
     (tmp_path / "mnt").mkdir()
-    code = ("import sys; sys.modules['mfusepy'] = None; sys.argv = ['tectofs', 'mount', sys.argv[1]];"
+    code = ("import sys; sys.modules['pyfuse3'] = None; sys.argv = ['tectofs', 'mount', sys.argv[1]];"
             " from tectofs.cli import main; main()")
     no_fuse = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mnt")], capture_output=True, text=True,
                              timeout=60, env={**os.environ, "TECTOFS_META": a})

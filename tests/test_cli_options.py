@@ -16,7 +16,7 @@ import pytest
 
 from tectofs.cli import build_parser, config, exits, numbers, options, output
 
-HEAVY = ("torch", "numpy", "aiohttp", "prometheus_client", "mfusepy", "pyeclib", "tqdm", "psycopg", "matplotlib")
+HEAVY = ("torch", "numpy", "aiohttp", "prometheus_client", "pyfuse3", "mfusepy", "pyeclib", "tqdm", "psycopg", "matplotlib")
 _RUNNER = """
 import sys, time
 started = time.monotonic()
@@ -34,7 +34,7 @@ sys.stderr.write("HEAVY " + " ".join(m for m in %r if m in sys.modules) + "\\n")
                                   ["status", "--help"], ["--version"]])
 @pytest.mark.slow  # starts processes
 def test_help_imports_nothing_heavy(argv):
-    """The real guard: --help (and --version) must not load torch, numpy, aiohttp, prometheus_client, mfusepy ..."""
+    """The real guard: --help (and --version) must not load torch, numpy, aiohttp, prometheus_client, pyfuse3 ..."""
     result = subprocess.run([sys.executable, "-c", _RUNNER, *argv], capture_output=True, text=True, timeout=60)
     heavy = [line for line in result.stderr.splitlines() if line.startswith("HEAVY")]
     assert heavy == ["HEAVY "], f"{argv} imported: {heavy}"
@@ -118,7 +118,7 @@ def test_exit_statuses_and_messages():
     in_use = OSError(errno.EADDRINUSE, "error while attempting to bind on address ('h', 1): address already in use")
     message, status = exits.describe(in_use)  # type: ignore[misc]
     assert status == exits.FAILED and message.startswith("error while attempting to bind") and "--port" in message
-    missing = ModuleNotFoundError("No module named 'mfusepy'", name="mfusepy")
+    missing = ModuleNotFoundError("No module named 'pyfuse3'", name="pyfuse3")
     assert "pip install 'tectofs[fuse]'" in exits.describe(missing)[0]  # type: ignore[index]
     assert exits.describe(ModuleNotFoundError("x", name="msgspec")) is None  # a broken install: shown in full
     assert exits.describe(PermissionError(errno.EACCES, "Permission denied", "/etc/x")) == (

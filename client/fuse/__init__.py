@@ -1,19 +1,16 @@
-"""The FUSE mount: ``tectofs mount``.
+"""The FUSE mount: ``tectofs mount``, on pyfuse3 (libfuse 3's low-level, inode-based API) in
+asyncio mode.
 
-``operations`` (the kernel's requests answered through the client library), ``mount`` (the
-``tectofs mount`` entry point), ``process`` (starting and stopping a mount daemon), ``daemon``,
-``users`` (callers' credentials in a multi-user mount), ``readdir``, ``listings``,
-``fresh``, ``handles`` and ``links`` (what the mount remembers between requests), ``binding``
-(how libfuse calls the operations).
+``operations`` and ``file_operations`` (the kernel's requests answered through the async
+client), ``state`` (what the handlers share, errno mapping), ``setattrs``, ``inodes`` (inode
+numbers to paths), ``kernel_cache`` (what the kernel may cache, and invalidations),
+``attributes``, ``readdir``, ``listings``, ``fresh`` and ``handles`` (what the mount remembers
+between requests), ``users`` (callers' credentials in a multi-user mount), ``mount`` (the
+``tectofs mount`` entry point), ``process`` (starting and stopping a mount daemon), ``daemon``.
+
+Importing this package needs no libfuse: ``process`` only runs ``tectofs mount`` children.
 """
 
-import os
-
-# The mount is written for libfuse 3. mfusepy loads libfuse 2 when both are installed (the
-# fuse2 development package beside libfuse3 is common) and then refuses libfuse 3's options
-# ("unknown option max_threads"): ask it for libfuse 3, unless the user chose otherwise.
-os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
-
-from tectofs.client.fuse.process import MountProcess, is_mounted, start_mount_process  # noqa: E402
+from tectofs.client.fuse.process import MountProcess, is_mounted, start_mount_process
 
 __all__ = ["MountProcess", "is_mounted", "start_mount_process"]

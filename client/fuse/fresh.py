@@ -5,8 +5,8 @@ with ``default_permissions`` its next permission check there (the next create's 
 asks for them again: one metadata call per file. The metadata service returns the
 directory's attributes with the create or unlink reply (post-operation attributes, as
 NFSv3's ``wcc_data``), so the mount keeps them here and answers that one ``getattr``
-itself. The same for a file after ``chmod``, ``chown`` or ``utimens``: libfuse's path API
-asks for its attributes right after each, and the change's reply has them.
+itself. Entries are keyed by inode number. (A ``setattr``'s reply carries the attributes
+itself: nothing is kept for it.)
 
 Correctness rests on a change counter (the *epoch*): every request of the mount that may
 change a directory (anything but reads, ``getattr``, ``statfs`` and the like) moves it when
@@ -19,7 +19,6 @@ seen as through the kernel's own attribute cache: within ``attr_timeout_s``.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -27,52 +26,38 @@ from tectofs.client.core import Stat
 
 
 class FreshAttributes:
-    """Post-operation attributes (of a directory or a file), keyed by path, valid until the
-    next change."""
+    """Post-operation attributes (of a directory or a file), keyed by inode number, valid
+    until the next change. One event loop uses it."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self._lock = threading.Lock()
         self._epoch = 0
-        self._fresh: dict[str, tuple[int, float, Any, Stat]] = {}  # path -> (epoch, expiry, caller, attrs)
+        self._fresh: dict[int, tuple[int, float, Any, Stat]] = {}  # inode -> (epoch, expiry, caller, attrs)
 
     def begin_change(self) -> int:
         """A request that may change directories starts; pass the result to ``end_change``."""
-        with self._lock:
-            self._epoch += 1
-            return self._epoch
+        self._epoch += 1
+        return self._epoch
 
-    def end_change(self, started: int, directory: str | None = None, caller: Any = None,
+    def end_change(self, started: int, inode: int | None = None, caller: Any = None,
                    attrs: Stat | None = None) -> None:
-        """The request begun at ``started`` ended; its reply said ``directory`` (a path: of a
-        directory, or of the file it changed) now has ``attrs``, kept if no other change
-        overlapped it."""
-        with self._lock:
-            alone = self._epoch == started
-            self._epoch += 1
-            if not alone or directory is None or attrs is None or self.timeout_s <= 0:
-                return
-            self._fresh[directory] = (self._epoch, time.monotonic() + self.timeout_s, caller, attrs)
-            if len(self._fresh) > 64:  # only the latest can be current: drop the others
-                self._fresh = {directory: self._fresh[directory]}
-
-    def remember(self, path: str, caller: Any, attrs: Stat) -> None:
-        """``path`` has ``attrs`` as of now, by a request that changed nothing anyone else can
-        see (a change that rides on a later commit): kept without moving the epoch, so what
-        other changes left here stays valid."""
-        if self.timeout_s <= 0:
+        """The request begun at ``started`` ended; its reply said ``inode`` (a directory, or
+        the file it changed) now has ``attrs``, kept if no other change overlapped it."""
+        alone = self._epoch == started
+        self._epoch += 1
+        if not alone or inode is None or attrs is None or self.timeout_s <= 0:
             return
-        with self._lock:
-            self._fresh[path] = (self._epoch, time.monotonic() + self.timeout_s, caller, attrs)
+        self._fresh[inode] = (self._epoch, time.monotonic() + self.timeout_s, caller, attrs)
+        if len(self._fresh) > 64:  # only the latest can be current: drop the others
+            self._fresh = {inode: self._fresh[inode]}
 
-    def take(self, path: str, caller: Any) -> Stat | None:
-        """The attributes of ``path`` if a change's reply gave them and nothing changed since
+    def take(self, inode: int, caller: Any) -> Stat | None:
+        """The attributes of ``inode`` if a change's reply gave them and nothing changed since
         (once: the kernel caches the answer)."""
-        with self._lock:
-            entry = self._fresh.pop(path, None)
-            if entry is None:
-                return None
-            epoch, expiry, owner, attrs = entry
-            if epoch != self._epoch or owner != caller or time.monotonic() > expiry:
-                return None
-            return attrs
+        entry = self._fresh.pop(inode, None)
+        if entry is None:
+            return None
+        epoch, expiry, owner, attrs = entry
+        if epoch != self._epoch or owner != caller or time.monotonic() > expiry:
+            return None
+        return attrs

@@ -22,9 +22,9 @@ a mount whose metadata service alone checks permissions) nothing is kept.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
+from typing import Hashable
 
 
 @dataclass
@@ -35,64 +35,59 @@ class _Listing:
 
 
 class KnownListings:
-    """Complete listings of directories, keyed by mount path, each valid until proven stale."""
+    """Complete listings of directories, keyed by directory (the mount: its inode number),
+    each valid until proven stale. One event loop uses it."""
 
     def __init__(self, timeout_s: float, max_directories: int = 256, max_names: int = 100_000) -> None:
         self.timeout_s = timeout_s
         self.max_directories = max_directories
         self.max_names = max_names  # a listing that grows past this is dropped (memory stays bounded)
-        self._lock = threading.Lock()
-        self._listings: dict[str, _Listing] = {}
+        self._listings: dict[Hashable, _Listing] = {}
 
-    def made(self, path: str, ctime: float) -> None:
+    def made(self, path: Hashable, ctime: float) -> None:
         """The mount made directory ``path``: it is empty, as of ``ctime``."""
         if self.timeout_s <= 0:
             return
-        with self._lock:
-            if len(self._listings) >= self.max_directories:
-                self._listings.pop(next(iter(self._listings)))
-            self._listings[path] = _Listing(set(), ctime, time.monotonic() + self.timeout_s)
+        if len(self._listings) >= self.max_directories:
+            self._listings.pop(next(iter(self._listings)))
+        self._listings[path] = _Listing(set(), ctime, time.monotonic() + self.timeout_s)
 
-    def absent(self, directory: str, name: str) -> bool:
+    def absent(self, directory: Hashable, name: str) -> bool:
         """Whether ``name`` is known not to be in ``directory`` (a lookup may say ENOENT)."""
-        with self._lock:
-            listing = self._listings.get(directory)
-            if listing is None:
-                return False
-            if time.monotonic() > listing.expiry:
-                del self._listings[directory]
-                return False
-            return name not in listing.names
+        listing = self._listings.get(directory)
+        if listing is None:
+            return False
+        if time.monotonic() > listing.expiry:
+            del self._listings[directory]
+            return False
+        return name not in listing.names
 
-    def changed(self, directory: str, name: str, present: bool, ctime_before: float | None,
+    def changed(self, directory: Hashable, name: str, present: bool, ctime_before: float | None,
                 ctime_after: float | None) -> None:
         """The mount's create (``present``: made, or found there) or unlink of ``name`` in
         ``directory`` answered with the directory's ctime before and after: the listing
         follows, or is dropped if anything else changed the directory meanwhile (or the reply
         does not say)."""
-        with self._lock:
-            listing = self._listings.get(directory)
-            if listing is None:
-                return
-            if ctime_before is None or ctime_after is None or ctime_before != listing.ctime:
-                del self._listings[directory]
-                return
-            if present:
-                listing.names.add(name)
-            else:
-                listing.names.discard(name)
-            if len(listing.names) > self.max_names:
-                del self._listings[directory]
-                return
-            listing.ctime = ctime_after
-            listing.expiry = time.monotonic() + self.timeout_s
+        listing = self._listings.get(directory)
+        if listing is None:
+            return
+        if ctime_before is None or ctime_after is None or ctime_before != listing.ctime:
+            del self._listings[directory]
+            return
+        if present:
+            listing.names.add(name)
+        else:
+            listing.names.discard(name)
+        if len(listing.names) > self.max_names:
+            del self._listings[directory]
+            return
+        listing.ctime = ctime_after
+        listing.expiry = time.monotonic() + self.timeout_s
 
-    def forget(self, directory: str) -> None:
+    def forget(self, directory: Hashable) -> None:
         """A change to ``directory`` the listing cannot follow (a failed create or unlink)."""
-        with self._lock:
-            self._listings.pop(directory, None)
+        self._listings.pop(directory, None)
 
     def forget_all(self) -> None:
         """A change the listings cannot follow (rename, mkdir, link...): drop them all."""
-        with self._lock:
-            self._listings.clear()
+        self._listings.clear()

@@ -1,40 +1,58 @@
 """Serving the mount: ``tectofs mount --meta HOST:PORT /mnt/tectofs`` (or :func:`mount`)
-connects, chooses single- or multi-user sharing, and runs libfuse over
-:class:`~tectofs.client.fuse.TectofsOperations` in the foreground or as a daemon."""
+connects, chooses single- or multi-user sharing, and runs pyfuse3 (libfuse 3's low-level
+API) over :class:`~tectofs.client.fuse.operations.TectofsOperations` on one asyncio event
+loop, in the foreground or as a daemon. SIGINT and SIGTERM unmount and stop it; files still
+open are committed first."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
+import signal
 from typing import Callable
 
+import pyfuse3
+import pyfuse3.asyncio
+
 from tectofs import diagnostics
-from tectofs.client import connect
-from tectofs.client.fuse import is_mounted
-from tectofs.client.fuse.binding import TectofsFuse
+from tectofs.client.core import AsyncFileSystem
 from tectofs.client.fuse.daemon import daemonize
 from tectofs.client.fuse.operations import TectofsOperations
+from tectofs.client.fuse.process import is_mounted
 from tectofs.client.fuse.users import Callers, choose_sharing
-from tectofs.client.sync import FileSystem
 
 log = logging.getLogger("tectofs.fuse")
 
-threads_max = 16  # libfuse worker threads (-o max_threads)
-_FUSE_MAIN_STOPPED = 8  # fuse_main's code after the loop ended by a signal (codes 1-7: could not mount)
+requests_in_flight_max = 64  # kernel requests served at once (pyfuse3's max_tasks); --single-thread: 1
 
 
+def mount_options(address: str, shared: bool, default_permissions: bool, debug: bool) -> set[str]:
+    """libfuse's mount options: a failover group "A,B" shows as "tectofs:A+B" (libfuse splits
+    options at commas); a multi-user mount lets every local user in (``allow_other``) and
+    has the kernel check mode bits first (``default_permissions``, unless turned off)."""
+    options = {"fsname=tectofs:" + address.replace(",", "+"), "subtype=tectofs"}
+    if shared:
+        options.add("allow_other")
+        if default_permissions:
+            options.add("default_permissions")
+    if debug:
+        options.add("debug")
+    return options
 
-def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
-           on_ready: Callable[[], None] | None = None, credentials: str | None = None,
-           multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0) -> None:
-    client: list[FileSystem] = []
-    diagnostics.dump_tasks_on_sigusr1_from_thread(lambda: client[0].loop if client else None)
+
+async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
+                       on_ready: Callable[[], None] | None, credentials: str | None, multi_user: bool | None,
+                       default_permissions: bool, negative_cache_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    diagnostics.dump_tasks_on_sigusr1(loop)
     # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
-    fs = connect(address, credentials)
-    client.append(fs)
+    fs = AsyncFileSystem(address, credentials)
     try:
-        who = fs.run(fs.aio.metadata.whoami()) if fs.aio.credential is not None else None
+        who = await fs.metadata.whoami() if fs.credential is not None else None
+        if who is None:
+            await fs.metadata.ping()
         euid = os.geteuid()
         shared, why = choose_sharing(multi_user, who, euid)
         if shared or multi_user is False:
@@ -47,22 +65,34 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
                                        entry_timeout_s=None if kernel_checks else 0.0,
                                        negative_cache_s=negative_cache_s)
         try:
-            TectofsFuse(
-                operations, mountpoint, foreground=True, nothreads=not threads, debug=debug,
-                # a failover group "A,B" shows as "tectofs:A+B" (libfuse splits options at commas)
-                fsname="tectofs:" + address.replace(",", "+"), subtype="tectofs",
-                max_threads=threads_max, max_idle_threads=threads_max,
-                allow_other=shared, default_permissions=shared and default_permissions,
-            )
-        except RuntimeError as exc:
-            code = exc.args[0] if exc.args else None
-            if code == _FUSE_MAIN_STOPPED:  # SIGINT/SIGTERM: libfuse unmounted and stopped serving
-                log.info("%s unmounted by a signal", mountpoint)
-                return
-            # libfuse printed why (mountpoint busy, no /dev/fuse, bad option, ...)
-            raise SystemExit(f"tectofs mount: libfuse could not mount {mountpoint} (fuse_main code {code})") from None
+            pyfuse3.init(operations, mountpoint, mount_options(address, shared, default_permissions, debug))
+        except RuntimeError as exc:  # libfuse logged why (mountpoint busy, no /dev/fuse, bad option, ...)
+            raise SystemExit(f"tectofs mount: libfuse could not mount {mountpoint}: {exc}") from None
+        stopped_by: list[str] = []
+
+        def stop(name: str) -> None:
+            stopped_by.append(name)
+            pyfuse3.terminate()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop, sig.name)
+        try:
+            await pyfuse3.main(min_tasks=1, max_tasks=requests_in_flight_max if threads else 1)
+        finally:
+            await operations.close_all()
+            pyfuse3.close(unmount=True)
+        if stopped_by:
+            log.info("%s unmounted by %s", mountpoint, stopped_by[0])
     finally:
-        fs.close()
+        await fs.close()
+
+
+def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
+           on_ready: Callable[[], None] | None = None, credentials: str | None = None,
+           multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0) -> None:
+    pyfuse3.asyncio.enable()
+    asyncio.run(_serve_async(address, mountpoint, threads, attr_timeout_s, debug, on_ready, credentials, multi_user,
+                             default_permissions, negative_cache_s))
 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
@@ -82,6 +112,9 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     that long after the mount's last change there (creates take one call instead of two;
     another client's new name there may read as absent that long: JuiceFS's
     ``--negative-entry-cache``, off by default there too).
+
+    ``threads=False`` (``--single-thread``): one kernel request at a time (else up to
+    ``requests_in_flight_max`` coroutines on the one event loop).
 
     Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
     Background (``foreground=False``): returns once the mount is serving, leaving a detached

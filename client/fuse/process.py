@@ -148,11 +148,12 @@ def raise_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
     """Let the kernel read ahead ``read_ahead_bytes`` on this mount.
 
     The kernel caps a FUSE mount's read-ahead at its device's setting (128 KiB by default)
-    whatever ``conn.max_readahead`` says, so sequential reads would arrive as 128 KiB
-    requests, each a round trip through this process. Raising the device setting while
-    the kernel waits for our init reply makes them 1 MiB requests, several in flight. Reads
-    /proc/self/mountinfo rather than stat()ing the mount, which would wait for this very
-    init to finish. Needs root; without it reads are just slower."""
+    and, when the INIT reply arrives, at that reply's ``max_readahead`` (pyfuse3 answers the
+    kernel's own offer, 128 KiB), so sequential reads would arrive as 128 KiB requests, each a
+    round trip through this process. Raising the device setting once the INIT reply is sent
+    (``TectofsOperations.init``) makes them 1 MiB requests, several in flight. Reads
+    /proc/self/mountinfo rather than stat()ing the mount, which could wait for the mount
+    itself. Needs root; without it reads are just slower."""
     try:
         with open("/proc/self/mountinfo") as f:
             devices = [line.split()[2] for line in f if _unescape_mount_path(line.split()[4]) == mountpoint]

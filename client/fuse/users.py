@@ -2,7 +2,7 @@
 every local user.
 
 A multi-user mount runs each kernel request as its caller: the kernel gives the uid, gid and
-pid of the calling thread, :class:`Callers` adds its supplementary groups (from
+pid of the calling thread (pyfuse3's ``RequestContext``), :class:`Callers` adds its supplementary groups (from
 ``/proc/PID/status``) and the request runs on ``AsyncFileSystem.acting_as(uid, gid,
 groups)``, a view with its own metadata connection whose hello names that user (only a
 proxy credential may). :func:`choose_sharing` decides whether a mount can be multi-user.
@@ -11,11 +11,8 @@ proxy credential may). :func:`choose_sharing` decides whether a mount can be mul
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from typing import Any, Awaitable, Callable, TypeVar
-
-import mfusepy
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from tectofs import limits
 from tectofs.client.core import AsyncFileSystem
@@ -27,6 +24,17 @@ T = TypeVar("T")
 
 
 Identity = tuple[int, int, tuple[int, ...]]  # uid, gid, supplementary groups
+
+
+class Caller(Protocol):
+    """Who made a kernel request (``pyfuse3.RequestContext``)."""
+
+    @property
+    def uid(self) -> int: ...
+    @property
+    def gid(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
 
 
 class Callers:
@@ -47,28 +55,23 @@ class Callers:
         self.acting = acting
         self.plain_uid = plain_uid
         self._groups: dict[int, tuple[float, int, int, tuple[int, ...]]] = {}  # pid -> (when, uid, gid, groups)
-        self._lock = threading.Lock()
 
-    def identity(self) -> Identity | None:
-        """The caller of the kernel request this thread serves; None: the plain client."""
-        if not self.acting:
+    def identity(self, caller: Caller) -> Identity | None:
+        """Who the metadata service is to see for a request made by ``caller``; None: the
+        plain client."""
+        if not self.acting or caller.uid == self.plain_uid:
             return None
-        uid, gid, pid = mfusepy.fuse_get_context()
-        if uid == self.plain_uid:
-            return None
-        return uid, gid, self._groups_of(pid, uid, gid)
+        return caller.uid, caller.gid, self._groups_of(caller.pid, caller.uid, caller.gid)
 
     def _groups_of(self, pid: int, uid: int, gid: int) -> tuple[int, ...]:
         now = time.monotonic()
-        with self._lock:
-            cached = self._groups.get(pid)
+        cached = self._groups.get(pid)
         if cached is not None and now - cached[0] < limits.fuse_caller_cache_s and cached[1:3] == (uid, gid):
             return cached[3]  # same pid and ids: not a new process that reused the pid
         groups = _supplementary_groups(pid)
-        with self._lock:
-            if len(self._groups) >= limits.fuse_caller_cache_entries_max:
-                self._groups.clear()
-            self._groups[pid] = (now, uid, gid, groups)
+        if len(self._groups) >= limits.fuse_caller_cache_entries_max:
+            self._groups.clear()
+        self._groups[pid] = (now, uid, gid, groups)
         return groups
 
 
@@ -90,8 +93,7 @@ def _supplementary_groups(pid: int) -> tuple[int, ...]:
 
 
 async def on_view(fs: AsyncFileSystem, identity: Identity | None, call: Callable[[AsyncFileSystem], Awaitable[T]]) -> T:
-    """``call`` on ``fs`` or, for ``identity``, on its view acting as that user (made on the
-    loop thread: ``acting_as`` keeps its views there)."""
+    """``call`` on ``fs`` or, for ``identity``, on its view acting as that user."""
     return await call(fs if identity is None else fs.acting_as(*identity))
 
 

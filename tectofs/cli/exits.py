@@ -27,7 +27,7 @@ EPILOG = """exit status:
   'tectofs fsck' also exits 1 (under-redundant blocks) and 2 (unreadable blocks)."""
 
 # optional modules -> the extra that installs them
-EXTRAS = {"mfusepy": "fuse", "torch": "torch", "numpy": "torch", "aiohttp": "s3", "psycopg": "postgresql",
+EXTRAS = {"pyfuse3": "fuse", "torch": "torch", "numpy": "torch", "aiohttp": "s3", "psycopg": "postgresql",
           "matplotlib": "bench", "fsspec": "fsspec", "lightning": "lightning"}
 _WHAT = {"fuse": "the FUSE mount", "torch": "the PyTorch plugin", "s3": "the S3 gateway",
          "postgresql": "a PostgreSQL store", "bench": "the benchmark charts", "fsspec": "fsspec",

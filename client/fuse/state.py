@@ -1,0 +1,148 @@
+"""What every request handler of the mount shares (:class:`MountState`), and how a handler's
+failures reach the kernel (:func:`handler`).
+
+Handlers are coroutines on the one event loop pyfuse3 reads ``/dev/fuse`` on, and call the
+async client (:class:`AsyncFileSystem`, :class:`AsyncFile`) directly: no thread and no hand-off
+per request. Every tectofs error leaves as its one ``errno``; anything unexpected is logged
+and answered EIO (pyfuse3 allows a handler no exception but ``FUSEError``).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+from typing import Any, Awaitable, Callable, TypeVar
+
+import pyfuse3
+
+from tectofs.client.core import AsyncFileSystem, Stat
+from tectofs.client.fuse.attributes import entry_attributes
+from tectofs.client.fuse.fresh import FreshAttributes
+from tectofs.client.fuse.handles import OpenFile, OpenFiles
+from tectofs.client.fuse.inodes import InodeTable
+from tectofs.client.fuse.kernel_cache import KernelCache
+from tectofs.client.fuse.listings import KnownListings
+from tectofs.client.fuse.readdir import OpenListings
+from tectofs.client.fuse.users import Caller, Callers, Identity, on_view
+from tectofs.errors import NotFound, PermissionDenied, StaleFile, TectofsError
+from tectofs.wire import messages
+
+log = logging.getLogger("tectofs.fuse")
+
+T = TypeVar("T")
+H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
+
+
+class MountState:
+    """The client, the inode table, open files and directories, the kernel cache policy and
+    what the mount remembers between requests (``FreshAttributes``, ``KnownListings``)."""
+
+    def __init__(self, fs: AsyncFileSystem, mountpoint: str, cache: KernelCache, callers: Callers | None = None,
+                 negative_cache_s: float = 0.0) -> None:
+        self.fs = fs
+        self.mountpoint = mountpoint
+        self.cache = cache
+        self.callers = callers or Callers()
+        self.inodes = InodeTable()
+        self.files = OpenFiles()
+        self.open_listings = OpenListings(attributes_fresh_s=cache.attr_timeout_s)
+        self.fresh = FreshAttributes(cache.attr_timeout_s)
+        self.listings = KnownListings(negative_cache_s if cache.caches_names else 0.0)
+
+    def identity(self, ctx: Caller) -> Identity | None:
+        return self.callers.identity(ctx)
+
+    @staticmethod
+    def uid_of(identity: Identity | None) -> int | None:
+        return None if identity is None else identity[0]
+
+    async def as_caller(self, identity: Identity | None, call: Callable[[AsyncFileSystem], Awaitable[T]]) -> T:
+        """``call(fs)`` with ``fs`` the client as the process that made the kernel request
+        (``Callers``): what it creates is theirs, and the metadata service checks their
+        permissions."""
+        return await on_view(self.fs, identity, call)
+
+    def path(self, ino: int) -> str:
+        return self.inodes.path(ino)
+
+    def child(self, parent: int, name: bytes) -> tuple[str, str]:
+        """(name as text, its tectofs path) of ``name`` in directory ``parent``."""
+        text = name.decode("utf-8", "surrogateescape")
+        return text, self.inodes.child_path(parent, text)
+
+    def entry(self, st: Stat, fresh: bool = True) -> pyfuse3.EntryAttributes:
+        """The kernel's view of ``st`` with this mount's uncommitted changes and the cache
+        policy's timeouts; remembered for close-to-open (``KernelCache.reported``)."""
+        uncommitted = self.files.uncommitted(st.ino)
+        self.cache.reported(st.ino, uncommitted.size if uncommitted else st.size, st.mtime)
+        return self.cache.timeouts(entry_attributes(st, uncommitted), fresh)
+
+    def creating_writer(self, ino: int, identity: Identity | None) -> OpenFile | None:
+        """The descriptor of this mount that created ``ino`` and writes it, if it is its only
+        writer here and this request's caller opened it."""
+        return self.files.creating_writer(ino, self.uid_of(identity))
+
+    async def stat_inode(self, ino: int, identity: Identity | None) -> Stat:
+        """``ino``'s attributes from the metadata service: by its path, as the caller; when
+        the caller may no longer walk the path, or the path leads elsewhere or nowhere (an
+        unlinked open file), by inode number through a descriptor open on it (as fstat does
+        on Linux; the service takes a handle only from the uid it was issued to)."""
+        try:
+            path = self.path(ino)
+            st = await self.as_caller(identity, lambda fs: fs.stat(path))
+            if st.ino == ino:
+                return st
+            refusal: TectofsError = StaleFile(f"{path} is no longer inode {ino}")
+        except (PermissionDenied, StaleFile, NotFound) as exc:
+            refusal = exc
+        for handle in self.files.of(ino):
+            file = handle.file
+            try:
+                reply = await file.context.metadata.getattr(messages.InoRequest(ino=file.ino, handle=file.handle))
+                return Stat.from_attrs(reply.attrs)
+            except PermissionDenied:
+                continue
+        raise refusal
+
+
+# Handlers that change no directory's attributes, or tell FreshAttributes themselves; every
+# other handler moves its epoch and drops the known listings (``mkdir`` keeps track itself).
+_LEAVE_DIRECTORIES = frozenset({
+    "lookup", "forget", "getattr", "setattr", "read", "write", "flush", "fsync", "release", "readlink", "statfs",
+    "getxattr", "listxattr", "access", "open", "opendir", "readdir", "releasedir", "fsyncdir", "create", "unlink",
+})
+
+
+def handler(method: H) -> H:
+    """A request handler of :class:`MountState`'s subclasses: tectofs errors become
+    ``FUSEError(errno)``; anything unexpected is logged and becomes EIO. A handler that may
+    change a directory is a change for ``FreshAttributes`` and drops the ``KnownListings``
+    when it starts and ends."""
+    changes = method.__name__ not in _LEAVE_DIRECTORIES
+    drops_listings = changes and method.__name__ != "mkdir"
+
+    @functools.wraps(method)
+    async def wrapper(self: MountState, *args: Any) -> Any:
+        if drops_listings:
+            self.listings.forget_all()
+        started = self.fresh.begin_change() if changes else 0
+        try:
+            return await method(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except TectofsError as exc:
+            log.debug("%s%r: %s", method.__name__, args[:2], exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("FUSE %s%r failed unexpectedly", method.__name__, args[:2])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            if changes:
+                self.fresh.end_change(started)
+            if drops_listings:
+                self.listings.forget_all()
+
+    return wrapper  # type: ignore[return-value]
