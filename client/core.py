@@ -22,7 +22,7 @@ from .files import AsyncFile
 from .lease_session import LeaseSession
 from .leases import LeaseEndings
 from .metadata import MetadataClient
-from .metadata_cache import ABSENT, MISS, MetadataCache, changed_paths
+from .metadata_cache import ABSENT, MISS, MetadataCache
 from .metered import MeteredRpcClient
 
 _MODES = {
@@ -174,10 +174,13 @@ class AsyncFileSystem:
         self.inline_max = 0
         self.lease_session: LeaseSession | None = None
         self.metadata_cache: MetadataCache[Stat] | None = None  # answers while leases are held (this identity's)
+        # Views acting for other users answer from the cache too: set by a mount whose kernel
+        # checks every caller's permissions itself (default_permissions) before it asks.
+        self.views_share_cache = False
         if leases:
             self.lease_session = LeaseSession(self.metadata, **({"clock": clock} if clock is not None else {}))
             self.lease_session.attach(self.rpc)
-            self.metadata_cache = MetadataCache[Stat]()
+            self.metadata_cache = MetadataCache[Stat](make=Stat.from_attrs)
             self.lease_session.listeners.append(self._recalled)
             self.metadata.on_change = self._changed
             self.lease_session.start()
@@ -186,22 +189,18 @@ class AsyncFileSystem:
         if self.metadata_cache is not None:
             self.metadata_cache.forget(recall)
 
-    def _changed(self, request: messages.Message) -> None:
-        """This client changed what ``request`` names (whether or not the call succeeded: it
-        may have, unseen): what its cache knew of it goes, and answers on their way are not kept."""
+    def _changed(self, operation: str, request: messages.Message, reply: messages.Message | None) -> None:
+        """This client (or a view of it) made a change (``reply`` None: it failed, or may have
+        succeeded unseen): answers on their way are not kept, and the cache learns or forgets."""
         assert self.lease_session is not None and self.metadata_cache is not None
-        self.lease_session.epoch += 1
-        for path in changed_paths(request):
-            self.metadata_cache.forget_path(path)
-        ino = getattr(request, "ino", 0)
-        if ino:
-            self.metadata_cache.forget_inode(ino)
+        self.lease_session.note_own_change()
+        self.metadata_cache.changed_by_self(operation, request, reply)
 
     def _cached(self) -> "MetadataCache[Stat] | None":
-        """The cache this client may answer from now (a view acting for another user has none:
-        permission checks differ by user)."""
+        """The cache this client may answer from now (a view acting for another user has none,
+        permission checks differing by user, unless ``views_share_cache``)."""
         cache = self.metadata_cache
-        if cache is None or self.acting_uid is not None or self.lease_session is None:
+        if cache is None or (self.acting_uid is not None and not self.views_share_cache) or self.lease_session is None:
             return None
         return cache if self.lease_session.remaining() > 0 else None
 
@@ -258,15 +257,15 @@ class AsyncFileSystem:
         if cached is ABSENT:
             raise NotFound(f"{path}: no such file or directory")
         assert self.lease_session is not None
-        epoch = self.lease_session.epoch
+        token = self.lease_session.token()
         try:
             reply = await self.metadata.lookup(messages.PathRequest(path=path))
         except NotFound:
-            if self.lease_session.still(epoch):
+            if self.lease_session.still_token(token):
                 cache.learned_absent(path)
             raise
         stat = Stat.from_attrs(reply.attrs)
-        if self.lease_session.still(epoch):
+        if self.lease_session.still_token(token):
             cache.learned(path, list(reply.walk), stat)
         return stat
 
@@ -291,7 +290,18 @@ class AsyncFileSystem:
             yield page
 
     async def scandir(self, path: str) -> list[tuple[str, Stat]]:
-        return [entry async for page in self.scandir_pages(path) for entry in page]
+        cache = self._cached()
+        if cache is None:
+            return [entry async for page in self.scandir_pages(path) for entry in page]
+        cached = cache.listing(path)
+        if isinstance(cached, list):
+            return cached
+        assert self.lease_session is not None
+        token = self.lease_session.token()
+        entries = [entry async for page in self.scandir_pages(path) for entry in page]
+        if self.lease_session.still_token(token):
+            cache.learned_listing(path, entries)
+        return entries
 
     async def listdir(self, path: str) -> list[str]:
         return [name for name, _ in await self.scandir(path)]
@@ -381,14 +391,14 @@ class AsyncFileSystem:
         if cached is None:
             raise NoAttribute(f"{path}: no extended attribute {name!r}")
         assert self.lease_session is not None
-        epoch = self.lease_session.epoch
+        token = self.lease_session.token()
         try:
             value = bytes((await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))).value)
         except NoAttribute:
-            if self.lease_session.still(epoch):
+            if self.lease_session.still_token(token):
                 cache.learned_xattr(path, name, None)
             raise
-        if self.lease_session.still(epoch):
+        if self.lease_session.still_token(token):
             cache.learned_xattr(path, name, value)
         return value
 
@@ -397,9 +407,9 @@ class AsyncFileSystem:
         cached = cache.xattr_names(path) if cache is not None else MISS
         if isinstance(cached, list):
             return cached
-        epoch = self.lease_session.epoch if self.lease_session is not None else 0
+        token = self.lease_session.token() if self.lease_session is not None else (0, 0)
         names = list((await self.metadata.listxattr(messages.PathRequest(path=path))).names)
-        if cache is not None and self.lease_session is not None and self.lease_session.still(epoch):
+        if cache is not None and self.lease_session is not None and self.lease_session.still_token(token):
             cache.learned_xattr_names(path, names)
         return names
 

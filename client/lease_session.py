@@ -10,7 +10,9 @@ cache, ``client/fuse/kernel_cache.py``):
   ends before the service's count does.
 - ``epoch``: grows at every recall and every loss of the session. A reader notes it before a
   call and caches the answer only if it did not move meanwhile (``still(epoch)``): an answer
-  that crossed a recall on the wire may predate the change that caused it.
+  that crossed a recall on the wire may predate the change that caused it. A cache that must
+  also not keep answers that crossed this client's own changes (the library's; the kernel
+  orders a mount's own changes itself) notes ``token()`` instead (``still_token``).
 - listeners, awaited for every recall (``on_recall(recall)``: a ``tectofs.wire.leases.Recall``,
   the attributes, names and listings to drop) and when everything must go (``on_recall(None)``:
   the session was lost or restarted); the recall is acknowledged once every listener returned,
@@ -47,6 +49,7 @@ class LeaseSession:
         self.session_id = os.urandom(SESSION_BYTES)
         self.clock = clock
         self.epoch = 0
+        self.own_changes = 0  # changes this client made (``note_own_change``)
         self.listeners: list[RecallListener] = []
         self.recalls_done = 0
         self._valid_until = 0.0
@@ -85,6 +88,17 @@ class LeaseSession:
     def still(self, epoch: int) -> bool:
         """Whether an answer asked for at ``epoch`` may be cached: no recall nor loss since, and a lease held."""
         return epoch == self.epoch and self.remaining() > 0
+
+    def note_own_change(self) -> None:
+        """This client changed something (answers on their way may predate it)."""
+        self.own_changes += 1
+
+    def token(self) -> tuple[int, int]:
+        return self.epoch, self.own_changes
+
+    def still_token(self, token: tuple[int, int]) -> bool:
+        """``still``, and no change of this client's own since ``token()``."""
+        return token == (self.epoch, self.own_changes) and self.remaining() > 0
 
     async def _keep_alive(self) -> None:
         acked: list[int] = []

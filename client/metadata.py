@@ -43,15 +43,17 @@ class MetadataClient:
     def __init__(self, rpc: RpcClient, address: str) -> None:
         self.rpc = rpc
         self.address = address
-        self.on_change: Callable[[messages.Message], None] | None = None
+        # Told of every CHANGING call: its name, request and reply (None: it failed).
+        self.on_change: Callable[[str, messages.Message, messages.Message | None], None] | None = None
 
     async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
         """One call of ``operation``: its reply, or the service's error raised."""
+        reply: ReplyT | None = None
         try:
             reply, _ = await self.rpc.call(self.address, operation, request)
         finally:
             if self.on_change is not None and operation.name in CHANGING:
-                self.on_change(request)
+                self.on_change(operation.name, request, reply)
         return reply
 
     async def lookup(self, request: messages.PathRequest) -> messages.AttrsReply:

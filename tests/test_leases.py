@@ -377,3 +377,41 @@ def test_every_metadata_operation_is_known_to_change_or_not():
 
     assert CHANGING | READING == set(messages.META_OPERATIONS)
     assert not CHANGING & READING
+
+
+def test_the_library_cache_keys_what_it_learned_and_forgets_what_changes_could_touch():
+    from dataclasses import dataclass
+
+    from tectofs.client.metadata_cache import ABSENT, MISS, MetadataCache
+    from tectofs.wire.leases import Entry, Recall
+
+    @dataclass(frozen=True)
+    class St:
+        ino: int
+        kind: str = "file"
+        nlink: int = 1
+
+    cache = MetadataCache[St](entries_max=100)
+    cache.learned("/a/b/f", [1, 10, 11], St(20))
+    assert cache.lookup("/a/b/f") == St(20)
+    assert cache.lookup("/a/b/g") is MISS
+    cache.learned_absent("/a/b/g")
+    assert cache.lookup("/a/b/g") is ABSENT and cache.lookup("/a/b/g/h") is ABSENT
+    cache.forget(Recall(id=1, entries=[Entry(parent=10, name="b")]))  # a rename of b: everything below misses
+    assert cache.lookup("/a/b/f") is MISS
+    cache.learned("/a/b/f", [1, 10, 11], St(20))
+    cache.forget(Recall(id=2, inos=[20]))  # its attributes changed: the name stays, the attributes go
+    assert cache.lookup("/a/b/f") is MISS
+    # A hard link: its own change through a name this cache never saw drops linked inodes' attributes.
+    cache.learned("/a/b/f", [1, 10, 11], St(20, nlink=2))
+    cache.learned("/a/b/plain", [1, 10, 11], St(21))
+    cache.forget_path("/a/b/unseen-link")
+    assert cache.lookup("/a/b/f") is MISS and cache.lookup("/a/b/plain") == St(21)
+    # A change below a directory this cache cannot resolve: all goes.
+    cache.forget_path("/elsewhere/x/y")
+    assert cache.lookup("/a/b/plain") is MISS
+    # Bounded: least recently used names go first.
+    small = MetadataCache[St](entries_max=3)
+    for i in range(5):
+        small.learned(f"/f{i}", [1], St(100 + i))
+    assert small.lookup("/f0") is MISS and small.lookup("/f4") == St(104)

@@ -252,7 +252,7 @@ class MetadataService:
                 log.exception("repair scheduling failed")
 
     async def _call(self, operation: Callable[[SqlStore], ResultT], returns: type[ResultT], *,
-                    always_admitted: bool = False) -> ResultT:
+                    always_admitted: bool = False, new_directory: bool = False) -> ResultT:
         """``operation(store)`` through the runner, for the request being served; it answers
         ``returns``. A request with a call id (``tectofs.wire.server.current_call``) has each
         store operation it runs keyed by its call id and step, so the operation happens at
@@ -260,7 +260,9 @@ class MetadataService:
         store (``tectofs.store.requests``: a retry gets the recorded result, read as ``returns``).
 
         ``operation`` runs on the store's thread: what it needs of the request (paths split,
-        the caller) is computed before, here, where the request's context is."""
+        the caller) is computed before, here, where the request's context is.
+        ``new_directory``: the operation makes the directory it answers (its caller is granted
+        its listing, which it knows: empty)."""
         # Admission control: past this queue length, new work is refused (the client backs
         # off and retries) instead of growing the queue and everyone's latency without bound.
         # Heartbeats are always admitted: refusing them would declare live servers dead.
@@ -275,7 +277,7 @@ class MetadataService:
         session, modified, raced = current_peer.get().session, set[LeaseKey](), list[LeaseKey]()
         since = self.leases.change_seq if self.peers is not None else None
         try:
-            result = await self.runner.call(self._leased(operation, session, modified, since, raced),
+            result = await self.runner.call(self._leased(operation, session, modified, since, raced, new_directory),
                                             returns=returns, request_key=key)
         finally:
             if raced:  # the answer may predate a peer's change: the client must not keep it
@@ -288,7 +290,7 @@ class MetadataService:
         return result
 
     def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes, modified: set[LeaseKey],
-                since: int | None, raced: list[LeaseKey]) -> Callable[[SqlStore], ResultT]:
+                since: int | None, raced: list[LeaseKey], new_directory: bool = False) -> Callable[[SqlStore], ResultT]:
         """``operation`` that, on the store's thread, grants ``session`` a lease on what it read
         (before any later operation can change it: ``server/meta/leases.py``; into ``raced``,
         what a peer's recall since ``since`` named) and collects into ``modified`` what it
@@ -303,7 +305,10 @@ class MetadataService:
             finally:
                 reached, store.walked, store.modified = store.reached, None, None
                 if session:
-                    raced.extend(self.leases.grant(session, _granted(walked, reached, result), since))
+                    granted = _granted(walked, reached, result)
+                    if new_directory and isinstance(result, messages.Attrs):
+                        granted.append((LISTING, result.ino))
+                    raced.extend(self.leases.grant(session, granted, since))
         return run
 
     def _caller(self) -> Caller | None:
@@ -424,7 +429,8 @@ class MetadataService:
     async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         parts, caller = paths.split(r.path), self._caller()
         attrs = await self._call(lambda store: store.mkdir(
-            parts, r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok, caller=caller), messages.Attrs)
+            parts, r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok, caller=caller), messages.Attrs,
+            new_directory=not r.exist_ok)
         return self._attrs_reply(attrs), b""
 
     async def rpc_makedirs(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:

@@ -246,7 +246,7 @@ def cmd_mount(args: argparse.Namespace) -> None:
     log_path = mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
           attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
           multi_user=args.multi_user, default_permissions=args.default_permissions,
-          negative_cache_s=args.negative_entry_cache)
+          negative_cache_s=args.negative_entry_cache, leases=args.leases)
     if log_path is not None:
         print(f"tectofs mount: {args.mountpoint} mounted in the background; log: {log_path}", file=sys.stderr)
 
@@ -376,7 +376,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--daemon", action="store_true",
                    help="detach into the background; it logs to --log-file, else ~/.local/state/tectofs/")
     p.add_argument("--single-thread", action="store_true", help="serve one kernel request at a time")
-    p.add_argument("--attr-timeout", type=_SECONDS, default=1.0, help="attribute/entry cache seconds (default 1)")
+    p.add_argument("--attr-timeout", type=_SECONDS, default=1.0,
+                   help="with --no-leases: how long the kernel keeps names and attributes (default 1 s)")
+    p.add_argument("--no-leases", dest="leases", action="store_false",
+                   help="hold no metadata leases: the kernel keeps names and attributes --attr-timeout seconds and"
+                   " absent names not at all (with leases, the default, it keeps them as long as the lease lasts and"
+                   " another client's change drops them before it returns)")
     p.add_argument("--negative-entry-cache", type=_SECONDS, default=0.0, metavar="SECONDS",
                    help="in directories made through this mount, answer lookups of absent names without asking the"
                    " metadata service for this long after the mount's last change there: creates take one call"
