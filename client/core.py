@@ -7,7 +7,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 from tectofs import allocator, checksum, limits, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
@@ -25,6 +25,7 @@ from .metadata import MetadataClient
 from .metadata_cache import ABSENT, MISS, MetadataCache
 from .metered import MeteredRpcClient
 
+AnswerT = TypeVar("AnswerT")
 _MODES = {
     # mode: (readable, writable, create, truncate, exclusive, append)
     "rb": (True, False, False, False, False, False),
@@ -248,26 +249,38 @@ class AsyncFileSystem:
 
     async def stat(self, path: str) -> Stat:
         cache = self._cached()
-        if cache is None:
-            reply = await self.metadata.lookup(messages.PathRequest(path=path))
-            return Stat.from_attrs(reply.attrs)
-        cached = cache.lookup(path)
+        cached = cache.lookup(path) if cache is not None else MISS
         if isinstance(cached, Stat):
             return cached
         if cached is ABSENT:
             raise NotFound(f"{path}: no such file or directory")
+
+        async def lookup() -> tuple[Stat, list[int]]:
+            reply = await self.metadata.lookup(messages.PathRequest(path=path))
+            return Stat.from_attrs(reply.attrs), list(reply.walk)
+
+        if cache is None:
+            return (await lookup())[0]
+        found = await self._learning(lookup, lambda answer: cache.learned(path, answer[1], answer[0]),
+                                     lambda: cache.learned_absent(path))
+        return found[0]
+
+    async def _learning(self, call: Callable[[], Awaitable[AnswerT]], learn: Callable[[AnswerT], None],
+                        learn_absent: Callable[[], None] | None = None) -> AnswerT:
+        """``call()``'s answer from the service; the cache learns it (or, through
+        ``learn_absent``, that it found nothing: NotFound, NoAttribute) unless a recall, a lost
+        lease or this client's own change crossed the call (``LeaseSession.still_token``)."""
         assert self.lease_session is not None
         token = self.lease_session.token()
         try:
-            reply = await self.metadata.lookup(messages.PathRequest(path=path))
-        except NotFound:
-            if self.lease_session.still_token(token):
-                cache.learned_absent(path)
+            answer = await call()
+        except (NotFound, NoAttribute):
+            if learn_absent is not None and self.lease_session.still_token(token):
+                learn_absent()
             raise
-        stat = Stat.from_attrs(reply.attrs)
         if self.lease_session.still_token(token):
-            cache.learned(path, list(reply.walk), stat)
-        return stat
+            learn(answer)
+        return answer
 
     async def exists(self, path: str) -> bool:
         try:
@@ -291,17 +304,16 @@ class AsyncFileSystem:
 
     async def scandir(self, path: str) -> list[tuple[str, Stat]]:
         cache = self._cached()
-        if cache is None:
-            return [entry async for page in self.scandir_pages(path) for entry in page]
-        cached = cache.listing(path)
+        cached = cache.listing(path) if cache is not None else MISS
         if isinstance(cached, list):
             return cached
-        assert self.lease_session is not None
-        token = self.lease_session.token()
-        entries = [entry async for page in self.scandir_pages(path) for entry in page]
-        if self.lease_session.still_token(token):
-            cache.learned_listing(path, entries)
-        return entries
+
+        async def listing() -> list[tuple[str, Stat]]:
+            return [entry async for page in self.scandir_pages(path) for entry in page]
+
+        if cache is None:
+            return await listing()
+        return await self._learning(listing, lambda entries: cache.learned_listing(path, entries))
 
     async def listdir(self, path: str) -> list[str]:
         return [name for name, _ in await self.scandir(path)]
@@ -383,35 +395,32 @@ class AsyncFileSystem:
         names fail here, without a call: ``tectofs.xattr_names``)."""
         xattr_names.namespace_of(name)
         cache = self._cached()
-        if cache is None:
-            return bytes((await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))).value)
-        cached = cache.xattr(path, name)
+        cached = cache.xattr(path, name) if cache is not None else MISS
         if isinstance(cached, bytes):
             return cached
         if cached is None:
             raise NoAttribute(f"{path}: no extended attribute {name!r}")
-        assert self.lease_session is not None
-        token = self.lease_session.token()
-        try:
-            value = bytes((await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))).value)
-        except NoAttribute:
-            if self.lease_session.still_token(token):
-                cache.learned_xattr(path, name, None)
-            raise
-        if self.lease_session.still_token(token):
-            cache.learned_xattr(path, name, value)
-        return value
+
+        async def get() -> bytes:
+            return bytes((await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))).value)
+
+        if cache is None:
+            return await get()
+        return await self._learning(get, lambda value: cache.learned_xattr(path, name, value),
+                                    lambda: cache.learned_xattr(path, name, None))
 
     async def listxattr(self, path: str) -> list[str]:
         cache = self._cached()
         cached = cache.xattr_names(path) if cache is not None else MISS
         if isinstance(cached, list):
             return cached
-        token = self.lease_session.token() if self.lease_session is not None else (0, 0)
-        names = list((await self.metadata.listxattr(messages.PathRequest(path=path))).names)
-        if cache is not None and self.lease_session is not None and self.lease_session.still_token(token):
-            cache.learned_xattr_names(path, names)
-        return names
+
+        async def names() -> list[str]:
+            return list((await self.metadata.listxattr(messages.PathRequest(path=path))).names)
+
+        if cache is None:
+            return await names()
+        return await self._learning(names, lambda found: cache.learned_xattr_names(path, found))
 
     async def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
         """``flags``: ``os.XATTR_CREATE`` or ``os.XATTR_REPLACE``, as ``os.setxattr``."""
