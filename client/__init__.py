@@ -21,14 +21,16 @@ from .sync import FileSystem, RawFile
 DEFAULT_ADDRESS_ENV = "TECTOFS_META"
 
 
-def connect(address: str | None = None, credentials: str | None = None) -> FileSystem:
+def connect(address: str | None = None, credentials: str | None = None, leases: bool = False) -> FileSystem:
     """Connect to the metadata service at ``HOST:PORT`` (default: ``$TECTOFS_META``) as the
     user of ``credentials`` (a credential file; default ``$TECTOFS_CREDENTIALS``, else the one
-    ``tectofs up`` wrote for this address: ``tectofs.wire.auth.find_credential``)."""
+    ``tectofs up`` wrote for this address: ``tectofs.wire.auth.find_credential``). ``leases``:
+    hold metadata leases and answer stats and extended attributes from a cache while they last
+    (``client/metadata_cache.py``; another client's change is seen at the next call all the same)."""
     address = address or os.environ.get(DEFAULT_ADDRESS_ENV)
     if not address:
         raise ValueError(f"no metadata service address: pass HOST:PORT or set {DEFAULT_ADDRESS_ENV}")
-    return FileSystem(address, credentials)
+    return FileSystem(address, credentials, leases)
 
 
 __all__ = ["AsyncFile", "AsyncFileSystem", "FileSystem", "RawFile", "Stat", "connect"]

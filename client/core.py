@@ -7,21 +7,25 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 from tectofs import allocator, checksum, limits, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
-from tectofs.errors import InvalidArgument, IsADirectory, NotFound
+from tectofs.errors import InvalidArgument, IsADirectory, NoAttribute, NotFound
 from tectofs.wire import auth, messages, shared_blocks
+from tectofs.wire.leases import Recall
 from tectofs.wire.transport import parse_group
 
 from .blocks import BlockIO
 from .context import FileContext
 from .files import AsyncFile
+from .lease_session import LeaseSession
 from .leases import LeaseEndings
 from .metadata import MetadataClient
+from .metadata_cache import ABSENT, MISS, MetadataCache
 from .metered import MeteredRpcClient
 
+AnswerT = TypeVar("AnswerT")
 _MODES = {
     # mode: (readable, writable, create, truncate, exclusive, append)
     "rb": (True, False, False, False, False, False),
@@ -135,7 +139,7 @@ class AsyncFileSystem:
     Paths are absolute; every call that changes the namespace is one metadata transaction."""
 
     def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None, *,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, leases: bool = False) -> None:
         """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
         metadata services sharing one store (``tectofs.wire.client.RpcClient``). ``credentials``: a
         credential file or :class:`tectofs.wire.auth.Credential`; by default the one
@@ -145,7 +149,9 @@ class AsyncFileSystem:
         Counts in the process's client metrics (:func:`tectofs.metrics.client_metrics`); the
         first client of a process serves them if asked (``$TECTOFS_METRICS``:
         :func:`tectofs.metrics.serve_client_if_asked`). ``clock`` (monotonic seconds; the simulator's
-        seam, ``tectofs.testing``): the time that decides when servers found down are tried first again."""
+        seam, ``tectofs.testing``): the time that decides when servers found down are tried first again.
+        ``leases``: hold metadata leases (``client/lease_session.py``) so that a cache over this
+        client may answer without asking; needs a running event loop, which keeps them alive."""
         parse_group(meta_address)
         self.meta_address = meta_address
         self.credential = (credentials if isinstance(credentials, auth.Credential)
@@ -167,6 +173,37 @@ class AsyncFileSystem:
         self.acting_uid: int | None = None  # a view's: the uid it acts for (acting_as)
         # the largest file the metadata service keeps inline, as its last answer said (0: none seen yet)
         self.inline_max = 0
+        self.lease_session: LeaseSession | None = None
+        self.metadata_cache: MetadataCache[Stat] | None = None  # answers while leases are held (this identity's)
+        # Views acting for other users answer from the cache too: set by a mount whose kernel
+        # checks every caller's permissions itself (default_permissions) before it asks.
+        self.views_share_cache = False
+        if leases:
+            self.lease_session = LeaseSession(self.metadata, **({"clock": clock} if clock is not None else {}))
+            self.lease_session.attach(self.rpc)
+            self.metadata_cache = MetadataCache[Stat](make=Stat.from_attrs)
+            self.lease_session.listeners.append(self._recalled)
+            self.metadata.on_change = self._changed
+            self.lease_session.start()
+
+    async def _recalled(self, recall: "Recall | None") -> None:
+        if self.metadata_cache is not None:
+            self.metadata_cache.forget(recall)
+
+    def _changed(self, operation: str, request: messages.Message, reply: messages.Message | None) -> None:
+        """This client (or a view of it) made a change (``reply`` None: it failed, or may have
+        succeeded unseen): answers on their way are not kept, and the cache learns or forgets."""
+        assert self.lease_session is not None and self.metadata_cache is not None
+        self.lease_session.note_own_change()
+        self.metadata_cache.changed_by_self(operation, request, reply)
+
+    def _cached(self) -> "MetadataCache[Stat] | None":
+        """The cache this client may answer from now (a view acting for another user has none,
+        permission checks differing by user, unless ``views_share_cache``)."""
+        cache = self.metadata_cache
+        if cache is None or (self.acting_uid is not None and not self.views_share_cache) or self.lease_session is None:
+            return None
+        return cache if self.lease_session.remaining() > 0 else None
 
     def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "AsyncFileSystem":
         """This client as seen by another local user (a multi-user FUSE mount): namespace calls
@@ -184,8 +221,10 @@ class AsyncFileSystem:
             view._views = {}
             view.meta_rpc = MeteredRpcClient(self.metrics, allocate_payload=lambda header, n: self.buffers.get(n))
             view.meta_rpc.expect_role(self.meta_address, "meta")
+            view.meta_rpc.session = self.rpc.session  # its calls are this client's: its leases, its changes
             view.meta_rpc.authenticate(self.meta_address, auth.ClientAuth(credential=self.credential, act_as=key))
             view.metadata = MetadataClient(view.meta_rpc, self.meta_address)
+            view.metadata.on_change = self.metadata.on_change  # its changes are this client's too
             view.acting_uid = uid
             while len(self._views) >= limits.acting_views_max:
                 oldest = self._views.pop(next(iter(self._views)))  # the least recently used
@@ -196,6 +235,8 @@ class AsyncFileSystem:
     async def close(self) -> None:
         if self.meta_rpc is self.rpc:
             await self.lease_endings.flush()
+            if self.lease_session is not None:
+                await self.lease_session.close()
         for view in self._views.values():
             await view.meta_rpc.close()
         self._views.clear()
@@ -207,8 +248,39 @@ class AsyncFileSystem:
     # ------------------------------------------------------------------ namespace
 
     async def stat(self, path: str) -> Stat:
-        reply = await self.metadata.lookup(messages.PathRequest(path=path))
-        return Stat.from_attrs(reply.attrs)
+        cache = self._cached()
+        cached = cache.lookup(path) if cache is not None else MISS
+        if isinstance(cached, Stat):
+            return cached
+        if cached is ABSENT:
+            raise NotFound(f"{path}: no such file or directory")
+
+        async def lookup() -> tuple[Stat, list[int]]:
+            reply = await self.metadata.lookup(messages.PathRequest(path=path))
+            return Stat.from_attrs(reply.attrs), list(reply.walk)
+
+        if cache is None:
+            return (await lookup())[0]
+        found = await self._learning(lookup, lambda answer: cache.learned(path, answer[1], answer[0]),
+                                     lambda: cache.learned_absent(path))
+        return found[0]
+
+    async def _learning(self, call: Callable[[], Awaitable[AnswerT]], learn: Callable[[AnswerT], None],
+                        learn_absent: Callable[[], None] | None = None) -> AnswerT:
+        """``call()``'s answer from the service; the cache learns it (or, through
+        ``learn_absent``, that it found nothing: NotFound, NoAttribute) unless a recall, a lost
+        lease or this client's own change crossed the call (``LeaseSession.still_token``)."""
+        assert self.lease_session is not None
+        token = self.lease_session.token()
+        try:
+            answer = await call()
+        except (NotFound, NoAttribute):
+            if learn_absent is not None and self.lease_session.still_token(token):
+                learn_absent()
+            raise
+        if self.lease_session.still_token(token):
+            learn(answer)
+        return answer
 
     async def exists(self, path: str) -> bool:
         try:
@@ -231,7 +303,17 @@ class AsyncFileSystem:
             yield page
 
     async def scandir(self, path: str) -> list[tuple[str, Stat]]:
-        return [entry async for page in self.scandir_pages(path) for entry in page]
+        cache = self._cached()
+        cached = cache.listing(path) if cache is not None else MISS
+        if isinstance(cached, list):
+            return cached
+
+        async def listing() -> list[tuple[str, Stat]]:
+            return [entry async for page in self.scandir_pages(path) for entry in page]
+
+        if cache is None:
+            return await listing()
+        return await self._learning(listing, lambda entries: cache.learned_listing(path, entries))
 
     async def listdir(self, path: str) -> list[str]:
         return [name for name, _ in await self.scandir(path)]
@@ -312,12 +394,33 @@ class AsyncFileSystem:
         """An extended attribute's value (``user.*``, ``trusted.*``, ``security.*``; other
         names fail here, without a call: ``tectofs.xattr_names``)."""
         xattr_names.namespace_of(name)
-        reply = await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))
-        return bytes(reply.value)
+        cache = self._cached()
+        cached = cache.xattr(path, name) if cache is not None else MISS
+        if isinstance(cached, bytes):
+            return cached
+        if cached is None:
+            raise NoAttribute(f"{path}: no extended attribute {name!r}")
+
+        async def get() -> bytes:
+            return bytes((await self.metadata.getxattr(messages.XattrRequest(path=path, name=name))).value)
+
+        if cache is None:
+            return await get()
+        return await self._learning(get, lambda value: cache.learned_xattr(path, name, value),
+                                    lambda: cache.learned_xattr(path, name, None))
 
     async def listxattr(self, path: str) -> list[str]:
-        reply = await self.metadata.listxattr(messages.PathRequest(path=path))
-        return list(reply.names)
+        cache = self._cached()
+        cached = cache.xattr_names(path) if cache is not None else MISS
+        if isinstance(cached, list):
+            return cached
+
+        async def names() -> list[str]:
+            return list((await self.metadata.listxattr(messages.PathRequest(path=path))).names)
+
+        if cache is None:
+            return await names()
+        return await self._learning(names, lambda found: cache.learned_xattr_names(path, found))
 
     async def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
         """``flags``: ``os.XATTR_CREATE`` or ``os.XATTR_REPLACE``, as ``os.setxattr``."""

@@ -9,14 +9,31 @@ Every method is one line over :meth:`MetadataClient.call`, which takes the retry
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from tectofs.wire import messages, shared_blocks
 from tectofs.wire.client import RpcClient
+from tectofs.wire.leases import KEEPALIVE, KeepaliveReply, KeepaliveRequest
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
 _EMPTY = messages.Empty()
+
+
+# The operations that change names, attributes or extended attributes: after each (whatever
+# its outcome), ``MetadataClient.on_change`` hears of it, so a cache over this client forgets
+# what its own change made stale (the service recalls only other clients' leases).
+# tests/test_leases.py holds every operation of the table to being here or in READING.
+CHANGING = frozenset({
+    "mkdir", "makedirs", "create", "symlink", "mknod", "setattr", "truncate", "set_policy", "rename", "link",
+    "setxattr", "removexattr", "exchange", "unlink", "unlink_many", "rmdir", "commit", "reference_blocks",
+})
+READING = frozenset({
+    "hello", "lookup", "getattr", "readdir", "getxattr", "listxattr", "statfs", "layout", "allocate", "stage", "renew",
+    "release", "release_leases", "report_bad_chunk", "repair_done", "repair_failed", "inventory_begin", "inventory",
+    "drain", "block_health", "register_server", "heartbeat", "servers", "stats", "ping", "user_add", "user_remove",
+    "user_list", "s3_principal", "whoami", "keepalive", "shared_blocks",
+})  # what leaves names, attributes and extended attributes as they were
 
 
 class MetadataClient:
@@ -26,10 +43,17 @@ class MetadataClient:
     def __init__(self, rpc: RpcClient, address: str) -> None:
         self.rpc = rpc
         self.address = address
+        # Told of every CHANGING call: its name, request and reply (None: it failed).
+        self.on_change: Callable[[str, messages.Message, messages.Message | None], None] | None = None
 
     async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
         """One call of ``operation``: its reply, or the service's error raised."""
-        reply, _ = await self.rpc.call(self.address, operation, request)
+        reply: ReplyT | None = None
+        try:
+            reply, _ = await self.rpc.call(self.address, operation, request)
+        finally:
+            if self.on_change is not None and operation.name in CHANGING:
+                self.on_change(operation.name, request, reply)
         return reply
 
     async def lookup(self, request: messages.PathRequest) -> messages.AttrsReply:
@@ -175,3 +199,6 @@ class MetadataClient:
 
     async def whoami(self, request: messages.Empty = _EMPTY) -> messages.WhoamiReply:
         return await self.call(messages.WHOAMI, request)
+
+    async def keepalive(self, request: KeepaliveRequest) -> KeepaliveReply:
+        return await self.call(KEEPALIVE, request)

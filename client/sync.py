@@ -213,11 +213,11 @@ class FileSystem:
     Methods mirror :class:`AsyncFileSystem`; ``open`` returns ordinary Python binary file
     objects. ``fs.aio`` is the async client and ``fs.run(coro)`` runs a coroutine on it."""
 
-    def __init__(self, meta_address: str, credentials: Any = None) -> None:
-        """``credentials``: see :class:`AsyncFileSystem`."""
+    def __init__(self, meta_address: str, credentials: Any = None, leases: bool = False) -> None:
+        """``credentials``, ``leases``: see :class:`AsyncFileSystem`."""
         self._loop = _LoopThread()
         try:
-            self.aio = self._loop.run(_make_async(meta_address, credentials))
+            self.aio = self._loop.run(_make_async(meta_address, credentials, leases))
         except BaseException:
             self._loop.stop()
             raise
@@ -362,8 +362,8 @@ class FileSystem:
         self.close()
 
 
-async def _make_async(meta_address: str, credentials: Any = None) -> AsyncFileSystem:
-    fs = AsyncFileSystem(meta_address, credentials)
+async def _make_async(meta_address: str, credentials: Any = None, leases: bool = False) -> AsyncFileSystem:
+    fs = AsyncFileSystem(meta_address, credentials, leases=leases)
     # With a credential, a wrong one (or another cluster's) fails here, at connect.
     if fs.credential is not None:
         await fs.metadata.whoami()

@@ -159,3 +159,13 @@ user_cache_entries_max = 10_000
 fuse_caller_cache_s = 1.0                 # a mount re-reads a calling process's supplementary groups after this
 fuse_caller_cache_entries_max = 4096      # calling processes a mount remembers (forgotten all at once past it)
 fuse_caller_groups_max = 256              # supplementary groups an act_as hello carries (messages.ActAs)
+
+# Metadata leases (server/meta/leases.py, client/lease_session.py)
+lease_s = 30.0                            # a lease session's life after its last keepalive arrived
+lease_keepalive_wait_s = 10.0             # longest a keepalive is held waiting for a recall
+lease_inodes_per_session_max = 1_000_000  # inodes one session holds (past that its oldest are recalled)
+lease_sessions_max = 100_000              # sessions one metadata service keeps at a time
+lease_recalls_per_reply_max = 16          # recalls one keepalive answer carries (the rest: the next one)
+lease_recall_keys_max = 128               # names, inodes and listings one recall names (more: several recalls)
+lease_remote_changes_kept = 100_000       # peers' recalls remembered for reads that raced them
+metadata_cache_entries_max = 1_000_000     # names (and as many inodes) a leasing client keeps cached

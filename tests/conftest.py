@@ -184,7 +184,7 @@ def postgres_server() -> Iterator[str]:
     """URL of a PostgreSQL server started for this test session. Where it cannot run, the
     tests that need it fail, saying what is missing (they are part of the contract suite),
     unless ``TECTOFS_SKIP_POSTGRES=1`` is set: then they are skipped."""
-    from tests import postgres
+    from tectofs.testing import postgres
 
     lacks = postgres.missing()
     if lacks and os.environ.get("TECTOFS_SKIP_POSTGRES") == "1":

@@ -38,7 +38,7 @@ ResultT = TypeVar("ResultT")
 def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "meta.db")
-    from tests.postgres import new_database
+    from tectofs.testing.postgres import new_database
 
     return new_database(request.getfixturevalue("postgres_server"))
 
@@ -325,7 +325,7 @@ def _kill_during_save(c: TwoMetaCluster, watcher_address: str, events: dict[str,
 
 
 def test_sigkilled_metadata_service_during_a_128_rank_burst(make_cluster, postgres_server, tmp_path, rng):
-    from tests.postgres import new_database
+    from tectofs.testing.postgres import new_database
 
     c = make_cluster(cluster_class=TwoMetaCluster, store=new_database(postgres_server))
     assert isinstance(c, TwoMetaCluster) and len(parse_group(c.address)) == 2

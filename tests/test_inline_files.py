@@ -203,7 +203,7 @@ def test_failover_to_a_second_metadata_service_mid_untar_loses_and_duplicates_no
     SIGKILLed once a third of them exist. tar succeeds; the tree read back through B alone
     is the tarball's, bit-exact, every file once and nothing else."""
     from tectofs.client.fuse import start_mount_process
-    from tests.postgres import new_database
+    from tectofs.testing.postgres import new_database
 
     c = make_cluster(cluster_class=TwoMetaCluster, store=new_database(postgres_server))
     assert isinstance(c, TwoMetaCluster)

@@ -384,7 +384,7 @@ def user_store(request, tmp_path):
     if request.param == "sqlite":
         s = SqlStore(SqliteDialect(str(tmp_path / "users.db")))
     else:
-        from tests.postgres import new_database
+        from tectofs.testing.postgres import new_database
 
         s = SqlStore(PostgresDialect(new_database(request.getfixturevalue("postgres_server"))))
     yield s

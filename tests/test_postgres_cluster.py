@@ -10,7 +10,7 @@ MiB = 1 << 20
 
 
 def test_two_metadata_services_share_one_postgres_namespace(make_cluster, postgres_server):
-    from tests.postgres import new_database
+    from tectofs.testing.postgres import new_database
 
     c = make_cluster(store=new_database(postgres_server))
     address_b, process_b = c.start_extra_meta()
@@ -33,7 +33,7 @@ def test_two_metadata_services_share_one_postgres_namespace(make_cluster, postgr
 def test_concurrent_creates_through_two_services_all_land(make_cluster, postgres_server):
     import threading
 
-    from tests.postgres import new_database
+    from tectofs.testing.postgres import new_database
 
     c = make_cluster(store=new_database(postgres_server))
     address_b, process_b = c.start_extra_meta()

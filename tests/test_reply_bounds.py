@@ -16,6 +16,7 @@ from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 from tectofs.store.registry import SERVER_STATS_KEPT
 from tectofs.wire import auth, messages, shared_blocks
+from tectofs.wire.leases import Entry, KeepaliveReply, Recall
 
 WIDEST = "rs(32,16)"
 # The largest capabilities: the longest key id, the latest expiry.
@@ -122,7 +123,7 @@ def test_fixed_size_replies_fit() -> None:
                            atime=-1e11, mtime=1e11, ctime=1e11, nlink=2**63 - 1, policy="x" * 32,
                            block_size=limits.block_size_max_bytes, target="t" * limits.symlink_target_max_bytes,
                            parent=2**63 - 1, stored=2**63 - 1)
-    _fits(messages.AttrsReply(attrs=attrs))
+    _fits(messages.AttrsReply(attrs=attrs, walk=[2**63 - 1] * (limits.path_length_max_bytes // 2)))
     source = messages.ChunkRef(position=47, server_id=2**63 - 1, address=_long_address(1), length=2**26, crc=2**32 - 1)
     order = messages.RepairOrder(block_id=2**63 - 1, position=47, policy="x" * 32, length=2**26, crc=2**32 - 1,
                                  sources=[source] * limits.policy_width_max)
@@ -140,6 +141,10 @@ def test_fixed_size_replies_fit() -> None:
     _fits(messages.ListxattrReply(names=[name] * (limits.xattr_names_max_bytes // (len(name) + 1))))
     _fits(messages.ListxattrReply(names=["user.x"] * (limits.xattr_names_max_bytes // 7)))
     _fits(messages.XattrReply(value=b"v" * limits.xattr_value_max_bytes))
+    keys = limits.lease_recall_keys_max
+    recall = Recall(id=2**63 - 1, inos=[2**63 - 1] * keys, listings=[2**63 - 1] * keys,
+                    entries=[Entry(parent=2**63 - 1, name="n" * limits.name_length_max_bytes)] * keys)
+    _fits(KeepaliveReply(lease_s=1e9, renewed=True, restarted=True, recalls=[recall] * limits.lease_recalls_per_reply_max))
     _fits(messages.GetChunkReply(crcs=[0xFFFFFFFF] * (limits.block_size_max_bytes // limits.checksum_piece_bytes),
                                  chunk_length=2**40, position=47, crc=0xFFFFFFFF))
     widest = shared_blocks.SharedBlock(name=limits.health_inos_per_call_max, block_id=2**63 - 1, nbytes=2**63 - 1)
@@ -150,7 +155,8 @@ def test_every_reply_type_is_covered() -> None:
     """Replies with lists are the ones a bound can fail on; each has a test above."""
     covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
                messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply,
-               messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply, shared_blocks.SharedBlocksReply}
+               messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply, shared_blocks.SharedBlocksReply,
+               KeepaliveReply}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
         for operation in table.values():
             has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))

@@ -478,7 +478,7 @@ class TestPostgresStore(StoreContract):
         self.server_url = postgres_server
 
     def make_store(self, tmp_path) -> SqlStore:
-        from tests.postgres import new_database
+        from tectofs.testing.postgres import new_database
 
         return SqlStore(PostgresDialect(new_database(self.server_url)))
 

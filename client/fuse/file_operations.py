@@ -53,7 +53,7 @@ class FileOperations(MountState, pyfuse3.Operations):
             self.follow(parent_inode, text, change, present=True)
         file.readable = True  # the kernel enforces the access mode of each descriptor
         fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=True)
-        self.inodes.looked_up(parent_inode, text, file.ino)
+        self.named(parent_inode, text, file.ino)
         return self._file_info(fh), self.entry(Stat.from_attrs(file.attrs))
 
     def follow(self, parent_inode: int, name: str, change: DirectoryChange | None, present: bool) -> None:

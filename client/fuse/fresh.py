@@ -51,6 +51,11 @@ class FreshAttributes:
         if len(self._fresh) > 64:  # only the latest can be current: drop the others
             self._fresh = {inode: self._fresh[inode]}
 
+    def forget_all(self) -> None:
+        """Another client changed something (a lease recall): nothing kept here may be current."""
+        self._fresh.clear()
+        self._epoch += 1
+
     def take(self, inode: int, caller: Any) -> Stat | None:
         """The attributes of ``inode`` if a change's reply gave them and nothing changed since
         (once: the kernel caches the answer)."""

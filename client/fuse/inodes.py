@@ -54,6 +54,19 @@ class InodeTable:
     def __contains__(self, ino: object) -> bool:
         return ino in self._nodes
 
+    def parent_of(self, ino: int) -> int:
+        """The directory ``ino`` was last named in (the root's: itself)."""
+        node = self._nodes.get(ino)
+        return node.names[0][0] if node is not None and node.names else ROOT_INODE
+
+    def known_names(self) -> list[Name]:
+        """Every (parent inode, name) the kernel may hold."""
+        return list(self._by_name)
+
+    def known_inodes(self) -> list[int]:
+        """Every inode the kernel may hold."""
+        return list(self._nodes)
+
     def path(self, ino: int) -> str:
         """The tectofs path of ``ino`` now (its parents walked up to the root)."""
         parts: list[str] = []

@@ -44,11 +44,11 @@ def mount_options(address: str, shared: bool, default_permissions: bool, debug: 
 
 async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
                        on_ready: Callable[[], None] | None, credentials: str | None, multi_user: bool | None,
-                       default_permissions: bool, negative_cache_s: float) -> None:
+                       default_permissions: bool, negative_cache_s: float, leases: bool) -> None:
     loop = asyncio.get_running_loop()
     diagnostics.dump_tasks_on_sigusr1(loop)
     # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
-    fs = AsyncFileSystem(address, credentials)
+    fs = AsyncFileSystem(address, credentials, leases=leases)
     try:
         who = await fs.metadata.whoami() if fs.credential is not None else None
         if who is None:
@@ -61,6 +61,9 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
             log.warning("%s: %s", mountpoint, why)
         callers = Callers(acting=shared, plain_uid=euid if who is not None and who.uid == euid else None)
         kernel_checks = not shared or default_permissions
+        # The kernel checks every caller's permissions before it asks: what the client cached
+        # may answer every caller (else each asks the service, which checks as them).
+        fs.views_share_cache = kernel_checks
         operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready, callers,
                                        entry_timeout_s=None if kernel_checks else 0.0,
                                        negative_cache_s=negative_cache_s)
@@ -80,6 +83,7 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
             await pyfuse3.main(min_tasks=1, max_tasks=requests_in_flight_max if threads else 1)
         finally:
             await operations.close_all()
+            operations.stop_recalls()
             pyfuse3.close(unmount=True)
         if stopped_by:
             log.info("%s unmounted by %s", mountpoint, stopped_by[0])
@@ -89,16 +93,17 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
 
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
            on_ready: Callable[[], None] | None = None, credentials: str | None = None,
-           multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0) -> None:
+           multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0,
+           leases: bool = True) -> None:
     pyfuse3.asyncio.enable()
     asyncio.run(_serve_async(address, mountpoint, threads, attr_timeout_s, debug, on_ready, credentials, multi_user,
-                             default_permissions, negative_cache_s))
+                             default_permissions, negative_cache_s, leases))
 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
           attr_timeout_s: float = 1.0, debug: bool = False, credentials: str | None = None,
           multi_user: bool | None = None, default_permissions: bool = True,
-          negative_cache_s: float = 0.0) -> str | None:
+          negative_cache_s: float = 0.0, leases: bool = True) -> str | None:
     """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
 
     ``credentials``: the credential file (default: ``tectofs.wire.auth.find_credential``).
@@ -112,6 +117,11 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     that long after the mount's last change there (creates take one call instead of two;
     another client's new name there may read as absent that long: JuiceFS's
     ``--negative-entry-cache``, off by default there too).
+
+    ``leases`` (default; ``--no-leases``: off): hold metadata leases, so the kernel keeps
+    names (absent ones too) and attributes for as long as they last, and drops them when
+    another client's change recalls them, before that change returns (``kernel_cache.py``);
+    without, the kernel keeps them ``attr_timeout_s`` and absent names not at all.
 
     ``threads=False`` (``--single-thread``): one kernel request at a time (else up to
     ``requests_in_flight_max`` coroutines on the one event loop).
@@ -127,7 +137,7 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
         raise SystemExit(f"tectofs mount: {mountpoint} is not a directory")
     serve = functools.partial(_serve, address, mountpoint, threads, attr_timeout_s, debug, credentials=credentials,
                               multi_user=multi_user, default_permissions=default_permissions,
-                              negative_cache_s=negative_cache_s)
+                              negative_cache_s=negative_cache_s, leases=leases)
     if foreground:
         serve()
         return None

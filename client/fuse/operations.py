@@ -43,7 +43,6 @@ from tectofs.client.fuse.setattrs import set_attributes
 from tectofs.client.fuse.state import handler
 from tectofs.client.fuse.users import Caller, Callers, Identity
 from tectofs.errors import InvalidArgument, NoAttribute, NotFound
-from tectofs.wire import messages
 
 max_readahead_bytes = 8 * 1024 * 1024  # the kernel caps it at the device's read-ahead setting
 
@@ -67,8 +66,8 @@ class TectofsOperations(FileOperations):
         (0: off): how long after its last change to a directory it made the mount answers
         lookups of absent names there itself (``KnownListings``; not when names are not cached).
         ``on_ready``: called once the kernel initialized the mount."""
-        super().__init__(fs, os.path.abspath(mountpoint), KernelCache(attr_timeout_s, entry_timeout_s), callers,
-                         negative_cache_s)
+        super().__init__(fs, os.path.abspath(mountpoint),
+                         KernelCache(attr_timeout_s, entry_timeout_s, leases=fs.lease_session), callers, negative_cache_s)
         self._on_ready = on_ready
         self._listing_callers: dict[int, tuple[int, Identity | None]] = {}  # directory fh -> (inode, opener)
 
@@ -99,7 +98,7 @@ class TectofsOperations(FileOperations):
             if negative is None:
                 raise
             return negative
-        self.inodes.looked_up(parent_inode, text, st.ino)
+        self.named(parent_inode, text, st.ino)
         return self.entry(st)
 
     @handler
@@ -142,17 +141,14 @@ class TectofsOperations(FileOperations):
         inode, identity = self._listing_callers[fh]
         entries, fresh = await self.open_listings.page(fh, start_id, lambda: self._list(inode, identity))
         fill(token, entries, start_id, self.entry, directory_entry, fresh,
-             lambda name, st: self.inodes.looked_up(inode, name, st.ino))
+             lambda name, st: self.named(inode, name, st.ino))
 
     async def _list(self, inode: int, identity: Identity | None) -> list[Entry]:
         """"." and ".." (inode numbers), then every entry with its attributes."""
         path = self.path(inode)
 
-        async def listing(fs: AsyncFileSystem) -> tuple[messages.AttrsReply, list[tuple[str, Stat]]]:
-            return await fs.metadata.lookup(messages.PathRequest(path=path)), await fs.scandir(path)
-
-        directory, entries = await self.as_caller(identity, listing)
-        dots: list[Entry] = [(".", directory.attrs.ino), ("..", directory.attrs.parent)]
+        entries = await self.as_caller(identity, lambda fs: fs.scandir(path))
+        dots: list[Entry] = [(".", inode), ("..", self.inodes.parent_of(inode))]
         return dots + list(entries)
 
     @handler
@@ -171,7 +167,7 @@ class TectofsOperations(FileOperations):
         finally:
             self.listings.forget(parent_inode)
         self.listings.made(st.ino, st.ctime)  # empty, as of its creation: lookups in it answered here
-        self.inodes.looked_up(parent_inode, text, st.ino)
+        self.named(parent_inode, text, st.ino)
         return self.entry(st)
 
     @handler
@@ -215,7 +211,7 @@ class TectofsOperations(FileOperations):
         source = self.path(inode)
         text, target = self.child(new_parent_inode, new_name)
         st = await self.as_caller(self.identity(ctx), lambda fs: fs.link(source, target))
-        self.inodes.looked_up(new_parent_inode, text, st.ino)
+        self.named(new_parent_inode, text, st.ino)
         return self.entry(st)
 
     @handler
@@ -223,7 +219,7 @@ class TectofsOperations(FileOperations):
         text, path = self.child(parent_inode, name)
         destination = target.decode("utf-8", "surrogateescape")
         st = await self.as_caller(self.identity(ctx), lambda fs: fs.symlink(destination, path))
-        self.inodes.looked_up(parent_inode, text, st.ino)
+        self.named(parent_inode, text, st.ino)
         return self.entry(st)
 
     @handler
@@ -242,7 +238,7 @@ class TectofsOperations(FileOperations):
             st = Stat.from_attrs(file.attrs)
         else:  # a FIFO, socket or device node: metadata; the kernel serves it
             st = await self.as_caller(identity, lambda fs: fs.mknod(path, mode, rdev))
-        self.inodes.looked_up(parent_inode, text, st.ino)
+        self.named(parent_inode, text, st.ino)
         return self.entry(st)
 
     # ------------------------------------------------------------------ extended attributes

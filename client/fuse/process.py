@@ -101,7 +101,7 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
                         attr_timeout_s: float | None = None, timeout_s: float = mount_wait_s,
                         log_path: str | None = None, debug: bool = False, credentials: str | None = None,
                         multi_user: bool | None = None, default_permissions: bool = True,
-                        negative_cache_s: float | None = None) -> MountProcess:
+                        negative_cache_s: float | None = None, leases: bool = True) -> MountProcess:
     """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
     return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
     if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount. The other
@@ -116,6 +116,8 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
     command = children.cli_command("mount", "--meta", address, mountpoint)
     if single_thread:
         command.append("--single-thread")
+    if not leases:
+        command.append("--no-leases")
     if attr_timeout_s is not None:
         command += ["--attr-timeout", str(attr_timeout_s)]
     if debug:

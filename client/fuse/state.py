@@ -27,6 +27,7 @@ from tectofs.client.fuse.readdir import OpenListings
 from tectofs.client.fuse.users import Caller, Callers, Identity, on_view
 from tectofs.errors import NotFound, PermissionDenied, StaleFile, TectofsError
 from tectofs.wire import messages
+from tectofs.wire.leases import Recall
 
 log = logging.getLogger("tectofs.fuse")
 
@@ -48,7 +49,26 @@ class MountState:
         self.files = OpenFiles()
         self.open_listings = OpenListings(attributes_fresh_s=cache.attr_timeout_s)
         self.fresh = FreshAttributes(cache.attr_timeout_s)
-        self.listings = KnownListings(negative_cache_s if cache.caches_names else 0.0)
+        # With leases, absent names are answered by the client's cache, coherently: the
+        # mount's own guess (KnownListings, --negative-entry-cache) is for mounts without.
+        self.listings = KnownListings(negative_cache_s if cache.caches_names and cache.leases is None else 0.0)
+        if cache.leases is not None:
+            cache.leases.listeners.append(self.recalled)
+
+    def stop_recalls(self) -> None:
+        """At unmount: recalls need the kernel no more."""
+        if self.cache.leases is not None and self.recalled in self.cache.leases.listeners:
+            self.cache.leases.listeners.remove(self.recalled)
+        self.cache.close()
+
+    async def recalled(self, recall: Recall | None) -> None:
+        """Another client changed what this mount's leases covered (None: the leases were lost):
+        the mount's own memories go, then the kernel's (``KernelCache.recalled``); the recall is
+        acknowledged once this returns."""
+        self.fresh.forget_all()
+        if recall is None or recall.entries or recall.listings:
+            self.listings.forget_all()
+        await self.cache.recalled(recall, self.inodes.known_names(), self.inodes.known_inodes())
 
     def identity(self, ctx: Caller) -> Identity | None:
         return self.callers.identity(ctx)
@@ -65,6 +85,12 @@ class MountState:
 
     def path(self, ino: int) -> str:
         return self.inodes.path(ino)
+
+    def named(self, parent: int, name: str, ino: int, count: int = 1) -> None:
+        """The kernel now holds ``name`` in ``parent`` as ``ino`` (a lookup, a listing's entry,
+        or this mount's create): the inode table counts it, and it is no absent name."""
+        self.inodes.looked_up(parent, name, ino, count)
+        self.cache.became_present(parent, name)
 
     def child(self, parent: int, name: bytes) -> tuple[str, str]:
         """(name as text, its tectofs path) of ``name`` in directory ``parent``."""
@@ -126,6 +152,7 @@ def handler(method: H) -> H:
     async def wrapper(self: MountState, *args: Any) -> Any:
         if drops_listings:
             self.listings.forget_all()
+        self.cache.begin_request()
         started = self.fresh.begin_change() if changes else 0
         try:
             return await method(self, *args)

@@ -31,21 +31,48 @@ from tectofs.store.access import Caller
 from tectofs.store.dialect import dialect_for
 from tectofs.store.users import MAYBE_USER, StoredUser
 from tectofs.wire import auth, messages, shared_blocks
+from tectofs.wire.leases import ATTRS, ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
 from .guard import MetaGuard
+from .lease_peers import LeasePeers
+from .leases import LeaseTable
 
 log = logging.getLogger("tectofs.meta")
 
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
 ResultT = TypeVar("ResultT")
 Reply = tuple[ReplyT, bytes]  # what a handler answers: the reply, and no payload
+LEASES_GRANTED = "lease_sessions"  # the store's counter of services that granted leases over it
 USER_ENTRY_BYTES_MAX = 640  # one UserInfo, encoded, at most (64 groups, 64-byte names and keys)
 
 
 def _user_info(user: StoredUser) -> messages.UserInfo:
     return messages.UserInfo(name=user.name, uid=user.uid, gid=user.gid, groups=list(user.groups),
                              admin=user.admin, proxy=user.proxy, s3_access_key=user.s3_access_key)
+
+
+def _walked_directories(store: SqlStore) -> list[int]:
+    """The directories the operation's path walks went through, / first (while leases are kept)."""
+    return [key[1] for key in store.walked or () if key[0] == ENTRY]
+
+
+def _granted(walked: list[LeaseKey], reached: int, result: object) -> list[LeaseKey]:
+    """What an operation's answer told its caller, as lease keys: the names its paths walked
+    (present or absent), and what the answer holds: attributes, a listing and its entries, the
+    extended attributes of the inode reached."""
+    if isinstance(result, tuple):  # (attributes, the directories walked): a lookup's
+        result = result[0]
+    if isinstance(result, messages.Attrs):
+        return [*walked, (ATTRS, result.ino)]
+    if isinstance(result, (messages.CreateReply, messages.LayoutSegment)):
+        return [*walked, (ATTRS, result.attrs.ino)]
+    if isinstance(result, messages.ReaddirReply):
+        return [*walked, (LISTING, reached), *((ENTRY, reached, e.name) for e in result.entries),
+                *((ATTRS, e.attrs.ino) for e in result.entries)]
+    if isinstance(result, (bytes, list)) and reached:  # extended attributes (a value, the names)
+        return [*walked, (ATTRS, reached)]
+    return walked
 
 
 def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int, uid: int | None = None) -> messages.Capability:
@@ -82,6 +109,7 @@ class MetadataService:
         capability_ttl_s: float = limits.capability_ttl_s,
         advertise: str | None = None,
         inline_max: int = limits.inline_bytes_default,
+        lease_s: float = limits.lease_s,
         *,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -92,7 +120,8 @@ class MetadataService:
         the address others reach this service at, which ``stats`` reports with the metrics URL
         (``server/addresses.py``; default: the bound address, none for a wildcard).
         ``inline_max``: files up to this many bytes are committed inline, their data kept in the
-        store with the inode (0: never; at most ``limits.inline_bytes_max``).
+        store with the inode (0: never; at most ``limits.inline_bytes_max``). ``lease_s``: the life
+        of a client's metadata leases after its last keepalive (``server/meta/leases.py``).
 
         The simulator's seams (``tectofs.testing``): ``clock`` (seconds since the epoch) is the
         time of the store's leases, liveness, repairs and GC and of heartbeat arrivals; ``rng``
@@ -137,6 +166,12 @@ class MetadataService:
         # a flood of them cannot lock authenticated clients out (tectofs.wire.connlimits).
         self.rpc = RpcServer(self, "metadata service", messages.META_OPERATIONS, "meta", self._handlers(),
                              authenticator=self.guard, observe=self.metrics.requests.observe, pool_anonymous=True)
+        # Lease time is measured on a monotonic clock: a stepped wall clock must not end leases
+        # early (the simulator's virtual clock is both).
+        self.leases = LeaseTable(lease_s, clock=time.monotonic if clock is time.time else clock)
+        self._leases_noted = False  # the store knows leases were granted (see _grace_after_restart)
+        self.store_url = store_url
+        self.peers: LeasePeers | None = None  # the other services over a PostgreSQL store (lease_peers.py)
         self.started = clock()
         self.bad_chunk_reports = 0
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
@@ -155,14 +190,28 @@ class MetadataService:
             await self.rpc.close()
             raise
         address = self.address or bound
+        await self._grace_after_restart()
+        if dialect_for(self.store_url).name == "postgresql":
+            self.peers = LeasePeers(self.store_url, self.leases)
+            await self.peers.start()
         self._gc_task = asyncio.get_running_loop().create_task(self._gc_loop())
         self._repair_task = asyncio.get_running_loop().create_task(self._repair_loop())
         return address
+
+    async def _grace_after_restart(self) -> None:
+        """Clients may hold leases a previous service over this store granted (this service's
+        predecessor, or a failed-over peer), which this one cannot recall: if the store says any
+        were ever granted, changes wait until such leases ran out (NFSv4's grace period)."""
+        if await self.runner.call(lambda store: store.counter(LEASES_GRANTED)):
+            self.leases.grace_until = self.leases.clock() + self.leases.lease_s
+            self._leases_noted = True
 
     async def close(self) -> None:
         for task in (self._gc_task, self._repair_task):
             if task is not None:
                 task.cancel()
+        if self.peers is not None:
+            await self.peers.close()
         await self.rpc.close()
         self.runner.close()
 
@@ -203,7 +252,7 @@ class MetadataService:
                 log.exception("repair scheduling failed")
 
     async def _call(self, operation: Callable[[SqlStore], ResultT], returns: type[ResultT], *,
-                    always_admitted: bool = False) -> ResultT:
+                    always_admitted: bool = False, new_directory: bool = False) -> ResultT:
         """``operation(store)`` through the runner, for the request being served; it answers
         ``returns``. A request with a call id (``tectofs.wire.server.current_call``) has each
         store operation it runs keyed by its call id and step, so the operation happens at
@@ -211,7 +260,9 @@ class MetadataService:
         store (``tectofs.store.requests``: a retry gets the recorded result, read as ``returns``).
 
         ``operation`` runs on the store's thread: what it needs of the request (paths split,
-        the caller) is computed before, here, where the request's context is."""
+        the caller) is computed before, here, where the request's context is.
+        ``new_directory``: the operation makes the directory it answers (its caller is granted
+        its listing, which it knows: empty)."""
         # Admission control: past this queue length, new work is refused (the client backs
         # off and retries) instead of growing the queue and everyone's latency without bound.
         # Heartbeats are always admitted: refusing them would declare live servers dead.
@@ -220,7 +271,45 @@ class MetadataService:
             self.metrics.busy_answers.inc()
             raise Busy(f"metadata service has {self.runner.queued} operations queued; retry shortly")
         call = current_call.get()
-        return await self.runner.call(operation, returns=returns, request_key=call.next_key() if call else None)
+        key = call.next_key() if call else None
+        if self.peers is None and not self.leases.active and not self.leases.in_grace():
+            return await self.runner.call(operation, returns=returns, request_key=key)
+        session, modified, raced = current_peer.get().session, set[LeaseKey](), list[LeaseKey]()
+        since = self.leases.change_seq if self.peers is not None else None
+        try:
+            result = await self.runner.call(self._leased(operation, session, modified, since, raced, new_directory),
+                                            returns=returns, request_key=key)
+        finally:
+            if raced:  # the answer may predate a peer's change: the client must not keep it
+                await self.leases.recall_raced(session, raced)
+        if modified:
+            recalls = [self.leases.recall(modified, changed_by=session)]
+            if self.peers is not None:
+                recalls.append(self.peers.recall(modified, session))
+            await asyncio.gather(*recalls)
+        return result
+
+    def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes, modified: set[LeaseKey],
+                since: int | None, raced: list[LeaseKey], new_directory: bool = False) -> Callable[[SqlStore], ResultT]:
+        """``operation`` that, on the store's thread, grants ``session`` a lease on what it read
+        (before any later operation can change it: ``server/meta/leases.py``; into ``raced``,
+        what a peer's recall since ``since`` named) and collects into ``modified`` what it
+        changed, which ``_call`` then recalls."""
+        def run(store: SqlStore) -> ResultT:
+            walked: list[LeaseKey] = []
+            store.walked, store.modified, store.reached = walked, modified, 0
+            result: ResultT | None = None
+            try:
+                result = operation(store)
+                return result
+            finally:
+                reached, store.walked, store.modified = store.reached, None, None
+                if session:
+                    granted = _granted(walked, reached, result)
+                    if new_directory and isinstance(result, messages.Attrs):
+                        granted.append((LISTING, result.ino))
+                    raced.extend(self.leases.grant(session, granted, since))
+        return run
 
     def _caller(self) -> Caller | None:
         """The POSIX caller the peer acts as: the store checks permission bits as its uid
@@ -316,14 +405,20 @@ class MetadataService:
         handlers.add(messages.USER_LIST, self.rpc_user_list)
         handlers.add(messages.S3_PRINCIPAL, self.rpc_s3_principal)
         handlers.add(messages.WHOAMI, self.rpc_whoami)
+        handlers.add(messages.KEEPALIVE, self.rpc_keepalive)
         return handlers
 
     # ------------------------------------------------------------------ namespace
     # Each rpc_<op> gets its request already validated (tectofs.wire.messages, tectofs.wire.server).
 
     async def rpc_lookup(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.AttrsReply]:
+        """With a lease session, the reply names the directories walked (``walk``): the client's
+        cache keys what it learned by them (``client/metadata_cache.py``)."""
         parts, caller = paths.split(r.path), self._caller()
-        return self._attrs_reply(await self._call(lambda store: store.lookup(parts, caller=caller), messages.Attrs)), b""
+        attrs, walk = await self._call(lambda store: (store.lookup(parts, caller=caller), _walked_directories(store)),
+                                       tuple[messages.Attrs, list[int]])
+        reply = self._attrs_reply(attrs)
+        return (msgspec.structs.replace(reply, walk=walk) if walk and current_peer.get().session else reply), b""
 
     async def rpc_getattr(self, r: messages.InoRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         self._check_handle(r.ino, r.handle)
@@ -334,7 +429,8 @@ class MetadataService:
     async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         parts, caller = paths.split(r.path), self._caller()
         attrs = await self._call(lambda store: store.mkdir(
-            parts, r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok, caller=caller), messages.Attrs)
+            parts, r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok, caller=caller), messages.Attrs,
+            new_directory=not r.exist_ok)
         return self._attrs_reply(attrs), b""
 
     async def rpc_makedirs(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
@@ -667,6 +763,21 @@ class MetadataService:
         if user is None or user.s3_secret is None:
             raise NotFound(f"no user has the S3 access key {r.access_key!r}")
         return messages.S3PrincipalReply(user=_user_info(user), secret_key=user.s3_secret), b""
+
+    async def rpc_keepalive(self, r: KeepaliveRequest, _: memoryview) -> Reply[KeepaliveReply]:
+        peer = current_peer.get()
+        if not peer.session:
+            raise InvalidArgument("keepalive: the connection's hello named no lease session")
+        if not self._leases_noted:  # before the first grant: a successor must know to wait
+            await self.runner.call(lambda store: store.bump_counter(LEASES_GRANTED))
+            self._leases_noted = True
+        if r.end:
+            self.leases.end(peer.session, peer.uid)
+            return KeepaliveReply(lease_s=0.0, renewed=False, restarted=False), b""
+        try:
+            return await self.leases.keepalive(peer.session, peer.uid, r.acked, r.wait_s), b""
+        except PermissionError as exc:
+            raise PermissionDenied(str(exc)) from None
 
     async def rpc_whoami(self, r: messages.Empty, _: memoryview) -> Reply[messages.WhoamiReply]:
         peer = current_peer.get()

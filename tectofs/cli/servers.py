@@ -60,6 +60,7 @@ def cmd_meta(args: argparse.Namespace) -> None:
             allocation_grace_s=args.allocation_grace, repair_after_s=args.repair_after,
             repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace, key_file=args.key_file,
             capability_ttl_s=args.capability_ttl, advertise=args.advertise, inline_max=args.inline_max,
+            lease_s=args.lease,
         )
 
     _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {_without_password(args.store)})")
@@ -245,7 +246,7 @@ def cmd_mount(args: argparse.Namespace) -> None:
     log_path = mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
           attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
           multi_user=args.multi_user, default_permissions=args.default_permissions,
-          negative_cache_s=args.negative_entry_cache)
+          negative_cache_s=args.negative_entry_cache, leases=args.leases)
     if log_path is not None:
         print(f"tectofs mount: {args.mountpoint} mounted in the background; log: {log_path}", file=sys.stderr)
 
@@ -300,6 +301,10 @@ def add_parsers(sub: Any) -> None:
                    help="files up to this size are kept in the metadata store with their inode, not in chunks:"
                    " a small file is written and read in one metadata call (default 64K; at most"
                    f" {limits.inline_bytes_max // limits.KiB}K; 0: every file in chunks)")
+    p.add_argument("--lease", type=numbers.seconds(0.5, 3600.0), default=limits.lease_s, metavar="SECONDS",
+                   help="life of a client's metadata leases after its last keepalive: while it holds them, a mount"
+                   " answers names and attributes from its cache; a change waits at most this long for a client"
+                   f" that stopped answering (default {limits.lease_s:g})")
     p.add_argument("--dead-after", type=_POSITIVE_SECONDS, default=limits.server_dead_after_s,
                    help="seconds without heartbeat before a chunk server counts as dead")
     p.add_argument("--gc-delay", type=_SECONDS, default=30.0, help="seconds before deleted chunks are removed")
@@ -371,7 +376,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--daemon", action="store_true",
                    help="detach into the background; it logs to --log-file, else ~/.local/state/tectofs/")
     p.add_argument("--single-thread", action="store_true", help="serve one kernel request at a time")
-    p.add_argument("--attr-timeout", type=_SECONDS, default=1.0, help="attribute/entry cache seconds (default 1)")
+    p.add_argument("--attr-timeout", type=_SECONDS, default=1.0,
+                   help="with --no-leases: how long the kernel keeps names and attributes (default 1 s)")
+    p.add_argument("--no-leases", dest="leases", action="store_false",
+                   help="hold no metadata leases: the kernel keeps names and attributes --attr-timeout seconds and"
+                   " absent names not at all (with leases, the default, it keeps them as long as the lease lasts and"
+                   " another client's change drops them before it returns)")
     p.add_argument("--negative-entry-cache", type=_SECONDS, default=0.0, metavar="SECONDS",
                    help="in directories made through this mount, answer lookups of absent names without asking the"
                    " metadata service for this long after the mount's last change there: creates take one call"

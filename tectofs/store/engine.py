@@ -50,6 +50,7 @@ from ..errors import (
 from ..paths import check_name
 from ..policy import DEFAULT_POLICY
 from ..policy import parse as parse_policy
+from ..wire.leases import ENTRY, LeaseKey
 from ..wire.messages import CreateReply, ReaddirReply, StatfsReply, UnlinkReply, XattrEntry
 from ..wire.values import Attrs, DirEntry, InlineData, Kind, WrittenBlock
 from . import access
@@ -57,6 +58,7 @@ from .access import Caller, R, W, X
 from .blockmaps import BlockMaps, _p
 from .dialect import Dialect
 from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
+from .lease_keys import changed_by
 from .registry import ServersAndLeases
 from .schema import ADDED_COLUMNS, SCHEMA, WIDENED_COLUMNS_POSTGRESQL
 from .sharing import SHARING_SCHEMA, SharedBlocks
@@ -119,6 +121,14 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         # before the heartbeat waits in the store's queue: a busy MDS must not age every
         # server at once and declare the whole cluster dead.
         self.heartbeats_seen: dict[int, float] = {}
+        # What the operation being run read and changed, for the service's leases
+        # (``server/meta/leases.py``): the names its path walks looked up, present or absent
+        # (``walked``), the inode they reached last (``reached``), and the lease keys its
+        # statements invalidated (``modified``, ``lease_keys.changed_by``). Kept only while the
+        # service sets them (to empty collections, around one operation); None: not kept.
+        self.walked: list[LeaseKey] | None = None
+        self.reached = 0
+        self.modified: set[LeaseKey] | None = None
         parse_policy(default_policy)
         self._check_block_size(default_block_size)
         self._init_schema(default_policy, default_block_size)
@@ -126,7 +136,10 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
     # ------------------------------------------------------------------ plumbing
 
     def _x(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        return self.conn.execute(self.dialect.sql(sql), tuple(params))
+        params = tuple(params)
+        if self.modified is not None:
+            self.modified.update(changed_by(sql, params))
+        return self.conn.execute(self.dialect.sql(sql), params)
 
     def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
         return self._x(sql, params).fetchone()
@@ -188,6 +201,16 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         (value,) = self._one("UPDATE counters SET value = value + ? WHERE name = ? RETURNING value", (count, counter))
         return int(value) - count + 1
 
+    def counter(self, name: str) -> int:
+        """The value of counter ``name`` (0 if it was never counted)."""
+        row = self._one("SELECT value FROM counters WHERE name = ?", (name,))
+        return 0 if row is None else int(row[0])
+
+    def bump_counter(self, name: str) -> None:
+        """Count one more of ``name``."""
+        self._x("INSERT INTO counters (name, value) VALUES (?, 1)"
+                " ON CONFLICT (name) DO UPDATE SET value = counters.value + 1", (name,))
+
     def _checked_policy(self, policy: str | None) -> str | None:
         """``policy`` normalized; refused, with the numbers, if it is wider than the cluster
         (once any chunk server registered: a new cluster may set policies first)."""
@@ -231,6 +254,7 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         name (the root twice for ``[]``); with a caller, who needs search permission on every
         directory walked."""
         parent = attrs = self._get(ROOT_INO)
+        self.reached = ROOT_INO
         walked = ""
         for name in parts:
             if attrs.kind != "dir":
@@ -238,8 +262,11 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
             access.require(attrs, caller, X, path=_p(parts), on=walked or "/")
             walked += "/" + name
             child = self._child_attrs(attrs.ino, name)
+            if self.walked is not None:
+                self.walked.append((ENTRY, attrs.ino, name))
             if child is None:
                 raise NotFound(f"{walked}: no such file or directory")
+            self.reached = child.ino
             parent, attrs = attrs, child
         return parent, attrs
 
@@ -266,6 +293,7 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
     def getattr_ino(self, ino: int, *, caller: Caller | None = None) -> Attrs:
         """No permission bits are checked here: the metadata service answers a user's call
         only with the file handle that a checked lookup issued it (``tectofs.wire.auth``)."""
+        self.reached = ino
         return self._get(ino)
 
     def _insert_inode(

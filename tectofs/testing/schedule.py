@@ -41,6 +41,7 @@ from tectofs.client import AsyncFileSystem
 from tectofs.errors import TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.testing.cluster import BLOCK_SIZE, ChunkHost, Cluster, quiet_logs
+from tectofs.testing.lease_watch import WATCH_HOST, LeaseWatcher
 from tectofs.testing.network import NetworkFaults
 
 FAULT_STEPS = (10, 20)
@@ -49,7 +50,7 @@ HEAL_ROUND_S = 3.0
 VIRTUAL_DEADLINE_S = 1500.0
 EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
           "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4,
-          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10}
+          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10, "watch": 14, "isolate_watcher": 3}
 BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file", "flaky_disk"}
 
 
@@ -134,6 +135,8 @@ class Simulation:
         self.step = 0
         self.violation: SimulationFailed | None = None
         self.cluster.on_delete = self.check_gc
+        self.watcher: LeaseWatcher | None = None  # a second client, holding leases (invariant f)
+        self.unlinked_s: dict[str, float] = {}  # name -> when an unlink of it was acknowledged
 
     # ------------------------------------------------------------------ plumbing
 
@@ -187,6 +190,24 @@ class Simulation:
         wrong = model.check(data, started_s)
         if wrong is not None:
             self.fail(f"{wrong[:4]}{name} {wrong[4:]}")
+
+    def check_leased(self, name: str, size: int, at_s: float) -> None:
+        """(f) An answer of the leasing client's cache (its size of ``name`` at ``at_s``) is not
+        older than a change whose call had returned: no acknowledged write had replaced that
+        version, no acknowledged unlink had removed the file."""
+        unlinked = self.unlinked_s.get(name)
+        if unlinked is not None and unlinked < at_s:
+            self.fail(f"(f) a leased cache answered for {name} at {at_s:.3f}s, unlinked at {unlinked:.3f}s")
+        model = self.files.get(name)
+        if model is None:
+            return
+        candidates = [v for v in model.versions if len(v.data) == size]
+        if not candidates and size != 0:
+            self.fail(f"(f) a leased cache answered size {size} for {name}, which no write wrote")
+        options = [model.superseded(v, at_s) for v in candidates] + ([model.superseded(None, at_s)] if size == 0 else [])
+        if options and all(options):
+            self.fail(f"(f) a leased cache answered size {size} for {name} at {at_s:.3f}s, though a write"
+                      " acknowledged before then replaced that version")
 
     def unhealed(self) -> list[str]:
         """Why the cluster is not whole (empty: healed), from the store and the disks."""
@@ -288,6 +309,34 @@ class Simulation:
         self.stats["reads"] += 1
         self.check_read(name, model, data, started_s)
 
+    async def watch(self, name: str) -> None:
+        """The leasing client stats ``name`` a few times, while writes go on: from its cache
+        whenever its leases allow (invariant f)."""
+        assert self.watcher is not None
+        for _ in range(self.rng.randint(2, 6)):
+            if name not in self.files:
+                return
+            await self.watcher.stat(name)
+            await self.pause(0.0, 2.0)
+
+    async def isolate_watcher(self, name: str) -> None:
+        """The leasing client's host drops off the network unnoticed (no connection closes) while
+        the metadata service restarts and the file it watches is rewritten: it must stop
+        answering from its cache before the rewrite can return (the service's grace period)."""
+        network = self.cluster.network
+        assert self.watcher is not None
+        await self.watcher.stat(name)
+        network.unreachable.add(WATCH_HOST)
+        self.trace("watcher: PARTITIONED")
+        self.background(self.watch(name))
+        self.cluster.crash_meta()
+        await self.pause(0.5, 3.0)
+        await self.cluster.start_meta(self.cluster.meta_skew_s)
+        self.background(self.write(name, self.data_for(name)))
+        await self.pause(0.0, 45.0)
+        network.unreachable.discard(WATCH_HOST)
+        self.trace("watcher: reachable again")
+
     async def unlink(self, name: str) -> None:
         """Remove a file no write of this schedule is writing (a read may be: its handle keeps
         the version it opened)."""
@@ -302,6 +351,7 @@ class Simulation:
             self.trace(f"client: unlink {name} failed: {type(exc).__name__}")
             return
         self.stats["unlinked"] += 1
+        self.unlinked_s[name] = self.cluster.clock.now
         self.trace(f"client: unlink {name}")
 
     def background(self, coro: Any) -> None:
@@ -328,6 +378,7 @@ class Simulation:
         for chunk in self.cluster.chunks:
             await self.cluster.start_chunk(chunk)
         self.cluster.start_client()
+        self.watcher = LeaseWatcher(self.cluster, self.check_leased)
         for i in range(self.rng.randint(2, 3)):
             name = f"f{i}"
             await self.write(name, self.data_for(name))
@@ -351,6 +402,9 @@ class Simulation:
             self.background(self.write(name, data, pause_s=self.rng.uniform(10.0, 45.0)))
         elif kind == "read":
             self.background(self.read(self.rng.choice(sorted(self.files))))
+        elif kind == "watch" and self.watcher is not None and self.files:
+            name = self.rng.choice(sorted(self.files))
+            self.background(self.watch(name))
         elif kind == "crash_chunk" and up:
             chunk = self.rng.choice(up)
             cluster.crash_chunk(chunk)
@@ -392,6 +446,8 @@ class Simulation:
                 block_id = self.rng.choice(block_ids)
                 self.damage(chunk, block_id, kind)
                 self.fault(kind, chunk, block_id)
+        elif kind == "isolate_watcher" and self.watcher is not None and self.files and cluster.meta is not None:
+            await self.isolate_watcher(self.rng.choice(sorted(self.files)))
         elif kind == "crash_meta" and cluster.meta is not None:
             cluster.crash_meta()
             await self.pause(0.5, 6.0)
@@ -517,6 +573,8 @@ def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None 
         sim.stats.update({f"net_{k}": v for k, v in sim.cluster.network.stats.items()})
         sim.stats.update(sim.cluster.meta_served)
         sim.stats.update(sim.cluster.meta_requests())
+        if sim.watcher is not None:
+            sim.stats["leased_answers"] = sim.watcher.served
         for chunk in sim.cluster.chunks:
             sim.stats.update({f"disk_{k}": v for k, v in chunk.disk.stats.items()})
     except SimulationFailed as exc:

@@ -316,6 +316,7 @@ class Peer:
     groups: frozenset[int] = field(default_factory=frozenset)
     admin: bool = False  # may manage users and servers (root, members, users added with --admin)
     proxy: bool = False  # may act for other uids (a multi-user FUSE mount)
+    session: bytes = b""  # the lease session its hello named (server/meta/leases.py), if any
 
     @property
     def is_member(self) -> bool:

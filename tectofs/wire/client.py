@@ -96,7 +96,8 @@ class _ClientConnection(FramedProtocol):
         self.retiring = False  # a TCP connection replaced by a local socket: no new calls, closed once idle
         self.server_pid = 0  # the server's process id, as its hello said (checked on its local socket)
 
-    def start_hello(self, role: str, expect_role: str | None, client_auth: auth.ClientAuth | None = None) -> None:
+    def start_hello(self, role: str, expect_role: str | None, client_auth: auth.ClientAuth | None = None,
+                    session: bytes = b"") -> None:
         """Open the conversation: the hello goes out now, and requests may follow it on the wire
         at once (the server answers the hello before it reads on); each of them waits for the
         hello's answer (``greeting``) before it trusts its own. The answer must come within
@@ -106,12 +107,14 @@ class _ClientConnection(FramedProtocol):
 
         With ``client_auth`` the hello carries a challenge and the connection authenticates
         (``tectofs.wire.auth``): requests wait until the server proved the secret and our proof
-        went out (one round trip)."""
+        went out (one round trip). ``session``: the lease session to name (``tectofs.wire.leases``)."""
         assert self.transport is not None
         request_id = next(self._ids)
         answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.pending[request_id] = answer
         header: dict[str, Any] = {"op": "hello", "role": role, "version": PROTOCOL_VERSION, "software": SOFTWARE}
+        if session:
+            header["session"] = session
         secret = nonce = b""
         if client_auth is not None:
             nonce = os.urandom(auth.NONCE_BYTES)
@@ -312,6 +315,7 @@ class RpcClient:
         self.timeout_s = timeout_s
         self.retries_max = retries_max
         self.role = role
+        self.session = b""  # the lease session every hello names (tectofs.wire.leases); b"": none
         self._pools: dict[str, list[_ClientConnection]] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._expected_roles: dict[str, str] = {}
@@ -395,7 +399,8 @@ class RpcClient:
             return None
         assert proto.transport is not None
         local_sockets.tune(proto.transport)
-        proto.start_hello(self.role, self._expected_roles.get(address), self._auth.get(address, self.default_auth))
+        proto.start_hello(self.role, self._expected_roles.get(address), self._auth.get(address, self.default_auth),
+                          self.session)
         return proto
 
     def _refuse_local(self, address: str, name: str) -> None:
@@ -416,7 +421,8 @@ class RpcClient:
             raise Timeout(f"connecting to {address} timed out") from None
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {address}: {exc.strerror or exc}") from None
-        proto.start_hello(self.role, self._expected_roles.get(address), self._auth.get(address, self.default_auth))
+        proto.start_hello(self.role, self._expected_roles.get(address), self._auth.get(address, self.default_auth),
+                          self.session)
         return proto
 
     async def _connection(self, address: str) -> _ClientConnection:

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from tectofs import limits
+from tectofs.wire.leases import KEEPALIVE, SESSION_BYTES
 from tectofs.wire.operation import AnyOperation, Operation, ReplyT, RequestT, table  # noqa: F401 (re-exported)
 from tectofs.wire.shared_blocks import REFERENCE_BLOCKS, SHARED_BLOCKS
 from tectofs.wire.values import (  # noqa: F401 (re-exported)
@@ -60,6 +61,7 @@ from tectofs.wire.values import (  # noqa: F401 (re-exported)
     WrittenChunk,
     XattrEntry,
     XattrName,
+    written,
 )
 
 # ---------------------------------------------------------------------- handshake
@@ -92,6 +94,7 @@ class Hello(Message, frozen=True, kw_only=True):
     version: Annotated[int, msgspec.Meta(ge=0, le=255)]
     software: Text = ""
     auth: HelloAuth | None = None
+    session: Annotated[bytes, msgspec.Meta(max_length=SESSION_BYTES)] = b""  # its lease session (wire/leases.py)
 
 
 class HelloReply(Message, frozen=True, kw_only=True):
@@ -128,6 +131,7 @@ class InoRequest(Message, frozen=True, kw_only=True):
 
 class AttrsReply(Message, frozen=True, kw_only=True):
     attrs: Attrs
+    walk: Annotated[list[Ino], msgspec.Meta(max_length=limits.path_length_max_bytes // 2)] = []  # leased lookups: dirs walked
 
 
 class Empty(Message, frozen=True, kw_only=True):
@@ -731,7 +735,7 @@ META_OPERATIONS: Final = table(
     RENAME, LINK, RELEASE, RELEASE_LEASES, GETXATTR, LISTXATTR, SETXATTR, REMOVEXATTR, EXCHANGE, UNLINK,
     UNLINK_MANY, RMDIR, STATFS, LAYOUT, ALLOCATE, STAGE, RENEW, COMMIT, REPORT_BAD_CHUNK, REPAIR_DONE, REPAIR_FAILED,
     INVENTORY_BEGIN, INVENTORY, DRAIN, BLOCK_HEALTH, REGISTER_SERVER, HEARTBEAT, SERVERS, STATS, PING, USER_ADD,
-    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI, REFERENCE_BLOCKS, SHARED_BLOCKS,
+    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI, REFERENCE_BLOCKS, SHARED_BLOCKS, KEEPALIVE,
 )
 
 CHUNK_OPERATIONS: Final = table(
@@ -750,15 +754,6 @@ def blocks_per_call(width: int) -> int:
     within the reply budget whatever the values."""
     return max(1, min(limits.commit_blocks_max, limits.reply_header_budget_bytes
                       // (_WRITTEN_BLOCK_BYTES_MAX + width * _WRITTEN_CHUNK_BYTES_MAX)))
-
-
-def written(block: Block) -> WrittenBlock:
-    """What a writer commits of a block it wrote."""
-    return WrittenBlock(
-        idx=block.idx, block_id=block.block_id, start=block.start, length=block.length,
-        chunks=[WrittenChunk(position=c.position, server_id=c.server_id, length=c.length, crc=c.crc) for c in block.chunks],
-        inline=block.inline,
-    )
 
 
 def convert(value: Any, kind: type[Any]) -> Any:

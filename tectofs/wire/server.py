@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import hmac
 import logging
 import os
@@ -148,6 +149,7 @@ class _ServerConnection(FramedProtocol):
         self._hello_deadline: asyncio.TimerHandle | None = None
         self.identity = auth.ANONYMOUS  # who the hello proved this peer to be
         self._resolving = False  # an authenticating hello is being looked up
+        self._session = b""  # the lease session the hello named
         self._challenge: tuple[bytes, bytes, bytes, auth.Peer] | None = None  # (secret, nonces, who): awaiting auth
         self.peer_ip: str | None = None  # set while the server's ConnectionGuard counts this connection,
         self.received_s = self.frame_started_s = self.quiet_since_s = 0.0  # ... which closes it stalled or idle
@@ -236,6 +238,7 @@ class _ServerConnection(FramedProtocol):
                 f"{self.server.name} speaks tectofs protocol version {PROTOCOL_VERSION}, the peer {hello.version}"
             ))
             return
+        self._session = hello.session
         if hello.auth is not None:
             self._resolving = True
             task = asyncio.get_running_loop().create_task(self._challenge_peer(frame.request_id, hello.auth))
@@ -257,7 +260,7 @@ class _ServerConnection(FramedProtocol):
         return name
 
     def _welcome(self, identity: auth.Peer) -> None:
-        self.identity = identity
+        self.identity = dataclasses.replace(identity, session=self._session) if self._session else identity
         self.greeted = True
         if identity.kind != "anonymous":
             self.server.guard.authenticated(self)

@@ -204,3 +204,12 @@ class XattrEntry(Message, frozen=True, kw_only=True):
 
     name: XattrName
     value: Annotated[bytes, msgspec.Meta(max_length=limits.xattr_value_max_bytes)]
+
+
+def written(block: Block) -> WrittenBlock:
+    """What a writer commits of a block it wrote."""
+    return WrittenBlock(
+        idx=block.idx, block_id=block.block_id, start=block.start, length=block.length,
+        chunks=[WrittenChunk(position=c.position, server_id=c.server_id, length=c.length, crc=c.crc) for c in block.chunks],
+        inline=block.inline,
+    )

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for tests, from the Debian packages on this machine.
+"""A throwaway PostgreSQL server for tests and benchmarks, from the Debian packages on this machine.
 
 Runs as the ``postgres`` user when started by root (PostgreSQL refuses root), else as the
 current user, in a fresh directory under /tmp, on a free loopback port, with fsync off (test

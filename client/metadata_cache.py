@@ -1,0 +1,303 @@
+"""Names, attributes and extended attributes a client read while it held leases, answered again
+without a call until a recall (``server/meta/leases.py``, ``client/lease_session.py``).
+
+Keyed as the service leases them: a directory's names (``(directory ino, name)`` -> the inode,
+or absent), an inode's attributes and extended attributes. A path is resolved from ``/`` one
+name at a time; any name not cached is a miss, answered by the service (whose lookups say the
+directories they walked, so what they teach is keyed exactly). A recall drops what it names;
+the loss of the session drops everything. An answer is kept only if no recall arrived while it
+was on its way (``LeaseSession.still``). Bounded: ``limits.metadata_cache_entries_max`` names
+and as many inodes, least recently used first out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Generic, Protocol, TypeVar, Union
+
+from tectofs import limits, paths
+from tectofs.wire.leases import Recall
+from tectofs.wire.values import Attrs, Message
+
+
+class Attributes(Protocol):
+    """What the cache needs of the attributes it keeps (``tectofs.client.Stat``)."""
+
+    @property
+    def ino(self) -> int: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def nlink(self) -> int: ...
+
+
+StatT = TypeVar("StatT", bound=Attributes)
+ROOT_INO = 1
+ABSENT = None  # a name cached as absent
+
+
+class Miss:
+    """Not cached: ask the service."""
+
+
+MISS = Miss()
+AnswerT = TypeVar("AnswerT")
+
+
+class MetadataCache(Generic[StatT]):
+    def __init__(self, entries_max: int = limits.metadata_cache_entries_max,
+                 make: "Callable[[Attrs], StatT] | None" = None) -> None:
+        """``make``: the cached form of a reply's attributes (for what this client's own
+        changes answered: ``changed_by_self``)."""
+        self.entries_max = entries_max
+        self.make = make
+        # Directories whose every name is here (made by this client, or listed whole, under a
+        # lease on their listing): a name not here is absent (CephFS's I_COMPLETE).
+        self._complete: set[int] = set()
+        # Whole listings read under a lease on them, while no change touched them: directory
+        # inode -> [(name, attributes)], sorted; and which listing each listed inode is in.
+        self._listings: dict[int, list[tuple[str, StatT]]] = {}
+        self._listed_in: dict[int, int] = {}
+        self._names: OrderedDict[tuple[int, str], int | None] = OrderedDict()
+        self._attrs: OrderedDict[int, StatT] = OrderedDict()
+        self._xattrs: dict[int, dict[str, bytes | None]] = {}
+        self._xattr_names: dict[int, list[str]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    # ------------------------------------------------------------------ answers
+
+    def lookup(self, path: str) -> Union[StatT, None, Miss]:
+        """``path``'s attributes, ``ABSENT`` if a name on the way is absent, or ``MISS``."""
+        ino = self._resolve(paths.split(path))
+        if isinstance(ino, Miss) or ino is None:
+            return self._count(ino)
+        return self._count(self._attrs.get(ino, MISS))
+
+    def listing(self, path: str) -> "list[tuple[str, StatT]] | Miss":
+        """``path``'s whole listing, or ``MISS``."""
+        ino = self._resolve(paths.split(path))
+        listed = self._listings.get(ino) if isinstance(ino, int) else None
+        return self._count(list(listed) if listed is not None else MISS)
+
+    def learned_listing(self, path: str, entries: "list[tuple[str, StatT]]") -> None:
+        """``path``'s whole listing was ``entries`` (read under a lease on it)."""
+        directory = self._resolve(paths.split(path))
+        if not isinstance(directory, int) or len(entries) > self.entries_max // 2:
+            return
+        self._drop_listing(directory)
+        self._listings[directory] = list(entries)
+        for name, stat in entries:
+            self._name(directory, name, stat.ino)
+            self.attributes(stat)
+            self._listed_in[stat.ino] = directory
+        self._complete.add(directory)
+
+    def _drop_listing(self, directory: int) -> None:
+        for _, stat in self._listings.pop(directory, ()):
+            if self._listed_in.get(stat.ino) == directory:
+                del self._listed_in[stat.ino]
+
+    def xattr(self, path: str, name: str) -> "bytes | None | Miss":
+        """Extended attribute ``name`` of ``path``: its value, None (absent) or ``MISS``."""
+        ino = self._resolve(paths.split(path))
+        values = self._xattrs.get(ino) if isinstance(ino, int) else None
+        return self._count(values.get(name, MISS) if values is not None else MISS)
+
+    def xattr_names(self, path: str) -> "list[str] | Miss":
+        ino = self._resolve(paths.split(path))
+        names = self._xattr_names.get(ino) if isinstance(ino, int) else None
+        return self._count(list(names) if names is not None else MISS)
+
+    def _count(self, answer: AnswerT) -> AnswerT:
+        if isinstance(answer, Miss):
+            self.misses += 1
+        else:
+            self.hits += 1
+        return answer
+
+    def _resolve(self, parts: list[str]) -> "int | None | Miss":
+        ino: int | None = ROOT_INO
+        for name in parts:
+            if ino is None:
+                return ABSENT
+            parent = self._attrs.get(ino)
+            if parent is not None and parent.kind != "dir":
+                return MISS  # the service says which error
+            key = (ino, name)
+            if key not in self._names:
+                return ABSENT if ino in self._complete else MISS
+            self._names.move_to_end(key)
+            ino = self._names[key]
+        return ino
+
+    # ------------------------------------------------------------------ what the service said
+
+    def learned(self, path: str, walk: list[int], stat: StatT) -> None:
+        """A lookup of ``path`` through the directories ``walk`` (/ first) found ``stat``."""
+        parts = paths.split(path)
+        if len(walk) != len(parts):
+            return
+        for i, name in enumerate(parts):
+            self._name(walk[i], name, walk[i + 1] if i + 1 < len(parts) else stat.ino)
+        self.attributes(stat)
+
+    def learned_absent(self, path: str) -> None:
+        """A lookup of ``path`` found no such name: kept if its directory resolves here."""
+        parts = paths.split(path)
+        if not parts:
+            return
+        parent = self._resolve(parts[:-1])
+        if isinstance(parent, int):
+            self._name(parent, parts[-1], ABSENT)
+
+    def attributes(self, stat: StatT) -> None:
+        self._attrs[stat.ino] = stat
+        self._attrs.move_to_end(stat.ino)
+        while len(self._attrs) > self.entries_max:
+            ino, _ = self._attrs.popitem(last=False)
+            self.forget_inode(ino)
+
+    def learned_xattr(self, path: str, name: str, value: bytes | None) -> None:
+        ino = self._resolve(paths.split(path))
+        if isinstance(ino, int) and ino in self._attrs:
+            self._xattrs.setdefault(ino, {})[name] = value
+
+    def learned_xattr_names(self, path: str, names: list[str]) -> None:
+        ino = self._resolve(paths.split(path))
+        if isinstance(ino, int) and ino in self._attrs:
+            self._xattr_names[ino] = list(names)
+
+    def _name(self, parent: int, name: str, ino: int | None) -> None:
+        self._names[(parent, name)] = ino
+        self._names.move_to_end((parent, name))
+        while len(self._names) > self.entries_max:
+            (evicted_parent, _), _ = self._names.popitem(last=False)
+            self._complete.discard(evicted_parent)  # one of its names is no longer here
+            self._drop_listing(evicted_parent)
+
+    # ------------------------------------------------------------------ forgetting
+
+    def forget(self, recall: Recall | None) -> None:
+        """Drop what ``recall`` names (None: everything)."""
+        if recall is None:
+            self.clear()
+            return
+        for ino in recall.inos:
+            self.forget_inode(ino)
+        for entry in recall.entries:
+            self._names.pop((entry.parent, entry.name), None)
+            self._drop_listing(entry.parent)
+        self._complete.difference_update(recall.listings)
+        for directory in recall.listings:
+            self._drop_listing(directory)
+
+    def changed_by_self(self, operation: str, request: Message, reply: "Message | None") -> None:
+        """This client's own ``operation`` with ``request`` answered ``reply`` (None: it failed,
+        or may have succeeded unseen). The service recalls nothing from the client that made a
+        change: the cache learns the new names from the reply (so a directory it made stays
+        complete through its creates), or forgets what the request named."""
+        if reply is not None and self.make is not None:
+            if self._learned_own(operation, request, reply):
+                return
+        for path in changed_paths(request):
+            self.forget_path(path)
+        ino = getattr(request, "ino", 0)
+        if ino:
+            self.forget_inode(ino)
+
+    def _learned_own(self, operation: str, request: Message, reply: Message) -> bool:
+        """What a successful own change taught (True), or False if it is to be forgotten."""
+        assert self.make is not None
+        made = operation in ("create", "mkdir", "makedirs", "symlink", "mknod", "link")
+        if not (made or operation in ("unlink", "rename")):
+            return False
+        path = str(getattr(request, "dst" if operation in ("link", "rename") else "path"))
+        parts = paths.split(path)
+        parent = self._resolve(parts[:-1]) if parts else None
+        if not isinstance(parent, int) or operation == "makedirs":
+            return False
+        attrs = getattr(reply, "attrs", None)
+        if operation == "rename":
+            source = paths.split(str(getattr(request, "src")))
+            source_parent = self._resolve(source[:-1]) if source else None
+            if not isinstance(source_parent, int) or attrs is None:
+                return False
+            self._own_name(source_parent, source[-1], ABSENT)
+        if operation == "unlink":
+            self._own_name(parent, parts[-1], ABSENT)
+            return True
+        if attrs is None:
+            return False
+        stat = self.make(attrs)
+        self._own_name(parent, parts[-1], stat.ino)
+        self.attributes(stat)
+        if operation == "mkdir" and not getattr(request, "exist_ok", True):
+            self._complete.add(stat.ino)  # new and empty, and its listing leased to this client
+        return True
+
+    def _own_name(self, parent: int, name: str, ino: int | None) -> None:
+        """``name`` in ``parent`` is now ``ino`` (or absent), by this client's own change."""
+        old = self._names.get((parent, name))
+        if old is not None and old != ino:
+            self.forget_inode(old)  # its link count (or its life) changed
+        self._drop_listing(parent)
+        self._attrs.pop(parent, None)  # the directory's mtime and ctime moved
+        self._name(parent, name, ino)
+
+    def learned_complete(self, directory: int) -> None:
+        """Every name of ``directory`` is here (a whole listing read under a lease)."""
+        self._complete.add(directory)
+
+    def forget_path(self, path: str) -> None:
+        """This client changed ``path``: drop its name and what it named (the service does not
+        recall a client's own changes; the kernel, a mount's other cache, knows them already)."""
+        parts = paths.split(path)
+        if not parts:
+            self._attrs.pop(ROOT_INO, None)
+            return
+        parent = self._resolve(parts[:-1])
+        if not isinstance(parent, int):
+            # Not resolvable here, yet what it names may be cached: under another name (a hard
+            # link), or below a name this cache let go of (and may learn again): all goes.
+            self.clear()
+            return
+        key = (parent, parts[-1])
+        known = key in self._names
+        ino = self._names.pop(key, None)
+        self._complete.discard(parent)
+        self._drop_listing(parent)
+        self._attrs.pop(parent, None)  # its mtime and ctime moved
+        if ino is not None:
+            self.forget_inode(ino)
+        elif not known:  # which inode it named is not known here: any with another name may be it
+            for linked in [i for i, st in self._attrs.items() if st.kind != "dir" and st.nlink > 1]:
+                self.forget_inode(linked)
+
+    def forget_inode(self, ino: int) -> None:
+        listed_in = self._listed_in.get(ino)
+        if listed_in is not None:
+            self._drop_listing(listed_in)
+        self._attrs.pop(ino, None)
+        self._xattrs.pop(ino, None)
+        self._xattr_names.pop(ino, None)
+
+    def clear(self) -> None:
+        self._listings.clear()
+        self._listed_in.clear()
+        self._complete.clear()
+        self._names.clear()
+        self._attrs.clear()
+        self._xattrs.clear()
+        self._xattr_names.clear()
+
+
+def changed_paths(request: Message) -> list[str]:
+    """The paths a changing request names (``client/metadata.py``'s ``CHANGING``)."""
+    found = [getattr(request, field) for field in ("path", "src", "dst", "a", "b") if getattr(request, field, None)]
+    directory = getattr(request, "directory", None)
+    if isinstance(directory, str):
+        found.extend(paths.join(directory, name) for name in getattr(request, "names", ()))
+    return found

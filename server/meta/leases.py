@@ -1,0 +1,288 @@
+"""Read leases on metadata, and their recalls (NFSv4 delegations, CephFS capabilities, Chubby's
+cache invalidations carried by KeepAlives).
+
+A client that says a *session* id in its hello (``messages.Hello.session``) holds a lease on
+what its reads told it (``tectofs.wire.leases``: the keys): each name its paths walked, present
+or absent (``("e", directory, name)``); the attributes, extended attributes, target and inline
+data of each inode an answer carried (``("a", ino)``); each directory it listed
+(``("l", directory)``). While its session lives, it may answer those from its cache without
+asking. A change (``SqlStore.modified``, ``tectofs/store/lease_keys.py``: the names a statement
+added, removed or repointed, and with them their directory's listing; the inodes whose rows it
+updated) *recalls* what it invalidated from every other session holding it, and the changing
+call returns only once each holder acknowledged or its session ran out. A recall ends the
+holding: the holder is recalled again only after it read the thing again, so a client that
+keeps creating in a directory another client once listed pays one recall, not one per create.
+Names are leased one by one, so walking through a directory is not disturbed by creates of
+other names in it.
+
+Sessions live by ``keepalive`` calls (Chubby's KeepAlive): the client has one outstanding at a
+time; the service holds it until a recall is due or ``limits.lease_keepalive_wait_s`` passed,
+answers with the recalls, and the next keepalive acknowledges them. A session's expiry is
+``lease_s`` after its last keepalive *arrived*; the client counts from when it *sent* it, so the
+client stops trusting its cache first. A keepalive that arrives while a recall to its session
+is unacknowledged does not renew it: a client that receives recalls and never acknowledges them
+cannot hold a change back for longer than one ``lease_s`` (a dead or partitioned client costs a
+change at most that). An expired session is forgotten with all its leases; its next keepalive
+starts it afresh and says so (``restarted``), and the client then drops everything it cached.
+
+Thread safety: grants are recorded on the store's thread, during the operation that read what
+they cover (so a change whose store operation runs after it is sure to see the holder), and
+recalls are sent from the event loop's, after the changing operation committed: every method
+takes the table's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from tectofs import limits
+from tectofs.wire.leases import KeepaliveReply, LeaseKey, Recall, recall_of
+
+
+@dataclass
+class _Session:
+    expires: float
+    uid: int
+    holding: "OrderedDict[LeaseKey, None]" = field(default_factory=OrderedDict)  # oldest grant first
+    recalls: dict[int, Recall] = field(default_factory=dict)  # sent or due, not acknowledged, by id
+    due: asyncio.Event | None = None  # set when a recall is queued (wakes the held keepalive)
+    acked: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # recall id -> done
+
+
+class LeaseTable:
+    """Who holds what, and the recalls on their way. Bounded: a session holds at most
+    ``holding_max`` keys (granting more recalls its oldest at once, without waiting), and
+    ``sessions_max`` sessions live at a time (a new one past that is not granted anything)."""
+
+    def __init__(self, lease_s: float = limits.lease_s, *, holding_max: int = limits.lease_inodes_per_session_max,
+                 sessions_max: int = limits.lease_sessions_max, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lease_s = lease_s
+        self.holding_max = holding_max
+        self.sessions_max = sessions_max
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._sessions: dict[bytes, _Session] = {}
+        self._holders: dict[LeaseKey, set[bytes]] = {}
+        self._ids = itertools.count(1)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the service's, known from the first keepalive
+        self.grace_until = 0.0  # before this, every change waits (leases of a predecessor may live)
+        self.renewing = True  # False: sessions are not renewed (a service cut off from its peers)
+        self._refused_at = -1e18  # when a new session was last refused for want of renewing
+        # Recalls that peers sent (lease_peers.py), for reads that may have raced them:
+        self.change_seq = 0
+        self._changed_at: dict[LeaseKey, int] = {}
+        self._horizon = 0  # what changed before this was forgotten
+        self.recalls_sent = 0
+        self.recalls_expired = 0  # completed because the holder's session ran out, not by its ack
+
+    @property
+    def active(self) -> bool:
+        """Whether any session lives (no session: no grant to record, no recall to send)."""
+        return bool(self._sessions)
+
+    def sessions_wanted(self) -> int:
+        """Sessions this service holds or was asked for in the last lease (lease_peers.py publishes it)."""
+        with self._lock:
+            return len(self._sessions) + (1 if self.clock() - self._refused_at < self.lease_s else 0)
+
+    def in_grace(self) -> bool:
+        return self.grace_until > self.clock()
+
+    def holders(self, key: LeaseKey) -> set[bytes]:
+        with self._lock:
+            return set(self._holders.get(key, ()))
+
+    # ------------------------------------------------------------------ grants (store thread)
+
+    def grant(self, session: bytes, keys: Iterable[LeaseKey], since: int | None = None) -> list[LeaseKey]:
+        """Record that ``session`` holds ``keys`` (an unknown or expired session: nothing).
+        ``since``: the ``change_seq`` when the read began; returns the keys a peer's recall
+        named since then (the read may have seen them before the change: ``raced``)."""
+        with self._lock:
+            held = self._sessions.get(session)
+            if held is None or held.expires <= self.clock():
+                return []
+            keys = list(keys)
+            raced = [] if since is None else (
+                keys if since < self._horizon else [k for k in keys if self._changed_at.get(k, 0) > since])
+            for key in keys:
+                if key in held.holding:
+                    held.holding.move_to_end(key)
+                    continue
+                held.holding[key] = None
+                self._holders.setdefault(key, set()).add(session)
+            evicted = []
+            while len(held.holding) > self.holding_max:
+                key, _ = held.holding.popitem(last=False)
+                self._drop_holder(key, session)
+                evicted.append(key)
+            if evicted:
+                self._queue(held, evicted)  # not waited for: the holder just drops the oldest
+            return raced
+
+    async def recall_raced(self, session: bytes, keys: list[LeaseKey]) -> None:
+        """Recall ``keys`` from ``session`` alone (a read that raced a peer's recall of them) and
+        wait until it acknowledged or ran out."""
+        with self._lock:
+            held = self._sessions.get(session)
+            if held is None:
+                return
+            for key in keys:
+                if key in held.holding:
+                    del held.holding[key]
+                    self._drop_holder(key, session)
+            dones = self._awaited(held, self._queue(held, keys))
+            expires = held.expires
+        for done in dones:
+            await self._wait(done, expires)
+
+    # ------------------------------------------------------------------ recalls (event loop)
+
+    async def recall(self, keys: Iterable[LeaseKey], *, changed_by: bytes = b"", remote: bool = False) -> None:
+        """Recall ``keys`` from every session holding any of them but ``changed_by`` (the
+        session whose call changed them: its client keeps its own cache right), and wait until
+        each acknowledged or ran out; in the grace period after a restart, wait until it ends.
+        ``remote``: the change was made through a peer service (its reads in flight may have raced it)."""
+        waits: list[tuple[asyncio.Future[None], float]] = []
+        grace_s = self.grace_until - self.clock()
+        if grace_s > 0:  # a holder of the predecessor's may not know yet: wait until its lease ran out
+            await asyncio.sleep(grace_s)
+        with self._lock:
+            keys = set(keys)
+            if remote:
+                self._note_remote(keys)
+            targets: dict[bytes, list[LeaseKey]] = {}
+            for key in keys:
+                for session in self._holders.get(key, ()):
+                    if session != changed_by:
+                        targets.setdefault(session, []).append(key)
+            for session, held_keys in targets.items():
+                held = self._sessions[session]
+                for key in held_keys:
+                    del held.holding[key]
+                    self._drop_holder(key, session)
+                waits.extend((done, held.expires) for done in self._awaited(held, self._queue(held, held_keys)))
+        for done, expires in waits:
+            await self._wait(done, expires)
+
+    async def _wait(self, done: "asyncio.Future[None]", expires: float) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout=max(0.0, expires - self.clock()))
+        except asyncio.TimeoutError:
+            self.recalls_expired += 1
+            self._expire_overdue()
+
+    def _note_remote(self, keys: set[LeaseKey]) -> None:
+        self.change_seq += 1
+        if len(self._changed_at) > limits.lease_remote_changes_kept:
+            self._changed_at.clear()
+            self._horizon = self.change_seq
+        for key in keys:
+            self._changed_at[key] = self.change_seq
+
+    def _queue(self, held: _Session, keys: list[LeaseKey]) -> list[int]:
+        """Queue the recalls of ``keys`` to ``held`` (``limits.lease_recall_keys_max`` keys each)
+        and wake its keepalive (from any thread); returns their ids. Called with the lock held."""
+        ids = []
+        for start in range(0, len(keys), limits.lease_recall_keys_max):
+            recall = recall_of(next(self._ids), keys[start:start + limits.lease_recall_keys_max])
+            held.recalls[recall.id] = recall
+            ids.append(recall.id)
+            self.recalls_sent += 1
+        self._wake(held)
+        return ids
+
+    @staticmethod
+    def _awaited(held: _Session, recall_ids: list[int]) -> "list[asyncio.Future[None]]":
+        """Futures done when each of ``recall_ids`` is acknowledged (on the event loop)."""
+        loop = asyncio.get_running_loop()
+        return [held.acked.setdefault(recall_id, loop.create_future()) for recall_id in recall_ids]
+
+    def _wake(self, held: _Session) -> None:
+        if held.due is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(held.due.set)
+
+    def _drop_holder(self, key: LeaseKey, session: bytes) -> None:
+        holders = self._holders.get(key)
+        if holders is not None:
+            holders.discard(session)
+            if not holders:
+                del self._holders[key]
+
+    def _expire_overdue(self) -> None:
+        now = self.clock()
+        with self._lock:
+            for session in [s for s, held in self._sessions.items() if held.expires <= now]:
+                self._forget(session)
+
+    def _forget(self, session: bytes) -> None:
+        held = self._sessions.pop(session)
+        for key in held.holding:
+            self._drop_holder(key, session)
+        for done in held.acked.values():
+            if not done.done():
+                done.set_result(None)
+        self._wake(held)
+
+    # ------------------------------------------------------------------ keepalives (event loop)
+
+    async def keepalive(self, session: bytes, uid: int, acked: Iterable[int], wait_s: float) -> KeepaliveReply:
+        """One keepalive of ``session`` (for caller ``uid``): acknowledge ``acked``, renew the
+        session unless a recall to it is outstanding, then answer the due recalls, waiting up to
+        ``wait_s`` for one. A session id in use by another uid is refused (PermissionError)."""
+        self.loop = asyncio.get_running_loop()
+        now = self.clock()
+        with self._lock:
+            self._expire_unlocked(now)
+            held = self._sessions.get(session)
+            restarted = held is None
+            if held is None:
+                if len(self._sessions) >= self.sessions_max or not self.renewing:
+                    self._refused_at = now
+                    return KeepaliveReply(lease_s=self.lease_s, renewed=False, restarted=True, recalls=[])
+                held = self._sessions[session] = _Session(expires=now + self.lease_s, uid=uid)
+            elif held.uid != uid:
+                raise PermissionError("that lease session belongs to another user")
+            for recall_id in acked:
+                held.recalls.pop(recall_id, None)
+                done = held.acked.pop(recall_id, None)
+                if done is not None and not done.done():
+                    done.set_result(None)
+            renewed = not held.recalls and self.renewing
+            if renewed:
+                held.expires = now + self.lease_s
+            if not held.recalls and wait_s > 0:
+                held.due = asyncio.Event()
+                due = held.due
+            else:
+                due = None
+        if due is not None:
+            try:
+                await asyncio.wait_for(due.wait(), timeout=wait_s)
+            except asyncio.TimeoutError:
+                pass
+        with self._lock:
+            alive = self._sessions.get(session) is held
+            if alive:
+                held.due = None
+            recalls = list(held.recalls.values()) if alive else []
+        return KeepaliveReply(lease_s=self.lease_s, renewed=renewed and alive, restarted=restarted or not alive,
+                              recalls=recalls[:limits.lease_recalls_per_reply_max])
+
+    def _expire_unlocked(self, now: float) -> None:
+        for session in [s for s, held in self._sessions.items() if held.expires <= now]:
+            self._forget(session)
+
+    def end(self, session: bytes, uid: int) -> None:
+        """The client (as ``uid``) ended its session: forget it and everything it held."""
+        with self._lock:
+            held = self._sessions.get(session)
+            if held is not None and held.uid == uid:
+                self._forget(session)
+

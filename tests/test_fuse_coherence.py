@@ -1,0 +1,165 @@
+"""Two mounts and two library clients of one cluster, all holding metadata leases: a change made
+through any of them is seen by every other one at its next call, every time, though each
+answers from its cache (the kernel's, the library's) while nothing changes."""
+
+from __future__ import annotations
+
+import os
+import random
+import stat as statmod
+import time
+from typing import Any, Callable
+
+import pytest
+
+from tectofs.client import connect
+from tests.test_fuse import _REASON
+from tests.test_metrics import scrape
+
+pytestmark = [pytest.mark.fuse, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+
+
+def _meta_calls(metrics_url: str) -> float:
+    return sum(v for (name, labels), v in scrape(metrics_url).items()
+               if name == "tectofs_meta_requests_total" and dict(labels).get("op") != "keepalive")
+
+
+@pytest.fixture
+def four_clients(make_cluster: Any, tmp_path: Any) -> Any:
+    from tectofs.client.fuse import start_mount_process
+
+    cluster = make_cluster(meta_args=["--lease", "5"], metrics=True)
+    mounts = [start_mount_process(cluster.address, str(tmp_path / f"mnt{i}"), log_path=str(tmp_path / f"mount{i}.log"))
+              for i in range(2)]
+    libraries = [connect(cluster.address, credentials=cluster.credential_file, leases=True) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 10
+        while not all(fs.aio.lease_session and fs.aio.lease_session.remaining() for fs in libraries):
+            assert time.monotonic() < deadline, "no lease within 10 s"
+            time.sleep(0.05)
+        yield cluster, [m.mountpoint for m in mounts], libraries
+    finally:
+        for fs in libraries:
+            fs.close()
+        for m in mounts:
+            m.stop()
+
+
+class Views:
+    """The four clients, each reading the namespace its own way (a mount through the kernel)."""
+
+    def __init__(self, mountpoints: list[str], libraries: list[Any], base: str) -> None:
+        self.mountpoints, self.libraries, self.base = mountpoints, libraries, base
+
+    def stat_all(self, name: str) -> list[tuple[int, int, int] | None]:
+        """(mode, size, inode) of ``name`` as each client sees it (None: absent)."""
+        seen: list[tuple[int, int, int] | None] = []
+        for mnt in self.mountpoints:
+            try:
+                st = os.stat(f"{mnt}{self.base}/{name}")
+                seen.append((statmod.S_IMODE(st.st_mode), st.st_size, st.st_ino))
+            except FileNotFoundError:
+                seen.append(None)
+        for fs in self.libraries:
+            try:
+                st = fs.stat(f"{self.base}/{name}")
+                seen.append((st.mode & 0o7777, st.size, st.ino))
+            except FileNotFoundError:
+                seen.append(None)
+        return seen
+
+
+def test_a_change_through_any_client_is_seen_by_every_other_at_its_next_call(four_clients: Any) -> None:
+    cluster, mountpoints, libraries = four_clients
+    base = f"/coherent-{os.getpid()}"
+    libraries[0].mkdir(base)
+    views = Views(mountpoints, libraries, base)
+    rng = random.Random(7)
+    names = [f"n{i}" for i in range(4)]
+
+    def through_mount(i: int) -> Callable[[str, str, Any], None]:
+        root = f"{mountpoints[i]}{base}"
+
+        def change(kind: str, name: str, value: Any) -> None:
+            if kind == "write":
+                with open(f"{root}/{name}", "wb") as f:
+                    f.write(value)
+            elif kind == "chmod":
+                os.chmod(f"{root}/{name}", value)
+            elif kind == "rename":
+                os.rename(f"{root}/{name}", f"{root}/{value}")
+            elif kind == "unlink":
+                os.unlink(f"{root}/{name}")
+        return change
+
+    def through_library(i: int) -> Callable[[str, str, Any], None]:
+        fs = libraries[i]
+
+        def change(kind: str, name: str, value: Any) -> None:
+            path = f"{base}/{name}"
+            if kind == "write":
+                fs.write_bytes(path, value)
+            elif kind == "chmod":
+                fs.chmod(path, value)
+            elif kind == "rename":
+                fs.rename(path, f"{base}/{value}")
+            elif kind == "unlink":
+                fs.remove(path)
+        return change
+
+    changers = [through_mount(0), through_mount(1), through_library(0), through_library(1)]
+    expected: dict[str, tuple[int, int] | None] = {n: None for n in names}
+    checked = 0
+    for step in range(120):
+        for name in names:  # every client looks (and caches) before the change
+            views.stat_all(name)
+        who = rng.randrange(4)
+        present = [n for n in names if expected[n] is not None]
+        kind = rng.choice(["write", "write", "chmod", "rename", "unlink"] if present else ["write"])
+        if kind == "write":
+            name = rng.choice(names)
+            data = os.urandom(rng.randrange(0, 3000))
+            before = expected[name]
+            mode = before[0] if before is not None else 0o644
+            changers[who](kind, name, data)
+            expected[name] = (mode, len(data))
+        else:
+            name = rng.choice(present)
+            if kind == "chmod":
+                mode = rng.choice([0o600, 0o640, 0o644, 0o755])
+                changers[who](kind, name, mode)
+                expected[name] = (mode, expected[name][1])  # type: ignore[index]
+            elif kind == "rename":
+                target = rng.choice([n for n in names if n != name])
+                changers[who](kind, name, target)
+                expected[target], expected[name] = expected[name], None
+            else:
+                changers[who](kind, name, None)
+                expected[name] = None
+        for n in names:  # each client's next call sees it: all four agree with what was done
+            seen = views.stat_all(n)
+            want = expected[n]
+            for client, got in enumerate(seen):
+                assert (got is None) == (want is None), (step, kind, who, n, client, got, want)
+                if got is not None and want is not None:
+                    assert got[:2] == want, (step, kind, who, n, client, got, want)
+            checked += 1
+    assert checked == 120 * len(names)
+
+
+def test_repeated_stats_through_a_leased_mount_ask_nobody(four_clients: Any) -> None:
+    """``ls -lR`` again, ``stat`` again: the kernel answers while the lease lasts."""
+    cluster, mountpoints, libraries = four_clients
+    base = f"/quiet-{os.getpid()}"
+    libraries[0].mkdir(base)
+    for i in range(50):
+        libraries[0].write_bytes(f"{base}/f{i}", b"x" * i)
+    where = f"{mountpoints[0]}{base}"
+    for name in os.listdir(where):
+        os.stat(f"{where}/{name}")
+    before = _meta_calls(cluster.metrics_urls["meta"])
+    for _ in range(20):
+        for name in os.listdir(where):
+            os.stat(f"{where}/{name}")
+    asked = _meta_calls(cluster.metrics_urls["meta"]) - before
+    assert asked <= 2, asked  # 20 listings and 1,000 stats of 50 files: the kernel and the cache answer

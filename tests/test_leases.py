@@ -1,0 +1,417 @@
+"""Metadata leases and recalls (server/meta/leases.py, client/lease_session.py).
+
+The table alone, in process: grants, recalls answered or run out, no renewal while a recall is
+outstanding, bounds. Then end to end on a real cluster: every kind of change made by one client
+recalls what another client holds before the change's call returns."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tectofs.server.meta.leases import LeaseTable
+from tectofs.store import lease_keys
+from tectofs.wire.leases import ATTRS, ENTRY, LISTING
+
+A, B = b"a" * 16, b"b" * 16
+
+
+def attrs(*inos):
+    return [(ATTRS, ino) for ino in inos]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_a_change_waits_for_the_holders_acknowledgement_and_not_for_its_own_session():
+    async def scenario():
+        table = LeaseTable(lease_s=5.0)
+        await table.keepalive(A, 0, [], 0)
+        await table.keepalive(B, 0, [], 0)
+        table.grant(A, [*attrs(1, 7), (ENTRY, 1, "x")])
+        table.grant(B, attrs(7))
+        recall = asyncio.create_task(table.recall([*attrs(7), (ENTRY, 1, "x"), (LISTING, 1)], changed_by=B))
+        await asyncio.sleep(0.05)
+        assert not recall.done()  # A has not acknowledged
+        reply = await table.keepalive(A, 0, [], 1.0)
+        [sent] = reply.recalls
+        assert (sent.inos, [(e.parent, e.name) for e in sent.entries], sent.listings) == ([7], [(1, "x")], [])
+        assert not recall.done()
+        await table.keepalive(A, 0, [sent.id], 0)
+        await asyncio.wait_for(recall, 1)
+        assert table.holders((ATTRS, 7)) == {B} and table.holders((ATTRS, 1)) == {A}  # A's 7 ended with the recall
+        assert table.recalls_expired == 0
+    run(scenario())
+
+
+def test_a_silent_holder_costs_a_change_at_most_its_lease_and_is_then_forgotten():
+    async def scenario():
+        table = LeaseTable(lease_s=0.3)
+        await table.keepalive(A, 0, [], 0)
+        table.grant(A, attrs(9))
+        started = time.monotonic()
+        await table.recall(attrs(9))
+        waited = time.monotonic() - started
+        assert 0.2 < waited < 1.0
+        assert table.recalls_expired == 1 and table.holders((ATTRS, 9)) == set()
+        reply = await table.keepalive(A, 0, [], 0)  # it comes back: told to drop everything
+        assert reply.restarted
+    run(scenario())
+
+
+def test_no_renewal_while_a_recall_is_outstanding():
+    async def scenario():
+        clock = Clock()
+        table = LeaseTable(lease_s=10.0, clock=clock)
+        await table.keepalive(A, 0, [], 0)
+        table.grant(A, attrs(3))
+        recall = asyncio.create_task(table.recall(attrs(3)))
+        await asyncio.sleep(0)
+        clock.now += 5
+        reply = await table.keepalive(A, 0, [], 0)  # never acknowledges
+        assert reply.recalls and not reply.renewed
+        clock.now += 6  # past the expiry the recall started under
+        table._expire_overdue()
+        await asyncio.wait_for(recall, 1)
+        assert (await table.keepalive(A, 0, [], 0)).restarted
+    run(scenario())
+
+
+def test_grants_to_unknown_sessions_are_not_recorded_and_holdings_are_bounded():
+    async def scenario():
+        table = LeaseTable(lease_s=5.0, holding_max=3)
+        table.grant(A, attrs(1, 2))  # no keepalive yet: no session, no grant
+        assert table.holders((ATTRS, 1)) == set()
+        await table.keepalive(A, 0, [], 0)
+        table.grant(A, attrs(1, 2, 3, 4, 5))
+        assert {i for i in range(1, 6) if table.holders((ATTRS, i))} == {3, 4, 5}
+        reply = await table.keepalive(A, 0, [], 0)
+        assert [r.inos for r in reply.recalls] == [[1, 2]]  # the oldest, recalled at once
+    run(scenario())
+
+
+def test_a_session_id_is_bound_to_its_user():
+    async def scenario():
+        table = LeaseTable(lease_s=5.0)
+        await table.keepalive(A, 1000, [], 0)
+        with pytest.raises(PermissionError):
+            await table.keepalive(A, 1001, [], 0)
+        table.end(A, 1001)  # another user cannot end it either
+        assert table.active
+        table.end(A, 1000)
+        assert not table.active
+    run(scenario())
+
+
+def test_every_statement_that_changes_a_name_or_an_inode_has_a_shape_lease_keys_reads():
+    """``lease_keys.changed_by`` reads what a statement changed from its parameters, by the
+    statement's shape: every statement of the store that changes ``names`` or ``inodes`` must
+    have one of those shapes, or a change would not recall what clients hold."""
+    store = Path(__file__).parent.parent / "tectofs" / "store"
+    shapes = {lease_keys.INODE_UPDATE: r"WHERE ino = \?( AND [^?]*)?$", lease_keys.NAME_INSERT: r"VALUES \(\?, \?, \?\)$",
+              lease_keys.NAME_DELETE: r"name = \?$", lease_keys.NAME_REPOINT: r"name = \?$"}
+    found = 0
+    for path in store.glob("*.py"):
+        if path.name == "schema.py":  # migrations run before any lease exists
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_x"):
+                continue
+            sql = node.args[0]
+            text = ast.unparse(sql)
+            changes = re.search(r"(UPDATE|INSERT INTO|DELETE FROM) (inodes|names)\b", text)
+            if not changes or (changes.group(1) in ("INSERT INTO", "DELETE FROM") and changes.group(2) == "inodes"):
+                continue  # a new inode is nobody's yet; a removed one went with its last name
+            assert isinstance(sql, ast.Constant), f"{path.name}: {text}: a statement changing {changes.group(2)} must be a literal"
+            statement = str(sql.value)
+            shape = next((s for s in shapes if statement.startswith(s)), None)
+            assert shape is not None, f"{path.name}: {statement}: a shape lease_keys.changed_by does not know"
+            assert re.search(shapes[shape], statement), f"{path.name}: {statement}"
+            found += 1
+    assert found >= 15
+
+
+def test_what_statements_change_as_lease_keys():
+    assert lease_keys.changed_by("UPDATE inodes SET mode = ? WHERE ino = ?", (0o600, 7)) == [(ATTRS, 7)]
+    assert lease_keys.changed_by("UPDATE inodes SET atime = ? WHERE ino = ?", (1.0, 7)) == []
+    assert lease_keys.changed_by("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (2, "x", 9)) == [
+        (ENTRY, 2, "x"), (LISTING, 2)]
+    assert lease_keys.changed_by("DELETE FROM names WHERE parent = ? AND name = ?", (2, "x")) == [
+        (ENTRY, 2, "x"), (LISTING, 2)]
+    assert lease_keys.changed_by("UPDATE names SET ino = ? WHERE parent = ? AND name = ?", (9, 2, "x")) == [
+        (ENTRY, 2, "x"), (LISTING, 2)]
+    assert lease_keys.changed_by("SELECT 1 FROM names", ()) == []
+
+
+# ---------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def leased_cluster(tmp_path_factory):
+    from tectofs.server.cluster import LocalCluster
+    cluster = LocalCluster(str(tmp_path_factory.mktemp("leases")), meta_args=["--lease", "2"])
+    address = cluster.start()
+    yield address
+    cluster.stop()
+
+
+
+
+async def _holder_and_changer(address):
+    from tectofs.client.core import AsyncFileSystem
+    holder, changer = AsyncFileSystem(address, leases=True), AsyncFileSystem(address)
+    recalled: list = []
+    assert holder.lease_session is not None
+
+    async def on_recall(recall):
+        if recall is not None:
+            recalled.extend((ATTRS, ino) for ino in recall.inos)
+            recalled.extend((ENTRY, e.parent, e.name) for e in recall.entries)
+            recalled.extend((LISTING, ino) for ino in recall.listings)
+    holder.lease_session.listeners.append(on_recall)
+    for _ in range(100):
+        if holder.lease_session.remaining():
+            break
+        await asyncio.sleep(0.02)
+    assert holder.lease_session.remaining() > 0
+    return holder, changer, recalled
+
+
+@pytest.mark.slow
+def test_every_kind_of_change_recalls_what_another_client_holds_before_it_returns(leased_cluster):
+    async def scenario():
+        holder, changer, recalled = await _holder_and_changer(leased_cluster)
+        base = f"/recalls-{os.getpid()}"
+        await changer.mkdir(base)
+        await changer.write_bytes(f"{base}/f", b"x" * 10)
+        directory = (await holder.stat(base)).ino
+
+        async def check(what, change, expect):
+            recalled.clear()
+            for path in (base, f"{base}/f", f"{base}/absent"):  # names, attributes, an absent name
+                try:
+                    await holder.stat(path)
+                except Exception:
+                    pass
+            inos = expect()
+            await change()
+            assert set(inos) <= set(recalled), (what, inos, recalled)
+
+        file_ino = (await holder.stat(f"{base}/f")).ino
+        await check("chmod", lambda: changer.setattr(f"{base}/f", mode=0o600), lambda: [(ATTRS, file_ino)])
+        await check("write", lambda: changer.write_bytes(f"{base}/f", b"y" * 20), lambda: [(ATTRS, file_ino)])
+        file_ino = (await changer.stat(f"{base}/f")).ino
+        await check("setxattr", lambda: changer.setxattr(f"{base}/f", "user.k", b"v"), lambda: [(ATTRS, file_ino)])
+        await check("create", lambda: changer.write_bytes(f"{base}/absent", b""),
+                    lambda: [(ENTRY, directory, "absent"), (ATTRS, directory)])
+        await check("rename", lambda: changer.rename(f"{base}/absent", f"{base}/moved"),
+                    lambda: [(ENTRY, directory, "absent"), (ATTRS, directory)])
+        await check("unlink", lambda: changer.remove(f"{base}/moved"), lambda: [(ATTRS, directory)])
+        await check("truncate", lambda: changer.truncate(f"{base}/f", 3), lambda: [(ATTRS, file_ino)])
+        await holder.scandir(base)
+        await check("create in a listed directory", lambda: changer.write_bytes(f"{base}/new", b""),
+                    lambda: [(LISTING, directory)])
+        # Walking through a directory leases the names walked, not the directory: creates of
+        # other names in it recall nothing from a client that only walked through.
+        await changer.mkdir(f"{base}/sub/deep", parents=True)
+        recalled.clear()
+        await holder.stat(f"{base}/sub/deep")
+        await changer.write_bytes(f"{base}/sub/other", b"")
+        await changer.write_bytes(f"{base}/other", b"")
+        assert recalled == []
+        await changer.rename(f"{base}/sub", f"{base}/sub2")  # but renaming one walked recalls it
+        assert (ENTRY, directory, "sub") in recalled
+        await holder.close()
+        started = time.monotonic()
+        await changer.setattr(f"{base}/f", mode=0o644)  # the holder ended its session: no wait
+        assert time.monotonic() - started < 1.0
+        await changer.close()
+    run(scenario())
+
+
+@pytest.mark.slow
+def test_a_client_that_stopped_answering_holds_a_change_back_at_most_its_lease(leased_cluster):
+    async def scenario():
+        holder, changer, recalled = await _holder_and_changer(leased_cluster)
+        path = f"/silent-{os.getpid()}"
+        await changer.write_bytes(path, b"1")
+        await holder.stat(path)
+        holder.lease_session._task.cancel()  # the keepalives stop, as when its host hangs
+        started = time.monotonic()
+        await changer.setattr(path, mode=0o600)
+        waited = time.monotonic() - started
+        assert 0.5 < waited < 2.0 + 1.0, waited  # at most its lease (2 s), counted from its last keepalive
+        await changer.close()
+        await holder.close()
+    run(scenario())
+
+
+@pytest.mark.slow
+def test_a_change_through_one_service_recalls_what_clients_of_another_hold(make_cluster, postgres_server):
+    """Two metadata services over one PostgreSQL store: the recall crosses from the service
+    that made the change to the one holding the client's session (LISTEN/NOTIFY), before the
+    change's call returns; a peer that is killed holds changes back at most 2 leases."""
+    from tectofs.client.core import AsyncFileSystem
+    from tectofs.testing.postgres import new_database
+
+    c = make_cluster(store=new_database(postgres_server), meta_args=["--lease", "2"])
+    address_b, process_b = c.start_extra_meta()
+    try:
+        async def scenario():
+            holder = AsyncFileSystem(address_b, c.credential_file, leases=True)
+            changer = AsyncFileSystem(c.address, c.credential_file)
+            recalled: list = []
+
+            async def on_recall(recall):
+                if recall is not None:
+                    recalled.extend((ATTRS, ino) for ino in recall.inos)
+                    recalled.extend((ENTRY, e.parent, e.name) for e in recall.entries)
+            assert holder.lease_session is not None
+            holder.lease_session.listeners.append(on_recall)
+            deadline = time.monotonic() + 10
+            while not holder.lease_session.remaining():  # service b renews once its peers know it
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            await changer.write_bytes("/peer-f", b"1")
+            ino = (await holder.stat("/peer-f")).ino
+            with pytest.raises(FileNotFoundError):
+                await holder.stat("/peer-absent")
+            await changer.setattr("/peer-f", mode=0o600)
+            assert (ATTRS, ino) in recalled
+            await changer.write_bytes("/peer-absent", b"")
+            assert (ENTRY, 1, "peer-absent") in recalled
+            await holder.stat("/peer-f")
+            process_b.kill()  # the holder's service dies: its sessions die with it
+            process_b.wait(timeout=10)
+            started = time.monotonic()
+            await changer.setattr("/peer-f", mode=0o644)
+            assert time.monotonic() - started < 2 * 2 + 1.5
+            await holder.close()
+            await changer.close()
+        run(scenario())
+    finally:
+        if process_b.poll() is None:
+            process_b.terminate()
+            process_b.wait(timeout=20)
+
+
+@pytest.mark.slow
+def test_a_leasing_clients_cache_answers_without_calls_and_sees_every_change_at_its_next_call(leased_cluster):
+    """The library's cache (client/metadata_cache.py): repeated stats, absent names and extended
+    attributes cost no call while leases are held; a change by another client, or by itself, is
+    seen at its next call."""
+    async def scenario():
+        holder, changer, _ = await _holder_and_changer(leased_cluster)
+        cache = holder.metadata_cache
+        assert cache is not None
+        base = f"/cached-{os.getpid()}"
+        await changer.mkdir(f"{base}/d", parents=True)
+        await changer.write_bytes(f"{base}/d/f", b"1234")
+        await changer.setxattr(f"{base}/d/f", "user.k", b"v1")
+
+        first = await holder.stat(f"{base}/d/f")
+        hits = cache.hits
+        for _ in range(50):
+            assert (await holder.stat(f"{base}/d/f")).mode == first.mode
+        assert cache.hits == hits + 50  # no call
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/d/absent")
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/d/absent")
+        assert await holder.getxattr(f"{base}/d/f", "user.k") == b"v1"
+        assert await holder.getxattr(f"{base}/d/f", "user.k") == b"v1"
+        assert cache.hits >= hits + 52
+
+        await changer.setattr(f"{base}/d/f", mode=0o600)
+        assert (await holder.stat(f"{base}/d/f")).mode & 0o777 == 0o600
+        await changer.write_bytes(f"{base}/d/absent", b"now")
+        assert (await holder.stat(f"{base}/d/absent")).size == 3
+        await changer.setxattr(f"{base}/d/f", "user.k", b"v2")
+        assert await holder.getxattr(f"{base}/d/f", "user.k") == b"v2"
+        await changer.write_bytes(f"{base}/d/f", b"123456789")
+        assert (await holder.stat(f"{base}/d/f")).size == 9
+        await holder.stat(f"{base}/d/f")
+        await changer.rename(f"{base}/d", f"{base}/e")
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/d/f")
+        assert (await holder.stat(f"{base}/e/f")).size == 9
+        await changer.remove(f"{base}/e/f")
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/e/f")
+
+        # Its own changes: seen at once, though the service recalls nothing from it.
+        await holder.write_bytes(f"{base}/mine", b"a")
+        assert (await holder.stat(f"{base}/mine")).size == 1
+        await holder.write_bytes(f"{base}/mine", b"abc")
+        assert (await holder.stat(f"{base}/mine")).size == 3
+        await holder.setattr(f"{base}/mine", mode=0o640)
+        assert (await holder.stat(f"{base}/mine")).mode & 0o777 == 0o640
+        await holder.remove(f"{base}/mine")
+        with pytest.raises(FileNotFoundError):
+            await holder.stat(f"{base}/mine")
+        await holder.close()
+        await changer.close()
+    run(scenario())
+
+
+def test_every_metadata_operation_is_known_to_change_or_not():
+    """A cache over the client forgets what its own changes made stale: an operation missing
+    from both lists would be one whose changes it keeps serving."""
+    from tectofs.client.metadata import CHANGING, READING
+    from tectofs.wire import messages
+
+    assert CHANGING | READING == set(messages.META_OPERATIONS)
+    assert not CHANGING & READING
+
+
+def test_the_library_cache_keys_what_it_learned_and_forgets_what_changes_could_touch():
+    from dataclasses import dataclass
+
+    from tectofs.client.metadata_cache import ABSENT, MISS, MetadataCache
+    from tectofs.wire.leases import Entry, Recall
+
+    @dataclass(frozen=True)
+    class St:
+        ino: int
+        kind: str = "file"
+        nlink: int = 1
+
+    cache = MetadataCache[St](entries_max=100)
+    cache.learned("/a/b/f", [1, 10, 11], St(20))
+    assert cache.lookup("/a/b/f") == St(20)
+    assert cache.lookup("/a/b/g") is MISS
+    cache.learned_absent("/a/b/g")
+    assert cache.lookup("/a/b/g") is ABSENT and cache.lookup("/a/b/g/h") is ABSENT
+    cache.forget(Recall(id=1, entries=[Entry(parent=10, name="b")]))  # a rename of b: everything below misses
+    assert cache.lookup("/a/b/f") is MISS
+    cache.learned("/a/b/f", [1, 10, 11], St(20))
+    cache.forget(Recall(id=2, inos=[20]))  # its attributes changed: the name stays, the attributes go
+    assert cache.lookup("/a/b/f") is MISS
+    # A hard link: its own change through a name this cache never saw drops linked inodes' attributes.
+    cache.learned("/a/b/f", [1, 10, 11], St(20, nlink=2))
+    cache.learned("/a/b/plain", [1, 10, 11], St(21))
+    cache.forget_path("/a/b/unseen-link")
+    assert cache.lookup("/a/b/f") is MISS and cache.lookup("/a/b/plain") == St(21)
+    # A change below a directory this cache cannot resolve: all goes.
+    cache.forget_path("/elsewhere/x/y")
+    assert cache.lookup("/a/b/plain") is MISS
+    # Bounded: least recently used names go first.
+    small = MetadataCache[St](entries_max=3)
+    for i in range(5):
+        small.learned(f"/f{i}", [1], St(100 + i))
+    assert small.lookup("/f0") is MISS and small.lookup("/f4") == St(104)
