@@ -236,7 +236,8 @@ def _clean_env() -> dict[str, str]:
 
 
 # Modules of tectofs.benchmarks that are not benchmarks (nothing to run, no --help)
-_HELPERS = {"__init__.py", "common.py", "report.py", "charts.py", "filesystems.py", "memory_tree.py"}
+_HELPERS = {"__init__.py", "common.py", "report.py", "charts.py", "filesystems.py", "memory_tree.py",
+            "checkpoint_incremental.py", "checkpoint_share_reads.py"}  # parts of others: no command line
 
 
 @pytest.mark.timeout(120)
