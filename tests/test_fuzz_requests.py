@@ -107,6 +107,12 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
         "user_remove": lambda: {"name": rng.choice(["fuzz", "nobody-here"])},
         "user_list": dict, "whoami": dict,
         "s3_principal": lambda: {"access_key": rng.choice(["root", "nobody", "", "k" * 200])},
+        "reference_blocks": lambda: {"path": path(), "source": path(),
+                                     "pairs": [[rng.randrange(4), rng.randrange(4)] for _ in range(rng.randrange(1, 4))]},
+        "shared_blocks": lambda: {"directory": rng.choice([fuzz_dir, "/"]), "names": [rng.choice(["a", "b", "f1"])],
+                                  "offset": rng.randrange(3)},
+        "keepalive": lambda: {"acked": [rng.randrange(10**6) for _ in range(rng.randrange(3))],
+                              "wait_s": rng.choice([0.0, 0.5]), "end": rng.random() < 0.2},
     }
     return names[op]()
 
