@@ -570,10 +570,12 @@ class AsyncFile:
         empty and still this file (nobody else wrote it meanwhile)."""
         if self.closed:
             return
+        reader = self._reader
         self._release()
         if self.created and not self._committed and self.writable:
             try:
-                await self.context.metadata.unlink(messages.UnlinkRequest(path=self.path, ino=self.ino, only_if_empty=True))
+                await self.context.metadata.unlink(messages.UnlinkRequest(
+                    path=self.path, ino=self.ino, only_if_empty=True, reader=reader))
             except TectofsError:
                 pass  # renamed or removed meanwhile: nothing of ours to take back
 

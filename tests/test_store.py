@@ -55,6 +55,23 @@ class StoreContract:
         with pytest.raises(errors.InvalidPath):
             store.mkdir(["a", ".."])
 
+    def test_a_failed_creator_takes_back_its_file_only_if_nobody_else_opened_it(self, store):
+        """A writer whose create made a file and then failed removes the file (empty, still that
+        inode) — unless another handle opened it meanwhile, which may yet commit to it (an
+        acknowledged write must not land in a file removed under it: simulator seed 546912499)."""
+        created = store.create_file(["f"], reader=1).attrs
+        store.unlink(["f"], created.ino, only_if_empty=True, reader=1)
+        with pytest.raises(errors.NotFound):
+            store.lookup(["f"])
+        created = store.create_file(["g"], reader=1).attrs
+        assert store.create_file(["g"], reader=2).attrs.ino == created.ino  # a second writer opens it
+        store.unlink(["g"], created.ino, only_if_empty=True, reader=1)
+        assert store.lookup(["g"]).ino == created.ino  # still there for the second writer
+        store.release(created.ino, 2)
+        store.unlink(["g"], created.ino, only_if_empty=True, reader=1)
+        with pytest.raises(errors.NotFound):
+            store.lookup(["g"])
+
     def test_what_a_create_answers_is_what_it_stored(self, store):
         """What a create answers (the new inode's attributes, and the directory's after it) is
         exactly what a later read finds: a guard for any change that builds those answers

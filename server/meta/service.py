@@ -541,7 +541,7 @@ class MetadataService:
 
     async def rpc_unlink(self, r: messages.UnlinkRequest, _: memoryview) -> Reply[messages.UnlinkReply]:
         parts, caller = paths.split(r.path), self._caller()
-        removed = await self._call(lambda store: store.unlink(parts, r.ino, r.only_if_empty, caller=caller),
+        removed = await self._call(lambda store: store.unlink(parts, r.ino, r.only_if_empty, caller=caller, reader=r.reader),
                                    messages.UnlinkReply)
         return msgspec.structs.replace(
             removed, directory=self._attrs(removed.directory) if removed.directory else None), b""

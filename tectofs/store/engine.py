@@ -547,13 +547,15 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         self._x("DELETE FROM inodes WHERE ino = ?", (attrs.ino,))
 
     def unlink(
-        self, parts: list[str], ino: int = 0, only_if_empty: bool = False, *, caller: Caller | None = None
+        self, parts: list[str], ino: int = 0, only_if_empty: bool = False, *, caller: Caller | None = None,
+        reader: int = 0,
     ) -> UnlinkReply:
         """Remove a name (and its file); returns the directory's attributes after the call and
         its ctime before (``wcc_data``, as ``create_file``).
         With ``ino``, only if the name still leads to that inode; with ``only_if_empty``, only
-        if the file has no data yet (how a writer that failed takes back the file it created,
-        without touching anyone else's)."""
+        if the file has no data yet and no handle but ``reader``'s holds it (how a writer that
+        failed takes back the file it created, without touching anyone else's: another writer
+        that opened it meanwhile may commit yet)."""
         if not parts:
             raise IsADirectory("/ is a directory")
         parent, attrs = self._walk(parts, caller)
@@ -561,8 +563,9 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
             raise IsADirectory(f"/{'/'.join(parts)} is a directory (use rmdir)")
         access.require_removable(parent, attrs, caller, _p(parts), _p(parts[:-1]))
         if (ino and attrs.ino != ino) or (only_if_empty and (attrs.size or self._one(
-                "SELECT 1 FROM blocks WHERE ino = ? UNION ALL SELECT 1 FROM inline_blocks WHERE ino = ? LIMIT 1",
-                (attrs.ino, attrs.ino)))):
+                "SELECT 1 FROM blocks WHERE ino = ? UNION ALL SELECT 1 FROM inline_blocks WHERE ino = ?"
+                " UNION ALL SELECT 1 FROM read_leases WHERE ino = ? AND reader <> ? AND expires > ? LIMIT 1",
+                (attrs.ino, attrs.ino, attrs.ino, reader, self.clock())))):
             return UnlinkReply(directory=parent, directory_ctime_before=parent.ctime)
         now = self.clock()
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (parent.ino, parts[-1]))

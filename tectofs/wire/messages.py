@@ -161,11 +161,13 @@ class UnlinkReply(Message, frozen=True, kw_only=True):
 
 class UnlinkRequest(Message, frozen=True, kw_only=True):
     """``ino``: only if the name still leads to this inode; ``only_if_empty``: only if the
-    file holds no data (a failed writer taking back the file it created)."""
+    file holds no data and no handle but ``reader``'s (the caller's lease) has it open (a
+    failed writer taking back the file it created, not one another writer opened meanwhile)."""
 
     path: Path
     ino: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
     only_if_empty: bool = False
+    reader: Id = 0
 
 
 class UnlinkManyRequest(Message, frozen=True, kw_only=True):
