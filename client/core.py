@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -13,7 +14,7 @@ from tectofs import allocator, checksum, limits, metrics, paths, xattr_names
 from tectofs.buffers import BufferPool
 from tectofs.errors import InvalidArgument, IsADirectory, NoAttribute, NotFound
 from tectofs.wire import auth, messages, shared_blocks
-from tectofs.wire.leases import Recall
+from tectofs.wire.leases import SESSION_BYTES, Recall
 from tectofs.wire.transport import parse_group
 
 from .blocks import BlockIO
@@ -179,7 +180,9 @@ class AsyncFileSystem:
         # checks every caller's permissions itself (default_permissions) before it asks.
         self.views_share_cache = False
         if leases:
-            self.lease_session = LeaseSession(self.metadata, **({"clock": clock} if clock is not None else {}))
+            # The simulator's clock seam comes with its seeded source of chance (tectofs.testing).
+            self.lease_session = (LeaseSession(self.metadata) if clock is None else LeaseSession(
+                self.metadata, clock=clock, session_id=random.randbytes(SESSION_BYTES)))
             self.lease_session.attach(self.rpc)
             self.metadata_cache = MetadataCache[Stat](make=Stat.from_attrs)
             self.lease_session.listeners.append(self._recalled)

@@ -567,13 +567,14 @@ class AsyncFile:
         """Close without committing anything written since the last commit: readers keep
         seeing the previous version, and the chunks written go to garbage collection. A file
         this handle's open created and never committed is removed again, if it is still
-        empty and still this file (nobody else wrote it meanwhile)."""
+        empty, still this file and open in no other handle (closed ones of this client's first)."""
         if self.closed:
             return
         reader = self._reader
         self._release()
         if self.created and not self._committed and self.writable:
             try:
+                await self.context.lease_endings.flush()
                 await self.context.metadata.unlink(messages.UnlinkRequest(
                     path=self.path, ino=self.ino, only_if_empty=True, reader=reader))
             except TectofsError:

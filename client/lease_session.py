@@ -44,9 +44,12 @@ class LeaseSession:
     """One client's lease session over ``metadata`` (whose connections' hellos must name
     ``session_id``: :meth:`attach` sets that before the first call)."""
 
-    def __init__(self, metadata: MetadataClient, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, metadata: MetadataClient, *, clock: Callable[[], float] = time.monotonic,
+                 session_id: bytes | None = None) -> None:
+        """``session_id``: random by default (it is the session's secret); the simulator gives
+        one from its seeded source, so a seed replays exactly."""
         self.metadata = metadata
-        self.session_id = os.urandom(SESSION_BYTES)
+        self.session_id = session_id or os.urandom(SESSION_BYTES)
         self.clock = clock
         self.epoch = 0
         self.own_changes = 0  # changes this client made (``note_own_change``)

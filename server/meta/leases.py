@@ -205,7 +205,15 @@ class LeaseTable:
         return [held.acked.setdefault(recall_id, loop.create_future()) for recall_id in recall_ids]
 
     def _wake(self, held: _Session) -> None:
-        if held.due is not None and self.loop is not None:
+        if held.due is None or self.loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:  # the store's thread
+            on_loop = False
+        if on_loop:
+            held.due.set()
+        else:
             self.loop.call_soon_threadsafe(held.due.set)
 
     def _drop_holder(self, key: LeaseKey, session: bytes) -> None:
