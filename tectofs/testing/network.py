@@ -214,7 +214,7 @@ class SimTransport(asyncio.Transport):
             return
         self.lost = True
         self.closing = True
-        self.network.transports.discard(self)
+        self.network.transports.pop(self, None)
         self.protocol.connection_lost(exc)
 
 
@@ -225,7 +225,9 @@ class Network:
         self.rng = rng
         self.faults = faults or NetworkFaults()
         self.listeners: dict[tuple[str, int], Listener] = {}
-        self.transports: set[SimTransport] = set()
+        # Insertion-ordered (a set would iterate by object id: crashes would close connections
+        # in an order that differs from run to run, and a seed would not replay exactly).
+        self.transports: dict[SimTransport, None] = {}
         self.unreachable: set[str] = set()  # partitioned hosts
         self.crashed: set[str] = set()  # hosts whose process died (until one listens there again)
         self.ports: Counter[str] = Counter()
@@ -267,7 +269,7 @@ class Network:
         client = SimTransport(self, loop, from_host, local, (host, port), client_protocol)
         server = SimTransport(self, loop, listener.owner, (host, port), local, server_protocol)
         client.peer, server.peer = server, client
-        self.transports.update((client, server))
+        self.transports.update({client: None, server: None})
         self.stats["connections"] += 1
         host_context(listener.owner).run(server_protocol.connection_made, server)
         client_protocol.connection_made(client)
@@ -318,6 +320,6 @@ class Network:
         for transport in list(self.transports):
             if transport.host == host:
                 transport.vanish()
-                self.transports.discard(transport)
+                self.transports.pop(transport, None)
                 if transport.peer is not None:
                     transport.peer.reset_soon()
