@@ -126,6 +126,20 @@ class LeaseTable:
                 self._queue(held, evicted)  # not waited for: the holder just drops the oldest
             return raced
 
+    async def settled(self) -> None:
+        """Wait until no lease granted before now can still be held against a change already
+        made: the grace period is over and every recall now outstanding was acknowledged or
+        ran out. For a change answered from the store's record of an earlier attempt (whose
+        recalls that attempt, or a predecessor that crashed, may not have finished)."""
+        grace_s = self.grace_until - self.clock()
+        if grace_s > 0:
+            await asyncio.sleep(grace_s)
+        with self._lock:
+            pending = [(done, held.expires) for held in self._sessions.values()
+                       for done in held.acked.values() if not done.done()]
+        for done, expires in pending:
+            await self._wait(done, expires)
+
     async def recall_raced(self, session: bytes, keys: list[LeaseKey]) -> None:
         """Recall ``keys`` from ``session`` alone (a read that raced a peer's recall of them) and
         wait until it acknowledged or ran out."""

@@ -276,12 +276,15 @@ class MetadataService:
             return await self.runner.call(operation, returns=returns, request_key=key)
         session, modified, raced = current_peer.get().session, set[LeaseKey](), list[LeaseKey]()
         since = self.leases.change_seq if self.peers is not None else None
+        ran: list[bool] = []
         try:
-            result = await self.runner.call(self._leased(operation, session, modified, since, raced, new_directory),
+            result = await self.runner.call(self._leased(operation, session, modified, since, raced, new_directory, ran),
                                             returns=returns, request_key=key)
         finally:
             if raced:  # the answer may predate a peer's change: the client must not keep it
                 await self.leases.recall_raced(session, raced)
+        if key is not None and not ran:  # answered from the record of an earlier attempt
+            await self.leases.settled()
         if modified:
             recalls = [self.leases.recall(modified, changed_by=session)]
             if self.peers is not None:
@@ -290,12 +293,15 @@ class MetadataService:
         return result
 
     def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes, modified: set[LeaseKey],
-                since: int | None, raced: list[LeaseKey], new_directory: bool = False) -> Callable[[SqlStore], ResultT]:
+                since: int | None, raced: list[LeaseKey], new_directory: bool = False,
+                ran: list[bool] | None = None) -> Callable[[SqlStore], ResultT]:
         """``operation`` that, on the store's thread, grants ``session`` a lease on what it read
         (before any later operation can change it: ``server/meta/leases.py``; into ``raced``,
         what a peer's recall since ``since`` named) and collects into ``modified`` what it
         changed, which ``_call`` then recalls."""
         def run(store: SqlStore) -> ResultT:
+            if ran is not None:
+                ran.append(True)
             walked: list[LeaseKey] = []
             store.walked, store.modified, store.reached = walked, modified, 0
             result: ResultT | None = None

@@ -36,7 +36,7 @@ class SharedBlocksRequest(Message, frozen=True, kw_only=True):
 
     directory: Path
     names: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=limits.health_inos_per_call_max)]
-    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    offset: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
 
 
 class SharedBlock(Message, frozen=True, array_like=True):
