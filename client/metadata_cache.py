@@ -64,6 +64,7 @@ class MetadataCache(Generic[StatT]):
         self._attrs: OrderedDict[int, StatT] = OrderedDict()
         self._xattrs: dict[int, dict[str, bytes | None]] = {}
         self._xattr_names: dict[int, list[str]] = {}
+        self._linked: set[int] = set()  # cached inodes with more than one name (not directories)
         self.hits = 0
         self.misses = 0
 
@@ -155,6 +156,10 @@ class MetadataCache(Generic[StatT]):
 
     def attributes(self, stat: StatT) -> None:
         self._attrs[stat.ino] = stat
+        if stat.kind != "dir" and stat.nlink > 1:
+            self._linked.add(stat.ino)
+        else:
+            self._linked.discard(stat.ino)
         self._attrs.move_to_end(stat.ino)
         while len(self._attrs) > self.entries_max:
             ino, _ = self._attrs.popitem(last=False)
@@ -273,10 +278,11 @@ class MetadataCache(Generic[StatT]):
         if ino is not None:
             self.forget_inode(ino)
         elif not known:  # which inode it named is not known here: any with another name may be it
-            for linked in [i for i, st in self._attrs.items() if st.kind != "dir" and st.nlink > 1]:
+            for linked in list(self._linked):
                 self.forget_inode(linked)
 
     def forget_inode(self, ino: int) -> None:
+        self._linked.discard(ino)
         listed_in = self._listed_in.get(ino)
         if listed_in is not None:
             self._drop_listing(listed_in)
@@ -285,6 +291,7 @@ class MetadataCache(Generic[StatT]):
         self._xattr_names.pop(ino, None)
 
     def clear(self) -> None:
+        self._linked.clear()
         self._listings.clear()
         self._listed_in.clear()
         self._complete.clear()

@@ -238,10 +238,8 @@ class LeaseTable:
                 del self._holders[key]
 
     def _expire_overdue(self) -> None:
-        now = self.clock()
         with self._lock:
-            for session in [s for s, held in self._sessions.items() if held.expires <= now]:
-                self._forget(session)
+            self._expire_unlocked(self.clock())
 
     def _forget(self, session: bytes) -> None:
         held = self._sessions.pop(session)
