@@ -70,6 +70,7 @@ class Version:
     data: bytes
     started_s: float
     acked_s: float | None = None
+    ended_s: float | None = None  # when it returned, acknowledged or failed
 
 
 @dataclass
@@ -79,7 +80,11 @@ class FileModel:
     acknowledged commits after it (close-to-open)."""
 
     versions: list[Version] = field(default_factory=list)
-    maybe_unlinked: bool = False  # an unlink of it failed: it may be gone
+    maybe_unlinked_s: float | None = None  # when an unlink of it that failed began: it may be gone
+
+    @property
+    def maybe_unlinked(self) -> bool:
+        return self.maybe_unlinked_s is not None
 
     def superseded(self, version: Version | None, before_s: float) -> Version | None:
         """An acknowledged write (acknowledged before ``before_s``) that must have committed
@@ -91,6 +96,24 @@ class FileModel:
                 return later
         return None
 
+    def empty_superseded(self, before_s: float) -> Version | None:
+        """An acknowledged write that must have replaced every empty file an answer at
+        ``before_s`` may show (None: an empty file may be right): the one the first write
+        created, and — after an unlink that failed, so may have removed the file — each one a
+        later write created anew (its create lands before it returns; a write begun after that
+        commits after it)."""
+        winner = self.superseded(None, before_s)
+        if winner is None or self.maybe_unlinked_s is None:
+            return winner
+        for creator in self.versions:
+            if not self.maybe_unlinked_s < creator.started_s < before_s:
+                continue
+            if not any(w.acked_s is not None and w.acked_s < before_s
+                       and (w is creator or (creator.ended_s is not None and w.started_s > creator.ended_s))
+                       for w in self.versions):
+                return None
+        return winner
+
     def find(self, data: bytes) -> list[Version]:
         return [v for v in self.versions if v.data == data]
 
@@ -98,12 +121,12 @@ class FileModel:
         """Why ``data``, read by a read that began at ``read_started_s``, is wrong (None: it
         may be right): "(a) ..." bytes no write wrote, "(e) ..." a version an acknowledged
         write replaced before the read began."""
-        candidates: list[Version | None] = [*self.find(data)]
-        if data == b"":
-            candidates.append(None)
-        if not candidates:
+        candidates = self.find(data)
+        if not candidates and data != b"":
             return f"(a) reads back {len(data)} bytes that no write wrote (sha {hashlib.sha256(data).hexdigest()[:12]})"
         lost = [self.superseded(v, read_started_s) for v in candidates]
+        if data == b"":
+            lost.append(self.empty_superseded(read_started_s))
         if all(lost):
             winner = lost[0]
             assert winner is not None
@@ -204,7 +227,7 @@ class Simulation:
         candidates = [v for v in model.versions if len(v.data) == size]
         if not candidates and size != 0:
             self.fail(f"(f) a leased cache answered size {size} for {name}, which no write wrote")
-        options = [model.superseded(v, at_s) for v in candidates] + ([model.superseded(None, at_s)] if size == 0 else [])
+        options = [model.superseded(v, at_s) for v in candidates] + ([model.empty_superseded(at_s)] if size == 0 else [])
         if options and all(options):
             self.fail(f"(f) a leased cache answered size {size} for {name} at {at_s:.3f}s, though a write"
                       " acknowledged before then replaced that version")
@@ -278,6 +301,7 @@ class Simulation:
         finally:
             self.writing[name] -= 1
             self.writes_in_flight.discard(write_id)
+            version.ended_s = self.cluster.clock.now
         version.acked_s = self.cluster.clock.now
         self.stats["writes_acked"] += 1
         self.trace(f"client: write {name} ({len(data)} bytes) acknowledged")
@@ -342,12 +366,13 @@ class Simulation:
         the version it opened)."""
         client = self.cluster.client
         assert client is not None
+        started_s = self.cluster.clock.now
         model = self.files.pop(name)
         try:
             await self.cluster.as_client(client.remove(f"/{name}"))
         except (TectofsError, OSError, asyncio.CancelledError) as exc:
             self.files[name] = model
-            model.maybe_unlinked = True
+            model.maybe_unlinked_s = started_s
             self.trace(f"client: unlink {name} failed: {type(exc).__name__}")
             return
         self.stats["unlinked"] += 1
