@@ -18,12 +18,13 @@ from tectofs.wire.leases import SESSION_BYTES, Recall
 from tectofs.wire.transport import parse_group
 
 from .blocks import BlockIO
+from .cached_opens import CachedOpens
 from .context import FileContext
 from .files import AsyncFile
 from .lease_session import LeaseSession
 from .leases import LeaseEndings
 from .metadata import MetadataClient
-from .metadata_cache import ABSENT, MISS, MetadataCache
+from .metadata_cache import ABSENT, MISS, MetadataCache, Miss
 from .metered import MeteredRpcClient
 
 AnswerT = TypeVar("AnswerT")
@@ -61,6 +62,9 @@ class Stat:
     # This client's file handle for the inode (tectofs.wire.auth): what a call naming it by number
     # shows; not part of what a stat compares or prints.
     handle: bytes = field(default=b"", repr=False, compare=False)
+    # How many extended attributes it has (None: the service did not say): what a cache holding
+    # these attributes answers the kernel's probes with.
+    xattrs: int | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_attrs(cls, attrs: messages.Attrs) -> "Stat":
@@ -176,6 +180,7 @@ class AsyncFileSystem:
         self.inline_max = 0
         self.lease_session: LeaseSession | None = None
         self.metadata_cache: MetadataCache[Stat] | None = None  # answers while leases are held (this identity's)
+        self.cached_opens = CachedOpens()  # read-only handles opened from that cache (views share it)
         # Views acting for other users answer from the cache too: set by a mount whose kernel
         # checks every caller's permissions itself (default_permissions) before it asks.
         self.views_share_cache = False
@@ -339,7 +344,24 @@ class AsyncFileSystem:
         return Stat.from_attrs(reply.attrs)
 
     async def rename(self, src: str, dst: str, noreplace: bool = False) -> None:
+        if not noreplace:
+            await self._before_removing(dst)
         await self.metadata.rename(messages.RenameRequest(src=src, dst=dst, noreplace=noreplace))
+
+    async def _before_removing(self, *names: str) -> None:
+        """This client is about to change ``names`` so that the files they name may lose their
+        last name: its handles opened from the cache take readers' leases (``cached_opens``)."""
+        if not self.cached_opens.any():
+            return
+        cache, inos = self._cached(), set[int]()
+        for path in names:
+            found = cache.lookup(path) if cache is not None else MISS
+            if isinstance(found, Miss):
+                await self.cached_opens.take_leases(None)  # which file it names is not known here
+                return
+            if isinstance(found, Stat):
+                inos.add(found.ino)
+        await self.cached_opens.take_leases(inos)
 
     async def exchange(self, a: str, b: str) -> None:
         """Atomically swap two entries (files or directories, empty or not)."""
@@ -349,6 +371,7 @@ class AsyncFileSystem:
         """Remove a name; the file goes with its last name, once no handle has it open.
         Returns what that did to the directory it was in (None from a metadata service that
         does not say)."""
+        await self._before_removing(path)
         reply = await self.metadata.unlink(messages.UnlinkRequest(path=path))
         return DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
 
@@ -357,6 +380,7 @@ class AsyncFileSystem:
         ``limits.unlink_batch_max`` per call, each call one transaction: all of its names or,
         raising the first failure, none of them."""
         change = None
+        await self._before_removing(*(paths.join(directory, name) for name in names))
         for first in range(0, len(names), limits.unlink_batch_max):
             reply = await self.metadata.unlink_many(messages.UnlinkManyRequest(
                 directory=directory, names=list(names[first : first + limits.unlink_batch_max])))
@@ -519,8 +543,22 @@ class AsyncFileSystem:
             reply = await self.metadata.create(messages.CreateRequest(
                 path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease))
             return await self._opened(path, reply, readable, writable, truncate, lease)
-        layout = await self.metadata.layout(messages.LayoutRequest(
-            path=path, reader=lease, write_only=writable and (write_only or not readable)))
+        cache = self._cached() if not writable else None
+        if cache is not None:  # a small file read before, under a lease still held: no call
+            cached = cache.layout(path, self.acting_uid)
+            if isinstance(cached, messages.LayoutSegment):
+                handle = AsyncFile(self._file_context(), path, cached, readable, False, False)
+                self.cached_opens.add(handle)
+                return handle
+
+        async def layout_call() -> messages.LayoutSegment:
+            return await self.metadata.layout(messages.LayoutRequest(
+                path=path, reader=lease, write_only=writable and (write_only or not readable)))
+
+        if cache is None:
+            layout = await layout_call()
+        else:
+            layout = await self._learning(layout_call, lambda found: cache.learned_layout(path, self.acting_uid, found))
         self.inline_max = layout.inline_max
         handle = AsyncFile(self._file_context(), path, layout, readable, writable, truncate)
         handle.hold_read_lease(lease)

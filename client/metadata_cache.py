@@ -17,7 +17,7 @@ from typing import Callable, Generic, Protocol, TypeVar, Union
 
 from tectofs import limits, paths
 from tectofs.wire.leases import Recall
-from tectofs.wire.values import Attrs, Message
+from tectofs.wire.values import Attrs, LayoutSegment, Message
 
 
 class Attributes(Protocol):
@@ -31,6 +31,9 @@ class Attributes(Protocol):
 
     @property
     def nlink(self) -> int: ...
+
+    @property
+    def xattrs(self) -> int | None: ...  # how many extended attributes (None: not said)
 
 
 StatT = TypeVar("StatT", bound=Attributes)
@@ -65,6 +68,11 @@ class MetadataCache(Generic[StatT]):
         self._xattrs: dict[int, dict[str, bytes | None]] = {}
         self._xattr_names: dict[int, list[str]] = {}
         self._linked: set[int] = set()  # cached inodes with more than one name (not directories)
+        # Layouts of small files stored whole inline, read under a lease on their attributes, with
+        # the uid that read them (a file handle in them is that user's): inode -> (uid, layout).
+        self._layouts: OrderedDict[int, tuple[int | None, LayoutSegment]] = OrderedDict()
+        self._layout_bytes = 0
+        self.layout_bytes_max = limits.metadata_cache_data_bytes_max
         self.hits = 0
         self.misses = 0
 
@@ -104,13 +112,58 @@ class MetadataCache(Generic[StatT]):
     def xattr(self, path: str, name: str) -> "bytes | None | Miss":
         """Extended attribute ``name`` of ``path``: its value, None (absent) or ``MISS``."""
         ino = self._resolve(paths.split(path))
-        values = self._xattrs.get(ino) if isinstance(ino, int) else None
-        return self._count(values.get(name, MISS) if values is not None else MISS)
+        if not isinstance(ino, int):
+            return self._count(MISS)
+        values = self._xattrs.get(ino)
+        if values is not None and name in values:
+            return self._count(values[name])
+        if name.startswith("security.") and self._has_none(ino):
+            return self._count(None)  # (user.* and trusted.* the service answers: their permissions differ)
+        return self._count(MISS)
 
     def xattr_names(self, path: str) -> "list[str] | Miss":
         ino = self._resolve(paths.split(path))
-        names = self._xattr_names.get(ino) if isinstance(ino, int) else None
+        if not isinstance(ino, int):
+            return self._count(MISS)
+        names = self._xattr_names.get(ino)
+        if names is None and self._has_none(ino):
+            names = []
         return self._count(list(names) if names is not None else MISS)
+
+    def layout(self, path: str, uid: int | None) -> "LayoutSegment | Miss":
+        """The whole layout of the small file at ``path`` (its bytes inline), as ``uid`` read it
+        under the lease that still holds its attributes, or ``MISS``."""
+        ino = self._resolve(paths.split(path))
+        held = self._layouts.get(ino) if isinstance(ino, int) else None
+        if held is None or held[0] != uid or ino not in self._attrs:
+            return self._count(MISS)
+        self._layouts.move_to_end(held[1].attrs.ino)
+        return self._count(held[1])
+
+    def learned_layout(self, path: str, uid: int | None, layout: LayoutSegment) -> None:
+        """``uid`` read ``layout`` of ``path`` (under a lease on its attributes): kept if it is
+        a small file's whole layout, bytes inline, and ``path`` is the inode it names here."""
+        if layout.first or layout.end is not None or any(block.inline is None for block in layout.blocks):
+            return
+        ino = layout.attrs.ino
+        if self._resolve(paths.split(path)) != ino or self.make is None:
+            return
+        self.attributes(self.make(layout.attrs))
+        self._drop_layout(ino)
+        self._layouts[ino] = (uid, layout)
+        self._layout_bytes += _inline_bytes(layout)
+        while self._layout_bytes > self.layout_bytes_max and self._layouts:
+            self._drop_layout(next(iter(self._layouts)))
+
+    def _drop_layout(self, ino: int) -> None:
+        held = self._layouts.pop(ino, None)
+        if held is not None:
+            self._layout_bytes -= _inline_bytes(held[1])
+
+    def _has_none(self, ino: int) -> bool:
+        """Whether the inode's cached attributes say it has no extended attributes."""
+        stat = self._attrs.get(ino)
+        return stat is not None and stat.xattrs == 0
 
     def _count(self, answer: AnswerT) -> AnswerT:
         if isinstance(answer, Miss):
@@ -289,6 +342,7 @@ class MetadataCache(Generic[StatT]):
         self._attrs.pop(ino, None)
         self._xattrs.pop(ino, None)
         self._xattr_names.pop(ino, None)
+        self._drop_layout(ino)
 
     def clear(self) -> None:
         self._linked.clear()
@@ -299,6 +353,12 @@ class MetadataCache(Generic[StatT]):
         self._attrs.clear()
         self._xattrs.clear()
         self._xattr_names.clear()
+        self._layouts.clear()
+        self._layout_bytes = 0
+
+
+def _inline_bytes(layout: LayoutSegment) -> int:
+    return sum(len(block.inline.data) for block in layout.blocks if block.inline is not None)
 
 
 def changed_paths(request: Message) -> list[str]:

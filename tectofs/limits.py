@@ -169,3 +169,4 @@ lease_recalls_per_reply_max = 16          # recalls one keepalive answer carries
 lease_recall_keys_max = 128               # names, inodes and listings one recall names (more: several recalls)
 lease_remote_changes_kept = 100_000       # peers' recalls remembered for reads that raced them
 metadata_cache_entries_max = 1_000_000     # names (and as many inodes) a leasing client keeps cached
+metadata_cache_data_bytes_max = 64 * MiB  # small files' bytes (inline layouts) a leasing client keeps cached

@@ -163,3 +163,31 @@ def test_repeated_stats_through_a_leased_mount_ask_nobody(four_clients: Any) -> 
             os.stat(f"{where}/{name}")
     asked = _meta_calls(cluster.metrics_urls["meta"]) - before
     assert asked <= 2, asked  # 20 listings and 1,000 stats of 50 files: the kernel and the cache answer
+
+
+def test_content_rewritten_anywhere_is_read_at_the_next_open_though_pages_are_kept(four_clients: Any) -> None:
+    """The kernel keeps a file's pages across opens only while they are the version an open sees
+    (``client/fuse/page_cache.py``): a rewrite elsewhere of the same size with its mtime put back
+    (``rsync -t``) is still read at the next open, through either mount."""
+    cluster, mountpoints, libraries = four_clients
+    base = f"/pages-{os.getpid()}"
+    libraries[0].mkdir(base)
+    rng = random.Random(11)
+    data = os.urandom(2000)
+    libraries[0].write_bytes(f"{base}/f", data)
+    stamp = (1_700_000_000.0, 1_700_000_000.0)
+    for step in range(30):
+        for mnt in mountpoints:  # both mounts read it (their kernels keep the pages)
+            with open(f"{mnt}{base}/f", "rb") as f:
+                assert f.read() == data, (step, mnt)
+            with open(f"{mnt}{base}/f", "rb") as f:
+                assert f.read() == data, (step, mnt)
+        data = os.urandom(2000)
+        who = rng.randrange(3)
+        if who < 2:
+            path = f"{mountpoints[who]}{base}/f"
+            with open(path, "r+b") as f:
+                f.write(data)
+            os.utime(path, stamp)
+        else:
+            libraries[1].write_bytes(f"{base}/f", data, mtime=stamp[1])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tectofs.errors import NoAttribute
 from tectofs.server.meta.leases import LeaseTable
 from tectofs.store import lease_keys
 from tectofs.wire.leases import ATTRS, ENTRY, LISTING
@@ -336,6 +337,18 @@ def test_a_leasing_clients_cache_answers_without_calls_and_sees_every_change_at_
         assert await holder.getxattr(f"{base}/d/f", "user.k") == b"v1"
         assert await holder.getxattr(f"{base}/d/f", "user.k") == b"v1"
         assert cache.hits >= hits + 52
+        # A file without extended attributes: the kernel's security.* probes cost no call.
+        await changer.write_bytes(f"{base}/d/plain", b"x")
+        assert (await holder.stat(f"{base}/d/plain")).xattrs == 0
+        hits = cache.hits
+        for _ in range(3):
+            with pytest.raises(NoAttribute):
+                await holder.getxattr(f"{base}/d/plain", "security.selinux")
+            assert await holder.listxattr(f"{base}/d/plain") == []
+        assert cache.hits == hits + 6
+        await changer.setxattr(f"{base}/d/plain", "security.label", b"l")
+        assert await holder.getxattr(f"{base}/d/plain", "security.label") == b"l"
+        assert await holder.listxattr(f"{base}/d/plain") == ["security.label"]
 
         await changer.setattr(f"{base}/d/f", mode=0o600)
         assert (await holder.stat(f"{base}/d/f")).mode & 0o777 == 0o600
@@ -379,6 +392,34 @@ def test_every_metadata_operation_is_known_to_change_or_not():
     assert not CHANGING & READING
 
 
+def test_the_store_counts_an_inodes_extended_attributes_and_counts_them_in_an_older_store(tmp_path):
+    import sqlite3
+
+    from tectofs.store import SqlStore
+    from tectofs.store.dialect import SqliteDialect
+
+    db = tmp_path / "meta.db"
+    store = SqlStore(SqliteDialect(str(db)))
+    store.tx_begin()
+    ino = store.create(["f"]).ino
+    assert store.lookup(["f"]).xattrs == 0
+    store.setxattr(["f"], "user.a", b"1")
+    store.setxattr(["f"], "user.a", b"2")  # replaced: still one
+    store.setxattr(["f"], "security.b", b"3")
+    assert store.lookup(["f"]).xattrs == 2
+    store.removexattr(["f"], "user.a")
+    assert store.lookup(["f"]).xattrs == 1
+    store.tx_commit()
+    store.conn.close()
+    with sqlite3.connect(db) as conn:  # a store made before the count: the column is added and filled
+        conn.execute("ALTER TABLE inodes DROP COLUMN xattrs")
+    store = SqlStore(SqliteDialect(str(db)))
+    store.tx_begin()
+    assert store.lookup(["f"]).xattrs == 1 and store.lookup(["f"]).ino == ino
+    assert store.lookup([]).xattrs == 0
+    store.tx_commit()
+
+
 def test_the_library_cache_keys_what_it_learned_and_forgets_what_changes_could_touch():
     from dataclasses import dataclass
 
@@ -390,6 +431,7 @@ def test_the_library_cache_keys_what_it_learned_and_forgets_what_changes_could_t
         ino: int
         kind: str = "file"
         nlink: int = 1
+        xattrs: int | None = None
 
     cache = MetadataCache[St](entries_max=100)
     cache.learned("/a/b/f", [1, 10, 11], St(20))
@@ -415,3 +457,53 @@ def test_the_library_cache_keys_what_it_learned_and_forgets_what_changes_could_t
     for i in range(5):
         small.learned(f"/f{i}", [1], St(100 + i))
     assert small.lookup("/f0") is MISS and small.lookup("/f4") == St(104)
+    # Extended attributes: attributes that say "none" answer security.* probes and listings;
+    # user.* (whose permissions the service checks) and an unknown count still ask.
+    cache.learned("/x0", [1], St(30, xattrs=0))
+    cache.learned("/x1", [1], St(31, xattrs=1))
+    cache.learned("/xu", [1], St(32))
+    assert cache.xattr("/x0", "security.selinux") is None and cache.xattr_names("/x0") == []
+    assert cache.xattr("/x0", "user.a") is MISS
+    assert cache.xattr("/x1", "security.selinux") is MISS and cache.xattr_names("/x1") is MISS
+    assert cache.xattr("/xu", "security.capability") is MISS and cache.xattr_names("/xu") is MISS
+    cache.forget_path("/x0")  # an own setxattr: the count is stale
+    assert cache.xattr("/x0", "security.selinux") is MISS
+
+
+@pytest.mark.slow
+def test_a_small_file_read_again_opens_from_the_cache_and_an_own_unlink_keeps_it_alive_while_open(leased_cluster):
+    """``MetadataCache.layout``: a small file's second read-only open costs no call; another
+    client's write is read at the next open; this client's own unlink of a file it has open
+    that way leaves the inode alive (nlink 0) until the handle closes (``client/cached_opens.py``)."""
+    from tectofs.errors import StaleFile
+    from tectofs.wire import messages
+
+    async def scenario():
+        holder, changer, _ = await _holder_and_changer(leased_cluster)
+        cache = holder.metadata_cache
+        assert cache is not None
+        base = f"/opens-{os.getpid()}"
+        await changer.mkdir(base)
+        await changer.write_bytes(f"{base}/small", b"first")
+        await holder.stat(f"{base}/small")
+        assert await holder.read_bytes(f"{base}/small") == b"first"  # learns the layout
+        hits = cache.hits
+        assert await holder.read_bytes(f"{base}/small") == b"first"
+        assert cache.hits > hits  # from the cache
+        await changer.write_bytes(f"{base}/small", b"second, longer")
+        assert await holder.read_bytes(f"{base}/small") == b"second, longer"
+
+        handle = await holder.open(f"{base}/small", "rb")
+        assert handle in list(holder.cached_opens._open.get(handle.ino, ()))
+        await holder.remove(f"{base}/small")
+        assert await handle.read(0, 100) == b"second, longer"
+        alive = await holder.metadata.getattr(messages.InoRequest(ino=handle.ino, handle=handle.handle))
+        assert alive.attrs.nlink == 0
+        await handle.close()
+        await holder.lease_endings.flush()
+        await changer.lease_endings.flush()  # (its first write went through a handle too)
+        with pytest.raises(StaleFile):
+            await holder.metadata.getattr(messages.InoRequest(ino=handle.ino, handle=handle.handle))
+        await holder.close()
+        await changer.close()
+    run(scenario())

@@ -8,8 +8,9 @@ at open): its reads, writes and commits are the opener's, whoever shares the des
 Within one mount a new descriptor reads what the file's other descriptors wrote (their
 changes are committed first, ``OpenFiles.commit_peers``), as on a local disk.
 
-The kernel keeps no page cache across opens (``keep_cache=False``), and an open that finds
-the file committed by someone else since the kernel last saw its attributes invalidates them
+The kernel keeps a file's page cache across opens only while it holds the very version the
+new open sees (``page_cache.py``), and an open that finds the file committed by someone else
+since the kernel last saw its attributes invalidates them
 (``KernelCache.changed_since_reported``), so reads see the new size.
 """
 
@@ -30,8 +31,8 @@ _ACCESS_MODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 class FileOperations(MountState, pyfuse3.Operations):
     """File handlers (see the module docstring); namespace handlers: ``operations.py``."""
 
-    def _file_info(self, fh: int) -> pyfuse3.FileInfo:
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False)  # pyfuse3's default would keep the page cache
+    def _file_info(self, fh: int, keep_cache: bool = False) -> pyfuse3.FileInfo:
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)  # (pyfuse3's default would keep it always)
 
     @handler
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -53,6 +54,7 @@ class FileOperations(MountState, pyfuse3.Operations):
             self.follow(parent_inode, text, change, present=True)
         file.readable = True  # the kernel enforces the access mode of each descriptor
         fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=True)
+        self.page_cache.opened(file, [])  # a writer: the record goes
         self.named(parent_inode, text, file.ino)
         return self._file_info(fh), self.entry(Stat.from_attrs(file.attrs))
 
@@ -84,7 +86,8 @@ class FileOperations(MountState, pyfuse3.Operations):
             self.cache.invalidate_inode(inode)  # committed elsewhere since the kernel last saw it
         fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=client_mode == "w+b")
         await self.files.commit_peers(self.files.get(fh))
-        return self._file_info(fh)
+        others = [h.file for h in self.files.of(inode) if h.file is not file]
+        return self._file_info(fh, keep_cache=self.page_cache.opened(file, others))
 
     @handler
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -115,6 +118,7 @@ class FileOperations(MountState, pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         handle = self.files.unregister(fh)
         if handle is not None:
+            self.page_cache.closed(handle.file)
             async with handle.lock:
                 await handle.file.close()
 

@@ -23,6 +23,7 @@ from tectofs.client.fuse.handles import OpenFile, OpenFiles
 from tectofs.client.fuse.inodes import InodeTable
 from tectofs.client.fuse.kernel_cache import KernelCache
 from tectofs.client.fuse.listings import KnownListings
+from tectofs.client.fuse.page_cache import PageCacheVersions
 from tectofs.client.fuse.readdir import OpenListings
 from tectofs.client.fuse.users import Caller, Callers, Identity, on_view
 from tectofs.errors import NotFound, PermissionDenied, StaleFile, TectofsError
@@ -47,6 +48,7 @@ class MountState:
         self.callers = callers or Callers()
         self.inodes = InodeTable()
         self.files = OpenFiles()
+        self.page_cache = PageCacheVersions()  # which version of a file the kernel's pages hold
         self.open_listings = OpenListings(attributes_fresh_s=cache.attr_timeout_s)
         self.fresh = FreshAttributes(cache.attr_timeout_s)
         # With leases, absent names are answered by the client's cache, coherently: the

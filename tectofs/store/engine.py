@@ -75,17 +75,17 @@ _SPECIAL = {statmod.S_IFIFO: "p", statmod.S_IFSOCK: "s", statmod.S_IFCHR: "c", s
 _ENTRY_BYTES_MAX = 320
 _ATTR_COLUMNS = (
     "ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min,"
-    " rdev"
+    " rdev, xattrs"
 )
 _JOINED_ATTR_COLUMNS = ", ".join("i." + c.strip() for c in _ATTR_COLUMNS.split(","))  # of inodes joined as i
 
 def _attrs(row: Iterable[Any]) -> Attrs:
     (ino, kind, mode, uid, gid, size, atime, mtime, ctime, nlink, policy, block_size, target, parent, stored, write_min,
-     rdev) = row
+     rdev, xattrs) = row
     return Attrs(
         ino=ino, kind=_KINDS[kind], mode=mode, uid=uid, gid=gid, size=size, atime=atime, mtime=mtime, ctime=ctime,
         nlink=nlink, policy=policy, block_size=block_size, target=target, parent=parent, stored=stored,
-        write_min=write_min, rdev=rdev,
+        write_min=write_min, rdev=rdev, xattrs=xattrs,
     )
 
 
@@ -315,7 +315,7 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         ino = self._next("ino")
         now = self.clock()
         row = (ino, kind, mode, uid, gid, len(target.encode()) if target else 0, now, now, now, 2 if kind == "d" else 1,
-               policy or parent.policy, block_size or parent.block_size, target, parent.ino, 0, write_min, rdev)
+               policy or parent.policy, block_size or parent.block_size, target, parent.ino, 0, write_min, rdev, 0)
         self._x(f"INSERT INTO inodes ({_ATTR_COLUMNS}) VALUES ({', '.join('?' * len(row))})", row)
         self._x("INSERT INTO names (parent, name, ino) VALUES (?, ?, ?)", (parent.ino, name, ino))
         self._touch(parent.ino, now, nlink_delta=1 if kind == "d" else 0)

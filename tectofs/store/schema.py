@@ -70,6 +70,10 @@ ADDED_COLUMNS = [
      "UPDATE inodes SET stored = (SELECT COALESCE(SUM(valid - start), 0) FROM blocks WHERE blocks.ino = inodes.ino)"),
     # a chunk server's Prometheus URL (NULL: off); filled in by the next heartbeat of a running server
     ("servers", "metrics_url", "metrics_url TEXT", None),
+    # how many extended attributes the inode has: a client holding its attributes answers
+    # "none" to the kernel's probes (security.selinux at ls -l, security.capability at writes) itself
+    ("inodes", "xattrs", "xattrs INTEGER NOT NULL DEFAULT 0",
+     "UPDATE inodes SET xattrs = (SELECT COUNT(*) FROM xattrs WHERE xattrs.ino = inodes.ino)"),
 ]
 
 # Columns widened since the first release, on PostgreSQL (SQLite's integers are 64-bit

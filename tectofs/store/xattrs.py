@@ -104,11 +104,11 @@ class ExtendedAttributes(StoreParts):
             " ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
             (ino, name, value.hex()),
         )
-        self._x("UPDATE inodes SET ctime = ? WHERE ino = ?", (self.clock(), ino))
+        self._x("UPDATE inodes SET ctime = ?, xattrs = xattrs + ? WHERE ino = ?", (self.clock(), 0 if exists else 1, ino))
 
     def removexattr(self, parts: list[str], name: str, *, caller: Caller | None = None) -> None:
         """Remove attribute ``name``; NoAttribute if there is none."""
         attrs = self._xattr_target(parts, name, caller, writing=True)
         if not self._x("DELETE FROM xattrs WHERE ino = ? AND name = ?", (attrs.ino, name)).rowcount:
             raise NoAttribute(f"{_p(parts)} has no attribute {name!r}")
-        self._x("UPDATE inodes SET ctime = ? WHERE ino = ?", (self.clock(), attrs.ino))
+        self._x("UPDATE inodes SET ctime = ?, xattrs = xattrs - 1 WHERE ino = ?", (self.clock(), attrs.ino))

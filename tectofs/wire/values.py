@@ -68,6 +68,9 @@ class Attrs(Message, frozen=True, kw_only=True):
     write_min: Int64 = 0  # chunks a block needs to be accepted (0: the policy's default)
     rdev: Int64 = 0  # a char or block device node's device number
     handle: Handle = b""  # for the caller's uid: present it to name this inode by number (tectofs.wire.auth)
+    # how many extended attributes it has (None: a service too old to say); a client holding
+    # these attributes under a lease answers the probes of an inode that has none itself
+    xattrs: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] | None = None
 
 
 Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
