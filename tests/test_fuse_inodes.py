@@ -99,6 +99,31 @@ def test_a_parent_loop_is_stale_not_a_hang() -> None:
         table.path(3)
 
 
+def test_pages_are_kept_across_opens_only_while_they_hold_the_version_an_open_sees() -> None:
+    """``page_cache.py``: keep_cache only for the recorded version, with no writer and no
+    handle of another version open or closed since."""
+    from types import SimpleNamespace
+
+    from tectofs.client.fuse.page_cache import PageCacheVersions
+
+    def file(ctime: float, writable: bool = False, size: int = 10) -> Any:
+        return SimpleNamespace(ino=7, writable=writable, attrs=SimpleNamespace(size=size, mtime=1.0, ctime=ctime))
+
+    pages = PageCacheVersions()
+    assert not pages.opened(file(1.0), [])  # nothing recorded: the kernel drops what it has
+    assert pages.opened(file(1.0), [])  # the same version again: kept
+    assert not pages.opened(file(2.0), [])  # committed since (same size and mtime, new ctime)
+    assert pages.opened(file(2.0), [])
+    old = file(2.0)
+    assert not pages.opened(file(3.0), [old])  # a handle of version 2 still open: no record
+    assert not pages.opened(file(3.0), [])
+    pages.closed(old)  # it may have read version-2 pages back in after that open
+    assert not pages.opened(file(3.0), [])
+    assert pages.opened(file(3.0), [])
+    assert not pages.opened(file(3.0, writable=True), [])  # a writer of this mount: the record goes
+    assert not pages.opened(file(3.0), [])
+
+
 def test_kernel_cache_policy_and_invalidations(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = KernelCache(attr_timeout_s=1.5)
     entry = cache.timeouts(pyfuse3.EntryAttributes())
