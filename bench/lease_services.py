@@ -12,7 +12,9 @@ of each, then ``creates under a watcher``: a client holding leases (on the last 
 the directory every 100 creates, so creates keep recalling its listing. Reported: operations per
 second (medians over rounds), the 2-service/1-service ratio of each, and the watched/unwatched
 ratio of creates. On one host the services share its cores with PostgreSQL and the client: the
-numbers say what coordination costs, not what more hosts would add (``bench/SCALE.md`` models N).
+numbers say what coordination costs, not what more hosts would add: for that, the CPU each
+operation cost the services (``/proc``) gives a model of N services on N hosts
+(:func:`services_model`, printed after the table; ``bench/SCALE.md`` carries it).
 """
 
 from __future__ import annotations
@@ -45,7 +47,19 @@ async def _spread(count: int, concurrency: int, clients: list[Any], one: Callabl
     return count / (time.perf_counter() - started)
 
 
-async def _measure(addresses: list[str], credential: str, files: int, concurrency: int) -> dict[str, float]:
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` used so far (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15)
+    return total
+
+
+async def _measure(addresses: list[str], credential: str, files: int, concurrency: int,
+                   service_pids: list[int]) -> dict[str, float]:
     from tectofs.client.core import AsyncFileSystem
 
     clients = [AsyncFileSystem(a, credential) for a in addresses]
@@ -71,10 +85,13 @@ async def _measure(addresses: list[str], credential: str, files: int, concurrenc
             if i % 100 == 0:
                 await watcher.scandir("/watched")
 
-        rates = {"create": await _spread(files, concurrency, clients, create),
-                 "stat": await _spread(files, concurrency, clients, stat)}
-        await watcher.scandir("/watched")
-        rates["create_watched"] = await _spread(files, concurrency, clients, create_watched)
+        rates: dict[str, float] = {}
+        for kind, one in (("create", create), ("stat", stat), ("create_watched", create_watched)):
+            if kind == "create_watched":
+                await watcher.scandir("/watched")
+            cpu = _cpu_s(service_pids)
+            rates[kind] = await _spread(files, concurrency, clients, one)
+            rates[f"{kind}_cpu_ms_per_op"] = 1000 * (_cpu_s(service_pids) - cpu) / files  # all services together
         rates["recalls_acknowledged"] = float(watcher.lease_session.recalls_done)
         return rates
     finally:
@@ -96,7 +113,9 @@ def one_round(services: int, files: int, concurrency: int, pg_url: str) -> dict[
                 address, process = cluster.start_extra_meta()
                 addresses.append(address)
                 extra.append(process)
-            return asyncio.run(_measure(addresses, cluster.credential_file, files, concurrency))
+            assert cluster.meta_process is not None
+            pids = [cluster.meta_process.pid, *(p.pid for p in extra)]
+            return asyncio.run(_measure(addresses, cluster.credential_file, files, concurrency, pids))
         finally:
             for process in extra:
                 process.terminate()
@@ -115,8 +134,8 @@ def run(files: int, concurrency: int, rounds: int) -> dict[str, Any]:
         for r in range(rounds):
             for services in ((1, 2) if r % 2 == 0 else (2, 1)):
                 rates = one_round(services, files, concurrency, pg_url)
-                print(f"round {r + 1}, {services} service(s): " + ", ".join(f"{k} {v:,.0f}" for k, v in rates.items()),
-                      flush=True)
+                print(f"round {r + 1}, {services} service(s): " + ", ".join(
+                    f"{k} {v:.3f}" if k.endswith("_per_op") else f"{k} {v:,.0f}" for k, v in rates.items()), flush=True)
                 for kind, value in rates.items():
                     samples[services].setdefault(kind, []).append(value)
     medians = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
@@ -126,7 +145,53 @@ def run(files: int, concurrency: int, rounds: int) -> dict[str, Any]:
     ratios.update({f"creates watched / unwatched, {n} service(s)": round(
         medians[n]["create_watched"] / medians[n]["create"], 3) for n in (1, 2)})
     return {"benchmark": "lease_services", "files": files, "concurrency": concurrency, "rounds": rounds,
-            "samples": samples, "medians": medians, "rows": rows, "ratios": ratios}
+            "samples": samples, "medians": medians, "rows": rows, "ratios": ratios,
+            "model": services_model(medians)}
+
+
+def services_model(medians: dict[int, dict[str, float]], counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, Any]:
+    """Metadata operations per second for N services, each on a host of its own, from the CPU
+    the services spent per operation with 1 and with 2 of them (``*_cpu_ms_per_op``: all
+    services together). A read costs its service alone: N services serve N times one's reads.
+    A change costs its service ``c`` and, with peers, each peer ``p`` more (the recall it is
+    told of on the LISTEN/NOTIFY channel, its heartbeat share): with two services the pair
+    spends ``c + p`` per change, so ``p`` is that minus one service's ``c``; N services spend
+    ``c + (N - 1) p`` per change, and serve ``N / (c + (N - 1) p)`` changes a second when each
+    host's service is CPU-bound (a Python service uses about one core). PostgreSQL's own
+    limit (its commits, one per change) is not modelled: it is measured on the same host here."""
+    c = medians[1]["create_cpu_ms_per_op"] / 1000
+    p = max(0.0, medians[2]["create_cpu_ms_per_op"] / 1000 - c)
+    read = medians[1]["stat_cpu_ms_per_op"] / 1000
+    rows = [{"services": n, "changes/s": round(n / (c + (n - 1) * p)), "reads/s": round(n / read)} for n in counts]
+    return {"change_cpu_s": c, "peer_cpu_s_per_change": p, "read_cpu_s": read, "rows": rows,
+            "changes_ceiling_per_s": round(1 / p) if p else None}
+
+
+def render_model(result: dict[str, Any]) -> list[str]:
+    """``bench/SCALE.md``'s section on N metadata services, from a result of :func:`run`."""
+    model = result["model"]
+    ceiling = model["changes_ceiling_per_s"]
+    lines = [
+        "## Several metadata services (one PostgreSQL store, a host each)",
+        "",
+        f"Measured by `python3 -m tectofs.benchmarks.lease_services --files {result['files']} --concurrency"
+        f" {result['concurrency']} --rounds {result['rounds']}` (commit {result.get('commit', '?')}, medians): every"
+        " service's CPU per operation (`/proc`), with 1 and with 2 services on this host. A change costs the"
+        f" service that makes it {1000 * model['change_cpu_s']:.3f} ms of CPU and each peer"
+        f" {1000 * model['peer_cpu_s_per_change']:.3f} ms (its share of the recall channel and the heartbeats);"
+        f" a read {1000 * model['read_cpu_s']:.3f} ms of its own service alone. With a CPU-bound service per host:",
+        "",
+        "| services | changes/s | reads/s |",
+        "|---|---|---|",
+        *(f"| {row['services']} | {row['changes/s']:,} | {row['reads/s']:,} |" for row in model["rows"]),
+        "",
+        "Reads scale with the services; changes scale while the peers' share is small against a change's own"
+        " cost" + (f", towards {ceiling:,}/s (every service then spends its core on the others' recalls)"
+                   if ceiling else "") + ". Not modelled: PostgreSQL's own commit rate (one commit per change;"
+        " measured on this host with everything else) and the clients' round trips.",
+        "",
+    ]
+    return lines
 
 
 def main() -> None:
@@ -138,6 +203,11 @@ def main() -> None:
     args = parser.parse_args()
     result = run(args.files, args.concurrency, args.rounds)
     print_table(result)
+    model = result["model"]
+    print(f"model: a change costs its service {1000 * model['change_cpu_s']:.3f} ms of CPU and each peer"
+          f" {1000 * model['peer_cpu_s_per_change']:.3f} ms; a read {1000 * model['read_cpu_s']:.3f} ms")
+    for row in model["rows"]:
+        print(f"  {row['services']:>2} services: {row['changes/s']:>8,} changes/s  {row['reads/s']:>9,} reads/s")
     print("wrote", write_results(args.out, "lease_services", result))
 
 
