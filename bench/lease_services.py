@@ -175,7 +175,8 @@ def render_model(result: dict[str, Any]) -> list[str]:
         "## Several metadata services (one PostgreSQL store, a host each)",
         "",
         f"Measured by `python3 -m tectofs.benchmarks.lease_services --files {result['files']} --concurrency"
-        f" {result['concurrency']} --rounds {result['rounds']}` (commit {result.get('commit', '?')}, medians): every"
+        f" {result['concurrency']} --rounds {result['rounds']}` (commit {str(result.get('commit', '?'))[:10]}"
+        + (" with the changes that followed it" if result.get("uncommitted_changes") else "") + ", medians): every"
         " service's CPU per operation (`/proc`), with 1 and with 2 services on this host. A change costs the"
         f" service that makes it {1000 * model['change_cpu_s']:.3f} ms of CPU and each peer"
         f" {1000 * model['peer_cpu_s_per_change']:.3f} ms (its share of the recall channel and the heartbeats);"

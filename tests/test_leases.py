@@ -392,6 +392,18 @@ def test_every_metadata_operation_is_known_to_change_or_not():
     assert not CHANGING & READING
 
 
+def test_a_peer_notification_carries_every_key_in_parts_postgresql_accepts():
+    import json
+
+    from tectofs.server.meta.lease_peers import PART_BYTES_MAX, _parts
+
+    keys = [(ENTRY, 7, "é" * 255), *((ATTRS, i) for i in range(500)), (LISTING, 7)]
+    parts = _parts(keys, "ab")
+    assert len(parts) > 1 and all(len(json.dumps(p["keys"])) <= PART_BYTES_MAX for p in parts)
+    assert [tuple(k) for p in parts for k in p["keys"]] == keys and {p["by"] for p in parts} == {"ab"}
+    assert _parts([], "ab") == [{"by": "ab", "keys": []}]
+
+
 def test_the_store_counts_an_inodes_extended_attributes_and_counts_them_in_an_older_store(tmp_path):
     import sqlite3
 

@@ -27,6 +27,10 @@ A change is told only to the peers that hold sessions (their rows say how many),
 whose clients hold no leases (the plugin's, the S3 gateway's) cost nothing. The price: a service
 whose row said it had no sessions renews none until its peers have read a row that says it has
 (two heartbeats, ``lease_s / 2``); a client's first lease takes that long.
+
+Recalls and heartbeats go on the shared channel; an acknowledgement goes on the channel of the
+service it answers alone (``tectofs_leases_<id>``), so a change costs each peer one message
+received and one sent, whatever the number of services (not one per peer's acknowledgement).
 """
 
 from __future__ import annotations
@@ -44,9 +48,40 @@ from .leases import LeaseTable
 log = logging.getLogger("tectofs.meta")
 
 CHANNEL = "tectofs_leases"
-PAYLOAD_KEYS_MAX = 60  # keys per notification (PostgreSQL's payload is at most 8000 bytes)
+PAYLOAD_BYTES_MAX = 7000  # of the changes in one notification (PostgreSQL's payload is under 8000 bytes)
+PART_BYTES_MAX = 3000  # of one change's keys: a change with more is told in several parts
 SCHEMA = ("CREATE TABLE IF NOT EXISTS lease_services"
           " (id TEXT PRIMARY KEY, seen TIMESTAMPTZ NOT NULL, sessions INT NOT NULL DEFAULT 0)")
+
+
+def _size(part: dict[str, Any]) -> int:
+    return len(json.dumps(part)) + 2
+
+
+def _parts(keys: list[LeaseKey], by: str) -> list[dict[str, Any]]:
+    """``keys`` changed by session ``by`` (hex), cut into parts of at most ``PART_BYTES_MAX``
+    bytes of JSON each (a name is at most 255 bytes: every key fits)."""
+    parts: list[dict[str, Any]] = []
+    current: list[list[Any]] = []
+    size = 0
+    for key in keys:
+        item = list(key)
+        length = len(json.dumps(item)) + 2
+        if current and size + length > PART_BYTES_MAX:
+            parts.append({"by": by, "keys": current})
+            current, size = [], 0
+        current.append(item)
+        size += length
+    if current or not parts:
+        parts.append({"by": by, "keys": current})
+    return parts
+
+
+def _ack_channel(service_id: str) -> str:
+    """The channel the acknowledgements to ``service_id`` (16 hex digits) go on."""
+    if len(service_id) != 16 or any(c not in "0123456789abcdef" for c in service_id):
+        raise ValueError(f"not a service id: {service_id[:40]!r}")
+    return f"{CHANNEL}_{service_id}"
 
 
 class LeasePeers:
@@ -66,6 +101,8 @@ class LeasePeers:
         self._beats_sent = 0
         self._beats_heard = 0
         self._published: list[int] = []
+        self._outbox: list[dict[str, Any]] = []  # changes to tell the peers of, waiting for the sender
+        self._sender: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         import psycopg  # type: ignore[import-not-found]
@@ -74,6 +111,7 @@ class LeasePeers:
         self._send = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
         await self._send.execute(SCHEMA)
         await self._listen.execute(f"LISTEN {CHANNEL}")
+        await self._listen.execute(f"LISTEN {_ack_channel(self.id)}")
         self.table.renewing = False
         await self._beat()
         loop = asyncio.get_running_loop()
@@ -93,19 +131,20 @@ class LeasePeers:
 
     async def recall(self, keys: set[LeaseKey], changed_by: bytes) -> None:
         """Have every live peer recall ``keys`` from its sessions; wait until each acknowledged,
-        or ``2 * lease_s``."""
+        or ``2 * lease_s``. Changes made while a notification is being sent go out together in
+        the next one (``_send_recalls``), so under load a notification carries many."""
         peers = set(self.live)
-        if not peers:
+        if not peers or not keys:
             return
-        ordered = sorted(keys, key=repr)
         waits = []
-        for start in range(0, len(ordered), PAYLOAD_KEYS_MAX):
+        for part in _parts(sorted(keys, key=repr), changed_by.hex()):
             change = secrets.token_hex(8)
             done = asyncio.Event()
             self._waiting[change] = (set(peers), done)
             waits.append((change, done))
-            await self._notify({"kind": "recall", "from": self.id, "change": change, "by": changed_by.hex(),
-                                "keys": [list(k) for k in ordered[start:start + PAYLOAD_KEYS_MAX]]})
+            self._outbox.append({"change": change, **part})
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send_recalls())
         try:
             await asyncio.wait_for(asyncio.gather(*(done.wait() for _, done in waits)), 2 * self.table.lease_s)
         except asyncio.TimeoutError:
@@ -115,10 +154,22 @@ class LeasePeers:
             for change, _ in waits:
                 self._waiting.pop(change, None)
 
-    async def _notify(self, message: dict[str, Any]) -> None:
-        async with self._send_lock:
-            await self._send.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(message)))
+    async def _send_recalls(self) -> None:
+        """Send what ``recall`` queued, as few notifications as their size allows."""
+        while self._outbox:
+            batch: list[dict[str, Any]] = []
+            size = 0
+            while self._outbox and (not batch or size + _size(self._outbox[0]) <= PAYLOAD_BYTES_MAX):
+                size += _size(self._outbox[0])
+                batch.append(self._outbox.pop(0))
+            try:
+                await self._notify({"kind": "recall", "from": self.id, "changes": batch})
+            except Exception as exc:  # their callers wait out 2 * lease_s, as for a peer that did not answer
+                self._unsound(f"cannot send a recall: {exc}")
 
+    async def _notify(self, message: dict[str, Any], channel: str = CHANNEL) -> None:
+        async with self._send_lock:
+            await self._send.execute("SELECT pg_notify(%s, %s)", (channel, json.dumps(message)))
 
     # ------------------------------------------------------------------ receiving
 
@@ -134,21 +185,27 @@ class LeasePeers:
                 elif message.get("kind") == "recall" and message.get("from") != self.id:
                     asyncio.get_running_loop().create_task(self._recall_for_peer(message))
                 elif message.get("kind") == "ack" and message.get("to") == self.id:
-                    waiting = self._waiting.get(message.get("change", ""))
-                    if waiting is not None:
-                        waiting[0].discard(message.get("from", ""))
-                        if not waiting[0]:
-                            waiting[1].set()
+                    for change in message.get("changes", []):
+                        waiting = self._waiting.get(change)
+                        if waiting is not None:
+                            waiting[0].discard(message.get("from", ""))
+                            if not waiting[0]:
+                                waiting[1].set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._unsound(f"the lease channel failed: {exc}")
 
     async def _recall_for_peer(self, message: dict[str, Any]) -> None:
-        keys = [tuple(k) for k in message.get("keys", [])]
-        await self.table.recall(keys, changed_by=bytes.fromhex(message.get("by", "")), remote=True)
+        """Recall every change of a peer's notification from this service's sessions, then
+        acknowledge them all in one notification to that peer."""
+        changes = [c for c in message.get("changes", []) if isinstance(c, dict)]
+        await asyncio.gather(*(self.table.recall([tuple(k) for k in c.get("keys", [])],
+                                                 changed_by=bytes.fromhex(c.get("by", "")), remote=True)
+                               for c in changes))
         try:
-            await self._notify({"kind": "ack", "to": message["from"], "change": message["change"], "from": self.id})
+            await self._notify({"kind": "ack", "to": message["from"], "from": self.id,
+                                "changes": [c["change"] for c in changes]}, _ack_channel(str(message["from"])))
         except Exception as exc:
             self._unsound(f"cannot acknowledge a recall: {exc}")
 
