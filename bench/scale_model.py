@@ -35,7 +35,7 @@ MiB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_BURST = os.path.join(HERE, "results", "burst.json")
 DEFAULT_FIGURES = os.path.join(HERE, "scale_figures.json")
-DEFAULT_LEASE_SERVICES = os.path.join(HERE, "results", "lease_services.json")
+
 
 
 @dataclass
@@ -410,9 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--figures", default=DEFAULT_FIGURES,
                         help="measured figures to model from when there are no burst results (a --json output; "
                              "default: bench/scale_figures.json, what SCALE.md was made from)")
-    parser.add_argument("--lease-services", default=DEFAULT_LEASE_SERVICES,
-                        help="results of lease_services.py: adds the section on N metadata services (default:"
-                             " bench/results/lease_services.json, if there)")
+    parser.add_argument("--lease-services", default=None,
+                        help="results of lease_services.py for the section on N metadata services (default: the"
+                             " 'lease_services' of --figures, what SCALE.md was made from)")
     parser.add_argument("--out", default=os.path.join(HERE, "SCALE.md"))
     parser.add_argument("--json", default=None, help="also write inputs and results as JSON here")
     for group in (Job, Storage):
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     storage = Storage(**{f.name: getattr(args, f.name) for f in fields(Storage)})
     out = model(job, storage, figures)
     text = render(job, storage, figures, out, sources)
-    services = _load(args.lease_services) if os.path.exists(args.lease_services) else None
+    services = _load(args.lease_services) if args.lease_services else (_load(args.figures) or {}).get("lease_services")
     if services is not None and "model" in services:
         from tectofs.benchmarks.lease_services import render_model
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import threading
@@ -192,18 +193,24 @@ class AsyncFileSystem:
             self.metadata_cache = MetadataCache[Stat](make=Stat.from_attrs)
             self.lease_session.listeners.append(self._recalled)
             self.metadata.on_change = self._changed
+            self.metadata.lease_token = self.lease_session.token
             self.lease_session.start()
 
     async def _recalled(self, recall: "Recall | None") -> None:
         if self.metadata_cache is not None:
             self.metadata_cache.forget(recall)
 
-    def _changed(self, operation: str, request: messages.Message, reply: messages.Message | None) -> None:
-        """This client (or a view of it) made a change (``reply`` None: it failed, or may have
-        succeeded unseen): answers on their way are not kept, and the cache learns or forgets."""
+    def _changed(self, operation: str, request: messages.Message, reply: messages.Message | None,
+                 began: tuple[int, int] | None, uid: int | None = None) -> None:
+        """This client (or its view acting as ``uid``) made a change (``reply`` None: it failed,
+        or may have succeeded unseen): answers on their way are not kept, and the cache learns
+        or forgets. ``began``: the lease session's token when the call began; if no recall, lost
+        lease nor other change of this client's came between, what the reply holds under the
+        lease granted with it may be kept (``MetadataCache.changed_by_self``)."""
         assert self.lease_session is not None and self.metadata_cache is not None
+        fresh = began is not None and self.lease_session.still_token(began)
         self.lease_session.note_own_change()
-        self.metadata_cache.changed_by_self(operation, request, reply)
+        self.metadata_cache.changed_by_self(operation, request, reply, uid if fresh else False)
 
     def _cached(self) -> "MetadataCache[Stat] | None":
         """The cache this client may answer from now (a view acting for another user has none,
@@ -232,7 +239,9 @@ class AsyncFileSystem:
             view.meta_rpc.session = self.rpc.session  # its calls are this client's: its leases, its changes
             view.meta_rpc.authenticate(self.meta_address, auth.ClientAuth(credential=self.credential, act_as=key))
             view.metadata = MetadataClient(view.meta_rpc, self.meta_address)
-            view.metadata.on_change = self.metadata.on_change  # its changes are this client's too
+            if self.lease_session is not None:  # its changes are this client's too
+                view.metadata.on_change = functools.partial(self._changed, uid=uid)
+                view.metadata.lease_token = self.lease_session.token
             view.acting_uid = uid
             while len(self._views) >= limits.acting_views_max:
                 oldest = self._views.pop(next(iter(self._views)))  # the least recently used

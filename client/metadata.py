@@ -43,17 +43,21 @@ class MetadataClient:
     def __init__(self, rpc: RpcClient, address: str) -> None:
         self.rpc = rpc
         self.address = address
-        # Told of every CHANGING call: its name, request and reply (None: it failed).
-        self.on_change: Callable[[str, messages.Message, messages.Message | None], None] | None = None
+        # Told of every CHANGING call: its name, request, reply (None: it failed) and the lease
+        # session's token when it began (``lease_token``; None without).
+        self.on_change: Callable[[str, messages.Message, messages.Message | None, tuple[int, int] | None],
+                                 None] | None = None
+        self.lease_token: Callable[[], tuple[int, int]] | None = None  # LeaseSession.token (client/lease_session.py)
 
     async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
         """One call of ``operation``: its reply, or the service's error raised."""
         reply: ReplyT | None = None
+        began = self.lease_token() if self.lease_token is not None else None
         try:
             reply, _ = await self.rpc.call(self.address, operation, request)
         finally:
             if self.on_change is not None and operation.name in CHANGING:
-                self.on_change(operation.name, request, reply)
+                self.on_change(operation.name, request, reply, began)
         return reply
 
     async def lookup(self, request: messages.PathRequest) -> messages.AttrsReply:

@@ -13,7 +13,7 @@ and as many inodes, least recently used first out.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Generic, Protocol, TypeVar, Union
+from typing import Callable, Generic, Literal, Protocol, TypeVar, Union
 
 from tectofs import limits, paths
 from tectofs.wire.leases import Recall
@@ -143,11 +143,12 @@ class MetadataCache(Generic[StatT]):
     def learned_layout(self, path: str, uid: int | None, layout: LayoutSegment) -> None:
         """``uid`` read ``layout`` of ``path`` (under a lease on its attributes): kept if it is
         a small file's whole layout, bytes inline, and ``path`` is the inode it names here."""
-        if layout.first or layout.end is not None or any(block.inline is None for block in layout.blocks):
-            return
+        if self.make is not None and _whole_inline(layout) and self._resolve(paths.split(path)) == layout.attrs.ino:
+            self._keep_layout(uid, layout)
+
+    def _keep_layout(self, uid: int | None, layout: LayoutSegment) -> None:
+        assert self.make is not None
         ino = layout.attrs.ino
-        if self._resolve(paths.split(path)) != ino or self.make is None:
-            return
         self.attributes(self.make(layout.attrs))
         self._drop_layout(ino)
         self._layouts[ino] = (uid, layout)
@@ -252,13 +253,21 @@ class MetadataCache(Generic[StatT]):
         for directory in recall.listings:
             self._drop_listing(directory)
 
-    def changed_by_self(self, operation: str, request: Message, reply: "Message | None") -> None:
+    def changed_by_self(self, operation: str, request: Message, reply: "Message | None",
+                        fresh_for: "int | None | Literal[False]" = False) -> None:
         """This client's own ``operation`` with ``request`` answered ``reply`` (None: it failed,
         or may have succeeded unseen). The service recalls nothing from the client that made a
         change: the cache learns the new names from the reply (so a directory it made stays
-        complete through its creates), or forgets what the request named."""
+        complete through its creates), or forgets what the request named. ``fresh_for``: the
+        uid the call was made as (None: the client's own) when no recall crossed it (False: one
+        may have): a commit's answer, the file's new layout, leased to it, is then kept."""
         if reply is not None and self.make is not None:
             if self._learned_own(operation, request, reply):
+                return
+            if (operation == "commit" and fresh_for is not False and isinstance(reply, LayoutSegment)
+                    and _whole_inline(reply)):
+                self.forget_inode(reply.attrs.ino)  # its listing entry, its old attributes
+                self._keep_layout(fresh_for, reply)
                 return
         for path in changed_paths(request):
             self.forget_path(path)
@@ -291,6 +300,7 @@ class MetadataCache(Generic[StatT]):
             return False
         stat = self.make(attrs)
         self._own_name(parent, parts[-1], stat.ino)
+        self.forget_inode(stat.ino)  # a create may have replaced its content (inline) and extended attributes
         self.attributes(stat)
         if operation == "mkdir" and not getattr(request, "exist_ok", True):
             self._complete.add(stat.ino)  # new and empty, and its listing leased to this client
@@ -355,6 +365,11 @@ class MetadataCache(Generic[StatT]):
         self._xattr_names.clear()
         self._layouts.clear()
         self._layout_bytes = 0
+
+
+def _whole_inline(layout: LayoutSegment) -> bool:
+    """Whether ``layout`` is a whole file's, every block's bytes in it (a small file's)."""
+    return not layout.first and layout.end is None and all(block.inline is not None for block in layout.blocks)
 
 
 def _inline_bytes(layout: LayoutSegment) -> int:

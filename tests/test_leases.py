@@ -487,6 +487,7 @@ def test_a_small_file_read_again_opens_from_the_cache_and_an_own_unlink_keeps_it
     """``MetadataCache.layout``: a small file's second read-only open costs no call; another
     client's write is read at the next open; this client's own unlink of a file it has open
     that way leaves the inode alive (nlink 0) until the handle closes (``client/cached_opens.py``)."""
+    from tectofs.client.metadata_cache import MISS
     from tectofs.errors import StaleFile
     from tectofs.wire import messages
 
@@ -504,6 +505,16 @@ def test_a_small_file_read_again_opens_from_the_cache_and_an_own_unlink_keeps_it
         assert cache.hits > hits  # from the cache
         await changer.write_bytes(f"{base}/small", b"second, longer")
         assert await holder.read_bytes(f"{base}/small") == b"second, longer"
+
+        # What this client commits itself is kept too (the commit's answer is leased to it).
+        writer = await holder.open(f"{base}/mine", "wb")
+        await writer.write(0, b"written here")
+        await writer.close()
+        assert isinstance(cache.layout(f"{base}/mine", None), messages.LayoutSegment)
+        assert await holder.read_bytes(f"{base}/mine") == b"written here"
+        await changer.write_bytes(f"{base}/mine", b"then there")
+        assert cache.layout(f"{base}/mine", None) is MISS
+        assert await holder.read_bytes(f"{base}/mine") == b"then there"
 
         handle = await holder.open(f"{base}/small", "rb")
         assert handle in list(holder.cached_opens._open.get(handle.ino, ()))

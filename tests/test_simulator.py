@@ -89,7 +89,8 @@ def test_a_thousand_schedules() -> None:
     for counter in ("client_degraded_writes", "client_spare_writes", "client_hedged_writes", "client_degraded_reads",
                     "crash_meta", "crash_chunk", "crash_client", "wipe_chunk", "flip", "flaky_disk", "unlinked",
                     "disk_eio", "disk_lies", "disk_enospc", "disk_unlinks_undone", "net_dropped", "net_delayed",
-                    "meta_release_leases", "meta_renew", "meta_repair_done", "meta_report_bad_chunk"):
+                    "meta_release_leases", "meta_renew", "meta_repair_done", "meta_report_bad_chunk",
+                    "client_cache_answers", "leased_answers"):
         assert totals[counter] > 0, counter
 
 

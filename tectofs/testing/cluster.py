@@ -254,7 +254,7 @@ class Cluster:
         self.network.crashed.discard(CLIENT_HOST)
         credential = auth.Credential.root_from_keys(auth.KeyRing(self.key_file))
         self.client = host_context(CLIENT_HOST).run(AsyncFileSystem, self.meta_address, credential,
-                                                   clock=self.clock.monotonic)
+                                                   clock=self.clock.monotonic, leases=True)
         return self.client
 
     def crash_client(self) -> None:

@@ -580,7 +580,10 @@ class Simulation:
 
     def client_stats(self) -> dict[str, int]:
         client = self.cluster.client
-        return dict(client.blocks.stats) if client is not None else {}
+        if client is None:
+            return {}
+        cache = client.metadata_cache
+        return {**client.blocks.stats, "cache_answers": cache.hits if cache is not None else 0}
 
 
 def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None = None) -> Simulation:
