@@ -1,0 +1,54 @@
+"""``tectofs agent``: the per-host memory agent of the checkpoint memory tier (``tectofs.agent``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tectofs import limits
+
+from . import numbers
+
+
+def cmd_agent(args: argparse.Namespace) -> None:
+    from tectofs.agent.service import AgentService
+
+    from .servers import _serve_bound
+
+    peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
+
+    def start() -> AgentService:
+        return AgentService(args.shm_dir, memory_bytes_max=args.memory_bytes, keep_steps=args.keep_steps, peers=peers,
+                            replicas=args.replicas, wait_s=args.wait, takeover_s=args.takeover)
+
+    def describe(address: str) -> str:
+        return (f"tectofs memory agent on {address} ({args.memory_bytes} bytes, last {args.keep_steps} steps, "
+                f"peers {','.join(peers) or 'none'})")
+
+    _serve_bound(start, args, describe)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "agent", help="run this host's checkpoint memory agent",
+        description="Hold recent checkpoint steps in this host's memory (shared memory, outside the trainers, so a"
+        " trainer's crash loses none), replicate each to --peers and persist it to the cluster behind the training."
+        " Trainers save with CheckpointWriter(tier='memory') and load with CheckpointReader, finding the agent in"
+        " $TECTOFS_AGENT (this agent first, then its peers). The agent authenticates no one: it listens on"
+        " 127.0.0.1 unless --host says otherwise (use a private network). Runs until SIGINT/SIGTERM.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=numbers.PORT, default=0, help="port (default: any free one)")
+    p.add_argument("--peers", default="", metavar="HOST:PORT,...", help="other hosts' agents to replicate steps to")
+    p.add_argument("--replicas", type=numbers.count(0, 8), default=None,
+                   help="peers that must hold a step before a save counts as saved in memory (default 1 with peers)")
+    p.add_argument("--memory-bytes", type=numbers.size(limits.MiB), default=8 * limits.GiB, metavar="SIZE",
+                   help="host memory for held steps (default 8G); a save that needs more waits for persistence")
+    p.add_argument("--keep-steps", type=numbers.count(1, 1 << 20), default=2, metavar="K",
+                   help="persisted steps kept in memory, the newest (default 2)")
+    p.add_argument("--wait", type=numbers.seconds(0.0, 3600.0), default=60.0, metavar="SECONDS",
+                   help="how long a save waits for memory before it fails (default 60)")
+    p.add_argument("--takeover", type=numbers.seconds(0.0, 3600.0), default=30.0, metavar="SECONDS",
+                   help="a replica persists a step its primary has not reported persisted after this long (default 30)")
+    p.add_argument("--shm-dir", default="/dev/shm", help="shared-memory directory the steps live in (default /dev/shm)")
+    p.add_argument("--ready-file", help="write the listening address here once serving")
+    p.set_defaults(fn=cmd_agent)
