@@ -27,7 +27,8 @@ from . import _hook
 from ._convert import dcp_to_torch_save, torch_save_to_dcp
 from ._dcp import PENDING_GRACE_S, CheckpointWriter
 from ._failures import CheckpointFailed
-from ._manage import checkpoints, latest, load, save
+from ._manage import CheckpointInfo, checkpoints, latest, load, save
+from ._memory import MemoryTierWriter
 from ._reader import CheckpointReader
 from ._staging import StagingPool
 
@@ -35,9 +36,11 @@ _hook.install()
 
 __all__ = [
     "CheckpointFailed",
+    "CheckpointInfo",
     "CheckpointReader",
     "CheckpointWriter",
     "Location",
+    "MemoryTierWriter",
     "StagingPool",
     "checkpoints",
     "PENDING_GRACE_S",

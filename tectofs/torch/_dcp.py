@@ -72,6 +72,7 @@ from ._staging import Lease, StagedStateDict, StagingPool
 if TYPE_CHECKING:
     from ..client import FileSystem
 
+TIER_WRITERS: dict[str, type[CheckpointWriter]] = {}  # tier -> the writer class CheckpointWriter(tier=...) makes
 DATA_SUFFIX = ".distcp"
 FORMAT_VERSION = 1
 
@@ -330,10 +331,8 @@ class CheckpointWriter(StorageWriter, AsyncStager):
     def __new__(cls, *args: Any, tier: str = "storage", **kwargs: Any) -> CheckpointWriter:
         if tier not in ("storage", "memory"):
             raise ValueError(f"tier must be 'storage' or 'memory', not {tier!r}")
-        if tier == "memory" and cls is CheckpointWriter:
-            from ._memory import MemoryTierWriter
-
-            cls = MemoryTierWriter
+        if cls is CheckpointWriter:
+            cls = TIER_WRITERS.get(tier, cls)  # tectofs.torch._memory registers the memory tier's
         return super().__new__(cls)
 
     def __init__(

@@ -33,7 +33,7 @@ from ..agent.client import AgentClient, agent_client, agents
 from ..checkpoint_gc import METADATA_NAME
 from ..checksum import crc
 from . import _timing
-from ._dcp import CheckpointWriter, _PlanData
+from ._dcp import TIER_WRITERS, CheckpointWriter, _PlanData
 
 if TYPE_CHECKING:
     from ..client import FileSystem
@@ -160,3 +160,6 @@ class MemoryTierWriter(CheckpointWriter):
             own = [messages.HeldFileInfo(name=METADATA_NAME, size=len(blob), crc32c=crc(blob))]
             self.last_seal = client.seal(data.agent, loc.uri(), data.token, own, names, self.replicas)
         _timing.saved(self.checkpoint_id, self.rank, self._phases, self._saved_bytes)
+
+
+TIER_WRITERS["memory"] = MemoryTierWriter
