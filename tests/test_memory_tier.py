@@ -395,3 +395,26 @@ def test_the_store_keeps_the_newest_persisted_steps_and_drops_abandoned_saves(tm
     assert store.collect_abandoned() == ["tectofs://h:1/r/step_5"]
     assert store.mark_persisted("tectofs://h:1/r/step_2", "s")
     assert sorted(store.steps) == ["tectofs://h:1/r/step_3", "tectofs://h:1/r/step_4"]
+
+
+def test_the_widest_agent_messages_fit_a_frame_header() -> None:
+    import msgspec
+
+    from tectofs import limits
+
+    name = "n" * messages.FILE_NAME_BYTES_MAX
+    widest = messages.HeldFileInfo(name=name, size=2**63 - 1, crc32c=2**32 - 1)
+    step = "s" * messages.STEP_ID_BYTES_MAX
+    replies = [
+        messages.LocateReply(found=True, save="t" * 64, files=[widest] * messages.FILES_MAX,
+                             paths=["p" * messages.LOCAL_PATH_BYTES_MAX] * messages.FILES_MAX, persisted=True,
+                             peers=["a" * limits.address_length_max_bytes] * messages.PEERS_MAX),
+        messages.ListReply(steps=[messages.HeldStepInfo(step=step, save="t" * 64, persisted=True, primary=True,
+                                                        nbytes=2**63 - 1)] * messages.STEPS_LISTED_MAX, truncated=True,
+                           peers=["a" * limits.address_length_max_bytes] * messages.PEERS_MAX),
+        messages.SealRequest(step=step, save="t" * 64, files=[widest] * messages.FILES_MAX,
+                             names=[name] * messages.FILES_MAX, replicas=8, primary="a" * 255),
+    ]
+    for message in replies:
+        assert len(msgspec.msgpack.encode(message)) <= limits.reply_header_budget_bytes, type(message).__name__
+

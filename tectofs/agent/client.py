@@ -17,7 +17,7 @@ from typing import TypeVar
 from tectofs import errors
 from tectofs.client.sync import _LoopThread
 from tectofs.wire import messages as wire
-from tectofs.wire.client import RpcClient
+from tectofs.wire.client import ReplySink, RpcClient
 
 from . import messages
 
@@ -43,9 +43,10 @@ class AgentClient:
 
     def call(self, address: str, operation: wire.Operation[RequestT, ReplyT], request: RequestT,
              payload: bytes | bytearray | memoryview = b"", timeout_s: float | None = None,
-             retries_max: int | None = None) -> tuple[ReplyT, bytes | bytearray | memoryview]:
+             retries_max: int | None = None, receive_into: ReplySink | None = None
+             ) -> tuple[ReplyT, bytes | bytearray | memoryview]:
         reply, data = self._loop.run(self._rpc.call(address, operation, request, payload, timeout_s=timeout_s,
-                                                    retries_max=retries_max))
+                                                    retries_max=retries_max, receive_into=receive_into))
         return reply, data  # type: ignore[return-value]  # a payload is one buffer unless a sink was given
 
     def put(self, address: str, step: str, save: str, name: str, offset: int, data: memoryview) -> None:
@@ -94,11 +95,18 @@ class AgentClient:
         position = 0
         while position < into.nbytes:
             length = min(messages.PIECE_BYTES_MAX, into.nbytes - position)
-            _, data = self.call(address, messages.GET, messages.GetRequest(
-                step=step, save=save, file=name, offset=offset + position, length=length))
-            if len(data) != length:
-                raise errors.CheckpointError(f"memory agent {address} sent {len(data)} of {length} bytes of {name}")
-            into[position:position + length] = data
+            window = into[position:position + length]
+            sink = ReplySink(lambda n: [window] if n == length else None)  # received straight into ``into``
+            try:
+                _, data = self.call(address, messages.GET, messages.GetRequest(
+                    step=step, save=save, file=name, offset=offset + position, length=length), receive_into=sink)
+                if not sink.complete:
+                    if len(data) != length:
+                        raise errors.CheckpointError(f"memory agent {address} sent {len(data)} of {length} bytes"
+                                                     f" of {name}")
+                    window[:] = data
+            finally:
+                sink.divert()
             position += length
 
 

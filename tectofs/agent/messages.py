@@ -12,17 +12,20 @@ from typing import Annotated, Final
 import msgspec
 
 from tectofs import limits
-from tectofs.wire.messages import HELLO, PING, Address, Crc, Empty, Int64, Message, Name, Operation, Text, table
+from tectofs.wire.messages import HELLO, PING, Address, Crc, Empty, Int64, Message, Operation, Text, table
 
 PIECE_BYTES_MAX: Final = 32 * limits.MiB  # bytes of one put or get
-FILES_MAX: Final = 65536  # files of one step (every rank's, and .metadata)
-STEPS_LISTED_MAX: Final = 4096  # steps in one listing reply
+FILES_MAX: Final = 1024  # files of one step (every rank's, and .metadata): one seal or locate header holds them
+STEPS_LISTED_MAX: Final = 512  # steps in one listing reply
+STEP_ID_BYTES_MAX: Final = 1024
+FILE_NAME_BYTES_MAX: Final = 128
+LOCAL_PATH_BYTES_MAX: Final = 512
 REPLICAS_MAX: Final = 8
 PEERS_MAX: Final = 64
 
-StepId = Annotated[str, msgspec.Meta(min_length=12, max_length=limits.path_length_max_bytes)]  # tectofs://h:p/...
+StepId = Annotated[str, msgspec.Meta(min_length=12, max_length=STEP_ID_BYTES_MAX)]  # tectofs://h:p/...
 SaveToken = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[0-9A-Za-z_-]+$")]
-FileName = Annotated[Name, msgspec.Meta(min_length=1, pattern=r"^[^/\x00]+$")]
+FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=FILE_NAME_BYTES_MAX, pattern=r"^[^/\x00]+$")]
 
 
 class HeldFileInfo(Message, frozen=True, kw_only=True):
@@ -90,7 +93,7 @@ class LocateReply(Message, frozen=True, kw_only=True):
     found: bool
     save: SaveToken | None = None
     files: Annotated[list[HeldFileInfo], msgspec.Meta(max_length=FILES_MAX)] = []
-    paths: Annotated[list[Annotated[str, msgspec.Meta(max_length=limits.path_length_max_bytes)]],
+    paths: Annotated[list[Annotated[str, msgspec.Meta(max_length=LOCAL_PATH_BYTES_MAX)]],
                      msgspec.Meta(max_length=FILES_MAX)] = []
     persisted: bool = False
     peers: Annotated[list[Address], msgspec.Meta(max_length=PEERS_MAX)] = []
@@ -109,7 +112,7 @@ class GetRequest(Message, frozen=True, kw_only=True):
 class ListRequest(Message, frozen=True, kw_only=True):
     """Sealed steps whose id starts with ``prefix``."""
 
-    prefix: Annotated[str, msgspec.Meta(max_length=limits.path_length_max_bytes)]
+    prefix: Annotated[str, msgspec.Meta(max_length=STEP_ID_BYTES_MAX)]
 
 
 class HeldStepInfo(Message, frozen=True, kw_only=True):

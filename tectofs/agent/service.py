@@ -34,6 +34,7 @@ from tectofs import errors
 from tectofs.checkpoint_gc import METADATA_NAME
 from tectofs.wire import messages as wire
 from tectofs.wire.client import RpcClient
+from tectofs.wire.sendfile import FileRegion
 from tectofs.wire.server import Handlers, RpcServer
 
 from . import messages, persist
@@ -269,7 +270,7 @@ class AgentService:
                                     paths=[held.files[f.name].path for f in held.infos], persisted=held.persisted,
                                     peers=self.peers), b""
 
-    async def rpc_get(self, r: messages.GetRequest, payload: memoryview) -> tuple[wire.Empty, bytes]:
+    async def rpc_get(self, r: messages.GetRequest, payload: memoryview) -> tuple[wire.Empty, FileRegion]:
         held = self.store.sealed(r.step, r.save)
         if held is None:
             raise errors.NotFound(f"memory agent {self.address} holds no sealed save {r.save} of {r.step} (evicted?)")
@@ -279,7 +280,7 @@ class AgentService:
         if r.offset + r.length > file.size:
             raise errors.InvalidArgument(f"{r.file} of {r.step} has {file.size} bytes: cannot read {r.length} at"
                                          f" offset {r.offset}")
-        return wire.Empty(), await asyncio.to_thread(_pread, file.path, r.offset, r.length)
+        return wire.Empty(), FileRegion(os.open(file.path, os.O_RDONLY), r.offset, r.length)  # sent with sendfile
 
     async def rpc_list(self, r: messages.ListRequest, payload: memoryview) -> tuple[messages.ListReply, bytes]:
         held = sorted((s for s in self.store.steps.values() if s.sealed and s.step.startswith(r.prefix)),

@@ -31,9 +31,12 @@ from typing import Callable
 from tectofs import errors
 from tectofs.checksum import crc
 
+from . import messages
 from .messages import HeldFileInfo
 
 DIRECTORY_PREFIX = "tectofs-agent-"
+# room under LOCAL_PATH_BYTES_MAX for "/<step digest>-<save token>/<file name>"
+_DIRECTORY_BYTES_MAX = messages.LOCAL_PATH_BYTES_MAX - 2 - 20 - 1 - 64 - messages.FILE_NAME_BYTES_MAX
 
 
 @dataclass
@@ -110,8 +113,11 @@ class StepStore:
                  clock: Callable[[], float] = time.monotonic) -> None:
         assert memory_bytes_max > 0
         assert keep_steps >= 1
+        self.directory = os.path.join(os.path.abspath(root), f"{DIRECTORY_PREFIX}{os.getpid()}")
+        if len(self.directory) > _DIRECTORY_BYTES_MAX:
+            raise ValueError(f"the shared-memory directory {root!r} is too long a path (a file's path is at most"
+                             f" {messages.LOCAL_PATH_BYTES_MAX} bytes)")
         remove_stale(root)
-        self.directory = os.path.join(root, f"{DIRECTORY_PREFIX}{os.getpid()}")
         os.makedirs(self.directory, exist_ok=True)
         self.memory_bytes_max = memory_bytes_max
         self.keep_steps = keep_steps

@@ -157,6 +157,9 @@ class MemoryTierWriter(CheckpointWriter):
             client = agent_client()
             client.put(data.agent, loc.uri(), data.token, METADATA_NAME, 0, memoryview(blob))
             names = sorted({info.relative_path for info in metadata.storage_data.values()} | {METADATA_NAME})
+            if len(names) > messages.FILES_MAX:
+                raise errors.CheckpointError(f"{len(names)} files: a memory-tier step holds at most {messages.FILES_MAX}"
+                                             " (fewer ranks, or CheckpointWriter(thread_count=1))")
             own = [messages.HeldFileInfo(name=METADATA_NAME, size=len(blob), crc32c=crc(blob))]
             self.last_seal = client.seal(data.agent, loc.uri(), data.token, own, names, self.replicas)
         _timing.saved(self.checkpoint_id, self.rank, self._phases, self._saved_bytes)

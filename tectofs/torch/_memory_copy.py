@@ -17,7 +17,6 @@ The sources offer the little of ``tectofs.client.FileSystem`` the reader uses: `
 
 from __future__ import annotations
 
-import mmap
 import os
 import warnings
 from dataclasses import dataclass
@@ -73,34 +72,36 @@ class Source:
 
 
 class LocalCopy(Source):
-    """This host's agent's copy, its files mapped from shared memory. The files are opened when
-    the copy is found: an eviction after that unlinks them, and the mappings keep the bytes."""
+    """This host's agent's copy, its files in shared memory read in place (``preadv`` straight
+    into the destination: one copy, by the kernel, without the GIL). The files are opened when
+    the copy is found: an eviction after that unlinks them, and the open files keep the bytes."""
 
     def __init__(self, agent: str, step: str, reply: messages.LocateReply) -> None:
         super().__init__(agent, step, reply)
-        self._maps: dict[str, mmap.mmap | None] = {}
+        self._fds: dict[str, int] = {}
         try:
             for info, path in zip(reply.files, reply.paths):
-                with open(path, "rb") as f:
-                    if os.fstat(f.fileno()).st_size != info.size:
-                        raise errors.NotFound(f"{path}: not the size sealed")
-                    self._maps[info.name] = mmap.mmap(f.fileno(), info.size, prot=mmap.PROT_READ) if info.size else None
+                fd = self._fds[info.name] = os.open(path, os.O_RDONLY)
+                if os.fstat(fd).st_size != info.size:
+                    raise errors.NotFound(f"{path}: not the size sealed")
         except BaseException:
             self.close()
             raise
 
     def read_into(self, name: str, offset: int, into: memoryview) -> int:
-        mapped = self._maps[name]
         n = max(0, min(into.nbytes, self.files[name].size - offset))
-        if n and mapped is not None:
-            into[:n] = mapped[offset:offset + n]
+        done = 0
+        while done < n:
+            got = os.preadv(self._fds[name], [into[done:n]], offset + done)
+            if got <= 0:
+                raise errors.CheckpointError(f"{self.step}: {name} in shared memory ends at {offset + done}")
+            done += got
         return n
 
     def close(self) -> None:
-        maps, self._maps = self._maps, {}
-        for mapped in maps.values():
-            if mapped is not None:
-                mapped.close()
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
 
 class PeerCopy(Source):
