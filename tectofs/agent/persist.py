@@ -85,11 +85,11 @@ def _copy_in(fs: FileSystem, source: str, target: str) -> None:
         size = os.fstat(f.fileno()).st_size
         if not size:
             return
-        with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapped:
-            view = memoryview(mapped)
-            try:
-                written = raw.pwritev([view], 0)
-            finally:
-                view.release()
+        mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+        written = raw.pwritev([memoryview(mapped)], 0)
+        try:
+            mapped.close()
+        except BufferError:  # the client still holds a slice of it (a block buffer's view): closed when freed
+            pass
         if written != size:
             raise errors.CheckpointError(f"{target}: wrote {written} of {size} bytes")

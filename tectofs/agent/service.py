@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from tectofs import errors
+from tectofs.buffers import BufferPool
 from tectofs.checkpoint_gc import METADATA_NAME
 from tectofs.wire import messages as wire
 from tectofs.wire.client import RpcClient
@@ -43,6 +44,7 @@ from .store import HeldStep, StepStore
 log = logging.getLogger(__name__)
 
 _SWEEP_S = 0.2  # how often the background loop looks for steps to persist or collect
+_BUFFERS_BYTES = 4 * messages.PIECE_BYTES_MAX  # idle payload buffers kept for reuse
 
 
 class AgentService:
@@ -60,7 +62,11 @@ class AgentService:
         self.takeover_s = takeover_s
         self.persist_retry_s = persist_retry_s
         self.address = ""
-        self.rpc = RpcServer(self, "memory agent", messages.AGENT_OPERATIONS, "agent", self._handlers())
+        # Put payloads are received into reused buffers (fresh memory is slow to fault in), given
+        # back once written to shared memory; replication reads into them too.
+        self.buffers = BufferPool(_BUFFERS_BYTES)
+        self.rpc = RpcServer(self, "memory agent", messages.AGENT_OPERATIONS, "agent", self._handlers(),
+                             allocate_payload=lambda header, length: lambda: self.buffers.get(length))
         self.peer_client = RpcClient(connections_per_server=2, timeout_s=30.0, retries_max=1, role="agent")
         self._freed = asyncio.Event()
         self._holders: dict[str, list[str]] = {}  # step -> peers holding a sealed replica of it
@@ -96,13 +102,20 @@ class AgentService:
     # ------------------------------------------------------------------ puts and seals
 
     async def rpc_put(self, r: messages.PutRequest, payload: memoryview) -> tuple[wire.Empty, bytes]:
-        held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)
-        growth = self.store.growth(held, r.file, r.offset, payload.nbytes)
-        if growth:
-            await self._room(growth, r.step)
-        held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)  # (a wait may have dropped it)
-        self.store.write(held, r.file, r.offset, payload)
+        try:
+            held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)
+            growth = self.store.growth(held, r.file, r.offset, payload.nbytes)
+            if growth:
+                await self._room(growth, r.step)
+            held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)  # (a wait may have dropped it)
+            self.store.write(held, r.file, r.offset, payload)
+        finally:
+            self.buffers.put(payload)
         return wire.Empty(), b""
+
+    def payload_unused(self, payload: memoryview, header: dict[str, Any]) -> None:
+        """An invalid put's payload: its buffer serves the next one."""
+        self.buffers.put(payload)
 
     async def _room(self, nbytes: int, step: str) -> None:
         """Wait until ``nbytes`` more fit (persistence frees memory), at most ``wait_s``."""
@@ -188,14 +201,18 @@ class AgentService:
         for info in held.infos:
             path = held.files[info.name].path
             offset = 0
-            while True:
-                data = await asyncio.to_thread(_pread, path, offset, messages.PIECE_BYTES_MAX)
-                if data or offset == 0:
-                    await self.peer_client.call(peer, messages.PUT, messages.PutRequest(
-                        step=held.step, save=held.save, file=info.name, offset=offset, replica=True), data)
-                offset += len(data)
-                if len(data) < messages.PIECE_BYTES_MAX:
-                    break
+            buffer = self.buffers.get(messages.PIECE_BYTES_MAX)
+            try:
+                while True:
+                    n = await asyncio.to_thread(_pread_into, path, offset, buffer)
+                    if n or offset == 0:
+                        await self.peer_client.call(peer, messages.PUT, messages.PutRequest(
+                            step=held.step, save=held.save, file=info.name, offset=offset, replica=True), buffer[:n])
+                    offset += n
+                    if n < buffer.nbytes:
+                        break
+            finally:
+                self.buffers.put(buffer)
         await self.peer_client.call(peer, messages.SEAL, messages.SealRequest(
             step=held.step, save=held.save, files=held.infos, names=[f.name for f in held.infos], replicas=0,
             primary=self.address))
@@ -299,9 +316,16 @@ class AgentService:
                 "persisted_steps": self.persisted_steps}
 
 
-def _pread(path: str, offset: int, length: int) -> bytes:
+def _pread_into(path: str, offset: int, buffer: memoryview) -> int:
+    """Fill ``buffer`` from ``offset`` of the file ``path``; returns the bytes read (fewer at its end)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.pread(fd, length, offset)
+        done = 0
+        while done < buffer.nbytes:
+            got = os.preadv(fd, [buffer[done:]], offset + done)
+            if got <= 0:
+                break
+            done += got
+        return done
     finally:
         os.close(fd)
