@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import time
 from typing import Any
 
 from tectofs import limits
@@ -26,6 +29,29 @@ def cmd_agent(args: argparse.Namespace) -> None:
                 f"peers {','.join(peers) or 'none'})")
 
     _serve_bound(start, args, describe)
+
+
+def start_local_agent(root: str, memory_bytes: int, timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``tectofs agent`` as a child (``tectofs up --agent``): its process and address.
+    Its log goes to ``ROOT/logs/agent.log``."""
+    from tectofs import children
+
+    ready = os.path.join(root, "agent.address")
+    if os.path.exists(ready):
+        os.remove(ready)
+    os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+    with open(os.path.join(root, "logs", "agent.log"), "ab") as log:
+        proc = subprocess.Popen(children.cli_command("agent", "--ready-file", ready, "--memory-bytes", str(memory_bytes)),
+                                env=children.cli_env(), stdout=log, stderr=log)
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(ready):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise RuntimeError(f"the memory agent did not start (see {root}/logs/agent.log)")
+        time.sleep(0.05)
+    with open(ready) as f:
+        return proc, f.read().strip()
 
 
 def add_parser(sub: Any) -> None:
