@@ -76,17 +76,16 @@ class AgentClient:
 
     def locate(self, address: str, step: str) -> messages.LocateReply | None:
         """What ``address`` holds sealed of ``step``; None if it does not answer."""
-        try:
-            return self.call(address, messages.LOCATE, messages.StepRequest(step=step), timeout_s=LOOKUP_TIMEOUT_S,
-                             retries_max=0)[0]
-        except (errors.TectofsError, OSError):
-            return None
+        return self._lookup(address, messages.LOCATE, messages.StepRequest(step=step))
 
     def listing(self, address: str, prefix: str) -> messages.ListReply | None:
         """The sealed steps ``address`` holds under ``prefix``; None if it does not answer."""
+        return self._lookup(address, messages.LIST, messages.ListRequest(prefix=prefix))
+
+    def _lookup(self, address: str, operation: wire.Operation[RequestT, ReplyT], request: RequestT) -> ReplyT | None:
+        """A question that an agent not answering within ``LOOKUP_TIMEOUT_S`` answers with None."""
         try:
-            return self.call(address, messages.LIST, messages.ListRequest(prefix=prefix), timeout_s=LOOKUP_TIMEOUT_S,
-                             retries_max=0)[0]
+            return self.call(address, operation, request, timeout_s=LOOKUP_TIMEOUT_S, retries_max=0)[0]
         except (errors.TectofsError, OSError):
             return None
 

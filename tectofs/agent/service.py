@@ -75,16 +75,16 @@ class AgentService:
         self.persisted_steps = 0
 
     def _handlers(self) -> Handlers:
-        handlers = Handlers()
-        handlers.add(messages.PUT, self.rpc_put)
-        handlers.add(messages.VERIFY, self.rpc_verify)
-        handlers.add(messages.SEAL, self.rpc_seal)
-        handlers.add(messages.LOCATE, self.rpc_locate)
-        handlers.add(messages.GET, self.rpc_get)
-        handlers.add(messages.LIST, self.rpc_list)
-        handlers.add(messages.PERSISTED, self.rpc_persisted)
-        handlers.add(wire.PING, self.rpc_ping)
-        return handlers
+        served = Handlers()
+        served.add(messages.PUT, self.rpc_put)  # trainers and primaries
+        served.add(messages.VERIFY, self.rpc_verify)
+        served.add(messages.SEAL, self.rpc_seal)
+        served.add(messages.PERSISTED, self.rpc_persisted)  # primaries, to their replicas
+        served.add(messages.LOCATE, self.rpc_locate)  # readers
+        served.add(messages.GET, self.rpc_get)
+        served.add(messages.LIST, self.rpc_list)
+        served.add(wire.PING, self.rpc_ping)
+        return served
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         self.address = await self.rpc.start(host, port)

@@ -6,17 +6,17 @@ import argparse
 import os
 import subprocess
 import time
-from typing import Any
+from typing import Any, Callable
 
 from tectofs import limits
 
 from . import numbers
 
 
-def cmd_agent(args: argparse.Namespace) -> None:
+def cmd_agent(args: argparse.Namespace, serve: Callable[..., None]) -> None:
+    """Run the agent until SIGINT/SIGTERM; ``serve`` is ``servers._serve_bound`` (given by the
+    CLI, as to ``tectofs s3``: ``servers`` starts agents for ``tectofs up --agent``)."""
     from tectofs.agent.service import AgentService
-
-    from .servers import _serve_bound
 
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
 
@@ -28,7 +28,7 @@ def cmd_agent(args: argparse.Namespace) -> None:
         return (f"tectofs memory agent on {address} ({args.memory_bytes} bytes, last {args.keep_steps} steps, "
                 f"peers {','.join(peers) or 'none'})")
 
-    _serve_bound(start, args, describe)
+    serve(start, args, describe)
 
 
 def start_local_agent(root: str, memory_bytes: int, timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
@@ -54,7 +54,7 @@ def start_local_agent(root: str, memory_bytes: int, timeout_s: float = 60.0) -> 
         return proc, f.read().strip()
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, serve: Callable[..., None]) -> None:
     p = sub.add_parser(
         "agent", help="run this host's checkpoint memory agent",
         description="Hold recent checkpoint steps in this host's memory (shared memory, outside the trainers, so a"
@@ -77,4 +77,4 @@ def add_parser(sub: Any) -> None:
                    help="a replica persists a step its primary has not reported persisted after this long (default 30)")
     p.add_argument("--shm-dir", default="/dev/shm", help="shared-memory directory the steps live in (default /dev/shm)")
     p.add_argument("--ready-file", help="write the listening address here once serving")
-    p.set_defaults(fn=cmd_agent)
+    p.set_defaults(fn=lambda args: cmd_agent(args, serve))
