@@ -71,6 +71,7 @@ class AgentService:
         self._freed = asyncio.Event()
         self._holders: dict[str, list[str]] = {}  # step -> peers holding a sealed replica of it
         self._retry_at: dict[str, float] = {}  # step -> when its persistence may be tried again
+        self._persist_locks: dict[str, asyncio.Lock] = {}  # step -> held while persisting it
         self._sweeper: asyncio.Task[None] | None = None
         self.persisted_steps = 0
 
@@ -240,10 +241,17 @@ class AgentService:
         return sorted(due, key=lambda s: s.sealed_at)
 
     async def _persist(self, held: HeldStep) -> None:
-        """Persist ``held`` (at most one attempt at a time per step); on success tell the
+        """Persist ``held`` unless it is; one attempt at a time per step (a caller that finds
+        one under way waits for it, then tries again only if it failed). On success, tell the
         peers holding replicas, so they may evict theirs."""
-        if held.persisted or held.persisting:
-            return
+        lock = self._persist_locks.setdefault(held.step, asyncio.Lock())
+        async with lock:
+            if not held.persisted:
+                await self._persist_once(held)
+        if not lock.locked() and self._persist_locks.get(held.step) is lock:
+            del self._persist_locks[held.step]
+
+    async def _persist_once(self, held: HeldStep) -> None:
         held.persisting = True
         files = {name: f.path for name, f in held.files.items()}
         try:
