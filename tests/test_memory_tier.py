@@ -166,8 +166,8 @@ TRAINER = textwrap.dedent('''
     from tectofs.agent.client import AgentClient
     run, agent, stall_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
     original = AgentClient.put
-    def put(self, address, step, save, name, offset, data):
-        original(self, address, step, save, name, offset, data)
+    def put(self, address, step, save, name, offset, views):
+        original(self, address, step, save, name, offset, views)
         if step.endswith(f"step_{stall_at}"):
             print("stalled", flush=True)
             time.sleep(60)  # the test kills us here: mid-save
@@ -284,14 +284,14 @@ def test_a_full_agent_refuses_a_save_clearly_and_keeps_unpersisted_steps(agents:
     data = memoryview(os.urandom(3 << 20))
     _seal(client, agent, first, "s1", data)
     with pytest.raises(errors.NoSpace, match="memory agent .* is full"):
-        client.put(agent, "tectofs://127.0.0.1:1/run/step_2", "s2", "__0_0.distcp", 0, data)
+        client.put(agent, "tectofs://127.0.0.1:1/run/step_2", "s2", "__0_0.distcp", 0, [data])
     located = client.locate(agent, first)
     assert located is not None and located.found and not located.persisted
 
 
 def _seal(client: Any, agent: str, step: str, save: str, data: memoryview) -> messages.SealReply:
-    client.put(agent, step, save, "__0_0.distcp", 0, data)
-    client.put(agent, step, save, ".metadata", 0, memoryview(b"m"))
+    client.put(agent, step, save, "__0_0.distcp", 0, [data])
+    client.put(agent, step, save, ".metadata", 0, [memoryview(b"m")])
     files = [messages.HeldFileInfo(name="__0_0.distcp", size=data.nbytes, crc32c=crc(data)),
              messages.HeldFileInfo(name=".metadata", size=1, crc32c=crc(b"m"))]
     return client.seal(agent, step, save, files, [f.name for f in files], 0)
@@ -304,7 +304,7 @@ def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(agents: Agents
     step = "tectofs://127.0.0.1:1/run/step_1"
     with pytest.raises(errors.NotFound, match="holds no save"):
         client.seal(agent, step, "nope", [], [".metadata"], 0)
-    client.put(agent, step, "s1", "__0_0.distcp", 0, memoryview(b"abc"))
+    client.put(agent, step, "s1", "__0_0.distcp", 0, [memoryview(b"abc")])
     with pytest.raises(errors.CheckpointError, match="torn"):  # a wrong crc: the save is dropped
         client.verify(agent, step, "s1", [messages.HeldFileInfo(name="__0_0.distcp", size=3, crc32c=crc(b"abd"))])
     with pytest.raises(errors.NotFound):

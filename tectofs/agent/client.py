@@ -10,6 +10,7 @@ its peers (``TECTOFS_AGENT`` gives the default)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from typing import TypeVar
@@ -23,7 +24,8 @@ from . import messages
 
 ENVIRONMENT = "TECTOFS_AGENT"
 LOOKUP_TIMEOUT_S = 3.0  # an agent that takes longer to say what it holds counts as absent
-SEAL_TIMEOUT_S = 900.0  # a seal may wait for replication, or for persistence when no peer takes a copy
+SEAL_TIMEOUT_S = 900.0
+PUTS_IN_FLIGHT = 2  # pieces of one file being sent at once  # a seal may wait for replication, or for persistence when no peer takes a copy
 RequestT = TypeVar("RequestT", bound=wire.Message)
 ReplyT = TypeVar("ReplyT", bound=wire.Message)
 
@@ -49,17 +51,34 @@ class AgentClient:
                                                     retries_max=retries_max, receive_into=receive_into))
         return reply, data  # type: ignore[return-value]  # a payload is one buffer unless a sink was given
 
-    def put(self, address: str, step: str, save: str, name: str, offset: int, data: memoryview) -> None:
-        """Send ``data`` as bytes ``offset..`` of file ``name``, in pieces the wire carries."""
-        piece = messages.PIECE_BYTES_MAX
-        position = 0
-        while True:
-            chunk = data[position:position + piece]
-            self.call(address, messages.PUT, messages.PutRequest(step=step, save=save, file=name,
-                                                                 offset=offset + position), chunk)
-            position += chunk.nbytes
-            if position >= data.nbytes:
-                return
+    def put(self, address: str, step: str, save: str, name: str, offset: int, views: list[memoryview]) -> None:
+        """Send ``views``, one after the other, as bytes ``offset..`` of file ``name``: in pieces
+        the wire carries, ``PUTS_IN_FLIGHT`` at a time (the agent writes one while the next
+        arrives). An empty list (or empty views) still makes the file."""
+        pieces: list[tuple[int, memoryview]] = []
+        position = offset
+        for view in views:
+            for start in range(0, view.nbytes, messages.PIECE_BYTES_MAX):
+                piece = view[start:start + messages.PIECE_BYTES_MAX]
+                pieces.append((position + start, piece))
+            position += view.nbytes
+        if not pieces:
+            pieces.append((offset, memoryview(b"")))
+        self._loop.run(self._put_pieces(address, step, save, name, pieces))
+
+    async def _put_pieces(self, address: str, step: str, save: str, name: str,
+                          pieces: list[tuple[int, memoryview]]) -> None:
+        slots = asyncio.Semaphore(PUTS_IN_FLIGHT)
+
+        async def one(at: int, piece: memoryview) -> None:
+            async with slots:
+                await self._rpc.call(address, messages.PUT, messages.PutRequest(step=step, save=save, file=name,
+                                                                                offset=at), piece)
+
+        results = await asyncio.gather(*(one(at, piece) for at, piece in pieces), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
 
     def verify(self, address: str, step: str, save: str, files: list[messages.HeldFileInfo]) -> None:
         """Have ``address`` check the files this rank sent (sizes and crc32cs)."""

@@ -30,6 +30,8 @@ import os
 import time
 from typing import Any
 
+import msgspec
+
 from tectofs import errors
 from tectofs.buffers import BufferPool
 from tectofs.checkpoint_gc import METADATA_NAME
@@ -39,12 +41,14 @@ from tectofs.wire.sendfile import FileRegion
 from tectofs.wire.server import Handlers, RpcServer
 
 from . import messages, persist
+from .forward import Forwarding
 from .store import HeldStep, StepStore
 
 log = logging.getLogger(__name__)
 
 _SWEEP_S = 0.2  # how often the background loop looks for steps to persist or collect
-_BUFFERS_BYTES = 4 * messages.PIECE_BYTES_MAX  # idle payload buffers kept for reuse
+_BUFFERS_BYTES = 8 * messages.PIECE_BYTES_MAX  # idle payload buffers kept for reuse
+_FORWARDS_MAX = 4  # pieces of one save being forwarded to peers at once
 
 
 class AgentService:
@@ -72,6 +76,7 @@ class AgentService:
         self._holders: dict[str, list[str]] = {}  # step -> peers holding a sealed replica of it
         self._retry_at: dict[str, float] = {}  # step -> when its persistence may be tried again
         self._persist_locks: dict[str, asyncio.Lock] = {}  # step -> held while persisting it
+        self._forwards: dict[str, Forwarding] = {}  # step -> its save being forwarded to peers as it arrives
         self._sweeper: asyncio.Task[None] | None = None
         self.persisted_steps = 0
 
@@ -103,6 +108,7 @@ class AgentService:
     # ------------------------------------------------------------------ puts and seals
 
     async def rpc_put(self, r: messages.PutRequest, payload: memoryview) -> tuple[wire.Empty, bytes]:
+        forwarded = False
         try:
             held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)
             growth = self.store.growth(held, r.file, r.offset, payload.nbytes)
@@ -110,9 +116,23 @@ class AgentService:
                 await self._room(growth, r.step)
             held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)  # (a wait may have dropped it)
             self.store.write(held, r.file, r.offset, payload)
+            if not r.replica and self.replicas:
+                await self._forwarding(r.step, r.save).forward(msgspec.structs.replace(r, replica=True), payload)
+                forwarded = True
         finally:
-            self.buffers.put(payload)
+            if not forwarded:
+                self.buffers.put(payload)
         return wire.Empty(), b""
+
+    def _forwarding(self, step: str, save: str) -> Forwarding:
+        """The forwarding of save ``save`` of ``step`` to this agent's first ``replicas`` peers."""
+        forwarding = self._forwards.get(step)
+        if forwarding is None or forwarding.save != save:
+            if forwarding is not None:
+                forwarding.cancel()
+            forwarding = self._forwards[step] = Forwarding(self.peer_client, save, self.peers[:self.replicas],
+                                                           _FORWARDS_MAX, self.buffers.put)
+        return forwarding
 
     def payload_unused(self, payload: memoryview, header: dict[str, Any]) -> None:
         """An invalid put's payload: its buffer serves the next one."""
@@ -181,14 +201,25 @@ class AgentService:
         return messages.SealReply(copies=1 + len(holders), persisted=held.persisted, note=note), b""
 
     async def _replicate(self, held: HeldStep, replicas: int) -> tuple[list[str], list[str]]:
-        """Copy ``held`` to peers until ``replicas`` of them hold it sealed; returns the peers
-        holding it and what failed on the others."""
+        """Have ``replicas`` peers hold ``held`` sealed: those it was forwarded to as it arrived
+        seal their copies, other peers get a whole copy; returns the peers holding it and what
+        failed on the others."""
         holders = self._holders.setdefault(held.step, [])
         failures: list[str] = []
+        forwarding = self._forwards.pop(held.step, None)
+        if forwarding is not None and forwarding.save == held.save:
+            for peer in await forwarding.finished():
+                if len(holders) < replicas and peer not in holders:
+                    try:
+                        await self._seal_on(held, peer)
+                        holders.append(peer)
+                    except (errors.TectofsError, OSError) as exc:
+                        forwarding.failed[peer] = f"{type(exc).__name__}: {exc}"
+            failures.extend(f"{peer}: {why}" for peer, why in forwarding.failed.items())
         for peer in self.peers:
             if len(holders) >= replicas:
                 break
-            if peer in holders:
+            if peer in holders or (forwarding is not None and peer in forwarding.failed):
                 continue
             try:
                 await self._copy_to(held, peer)
@@ -214,6 +245,10 @@ class AgentService:
                         break
             finally:
                 self.buffers.put(buffer)
+        await self._seal_on(held, peer)
+
+    async def _seal_on(self, held: HeldStep, peer: str) -> None:
+        """Have ``peer``, which holds every file of ``held``, check and seal its copy."""
         await self.peer_client.call(peer, messages.SEAL, messages.SealRequest(
             step=held.step, save=held.save, files=held.infos, names=[f.name for f in held.infos], replicas=0,
             primary=self.address))
@@ -224,7 +259,12 @@ class AgentService:
         while True:
             await asyncio.sleep(_SWEEP_S)
             try:
-                if self.store.collect_abandoned():
+                gone = self.store.collect_abandoned()
+                for step in gone:
+                    forwarding = self._forwards.pop(step, None)
+                    if forwarding is not None:
+                        forwarding.cancel()
+                if gone:
                     self._freed.set()
                 for held in self._due():
                     await self._persist(held)

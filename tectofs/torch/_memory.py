@@ -60,11 +60,11 @@ class _AgentFile:
     def pwritev(self, views: list[memoryview], offset: int) -> int:
         if offset != self.size:
             raise errors.CheckpointError(f"{self.name}: write at {offset}, the file has {self.size} bytes")
+        self.client.put(self.agent, self.step, self.save, self.name, offset, views)
         for view in views:
-            self.client.put(self.agent, self.step, self.save, self.name, self.size, view)
             self.crc32c = crc(view, self.crc32c)
             self.size += view.nbytes
-            self.sent = True
+        self.sent = True
         return self.size - offset
 
     def __enter__(self) -> _AgentFile:
@@ -72,7 +72,7 @@ class _AgentFile:
 
     def __exit__(self, *exc: Any) -> None:
         if exc[0] is None and not self.sent:  # an empty file exists too
-            self.client.put(self.agent, self.step, self.save, self.name, 0, memoryview(b""))
+            self.client.put(self.agent, self.step, self.save, self.name, 0, [])
 
     def info(self) -> messages.HeldFileInfo:
         return messages.HeldFileInfo(name=self.name, size=self.size, crc32c=self.crc32c)
@@ -155,7 +155,7 @@ class MemoryTierWriter(CheckpointWriter):
             self._complete_metadata(metadata, results)
             blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
             client = agent_client()
-            client.put(data.agent, loc.uri(), data.token, METADATA_NAME, 0, memoryview(blob))
+            client.put(data.agent, loc.uri(), data.token, METADATA_NAME, 0, [memoryview(blob)])
             names = sorted({info.relative_path for info in metadata.storage_data.values()} | {METADATA_NAME})
             if len(names) > messages.FILES_MAX:
                 raise errors.CheckpointError(f"{len(names)} files: a memory-tier step holds at most {messages.FILES_MAX}"
