@@ -32,6 +32,7 @@ RESTORES = {  # row -> which agents the reader is given ({local}, {peer}, {spare
     "tectofs restore after a node loss (a peer's memory agent)": "{spare},{peer}",
     "tectofs restore from the chunk servers (same step)": "",
 }
+SOURCES = dict(zip(RESTORES, ("memory", "peer", "storage")))  # row -> the tier its loads must read
 SAVE_ROW = "tectofs save, memory tier (2 copies in memory)"
 WAIT_S = 600.0
 
@@ -110,6 +111,11 @@ RATIO_TARGETS = {  # issue 34's: restore from memory 10x faster than from the ch
 }
 
 
+def read_as_named(result: dict[str, Any]) -> bool:
+    """Whether every restore of ``measure``'s ``result`` read the tier its row names."""
+    return all(set(tiers) == {SOURCES[row]} for row, tiers in result["loaded_from"].items())
+
+
 def ratios(median_s: Callable[[str], float]) -> dict[str, float]:
     """The restore ratios, from the rows' median times."""
     storage = median_s("tectofs restore from the chunk servers (same step)")
@@ -161,7 +167,7 @@ def main() -> None:
                              load_into_target, env)
     median = {row: statistics.median(runs) for row, runs in times.items()}
     result.update({"benchmark": "checkpoint_memory", "size_bytes": nbytes, "repeats": args.repeats,
-                   "bit_exact": all(exact),
+                   "bit_exact": all(exact), "read_as_named": read_as_named(result),
                    "rows": [{"what": row, "GB/s (median)": round(nbytes / median[row] / 1e9, 3),
                              "median_s": round(median[row], 4), "runs_s": [round(t, 4) for t in times[row]]}
                             for row in times],
