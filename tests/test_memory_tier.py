@@ -345,6 +345,49 @@ def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(agents: Agents
     assert _seal(client, agent, "tectofs://127.0.0.1:1/run/step_3", "s3", memoryview(b"xyz")).copies == 1
 
 
+def _rank(rank: int, port: int, run: str, agents_of: list[str]) -> None:
+    """One of two gloo ranks, each with its own shard, each on its own "node" (agent list)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))
+    try:
+        shard = {f"rank{rank}.w": torch.full((64, 64), float(rank + 1)), "shared": torch.arange(8.0)}
+        writer = tt.CheckpointWriter(tier="memory", agent=agents_of[rank])
+        dcp.save(shard, checkpoint_id=f"{run}/step_1", storage_writer=writer)
+        target = {f"rank{rank}.w": torch.zeros(64, 64), "shared": torch.zeros(8)}
+        reader = tt.CheckpointReader(agent=agents_of[rank])
+        dcp.load(target, checkpoint_id=f"{run}/step_1", storage_reader=reader)
+        assert torch.equal(target[f"rank{rank}.w"], shard[f"rank{rank}.w"]), f"rank {rank}: wrong shard"
+        assert torch.equal(target["shared"], shard["shared"])
+        assert reader.loaded_from == "memory", (rank, reader.loaded_from)  # node 2 holds the replica
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_on_two_nodes_save_one_step_to_the_coordinators_agent(cluster: Any, nodes: Any) -> None:
+    """Each rank sends its files to the coordinator's agent (the plan names it), which seals
+    the step once every rank's files are there and checked, with its replica on the other
+    node: each rank then loads the step from its own node's memory."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    agents, proc1, local, proc2, peer = nodes
+    run = f"tectofs://{cluster.address}/memtier/ranks"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(port, run, [f"{local},{peer}", f"{peer},{local}"]), nprocs=2, join=True)
+    located = agent_client().locate(local, f"{run}/step_1")
+    assert located is not None and located.found
+    assert sorted(f.name for f in located.files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
 # ---------------------------------------------------------------------- the store, in process
 
 
