@@ -342,6 +342,7 @@ def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(agents: Agents
         for op, header in (("mem_seal", {"step": 5}), ("mem_get", {"step": step, "save": "s2", "file": "../x",
                                                                    "offset": 0, "length": 1}),
                            ("mem_put", {"step": step, "save": "x" * 100, "file": "f", "offset": 0}),
+                           ("mem_put", {"step": step, "save": "s9", "file": "..", "offset": 0}),
                            ("no_such_op", {})):
             try:
                 await rpc.call_raw(agent, op, header)
@@ -353,7 +354,7 @@ def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(agents: Agents
 
     import asyncio
 
-    assert asyncio.run(raw()) == ["InvalidArgument"] * 4
+    assert asyncio.run(raw()) == ["InvalidArgument"] * 5
     import socket
 
     with socket.create_connection(tuple(agent.rsplit(":", 1)), timeout=5) as s:  # type: ignore[arg-type]

@@ -25,7 +25,8 @@ PEERS_MAX: Final = 64
 
 StepId = Annotated[str, msgspec.Meta(min_length=12, max_length=STEP_ID_BYTES_MAX)]  # tectofs://h:p/...
 SaveToken = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[0-9A-Za-z_-]+$")]
-FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=FILE_NAME_BYTES_MAX, pattern=r"^[^/\x00]+$")]
+FILE_NAME_PATTERN: Final = r"^(?!\.\.?$)[^/\x00]+$"  # one name in a directory: no "/", not "." or ".."
+FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=FILE_NAME_BYTES_MAX, pattern=FILE_NAME_PATTERN)]
 
 
 class HeldFileInfo(Message, frozen=True, kw_only=True):
