@@ -484,3 +484,41 @@ def test_the_widest_agent_messages_fit_a_frame_header() -> None:
     for message in replies:
         assert len(msgspec.msgpack.encode(message)) <= limits.reply_header_budget_bytes, type(message).__name__
 
+
+
+def test_a_load_that_fails_from_memory_is_read_again_whole_from_the_next_source(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_with_failover``: a memory source failing mid-load hands the whole load to the next
+    source holding the step (here none: the chunk servers), with a warning naming both; a
+    failure from the chunk servers is the caller's."""
+    from tectofs.torch import _memory_copy
+
+    class Failing(_memory_copy.Source):
+        def __init__(self) -> None:
+            self.agent, self.step, self.save, self.files, self.tier = "127.0.0.1:9", "s", "t", {}, "memory"
+            self.closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    asked: list[frozenset[str]] = []
+    monkeypatch.setattr(_memory_copy, "find_copy", lambda step, agent_list, skip=frozenset(): asked.append(skip))
+    reads: list[object] = []
+    switched: list[object] = []
+    failing = Failing()
+
+    def read() -> None:
+        reads.append(switched[-1] if switched else failing)
+        if len(reads) == 1:
+            raise errors.ChecksumMismatch("item x fails its crc32c check")
+
+    with pytest.warns(UserWarning, match=r"from memory agent 127.0.0.1:9 failed .*crc32c.* from the chunk servers"):
+        _memory_copy.read_with_failover(read, failing, "s", ["127.0.0.1:9"], switched.append)
+    assert reads == [failing, None] and switched == [None] and failing.closed
+    assert asked == [frozenset({"127.0.0.1:9"})]
+
+    def broken() -> None:
+        raise errors.NotFound("no complete checkpoint")
+
+    with pytest.raises(errors.NotFound):
+        _memory_copy.read_with_failover(broken, None, "s", [], switched.append)
