@@ -223,21 +223,25 @@ def test_a_trainer_killed_mid_save_leaves_the_step_before_it(cluster: Any, nodes
     assert all(not i.uri.endswith("step_2") for i in tt.checkpoints(run, tiers=True, agent=f"{local},{peer}"))
 
 
+def _kill_node_at(trainer: subprocess.Popen[str], agent: subprocess.Popen[bytes], line: str) -> None:
+    """SIGKILL a whole node, its agent and its trainer, once the trainer printed ``line``."""
+    try:
+        _read_until(trainer, line)
+        agent.send_signal(signal.SIGKILL)
+        trainer.send_signal(signal.SIGKILL)
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=10)
+        agent.wait(timeout=10)
+
+
 def test_a_node_killed_mid_save_and_replication_leaves_the_step_before_it(cluster: Any, nodes: Any,
                                                                           tmp_path: Any) -> None:
     """Node 1's agent and trainer are killed while step 2 is being received and forwarded to
     node 2: node 2 holds all of step 1 and at most part of step 2 (never sealed, never seen)."""
     agents, proc1, local, proc2, peer = nodes
     run = f"tectofs://{cluster.address}/memtier/killed_mid_replication"
-    trainer = _trainer(tmp_path, run, f"{local},{peer}", stall_at=2)
-    try:
-        _read_until(trainer, "stalled")  # step 2's first piece is in node 1's agent, and forwarded
-        proc1.send_signal(signal.SIGKILL)
-        trainer.send_signal(signal.SIGKILL)
-    finally:
-        trainer.kill()
-        trainer.wait(timeout=10)
-        proc1.wait(timeout=10)
+    _kill_node_at(_trainer(tmp_path, run, f"{local},{peer}", stall_at=2), proc1, "stalled")  # mid-step 2
     assert tt.latest(run, agent=f"{local},{peer}") == f"{run}/step_1"
     loaded, source = _load(f"{run}/step_1", f"{local},{peer}")
     assert source in ("peer", "storage") and _same(loaded, _state(1))
@@ -251,15 +255,7 @@ def test_a_node_killed_during_persistence_loses_no_step(cluster: Any, nodes: Any
     and node 2 persists it itself once node 1 stops answering (--takeover)."""
     agents, proc1, local, proc2, peer = nodes
     run = f"tectofs://{cluster.address}/memtier/killed_node"
-    trainer = _trainer(tmp_path, run, f"{local},{peer}", stall_at=3)
-    try:
-        _read_until(trainer, "saved 2 2")
-        proc1.send_signal(signal.SIGKILL)
-        trainer.send_signal(signal.SIGKILL)
-    finally:
-        trainer.kill()
-        trainer.wait(timeout=10)
-        proc1.wait(timeout=10)
+    _kill_node_at(_trainer(tmp_path, run, f"{local},{peer}", stall_at=3), proc1, "saved 2 2")  # step 2 sealed
     for step in (1, 2):
         names = _committed(cluster, f"/memtier/killed_node/step_{step}")
         assert names in (None, [".metadata", "__0_0.distcp"]), f"step_{step} torn in storage: {names}"
