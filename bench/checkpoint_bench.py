@@ -323,7 +323,7 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
 
             # (h) the memory tier: restore after a trainer crash, after a node loss, from the chunk servers.
             memory_tier = checkpoint_memory.measure(f"{base}/memory_tier", sd, target, nbytes, repeats, record,
-                                                    load_into_target, {**os.environ, **cluster_env})
+                                                    load_into_target)
             checks["memory tier restores, each from the tier its row names"] = checkpoint_memory.read_as_named(memory_tier)
 
             # Durability: the plugin checkpoints, read with two chunk servers down (as many as the healthy loads).

@@ -19,7 +19,6 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -40,22 +39,16 @@ WAIT_S = 600.0
 class _Agents:
     """Agent processes for the measurement, stopped (SIGTERM: each drops its memory) at the end."""
 
-    def __init__(self, root: str, env: dict[str, str]) -> None:
-        self.root, self.env = root, env
+    def __init__(self, root: str) -> None:
+        self.root = root
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str) -> str:
-        ready = os.path.join(self.root, f"agent-{len(self.procs)}.address")
-        proc = subprocess.Popen([sys.executable, "-m", "tectofs.cli", "agent", "--ready-file", ready, *args],
-                                env=self.env, stdout=subprocess.DEVNULL)
+        from tectofs.cli.agent import start_agent
+
+        proc, address = start_agent(self.root, *args, name=f"agent-{len(self.procs)}")
         self.procs.append(proc)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(ready):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the memory agent did not start (exit {proc.poll()})")
-            time.sleep(0.05)
-        with open(ready) as f:
-            return f.read().strip()
+        return address
 
     def __enter__(self) -> _Agents:
         return self
@@ -72,7 +65,7 @@ class _Agents:
 
 
 def measure(base: str, sd: Any, target: Any, nbytes: int, repeats: int, record: Callable[[str, float], None],
-            load_into_target: Callable[[Callable[[], Any], str], None], env: dict[str, str]) -> dict[str, Any]:
+            load_into_target: Callable[[Callable[[], Any], str], None]) -> dict[str, Any]:
     """Run the rounds against the cluster at ``base`` (a ``tectofs://`` directory), saving ``sd``
     and loading into ``target`` through ``load_into_target(load, row)`` (which times it and
     compares); ``record`` gets the save rows. Returns the tier each restore read from."""
@@ -83,7 +76,7 @@ def measure(base: str, sd: Any, target: Any, nbytes: int, repeats: int, record: 
 
     memory = str(4 * nbytes + 64 * MiB)
     loaded_from: dict[str, list[str]] = {}
-    with tempfile.TemporaryDirectory(prefix="tectofs-memory-bench-") as tmp, _Agents(tmp, env) as agents:
+    with tempfile.TemporaryDirectory(prefix="tectofs-memory-bench-") as tmp, _Agents(tmp) as agents:
         peer = agents.start("--memory-bytes", memory)
         local = agents.start("--memory-bytes", memory, "--peers", peer)
         spare = agents.start("--memory-bytes", memory)
@@ -164,7 +157,7 @@ def main() -> None:
         with LocalCluster(os.path.join(tmp, "cluster"), servers=6, policy="rs(4,2)", gc_delay_s=3600.0,
                           extra_env={"PYTHONPATH": env["PYTHONPATH"]}) as cluster:
             result = measure(f"tectofs://{cluster.address}/bench/memory", sd, target, nbytes, args.repeats, record,
-                             load_into_target, env)
+                             load_into_target)
     median = {row: statistics.median(runs) for row, runs in times.items()}
     result.update({"benchmark": "checkpoint_memory", "size_bytes": nbytes, "repeats": args.repeats,
                    "bit_exact": all(exact), "read_as_named": read_as_named(result),

@@ -29,6 +29,7 @@ from tectofs.agent import messages  # noqa: E402
 from tectofs.agent.client import agent_client  # noqa: E402
 from tectofs.agent.store import StepStore  # noqa: E402
 from tectofs.checksum import crc  # noqa: E402
+from tectofs.cli.agent import start_agent  # noqa: E402
 from tectofs.wire.client import RpcClient  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -68,16 +69,11 @@ class Agents:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str) -> tuple[subprocess.Popen[bytes], str]:
-        ready = os.path.join(self.root, f"agent-{len(self.procs)}.address")
         shm = os.path.join(self.root, f"shm-{len(self.procs)}")
         os.makedirs(shm)
-        proc = subprocess.Popen([sys.executable, "-m", "tectofs.cli", "agent", "--ready-file", ready,
-                                 "--shm-dir", shm, *args], env=ENV, stdout=subprocess.DEVNULL)
+        proc, address = start_agent(self.root, "--shm-dir", shm, *args, name=f"agent-{len(self.procs)}")
         self.procs.append(proc)
-        _wait_for(lambda: os.path.exists(ready) or proc.poll() is not None, "agent ready")
-        assert proc.poll() is None, f"agent exited with {proc.returncode}"
-        with open(ready) as f:
-            return proc, f.read().strip()
+        return proc, address
 
     def close(self) -> None:
         for proc in self.procs:

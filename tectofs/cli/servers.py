@@ -186,9 +186,9 @@ def cmd_up(args: argparse.Namespace) -> None:
                   f" set -a; . {cluster.s3_env_file}; aws --endpoint-url http://{cluster.s3_address} s3 ls); other users:"
                   " tectofs s3 keys", flush=True)
         if args.agent:
-            from .agent import start_local_agent
+            from .agent import start_agent
 
-            agent, agent_address = start_local_agent(cluster.root, args.agent_memory)
+            agent, agent_address = start_agent(cluster.root, "--memory-bytes", str(args.agent_memory))
             print(f"checkpoint memory agent: export TECTOFS_AGENT={agent_address}  (CheckpointWriter(tier='memory'))",
                   flush=True)
         if args.mount:
