@@ -25,6 +25,9 @@ parameter, in a few large tensors, plus small biases and the optimizer's scalars
   (g) 16 gloo ranks, 4 data-parallel replicas of 4 shards, load one checkpoint (at most
       ``SHARE_READS_BYTES_MAX``) with and without ``share_reads`` (``checkpoint_share_reads.py``):
       chunk bytes read from the chunk servers against the checkpoint's size, slowest rank's time.
+  (h) the memory tier (``checkpoint_memory.py``): ``CheckpointWriter(tier="memory")`` saves with
+      2 copies in memory agents; the same step restored after a trainer crash (this host's
+      agent), after a node loss (a peer's agent) and from the chunk servers: time ratios.
 
 Medians of ``--repeats`` runs; the page cache is dropped before every load (root only) so
 loads come from disk (from the chunk servers' files for the plugin). At the end the plugin
@@ -47,7 +50,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from tectofs.benchmarks import checkpoint_incremental, checkpoint_share_reads
+from tectofs.benchmarks import checkpoint_incremental, checkpoint_memory, checkpoint_share_reads
 from tectofs.benchmarks.common import drop_caches, parse_size, print_table, process_cpu_s, work_dir, write_results
 from tectofs.benchmarks.report import print_targets
 from tectofs.benchmarks.report import target as goal
@@ -318,6 +321,11 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
                                                     min(size_bytes, SHARE_READS_BYTES_MAX), repeats, record)
             checks["16-rank loads (share_reads or not)"] = fanout["bit_exact"]
 
+            # (h) the memory tier: restore after a trainer crash, after a node loss, from the chunk servers.
+            memory_tier = checkpoint_memory.measure(f"{base}/memory_tier", sd, target, nbytes, repeats, record,
+                                                    load_into_target)
+            checks["memory tier restores, each from the tier its row names"] = checkpoint_memory.read_as_named(memory_tier)
+
             # Durability: the plugin checkpoints, read with two chunk servers down (as many as the healthy loads).
             # Compared with the same loads, back to back, just before the kills: like for like, as a
             # load right after a save (as in (a)) took up to twice the CPU of one right after a load.
@@ -384,6 +392,8 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
     sixteen = "tectofs load, 16 ranks (4 replicas x 4 shards)"
     ratios["16-rank load time, share_reads / every rank reads"] = round(
         med(f"{sixteen}, share_reads") / med(f"{sixteen}, every rank reads"), 3)
+    ratios.update(checkpoint_memory.ratios(med))
+    ratios["memory tier save (2 copies) / tectofs save"] = round(med(checkpoint_memory.SAVE_ROW) / med("tectofs save"), 3)
     ratios["tectofs compressed save / dcp local save"] = round(gbps("tectofs save, compressed") / gbps("dcp local save"), 3)
     ratios["tectofs compressed load / dcp local load"] = round(gbps("tectofs load, compressed") / gbps("dcp local load"), 3)
     # rs(4,2): 6 chunks of a quarter block each reach a disk per block saved; a load reads the 4 data chunks.
@@ -414,6 +424,8 @@ def run(out_dir: str, size_bytes: int = 1 << 30, repeats: int = 3, progress: Cal
              ratios["16 ranks (4 replicas x 4 shards), share_reads: chunk bytes read / checkpoint size"], at_most=1.1),
         goal("tectofs compressed save / dcp local save", ratios["tectofs compressed save / dcp local save"],
              at_least=0.8),
+        *[goal(name, value, at_least=checkpoint_memory.RATIO_TARGETS[name])
+          for name, value in checkpoint_memory.ratios(med).items()],
         goal("bf16 weights compression ratio", compression["bf16 weights"]["ratio"], at_most=0.67),
         goal("tectofs save disk efficiency", ratios["tectofs save disk efficiency (chunk bytes written/s / raw disk write)"],
              at_least=0.9),

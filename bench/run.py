@@ -209,8 +209,9 @@ class Benchmark:
 RUNS: dict[str, Benchmark] = {
     "client-io": Benchmark("client_io", _client_io, samples),
     # checkpoint: per run 6 timings, two warm async_saves (staging before returning, beside the step), three
-    # incremental-checkpoint saves, two 16-rank loads and a degraded load; two async load checks
-    "checkpoint": Benchmark("checkpoint_bench", _checkpoint, lambda a: 14 * samples(a) + 2),
+    # incremental-checkpoint saves, two 16-rank loads, a degraded load, a memory-tier save and three restores;
+    # two async load checks
+    "checkpoint": Benchmark("checkpoint_bench", _checkpoint, lambda a: 18 * samples(a) + 2),
     "fuse": Benchmark("fuse_bench", _fuse, _fuse_steps, _fuse_summary),
     "burst": Benchmark("burst", _burst, lambda a: 6 * samples(a), _burst_summary),  # per run: burst.PROGRESS_STEPS
     "repair": Benchmark("repair", _repair, lambda a: None),  # same options as checkpoint: --quick, --size, --repeats

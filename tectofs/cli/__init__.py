@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from . import admin, completion, exits, files, listing, options, output, servers
+from . import admin, agent, completion, exits, files, listing, options, output, servers
 from .servers import _serve_bound
 
 
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     files.add_parsers(sub)
     listing.add_parsers(sub)
     admin.add_parsers(sub)
+    agent.add_parser(sub, _serve_bound)
     from tectofs.s3 import cli as s3_cli
 
     s3_cli.add_parser(sub, _serve_bound)

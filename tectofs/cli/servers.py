@@ -171,7 +171,7 @@ def cmd_up(args: argparse.Namespace) -> None:
         stop["now"] = True
 
     signal.signal(signal.SIGTERM, request_stop)
-    mount = None
+    mount = agent = None
     try:
         address = cluster.start()
         print(f"cluster is up: export TECTOFS_META={address}" + (
@@ -185,6 +185,12 @@ def cmd_up(args: argparse.Namespace) -> None:
             print(f"S3 gateway: http://{cluster.s3_address}  (root's keys: {cluster.s3_env_file}; try:"
                   f" set -a; . {cluster.s3_env_file}; aws --endpoint-url http://{cluster.s3_address} s3 ls); other users:"
                   " tectofs s3 keys", flush=True)
+        if args.agent:
+            from .agent import start_agent
+
+            agent, agent_address = start_agent(cluster.root, "--memory-bytes", str(args.agent_memory))
+            print(f"checkpoint memory agent: export TECTOFS_AGENT={agent_address}  (CheckpointWriter(tier='memory'))",
+                  flush=True)
         if args.mount:
             from tectofs.client.fuse import start_mount_process
 
@@ -203,6 +209,9 @@ def cmd_up(args: argparse.Namespace) -> None:
     finally:
         if mount is not None:
             mount.stop()
+        if agent is not None:
+            agent.terminate()
+            agent.wait(timeout=30)
         cluster.stop()
         if temporary:
             shutil.rmtree(args.root, ignore_errors=True)
@@ -267,6 +276,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--block-size", type=numbers.BLOCK_SIZE, default=limits.block_size_default_bytes, help="block size (default 64M)")
     p.add_argument("--mount", metavar="MOUNTPOINT", help="also mount the cluster there with FUSE")
     p.add_argument("--check", action="store_true", help="start, write and verify a file, then stop (a smoke test)")
+    p.add_argument("--agent", action="store_true", help="also run this host's checkpoint memory agent (tectofs agent)")
+    p.add_argument("--agent-memory", type=numbers.size(limits.MiB), default=8 * limits.GiB, metavar="SIZE",
+                   help="the agent's --memory-bytes (default 8G)")
     p.add_argument("--repair-after", type=_SECONDS, default=limits.repair_after_s, metavar="SECONDS",
                    help=f"rebuild the chunks of a server dead this long (default {limits.repair_after_s:.0f})")
     p.add_argument("--pack-max", type=_PACK_MAX, default=limits.chunk_pack_max_bytes_default, metavar="SIZE",

@@ -12,6 +12,9 @@
     writer = tectofs.torch.CheckpointWriter()          # keep it: its staging buffers are reused
     fut = dcp.async_save(state_dict, checkpoint_id="tectofs://.../step_200", storage_writer=writer)
 
+    # the memory tier: saves land in this host's `tectofs agent`, copied to a peer, persisted behind
+    writer = tectofs.torch.CheckpointWriter(tier="memory", agent="127.0.0.1:7500,10.0.0.2:7500")
+
 Saving is atomic (ranks write into a hidden pending directory that the coordinator renames
 into place), every item carries a crc32c checked at load, tensors are stored as raw bytes.
 ``save``/``load`` are the single-file ``torch.save``/``torch.load`` equivalents;
@@ -27,7 +30,8 @@ from . import _hook
 from ._convert import dcp_to_torch_save, torch_save_to_dcp
 from ._dcp import PENDING_GRACE_S, CheckpointWriter
 from ._failures import CheckpointFailed
-from ._manage import checkpoints, latest, load, save
+from ._manage import CheckpointInfo, checkpoints, latest, load, save
+from ._memory import MemoryTierWriter
 from ._reader import CheckpointReader
 from ._staging import StagingPool
 
@@ -35,9 +39,11 @@ _hook.install()
 
 __all__ = [
     "CheckpointFailed",
+    "CheckpointInfo",
     "CheckpointReader",
     "CheckpointWriter",
     "Location",
+    "MemoryTierWriter",
     "StagingPool",
     "checkpoints",
     "PENDING_GRACE_S",

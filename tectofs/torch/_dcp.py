@@ -62,15 +62,17 @@ from torch.futures import Future
 
 from .. import errors, limits, tensor_codec
 from .. import uri as _uri
-from ..checkpoint_gc import COMPRESS_XATTR, METADATA_NAME, PENDING_GRACE_S, REPLACED_MARK, gc_pending, pending_name
+from ..checkpoint_gc import METADATA_NAME, PENDING_GRACE_S, REPLACED_MARK, gc_pending, pending_name
 from ..checksum import crc
 from . import _incremental, _timing
+from ._directory import directory_compresses
 from ._failures import step
 from ._staging import Lease, StagedStateDict, StagingPool
 
 if TYPE_CHECKING:
     from ..client import FileSystem
 
+TIER_WRITERS: dict[str, type[CheckpointWriter]] = {}  # tier -> the writer class CheckpointWriter(tier=...) makes
 DATA_SUFFIX = ".distcp"
 FORMAT_VERSION = 1
 
@@ -154,22 +156,6 @@ def _minimal(t: torch.Tensor) -> torch.Tensor:
     except (RuntimeError, NotImplementedError):
         pass
     return t
-
-
-def directory_compresses(fs: FileSystem, path: str) -> bool:
-    """Whether checkpoints saved below ``path`` are compressed by default: the
-    ``user.tectofs.compress`` attribute (``zstd``: yes, ``off``: no) of ``path`` or of its
-    nearest ancestor that has one; no if none has. Unreadable attributes count as absent."""
-    while True:
-        try:
-            value = bytes(fs.getxattr(path, COMPRESS_XATTR)).decode(errors="replace").strip().lower()
-        except (errors.TectofsError, OSError):
-            value = ""
-        if value:
-            return value in ("zstd", "on", "1", "true", "yes")
-        if path in ("", "/"):
-            return False
-        path = path.rstrip("/").rsplit("/", 1)[0] or "/"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -323,6 +309,9 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             store, so deleting either checkpoint keeps what the other uses. Loads need no
             option and verify every item's crc32c as always. Tensors are stored raw (no
             ``compress``). ``referenced_bytes`` says how many bytes the last save shared.
+        tier: ``"memory"`` makes a :class:`tectofs.torch._memory.MemoryTierWriter`: saves land in this
+            host's memory agent (``tectofs agent``), replicated to its peers, persisted behind.
+        agent: with ``tier="memory"``: the agent list ``HOST:PORT[,peer,...]`` (default ``$TECTOFS_AGENT``).
         pending_grace_s: after each commit the coordinator deletes leftovers of
             interrupted saves (``.<name>.pending-*``/``.replaced-*``) in the checkpoint's
             parent directory that nothing has touched for this long (see
@@ -339,6 +328,13 @@ class CheckpointWriter(StorageWriter, AsyncStager):
     # dcp.async_save: staging is synchronous (the copy is done when stage() returns).
     _synchronize_after_execute: bool = False
 
+    def __new__(cls, *args: Any, tier: str = "storage", **kwargs: Any) -> CheckpointWriter:
+        if tier not in ("storage", "memory"):
+            raise ValueError(f"tier must be 'storage' or 'memory', not {tier!r}")
+        if cls is CheckpointWriter:
+            cls = TIER_WRITERS.get(tier, cls)  # tectofs.torch._memory registers the memory tier's
+        return super().__new__(cls)
+
     def __init__(
         self,
         checkpoint_id: str | os.PathLike | None = None,
@@ -352,6 +348,8 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         compress: bool | None = None,
         async_staging: bool = False,
         incremental: bool = False,
+        tier: str = "storage",
+        agent: str | None = None,
     ) -> None:
         super().__init__()
         if thread_count < 1:
@@ -662,6 +660,15 @@ class CheckpointWriter(StorageWriter, AsyncStager):
         if data is None:
             raise errors.CheckpointError("finish() called before write_data()")
         fs = self._fs()
+        self._complete_metadata(metadata, results)
+        with self._step("write file", f"{data.pending}/{METADATA_NAME}"):
+            fs.write_bytes(f"{data.pending}/{METADATA_NAME}", pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
+        with self._step("commit (rename onto)", loc.path):
+            self._commit(fs, data.pending, loc, data.token)
+        self._pending_owned = None
+        self._collect_leftovers(loc)
+
+    def _complete_metadata(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         storage_md = {}
         for per_rank in results:
             for wr in per_rank:
@@ -672,12 +679,6 @@ class CheckpointWriter(StorageWriter, AsyncStager):
             from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 
             metadata.version = CURRENT_DCP_VERSION
-        with self._step("write file", f"{data.pending}/{METADATA_NAME}"):
-            fs.write_bytes(f"{data.pending}/{METADATA_NAME}", pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
-        with self._step("commit (rename onto)", loc.path):
-            self._commit(fs, data.pending, loc, data.token)
-        self._pending_owned = None
-        self._collect_leftovers(loc)
 
     def abandon(self) -> bool:
         """After a failed save: delete this coordinator's pending directory (best effort;

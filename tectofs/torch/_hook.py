@@ -56,11 +56,16 @@ _PACKAGE = "torch.distributed.checkpoint"
 
 
 def storage_for(checkpoint_id: Any, reader: bool) -> Any:
-    """A new tectofs reader or writer for the ``tectofs://`` id ``checkpoint_id``."""
+    """A new tectofs reader or writer for the ``tectofs://`` id ``checkpoint_id``; a writer
+    saves to the tier ``$TECTOFS_TIER`` names (``memory``: the memory agent's, default storage)."""
+    import os
+
     from ._dcp import CheckpointWriter
     from ._reader import CheckpointReader
 
-    return CheckpointReader(checkpoint_id) if reader else CheckpointWriter(checkpoint_id)
+    if reader:
+        return CheckpointReader(checkpoint_id)
+    return CheckpointWriter(checkpoint_id, tier=os.environ.get("TECTOFS_TIER") or "storage")
 
 
 def _with_tectofs_storage(kwargs: dict[str, Any], storage_key: str) -> Any:

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
@@ -24,8 +24,9 @@ from torch.futures import Future
 
 from .. import errors, tensor_codec
 from .. import uri as _uri
+from ..agent.client import agents
 from ..checksum import crc
-from . import _share, _timing
+from . import _memory_copy, _share, _timing
 from ._dcp import METADATA_NAME, CheckpointWriter, MiB, _describe, _dtype_from_name, _dtype_name, _ItemInfo
 from ._failures import step
 
@@ -52,6 +53,13 @@ class CheckpointReader(StorageReader):
     turn it on only when every rank of that group loads with this reader (as ``dcp.load``
     does on every rank of its group); a subgroup's load must pass its group.
 
+    ``agent``: memory agents, ``HOST:PORT[,peer,...]`` with this host's first (default
+    ``$TECTOFS_AGENT``; none: the chunk servers only). A load then reads the step from the first
+    source holding a sealed copy: this host's agent (in place, from shared memory), a peer agent,
+    else the chunk servers; one source for the whole load, the next one if it fails mid-load
+    (:mod:`tectofs.torch._memory_copy`). ``loaded_from`` says which tier the last load read
+    (``"memory"``, ``"peer"`` or ``"storage"``).
+
     ``share_reads`` (``True`` or the load's ``ProcessGroup``, the same rule): a tensor item that
     several ranks load (data-parallel replicas of the same shards) is read from storage by one
     of them, chosen by the coordinator to balance the bytes each rank reads
@@ -71,8 +79,13 @@ class CheckpointReader(StorageReader):
         max_read_bytes: int = 64 * MiB,
         share_metadata: Any = False,
         share_reads: Any = False,
+        agent: str | None = None,
     ) -> None:
         super().__init__()
+        self.agents = agents(agent)
+        self.source: _memory_copy.Source | None = None  # the memory copy this load reads; None: the chunk servers
+        self._looked_up = False
+        self.loaded_from = ""
         self.share_metadata = share_metadata
         self.share_reads = share_reads
         self.received_bytes = 0  # share_reads: bytes of this rank's last load received from other ranks
@@ -105,6 +118,8 @@ class CheckpointReader(StorageReader):
         return step(self.rank, operation, path, self._loc.address if self._loc else None, record=self)
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        self._switch(None)
+        self._looked_up = False
         self.storage_data = {}
         self.last_failure = None
         if checkpoint_id:
@@ -137,11 +152,33 @@ class CheckpointReader(StorageReader):
         """The checkpoint's ``.metadata`` bytes, read from storage."""
         with self._step("read file", f"{loc.path}/{METADATA_NAME}"):
             try:
-                return _uri.filesystem(loc.address).read_bytes(f"{loc.path}/{METADATA_NAME}")
+                return self._filesystem(loc).read_bytes(f"{loc.path}/{METADATA_NAME}")
             except FileNotFoundError:
                 raise errors.NotFound(
                     f"no complete checkpoint at {loc.uri()} (no {METADATA_NAME}; an interrupted save leaves nothing here)"
                 ) from None
+
+    def _filesystem(self, loc: _uri.Location) -> FileSystem:
+        """Where this load reads: the memory copy found for it (looked for once per load), or the cluster."""
+        if not self._looked_up:
+            self._looked_up = True
+            self.source = _memory_copy.find_copy(loc.uri(), self.agents) if self.agents else None
+        return cast("FileSystem", self.source) if self.source is not None else _uri.filesystem(loc.address)
+
+    def _switch(self, source: _memory_copy.Source | None) -> None:
+        if self.source is not None:
+            self.source.close()
+        self.source = source
+
+    def _read_from_source(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        loc = self._location()
+        self._filesystem(loc)
+        try:
+            _memory_copy.read_with_failover(lambda: self._read_all(plan, planner), self.source, loc.uri(), self.agents,
+                                            self._switch)
+            self.loaded_from = self.source.tier if self.source is not None else "storage"
+        finally:
+            self._switch(None)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.rank = kwargs.get("rank") or 0
@@ -176,7 +213,7 @@ class CheckpointReader(StorageReader):
         try:
             with self._step("read checkpoint", self._loc.path if self._loc else "(no checkpoint_id)"), \
                     _timing.timed(phases, "read"):
-                self._read_all(plan, planner)
+                self._read_from_source(plan, planner)
             phases["verify"] = sum(self._verify_s)
             nbytes = sum(self.storage_data[i].length for i in {req.storage_index for req in plan.items})
             _timing.loaded(self.checkpoint_id, self.rank, phases, nbytes)
@@ -221,7 +258,7 @@ class CheckpointReader(StorageReader):
         completes it; send those ``exchange`` sends; hand items to the planner from this thread
         (planners are not thread-safe)."""
         loc = self._location()
-        fs = _uri.filesystem(loc.address)
+        fs = self._filesystem(loc)
         loads: dict[MetadataIndex, _Load] = {}
         sends = exchange.share.send if exchange is not None else {}
         for req in plan.items:

@@ -37,7 +37,7 @@ ChunkLength = Annotated[int, msgspec.Meta(ge=0, le=limits.block_size_max_bytes)]
 # (cluster members, and root, who may reach every inode by path anyway).
 Handle = Annotated[bytes, msgspec.Meta(max_length=16)]
 Kind = Literal["file", "dir", "symlink", "fifo", "socket", "char", "block"]
-Role = Literal["client", "chunk", "meta", "tool"]
+Role = Literal["client", "chunk", "meta", "tool", "agent"]
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,84 @@
+"""``tectofs agent``: the per-host memory agent of the checkpoint memory tier (``tectofs.agent``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+from typing import Any, Callable
+
+from tectofs import limits
+
+from . import numbers
+
+
+def cmd_agent(args: argparse.Namespace, serve: Callable[..., None]) -> None:
+    """Run the agent until SIGINT/SIGTERM; ``serve`` is ``servers._serve_bound`` (given by the
+    CLI, as to ``tectofs s3``: ``servers`` starts agents for ``tectofs up --agent``)."""
+    from tectofs.agent.service import AgentService
+
+    peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
+
+    def start() -> AgentService:
+        return AgentService(args.shm_dir, memory_bytes_max=args.memory_bytes, keep_steps=args.keep_steps, peers=peers,
+                            replicas=args.replicas, wait_s=args.wait, takeover_s=args.takeover)
+
+    def describe(address: str) -> str:
+        return (f"tectofs memory agent on {address} ({args.memory_bytes} bytes, last {args.keep_steps} steps, "
+                f"peers {','.join(peers) or 'none'})")
+
+    serve(start, args, describe)
+
+
+def start_agent(root: str, *args: str, name: str = "agent",
+                timeout_s: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``tectofs agent ARGS`` as a child process running this tectofs (``tectofs up
+    --agent``, the benchmarks, the tests) and wait until it serves: its process and address.
+    Its address file is ``ROOT/NAME.address``, its log ``ROOT/logs/NAME.log``; RuntimeError,
+    naming the log, if it does not start within ``timeout_s``."""
+    from tectofs import children
+
+    ready = os.path.join(root, f"{name}.address")
+    if os.path.exists(ready):
+        os.remove(ready)
+    log_path = os.path.join(root, "logs", f"{name}.log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(children.cli_command("agent", "--ready-file", ready, *args), env=children.cli_env(),
+                                stdout=log, stderr=log)
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(ready):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise RuntimeError(f"the memory agent did not start (see {log_path})")
+        time.sleep(0.05)
+    with open(ready) as f:
+        return proc, f.read().strip()
+
+
+def add_parser(sub: Any, serve: Callable[..., None]) -> None:
+    p = sub.add_parser(
+        "agent", help="run this host's checkpoint memory agent",
+        description="Hold recent checkpoint steps in this host's memory (shared memory, outside the trainers, so a"
+        " trainer's crash loses none), replicate each to --peers and persist it to the cluster behind the training."
+        " Trainers save with CheckpointWriter(tier='memory') and load with CheckpointReader, finding the agent in"
+        " $TECTOFS_AGENT (this agent first, then its peers). The agent authenticates no one: it listens on"
+        " 127.0.0.1 unless --host says otherwise (use a private network). Runs until SIGINT/SIGTERM.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=numbers.PORT, default=0, help="port (default: any free one)")
+    p.add_argument("--peers", default="", metavar="HOST:PORT,...", help="other hosts' agents to replicate steps to")
+    p.add_argument("--replicas", type=numbers.count(0, 8), default=None,
+                   help="peers that must hold a step before a save counts as saved in memory (default 1 with peers)")
+    p.add_argument("--memory-bytes", type=numbers.size(limits.MiB), default=8 * limits.GiB, metavar="SIZE",
+                   help="host memory for held steps (default 8G); a save that needs more waits for persistence")
+    p.add_argument("--keep-steps", type=numbers.count(1, 1 << 20), default=2, metavar="K",
+                   help="persisted steps kept in memory, the newest (default 2)")
+    p.add_argument("--wait", type=numbers.seconds(0.0, 3600.0), default=60.0, metavar="SECONDS",
+                   help="how long a save waits for memory before it fails (default 60)")
+    p.add_argument("--takeover", type=numbers.seconds(0.0, 3600.0), default=30.0, metavar="SECONDS",
+                   help="a replica persists a step its primary has not reported persisted after this long (default 30)")
+    p.add_argument("--shm-dir", default="/dev/shm", help="shared-memory directory the steps live in (default /dev/shm)")
+    p.add_argument("--ready-file", help="write the listening address here once serving")
+    p.set_defaults(fn=lambda args: cmd_agent(args, serve))

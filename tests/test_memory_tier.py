@@ -1,0 +1,516 @@
+"""The checkpoint memory tier (issue 34, part 1): ``tectofs agent`` processes on loopback as
+simulated nodes over one test cluster, trainers saving with ``dcp.save`` and
+``CheckpointWriter(tier="memory")``, SIGKILLs of the trainer, of an agent and of a whole node
+(agent and trainer) during save, replication and persistence. What must hold: a committed
+(sealed or persisted) step is never lost or torn, a save that was not sealed is never seen, a
+load reads one step from one source. The store's bounds are tested in process (fast lane)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+import tectofs  # noqa: E402
+import tectofs.torch as tt  # noqa: E402
+from tectofs import errors  # noqa: E402
+from tectofs.agent import messages  # noqa: E402
+from tectofs.agent.client import agent_client  # noqa: E402
+from tectofs.agent.store import StepStore  # noqa: E402
+from tectofs.checksum import crc  # noqa: E402
+from tectofs.cli.agent import start_agent  # noqa: E402
+from tectofs.wire.client import RpcClient  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+TREE = os.path.dirname(os.path.dirname(os.path.realpath(tectofs.__file__)))
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (TREE, os.environ.get("PYTHONPATH")) if p)}
+WAIT_S = 30.0
+
+
+def _state(seed: int, rows: int = 256) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(rows, 1024, generator=gen), "b": torch.randn(1024, generator=gen), "step": seed}
+
+
+def _empty(rows: int = 256) -> dict[str, Any]:
+    return {"w": torch.zeros(rows, 1024), "b": torch.zeros(1024), "step": -1}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return torch.equal(a["w"], b["w"]) and torch.equal(a["b"], b["b"]) and a["step"] == b["step"]
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+class Agents:
+    """Agent processes started by a test (one per simulated node), killed at teardown."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+        shm = os.path.join(self.root, f"shm-{len(self.procs)}")
+        os.makedirs(shm)
+        proc, address = start_agent(self.root, "--shm-dir", shm, *args, name=f"agent-{len(self.procs)}")
+        self.procs.append(proc)
+        return proc, address
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def agents(tmp_path: Any) -> Iterator[Agents]:
+    made = Agents(str(tmp_path))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def nodes(agents: Agents) -> tuple[Agents, subprocess.Popen[bytes], str, subprocess.Popen[bytes], str]:
+    """Two nodes: node 2's agent first, then node 1's, which replicates to it."""
+    proc2, peer = agents.start("--memory-bytes", "256M", "--takeover", "1")
+    proc1, local = agents.start("--memory-bytes", "256M", "--peers", peer)
+    return agents, proc1, local, proc2, peer
+
+
+def _load(uri: str, agent: str, rows: int = 256) -> tuple[dict[str, Any], str]:
+    target = _empty(rows)
+    reader = tt.CheckpointReader(agent=agent)
+    dcp.load(target, checkpoint_id=uri, storage_reader=reader)
+    return target, reader.loaded_from
+
+
+def test_a_save_is_read_from_memory_then_a_peer_then_storage(cluster: Any, nodes: Any) -> None:
+    agents, proc1, local, proc2, peer = nodes
+    run = f"tectofs://{cluster.address}/memtier/tiers"
+    saved = _state(1)
+    writer = tt.CheckpointWriter(tier="memory", agent=f"{local},{peer}")
+    assert isinstance(writer, tt.MemoryTierWriter)
+    dcp.save(saved, checkpoint_id=f"{run}/step_1", storage_writer=writer)
+    assert writer.last_seal is not None and writer.last_seal.copies == 2
+
+    loaded, source = _load(f"{run}/step_1", f"{local},{peer}")
+    assert source == "memory" and _same(loaded, saved)
+    listed = tt.checkpoints(run, tiers=True, agent=f"{local},{peer}")
+    assert [i.uri for i in listed] == [f"{run}/step_1"]
+    assert {"memory", "peer"} <= listed[0].tiers
+    # Persisted behind the save, exactly as a storage save makes it.
+    _wait_for(lambda: "storage" in tt.checkpoints(run, tiers=True, agent=local)[0].tiers, "persisted")
+    assert sorted(cluster.fs.listdir("/memtier/tiers/step_1")) == [".metadata", "__0_0.distcp"]
+    assert tt.latest(run, tiers=True, agent=local) == tt.CheckpointInfo(f"{run}/step_1",
+                                                                        frozenset({"memory", "peer", "storage"}))
+
+    proc1.kill()
+    proc1.wait(timeout=10)
+    loaded, source = _load(f"{run}/step_1", f"{local},{peer}")
+    assert source == "peer" and _same(loaded, saved)
+    proc2.kill()
+    proc2.wait(timeout=10)
+    loaded, source = _load(f"{run}/step_1", f"{local},{peer}")
+    assert source == "storage" and _same(loaded, saved)
+    assert tt.latest(run, agent=f"{local},{peer}") == f"{run}/step_1"
+
+
+def test_a_save_whose_peer_is_down_is_persisted_before_it_returns(cluster: Any, nodes: Any) -> None:
+    """Replication cannot be done (node 2's agent was killed): the seal persists the step
+    before answering, so the save never counts as saved with one copy in memory."""
+    agents, proc1, local, proc2, peer = nodes
+    proc2.kill()
+    proc2.wait(timeout=10)
+    run = f"tectofs://{cluster.address}/memtier/lonely"
+    writer = tt.CheckpointWriter(tier="memory", agent=local)
+    assert isinstance(writer, tt.MemoryTierWriter)
+    dcp.save(_state(4), checkpoint_id=f"{run}/step_1", storage_writer=writer)
+    assert writer.last_seal is not None
+    assert (writer.last_seal.copies, writer.last_seal.persisted) == (1, True)
+    assert "0 of 1 peers took a copy" in writer.last_seal.note
+    assert _committed(cluster, "/memtier/lonely/step_1") == [".metadata", "__0_0.distcp"]
+    loaded, source = _load(f"{run}/step_1", local)
+    assert source == "memory" and _same(loaded, _state(4))
+
+
+TRAINER = textwrap.dedent('''
+    import sys, time, torch
+    import torch.distributed.checkpoint as dcp
+    import tectofs.torch as tt
+    from tectofs.agent.client import AgentClient
+    run, agent, stall_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    original = AgentClient.put
+    def put(self, address, step, save, name, offset, views):
+        original(self, address, step, save, name, offset, views)
+        if step.endswith(f"step_{stall_at}"):
+            print("stalled", flush=True)
+            time.sleep(60)  # the test kills us here: mid-save
+    AgentClient.put = put
+    writer = tt.CheckpointWriter(tier="memory", agent=agent)
+    for step in (1, 2, 3):
+        gen = torch.Generator().manual_seed(step)
+        sd = {"w": torch.randn(256, 1024, generator=gen), "b": torch.randn(1024, generator=gen), "step": step}
+        dcp.save(sd, checkpoint_id=f"{run}/step_{step}", storage_writer=writer)
+        print("saved", step, writer.last_seal.copies, flush=True)
+''')
+
+
+def _trainer(tmp_path: Any, run: str, agent: str, stall_at: int) -> subprocess.Popen[str]:
+    script = os.path.join(str(tmp_path), "trainer.py")
+    with open(script, "w") as f:
+        f.write(TRAINER)
+    return subprocess.Popen([sys.executable, script, run, agent, str(stall_at)], env=ENV, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def _read_until(proc: subprocess.Popen[str], line: str) -> list[str]:
+    """The trainer's lines up to ``line`` (bounded: it is killed if it takes too long)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + WAIT_S
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        got = proc.stdout.readline().strip()
+        if not got and proc.poll() is not None:
+            break
+        seen.append(got)
+        if got == line:
+            return seen
+    proc.kill()
+    pytest.fail(f"the trainer never printed {line!r}: {seen}")
+
+
+def test_a_trainer_killed_mid_save_leaves_the_step_before_it(cluster: Any, nodes: Any, tmp_path: Any) -> None:
+    agents, proc1, local, proc2, peer = nodes
+    run = f"tectofs://{cluster.address}/memtier/killed_trainer"
+    trainer = _trainer(tmp_path, run, f"{local},{peer}", stall_at=2)
+    try:
+        assert _read_until(trainer, "stalled") == ["saved 1 2", "stalled"]
+        trainer.send_signal(signal.SIGKILL)
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=10)
+    assert tt.latest(run, agent=f"{local},{peer}") == f"{run}/step_1"
+    loaded, source = _load(f"{run}/step_1", f"{local},{peer}")
+    assert source == "memory" and _same(loaded, _state(1))
+    with pytest.raises(tt.CheckpointFailed, match="no complete checkpoint"):  # the torn save is seen by no one
+        _load(f"{run}/step_2", f"{local},{peer}")
+    assert all(not i.uri.endswith("step_2") for i in tt.checkpoints(run, tiers=True, agent=f"{local},{peer}"))
+
+
+def _kill_node_at(trainer: subprocess.Popen[str], agent: subprocess.Popen[bytes], line: str) -> None:
+    """SIGKILL a whole node, its agent and its trainer, once the trainer printed ``line``."""
+    try:
+        _read_until(trainer, line)
+        agent.send_signal(signal.SIGKILL)
+        trainer.send_signal(signal.SIGKILL)
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=10)
+        agent.wait(timeout=10)
+
+
+def test_a_node_killed_mid_save_and_replication_leaves_the_step_before_it(cluster: Any, nodes: Any,
+                                                                          tmp_path: Any) -> None:
+    """Node 1's agent and trainer are killed while step 2 is being received and forwarded to
+    node 2: node 2 holds all of step 1 and at most part of step 2 (never sealed, never seen)."""
+    agents, proc1, local, proc2, peer = nodes
+    run = f"tectofs://{cluster.address}/memtier/killed_mid_replication"
+    _kill_node_at(_trainer(tmp_path, run, f"{local},{peer}", stall_at=2), proc1, "stalled")  # mid-step 2
+    assert tt.latest(run, agent=f"{local},{peer}") == f"{run}/step_1"
+    loaded, source = _load(f"{run}/step_1", f"{local},{peer}")
+    assert source in ("peer", "storage") and _same(loaded, _state(1))
+    with pytest.raises(tt.CheckpointFailed, match="no complete checkpoint"):
+        _load(f"{run}/step_2", f"{local},{peer}")
+
+
+def test_a_node_killed_during_persistence_loses_no_step(cluster: Any, nodes: Any, tmp_path: Any) -> None:
+    """Node 1 (its agent and its trainer) is killed right after a seal, while its agent
+    persists: the step is committed whole or not at all, loadable from node 2's copy meanwhile,
+    and node 2 persists it itself once node 1 stops answering (--takeover)."""
+    agents, proc1, local, proc2, peer = nodes
+    run = f"tectofs://{cluster.address}/memtier/killed_node"
+    _kill_node_at(_trainer(tmp_path, run, f"{local},{peer}", stall_at=3), proc1, "saved 2 2")  # step 2 sealed
+    for step in (1, 2):
+        names = _committed(cluster, f"/memtier/killed_node/step_{step}")
+        assert names in (None, [".metadata", "__0_0.distcp"]), f"step_{step} torn in storage: {names}"
+        loaded, source = _load(f"{run}/step_{step}", f"{local},{peer}")
+        assert source in ("peer", "storage") and _same(loaded, _state(step))
+    _wait_for(lambda: _committed(cluster, "/memtier/killed_node/step_2") is not None, "node 2 took over persistence")
+    loaded, source = _load(f"{run}/step_2", "")
+    assert source == "storage" and _same(loaded, _state(2))
+
+
+def _committed(cluster: Any, path: str) -> list[str] | None:
+    try:
+        return sorted(cluster.fs.listdir(path))
+    except FileNotFoundError:
+        return None
+
+
+def test_async_save_and_load_through_the_checkpoint_id(cluster: Any, agents: Agents,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    _, agent = agents.start("--memory-bytes", "64M")
+    monkeypatch.setenv("TECTOFS_AGENT", agent)
+    monkeypatch.setenv("TECTOFS_TIER", "memory")
+    run = f"tectofs://{cluster.address}/memtier/by_id"
+    saved = _state(7, rows=64)
+    dcp.save(saved, checkpoint_id=f"{run}/step_1")
+    writer = tt.CheckpointWriter(tier="memory")
+    future = dcp.async_save(_state(8, rows=64), checkpoint_id=f"{run}/step_2", storage_writer=writer)
+    assert isinstance(future, concurrent.futures.Future)
+    future.result(timeout=WAIT_S)
+    target = _empty(rows=64)
+    dcp.load(target, checkpoint_id=tt.latest(run))
+    assert _same(target, _state(8, rows=64))
+    dcp.load(target, checkpoint_id=f"{run}/step_1")
+    assert _same(target, saved)
+
+
+@pytest.mark.slow
+def test_a_full_agent_refuses_a_save_clearly_and_keeps_unpersisted_steps(agents: Agents) -> None:
+    """Nothing can be persisted (the steps name a cluster that does not exist): a save that
+    needs room fails after --wait with NoSpace, and the earlier step, the only copy, stays."""
+    _, agent = agents.start("--memory-bytes", "4M", "--keep-steps", "1", "--wait", "0.5")
+    client = agent_client()
+    first = "tectofs://127.0.0.1:1/run/step_1"
+    data = memoryview(os.urandom(3 << 20))
+    _seal(client, agent, first, "s1", data)
+    with pytest.raises(errors.NoSpace, match="memory agent .* is full"):
+        client.put(agent, "tectofs://127.0.0.1:1/run/step_2", "s2", "__0_0.distcp", 0, [data])
+    located = client.locate(agent, first)
+    assert located is not None and located.found and not located.persisted
+
+
+def _seal(client: Any, agent: str, step: str, save: str, data: memoryview) -> messages.SealReply:
+    client.put(agent, step, save, "__0_0.distcp", 0, [data])
+    client.put(agent, step, save, ".metadata", 0, [memoryview(b"m")])
+    files = [messages.HeldFileInfo(name="__0_0.distcp", size=data.nbytes, crc32c=crc(data)),
+             messages.HeldFileInfo(name=".metadata", size=1, crc32c=crc(b"m"))]
+    return client.seal(agent, step, save, files, [f.name for f in files], 0)
+
+
+@pytest.mark.slow
+def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(agents: Agents) -> None:
+    _, agent = agents.start("--memory-bytes", "16M")
+    client = agent_client()
+    step = "tectofs://127.0.0.1:1/run/step_1"
+    with pytest.raises(errors.NotFound, match="holds no save"):
+        client.seal(agent, step, "nope", [], [".metadata"], 0)
+    client.put(agent, step, "s1", "__0_0.distcp", 0, [memoryview(b"abc")])
+    with pytest.raises(errors.CheckpointError, match="torn"):  # a wrong crc: the save is dropped
+        client.verify(agent, step, "s1", [messages.HeldFileInfo(name="__0_0.distcp", size=3, crc32c=crc(b"abd"))])
+    with pytest.raises(errors.NotFound):
+        client.verify(agent, step, "s1", [])
+    assert _seal(client, agent, step, "s2", memoryview(b"abc")).copies == 1
+    with pytest.raises(errors.InvalidArgument, match="cannot read"):
+        client.read(agent, step, "s2", "__0_0.distcp", 2, memoryview(bytearray(5)))
+
+    rpc = RpcClient(retries_max=0, timeout_s=5.0)
+
+    async def raw() -> list[str]:
+        answers = []
+        for op, header in (("mem_seal", {"step": 5}), ("mem_get", {"step": step, "save": "s2", "file": "../x",
+                                                                   "offset": 0, "length": 1}),
+                           ("mem_put", {"step": step, "save": "x" * 100, "file": "f", "offset": 0}),
+                           ("mem_put", {"step": step, "save": "s9", "file": "..", "offset": 0}),
+                           ("no_such_op", {})):
+            try:
+                await rpc.call_raw(agent, op, header)
+                answers.append("accepted")
+            except errors.TectofsError as exc:
+                answers.append(type(exc).__name__)
+        await rpc.close()
+        return answers
+
+    import asyncio
+
+    assert asyncio.run(raw()) == ["InvalidArgument"] * 5
+    import socket
+
+    with socket.create_connection(tuple(agent.rsplit(":", 1)), timeout=5) as s:  # type: ignore[arg-type]
+        s.sendall(b"this is not a tectofs frame" * 10)
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+    assert _seal(client, agent, "tectofs://127.0.0.1:1/run/step_3", "s3", memoryview(b"xyz")).copies == 1
+
+
+def _rank(rank: int, port: int, run: str, agents_of: list[str]) -> None:
+    """One of two gloo ranks, each with its own shard, each on its own "node" (agent list)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))
+    try:
+        shard = {f"rank{rank}.w": torch.full((64, 64), float(rank + 1)), "shared": torch.arange(8.0)}
+        writer = tt.CheckpointWriter(tier="memory", agent=agents_of[rank])
+        dcp.save(shard, checkpoint_id=f"{run}/step_1", storage_writer=writer)
+        target = {f"rank{rank}.w": torch.zeros(64, 64), "shared": torch.zeros(8)}
+        reader = tt.CheckpointReader(agent=agents_of[rank])
+        dcp.load(target, checkpoint_id=f"{run}/step_1", storage_reader=reader)
+        assert torch.equal(target[f"rank{rank}.w"], shard[f"rank{rank}.w"]), f"rank {rank}: wrong shard"
+        assert torch.equal(target["shared"], shard["shared"])
+        assert reader.loaded_from == "memory", (rank, reader.loaded_from)  # node 2 holds the replica
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_on_two_nodes_save_one_step_to_the_coordinators_agent(cluster: Any, nodes: Any) -> None:
+    """Each rank sends its files to the coordinator's agent (the plan names it), which seals
+    the step once every rank's files are there and checked, with its replica on the other
+    node: each rank then loads the step from its own node's memory."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    agents, proc1, local, proc2, peer = nodes
+    run = f"tectofs://{cluster.address}/memtier/ranks"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(port, run, [f"{local},{peer}", f"{peer},{local}"]), nprocs=2, join=True)
+    located = agent_client().locate(local, f"{run}/step_1")
+    assert located is not None and located.found
+    assert sorted(f.name for f in located.files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+# ---------------------------------------------------------------------- the store, in process
+
+
+def _held(store: StepStore, step: str, nbytes: int, persisted: bool) -> None:
+    held = store.begin(step, "s", primary=True, origin=None)
+    assert store.room_for(nbytes)
+    store.write(held, "__0_0.distcp", 0, memoryview(bytes(nbytes)))
+    store.write(held, ".metadata", 0, memoryview(b"m"))
+    StepStore.verified(held, [messages.HeldFileInfo(name="__0_0.distcp", size=nbytes, crc32c=0),
+                              messages.HeldFileInfo(name=".metadata", size=1, crc32c=0)])
+    store.seal(held, ["__0_0.distcp", ".metadata"])
+    if persisted:
+        assert store.mark_persisted(step, "s")
+
+
+def test_the_store_never_evicts_the_only_copy_of_an_unpersisted_step(tmp_path: Any) -> None:
+    now = [0.0]
+    store = StepStore(str(tmp_path), memory_bytes_max=1000, keep_steps=3, clock=lambda: now[0])
+    _held(store, "tectofs://h:1/r/step_1", 400, persisted=False)
+    now[0] += 1
+    _held(store, "tectofs://h:1/r/step_2", 400, persisted=True)
+    assert store.room_for(500)  # step_2 (persisted) goes
+    assert sorted(store.steps) == ["tectofs://h:1/r/step_1"]
+    assert not store.room_for(700)  # only step_1 could make room: it stays
+    assert sorted(store.steps) == ["tectofs://h:1/r/step_1"]
+    with pytest.raises(errors.NoSpace):
+        store.room_for(1001)
+    with pytest.raises(errors.AlreadyExists):  # a second save of a step held unpersisted
+        store.begin("tectofs://h:1/r/step_1", "other", primary=True, origin=None)
+    assert store.mark_persisted("tectofs://h:1/r/step_1", "s")
+    assert store.room_for(700) and not store.steps
+
+
+def test_the_store_keeps_the_newest_persisted_steps_and_drops_abandoned_saves(tmp_path: Any) -> None:
+    now = [0.0]
+    store = StepStore(str(tmp_path), memory_bytes_max=1 << 20, keep_steps=2, abandon_s=10.0, clock=lambda: now[0])
+    for step in range(1, 5):
+        now[0] += 1
+        _held(store, f"tectofs://h:1/r/step_{step}", 10, persisted=step != 2)
+    # step_2 is not persisted: kept beyond K until it is
+    assert sorted(store.steps) == ["tectofs://h:1/r/step_2", "tectofs://h:1/r/step_3", "tectofs://h:1/r/step_4"]
+    torn = store.begin("tectofs://h:1/r/step_5", "s", primary=True, origin=None)
+    store.write(torn, "__0_0.distcp", 0, memoryview(b"partial"))
+    with pytest.raises(errors.InvalidArgument, match="never received"):
+        store.seal(torn, ["__0_0.distcp", ".metadata"])
+    assert store.sealed("tectofs://h:1/r/step_5") is None
+    now[0] += 11
+    assert store.collect_abandoned() == ["tectofs://h:1/r/step_5"]
+    assert store.mark_persisted("tectofs://h:1/r/step_2", "s")
+    assert sorted(store.steps) == ["tectofs://h:1/r/step_3", "tectofs://h:1/r/step_4"]
+
+
+def test_the_widest_agent_messages_fit_a_frame_header() -> None:
+    import msgspec
+
+    from tectofs import limits
+
+    name = "n" * messages.FILE_NAME_BYTES_MAX
+    widest = messages.HeldFileInfo(name=name, size=2**63 - 1, crc32c=2**32 - 1)
+    step = "s" * messages.STEP_ID_BYTES_MAX
+    replies = [
+        messages.LocateReply(found=True, save="t" * 64, files=[widest] * messages.FILES_MAX,
+                             paths=["p" * messages.LOCAL_PATH_BYTES_MAX] * messages.FILES_MAX, persisted=True,
+                             peers=["a" * limits.address_length_max_bytes] * messages.PEERS_MAX),
+        messages.ListReply(steps=[messages.HeldStepInfo(step=step, save="t" * 64, persisted=True, primary=True,
+                                                        nbytes=2**63 - 1)] * messages.STEPS_LISTED_MAX, truncated=True,
+                           peers=["a" * limits.address_length_max_bytes] * messages.PEERS_MAX),
+        messages.SealRequest(step=step, save="t" * 64, files=[widest] * messages.FILES_MAX,
+                             names=[name] * messages.FILES_MAX, replicas=8, primary="a" * 255),
+    ]
+    for message in replies:
+        assert len(msgspec.msgpack.encode(message)) <= limits.reply_header_budget_bytes, type(message).__name__
+
+
+
+def test_a_load_that_fails_from_memory_is_read_again_whole_from_the_next_source(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_with_failover``: a memory source failing mid-load hands the whole load to the next
+    source holding the step (here none: the chunk servers), with a warning naming both; a
+    failure from the chunk servers is the caller's."""
+    from tectofs.torch import _memory_copy
+
+    class Failing(_memory_copy.Source):
+        def __init__(self) -> None:
+            self.agent, self.step, self.save, self.files, self.tier = "127.0.0.1:9", "s", "t", {}, "memory"
+            self.closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    asked: list[frozenset[str]] = []
+    monkeypatch.setattr(_memory_copy, "find_copy", lambda step, agent_list, skip=frozenset(): asked.append(skip))
+    reads: list[object] = []
+    switched: list[object] = []
+    failing = Failing()
+
+    def read() -> None:
+        reads.append(switched[-1] if switched else failing)
+        if len(reads) == 1:
+            raise errors.ChecksumMismatch("item x fails its crc32c check")
+
+    with pytest.warns(UserWarning, match=r"from memory agent 127.0.0.1:9 failed .*crc32c.* from the chunk servers"):
+        _memory_copy.read_with_failover(read, failing, "s", ["127.0.0.1:9"], switched.append)
+    assert reads == [failing, None] and switched == [None] and failing.closed
+    assert asked == [frozenset({"127.0.0.1:9"})]
+
+    def broken() -> None:
+        raise errors.NotFound("no complete checkpoint")
+
+    with pytest.raises(errors.NotFound):
+        _memory_copy.read_with_failover(broken, None, "s", [], switched.append)
