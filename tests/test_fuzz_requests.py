@@ -32,7 +32,7 @@ from tectofs.wire.framing import PROTOCOL_VERSION, FrameDecoder, FrameKind, enco
 
 # About 160,000 frames in all with today's 52 operations (about 45 s on 2 cores; new seeds every run); more with
 # TECTOFS_FUZZ_FRAMES_PER_OPERATION for a long soak.
-FRAMES_PER_OPERATION = int(os.environ.get("TECTOFS_FUZZ_FRAMES_PER_OPERATION", "3000"))
+FRAMES_PER_OPERATION = int(os.environ.get("TECTOFS_FUZZ_FRAMES_PER_OPERATION", "2000"))
 MiB = 1 << 20
 DANGEROUS = {"commit", "stage", "allocate", "register_server", "heartbeat", "put_chunk", "delete_chunks",
              "repair_done", "inventory_begin", "inventory", "drain", "user_add", "user_remove"}
