@@ -404,6 +404,30 @@ def test_a_peer_notification_carries_every_key_in_parts_postgresql_accepts():
     assert _parts([], "ab") == [{"by": "ab", "keys": []}]
 
 
+def test_a_malformed_recall_on_the_channel_is_ignored_and_nothing_is_sent():
+    from tectofs.server.meta.lease_peers import LeasePeers
+
+    sent: list = []
+
+    async def scenario():
+        peers = LeasePeers("postgresql://unused", LeaseTable(lease_s=5.0))
+        peers.table.renewing = True
+
+        async def notify(message, channel="tectofs_leases"):
+            sent.append((channel, message))
+        peers._notify = notify  # type: ignore[method-assign]
+        for bad in ({"from": "not-an-id", "changes": []},
+                    {"from": "0123456789abcdef", "changes": [{"change": "c", "keys": [], "by": "zz"}]},
+                    {"from": "0123456789abcdef", "changes": [{"keys": []}]}):
+            await peers._recall_for_peer(bad)
+        assert sent == [] and peers.table.renewing  # ignored: still renewing
+        await peers._recall_for_peer({"from": "0123456789abcdef",
+                                      "changes": [{"change": "c1", "keys": [["a", 5]], "by": "ab"}]})
+        assert sent == [("tectofs_leases_0123456789abcdef",
+                         {"kind": "ack", "to": "0123456789abcdef", "from": peers.id, "changes": ["c1"]})]
+    run(scenario())
+
+
 def test_the_store_counts_an_inodes_extended_attributes_and_counts_them_in_an_older_store(tmp_path):
     import sqlite3
 

@@ -199,13 +199,17 @@ class LeasePeers:
     async def _recall_for_peer(self, message: dict[str, Any]) -> None:
         """Recall every change of a peer's notification from this service's sessions, then
         acknowledge them all in one notification to that peer."""
-        changes = [c for c in message.get("changes", []) if isinstance(c, dict)]
-        await asyncio.gather(*(self.table.recall([tuple(k) for k in c.get("keys", [])],
-                                                 changed_by=bytes.fromhex(c.get("by", "")), remote=True)
-                               for c in changes))
+        try:
+            channel = _ack_channel(str(message.get("from", "")))
+            changes = [(str(c["change"]), [tuple(k) for k in c["keys"]], bytes.fromhex(c["by"]))
+                       for c in message.get("changes", [])]
+        except (KeyError, TypeError, ValueError) as exc:  # not a service's: nobody waits for its answer
+            log.warning("ignored a malformed recall on %s: %s", CHANNEL, exc)
+            return
+        await asyncio.gather(*(self.table.recall(keys, changed_by=by, remote=True) for _, keys, by in changes))
         try:
             await self._notify({"kind": "ack", "to": message["from"], "from": self.id,
-                                "changes": [c["change"] for c in changes]}, _ack_channel(str(message["from"])))
+                                "changes": [change for change, _, _ in changes]}, channel)
         except Exception as exc:
             self._unsound(f"cannot acknowledge a recall: {exc}")
 
