@@ -71,9 +71,12 @@ class FileSystem:
     name = "?"
     can_remount = False
 
-    def __init__(self, work_dir: str) -> None:
+    def __init__(self, work_dir: str, xattrs: bool = False) -> None:
+        """``xattrs``: extended attributes on the mount (off by default, JuiceFS's default;
+        a system that cannot turn them off, or on, keeps its own)."""
         self.work_dir = os.path.join(work_dir, self.name)
         self.root = os.path.join(self.work_dir, "mnt")
+        self.xattrs = xattrs
 
     def start(self) -> None:
         raise NotImplementedError
@@ -148,10 +151,10 @@ class Tectofs(FileSystem):
     name = "tectofs"
     can_remount = True
 
-    def __init__(self, work_dir: str, variant: TectofsVariant = DEFAULT_TECTOFS) -> None:
+    def __init__(self, work_dir: str, variant: TectofsVariant = DEFAULT_TECTOFS, xattrs: bool = False) -> None:
         self.name = variant.system
         self.variant = variant
-        super().__init__(work_dir)
+        super().__init__(work_dir, xattrs)
         self.cluster: Any = None
         self.mount: Any = None
 
@@ -171,7 +174,7 @@ class Tectofs(FileSystem):
         from tectofs.client.fuse import start_mount_process
 
         self.mount = start_mount_process(self.cluster.address, self.root, timeout_s=start_timeout_s,
-                                         log_path=os.path.join(self.work_dir, "mount.log"))
+                                         log_path=os.path.join(self.work_dir, "mount.log"), xattrs=self.xattrs)
 
     def prepare_tree(self, directory: str) -> None:
         """The variant's ``tree_policy`` on ``directory``, through the client library (files
@@ -327,8 +330,8 @@ class _MountedDaemons(FileSystem):
 
     can_remount = True
 
-    def __init__(self, work_dir: str) -> None:
-        super().__init__(work_dir)
+    def __init__(self, work_dir: str, xattrs: bool = False) -> None:
+        super().__init__(work_dir, xattrs)
         self.servers: list[_Daemon] = []
         self.mount: _Daemon | None = None
 
@@ -398,7 +401,7 @@ class JuiceFS(_MountedDaemons):
     def _mount_command(self) -> list[str]:
         return [self.binary, "--no-agent", "mount", "--no-usage-report", "--no-bgjob", "--backup-meta", "0",
                 "--metrics", "127.0.0.1:0", "--cache-dir", os.path.join(self.work_dir, "cache"),
-                self.meta_url, self.root]
+                *(["--enable-xattr"] if self.xattrs else []), self.meta_url, self.root]
 
     def metadata_store_bytes(self) -> int | None:
         return sqlite_live_bytes(self.meta_db)
@@ -418,8 +421,8 @@ class SeaweedFS(_MountedDaemons):
 
     name = "seaweedfs"
 
-    def __init__(self, work_dir: str) -> None:
-        super().__init__(work_dir)
+    def __init__(self, work_dir: str, xattrs: bool = False) -> None:
+        super().__init__(work_dir, xattrs)
         self.grpc_ports: dict[str, int] = {}
         self.socket_dir: str | None = None
 
@@ -455,7 +458,7 @@ class SeaweedFS(_MountedDaemons):
     def _mount_command(self) -> list[str]:
         return [self.binary, "mount", f"-filer={self.filer}", f"-dir={self.root}",
                 f"-cacheDir={os.path.join(self.work_dir, 'cache')}",
-                f"-localSocket={self._socket('mount.sock')}"]
+                f"-localSocket={self._socket('mount.sock')}", *([] if self.xattrs else ["-disableXAttr"])]
 
     def stop(self) -> None:
         super().stop()
@@ -480,9 +483,9 @@ SYSTEMS: dict[str, type[FileSystem]] = {"local": LocalDirectory, "tectofs": Tect
 VARIANT_SYSTEMS = {variant.system: variant for variant in TECTOFS_VARIANTS.values()}  # "tectofs-inline-off": ...
 
 
-def make_system(name: str, work_dir: str) -> FileSystem:
+def make_system(name: str, work_dir: str, xattrs: bool = False) -> FileSystem:
     """The system ``name`` (one of ``SYSTEMS`` or ``VARIANT_SYSTEMS``), not started, its files
-    to be under ``work_dir``."""
+    to be under ``work_dir``; ``xattrs``: see :class:`FileSystem`."""
     if name in VARIANT_SYSTEMS:
-        return Tectofs(work_dir, VARIANT_SYSTEMS[name])
-    return SYSTEMS[name](work_dir)
+        return Tectofs(work_dir, VARIANT_SYSTEMS[name], xattrs)
+    return SYSTEMS[name](work_dir, xattrs=xattrs)

@@ -44,7 +44,10 @@ as three replicas), so that small-file policies are compared under the same load
 started before the first round and stopped after the last, even on failure or Ctrl-C; a
 system that is missing or does not start has a row saying why, and the others still run.
 Rounds alternate the order of the systems (first to last, then last to first); figures are
-medians of ``--rounds`` rounds (default 3).
+medians of ``--rounds`` rounds (default 3). Every mount is without extended attributes, as
+JuiceFS mounts by default (tectofs ``--no-xattrs``, SeaweedFS ``-disableXAttr``), so that
+``ls -l``'s probes and the kernel's check before each write cost the same everywhere;
+``--xattrs`` mounts every system with them.
 
 Reported: seconds per step and system, each system's time relative to local and to JuiceFS
 (and a variant's to tectofs; > 1: slower), the metadata rates and their ratios, what the
@@ -387,9 +390,11 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(SYSTEMS), rounds: int = DEFAULT_ROUNDS,
         files: int = DEFAULT_FILES, work_dir: str | None = None,
-        progress: Callable[[int], None] | None = None, remount: bool = False) -> Result:
+        progress: Callable[[int], None] | None = None, remount: bool = False, xattrs: bool = False) -> Result:
     """Measure ``tree`` on ``systems`` for ``rounds`` rounds; writes and returns ``tree.json``'s
-    result. ``remount``: make steps cold by remounting even where caches could be dropped."""
+    result. ``remount``: make steps cold by remounting even where caches could be dropped.
+    ``xattrs``: every mount with extended attributes (else every mount without: JuiceFS's
+    default, tectofs's ``--no-xattrs``, SeaweedFS's ``-disableXAttr``)."""
     assert rounds >= 1 and files >= 1
     assert systems and all(name in SYSTEMS or name in VARIANT_SYSTEMS for name in systems), systems
     times: dict[str, dict[str, list[float]]] = {name: {} for name in systems}
@@ -417,7 +422,7 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
         total_bytes = tree.total_bytes
         running: dict[str, FileSystem] = {}
         for name in systems:
-            system = make_system(name, tmp)
+            system = make_system(name, tmp, xattrs)
             stack.callback(system.stop)  # idempotent: whatever start() reached is stopped
             try:
                 system.start()
@@ -451,7 +456,7 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
                 if progress is not None:
                     progress(1)
     result = summarize(tree, list(systems), rounds, files, times, rates, status, versions, errors, cold_how["how"],
-                       store)
+                       store, xattrs)
     write_results(out_dir, "tree", result)
     return result
 
@@ -521,7 +526,8 @@ def _store_rows(tree: Tree, systems: list[str], store: Mapping[str, Sequence[flo
 
 def summarize(tree: Tree, systems: list[str], rounds: int, files: int, times: dict[str, dict[str, list[float]]],
               rates: dict[str, dict[str, list[float]]], status: dict[str, str], versions: dict[str, str],
-              errors: list[str], cold: str, store: Mapping[str, Sequence[float]] | None = None) -> Result:
+              errors: list[str], cold: str, store: Mapping[str, Sequence[float]] | None = None,
+              xattrs: bool = False) -> Result:
     """The result: one row per system and step (seconds, and relative to local and JuiceFS:
     > 1 is slower), one per system and metadata rate (and relative: > 1 is faster), one per
     system and what the untar added to its metadata store (``store``: bytes per round), and the
@@ -542,14 +548,17 @@ def summarize(tree: Tree, systems: list[str], rounds: int, files: int, times: di
         "tree_bytes": tree.total_bytes, "import": tree.import_name, "distributions": list(tree.distributions),
         "rounds": rounds, "files": files, "systems": {n: {"status": status.get(n, "not run"),
                                                            "version": versions.get(n, "")} for n in systems},
-        "cold": cold, "steps": steps, "rows": rows, "metadata": {"rows": meta_rows},
+        "cold": cold, "xattrs": xattrs, "steps": steps, "rows": rows, "metadata": {"rows": meta_rows},
         "metadata_store": {"rows": _store_rows(tree, systems, store or {})}, "ratios": ratios,
         "targets": targets, "errors": errors, "error_count": len(errors),
         "note": (f"medians of {rounds} round(s), systems alternating order per round; cold steps: "
                  + ("page cache dropped (echo 3 > /proc/sys/vm/drop_caches)" if cold == "drop_caches" else
                    f"mounts remounted ({'--remount' if cold == 'remount' else 'the page cache could not be dropped'};"
                    " local steps are NOT cold)")
-                 + f"; metadata: {files} empty files, one process, {SETTLE_S:g} s pause before stats and unlinks"),
+                 + f"; metadata: {files} empty files, one process, {SETTLE_S:g} s pause before stats and unlinks"
+                 + ("; extended attributes on every mount (--xattrs)" if xattrs else
+                    "; extended attributes off on every mount (JuiceFS's default; tectofs --no-xattrs,"
+                    " SeaweedFS -disableXAttr; --xattrs turns them on)")),
     }
 
 
@@ -645,6 +654,10 @@ def add_options(parser: argparse.ArgumentParser, standalone: bool) -> None:
                              f"(default {DEFAULT_ROUNDS})")
     parser.add_argument("--remount", action="store_true",
                         help="tree: make steps cold by remounting, even where the page cache can be dropped")
+    parser.add_argument("--xattrs", action="store_true",
+                        help="tree: mount every system with extended attributes (default: without, as JuiceFS mounts"
+                             " by default; tectofs --no-xattrs, SeaweedFS -disableXAttr): ls -l and writes then ask"
+                             " the mount for them")
     if standalone:
         parser.add_argument("--files", type=numbers.count(1, FILES_MAX), default=None,
                             help=f"empty files per metadata run (default {DEFAULT_FILES}, --quick {QUICK_FILES})")
@@ -676,7 +689,7 @@ def run_from_args(args: argparse.Namespace, progress: Callable[[int], None] | No
     """``tectofs bench tree`` and ``python3 -m tectofs.benchmarks.tree``, from parsed options."""
     return run(args.out, tree_from_args(args), systems=systems_from_args(args),
                rounds=args.rounds or DEFAULT_ROUNDS, files=args.files or (QUICK_FILES if args.quick else DEFAULT_FILES),
-               work_dir=args.work_dir, progress=progress, remount=args.remount)
+               work_dir=args.work_dir, progress=progress, remount=args.remount, xattrs=args.xattrs)
 
 
 def steps(args: argparse.Namespace) -> int:

@@ -148,3 +148,50 @@ def test_a_listing_brings_every_entrys_attributes(make_cluster: Any, tmp_path: A
                 os.getxattr(f"{mnt}/listed/{name}", "system.posix_acl_access")
             assert unsupported.value.errno == errno.EOPNOTSUPP
         assert calls("getxattr") == before
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_without_xattrs_the_kernel_stops_asking(make_cluster: Any, tmp_path: Any) -> None:
+    """``--no-xattrs``: every extended-attribute call fails EOPNOTSUPP, as on a filesystem
+    without them, and the kernel sends at most one request of each kind (libfuse's debug
+    log counts them) however many files are probed or written; data is untouched. With
+    xattrs (the default) the same probes reach the mount once per file."""
+    from tectofs.client.fuse import start_mount_process
+
+    cluster = make_cluster()
+    cluster.fs.mkdir("/probed")
+    for i in range(40):
+        cluster.fs.write_bytes(f"/probed/f{i}", b"x" * i)
+
+    def probe_and_write(mnt: str, xattrs: bool) -> None:
+        for i in range(40):
+            path = f"{mnt}/probed/f{i}"
+            with pytest.raises(OSError) as absent:
+                os.getxattr(path, "security.selinux")  # ls -l's probe
+            assert absent.value.errno == (errno.ENODATA if xattrs else errno.EOPNOTSUPP)
+            if not xattrs:
+                for call in (lambda: os.listxattr(path), lambda: os.setxattr(path, "user.a", b"1"),
+                             lambda: os.removexattr(path, "user.a")):
+                    with pytest.raises(OSError) as unsupported:
+                        call()
+                    assert unsupported.value.errno == errno.EOPNOTSUPP
+            with open(path, "ab") as f:
+                f.write(b"y")
+
+    def requests(log_path: str, opcode: str) -> int:
+        with open(log_path, errors="replace") as f:
+            return sum(f"opcode: {opcode} " in line for line in f)
+
+    for xattrs in (False, True):
+        mnt, log_path = str(tmp_path / f"mnt-{xattrs}"), str(tmp_path / f"mount-{xattrs}.log")
+        with start_mount_process(cluster.address, mnt, log_path=log_path, debug=True, xattrs=xattrs):
+            probe_and_write(mnt, xattrs)
+        getxattrs = requests(log_path, "GETXATTR")
+        if xattrs:
+            assert getxattrs >= 40
+        else:
+            assert getxattrs <= 1
+            for opcode in ("LISTXATTR", "SETXATTR", "REMOVEXATTR"):
+                assert requests(log_path, opcode) <= 1, opcode
+    assert [cluster.fs.read_bytes(f"/probed/f{i}") for i in range(40)] == [b"x" * i + b"yy" for i in range(40)]

@@ -44,7 +44,7 @@ def mount_options(address: str, shared: bool, default_permissions: bool, debug: 
 
 async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
                        on_ready: Callable[[], None] | None, credentials: str | None, multi_user: bool | None,
-                       default_permissions: bool, negative_cache_s: float, leases: bool) -> None:
+                       default_permissions: bool, negative_cache_s: float, leases: bool, xattrs: bool) -> None:
     loop = asyncio.get_running_loop()
     diagnostics.dump_tasks_on_sigusr1(loop)
     # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
@@ -66,7 +66,7 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
         fs.views_share_cache = kernel_checks
         operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready, callers,
                                        entry_timeout_s=None if kernel_checks else 0.0,
-                                       negative_cache_s=negative_cache_s)
+                                       negative_cache_s=negative_cache_s, xattrs=xattrs)
         try:
             pyfuse3.init(operations, mountpoint, mount_options(address, shared, default_permissions, debug))
         except RuntimeError as exc:  # libfuse logged why (mountpoint busy, no /dev/fuse, bad option, ...)
@@ -94,16 +94,16 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
            on_ready: Callable[[], None] | None = None, credentials: str | None = None,
            multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0,
-           leases: bool = True) -> None:
+           leases: bool = True, xattrs: bool = True) -> None:
     pyfuse3.asyncio.enable()
     asyncio.run(_serve_async(address, mountpoint, threads, attr_timeout_s, debug, on_ready, credentials, multi_user,
-                             default_permissions, negative_cache_s, leases))
+                             default_permissions, negative_cache_s, leases, xattrs))
 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
           attr_timeout_s: float = 1.0, debug: bool = False, credentials: str | None = None,
           multi_user: bool | None = None, default_permissions: bool = True,
-          negative_cache_s: float = 0.0, leases: bool = True) -> str | None:
+          negative_cache_s: float = 0.0, leases: bool = True, xattrs: bool = True) -> str | None:
     """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
 
     ``credentials``: the credential file (default: ``tectofs.wire.auth.find_credential``).
@@ -123,6 +123,11 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     another client's change recalls them, before that change returns (``kernel_cache.py``);
     without, the kernel keeps them ``attr_timeout_s`` and absent names not at all.
 
+    ``xattrs=False`` (``--no-xattrs``): no extended attributes through this mount; ``getfattr``
+    and ``setfattr`` fail with "Operation not supported", and the kernel stops asking for them
+    (``ls -l`` probes each file, the kernel checks ``security.capability`` before every write):
+    faster listings and writes where nobody needs them, as JuiceFS's default.
+
     ``threads=False`` (``--single-thread``): one kernel request at a time (else up to
     ``requests_in_flight_max`` coroutines on the one event loop).
 
@@ -137,7 +142,7 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
         raise SystemExit(f"tectofs mount: {mountpoint} is not a directory")
     serve = functools.partial(_serve, address, mountpoint, threads, attr_timeout_s, debug, credentials=credentials,
                               multi_user=multi_user, default_permissions=default_permissions,
-                              negative_cache_s=negative_cache_s, leases=leases)
+                              negative_cache_s=negative_cache_s, leases=leases, xattrs=xattrs)
     if foreground:
         serve()
         return None

@@ -26,6 +26,7 @@ one; special files are metadata the kernel serves. Listings bring every entry's 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import stat as statmod
 from typing import Callable, Sequence
@@ -58,17 +59,19 @@ class TectofsOperations(FileOperations):
 
     def __init__(self, fs: AsyncFileSystem, mountpoint: str, attr_timeout_s: float = 1.0,
                  on_ready: Callable[[], None] | None = None, callers: Callers | None = None,
-                 entry_timeout_s: float | None = None, negative_cache_s: float = 0.0) -> None:
+                 entry_timeout_s: float | None = None, negative_cache_s: float = 0.0, xattrs: bool = True) -> None:
         """``entry_timeout_s`` (default ``attr_timeout_s``): how long the kernel may reuse a name
         it looked up without asking again; 0 when the metadata service alone checks
         permissions (a path walk through a cached name asks nobody, so a caller who lost search
         permission on a directory would still reach the names below it). ``negative_cache_s``
         (0: off): how long after its last change to a directory it made the mount answers
         lookups of absent names there itself (``KnownListings``; not when names are not cached).
-        ``on_ready``: called once the kernel initialized the mount."""
+        ``on_ready``: called once the kernel initialized the mount. ``xattrs=False``: the mount
+        has no extended attributes (:meth:`_no_xattrs`)."""
         super().__init__(fs, os.path.abspath(mountpoint),
                          KernelCache(attr_timeout_s, entry_timeout_s, leases=fs.lease_session), callers, negative_cache_s)
         self._on_ready = on_ready
+        self._xattrs = xattrs
         self._listing_callers: dict[int, tuple[int, Identity | None]] = {}  # directory fh -> (inode, opener)
 
     def init(self) -> None:
@@ -243,8 +246,18 @@ class TectofsOperations(FileOperations):
 
     # ------------------------------------------------------------------ extended attributes
 
+    def _no_xattrs(self) -> None:
+        """``--no-xattrs``: the first extended-attribute request of each kind answers ENOSYS, so
+        the kernel never sends that kind again and fails it itself, EOPNOTSUPP ("Operation not
+        supported"), as on a filesystem without them: ``ls -l``'s per-file probes and the
+        ``security.capability`` check before every write then cost no round trip (JuiceFS's
+        default, mergerfs's ``xattr=nosys``)."""
+        if not self._xattrs:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+
     @handler
     async def getxattr(self, inode: int, name: bytes, ctx: Caller) -> bytes:
+        self._no_xattrs()
         identity = self.identity(ctx)
         if self.has_no_xattrs(inode, identity):
             raise NoAttribute("no such extended attribute")
@@ -253,6 +266,7 @@ class TectofsOperations(FileOperations):
 
     @handler
     async def listxattr(self, inode: int, ctx: Caller) -> list[bytes]:
+        self._no_xattrs()
         identity = self.identity(ctx)
         if self.has_no_xattrs(inode, identity):
             return []
@@ -263,12 +277,14 @@ class TectofsOperations(FileOperations):
     @handler
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Caller) -> None:
         """(pyfuse3 checks ``XATTR_CREATE`` and ``XATTR_REPLACE`` with a ``getxattr`` first.)"""
+        self._no_xattrs()
         self.xattrs_set(inode)
         path, text = self.path(inode), name.decode("utf-8", "surrogateescape")
         await self.as_caller(self.identity(ctx), lambda fs: fs.setxattr(path, text, value))
 
     @handler
     async def removexattr(self, inode: int, name: bytes, ctx: Caller) -> None:
+        self._no_xattrs()
         self.xattrs_set(inode)
         path, text = self.path(inode), name.decode("utf-8", "surrogateescape")
         await self.as_caller(self.identity(ctx), lambda fs: fs.removexattr(path, text))

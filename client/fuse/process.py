@@ -101,7 +101,8 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
                         attr_timeout_s: float | None = None, timeout_s: float = mount_wait_s,
                         log_path: str | None = None, debug: bool = False, credentials: str | None = None,
                         multi_user: bool | None = None, default_permissions: bool = True,
-                        negative_cache_s: float | None = None, leases: bool = True) -> MountProcess:
+                        negative_cache_s: float | None = None, leases: bool = True,
+                        xattrs: bool = True) -> MountProcess:
     """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
     return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
     if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount. The other
@@ -118,6 +119,8 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
         command.append("--single-thread")
     if not leases:
         command.append("--no-leases")
+    if not xattrs:
+        command.append("--no-xattrs")
     if attr_timeout_s is not None:
         command += ["--attr-timeout", str(attr_timeout_s)]
     if debug:

@@ -255,7 +255,7 @@ def cmd_mount(args: argparse.Namespace) -> None:
     log_path = mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
           attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
           multi_user=args.multi_user, default_permissions=args.default_permissions,
-          negative_cache_s=args.negative_entry_cache, leases=args.leases)
+          negative_cache_s=args.negative_entry_cache, leases=args.leases, xattrs=args.xattrs)
     if log_path is not None:
         print(f"tectofs mount: {args.mountpoint} mounted in the background; log: {log_path}", file=sys.stderr)
 
@@ -399,6 +399,10 @@ def add_parsers(sub: Any) -> None:
                    " metadata service for this long after the mount's last change there: creates take one call"
                    " instead of two, but another client's new file there may read as absent that long (default 0:"
                    " off; at most --attr-timeout is sensible)")
+    p.add_argument("--no-xattrs", dest="xattrs", action="store_false",
+                   help="no extended attributes through this mount (getfattr/setfattr: 'Operation not supported'):"
+                   " the kernel then stops asking for them, which ls -l does for every file and a write before"
+                   " every write(2); faster listings and writes where nobody needs them (JuiceFS's default)")
     p.add_argument("--debug", action="store_true", help="libfuse's debug output: every kernel request (very verbose)")
     add_metrics_flags(p)
     sharing = p.add_mutually_exclusive_group()
