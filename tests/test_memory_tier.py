@@ -137,6 +137,38 @@ def test_a_save_is_read_from_memory_then_a_peer_then_storage(cluster: Any, nodes
     assert tt.latest(run, agent=f"{local},{peer}") == f"{run}/step_1"
 
 
+def test_this_hosts_copy_is_trusted_as_sealed_unless_verify_memory(cluster: Any, nodes: Any) -> None:
+    """A copy in this host's memory was checked against the writer's crc32c when sealed; a load
+    reads it without checking again (``loaded_from`` "memory", whatever the bytes now are),
+    while ``verify_memory=True`` checks every item, finds a byte changed since and reads the
+    whole load again from the peer, bit-exact."""
+    from tectofs.agent.client import agent_client
+
+    _, _, local, _, peer = nodes
+    uri = f"tectofs://{cluster.address}/memtier/trusted/step_1"
+    saved = _state(3)
+    dcp.save(saved, checkpoint_id=uri, storage_writer=tt.CheckpointWriter(tier="memory", agent=f"{local},{peer}"))
+    located = agent_client().locate(local, uri)
+    assert located is not None and located.found
+    data = [path for info, path in zip(located.files, located.paths) if info.name.endswith(".distcp")]
+    assert len(data) == 1
+    with open(data[0], "r+b") as f:  # one byte in the middle of the tensor w, changed behind the agent
+        middle = os.fstat(f.fileno()).st_size // 2
+        f.seek(middle)
+        byte = f.read(1)
+        f.seek(middle)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+    loaded, source = _load(uri, f"{local},{peer}")
+    assert source == "memory" and not _same(loaded, saved)
+
+    target = _empty()
+    reader = tt.CheckpointReader(agent=f"{local},{peer}", verify_memory=True)
+    with pytest.warns(UserWarning, match="crc32c"):
+        dcp.load(target, checkpoint_id=uri, storage_reader=reader)
+    assert reader.loaded_from == "peer" and _same(target, saved)
+
+
 def test_a_save_whose_peer_is_down_is_persisted_before_it_returns(cluster: Any, nodes: Any) -> None:
     """Replication cannot be done (node 2's agent was killed): the seal persists the step
     before answering, so the save never counts as saved with one copy in memory."""
