@@ -12,6 +12,7 @@ and as many inodes, least recently used first out.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from typing import Callable, Generic, Literal, Protocol, TypeVar, Union
 
@@ -59,10 +60,11 @@ class MetadataCache(Generic[StatT]):
         # Directories whose every name is here (made by this client, or listed whole, under a
         # lease on their listing): a name not here is absent (CephFS's I_COMPLETE).
         self._complete: set[int] = set()
-        # Whole listings read under a lease on them, while no change touched them: directory
-        # inode -> [(name, attributes)], sorted; and which listing each listed inode is in.
+        # Whole listings read under a lease on them (or known: a directory this client made),
+        # kept in step with this client's own changes while no recall crossed them: directory
+        # inode -> [(name, attributes)], sorted by name; and where each listed inode is listed.
         self._listings: dict[int, list[tuple[str, StatT]]] = {}
-        self._listed_in: dict[int, int] = {}
+        self._listed_in: dict[int, tuple[int, str]] = {}  # inode -> (directory, name)
         self._names: OrderedDict[tuple[int, str], int | None] = OrderedDict()
         self._attrs: OrderedDict[int, StatT] = OrderedDict()
         self._xattrs: dict[int, dict[str, bytes | None]] = {}
@@ -97,17 +99,54 @@ class MetadataCache(Generic[StatT]):
         if not isinstance(directory, int) or len(entries) > self.entries_max // 2:
             return
         self._drop_listing(directory)
-        self._listings[directory] = list(entries)
+        self._listings[directory] = sorted(entries, key=_name_of)  # (Python's order: see _relist)
         for name, stat in entries:
             self._name(directory, name, stat.ino)
             self.attributes(stat)
-            self._listed_in[stat.ino] = directory
+            self._listed_in[stat.ino] = (directory, name)
         self._complete.add(directory)
 
     def _drop_listing(self, directory: int) -> None:
-        for _, stat in self._listings.pop(directory, ()):
-            if self._listed_in.get(stat.ino) == directory:
+        for name, stat in self._listings.pop(directory, ()):
+            if self._listed_in.get(stat.ino) == (directory, name):
                 del self._listed_in[stat.ino]
+
+    def _relist(self, directory: int, name: str, stat: "StatT | None") -> None:
+        """This client's own change, with no recall across it: ``name`` in ``directory``'s
+        cached listing (if one is) now has the attributes ``stat`` (None: is gone)."""
+        listed = self._listings.get(directory)
+        if listed is None:
+            return
+        at = bisect.bisect_left(listed, name, key=_name_of)
+        if at < len(listed) and listed[at][0] == name:
+            _, old = listed.pop(at)
+            if self._listed_in.get(old.ino) == (directory, name):
+                del self._listed_in[old.ino]
+        if stat is not None:
+            listed.insert(at, (name, stat))
+            self._listed_in[stat.ino] = (directory, name)
+
+    def _own_attributes(self, stat: StatT) -> None:
+        """This client's own change, with no recall across it, left an inode with ``stat``:
+        its attributes and its entry in the listing that lists it are ``stat``; what else was
+        kept of it (extended attributes, a small file's layout) goes."""
+        where = self._listed_in.get(stat.ino)
+        self.forget_inode(stat.ino, listing=False)
+        self.attributes(stat)
+        if where is not None:
+            self._relist(where[0], where[1], stat)
+
+    def _directory_changed(self, directory: int, after: "StatT | None") -> None:
+        """An own change moved ``directory``'s mtime and ctime: to ``after`` (its attributes in
+        the reply, no recall across it), else they are forgotten, and so is the listing that
+        shows the old ones."""
+        if after is not None and after.ino == directory:
+            self._own_attributes(after)
+            return
+        self._attrs.pop(directory, None)
+        where = self._listed_in.get(directory)
+        if where is not None:
+            self._drop_listing(where[0])
 
     def xattr(self, path: str, name: str) -> "bytes | None | Miss":
         """Extended attribute ``name`` of ``path``: its value, None (absent) or ``MISS``."""
@@ -262,12 +301,13 @@ class MetadataCache(Generic[StatT]):
         uid the call was made as (None: the client's own) when no recall crossed it (False: one
         may have): a commit's answer, the file's new layout, leased to it, is then kept."""
         if reply is not None and self.make is not None:
-            if self._learned_own(operation, request, reply):
+            if self._learned_own(operation, request, reply, fresh=fresh_for is not False):
                 return
-            if (operation == "commit" and fresh_for is not False and isinstance(reply, LayoutSegment)
-                    and _whole_inline(reply)):
-                self.forget_inode(reply.attrs.ino)  # its listing entry, its old attributes
-                self._keep_layout(fresh_for, reply)
+            attrs = getattr(reply, "attrs", None)
+            if fresh_for is not False and attrs is not None and self._names_inode(operation, request, attrs.ino):
+                self._own_attributes(self.make(attrs))  # its new attributes, in its listing entry too
+                if operation == "commit" and isinstance(reply, LayoutSegment) and _whole_inline(reply):
+                    self._keep_layout(fresh_for, reply)
                 return
         for path in changed_paths(request):
             self.forget_path(path)
@@ -275,8 +315,19 @@ class MetadataCache(Generic[StatT]):
         if ino:
             self.forget_inode(ino)
 
-    def _learned_own(self, operation: str, request: Message, reply: Message) -> bool:
-        """What a successful own change taught (True), or False if it is to be forgotten."""
+    def _names_inode(self, operation: str, request: Message, ino: int) -> bool:
+        """Whether own ``operation`` changed only the attributes of inode ``ino``, which
+        ``request`` names (by number, or by a path that leads to it here)."""
+        if operation == "commit":
+            return getattr(request, "ino", 0) == ino
+        if operation in ("setattr", "truncate"):
+            return self._resolve(paths.split(str(getattr(request, "path", "")))) == ino
+        return False
+
+    def _learned_own(self, operation: str, request: Message, reply: Message, fresh: bool = False) -> bool:
+        """What a successful own change taught (True), or False if it is to be forgotten.
+        ``fresh``: no recall crossed the call, so the listing of the directory it changed is
+        kept, changed as the reply says."""
         assert self.make is not None
         made = operation in ("create", "mkdir", "makedirs", "symlink", "mknod", "link")
         if not (made or operation in ("unlink", "rename")):
@@ -293,26 +344,37 @@ class MetadataCache(Generic[StatT]):
             if not isinstance(source_parent, int) or attrs is None:
                 return False
             self._own_name(source_parent, source[-1], ABSENT)
+        directory = getattr(reply, "directory", None)
+        after = self.make(directory) if fresh and directory is not None else None
         if operation == "unlink":
-            self._own_name(parent, parts[-1], ABSENT)
+            self._own_name(parent, parts[-1], ABSENT, None if fresh else MISS, after)
             return True
         if attrs is None:
             return False
         stat = self.make(attrs)
-        self._own_name(parent, parts[-1], stat.ino)
-        self.forget_inode(stat.ino)  # a create may have replaced its content (inline) and extended attributes
+        keep = fresh and operation in ("create", "mkdir", "symlink", "mknod")  # a new name, its entry known
+        self.forget_inode(stat.ino, listing=not keep)  # a create may have replaced its content (inline) and xattrs
+        self._own_name(parent, parts[-1], stat.ino, stat if keep else MISS, after)
         self.attributes(stat)
         if operation == "mkdir" and not getattr(request, "exist_ok", True):
             self._complete.add(stat.ino)  # new and empty, and its listing leased to this client
+            if keep:
+                self._listings[stat.ino] = []
         return True
 
-    def _own_name(self, parent: int, name: str, ino: int | None) -> None:
-        """``name`` in ``parent`` is now ``ino`` (or absent), by this client's own change."""
+    def _own_name(self, parent: int, name: str, ino: int | None, listed: "StatT | None | Miss" = MISS,
+                  after: "StatT | None" = None) -> None:
+        """``name`` in ``parent`` is now ``ino`` (or absent), by this client's own change;
+        ``parent``'s listing now shows it with ``listed`` (None: not at all; ``MISS``: not
+        known, the listing goes) and ``parent`` has the attributes ``after`` (None: not known)."""
         old = self._names.get((parent, name))
+        if isinstance(listed, Miss):
+            self._drop_listing(parent)
+        else:
+            self._relist(parent, name, listed)
         if old is not None and old != ino:
             self.forget_inode(old)  # its link count (or its life) changed
-        self._drop_listing(parent)
-        self._attrs.pop(parent, None)  # the directory's mtime and ctime moved
+        self._directory_changed(parent, after)
         self._name(parent, name, ino)
 
     def learned_complete(self, directory: int) -> None:
@@ -344,11 +406,13 @@ class MetadataCache(Generic[StatT]):
             for linked in list(self._linked):
                 self.forget_inode(linked)
 
-    def forget_inode(self, ino: int) -> None:
+    def forget_inode(self, ino: int, listing: bool = True) -> None:
+        """Drop what is kept of inode ``ino``, and the listing that lists it (unless ``listing``
+        is False: the caller puts its entry right)."""
         self._linked.discard(ino)
-        listed_in = self._listed_in.get(ino)
-        if listed_in is not None:
-            self._drop_listing(listed_in)
+        where = self._listed_in.get(ino)
+        if where is not None and listing:
+            self._drop_listing(where[0])
         self._attrs.pop(ino, None)
         self._xattrs.pop(ino, None)
         self._xattr_names.pop(ino, None)
@@ -365,6 +429,10 @@ class MetadataCache(Generic[StatT]):
         self._xattr_names.clear()
         self._layouts.clear()
         self._layout_bytes = 0
+
+
+def _name_of(entry: "tuple[str, object]") -> str:
+    return entry[0]
 
 
 def _whole_inline(layout: LayoutSegment) -> bool:

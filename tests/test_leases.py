@@ -12,6 +12,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -504,6 +505,61 @@ def test_the_library_cache_keys_what_it_learned_and_forgets_what_changes_could_t
     assert cache.xattr("/xu", "security.capability") is MISS and cache.xattr_names("/xu") is MISS
     cache.forget_path("/x0")  # an own setxattr: the count is stale
     assert cache.xattr("/x0", "security.selinux") is MISS
+
+
+def test_own_changes_keep_a_cached_listing_in_step_unless_a_recall_crossed_them():
+    """A listing held under a lease is changed by this client's own creates, unlinks, commits and
+    chmods as their replies say (so ``ls`` after writing into a directory costs no call), with
+    the directory's new attributes in its parent's listing; a change across which a recall may
+    have come (``fresh_for=False``), or whose reply does not say, drops what it touched."""
+    from tectofs.client.core import Stat
+    from tectofs.client.metadata_cache import MISS, MetadataCache
+    from tectofs.wire import messages
+
+    def attrs(ino: int, kind: Literal["file", "dir"] = "file", size: int = 0, mtime: float = 1.0,
+              parent: int = 1) -> messages.Attrs:
+        return messages.Attrs(ino=ino, kind=kind, mode=(0o100644 if kind == "file" else 0o040755), uid=0, gid=0,
+                              size=size, atime=mtime, mtime=mtime, ctime=mtime, nlink=1 if kind == "file" else 2,
+                              policy="rs(4,2)", block_size=1 << 20, parent=parent, xattrs=0)
+
+    cache = MetadataCache[Stat](entries_max=1000, make=Stat.from_attrs)
+    cache.learned("/d", [1], Stat.from_attrs(attrs(10, "dir")))
+    cache.learned_listing("/", [("d", Stat.from_attrs(attrs(10, "dir")))])
+    cache.learned_listing("/d", [("b", Stat.from_attrs(attrs(12))), ("a", Stat.from_attrs(attrs(11)))])
+
+    def listed(path: str) -> list[tuple[str, int, int, float]] | None:
+        found = cache.listing(path)
+        return None if found is MISS else [(n, st.ino, st.size, st.mtime) for n, st in found]  # type: ignore[union-attr]
+
+    assert listed("/d") == [("a", 11, 0, 1.0), ("b", 12, 0, 1.0)]  # sorted by name
+    created = messages.CreateReply(attrs=attrs(13, parent=10), created=True, directory=attrs(10, "dir", mtime=2.0))
+    cache.changed_by_self("create", messages.CreateRequest(path="/d/ab"), created, fresh_for=None)
+    assert listed("/d") == [("a", 11, 0, 1.0), ("ab", 13, 0, 1.0), ("b", 12, 0, 1.0)]
+    assert listed("/") == [("d", 10, 0, 2.0)]  # the directory's new mtime, in its parent's listing
+    committed = messages.LayoutSegment(attrs=attrs(13, size=5, mtime=3.0, parent=10), blocks=[])
+    cache.changed_by_self("commit", messages.CommitRequest(ino=13, size=5), committed, fresh_for=None)
+    assert listed("/d") == [("a", 11, 0, 1.0), ("ab", 13, 5, 3.0), ("b", 12, 0, 1.0)]
+    assert cache.lookup("/d/ab").size == 5  # type: ignore[union-attr]
+    chmodded = messages.AttrsReply(attrs=attrs(11, mtime=4.0, parent=10))
+    cache.changed_by_self("setattr", messages.SetattrRequest(path="/d/a", mode=0o600), chmodded, fresh_for=None)
+    assert listed("/d") == [("a", 11, 0, 4.0), ("ab", 13, 5, 3.0), ("b", 12, 0, 1.0)]
+    unlinked = messages.UnlinkReply(directory=attrs(10, "dir", mtime=5.0))
+    cache.changed_by_self("unlink", messages.UnlinkRequest(path="/d/b"), unlinked, fresh_for=None)
+    assert listed("/d") == [("a", 11, 0, 4.0), ("ab", 13, 5, 3.0)] and listed("/") == [("d", 10, 0, 5.0)]
+    made = messages.AttrsReply(attrs=attrs(14, "dir", parent=10))
+    cache.changed_by_self("mkdir", messages.MkdirRequest(path="/d/sub"), made, fresh_for=None)
+    assert listed("/d/sub") == [] and listed("/") is None  # (mkdir's reply does not say /d's new mtime)
+    assert [n for n, *_ in listed("/d") or []] == ["a", "ab", "sub"]
+
+    # A recall may have crossed the call: the listing it changed goes, and the lookup misses.
+    cache.changed_by_self("create", messages.CreateRequest(path="/d/c"),
+                          messages.CreateReply(attrs=attrs(15, parent=10), directory=attrs(10, "dir", mtime=6.0)),
+                          fresh_for=False)
+    assert listed("/d") is None and cache.lookup("/d/c").ino == 15  # type: ignore[union-attr]
+    # A failed (or unseen) change forgets too.
+    cache.learned_listing("/d", [("a", Stat.from_attrs(attrs(11)))])
+    cache.changed_by_self("create", messages.CreateRequest(path="/d/z"), None, fresh_for=None)
+    assert listed("/d") is None
 
 
 @pytest.mark.slow
