@@ -137,6 +137,31 @@ def test_a_save_is_read_from_memory_then_a_peer_then_storage(cluster: Any, nodes
     assert tt.latest(run, agent=f"{local},{peer}") == f"{run}/step_1"
 
 
+def test_a_trainer_that_may_not_open_its_agents_files_reads_them_through_its_socket(
+        cluster: Any, nodes: Any, monkeypatch: Any) -> None:
+    """The systemd unit runs the agent as its own user: a trainer of another user cannot open
+    the step's files (0600). It still reads this host's copy, through the agent's socket, and
+    checks it, rather than going to a peer or the chunk servers."""
+    from tectofs.torch import _memory_copy
+
+    _, _, local, proc2, peer = nodes
+    uri = f"tectofs://{cluster.address}/memtier/other_user/step_1"
+    saved = _state(4)
+    dcp.save(saved, checkpoint_id=uri, storage_writer=tt.CheckpointWriter(tier="memory", agent=f"{local},{peer}"))
+    proc2.kill()  # no peer to fall back to
+    proc2.wait(timeout=10)
+
+    def not_ours(self: Any, agent: str, step: str, reply: Any) -> None:
+        raise PermissionError(13, "Permission denied", reply.paths[0])
+
+    monkeypatch.setattr(_memory_copy.LocalCopy, "__init__", not_ours)
+    source = _memory_copy.find_copy(uri, [local, peer])
+    assert isinstance(source, _memory_copy.PeerCopy) and source.agent == local and source.tier == "memory"
+    source.close()
+    loaded, tier = _load(uri, f"{local},{peer}")
+    assert tier == "memory" and _same(loaded, saved)
+
+
 def test_this_hosts_copy_is_trusted_as_sealed_unless_verify_memory(cluster: Any, nodes: Any) -> None:
     """A copy in this host's memory was checked against the writer's crc32c when sealed; a load
     reads it without checking again (``loaded_from`` "memory", whatever the bytes now are),

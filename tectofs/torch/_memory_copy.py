@@ -4,8 +4,9 @@ step from, and the sources themselves.
 ``find_copy`` asks the agents (``HOST:PORT,...``: this host's first, then its peers, and the
 peers this host's agent names) for a *sealed* save of the step — complete, each file checked
 against the writer's crc32c when it arrived — and returns the first found: this host's agent's
-copy read in place from shared memory (:class:`LocalCopy`, no copy through a socket), else a
-peer's read over the wire (:class:`PeerCopy`); None sends the reader to the chunk servers. A
+copy read in place from shared memory (:class:`LocalCopy`, no copy through a socket; through
+its socket if its files are not this process's to open), else a peer's read over the wire
+(:class:`PeerCopy`); None sends the reader to the chunk servers. A
 step is read from one source: if that source fails mid-load (a peer dies, a copy is evicted, an
 item fails its crc32c), :func:`read_with_failover` reads the whole load again from the next one.
 Every source of a step holds the same bytes (a persisted step is the sealed one committed), so
@@ -105,11 +106,12 @@ class LocalCopy(Source):
 
 
 class PeerCopy(Source):
-    """Another agent's copy, read over the wire."""
+    """Another agent's copy, read over the wire (``tier`` "peer"; "memory": this host's agent,
+    whose files this process may not open, read through its socket)."""
 
-    def __init__(self, agent: str, step: str, reply: messages.LocateReply) -> None:
+    def __init__(self, agent: str, step: str, reply: messages.LocateReply, tier: str = "peer") -> None:
         super().__init__(agent, step, reply)
-        self.tier = "peer"
+        self.tier = tier
 
     def read_into(self, name: str, offset: int, into: memoryview) -> int:
         n = max(0, min(into.nbytes, self.files[name].size - offset))
@@ -163,6 +165,8 @@ def find_copy(step: str, agent_list: list[str], skip: frozenset[str] = frozenset
             continue
         try:
             return LocalCopy(agent, step, reply) if position == 0 else PeerCopy(agent, step, reply)
+        except PermissionError:  # this host's agent runs as another user (its unit's): read it over loopback
+            return PeerCopy(agent, step, reply, tier="memory")
         except (OSError, errors.TectofsError):  # evicted between the answer and the opening
             continue
     return None
