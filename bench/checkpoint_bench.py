@@ -467,12 +467,18 @@ def _calibrated_step(seconds: float) -> Callable[[], None]:
     import torch
 
     a = torch.randn(1024, 1024)
-    started = time.perf_counter()
-    count = 0
-    while time.perf_counter() - started < seconds / 4:
+    for _ in range(4):  # torch's thread pool and first-call costs, not counted
         a @ a
-        count += 1
-    count *= 4
+    # The fastest of several batches: one matmul's time alone, robust to a busy moment (the
+    # cluster flushing a save just before would otherwise make the step several times shorter).
+    batches = []
+    deadline = time.perf_counter() + seconds / 2
+    while len(batches) < 3 or time.perf_counter() < deadline and len(batches) < 50:
+        started = time.perf_counter()
+        for _ in range(4):
+            a @ a
+        batches.append((time.perf_counter() - started) / 4)
+    count = max(1, round(seconds / min(batches)))
 
     def step() -> None:
         for _ in range(count):
