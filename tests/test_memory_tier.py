@@ -360,6 +360,49 @@ def test_a_full_agent_refuses_a_save_clearly_and_keeps_unpersisted_steps(agents:
     assert located is not None and located.found and not located.persisted
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_shared_memory_file_system_fails_a_save_at_once_and_frees_what_it_took(agents: Agents) -> None:
+    """The agent's bound (--memory-bytes) is larger than its tmpfs: a save that does not fit
+    there fails at once (nothing else would free room) saying where memory ran out, a save cut
+    short by the file system leaves nothing behind, and the agent goes on serving."""
+    import subprocess as sp
+
+    shm = os.path.join(agents.root, "small-shm")
+    os.makedirs(shm)
+    sp.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tectofs-test", shm], check=True, timeout=30)
+    try:
+        proc, agent = start_agent(agents.root, "--shm-dir", shm, "--memory-bytes", "256M", "--wait", "30",
+                                  name="small-agent")
+        agents.procs.append(proc)
+        client = agent_client()
+        started = time.monotonic()
+        with pytest.raises(errors.NoSpace, match="small-shm.* bytes free"):
+            client.put(agent, "tectofs://127.0.0.1:1/run/step_1", "s1", "__0_0.distcp", 0,
+                       [memoryview(os.urandom(12 << 20))])
+        assert time.monotonic() - started < 15  # not --wait: nothing was there to persist
+        # A put the statvfs check lets through but the file system cuts short (another
+        # writer filled it meanwhile): the torn save is dropped, its bytes freed.
+        step = "tectofs://127.0.0.1:1/run/step_2"
+        client.put(agent, step, "s2", "__0_0.distcp", 0, [memoryview(os.urandom(2 << 20))])
+        filler = os.path.join(shm, "filler")
+        with open(filler, "wb") as f:
+            try:
+                f.write(os.urandom(5 << 20))
+            except OSError:
+                pass
+        with pytest.raises(errors.NoSpace, match="the save is dropped|bytes free"):
+            client.put(agent, step, "s2", "__0_0.distcp", 2 << 20, [memoryview(os.urandom(2 << 20))])
+        os.unlink(filler)
+        held = [f for d, _, files in os.walk(shm) for f in files]
+        assert held == [], held
+        assert _seal(client, agent, "tectofs://127.0.0.1:1/run/step_3", "s3", memoryview(b"abc")).copies == 1
+        assert proc.poll() is None
+    finally:
+        agents.close()
+        sp.run(["umount", "-l", shm], check=False, timeout=30)
+
+
 def _seal(client: Any, agent: str, step: str, save: str, data: memoryview) -> messages.SealReply:
     client.put(agent, step, save, "__0_0.distcp", 0, [data])
     client.put(agent, step, save, ".metadata", 0, [memoryview(b"m")])

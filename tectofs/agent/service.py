@@ -113,7 +113,12 @@ class AgentService:
             held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)
             growth = self.store.growth(held, r.file, r.offset, payload.nbytes)
             if growth:
-                await self._room(growth, r.step)
+                try:
+                    await self._room(growth, r.step)
+                except errors.NoSpace:  # the save is torn (its writer's save fails): what it took goes now
+                    if not held.sealed and self.store.steps.get(r.step) is held:
+                        self.store.drop(r.step)
+                    raise
             held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)  # (a wait may have dropped it)
             self.store.write(held, r.file, r.offset, payload)
             if not r.replica and self.replicas:
@@ -139,16 +144,21 @@ class AgentService:
         self.buffers.put(payload)
 
     async def _room(self, nbytes: int, step: str) -> None:
-        """Wait until ``nbytes`` more fit (persistence frees memory), at most ``wait_s``."""
+        """Wait until ``nbytes`` more fit (persistence frees memory), at most ``wait_s``;
+        NoSpace at once if no other step is there to be persisted."""
         deadline = time.monotonic() + self.wait_s
         while not self.store.room_for(nbytes):
             left = deadline - time.monotonic()
-            if left <= 0:
+            # Only another save's step, once persisted, can free memory: with none, waiting is in vain.
+            if left <= 0 or all(s.persisted or s.step == step for s in self.store.steps.values()):
                 unpersisted = [s for s in self.store.steps.values() if not s.persisted]
+                free = self.store.free_bytes()
+                where = (f"; its shared-memory directory {self.store.directory} has only {free} bytes free (--shm-dir:"
+                         " a larger tmpfs, or less of it used by others)" if free < nbytes else "")
                 raise errors.NoSpace(
                     f"memory agent {self.address} is full ({self.store.held_bytes} of {self.store.memory_bytes_max}"
-                    f" bytes; {len(unpersisted)} steps not yet persisted or being received): {nbytes} more bytes of"
-                    f" {step} waited {self.wait_s:g} s for persistence to free memory. Raise --memory-bytes,"
+                    f" bytes; {len(unpersisted)} steps not yet persisted or being received{where}): {nbytes} more"
+                    f" bytes of {step} waited {self.wait_s:g} s for persistence to free memory. Raise --memory-bytes,"
                     " lower --keep-steps or save less often")
             self._freed.clear()
             try:

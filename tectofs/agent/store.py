@@ -156,16 +156,25 @@ class StepStore:
         return held
 
     def room_for(self, nbytes: int) -> bool:
-        """Make ``nbytes`` more fit under the bound, evicting (oldest first) what may be
-        evicted; False if they cannot fit without dropping an unpersisted step."""
+        """Make ``nbytes`` more fit under the bound and in the shared-memory file system
+        (``free_bytes``: a tmpfs others fill too, or smaller than the bound), evicting (oldest
+        first) what may be evicted; False if they cannot fit without dropping an unpersisted step."""
         if nbytes > self.memory_bytes_max:
             raise errors.NoSpace(f"{nbytes} bytes cannot fit in the agent's memory ({self.memory_bytes_max} bytes,"
                                  " --memory-bytes)")
         for held in self.evictable():
-            if self.held_bytes + nbytes <= self.memory_bytes_max:
+            if self._fits(nbytes):
                 break
             self.drop(held.step)
-        return self.held_bytes + nbytes <= self.memory_bytes_max
+        return self._fits(nbytes)
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.held_bytes + nbytes <= self.memory_bytes_max and nbytes <= self.free_bytes()
+
+    def free_bytes(self) -> int:
+        """What the shared-memory file system can still take (``statvfs``)."""
+        st = os.statvfs(self.directory)
+        return st.f_bavail * st.f_frsize
 
     def growth(self, held: HeldStep, name: str, offset: int, length: int) -> int:
         """How many more bytes a put of ``length`` at ``offset`` into ``name`` holds."""
@@ -180,13 +189,23 @@ class StepStore:
         if file is None:
             file = held.files[name] = HeldFile(name, os.path.join(held.directory, name))
         grown = self.growth(held, name, offset, data.nbytes)
-        fd = os.open(file.path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            written = os.pwrite(fd, data, offset) if data.nbytes else 0
-        finally:
-            os.close(fd)
+            fd = os.open(file.path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                written = os.pwrite(fd, data, offset) if data.nbytes else 0
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            written, why = -1, exc.strerror
+        else:
+            why = "file system full"
         if written != data.nbytes:
-            raise errors.NoSpace(f"shared memory took {written} of {data.nbytes} bytes of {name} of {held.step}")
+            # A save that lost a piece is torn: its writer's save fails; what it holds goes now,
+            # not once abandoned, so that the next save finds the room.
+            self.drop(held.step)
+            raise errors.NoSpace(
+                f"shared memory {self.directory} took {max(written, 0)} of {data.nbytes} bytes of {name} of"
+                f" {held.step} ({why}; {self.free_bytes()} bytes free there): the save is dropped")
         file.size = max(file.size, offset + data.nbytes)
         held.nbytes += grown
         held.touched = self.clock()
