@@ -18,6 +18,7 @@ import pyfuse3.asyncio
 
 from tectofs import diagnostics
 from tectofs.client.core import AsyncFileSystem
+from tectofs.client.fuse import device_wait
 from tectofs.client.fuse.daemon import daemonize
 from tectofs.client.fuse.operations import TectofsOperations
 from tectofs.client.fuse.process import is_mounted
@@ -96,6 +97,8 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
            multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0,
            leases: bool = True, xattrs: bool = True) -> None:
     pyfuse3.asyncio.enable()
+    if not device_wait.install():
+        log.info("pyfuse3's asyncio layer is not the one expected: the FUSE device is registered per request")
     asyncio.run(_serve_async(address, mountpoint, threads, attr_timeout_s, debug, on_ready, credentials, multi_user,
                              default_permissions, negative_cache_s, leases, xattrs))
 
