@@ -471,7 +471,7 @@ def _calibrated_step(seconds: float) -> Callable[[], None]:
         a @ a
     # The fastest of several batches: one matmul's time alone, robust to a busy moment (the
     # cluster flushing a save just before would otherwise make the step several times shorter).
-    batches = []
+    batches: list[float] = []
     deadline = time.perf_counter() + seconds / 2
     while len(batches) < 3 or time.perf_counter() < deadline and len(batches) < 50:
         started = time.perf_counter()
