@@ -82,7 +82,11 @@ class SimLoop(asyncio.SelectorEventLoop):
         super().__init__(_VirtualSelector(clock))
         self.clock = clock
         self.network = network
-        self.tasks_of: dict[str, weakref.WeakSet[asyncio.Task[Any]]] = {}
+        # host -> its live tasks in the order they were made (a WeakSet's order follows the
+        # tasks' addresses, which differ between two runs of one seed: a crash would cancel
+        # them, and trace their failures, in another order)
+        self.tasks_of: dict[str, weakref.WeakValueDictionary[int, asyncio.Task[Any]]] = {}
+        self._tasks_made = 0
         self.set_task_factory(self._make_task)  # type: ignore[arg-type]
 
     def time(self) -> float:
@@ -92,7 +96,8 @@ class SimLoop(asyncio.SelectorEventLoop):
                       context: contextvars.Context | None = None) -> asyncio.Task[T]:
         task: asyncio.Task[T] = asyncio.Task(coro, loop=loop, context=context)  # type: ignore[arg-type]
         host = context.get(HOST, HOST.get()) if context is not None else HOST.get()
-        self.tasks_of.setdefault(host, weakref.WeakSet()).add(task)
+        self._tasks_made += 1
+        self.tasks_of.setdefault(host, weakref.WeakValueDictionary())[self._tasks_made] = task
         return task
 
     def spawn(self, host: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -101,7 +106,7 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def cancel_host(self, host: str) -> None:
         """A crash: every task of ``host``'s process stops where it is."""
-        for task in list(self.tasks_of.pop(host, ())):
+        for task in list(self.tasks_of.pop(host, {}).values()):
             task.cancel()
 
     def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]
