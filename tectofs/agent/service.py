@@ -110,17 +110,20 @@ class AgentService:
     async def rpc_put(self, r: messages.PutRequest, payload: memoryview) -> tuple[wire.Empty, bytes]:
         forwarded = False
         try:
-            held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)
-            growth = self.store.growth(held, r.file, r.offset, payload.nbytes)
-            if growth:
-                try:
+            try:
+                held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)
+                growth = self.store.growth(held, r.file, r.offset, payload.nbytes)
+                if growth:
                     await self._room(growth, r.step)
-                except errors.NoSpace:  # the save is torn (its writer's save fails): what it took goes now
-                    if not held.sealed and self.store.steps.get(r.step) is held:
-                        self.store.drop(r.step)
-                    raise
-            held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)  # (a wait may have dropped it)
-            self.store.write(held, r.file, r.offset, payload)
+                held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)  # (a wait may have dropped it)
+                self.store.write(held, r.file, r.offset, payload)
+            except errors.NoSpace:
+                # No room, or the file system cut the piece short: the save is torn (its writer's
+                # save fails), and what it took goes now, not once abandoned, so the next save fits.
+                torn = self.store.steps.get(r.step)
+                if torn is not None and torn.save == r.save and not torn.sealed:
+                    self.store.drop(r.step)
+                raise
             if not r.replica and self.replicas:
                 await self._forwarding(r.step, r.save).forward(msgspec.structs.replace(r, replica=True), payload)
                 forwarded = True

@@ -182,7 +182,8 @@ class StepStore:
         return max(0, offset + length - current)
 
     def write(self, held: HeldStep, name: str, offset: int, data: memoryview) -> None:
-        """Write ``data`` at ``offset`` of ``name`` (the caller made room for its growth)."""
+        """Write ``data`` at ``offset`` of ``name`` (the caller made room for its growth);
+        NoSpace if the file system takes less (the caller drops the torn save)."""
         if held.sealed:
             raise errors.InvalidArgument(f"{held.step} (save {held.save}) is sealed: its files no longer change")
         file = held.files.get(name)
@@ -200,12 +201,9 @@ class StepStore:
         else:
             why = "file system full"
         if written != data.nbytes:
-            # A save that lost a piece is torn: its writer's save fails; what it holds goes now,
-            # not once abandoned, so that the next save finds the room.
-            self.drop(held.step)
             raise errors.NoSpace(
                 f"shared memory {self.directory} took {max(written, 0)} of {data.nbytes} bytes of {name} of"
-                f" {held.step} ({why}; {self.free_bytes()} bytes free there): the save is dropped")
+                f" {held.step} ({why}; {self.free_bytes()} bytes free there)")
         file.size = max(file.size, offset + data.nbytes)
         held.nbytes += grown
         held.touched = self.clock()
