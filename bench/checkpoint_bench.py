@@ -473,7 +473,7 @@ def _calibrated_step(seconds: float) -> Callable[[], None]:
     # cluster flushing a save just before would otherwise make the step several times shorter).
     batches: list[float] = []
     deadline = time.perf_counter() + seconds / 2
-    while len(batches) < 3 or time.perf_counter() < deadline and len(batches) < 50:
+    while len(batches) < 3 or (time.perf_counter() < deadline and len(batches) < 50):
         started = time.perf_counter()
         for _ in range(4):
             a @ a
