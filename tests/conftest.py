@@ -28,6 +28,12 @@ from tectofs.wire import messages
 
 MiB = 1 << 20
 
+# Seeds drawn at collection (the exerciser's, the simulator's batches) name parametrized tests.
+# Under pytest-xdist every worker collects and all must see the same names: they share the
+# run's uid, so they draw the same seeds, and each run still draws new ones.
+if "PYTEST_XDIST_TESTRUNUID" in os.environ:
+    random.seed(os.environ["PYTEST_XDIST_TESTRUNUID"])
+
 # Chunk servers store chunks up to --pack-max (1 MiB by default) as records in segment files,
 # so the test clusters' small chunks (1 MiB blocks, rs(4,2): 256 KiB) are packed. A test
 # that damages a chunk *file* on disk (truncates or deletes one) asks for a file per chunk.

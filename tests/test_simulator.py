@@ -33,7 +33,10 @@ from tectofs.wire import messages
 from tectofs.wire.messages import HeartbeatReply
 from tectofs.wire.values import LayoutSegment
 
-SCHEDULES = int(os.environ.get("TECTOFS_SIM_SCHEDULES", "1000"))
+# New seeds every run: CI plays 300 schedules per run (the rarest fault path asserted below is
+# reached about 36 times in 300); TECTOFS_SIM_SCHEDULES=1000 or `python3 -m tectofs.testing
+# --seeds A..B` plays more.
+SCHEDULES = int(os.environ.get("TECTOFS_SIM_SCHEDULES", "300"))
 BASE_SEED = int(os.environ.get("TECTOFS_SIM_BASE_SEED", random.randrange(1 << 32)))
 WORKERS = 2
 
@@ -61,7 +64,7 @@ def _failures(seeds: range, tolerate: bool = True) -> list[str]:
 
 
 def test_schedules_in_the_fast_lane() -> None:
-    """A few schedules on every run (in-process; the slow lane runs a thousand)."""
+    """A few schedules on every run (in-process; the slow lane runs hundreds)."""
     every = random.Random(BASE_SEED)
     seeds = [every.randrange(1 << 32) for _ in range(20)]
     print(f"simulator: base seed {BASE_SEED} (TECTOFS_SIM_BASE_SEED={BASE_SEED} replays this run)")
@@ -71,7 +74,7 @@ def test_schedules_in_the_fast_lane() -> None:
 
 
 @pytest.mark.slow
-def test_a_thousand_schedules() -> None:
+def test_hundreds_of_schedules() -> None:
     every = random.Random(BASE_SEED)
     seeds = [every.randrange(1 << 32) for _ in range(SCHEDULES)]
     print(f"simulator: base seed {BASE_SEED} (TECTOFS_SIM_BASE_SEED={BASE_SEED} replays this run),"

@@ -11,6 +11,7 @@ partitions and damages them, and calls the client as an application does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -20,7 +21,7 @@ import tempfile
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, Iterator, TypeVar
 
 from tectofs import limits
 from tectofs.client import AsyncFileSystem
@@ -278,7 +279,17 @@ class Cluster:
             connection.close()
 
 
-def quiet_logs() -> None:
-    """The roles log every fault they survive; a simulation injects thousands."""
-    for name in ("tectofs", "asyncio"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    """The roles log every fault they survive; a simulation injects thousands: within this,
+    tectofs and asyncio log critical events only (their levels are restored after, so a
+    process that also runs other code, a test worker say, logs as before)."""
+    loggers = [logging.getLogger(name) for name in ("tectofs", "asyncio")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

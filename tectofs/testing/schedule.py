@@ -589,7 +589,11 @@ class Simulation:
 def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None = None) -> Simulation:
     """Play the schedule of ``seed``; raise ``SimulationFailed`` naming it on any violation
     (or any unexpected error). Returns the finished simulation (stats, trace, digest)."""
-    quiet_logs()
+    with quiet_logs():
+        return _play(seed, tolerate, echo)
+
+
+def _play(seed: int, tolerate: bool, echo: Callable[[str], None] | None) -> Simulation:
     state = random.getstate()
     random.seed(seed)  # the little chance the roles take from the global source (retry jitter)
     sim = Simulation(seed, tolerate=tolerate, echo=echo)
