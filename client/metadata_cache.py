@@ -321,7 +321,8 @@ class MetadataCache(Generic[StatT]):
         if operation == "commit":
             return getattr(request, "ino", 0) == ino
         if operation in ("setattr", "truncate"):
-            return self._resolve(paths.split(str(getattr(request, "path", "")))) == ino
+            path = getattr(request, "path", None)
+            return self._resolve(paths.split(str(path))) == ino if path is not None else getattr(request, "ino", 0) == ino
         return False
 
     def _learned_own(self, operation: str, request: Message, reply: Message, fresh: bool = False) -> bool:

@@ -552,6 +552,32 @@ def test_a_file_unlinked_while_open_stays_readable_and_writable(mounted: Mounted
         raise AssertionError(f"inode {ino} outlived its last name and its last handle")
 
 
+def test_a_file_unlinked_while_open_takes_chmod_chown_and_times_through_its_descriptor(mounted: Mounted) -> None:
+    """(``mkstemp``, unlink, then ``fchmod``/``fchown``/``futimens``: the file has no path any
+    more; they go by inode number with the descriptor's handle.)"""
+    where, _ = mounted.fresh_dir("unlinked-chmod")
+    fd = os.open(f"{where}/f", os.O_CREAT | os.O_RDWR, 0o644)
+    other = os.open(f"{where}/f", os.O_RDWR)  # a second writer: no change rides on the creator's commit
+    try:
+        os.write(fd, b"data")
+        ino = os.fstat(fd).st_ino
+        os.unlink(f"{where}/f")
+        os.fchmod(fd, 0o600)
+        os.utime(other, ns=(1_000_000_000, 2_000_000_000))
+        attrs = mounted.fs.run(mounted.fs.aio.metadata.getattr(messages.InoRequest(ino=ino))).attrs
+        assert (attrs.mode & 0o7777, attrs.nlink, attrs.size) == (0o600, 0, 4)
+        assert (attrs.atime, attrs.mtime) == pytest.approx((1.0, 2.0))
+        seen = os.fstat(fd)
+        assert (seen.st_mode & 0o7777, seen.st_atime_ns, seen.st_mtime_ns) == (0o600, 1_000_000_000, 2_000_000_000)
+        os.fchown(fd, 4321, -1)  # (the tests run as root)
+        attrs = mounted.fs.run(mounted.fs.aio.metadata.getattr(messages.InoRequest(ino=ino))).attrs
+        assert (attrs.uid, attrs.mode & 0o7777) == (4321, 0o600)
+        assert os.pread(other, 4, 0) == b"data"
+    finally:
+        os.close(fd)
+        os.close(other)
+
+
 def test_extended_attributes(mounted: Mounted, tmp_path: Any) -> None:
     """os.*xattr through the mount, and cp -a and tar --xattrs keep them both ways."""
     where, path = mounted.fresh_dir("xattrs")

@@ -21,6 +21,7 @@ from tectofs.errors import (
     AuthenticationFailed,
     CapabilityExpired,
     CapabilityRefused,
+    InvalidArgument,
     NotPermitted,
     PermissionDenied,
 )
@@ -277,6 +278,11 @@ def test_other_users_get_what_posix_gives_them(cluster: Any, victim: dict[str, A
             fs.chmod("/public.pt", 0o666)
         with pytest.raises(NotPermitted):
             fs.run(fs.aio.metadata.setattr(messages.SetattrRequest(path="/public.pt", uid=1000)))
+        public = cluster.fs.stat("/public.pt").ino
+        with pytest.raises(PermissionDenied, match="no valid file handle"):  # by number: only with its handle
+            fs.run(fs.aio.metadata.setattr(messages.SetattrRequest(ino=public, mode=0o666)))
+        with pytest.raises(InvalidArgument, match="names a path, or an inode"):
+            fs.run(fs.aio.metadata.setattr(messages.SetattrRequest(mode=0o666)))
         with pytest.raises(PermissionDenied):
             fs.run(fs.aio.metadata.user_add(messages.UserAddRequest(name="mallory", uid=0, gid=0, groups=[])))
         with pytest.raises(PermissionDenied):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import socket
 import time
 import warnings
 from concurrent.futures import Future
@@ -26,6 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import tectofs.torch as tt  # noqa: E402
 from tectofs.errors import ChecksumMismatch, InvalidArgument, InvalidPath  # noqa: E402
+from tests.rendezvous import rendezvous  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -37,12 +37,6 @@ def _run_dir(cluster: Any, label: str) -> str:
     """A fresh run directory URI per test."""
     _counter[0] += 1
     return f"tectofs://{cluster.address}/torch-tests/{label}-{os.getpid()}-{_counter[0]}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model_and_optimizer(seed: int) -> tuple[Any, Any]:
@@ -351,11 +345,11 @@ def _full_tensor() -> Any:
     return torch.arange(N_ROWS * 5, dtype=torch.float32).reshape(N_ROWS, 5) / 7
 
 
-def _init_pg(rank: int, world: int, port: int) -> None:
+def _init_pg(rank: int, world: int, rendezvous: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     warnings.simplefilter("ignore")
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+        "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=timedelta(seconds=30)
     )
 
 
@@ -374,8 +368,8 @@ def _sharded_state(world: int, rank: int, fill: Any = None) -> dict[str, Any]:
     }
 
 
-def _save_worker(rank: int, world: int, port: int, run: str) -> None:
-    _init_pg(rank, world, port)
+def _save_worker(rank: int, world: int, rendezvous: str, run: str) -> None:
+    _init_pg(rank, world, rendezvous)
     try:
         state = _sharded_state(world, rank)
         dcp.save(state, checkpoint_id=f"{run}/step_5")
@@ -390,8 +384,8 @@ def _save_worker(rank: int, world: int, port: int, run: str) -> None:
         dist.destroy_process_group()
 
 
-def _load_worker(rank: int, world: int, port: int, run: str) -> None:
-    _init_pg(rank, world, port)
+def _load_worker(rank: int, world: int, rendezvous: str, run: str) -> None:
+    _init_pg(rank, world, rendezvous)
     try:
         for step in (5, 6):
             state = _sharded_state(world, rank, fill=-1.0)
@@ -405,16 +399,16 @@ def _load_worker(rank: int, world: int, port: int, run: str) -> None:
         dist.destroy_process_group()
 
 
-def test_four_ranks_save_two_ranks_load(cluster: Any) -> None:
+def test_four_ranks_save_two_ranks_load(cluster: Any, tmp_path: Any) -> None:
     import torch.multiprocessing as mp
 
     run = _run_dir(cluster, "reshard")
-    mp.spawn(_save_worker, args=(4, _free_port(), run), nprocs=4, join=True)
+    mp.spawn(_save_worker, args=(4, rendezvous(tmp_path), run), nprocs=4, join=True)
     files = cluster.fs.listdir(tt.parse(f"{run}/step_5").path)
     assert {f.split("_")[2] for f in files if f.endswith(".distcp")} == {"0", "1", "2", "3"}, files  # all ranks wrote
     assert tt.latest(run) == f"{run}/step_6"
     assert cluster.fs.listdir(tt.parse(run).path) == ["step_5", "step_6"]
-    mp.spawn(_load_worker, args=(2, _free_port(), run), nprocs=2, join=True)
+    mp.spawn(_load_worker, args=(2, rendezvous(tmp_path), run), nprocs=2, join=True)
 
 
 class _DyingWriter(tt.CheckpointWriter):
@@ -436,9 +430,9 @@ class _DyingWriter(tt.CheckpointWriter):
         super()._commit(fs, pending, loc, token)
 
 
-def _dying_save_worker(rank: int, world: int, port: int, ckpt: str, die_rank: int, die_at: str) -> None:
+def _dying_save_worker(rank: int, world: int, rendezvous: str, ckpt: str, die_rank: int, die_at: str) -> None:
     if world > 1:
-        _init_pg(rank, world, port)
+        _init_pg(rank, world, rendezvous)
     warnings.simplefilter("ignore")
     state = {"w": torch.full((64, 64), float(rank)), f"r{rank}": torch.arange(1000.0) + rank}
     writer = _DyingWriter(ckpt, die_rank=die_rank, die_at=die_at, thread_count=2)
@@ -465,12 +459,12 @@ def _run_ranks(target: Any, world: int, args: tuple, timeout_s: float = 90.0) ->
 
 
 @pytest.mark.parametrize("world,die_rank,die_at", [(2, 1, "write"), (1, 0, "commit")])
-def test_killed_save_leaves_previous_checkpoint(cluster: Any, world: int, die_rank: int, die_at: str) -> None:
+def test_killed_save_leaves_previous_checkpoint(cluster: Any, tmp_path: Any, world: int, die_rank: int, die_at: str) -> None:
     run = _run_dir(cluster, f"crash-{die_at}")
     good = {"w": torch.ones(64, 64), "r0": torch.arange(1000.0)}
     dcp.save(good, checkpoint_id=f"{run}/step_1")
 
-    codes = _run_ranks(_dying_save_worker, world, (_free_port(), f"{run}/step_2", die_rank, die_at))
+    codes = _run_ranks(_dying_save_worker, world, (rendezvous(tmp_path), f"{run}/step_2", die_rank, die_at))
     assert codes[die_rank] == 17, codes
     assert all(c in (3, 17) for c in codes), codes  # nobody believes the save succeeded
 

@@ -5,7 +5,6 @@ loopback); a failure to read it reaches every rank instead of leaving them waiti
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from datetime import timedelta
 from typing import Any
@@ -19,6 +18,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 
 import tectofs.torch as tt  # noqa: E402
 from tectofs import errors  # noqa: E402
+from tests.rendezvous import rendezvous  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -49,10 +49,10 @@ def _state(fill: float | None = None) -> dict[str, Any]:
     return state
 
 
-def _worker(rank: int, port: int, uri: str, missing: str) -> None:
+def _worker(rank: int, rendezvous: str, uri: str, missing: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     warnings.simplefilter("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=30))
     try:
         expected = _state()
@@ -93,19 +93,13 @@ def _worker(rank: int, port: int, uri: str, missing: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_metadata_is_read_once_and_broadcast_to_every_rank(cluster: Any) -> None:
+def test_metadata_is_read_once_and_broadcast_to_every_rank(cluster: Any, tmp_path: Any) -> None:
     import torch.multiprocessing as mp
 
     uri = f"tectofs://{cluster.address}/share-metadata/{os.getpid()}/step_1"
     dcp.save(_state(), storage_writer=tt.CheckpointWriter(uri))
     missing = f"tectofs://{cluster.address}/share-metadata/{os.getpid()}/step_2"
-    mp.spawn(_worker, args=(_free_port(), uri, missing), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(rendezvous(tmp_path), uri, missing), nprocs=WORLD, join=True)
 
 
 def test_sharing_is_off_without_a_process_group_or_when_asked() -> None:

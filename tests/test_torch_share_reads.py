@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import warnings
 from datetime import timedelta
 from typing import Any
@@ -24,18 +23,13 @@ from torch.distributed.checkpoint.metadata import MetadataIndex  # noqa: E402
 import tectofs.torch as tt  # noqa: E402
 from tectofs import metrics  # noqa: E402
 from tectofs.torch import _share  # noqa: E402
+from tests.rendezvous import rendezvous  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 ROWS, COLS = 512, 1024  # per shard and tensor: 2 MiB of fp32
 TENSORS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _state(replicas: int, shards: int, rank: int, fill: float | None = None) -> dict[str, Any]:
@@ -56,11 +50,11 @@ def _get_bytes() -> float:
     return metrics.client_registry().get_sample_value("tectofs_client_chunk_bytes_total", {"op": "get_chunk"}) or 0.0
 
 
-def _worker(rank: int, replicas: int, shards: int, port: int, run: str, out: str) -> None:
+def _worker(rank: int, replicas: int, shards: int, rendezvous: str, run: str, out: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     warnings.simplefilter("ignore")
     world = replicas * shards
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     try:
         dcp.save(_state(replicas, shards, rank), checkpoint_id=f"{run}/step_1")
@@ -83,11 +77,11 @@ def _worker(rank: int, replicas: int, shards: int, port: int, run: str, out: str
         dist.destroy_process_group()
 
 
-def _failing_worker(rank: int, replicas: int, shards: int, port: int, run: str, out: str) -> None:
+def _failing_worker(rank: int, replicas: int, shards: int, rendezvous: str, run: str, out: str) -> None:
     """Rank 0 cannot read anything: every rank's load fails (none waits for rank 0's items)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     warnings.simplefilter("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=replicas * shards,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=replicas * shards,
                             timeout=timedelta(seconds=60))
 
     class Broken(tt.CheckpointReader):
@@ -116,7 +110,7 @@ def test_replicas_read_each_item_once(cluster: Any, tmp_path: Any) -> None:
     replicas, shards = 2, 2
     run = f"tectofs://{cluster.address}/torch-tests/share-reads-{os.getpid()}"
     out = str(tmp_path / "counts.json")
-    mp.spawn(_worker, args=(replicas, shards, _free_port(), run, out), nprocs=replicas * shards, join=True)
+    mp.spawn(_worker, args=(replicas, shards, rendezvous(tmp_path), run, out), nprocs=replicas * shards, join=True)
     with open(out) as f:
         counts = json.load(f)
     fs = cluster.fs
@@ -155,9 +149,9 @@ def test_a_rank_that_cannot_read_fails_the_load_everywhere_without_a_hang(cluste
     replicas, shards = 2, 2
     run = f"tectofs://{cluster.address}/torch-tests/share-reads-fail-{os.getpid()}"
     out = str(tmp_path / "outcome")
-    mp.spawn(_worker, args=(replicas, shards, _free_port(), run, str(tmp_path / "counts.json")),
+    mp.spawn(_worker, args=(replicas, shards, rendezvous(tmp_path), run, str(tmp_path / "counts.json")),
              nprocs=replicas * shards, join=True)  # (saves the checkpoint)
-    mp.spawn(_failing_worker, args=(replicas, shards, _free_port(), run, out), nprocs=replicas * shards, join=True)
+    mp.spawn(_failing_worker, args=(replicas, shards, rendezvous(tmp_path), run, out), nprocs=replicas * shards, join=True)
     outcomes = [open(f"{out}.{rank}").read() for rank in range(replicas * shards)]
     print(outcomes)
     assert all(o.startswith("failed") for o in outcomes), outcomes

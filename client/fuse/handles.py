@@ -142,12 +142,10 @@ class OpenFiles:
 
     async def commit_writers(self, ino: int) -> None:
         """Commit every dirty writer of ``ino`` (before a change that must not be undone by
-        their later commits)."""
+        their later commits), shared with the file's other handles here as ``commit`` does."""
         for handle in self.writers(ino):
-            async with handle.lock:
-                if handle.dirty:
-                    await handle.file.flush()
-                    handle.dirty = False
+            if handle.dirty:
+                await self.commit(handle)
 
     async def commit_peers(self, opener: OpenFile) -> None:
         """A new descriptor reads what the file's other descriptors on this mount wrote, as on

@@ -6,7 +6,8 @@ writing), the changes that make nothing more restrictive ride on its commit at c
 call for all: times, a chown that changes nothing, a chmod that only adds permission bits.
 The kernel sees them at once (``OpenFiles.uncommitted``). Anything else commits this
 mount's writers of the file first (so their commit at close does not stamp the current time
-over times set now), then sets the attributes in one metadata call.
+over times set now), then sets the attributes in one metadata call. A file unlinked while open has no path: the
+change goes by inode number, with the handle of a descriptor the caller has open on it.
 
 A size change through a descriptor (``ftruncate``) goes to that descriptor's file; by path it
 goes to every writer of the file on this mount (so their next commits keep it), or to the
@@ -23,6 +24,8 @@ from tectofs.client.core import Stat
 from tectofs.client.fuse.handles import OpenFile
 from tectofs.client.fuse.state import MountState
 from tectofs.client.fuse.users import Identity
+from tectofs.errors import StaleFile
+from tectofs.wire import messages
 
 _SET_ID = statmod.S_ISUID | statmod.S_ISGID
 
@@ -53,7 +56,10 @@ async def set_attributes(state: MountState, inode: int, attr: pyfuse3.EntryAttri
             # nothing changed at the metadata service yet: what other changes left fresh stays so
             return Stat.from_attrs(writer.file.attrs)
     await state.files.commit_writers(inode)
-    path = state.path(inode)
+    try:
+        path = state.path(inode)
+    except StaleFile:  # unlinked while open: no path leads to it
+        return await _set_by_inode(state, inode, mode, uid, gid, atime, mtime, identity)
     started = state.fresh.begin_change()
     try:
         st = await state.as_caller(identity, lambda fs: fs.setattr(path, mode=mode, uid=uid, gid=gid, atime=atime,
@@ -61,6 +67,23 @@ async def set_attributes(state: MountState, inode: int, attr: pyfuse3.EntryAttri
     finally:
         state.fresh.end_change(started)  # the reply carries the attributes: nothing to keep for a getattr
     return st
+
+
+async def _set_by_inode(state: MountState, inode: int, mode: int | None, uid: int | None, gid: int | None,
+                        atime: float | None, mtime: float | None, identity: Identity | None) -> Stat:
+    """``fchmod``/``fchown``/``futimens`` of a file unlinked while open (``inode`` has no
+    name): by inode number, with the handle of a descriptor the caller opened on this mount
+    (the service's rules for each change apply as by path). ``StaleFile`` (ESTALE) when the
+    caller has none."""
+    uid_of = state.uid_of(identity)
+    for handle in state.files.of(inode):
+        file = handle.file
+        if file.context.acting_uid != uid_of:
+            continue  # another user's descriptor: its handle is not this caller's to use
+        reply = await file.context.metadata.setattr(messages.SetattrRequest(
+            ino=file.ino, handle=file.handle, mode=mode, uid=uid, gid=gid, atime=atime, mtime=mtime))
+        return Stat.from_attrs(reply.attrs)
+    raise StaleFile(f"inode {inode} has no name (unlinked while open) and the caller has no descriptor of it here")
 
 
 def _rides_on_commit(writer: OpenFile, mode: int | None, uid: int | None, gid: int | None) -> bool:

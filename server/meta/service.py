@@ -481,9 +481,13 @@ class MetadataService:
             for e in page.entries]), b""
 
     async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply[messages.AttrsReply]:
-        parts, caller = paths.split(r.path), self._caller()
+        if r.path is None:
+            if not r.ino:
+                raise InvalidArgument("setattr names a path, or an inode with its handle")
+            self._check_handle(r.ino, r.handle)
+        parts, caller = None if r.path is None else paths.split(r.path), self._caller()
         attrs = await self._call(lambda store: store.setattr(
-            parts, r.mode, r.uid, r.gid, r.atime, r.mtime, caller=caller), messages.Attrs)
+            parts, r.mode, r.uid, r.gid, r.atime, r.mtime, caller=caller, ino=r.ino), messages.Attrs)
         return self._attrs_reply(attrs), b""
 
     async def rpc_truncate(self, r: messages.TruncateRequest, _: memoryview) -> Reply[messages.AttrsReply]:

@@ -472,16 +472,22 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         return ReaddirReply(entries=entries, next=entries[-1].name if more and entries else None)
 
     def setattr(
-        self, parts: list[str], mode: int | None = None, uid: int | None = None, gid: int | None = None,
-        atime: float | None = None, mtime: float | None = None, *, caller: Caller | None = None,
+        self, parts: list[str] | None, mode: int | None = None, uid: int | None = None, gid: int | None = None,
+        atime: float | None = None, mtime: float | None = None, *, caller: Caller | None = None, ino: int = 0,
     ) -> Attrs:
-        """chmod, chown, utimes; a caller under the rules of ``access.checked_setattr``."""
-        attrs = self._resolve(parts, caller)
+        """chmod, chown, utimes of the inode at ``parts``, or (``parts`` None) of inode ``ino``,
+        whose handle the service checked (no path is walked: a file unlinked while open); a
+        caller under the rules of ``access.checked_setattr``."""
+        if parts is None:
+            self.reached = ino
+            attrs, where = self._get(ino), f"inode {ino}"
+        else:
+            attrs, where = self._resolve(parts, caller), _p(parts)
         now = self.clock()
         if mode is not None:
             mode = (attrs.mode & ~0o7777) | (mode & 0o7777)
         mode = access.checked_setattr(
-            attrs, caller, _p(parts), mode, uid, gid, times=atime is not None or mtime is not None
+            attrs, caller, where, mode, uid, gid, times=atime is not None or mtime is not None
         )
         self._x(
             "UPDATE inodes SET mode = COALESCE(?, mode), uid = COALESCE(?, uid), gid = COALESCE(?, gid),"

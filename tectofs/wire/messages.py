@@ -291,7 +291,12 @@ class ReaddirReply(Message, frozen=True, kw_only=True):
 
 
 class SetattrRequest(Message, frozen=True, kw_only=True):
-    path: Path
+    """By ``path``; or, when ``path`` is None, by ``ino`` with the caller's ``handle`` for it
+    (a file unlinked while open has no path: ``fchmod``, ``fchown``, ``futimens``)."""
+
+    path: Path | None = None
+    ino: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
+    handle: Handle = b""
     mode: Mode | None = None
     uid: Owner | None = None
     gid: Owner | None = None
