@@ -219,19 +219,10 @@ def rng(request: pytest.FixtureRequest) -> random.Random:
 PROCESS_FIXTURES = frozenset({"cluster", "make_cluster", "postgres_server"})
 
 
-# The files that take longest (``--durations``), run first: the suite runs a file per
-# pytest-xdist worker in collection order, and a long file that starts last leaves the other
-# worker idle at the end. A file missing here only runs in its usual place.
-LONGEST_FIRST = ("test_s3_semantics.py", "test_simulator.py", "test_scale.py", "test_fuzz_requests.py",
-                 "test_inline_files.py", "test_bench_tree.py", "test_exerciser.py", "test_torch_share_reads.py")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's order kept
 
 
 @pytest.fixture(autouse=True)

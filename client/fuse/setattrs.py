@@ -6,8 +6,9 @@ writing), the changes that make nothing more restrictive ride on its commit at c
 call for all: times, a chown that changes nothing, a chmod that only adds permission bits.
 The kernel sees them at once (``OpenFiles.uncommitted``). Anything else commits this
 mount's writers of the file first (so their commit at close does not stamp the current time
-over times set now), then sets the attributes in one metadata call. A file unlinked while open has no path: the
-change goes by inode number, with the handle of a descriptor the caller has open on it.
+over times set now), then sets the attributes in one metadata call: by path, or, for a file
+unlinked while open (no path leads to it), by inode number with the handle of a descriptor
+the caller has open on it.
 
 A size change through a descriptor (``ftruncate``) goes to that descriptor's file; by path it
 goes to every writer of the file on this mount (so their next commits keep it), or to the
@@ -57,13 +58,16 @@ async def set_attributes(state: MountState, inode: int, attr: pyfuse3.EntryAttri
             return Stat.from_attrs(writer.file.attrs)
     await state.files.commit_writers(inode)
     try:
-        path = state.path(inode)
-    except StaleFile:  # unlinked while open: no path leads to it
-        return await _set_by_inode(state, inode, mode, uid, gid, atime, mtime, identity)
+        path: str | None = state.path(inode)
+    except StaleFile:  # unlinked while open
+        path = None
     started = state.fresh.begin_change()
     try:
-        st = await state.as_caller(identity, lambda fs: fs.setattr(path, mode=mode, uid=uid, gid=gid, atime=atime,
-                                                                   mtime=mtime))
+        if path is None:
+            st = await _set_by_inode(state, inode, mode, uid, gid, atime, mtime, identity)
+        else:
+            st = await state.as_caller(identity, lambda fs: fs.setattr(path, mode=mode, uid=uid, gid=gid, atime=atime,
+                                                                       mtime=mtime))
     finally:
         state.fresh.end_change(started)  # the reply carries the attributes: nothing to keep for a getattr
     return st
