@@ -503,7 +503,7 @@ async def list_parts(call: Call) -> web.Response:
     await multipart.info(call.fs, call.bucket, call.key, upload_id)
     marker = call.int_query("part-number-marker", 0, high=multipart.PART_NUMBER_MAX)
     max_parts = call.int_query("max-parts", LIST_KEYS_MAX)
-    found = [p for p in await multipart.parts(call.fs, call.bucket, upload_id) if p[0] > marker]
+    found = await multipart.parts(call.fs, call.bucket, upload_id, after=marker, limit=max_parts + 1)
     shown, truncated = found[:max_parts], len(found) > max_parts
     root = s3xml.document("ListPartsResult", [
         ("Bucket", call.bucket), ("Key", call.key), ("UploadId", upload_id), ("PartNumberMarker", marker),

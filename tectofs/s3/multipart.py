@@ -100,18 +100,22 @@ async def upload_part(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str
         raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id) from None
 
 
-async def parts(fs: AsyncFileSystem, bucket: str, upload_id: str) -> list[tuple[int, Stat, Record]]:
-    """The upload's parts: ``(number, stat, record)`` by number."""
+async def parts(fs: AsyncFileSystem, bucket: str, upload_id: str, after: int = 0,
+                limit: int | None = None) -> list[tuple[int, Stat, Record]]:
+    """The upload's parts numbered above ``after``: ``(number, stat, record)`` by number, the
+    first ``limit`` of them (all when None). Only those returned have their record read: a
+    page of a ListParts costs one record per part shown, not one per part stored."""
     directory = upload_path(bucket, upload_id)
+    stored = sorted((int(name[5:]), name, st) for name, st in await fs.scandir(directory)
+                    if name.startswith("part-") and st.is_file)
+    wanted = [part for part in stored if part[0] > after][:limit]
     gate = asyncio.Semaphore(RECORDS_PARALLEL)
 
-    async def one(name: str, st: Stat) -> tuple[int, Stat, Record]:
+    async def one(number: int, name: str, st: Stat) -> tuple[int, Stat, Record]:
         async with gate:
-            return int(name[5:]), st, await record_of(fs, paths.join(directory, name), st)
+            return number, st, await record_of(fs, paths.join(directory, name), st)
 
-    found = await asyncio.gather(*(one(name, st) for name, st in await fs.scandir(directory)
-                                   if name.startswith("part-") and st.is_file))
-    return sorted(found, key=lambda p: p[0])
+    return list(await asyncio.gather(*(one(*part) for part in wanted)))
 
 
 def chosen_parts(wanted: list[tuple[int, str]], have: dict[int, tuple[Stat, Record]],
@@ -126,10 +130,13 @@ def chosen_parts(wanted: list[tuple[int, str]], have: dict[int, tuple[Stat, Reco
     if numbers != sorted(numbers):
         raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order. The parts list must be"
                       " specified in order by part number.")
+    etags: dict[int, set[str]] = {}
+    for number, etag in wanted:
+        etags.setdefault(number, set()).add(etag)
     chosen: list[int] = []
-    for number in dict.fromkeys(numbers):
+    for number, listed in etags.items():  # in the list's order, each number once
         part = have.get(number)
-        if part is None or part[1].etag not in {etag for n, etag in wanted if n == number}:
+        if part is None or part[1].etag not in listed:
             raise S3Error("InvalidPart", f"One or more of the specified parts could not be found (part {number}).")
         chosen.append(number)
     for number in chosen[:-1]:
