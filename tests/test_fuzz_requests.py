@@ -60,7 +60,9 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
                           "rdev": rng.randrange(2**20)},
         "readdir": lambda: {"path": rng.choice([fuzz_dir, "/"]), "after": rng.choice(["", "b"]),
                             "limit": rng.randrange(1, 3000)},
-        "setattr": lambda: {"path": path(), "mode": rng.choice([None, rng.randrange(0o10000)]),
+        "setattr": lambda: {**rng.choice([{"path": path()},  # or by inode, with a handle (forged or none)
+                                          {"path": None, "ino": ino(), "handle": rng.choice([b"", rng.randbytes(48)])}]),
+                            "mode": rng.choice([None, rng.randrange(0o10000)]),
                             "uid": rng.choice([None, rng.randrange(2**32 - 1)]),
                             "atime": rng.choice([None, rng.uniform(-1e11, 1e11)]),
                             "mtime": rng.choice([None, rng.uniform(-1e11, 1e11), 0.0])},
