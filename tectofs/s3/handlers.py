@@ -29,6 +29,10 @@ from .objects import Record
 from .principals import Principal
 from .xml import S3Error, from_tectofs
 
+# What a request carries between the gateway and its handlers (typed keys: aiohttp >= 3.14)
+REQUEST_ID = web.RequestKey("request_id", str)  # answered as x-amz-request-id and in error documents
+STREAMING = web.RequestKey("streaming", bool)  # the status went out: an error can only cut the answer short
+
 BUCKET_NAME = re.compile(r"(?=.{3,63}$)[a-z0-9][a-z0-9.-]*[a-z0-9]")
 LIST_KEYS_MAX = 1000
 SMALL_BODY_MAX = s3xml.BODY_MAX_BYTES
@@ -88,7 +92,7 @@ async def slow_xml(call: Call, work: Awaitable[Any]) -> web.StreamResponse:
     end even if the client goes away."""
     task = asyncio.ensure_future(work)
     response = web.StreamResponse(status=200, headers={"Content-Type": "application/xml"})
-    call.request["streaming"] = True
+    call.request[STREAMING] = True
     try:
         await response.prepare(call.request)
         await response.write(b'<?xml version="1.0" encoding="UTF-8"?>\n')
@@ -104,7 +108,7 @@ async def slow_xml(call: Call, work: Awaitable[Any]) -> web.StreamResponse:
     except (S3Error, errors.TectofsError) as exc:
         error = exc if isinstance(exc, S3Error) else from_tectofs(exc, call.resource)
         document = s3xml.document("Error", [("Code", error.code), ("Message", error.message),
-                                            ("Resource", call.resource), ("RequestId", call.request["request_id"])],
+                                            ("Resource", call.resource), ("RequestId", call.request[REQUEST_ID])],
                                   namespace=False)
     await response.write(ET.tostring(document, encoding="utf-8"))
     await response.write_eof()
@@ -372,7 +376,7 @@ async def get_object(call: Call) -> web.StreamResponse:
         raise from_tectofs(exc, call.resource) from None
     response = web.StreamResponse(status=206 if span else 200, headers=headers)
     response.content_length = end - start
-    call.request["streaming"] = True
+    call.request[STREAMING] = True
     await response.prepare(call.request)
     if first:
         await response.write(first)

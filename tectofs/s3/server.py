@@ -157,7 +157,7 @@ class S3Gateway:
                              bucket, key, dict(pairs), self.part_bytes_min)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        request["request_id"] = secrets.token_hex(8).upper()
+        request[handlers.REQUEST_ID] = secrets.token_hex(8).upper()
         started = time.perf_counter()
         handler: Handler | None = None
         response: web.StreamResponse | None = None
@@ -169,7 +169,7 @@ class S3Gateway:
         except (ConnectionError, web.HTTPException):
             raise
         except Exception as exc:
-            if request.get("streaming"):
+            if request.get(handlers.STREAMING):
                 raise  # the status went out already: the connection is cut short
             response = self._error(request, exc)
             return response
@@ -190,7 +190,7 @@ class S3Gateway:
 
     @staticmethod
     async def _tag(request: web.Request, response: web.StreamResponse) -> None:
-        response.headers["x-amz-request-id"] = request.get("request_id", "")
+        response.headers["x-amz-request-id"] = request.get(handlers.REQUEST_ID, "")
 
     @staticmethod
     def _error(request: web.Request, exc: Exception) -> web.Response:
@@ -207,5 +207,5 @@ class S3Gateway:
         if exc.code == "InvalidRange" and "ActualObjectSize" in exc.extra:
             headers = {"Content-Range": f"bytes */{exc.extra['ActualObjectSize']}"}
         exc.resource = exc.resource or resource
-        return web.Response(body=s3xml.error_document(exc, request["request_id"]), status=exc.status,
+        return web.Response(body=s3xml.error_document(exc, request[handlers.REQUEST_ID]), status=exc.status,
                             content_type="application/xml", headers=headers)
