@@ -12,13 +12,31 @@ Metadata goes to the metadata service; data goes straight to chunk servers, in p
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
-from .core import AsyncFileSystem, Stat
-from .files import AsyncFile
-from .sync import FileSystem, RawFile
+if TYPE_CHECKING:
+    from .core import AsyncFileSystem, Stat
+    from .files import AsyncFile
+    from .sync import FileSystem, RawFile
 
 DEFAULT_ADDRESS_ENV = "TECTOFS_META"
+
+# The package's names are imported when first used, not with the package: a chunk server
+# imports ``tectofs.client.metadata`` and ``.blocks`` only, and the whole client took 0.15 s of
+# each server process's start (``python -X importtime``).
+_EXPORTED_FROM = {"AsyncFileSystem": "core", "Stat": "core", "AsyncFile": "files", "FileSystem": "sync",
+                  "RawFile": "sync"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTED_FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 
 def connect(address: str | None = None, credentials: str | None = None, leases: bool = False) -> FileSystem:
@@ -30,6 +48,8 @@ def connect(address: str | None = None, credentials: str | None = None, leases: 
     address = address or os.environ.get(DEFAULT_ADDRESS_ENV)
     if not address:
         raise ValueError(f"no metadata service address: pass HOST:PORT or set {DEFAULT_ADDRESS_ENV}")
+    from .sync import FileSystem
+
     return FileSystem(address, credentials, leases)
 
 
