@@ -4,6 +4,7 @@ SigV4 presigned URL checks against botocore's own signers."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
@@ -106,6 +107,27 @@ def test_a_complete_of_ten_thousand_parts_is_checked_in_linear_time() -> None:
     started = time.process_time()
     assert multipart.chosen_parts(wanted, have, part_bytes_min=1) == list(range(1, count + 1))
     assert time.process_time() - started < 2.0  # linear: ~20 ms; quadratic: minutes
+
+
+def test_a_list_parts_page_reads_the_records_of_its_parts_only() -> None:
+    """Each page of a ListParts of 10,000 parts reads the ETags of the parts it shows, not of
+    every part stored (paging through them all read 100,000 records before)."""
+    count, upload = 10_000, "0" * 32
+    read: list[str] = []
+
+    class Parts:
+        async def scandir(self, path: str) -> list[tuple[str, Stat]]:
+            return [(f"part-{n:05d}", _stat(n)) for n in range(count, 0, -1)]  # any order
+
+        async def getxattr(self, path: str, name: str) -> bytes:
+            read.append(path)
+            return Record(etag=f"e{path.rsplit('-', 1)[1]}", size=int(path.rsplit("-", 1)[1]), mtime=0.0).encode()
+
+    page = asyncio.run(multipart.parts(Parts(), "bucket", upload, after=1000, limit=1001))  # type: ignore[arg-type]
+    assert [n for n, _, _ in page] == list(range(1001, 2002))
+    assert [record.etag for _, _, record in page][:2] == ["e01001", "e01002"]
+    assert len(read) == 1001
+    assert asyncio.run(multipart.parts(Parts(), "bucket", upload, after=9_999))[0][0] == 10_000  # type: ignore[arg-type]
 
 
 def _stat(size: int) -> Stat:
