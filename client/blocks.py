@@ -57,6 +57,9 @@ class BlockIO:
         self.stats = {"degraded_reads": 0, "degraded_writes": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
                       "bad_chunks": 0, "checksum_failures": 0, "skipped_down_servers": 0}
         self.down = DownServers()
+        # Policies encoded before: the first encode of an rs policy in a process checks ISA-L
+        # against pyeclib (~50 ms here), on a codec thread whatever the block's size.
+        self._encoded: set[Policy] = set()
 
     def note(self, event: str) -> None:
         self.stats[event] += 1
@@ -89,7 +92,9 @@ class BlockIO:
         thread (``data``: one buffer, or several end to end). rs chunks are pool buffers of their
         own: ``data`` is not needed any more once this returns. rep chunks are ``data`` itself
         (joined into one buffer if it came in several)."""
-        return await self._in_thread(len(data), _encode_and_checksum, policy, data, self.buffers.get)
+        size = len(data) if policy in self._encoded else LOOP_COMPUTE_BYTES_MAX + 1
+        self._encoded.add(policy)
+        return await self._in_thread(size, _encode_and_checksum, policy, data, self.buffers.get)
 
     async def place_block(
         self, idx: int, length: int, encoded: tuple[list[Any], list[tuple[list[int], int]]],

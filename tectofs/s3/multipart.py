@@ -107,7 +107,7 @@ async def parts(fs: AsyncFileSystem, bucket: str, upload_id: str, after: int = 0
     page of a ListParts costs one record per part shown, not one per part stored."""
     directory = upload_path(bucket, upload_id)
     stored = sorted((int(name[5:]), name, st) for name, st in await fs.scandir(directory)
-                    if name.startswith("part-") and st.is_file)
+                    if name.startswith("part-") and name[5:].isdigit() and st.is_file)
     wanted = [part for part in stored if part[0] > after][:limit]
     gate = asyncio.Semaphore(RECORDS_PARALLEL)
 
