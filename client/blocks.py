@@ -65,11 +65,11 @@ class BlockIO:
         self.stats[event] += 1
         self.metrics.event(event)
 
-    async def _in_thread(self, size: int, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``, which encodes or checksums ``size`` bytes: on a codec thread, or on
-        the event loop when ``size`` is at most :data:`LOOP_COMPUTE_BYTES_MAX` (a thread
-        hand-off costs more than the work: a small file's block, a mostly-hole block)."""
-        if size <= LOOP_COMPUTE_BYTES_MAX:
+    async def _compute(self, size: int, fn: Any, *args: Any, on_loop: bool = True) -> Any:
+        """``fn(*args)``, which encodes or checksums ``size`` bytes: on the event loop when
+        ``on_loop`` and ``size`` is at most :data:`LOOP_COMPUTE_BYTES_MAX` (a thread hand-off
+        costs more than the work: a small file's block, a mostly-hole block), else on a codec thread."""
+        if on_loop and size <= LOOP_COMPUTE_BYTES_MAX:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
@@ -89,12 +89,13 @@ class BlockIO:
 
     async def encode(self, policy: Any, data: memoryview | Regions) -> tuple[list[Any], list[tuple[list[int], int]]]:
         """The block's chunks under ``policy`` and their (piece, whole) crcs, computed on a codec
-        thread (``data``: one buffer, or several end to end). rs chunks are pool buffers of their
+        thread, or on the loop for a small block of a policy encoded before (``_compute``)
+        (``data``: one buffer, or several end to end). rs chunks are pool buffers of their
         own: ``data`` is not needed any more once this returns. rep chunks are ``data`` itself
         (joined into one buffer if it came in several)."""
-        size = len(data) if policy in self._encoded else LOOP_COMPUTE_BYTES_MAX + 1
+        seen = policy in self._encoded
         self._encoded.add(policy)
-        return await self._in_thread(size, _encode_and_checksum, policy, data, self.buffers.get)
+        return await self._compute(len(data), _encode_and_checksum, policy, data, self.buffers.get, on_loop=seen)
 
     async def place_block(
         self, idx: int, length: int, encoded: tuple[list[Any], list[tuple[list[int], int]]],
@@ -185,14 +186,14 @@ class BlockIO:
                 sink.divert()  # done, failed or cancelled: no later byte goes into the block
         self.down.answered(chunk.address)
         if placed is not None and sink is not None and sink.complete:
-            whole = await self._in_thread(chunk.length, checksum.crc_joined, placed.pieces)
+            whole = await self._compute(chunk.length, checksum.crc_joined, placed.pieces)
             if whole != chunk.crc:
                 raise ChecksumMismatch(f"chunk from {chunk.address} does not match the checksum recorded at write")
             return placed
         if len(payload) != chunk.length:
             self.buffers.put(payload)
             raise ChecksumMismatch(f"chunk of {len(payload)} bytes where {chunk.length} were written")
-        whole = await self._in_thread(len(payload), checksum.crc, payload)
+        whole = await self._compute(len(payload), checksum.crc, payload)
         if whole != chunk.crc:
             self.buffers.put(payload)
             raise ChecksumMismatch(f"chunk from {chunk.address} does not match the checksum recorded at write")
