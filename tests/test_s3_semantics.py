@@ -209,13 +209,14 @@ def test_ten_thousand_parts(s3: Any, small_parts_gateway: tuple[Any, str], root_
     s3.create_bucket(Bucket="tenthousand")
     upload = tiny.create_multipart_upload(Bucket="tenthousand", Key="obj")["UploadId"]
     bodies = [f"<{n}>".encode() for n in range(1, 10_001)]
-    connections = threading.local()
+    connections, opened = threading.local(), []  # one kept-alive connection per sending thread
     started = time.monotonic()
 
     def send(number: int) -> dict[str, Any]:
         if not hasattr(connections, "http"):
             host, port = address.rsplit(":", 1)
             connections.http = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
+            opened.append(connections.http)
         path = f"/tenthousand/obj?partNumber={number}&uploadId={upload}"
         body = bodies[number - 1]
         connections.http.request("PUT", path, body=body, headers=_signed_headers(
@@ -224,8 +225,12 @@ def test_ten_thousand_parts(s3: Any, small_parts_gateway: tuple[Any, str], root_
         assert (answer.status, answer.read()) == (200, b""), number
         return {"PartNumber": number, "ETag": answer.getheader("ETag")}
 
-    with ThreadPoolExecutor(4) as pool:
-        listed = list(pool.map(send, range(1, 10_001)))
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            listed = list(pool.map(send, range(1, 10_001)))
+    finally:
+        for connection in opened:
+            connection.close()
     assert listed[41]["ETag"] == f'"{hashlib.md5(bodies[41]).hexdigest()}"'
     uploaded = time.monotonic() - started
     parts_seen = sum(len(page.get("Parts", [])) for page in tiny.get_paginator("list_parts").paginate(
