@@ -31,8 +31,9 @@ from .block_reads import BlockRead, DownServers, consume_outcome
 
 log = logging.getLogger("tectofs.client")
 
-# Encoding or checksumming this many bytes or fewer runs on the event loop: measured here,
-# rs(4,2) of 64 KiB takes ~180 us and rep(3) ~15 us, a hand-off to a codec thread and back ~300 us.
+# Encoding or checksumming this many bytes or fewer runs on the event loop: measured here
+# (python3 -m tectofs.benchmarks.loop_compute), rs(4,2) of 64 KiB takes 110-180 us and rep(3)
+# 7-15 us, a hand-off to a codec thread and back 220-300 us.
 LOOP_COMPUTE_BYTES_MAX = 64 * 1024
 
 Reallocate = Callable[[set[int]], Awaitable[messages.Allocation]]
