@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from tectofs.wire import messages, shared_blocks
+import msgspec
+
+from tectofs.wire import inline_echo, messages, shared_blocks
 from tectofs.wire.client import RpcClient
 from tectofs.wire.leases import KEEPALIVE, KeepaliveReply, KeepaliveRequest
 
@@ -49,12 +51,15 @@ class MetadataClient:
                                  None] | None = None
         self.lease_token: Callable[[], tuple[int, int]] | None = None  # LeaseSession.token (client/lease_session.py)
 
-    async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
-        """One call of ``operation``: its reply, or the service's error raised."""
+    async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT,
+                   complete: Callable[[ReplyT], ReplyT] | None = None) -> ReplyT:
+        """One call of ``operation``: its reply, or the service's error raised. ``complete``
+        makes the reply whole before anything (``on_change`` too) sees it."""
         reply: ReplyT | None = None
         began = self.lease_token() if self.lease_token is not None else None
         try:
-            reply, _ = await self.rpc.call(self.address, operation, request)
+            answer, _ = await self.rpc.call(self.address, operation, request)
+            reply = answer if complete is None else complete(answer)
         finally:
             if self.on_change is not None and operation.name in CHANGING:
                 self.on_change(operation.name, request, reply, began)
@@ -151,7 +156,10 @@ class MetadataClient:
         return await self.call(messages.RENEW, request)
 
     async def commit(self, request: messages.CommitRequest) -> messages.LayoutSegment:
-        return await self.call(messages.COMMIT, request)
+        """The file's layout after the commit, whole: the service is asked not to echo the
+        inline block the request carries, which is put back here (``tectofs.wire.inline_echo``)."""
+        return await self.call(messages.COMMIT, msgspec.structs.replace(request, echo_inline=False),
+                               lambda answer: inline_echo.restore(answer, request.blocks))
 
     async def report_bad_chunk(self, request: messages.ReportBadChunkRequest) -> messages.Empty:
         return await self.call(messages.REPORT_BAD_CHUNK, request)

@@ -16,10 +16,13 @@ import threading
 import time
 from typing import Any
 
+import msgspec
 import pytest
 
 from tectofs import errors, limits
+from tectofs.checksum import crc
 from tectofs.client import connect
+from tectofs.wire import inline_echo, messages
 from tests.test_client_metrics import local, moved
 from tests.test_failover import TwoMetaCluster
 
@@ -154,6 +157,54 @@ def test_damaged_inline_data_is_an_error_never_bytes(make_cluster: Any) -> None:
         db.execute("UPDATE inline_blocks SET data = ? WHERE ino = ?", (flipped, ino))
     with pytest.raises(errors.ChecksumMismatch, match="inline data"):
         c.fs.read_bytes("/damaged")
+
+
+def test_a_commit_answers_without_echoing_the_small_file_it_carried(cluster: Any) -> None:
+    """The service neither sends an inline file's bytes back to the writer that committed
+    them nor records them a second time in its journal of answers (``tectofs.wire.inline_echo``):
+    every recorded answer stays far smaller than the file. The writer's handle, a fresh
+    open and an older client that asks for the echo all read the file bit-exact."""
+    fs = cluster.fs
+    data = _content(40 * KiB, 7)
+    with fs.open("/no-echo", "w+b") as f:
+        f.write(data)
+        f.flush()  # committed: the handle's layout is the commit's answer, made whole again
+        f.seek(0)
+        assert f.read() == data
+    with fs.open("/no-echo", "rb") as f:
+        assert f.read() == data
+    with sqlite3.connect(os.path.join(cluster.root, "meta.db"), timeout=10) as db:
+        (largest,) = db.execute("SELECT max(length(reply)) FROM requests").fetchone()
+    assert largest < 4 * KiB, largest
+    # An older client (its request without echo_inline) gets the bytes echoed, as before.
+    st, again = fs.stat("/no-echo"), _content(30 * KiB, 8)
+    block = messages.WrittenBlock(idx=0, block_id=0, length=len(again), chunks=[],
+                                  inline=messages.InlineData(data=again, crc=crc(again)))
+    request = messages.CommitRequest(ino=st.ino, handle=st.handle, size=len(again), blocks=[block], replace=True)
+    echoed, _ = fs.run(fs.aio.metadata.rpc.call(fs.aio.metadata.address, messages.COMMIT, request))
+    assert not echoed.inline_omitted and echoed.blocks[0].inline.data == again
+    assert fs.read_bytes("/no-echo") == again
+
+
+def test_an_omitted_inline_block_is_put_back_only_from_the_bytes_sent_with_its_crc() -> None:
+    data = b"small file" * 100
+    sent = [messages.WrittenBlock(idx=0, block_id=0, length=len(data), chunks=[],
+                                  inline=messages.InlineData(data=data, crc=crc(data)))]
+    attrs = messages.Attrs(ino=5, kind="file", mode=0o100644, uid=0, gid=0, size=len(data), atime=1.0, mtime=1.0,
+                           ctime=1.0, nlink=1, policy="rs(4,2)", block_size=1 << 20, parent=1)
+    stored = messages.Block(idx=0, block_id=0, policy="rs(4,2)", length=len(data), valid=len(data), chunks=[],
+                            inline=messages.InlineData(data=data, crc=crc(data)))
+    whole = messages.LayoutSegment(attrs=attrs, blocks=[stored], inline_max=INLINE)
+    answer = inline_echo.omit(whole, sent)
+    omitted = answer.blocks[0].inline
+    assert answer.inline_omitted and omitted is not None and omitted.data == b"" and omitted.crc == crc(data)
+    assert len(msgspec.msgpack.encode(answer)) < 400  # what goes on the wire and into the journal
+    assert inline_echo.restore(answer, sent) == whole
+    assert inline_echo.omit(whole, []) is whole  # nothing carried inline: nothing left out
+    other = b"other bytes" * 90
+    with pytest.raises(errors.ChecksumMismatch, match="does not match"):
+        inline_echo.restore(answer, [messages.WrittenBlock(idx=0, block_id=0, length=len(other), chunks=[],
+                                                           inline=messages.InlineData(data=other, crc=crc(other)))])
 
 
 def test_a_sigkilled_metadata_service_loses_no_small_file_whose_close_returned(make_cluster: Any) -> None:

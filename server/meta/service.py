@@ -30,7 +30,7 @@ from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.access import Caller
 from tectofs.store.dialect import dialect_for
 from tectofs.store.users import MAYBE_USER, StoredUser
-from tectofs.wire import auth, messages, shared_blocks
+from tectofs.wire import auth, inline_echo, messages, shared_blocks
 from tectofs.wire.leases import ATTRS, ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
@@ -286,10 +286,11 @@ class MetadataService:
         if key is not None and not ran:  # answered from the record of an earlier attempt
             await self.leases.settled()
         if modified:
-            recalls = [self.leases.recall(modified, changed_by=session)]
-            if self.peers is not None:
-                recalls.append(self.peers.recall(modified, session))
-            await asyncio.gather(*recalls)
+            if self.peers is None:  # (one recall: awaited as is, without gather's task per call)
+                await self.leases.recall(modified, changed_by=session)
+            else:
+                await asyncio.gather(self.leases.recall(modified, changed_by=session),
+                                     self.peers.recall(modified, session))
         return result
 
     def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes, modified: set[LeaseKey],
@@ -633,9 +634,12 @@ class MetadataService:
     async def rpc_commit(self, r: messages.CommitRequest, _: memoryview) -> Reply[messages.LayoutSegment]:
         self._check_handle(r.ino, r.handle)
         caller = self._caller()
-        layout = await self._call(lambda store: store.commit(
-            r.ino, r.size, r.blocks, r.replace, r.mtime, r.shrunk_to, r.holes, r.writer, r.atime, r.mode, caller=caller),
-            messages.LayoutSegment)
+        def commit(store: SqlStore) -> messages.LayoutSegment:
+            layout = store.commit(r.ino, r.size, r.blocks, r.replace, r.mtime, r.shrunk_to, r.holes, r.writer, r.atime,
+                                  r.mode, caller=caller)
+            return layout if r.echo_inline else inline_echo.omit(layout, r.blocks)  # (recorded as answered)
+
+        layout = await self._call(commit, messages.LayoutSegment)
         return self._segment(layout), b""
 
     async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply[messages.Empty]:

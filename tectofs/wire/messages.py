@@ -411,6 +411,9 @@ class CommitRequest(Message, frozen=True, kw_only=True):
     writer: Id | None = None  # publish what this writer staged, too
     atime: Time | None = None  # also set the access time (utimens on a file being written: one call)
     mode: Mode | None = None  # also chmod (the permission bits), under setattr's rules
+    # False: the reply leaves out the bytes of the inline block this request carries (the
+    # writer has them: ``tectofs.wire.inline_echo``); True, an older client's default: echoed.
+    echo_inline: bool = True
 
 
 BadChunkKind = Literal["corrupt", "missing", "unreachable", ""]

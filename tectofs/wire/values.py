@@ -162,6 +162,10 @@ class LayoutSegment(Message, frozen=True, kw_only=True):
     # Files up to this size are stored inline (the whole file one block in the metadata
     # store); 0: never (a service that does not, or --inline-max 0).
     inline_max: Int64 = 0
+    # A commit's answer to a writer that asked not to have its inline block echoed: that
+    # block's ``inline.data`` is empty here, its bytes being the ones the commit carried
+    # (``tectofs.wire.inline_echo``).
+    inline_omitted: bool = False
 
 
 class ServerRef(Message, frozen=True, kw_only=True):
