@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import Any
 
-from tectofs import children, limits
+from tectofs import children, limits, private_files
 from tectofs.errors import InvalidArgument, TectofsError, Timeout
 from tectofs.server import addresses
 from tectofs.wire import auth, messages
@@ -147,8 +147,10 @@ class LocalCluster:
         return [os.path.join(self.root, f"chunk-{i}") for i in range(self.server_count)]
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        os.makedirs(os.path.join(self.root, "logs"), exist_ok=True)
-        log_path = os.path.join(self.root, "logs", log_name)
+        logs = os.path.join(self.root, "logs")
+        os.makedirs(logs, mode=private_files.DIRECTORY_MODE, exist_ok=True)
+        private_files.owner_only(logs, private_files.DIRECTORY_MODE)  # (the logs name users' files)
+        log_path = os.path.join(logs, log_name)
         if self.log_to_files:
             out: Any = open(log_path, "ab")
         else:

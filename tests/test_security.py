@@ -359,3 +359,26 @@ def test_key_rotation_keeps_the_cluster_working(make_cluster: Any) -> None:
 def test_key_and_credential_files_are_private(cluster: Any) -> None:
     for path in (cluster.key_file, cluster.credential_file, auth.default_credential_path(cluster.address)):
         assert os.stat(path).st_mode & 0o077 == 0, path
+
+
+def test_stored_data_is_its_servers_alone(make_cluster: Any) -> None:
+    """The metadata store (every small file's bytes, inline) and the chunk servers' directories
+    grant other local users nothing, so none can read tectofs users' data past the service's
+    checks; a store an earlier release left readable is made private when its server starts."""
+    c = make_cluster(servers=6)
+    c.fs.write_bytes("/small", b"inline bytes")
+    c.fs.write_bytes("/large", os.urandom(limits.inline_bytes_default + 1))
+    store = os.path.join(c.root, "meta.db")
+
+    def private() -> list[str]:
+        paths = [p for p in (store, f"{store}-wal", f"{store}-shm") if os.path.exists(p)] + c.chunk_data_dirs
+        return [p for p in paths if os.stat(p).st_mode & 0o077]
+
+    assert os.path.exists(f"{store}-wal")
+    assert private() == []
+    for path in (store, f"{store}-wal", f"{store}-shm"):
+        os.chmod(path, 0o644)  # as an earlier release left it
+    c.kill_meta()
+    c.restart_meta()
+    assert c.fs.read_bytes("/small") == b"inline bytes"
+    assert private() == []

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from tectofs import limits
+from tectofs import limits, private_files
 from tectofs.buffers import BufferPool
 from tectofs.client.metadata import MetadataClient
 from tectofs.errors import (
@@ -94,7 +94,8 @@ class ChunkServer:
             raise InvalidArgument("a chunk server needs the cluster key: --key-file FILE or $TECTOFS_KEY_FILE")
         self.keys = auth.KeyRing(path)
         self.data_dir = os.path.abspath(data_dir)
-        os.makedirs(self.data_dir, exist_ok=True)
+        os.makedirs(self.data_dir, mode=private_files.DIRECTORY_MODE, exist_ok=True)
+        private_files.owner_only(self.data_dir, private_files.DIRECTORY_MODE)  # (chunks below: its owner's alone)
         self._lock_fd = _lock_data_dir(self.data_dir)
         self.meta_address = meta_address
         self.inflight_bytes_max = inflight_bytes_max

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from .. import private_files
 from ..errors import InvalidArgument
 
 
@@ -38,9 +39,19 @@ class SqliteDialect(Dialect):
         self.path = path
 
     def connect(self) -> sqlite3.Connection:
+        """A connection to the store; the store's files (the database, its WAL and shared-memory
+        index, which SQLite creates with the database's permissions) are its owner's alone
+        (``tectofs.private_files``)."""
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        for path in (self.path, f"{self.path}-wal", f"{self.path}-shm"):
+            private_files.owner_only(path, private_files.FILE_MODE)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        # Debian's SQLite zeroes every page a delete frees (SECURE_DELETE): an unlinked small
+        # file's inline bytes were written again as zeros. FAST zeroes deleted content only in
+        # pages the change writes anyway; freed pages keep their bytes until reused, as a
+        # chunk server's filesystem keeps a deleted chunk's. Half the store's CPU per unlink.
+        conn.execute("PRAGMA secure_delete=FAST")
         conn.execute("PRAGMA foreign_keys=OFF")
         conn.execute("PRAGMA cache_size=-65536")
         return conn
