@@ -21,7 +21,8 @@ FILE_MODE = 0o600
 
 def owner_only(path: str, mode: int) -> None:
     """Give ``path`` (if it exists and is this user's) permission bits ``mode`` when it grants
-    group or others anything; a path another user owns is left as it is, with a warning."""
+    group or others anything. A path another user owns, or on a filesystem that refuses the
+    change, is left as it is, with a warning: the server still starts."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -31,4 +32,7 @@ def owner_only(path: str, mode: int) -> None:
     if st.st_uid != os.geteuid():
         log.warning("%s is readable by other users, and belongs to uid %d: chmod %o it", path, st.st_uid, mode)
         return
-    os.chmod(path, mode)
+    try:
+        os.chmod(path, mode)
+    except OSError as exc:
+        log.warning("%s is readable by other users and could not be made private (%s): chmod %o it", path, exc, mode)

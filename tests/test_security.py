@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tectofs import checksum, limits
+from tectofs import checksum, limits, private_files
 from tectofs.client import connect
 from tectofs.errors import (
     AlreadyExists,
@@ -382,3 +382,19 @@ def test_stored_data_is_its_servers_alone(make_cluster: Any) -> None:
     c.restart_meta()
     assert c.fs.read_bytes("/small") == b"inline bytes"
     assert private() == []
+
+
+def test_storage_that_cannot_be_made_private_is_named_not_fatal(tmp_path: Any, monkeypatch: Any,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    store = tmp_path / "meta.db"
+    store.write_bytes(b"")
+    os.chmod(store, 0o644)
+
+    def refused(path: Any, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(private_files.os, "chmod", refused)
+    with caplog.at_level("WARNING", logger="tectofs"):
+        private_files.owner_only(str(store), private_files.FILE_MODE)
+    assert "could not be made private" in caplog.text and str(store) in caplog.text
+    assert os.stat(store).st_mode & 0o777 == 0o644
