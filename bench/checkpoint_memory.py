@@ -39,14 +39,14 @@ WAIT_S = 600.0
 class _Agents:
     """Agent processes for the measurement, stopped (SIGTERM: each drops its memory) at the end."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: str, cluster: str) -> None:
+        self.root, self.cluster = root, cluster
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str) -> str:
         from tectofs.cli.agent import start_agent
 
-        proc, address = start_agent(self.root, *args, name=f"agent-{len(self.procs)}")
+        proc, address = start_agent(self.root, "--cluster", self.cluster, *args, name=f"agent-{len(self.procs)}")
         self.procs.append(proc)
         return address
 
@@ -72,11 +72,12 @@ def measure(base: str, sd: Any, target: Any, nbytes: int, repeats: int, record: 
     import torch.distributed.checkpoint as dcp
 
     import tectofs.torch as tt
+    from tectofs import uri as _uri
     from tectofs.agent.client import agent_client
 
     memory = str(4 * nbytes + 64 * MiB)
     loaded_from: dict[str, list[str]] = {}
-    with tempfile.TemporaryDirectory(prefix="tectofs-memory-bench-") as tmp, _Agents(tmp) as agents:
+    with tempfile.TemporaryDirectory(prefix="tectofs-memory-bench-") as tmp, _Agents(tmp, _uri.resolve(base)[0].meta_address) as agents:
         peer = agents.start("--memory-bytes", memory)
         local = agents.start("--memory-bytes", memory, "--peers", peer)
         spare = agents.start("--memory-bytes", memory)
@@ -87,7 +88,7 @@ def measure(base: str, sd: Any, target: Any, nbytes: int, repeats: int, record: 
             dcp.save(sd, checkpoint_id=uri, storage_writer=writer)
             record(SAVE_ROW, time.perf_counter() - started)
             deadline = time.monotonic() + WAIT_S
-            while not getattr(agent_client().locate(local, uri), "persisted", False):
+            while not getattr(agent_client(uri).locate(local, uri), "persisted", False):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{uri} was not persisted within {WAIT_S:g} s")
                 time.sleep(0.1)

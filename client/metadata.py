@@ -34,7 +34,7 @@ READING = frozenset({
     "hello", "lookup", "getattr", "readdir", "getxattr", "listxattr", "statfs", "layout", "allocate", "stage", "renew",
     "release", "release_leases", "report_bad_chunk", "repair_done", "repair_failed", "inventory_begin", "inventory",
     "drain", "block_health", "register_server", "heartbeat", "servers", "stats", "ping", "user_add", "user_remove",
-    "user_list", "s3_principal", "whoami", "keepalive", "shared_blocks",
+    "user_list", "s3_principal", "whoami", "ticket", "ticket_secret", "keepalive", "shared_blocks",
 })  # what leaves names, attributes and extended attributes as they were
 
 
@@ -211,6 +211,12 @@ class MetadataClient:
 
     async def whoami(self, request: messages.Empty = _EMPTY) -> messages.WhoamiReply:
         return await self.call(messages.WHOAMI, request)
+
+    async def ticket(self, request: messages.TicketRequest) -> messages.TicketReply:
+        return await self.call(messages.TICKET, request)
+
+    async def ticket_secret(self, request: messages.Ticket) -> messages.TicketSecretReply:
+        return await self.call(messages.TICKET_SECRET, request)
 
     async def keepalive(self, request: KeepaliveRequest) -> KeepaliveReply:
         return await self.call(KEEPALIVE, request)

@@ -213,6 +213,8 @@ class FileSystem:
     Methods mirror :class:`AsyncFileSystem`; ``open`` returns ordinary Python binary file
     objects. ``fs.aio`` is the async client and ``fs.run(coro)`` runs a coroutine on it."""
 
+    _viewed: "FileSystem | None" = None  # the client this one is a view of (``acting_as``)
+
     def __init__(self, meta_address: str, credentials: Any = None, leases: bool = False) -> None:
         """``credentials``, ``leases``: see :class:`AsyncFileSystem`."""
         self._loop = _LoopThread()
@@ -349,7 +351,20 @@ class FileSystem:
     def servers(self) -> list[messages.ServerInfo]:
         return self.run(self.aio.servers())
 
+    def acting_as(self, uid: int, gid: int, groups: "tuple[int, ...] | list[int]" = ()) -> "FileSystem":
+        """This client as another user (:meth:`AsyncFileSystem.acting_as`; a proxy credential):
+        a view on the same connections and loop thread. Its ``close`` closes nothing: the
+        client's does."""
+        view = object.__new__(FileSystem)
+        view._loop = self._loop
+        view.aio = self.run(_acting(self.aio, uid, gid, tuple(groups)))
+        view.meta_address = self.meta_address
+        view._viewed = self
+        return view
+
     def close(self) -> None:
+        if self._viewed is not None:
+            return
         try:
             self.run(self.aio.close())
         finally:
@@ -360,6 +375,10 @@ class FileSystem:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+async def _acting(fs: AsyncFileSystem, uid: int, gid: int, groups: tuple[int, ...]) -> AsyncFileSystem:
+    return fs.acting_as(uid, gid, groups)  # on the client's loop: a view closes its evicted peers there
 
 
 async def _make_async(meta_address: str, credentials: Any = None, leases: bool = False) -> AsyncFileSystem:

@@ -14,22 +14,29 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from typing import Any, Callable, Iterator
 
 import pytest
+from msgspec import to_builtins as msgspec_to_builtins
+from msgspec.structs import replace as msgspec_replace
 
 torch = pytest.importorskip("torch")
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
 import tectofs  # noqa: E402
+import tectofs.client  # noqa: E402
 import tectofs.torch as tt  # noqa: E402
 from tectofs import errors  # noqa: E402
 from tectofs.agent import messages  # noqa: E402
-from tectofs.agent.client import agent_client  # noqa: E402
+from tectofs.agent.client import AgentClient, agent_client  # noqa: E402
+from tectofs.agent.identity import TicketSource  # noqa: E402
 from tectofs.agent.store import StepStore  # noqa: E402
 from tectofs.checksum import crc  # noqa: E402
 from tectofs.cli.agent import start_agent  # noqa: E402
+from tectofs.wire import auth  # noqa: E402
+from tectofs.wire import messages as wire  # noqa: E402
 from tectofs.wire.client import RpcClient  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -38,6 +45,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning
 TREE = os.path.dirname(os.path.dirname(os.path.realpath(tectofs.__file__)))
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (TREE, os.environ.get("PYTHONPATH")) if p)}
 WAIT_S = 30.0
+ROOT = wire.ActAs(uid=0, gid=0)
 
 
 def _state(seed: int, rows: int = 256) -> dict[str, Any]:
@@ -64,14 +72,15 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_
 class Agents:
     """Agent processes started by a test (one per simulated node), killed at teardown."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: str, cluster: str) -> None:
+        self.root, self.cluster = root, cluster
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str) -> tuple[subprocess.Popen[bytes], str]:
         shm = os.path.join(self.root, f"shm-{len(self.procs)}")
         os.makedirs(shm)
-        proc, address = start_agent(self.root, "--shm-dir", shm, *args, name=f"agent-{len(self.procs)}")
+        proc, address = start_agent(self.root, "--cluster", self.cluster, "--shm-dir", shm, *args,
+                                    name=f"agent-{len(self.procs)}")
         self.procs.append(proc)
         return proc, address
 
@@ -83,8 +92,8 @@ class Agents:
 
 
 @pytest.fixture
-def agents(tmp_path: Any) -> Iterator[Agents]:
-    made = Agents(str(tmp_path))
+def agents(tmp_path: Any, cluster: Any) -> Iterator[Agents]:
+    made = Agents(str(tmp_path), cluster.address)
     try:
         yield made
     finally:
@@ -173,7 +182,7 @@ def test_this_hosts_copy_is_trusted_as_sealed_unless_verify_memory(cluster: Any,
     uri = f"tectofs://{cluster.address}/memtier/trusted/step_1"
     saved = _state(3)
     dcp.save(saved, checkpoint_id=uri, storage_writer=tt.CheckpointWriter(tier="memory", agent=f"{local},{peer}"))
-    located = agent_client().locate(local, uri)
+    located = agent_client(uri).locate(local, uri)
     assert located is not None and located.found
     data = [path for info, path in zip(located.files, located.paths) if info.name.endswith(".distcp")]
     assert len(data) == 1
@@ -346,23 +355,25 @@ def test_async_save_and_load_through_the_checkpoint_id(cluster: Any, agents: Age
 
 
 @pytest.mark.slow
-def test_a_full_agent_refuses_a_save_clearly_and_keeps_unpersisted_steps(agents: Agents) -> None:
-    """Nothing can be persisted (the steps name a cluster that does not exist): a save that
+def test_a_full_agent_refuses_a_save_clearly_and_keeps_unpersisted_steps(cluster: Any, agents: Agents) -> None:
+    """Nothing can be persisted (a file stands where the steps' directory would be): a save that
     needs room fails after --wait with NoSpace, and the earlier step, the only copy, stays."""
     _, agent = agents.start("--memory-bytes", "4M", "--keep-steps", "1", "--wait", "0.5")
-    client = agent_client()
-    first = "tectofs://127.0.0.1:1/run/step_1"
+    run = _unpersistable(cluster, "full")
+    client = agent_client(run)
+    first = f"{run}/step_1"
     data = memoryview(os.urandom(3 << 20))
     _seal(client, agent, first, "s1", data)
     with pytest.raises(errors.NoSpace, match="memory agent .* is full"):
-        client.put(agent, "tectofs://127.0.0.1:1/run/step_2", "s2", "__0_0.distcp", 0, [data])
+        client.put(agent, f"{run}/step_2", "s2", "__0_0.distcp", 0, [data])
     located = client.locate(agent, first)
     assert located is not None and located.found and not located.persisted
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_a_full_shared_memory_file_system_fails_a_save_at_once_and_frees_what_it_took(agents: Agents) -> None:
+def test_a_full_shared_memory_file_system_fails_a_save_at_once_and_frees_what_it_took(cluster: Any,
+                                                                                     agents: Agents) -> None:
     """The agent's bound (--memory-bytes) is larger than its tmpfs: a save that does not fit
     there fails at once (nothing else would free room) saying where memory ran out, a save cut
     short by the file system leaves nothing behind, and the agent goes on serving."""
@@ -372,18 +383,18 @@ def test_a_full_shared_memory_file_system_fails_a_save_at_once_and_frees_what_it
     os.makedirs(shm)
     sp.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tectofs-test", shm], check=True, timeout=30)
     try:
-        proc, agent = start_agent(agents.root, "--shm-dir", shm, "--memory-bytes", "256M", "--wait", "30",
-                                  name="small-agent")
+        proc, agent = start_agent(agents.root, "--cluster", cluster.address, "--shm-dir", shm, "--memory-bytes",
+                                  "256M", "--wait", "30", name="small-agent")
         agents.procs.append(proc)
-        client = agent_client()
+        run = _unpersistable(cluster, "small-shm")
+        client = agent_client(run)
         started = time.monotonic()
         with pytest.raises(errors.NoSpace, match="small-shm.* bytes free"):
-            client.put(agent, "tectofs://127.0.0.1:1/run/step_1", "s1", "__0_0.distcp", 0,
-                       [memoryview(os.urandom(12 << 20))])
+            client.put(agent, f"{run}/step_1", "s1", "__0_0.distcp", 0, [memoryview(os.urandom(12 << 20))])
         assert time.monotonic() - started < 15  # not --wait: nothing was there to persist
         # Another program fills the tmpfs in the middle of a save: its next piece no longer
         # fits, and the torn save is dropped with the bytes it held.
-        step = "tectofs://127.0.0.1:1/run/step_2"
+        step = f"{run}/step_2"
         client.put(agent, step, "s2", "__0_0.distcp", 0, [memoryview(os.urandom(2 << 20))])
         filler = os.path.join(shm, "filler")
         with open(filler, "wb") as f:
@@ -396,11 +407,17 @@ def test_a_full_shared_memory_file_system_fails_a_save_at_once_and_frees_what_it
         os.unlink(filler)
         held = [f for d, _, files in os.walk(shm) for f in files]
         assert held == [], held
-        assert _seal(client, agent, "tectofs://127.0.0.1:1/run/step_3", "s3", memoryview(b"abc")).copies == 1
+        assert _seal(client, agent, f"{run}/step_3", "s3", memoryview(b"abc")).copies == 1
         assert proc.poll() is None
     finally:
         agents.close()
         sp.run(["umount", "-l", shm], check=False, timeout=30)
+
+
+def _unpersistable(cluster: Any, name: str) -> str:
+    """A run directory whose steps cannot be persisted: a file stands where it would be."""
+    cluster.fs.write_bytes(f"/unpersistable-{name}", b"in the way")
+    return f"tectofs://{cluster.address}/unpersistable-{name}/run"
 
 
 def _seal(client: Any, agent: str, step: str, save: str, data: memoryview) -> messages.SealReply:
@@ -412,10 +429,11 @@ def _seal(client: Any, agent: str, step: str, save: str, data: memoryview) -> me
 
 
 @pytest.mark.slow
-def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(agents: Agents) -> None:
+def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(cluster: Any, agents: Agents) -> None:
     _, agent = agents.start("--memory-bytes", "16M")
-    client = agent_client()
-    step = "tectofs://127.0.0.1:1/run/step_1"
+    run = _unpersistable(cluster, "bad-input")
+    client = agent_client(run)
+    step = f"{run}/step_1"
     with pytest.raises(errors.NotFound, match="holds no save"):
         client.seal(agent, step, "nope", [], [".metadata"], 0)
     client.put(agent, step, "s1", "__0_0.distcp", 0, [memoryview(b"abc")])
@@ -427,7 +445,7 @@ def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(agents: Agents
     with pytest.raises(errors.InvalidArgument, match="cannot read"):
         client.read(agent, step, "s2", "__0_0.distcp", 2, memoryview(bytearray(5)))
 
-    rpc = RpcClient(retries_max=0, timeout_s=5.0)
+    rpc = RpcClient(retries_max=0, timeout_s=5.0, default_auth=TicketSource(cluster.fs).client_auth())
 
     async def raw() -> list[str]:
         answers = []
@@ -457,7 +475,128 @@ def test_bad_input_gets_a_clear_error_and_the_agent_keeps_serving(agents: Agents
                 pass
         except OSError:
             pass
-    assert _seal(client, agent, "tectofs://127.0.0.1:1/run/step_3", "s3", memoryview(b"xyz")).copies == 1
+    assert _seal(client, agent, f"{run}/step_3", "s3", memoryview(b"xyz")).copies == 1
+    with pytest.raises(errors.InvalidArgument, match="this memory agent serves cluster"):
+        client.put(agent, "tectofs://127.0.0.1:1/run/step_1", "s1", "__0_0.distcp", 0, [memoryview(b"abc")])
+
+
+@pytest.fixture(scope="module")
+def alice(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """User alice (uid 1000, not a proxy): her client of the cluster (``fs``) and credential
+    file (``credentials``)."""
+    path = str(tmp_path_factory.mktemp("alice") / "alice.credentials")
+    reply = cluster.fs.run(cluster.fs.aio.metadata.user_add(wire.UserAddRequest(name="alice", uid=1000, gid=1000,
+                                                                                groups=[])))
+    auth.Credential(user="alice", secret=reply.secret, cluster=cluster.address).save(path)
+    fs = tectofs.client.connect(cluster.address, credentials=path)
+    try:
+        yield types.SimpleNamespace(fs=fs, credentials=path)
+    finally:
+        fs.close()
+
+
+def _as(fs: Any) -> AgentClient:
+    """An agent client proving the identity of ``fs`` (not the process's own: ``agent_client``)."""
+    client = AgentClient()
+    client.prove(fs)
+    return client
+
+
+def test_a_step_is_its_savers_alone(cluster: Any, nodes: Any, alice: Any) -> None:
+    """Another user (alice) can neither find, list, read nor overwrite root's step held in
+    memory, nor pass for an agent (replicas, seals of replicas, persisted notices), nor connect
+    without a ticket, with someone else's, with a forged or an expired one; root's step loads
+    whole afterwards."""
+    _, _, local, _, peer = nodes
+    run = f"tectofs://{cluster.address}/memtier/owned"
+    uri = f"{run}/step_1"
+    saved = _state(11, rows=16)
+    dcp.save(saved, checkpoint_id=uri, storage_writer=tt.CheckpointWriter(tier="memory", agent=f"{local},{peer}"))
+    mine = agent_client(uri).locate(local, uri)
+    assert mine is not None and mine.found
+    theirs = _as(alice.fs)
+    for agent in (local, peer):  # the primary's copy and the replica
+        located = theirs.locate(agent, uri)
+        assert located is not None and not located.found
+        listed = theirs.listing(agent, run)
+        assert listed is not None and listed.steps == []
+    with pytest.raises(errors.NotFound):
+        theirs.read(local, uri, mine.save or "", ".metadata", 0, memoryview(bytearray(1)))
+    with pytest.raises(errors.PermissionDenied, match="another user"):  # a new save of root's step
+        theirs.put(local, uri, "forged", "__0_0.distcp", 0, [memoryview(b"evil")])
+    with pytest.raises(errors.PermissionDenied, match="send replicas"):
+        theirs.call(local, messages.PUT, messages.PutRequest(step=f"{run}/step_2", save="s", file="f", offset=0,
+                                                             replica=True, owner=ROOT), b"x")
+    with pytest.raises(errors.PermissionDenied, match="seal replicas"):
+        theirs.call(local, messages.SEAL, messages.SealRequest(step=uri, save=mine.save or "", files=[],
+                                                               names=[".metadata"], primary=peer))
+    with pytest.raises(errors.PermissionDenied, match="only other memory agents"):
+        theirs.call(local, messages.PERSISTED, messages.StepRequest(step=uri, save=mine.save))
+
+    import asyncio
+
+    ticket = alice.fs.run(alice.fs.aio.metadata.ticket(wire.TicketRequest(issuer=cluster.address)))
+    forged = msgspec_replace(ticket.ticket, uid=0, gid=0, proxy=True)
+    expired = cluster.fs.run(cluster.fs.aio.metadata.ticket(wire.TicketRequest(issuer=cluster.address)))
+    stale = msgspec_replace(expired.ticket, expiry=int(time.time()) - 1)
+    cases = {
+        "anonymous": None,
+        "forged uid": auth.ClientAuth(ticket=(msgspec_to_builtins(forged), ticket.secret)),
+        "expired": auth.ClientAuth(ticket=(msgspec_to_builtins(stale), expired.secret)),
+        "a user credential": auth.ClientAuth(credential=auth.Credential.load(alice.credentials)),
+    }
+
+    async def refused(client_auth: Any) -> str:
+        rpc = RpcClient(retries_max=0, timeout_s=5.0, default_auth=client_auth)
+        try:
+            await rpc.call(local, messages.LOCATE, messages.StepRequest(step=uri))
+            return "served"
+        except errors.PermissionDenied as exc:
+            return type(exc).__name__
+        finally:
+            await rpc.close()
+
+    answers = {name: asyncio.run(refused(how)) for name, how in cases.items()}
+    assert answers == {"anonymous": "PermissionDenied", "forged uid": "AuthenticationFailed",
+                       "expired": "AuthenticationFailed", "a user credential": "AuthenticationFailed"}, answers
+    loaded, source = _load(uri, f"{local},{peer}", rows=16)
+    assert source == "memory" and _same(loaded, saved)
+
+
+def test_the_agent_persists_a_step_as_its_saver(cluster: Any, nodes: Any, alice: Any) -> None:
+    """alice's step in her own directory is persisted as hers (uid 1000); her step in a
+    directory only root may write is not persisted at all (the agent acts as her), and stays in
+    memory, loadable by her."""
+    _, _, local, _, peer = nodes
+    cluster.fs.mkdir("/memtier/alices", parents=True, exist_ok=True)
+    cluster.fs.chown("/memtier/alices", 1000, 1000)
+    cluster.fs.mkdir("/memtier/roots", parents=True, exist_ok=True)
+    cluster.fs.chmod("/memtier/roots", 0o755)
+    client = _as(alice.fs)
+    hers, blocked = (f"tectofs://{cluster.address}/memtier/{d}/step_1" for d in ("alices", "roots"))
+    for step in (hers, blocked):
+        assert _seal(client, local, step, "s1", memoryview(b"weights")).copies == 1
+    _wait_for(lambda: getattr(client.locate(local, hers), "persisted", False), "alice's step persisted")
+    assert cluster.fs.stat("/memtier/alices/step_1").uid == 1000
+    assert cluster.fs.stat("/memtier/alices/step_1/__0_0.distcp").uid == 1000
+    assert cluster.fs.read_bytes("/memtier/alices/step_1/__0_0.distcp") == b"weights"
+    time.sleep(1.5)  # persistence was tried (and retried) for the blocked step too
+    located = client.locate(local, blocked)
+    assert located is not None and located.found and not located.persisted
+    assert not cluster.fs.exists("/memtier/roots/step_1")
+    assert not [n for n in cluster.fs.listdir("/memtier/roots") if "pending" in n]
+    into = bytearray(7)
+    client.read(local, blocked, "s1", "__0_0.distcp", 0, memoryview(into))
+    assert bytes(into) == b"weights"
+
+
+def test_an_agent_whose_credential_may_not_act_for_others_does_not_start(
+        cluster: Any, agents: Agents, alice: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TECTOFS_CREDENTIALS", alice.credentials)
+    with pytest.raises(RuntimeError, match="did not start"):
+        agents.start("--memory-bytes", "16M")
+    with open(os.path.join(agents.root, "logs", f"agent-{len(agents.procs)}.log")) as f:
+        assert "may not act for other users" in f.read()
 
 
 def _rank(rank: int, port: int, run: str, agents_of: list[str]) -> None:
@@ -498,7 +637,7 @@ def test_two_ranks_on_two_nodes_save_one_step_to_the_coordinators_agent(cluster:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_rank, args=(port, run, [f"{local},{peer}", f"{peer},{local}"]), nprocs=2, join=True)
-    located = agent_client().locate(local, f"{run}/step_1")
+    located = agent_client(run).locate(local, f"{run}/step_1")
     assert located is not None and located.found
     assert sorted(f.name for f in located.files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
@@ -507,7 +646,7 @@ def test_two_ranks_on_two_nodes_save_one_step_to_the_coordinators_agent(cluster:
 
 
 def _held(store: StepStore, step: str, nbytes: int, persisted: bool) -> None:
-    held = store.begin(step, "s", primary=True, origin=None)
+    held = store.begin(step, "s", primary=True, origin=None, owner=ROOT)
     assert store.room_for(nbytes)
     store.write(held, "__0_0.distcp", 0, memoryview(bytes(nbytes)))
     store.write(held, ".metadata", 0, memoryview(b"m"))
@@ -531,7 +670,7 @@ def test_the_store_never_evicts_the_only_copy_of_an_unpersisted_step(tmp_path: A
     with pytest.raises(errors.NoSpace):
         store.room_for(1001)
     with pytest.raises(errors.AlreadyExists):  # a second save of a step held unpersisted
-        store.begin("tectofs://h:1/r/step_1", "other", primary=True, origin=None)
+        store.begin("tectofs://h:1/r/step_1", "other", primary=True, origin=None, owner=ROOT)
     assert store.mark_persisted("tectofs://h:1/r/step_1", "s")
     assert store.room_for(700) and not store.steps
 
@@ -544,7 +683,7 @@ def test_the_store_keeps_the_newest_persisted_steps_and_drops_abandoned_saves(tm
         _held(store, f"tectofs://h:1/r/step_{step}", 10, persisted=step != 2)
     # step_2 is not persisted: kept beyond K until it is
     assert sorted(store.steps) == ["tectofs://h:1/r/step_2", "tectofs://h:1/r/step_3", "tectofs://h:1/r/step_4"]
-    torn = store.begin("tectofs://h:1/r/step_5", "s", primary=True, origin=None)
+    torn = store.begin("tectofs://h:1/r/step_5", "s", primary=True, origin=None, owner=ROOT)
     store.write(torn, "__0_0.distcp", 0, memoryview(b"partial"))
     with pytest.raises(errors.InvalidArgument, match="never received"):
         store.seal(torn, ["__0_0.distcp", ".metadata"])

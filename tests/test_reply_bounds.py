@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from tectofs import limits
-from tectofs.server.meta.service import USER_ENTRY_BYTES_MAX, capability, layout_segment
+from tectofs.server.meta.service import capability, layout_segment
+from tectofs.server.meta.users import USER_ENTRY_BYTES_MAX
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 from tectofs.store.registry import SERVER_STATS_KEPT

@@ -93,6 +93,8 @@ def test_a_request_with_its_defaults_is_what_the_service_accepts(operation: mess
 _SAMPLES: dict[type, dict[str, Any]] = {
     messages.Hello: {"role": "client", "version": 1},
     messages.PathRequest: {"path": "/a"},
+    messages.TicketRequest: {"issuer": "127.0.0.1:7420"},
+    messages.Ticket: {"uid": 1000, "gid": 1000, "expiry": 1_800_000_000, "key_id": "k1", "issuer": "127.0.0.1:7420"},
     messages.InoRequest: {"ino": 1},
     messages.MkdirRequest: {"path": "/a"},
     messages.UnlinkManyRequest: {"directory": "/a", "names": ["b", "c"]},

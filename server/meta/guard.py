@@ -8,7 +8,8 @@ operations each kind of peer may call (``authorize``), and the POSIX caller a re
 - users (a credential; ``root`` derives from the key): the namespace and data operations, as
   their uid, gid and groups; administrators (root, ``--admin`` users) also manage users and
   drain servers; a proxy credential (``--proxy``: a multi-user FUSE mount) may act for a
-  local user (``act_as`` in its hello), and its connection then has that user's identity.
+  local user (``act_as`` in its hello), and its connection then has that user's identity;
+  proxies may also ask for the secret of another user's ticket (a memory agent checking it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ MEMBER_OPERATIONS = frozenset({
 })
 # Operations of administrators (members, root, users added with --admin).
 ADMIN_OPERATIONS = frozenset({"drain", "user_add", "user_remove", "user_list"})
+# Operations of proxies (root, members, users added with --proxy): a memory agent asks for the
+# secret of a ticket a trainer proves (tectofs.wire.auth, *Tickets*).
+PROXY_OPERATIONS = frozenset({"ticket_secret"})
 ANONYMOUS_OPERATIONS = frozenset({"ping"})
 
 
@@ -103,6 +107,9 @@ class MetaGuard:
             raise PermissionDenied(f"{operation}: only the cluster's own servers and gateways (holders of its key) may call it")
         if operation in ADMIN_OPERATIONS and not peer.admin:
             raise PermissionDenied(f"{operation}: {peer.describe()} is not an administrator")
+        if operation in PROXY_OPERATIONS and not peer.proxy:
+            raise PermissionDenied(f"{operation}: {peer.describe()} may not act for other users (only credentials"
+                                   " made with --proxy may)")
 
     @staticmethod
     def caller(peer: auth.Peer) -> Caller | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import secrets
 import time
 from typing import Callable, TypeVar
 
@@ -23,13 +22,12 @@ import msgspec
 
 from tectofs import limits, paths
 from tectofs.diagnostics import RateLimitedLog
-from tectofs.errors import Busy, InvalidArgument, NotFound, PermissionDenied
+from tectofs.errors import Busy, InvalidArgument, PermissionDenied
 from tectofs.metrics import MetaMetrics
 from tectofs.server import addresses
 from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.access import Caller
 from tectofs.store.dialect import dialect_for
-from tectofs.store.users import MAYBE_USER, StoredUser
 from tectofs.wire import auth, inline_echo, messages, shared_blocks
 from tectofs.wire.leases import ATTRS, ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
@@ -37,6 +35,7 @@ from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 from .guard import MetaGuard
 from .lease_peers import LeasePeers
 from .leases import LeaseTable
+from .users import UserOperations
 
 log = logging.getLogger("tectofs.meta")
 
@@ -44,12 +43,6 @@ ReplyT = TypeVar("ReplyT", bound=messages.Message)
 ResultT = TypeVar("ResultT")
 Reply = tuple[ReplyT, bytes]  # what a handler answers: the reply, and no payload
 LEASES_GRANTED = "lease_sessions"  # the store's counter of services that granted leases over it
-USER_ENTRY_BYTES_MAX = 640  # one UserInfo, encoded, at most (64 groups, 64-byte names and keys)
-
-
-def _user_info(user: StoredUser) -> messages.UserInfo:
-    return messages.UserInfo(name=user.name, uid=user.uid, gid=user.gid, groups=list(user.groups),
-                             admin=user.admin, proxy=user.proxy, s3_access_key=user.s3_access_key)
 
 
 def _walked_directories(store: SqlStore) -> list[int]:
@@ -407,11 +400,14 @@ class MetadataService:
         handlers.add(messages.SERVERS, self.rpc_servers)
         handlers.add(messages.STATS, self.rpc_stats)
         handlers.add(messages.PING, self.rpc_ping)
-        handlers.add(messages.USER_ADD, self.rpc_user_add)
-        handlers.add(messages.USER_REMOVE, self.rpc_user_remove)
-        handlers.add(messages.USER_LIST, self.rpc_user_list)
-        handlers.add(messages.S3_PRINCIPAL, self.rpc_s3_principal)
-        handlers.add(messages.WHOAMI, self.rpc_whoami)
+        users = UserOperations(self)
+        handlers.add(messages.USER_ADD, users.rpc_user_add)
+        handlers.add(messages.USER_REMOVE, users.rpc_user_remove)
+        handlers.add(messages.USER_LIST, users.rpc_user_list)
+        handlers.add(messages.S3_PRINCIPAL, users.rpc_s3_principal)
+        handlers.add(messages.WHOAMI, users.rpc_whoami)
+        handlers.add(messages.TICKET, users.rpc_ticket)
+        handlers.add(messages.TICKET_SECRET, users.rpc_ticket_secret)
         handlers.add(messages.KEEPALIVE, self.rpc_keepalive)
         return handlers
 
@@ -735,49 +731,6 @@ class MetadataService:
     async def rpc_ping(self, r: messages.Empty, _: memoryview) -> Reply[messages.PingReply]:
         return messages.PingReply(), b""
 
-    # ------------------------------------------------------------------ users
-
-    async def rpc_user_add(self, r: messages.UserAddRequest, _: memoryview) -> Reply[messages.UserAddReply]:
-        secret = secrets.token_bytes(auth.KEY_BYTES)
-        s3_secret = secrets.token_urlsafe(30)
-        s3_access_key = "TFS" + secrets.token_hex(8).upper()
-        user = await self._call(lambda store: store.user_add(
-            r.name, r.uid, r.gid, list(r.groups), admin=r.admin, proxy=r.proxy, secret_hex=secret.hex(),
-            s3_access_key=s3_access_key, s3_secret=s3_secret,
-        ), StoredUser)
-        self.guard.forget_user(r.name)  # a lookup of the name before it existed is not kept
-        log.warning("user %s added (uid %d, gid %d%s%s) by %s", r.name, r.uid, r.gid, ", admin" if r.admin else "",
-                    ", proxy" if r.proxy else "", current_peer.get().describe())
-        # A retry answered from the record gets the secrets the store recorded, not this call's.
-        return messages.UserAddReply(user=_user_info(user), secret=bytes.fromhex(user.secret or secret.hex()),
-                                     s3_secret_key=user.s3_secret or s3_secret), b""
-
-    async def rpc_user_remove(self, r: messages.UserNameRequest, _: memoryview) -> Reply[messages.Empty]:
-        await self._call(lambda store: store.user_remove(r.name), type(None))
-        self.guard.forget_user(r.name)
-        log.warning("user %s removed by %s", r.name, current_peer.get().describe())
-        return messages.Empty(), b""
-
-    async def rpc_user_list(self, r: messages.Empty, _: memoryview) -> Reply[messages.UserListReply]:
-        users = await self._call(lambda store: store.user_list(), list[StoredUser])
-        budget = limits.reply_header_budget_bytes // USER_ENTRY_BYTES_MAX
-        return messages.UserListReply(users=[_user_info(u) for u in users[:budget]], more=len(users) > budget), b""
-
-    async def rpc_s3_principal(self, r: messages.S3KeyRequest, _: memoryview) -> Reply[messages.S3PrincipalReply]:
-        """The user an S3 access key names (its user name, or the pair ``user add`` made) and
-        the secret that key signs with; NotFound for any other key."""
-        if r.access_key == "root":
-            root = messages.UserInfo(name="root", uid=0, gid=0, groups=[], admin=True, proxy=True)
-            return messages.S3PrincipalReply(
-                user=root, secret_key=auth.s3_secret_key(auth.root_secret(self.keys.signing[1]))), b""
-        user = await self._call(lambda store: store.user_get(r.access_key), MAYBE_USER)
-        if user is not None and user.secret is not None:
-            return messages.S3PrincipalReply(user=_user_info(user), secret_key=auth.s3_secret_key(bytes.fromhex(user.secret))), b""
-        user = await self._call(lambda store: store.user_by_s3_key(r.access_key), MAYBE_USER)
-        if user is None or user.s3_secret is None:
-            raise NotFound(f"no user has the S3 access key {r.access_key!r}")
-        return messages.S3PrincipalReply(user=_user_info(user), secret_key=user.s3_secret), b""
-
     async def rpc_keepalive(self, r: KeepaliveRequest, _: memoryview) -> Reply[KeepaliveReply]:
         peer = current_peer.get()
         if not peer.session:
@@ -793,7 +746,3 @@ class MetadataService:
         except PermissionError as exc:
             raise PermissionDenied(str(exc)) from None
 
-    async def rpc_whoami(self, r: messages.Empty, _: memoryview) -> Reply[messages.WhoamiReply]:
-        peer = current_peer.get()
-        return messages.WhoamiReply(kind=peer.kind, name=peer.name, uid=peer.uid, gid=peer.gid,
-                                    groups=sorted(peer.groups), admin=peer.admin, proxy=peer.proxy), b""

@@ -1,7 +1,9 @@
 """Synchronous calls to memory agents, for the checkpoint writer and reader and ``latest()``.
 
-One client per process (``agent_client()``; a forked child makes its own), running the async
-RPC client on a loop thread of its own (``tectofs.client.sync``'s facade). An agent that does
+One client per process (``agent_client(step)``; a forked child makes its own), running the async
+RPC client on a loop thread of its own (``tectofs.client.sync``'s facade). Its connections prove
+the identity this process has in the step's cluster, with a ticket of it
+(``tectofs.agent.identity``). An agent that does
 not answer within the call's timeout is treated as absent by lookups (``locate``, ``listing``)
 and fails the call otherwise.
 
@@ -13,14 +15,17 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import warnings
 from typing import TypeVar
 
 from tectofs import errors
+from tectofs import uri as _uri
 from tectofs.client.sync import _LoopThread
 from tectofs.wire import messages as wire
 from tectofs.wire.client import ReplySink, RpcClient
 
 from . import messages
+from .identity import TicketSource
 
 ENVIRONMENT = "TECTOFS_AGENT"
 LOOKUP_TIMEOUT_S = 3.0  # an agent that takes longer to say what it holds counts as absent
@@ -42,6 +47,17 @@ class AgentClient:
     def __init__(self) -> None:
         self._loop = _LoopThread()
         self._rpc = RpcClient(connections_per_server=4, timeout_s=30.0, retries_max=1, role="client")
+        self._tickets: dict[int, TicketSource] = {}  # id(FileSystem) -> its tickets
+        self._lock = threading.Lock()
+
+    def prove(self, fs: object) -> None:
+        """Let new connections prove the identity of ``fs`` (a :class:`tectofs.client.FileSystem`)
+        to agents, with a fresh ticket of its cluster."""
+        with self._lock:
+            source = self._tickets.get(id(fs))
+            if source is None or source.fs is not fs:
+                source = self._tickets[id(fs)] = TicketSource(fs)  # type: ignore[arg-type]
+        self._rpc.default_auth = source.client_auth()
 
     def call(self, address: str, operation: wire.Operation[RequestT, ReplyT], request: RequestT,
              payload: bytes | bytearray | memoryview = b"", timeout_s: float | None = None,
@@ -132,10 +148,24 @@ _clients: dict[int, AgentClient] = {}
 _clients_lock = threading.Lock()
 
 
-def agent_client() -> AgentClient:
-    """This process's agent client."""
+def agent_client(step: str) -> AgentClient:
+    """This process's agent client, proving to agents the identity this process has in the
+    cluster of ``step`` (a ``tectofs://`` id)."""
     with _clients_lock:
         client = _clients.get(os.getpid())
         if client is None:
             client = _clients[os.getpid()] = AgentClient()
-        return client
+    client.prove(_uri.resolve(step)[0])
+    return client
+
+
+def lookup_client(step: str) -> AgentClient | None:
+    """``agent_client(step)`` for a lookup that may go without agents (a load, a listing):
+    None, with a warning, if the step's cluster gives this process no ticket (a metadata
+    service of a release before tickets, or one that refuses this client)."""
+    try:
+        return agent_client(step)
+    except errors.TectofsError as exc:
+        warnings.warn(f"tectofs: memory agents not asked about {step}: no ticket from its cluster ({exc})",
+                      stacklevel=3)
+        return None

@@ -12,7 +12,7 @@ from typing import Annotated, Final
 import msgspec
 
 from tectofs import limits
-from tectofs.wire.messages import HELLO, PING, Address, Crc, Empty, Int64, Message, Operation, Text, table
+from tectofs.wire.messages import HELLO, PING, ActAs, Address, Crc, Empty, Int64, Message, Operation, Text, table
 
 PIECE_BYTES_MAX: Final = 32 * limits.MiB  # bytes of one put or get
 FILES_MAX: Final = 1024  # files of one step (every rank's, and .metadata): one seal or locate header holds them
@@ -39,13 +39,16 @@ class HeldFileInfo(Message, frozen=True, kw_only=True):
 
 class PutRequest(Message, frozen=True, kw_only=True):
     """Bytes ``[offset, offset + len(payload))`` of file ``file`` of save ``save`` of ``step``.
-    ``replica``: sent by the step's primary agent (a copy it replicates), not by a trainer."""
+    ``replica``: sent by the step's primary agent (a copy it replicates), not by a trainer;
+    ``owner``: with ``replica``, the user who saved the step (``tectofs.agent.identity``: only
+    agents, which are proxies, send either)."""
 
     step: StepId
     save: SaveToken
     file: FileName
     offset: Int64
     replica: bool = False
+    owner: ActAs | None = None
 
 
 class VerifyRequest(Message, frozen=True, kw_only=True):

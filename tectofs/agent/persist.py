@@ -8,6 +8,9 @@ when the primary stops telling them it persisted). Whichever renames first commi
 that finds the step committed compares its ``.metadata`` with its own: the same bytes mean the
 same save, persisted (its own pending directory is deleted); other bytes mean someone else
 saved that name, which is refused (AlreadyExists), never overwritten.
+
+Every call acts as the step's owner (``FileSystem.acting_as``; the agent's credential is a
+proxy): the metadata service checks the owner's permissions, and what is made is the owner's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from tectofs.checkpoint_gc import METADATA_NAME, pending_name
 
 if TYPE_CHECKING:
     from tectofs.client import FileSystem
+    from tectofs.wire.messages import ActAs
 
 
 def _read_file(path: str) -> bytes:
@@ -43,13 +47,15 @@ def _same_save_committed(fs: FileSystem, final: str, metadata: bytes) -> bool:
     return True
 
 
-def persist(step: str, files: dict[str, str]) -> bool:
-    """Commit the step ``step`` (a ``tectofs://`` id) made of ``files`` (name -> local path;
-    ``.metadata`` among them) to its cluster. Returns True if this call committed it, False if
-    the same save was committed already (by another agent). Raises on failure, after deleting
-    its pending directory (best effort)."""
+def persist(step: str, files: dict[str, str], cluster: str, owner: ActAs) -> bool:
+    """Commit the step ``step`` (a ``tectofs://`` id; without an address, of ``cluster``)
+    made of ``files`` (name -> local path; ``.metadata`` among them) to its cluster, acting as
+    ``owner``. Returns True if this call committed it, False if the same save was committed
+    already (by another agent). Raises on failure, after deleting its pending directory (best
+    effort)."""
     assert METADATA_NAME in files
-    fs, loc = _uri.resolve(step)
+    loc = _uri.parse(step)
+    fs = _uri.filesystem(loc.address or cluster).acting_as(owner.uid, owner.gid, owner.groups)
     if not loc.name:
         raise errors.InvalidArgument(f"{step}: a checkpoint cannot be the root directory")
     metadata = _read_file(files[METADATA_NAME])

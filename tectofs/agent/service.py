@@ -17,9 +17,11 @@ Operations (``tectofs.agent.messages``):
 * ``mem_locate`` / ``mem_get`` / ``mem_list``: readers find a sealed step and read it (in place
   through shared memory on this host, or over the wire).
 
-Security: the agent authenticates no one, so it listens on 127.0.0.1 unless told otherwise; a
-deployment that replicates across hosts binds it to a private network. Bad requests are answered
-with an error naming the field, and the agent keeps serving (``tectofs.wire.server``).
+Security (``tectofs.agent.identity``): every caller proves an identity with a ticket of the
+agent's cluster (``cluster``); a step is its saver's alone (others neither read, list nor
+overwrite it), other agents (proxies) replicate, and the agent persists each step acting as its
+owner. Bad requests are answered with an error naming the field, and the agent keeps serving
+(``tectofs.wire.server``).
 """
 
 from __future__ import annotations
@@ -32,15 +34,17 @@ from typing import Any
 
 import msgspec
 
-from tectofs import errors
+from tectofs import errors, limits
+from tectofs import uri as _uri
 from tectofs.buffers import BufferPool
 from tectofs.checkpoint_gc import METADATA_NAME
 from tectofs.wire import messages as wire
+from tectofs.wire.auth import Peer
 from tectofs.wire.client import RpcClient
 from tectofs.wire.sendfile import FileRegion
-from tectofs.wire.server import Handlers, RpcServer
+from tectofs.wire.server import Handlers, RpcServer, current_peer
 
-from . import messages, persist
+from . import identity, messages, persist
 from .forward import Forwarding
 from .store import HeldStep, StepStore
 
@@ -53,13 +57,16 @@ _FORWARDS_MAX = 4  # pieces of one save being forwarded to peers at once
 
 class AgentService:
     """One agent. ``root``: the shared-memory directory its steps live under (a directory of
-    its own is made inside); ``peers``: agents to replicate to, in order of preference;
+    its own is made inside); ``cluster``: the metadata service (address) whose tickets it takes
+    and where its steps are persisted; ``peers``: agents to replicate to, in order of preference;
     ``wait_s``: how long a put waits for persistence to free memory before it fails (NoSpace)."""
 
-    def __init__(self, root: str = "/dev/shm", *, memory_bytes_max: int, keep_steps: int = 2,
+    def __init__(self, root: str = "/dev/shm", *, cluster: str, memory_bytes_max: int, keep_steps: int = 2,
                  peers: list[str] | None = None, replicas: int | None = None, wait_s: float = 60.0,
                  takeover_s: float = 30.0, persist_retry_s: float = 5.0, abandon_s: float = 600.0) -> None:
         self.store = StepStore(root, memory_bytes_max, keep_steps, abandon_s)
+        self.cluster = cluster
+        self._tickets: identity.TicketSource | None = None  # this agent's own, for its calls to peers
         self.peers = list(peers or [])
         self.replicas = min(len(self.peers), 1 if replicas is None else replicas)
         self.wait_s = wait_s
@@ -70,7 +77,8 @@ class AgentService:
         # back once written to shared memory; replication reads into them too.
         self.buffers = BufferPool(_BUFFERS_BYTES)
         self.rpc = RpcServer(self, "memory agent", messages.AGENT_OPERATIONS, "agent", self._handlers(),
-                             allocate_payload=lambda header, length: lambda: self.buffers.get(length))
+                             allocate_payload=lambda header, length: lambda: self.buffers.get(length),
+                             authenticator=identity.TicketChecker(cluster, self._secret_of))
         self.peer_client = RpcClient(connections_per_server=2, timeout_s=30.0, retries_max=1, role="agent")
         self._freed = asyncio.Event()
         self._holders: dict[str, list[str]] = {}  # step -> peers holding a sealed replica of it
@@ -92,7 +100,63 @@ class AgentService:
         served.add(wire.PING, self.rpc_ping)
         return served
 
+    # ------------------------------------------------------------------ identity
+
+    def _cluster_fs(self) -> Any:
+        """The agent's own client of its cluster (blocking: call it off the event loop)."""
+        return _uri.filesystem(self.cluster)
+
+    async def _secret_of(self, ticket: wire.Ticket) -> bytes:
+        fs = await asyncio.to_thread(self._cluster_fs)
+        return await identity.cluster_secret_of(fs)(ticket)
+
+    async def _authenticate_to_peers(self) -> None:
+        """Make the peer client's new connections prove this agent's own ticket (a fresh one)."""
+        if self._tickets is None or self._tickets.expiry - time.time() < limits.ticket_renew_s:
+            if self._tickets is None:
+                self._tickets = identity.TicketSource(await asyncio.to_thread(self._cluster_fs))
+            self.peer_client.default_auth = await asyncio.to_thread(self._tickets.client_auth)
+
+    async def check_credential(self) -> str:
+        """Whether this agent's credential may act for trainers (a proxy): "" if so, else why
+        not (it could neither persist their steps nor replicate to its peers)."""
+        fs = await asyncio.to_thread(self._cluster_fs)
+        me = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fs.aio.metadata.whoami(), fs.loop))
+        if me.proxy:
+            return ""
+        return (f"the agent's credential (user {me.name}, uid {me.uid}) may not act for other users: make it with"
+                " 'tectofs user add NAME --proxy' (and give the agent it through $TECTOFS_CREDENTIALS)")
+
+    @staticmethod
+    def authorize(peer: Peer, operation: str) -> None:
+        identity.authorize(peer, operation)
+
+    def _check_cluster(self, step: str) -> None:
+        address = _uri.parse(step).address
+        if address is not None and address != self.cluster:
+            raise errors.InvalidArgument(f"{step} is a step of cluster {address}; this memory agent serves cluster"
+                                         f" {self.cluster} (tectofs agent --cluster)")
+
+    def _mine(self, held: HeldStep | None) -> HeldStep | None:
+        """``held`` if the caller may use it (``identity.may_use``), else None: another user's
+        step is as absent."""
+        return held if held is not None and identity.may_use(current_peer.get(), held.owner) else None
+
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on ``host:port``; PermissionDenied first if the cluster refuses the agent's
+        credential or it is not a proxy's (a cluster that does not answer is only logged: it
+        is asked again at each use)."""
+        try:
+            why = await asyncio.wait_for(self.check_credential(), limits.hello_timeout_s * 2)
+        except (errors.PermissionDenied, errors.AuthenticationFailed) as exc:
+            raise errors.PermissionDenied(f"the memory agent's credential for cluster {self.cluster} is refused: {exc}"
+                                          ) from None
+        except (errors.TectofsError, OSError, asyncio.TimeoutError, ValueError) as exc:
+            log.warning("memory agent: cannot check its credential with cluster %s (%s: %s); serving anyway",
+                        self.cluster, type(exc).__name__, exc)
+        else:
+            if why:
+                raise errors.PermissionDenied(why)
         self.address = await self.rpc.start(host, port)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return self.address
@@ -110,12 +174,23 @@ class AgentService:
     async def rpc_put(self, r: messages.PutRequest, payload: memoryview) -> tuple[wire.Empty, bytes]:
         forwarded = False
         try:
+            peer = current_peer.get()
+            if (r.replica or r.owner is not None) and not peer.proxy:
+                raise errors.PermissionDenied("mem_put: only memory agents (proxy credentials) send replicas")
+            if r.replica and r.owner is None:
+                raise errors.InvalidArgument("mem_put: a replica names the user who saved it (owner)")
+            owner = r.owner if r.replica and r.owner is not None else identity.owner_of(peer)
+            self._check_cluster(r.step)
+            existing = self.store.steps.get(r.step)
+            if existing is not None and not identity.may_use(peer, existing.owner):
+                raise errors.PermissionDenied(f"{r.step} is being saved or held by another user")
             try:
-                held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)
+                held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None, owner=owner)
                 growth = self.store.growth(held, r.file, r.offset, payload.nbytes)
                 if growth:
                     await self._room(growth, r.step)
-                held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None)  # (a wait may have dropped it)
+                held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None,
+                                        owner=owner)  # (a wait may have dropped it)
                 self.store.write(held, r.file, r.offset, payload)
             except errors.NoSpace:
                 # No room, or the file system cut the piece short: the save is torn (its writer's
@@ -125,7 +200,9 @@ class AgentService:
                     self.store.drop(r.step)
                 raise
             if not r.replica and self.replicas:
-                await self._forwarding(r.step, r.save).forward(msgspec.structs.replace(r, replica=True), payload)
+                await self._authenticate_to_peers()
+                await self._forwarding(r.step, r.save).forward(
+                    msgspec.structs.replace(r, replica=True, owner=held.owner), payload)
                 forwarded = True
         finally:
             if not forwarded:
@@ -174,7 +251,7 @@ class AgentService:
         return wire.Empty(), b""
 
     def _receiving(self, step: str, save: str) -> HeldStep:
-        held = self.store.steps.get(step)
+        held = self._mine(self.store.steps.get(step))
         if held is None or held.save != save:
             raise errors.NotFound(f"memory agent {self.address} holds no save {save} of {step}: its files never"
                                   " arrived, or the agent restarted since")
@@ -192,6 +269,8 @@ class AgentService:
         StepStore.verified(held, files)
 
     async def rpc_seal(self, r: messages.SealRequest, payload: memoryview) -> tuple[messages.SealReply, bytes]:
+        if r.primary is not None and not current_peer.get().proxy:
+            raise errors.PermissionDenied("mem_seal: only memory agents (proxy credentials) seal replicas")
         held = self._receiving(r.step, r.save)
         if not held.sealed:
             if METADATA_NAME not in r.names:
@@ -219,6 +298,8 @@ class AgentService:
         failed on the others."""
         holders = self._holders.setdefault(held.step, [])
         failures: list[str] = []
+        if replicas:
+            await self._authenticate_to_peers()
         forwarding = self._forwards.pop(held.step, None)
         if forwarding is not None and forwarding.save == held.save:
             for peer in await forwarding.finished():
@@ -252,7 +333,8 @@ class AgentService:
                     n = await asyncio.to_thread(_pread_into, path, offset, buffer)
                     if n or offset == 0:
                         await self.peer_client.call(peer, messages.PUT, messages.PutRequest(
-                            step=held.step, save=held.save, file=info.name, offset=offset, replica=True), buffer[:n])
+                            step=held.step, save=held.save, file=info.name, offset=offset, replica=True,
+                            owner=held.owner), buffer[:n])
                     offset += n
                     if n < buffer.nbytes:
                         break
@@ -308,7 +390,7 @@ class AgentService:
         held.persisting = True
         files = {name: f.path for name, f in held.files.items()}
         try:
-            await asyncio.to_thread(persist.persist, held.step, files)
+            await asyncio.to_thread(persist.persist, held.step, files, self.cluster, held.owner)
         except errors.AlreadyExists as exc:
             held.persist_error = str(exc)
             self._retry_at[held.step] = float("inf")
@@ -326,7 +408,10 @@ class AgentService:
         self._retry_at.pop(held.step, None)
         self.store.mark_persisted(held.step, held.save)
         self._freed.set()
-        for peer in self._holders.pop(held.step, []) + ([held.origin] if held.origin else []):
+        told = self._holders.pop(held.step, []) + ([held.origin] if held.origin else [])
+        if told:
+            await self._authenticate_to_peers()
+        for peer in told:
             try:
                 await self.peer_client.call(peer, messages.PERSISTED, messages.StepRequest(step=held.step, save=held.save),
                                             timeout_s=5.0, retries_max=0)
@@ -341,7 +426,7 @@ class AgentService:
     # ------------------------------------------------------------------ reads
 
     async def rpc_locate(self, r: messages.StepRequest, payload: memoryview) -> tuple[messages.LocateReply, bytes]:
-        held = self.store.sealed(r.step, r.save)
+        held = self._mine(self.store.sealed(r.step, r.save))
         if held is None:
             return messages.LocateReply(found=False, peers=self.peers), b""
         return messages.LocateReply(found=True, save=held.save, files=held.infos,
@@ -349,7 +434,7 @@ class AgentService:
                                     peers=self.peers), b""
 
     async def rpc_get(self, r: messages.GetRequest, payload: memoryview) -> tuple[wire.Empty, FileRegion]:
-        held = self.store.sealed(r.step, r.save)
+        held = self._mine(self.store.sealed(r.step, r.save))
         if held is None:
             raise errors.NotFound(f"memory agent {self.address} holds no sealed save {r.save} of {r.step} (evicted?)")
         file = held.files.get(r.file)
@@ -361,7 +446,9 @@ class AgentService:
         return wire.Empty(), FileRegion(os.open(file.path, os.O_RDONLY), r.offset, r.length)  # sent with sendfile
 
     async def rpc_list(self, r: messages.ListRequest, payload: memoryview) -> tuple[messages.ListReply, bytes]:
-        held = sorted((s for s in self.store.steps.values() if s.sealed and s.step.startswith(r.prefix)),
+        peer = current_peer.get()
+        held = sorted((s for s in self.store.steps.values()
+                       if s.sealed and s.step.startswith(r.prefix) and identity.may_use(peer, s.owner)),
                       key=lambda s: s.step)
         listed = [messages.HeldStepInfo(step=s.step, save=s.save, persisted=s.persisted, primary=s.primary,
                                         nbytes=s.nbytes) for s in held[:messages.STEPS_LISTED_MAX]]

@@ -30,6 +30,7 @@ from typing import Callable
 
 from tectofs import errors
 from tectofs.checksum import crc
+from tectofs.wire.messages import ActAs
 
 from . import messages
 from .messages import HeldFileInfo
@@ -55,6 +56,7 @@ class HeldStep:
     primary: bool  # sealed here by a trainer; else a replica sent by ``origin``
     origin: str | None
     touched: float
+    owner: ActAs  # the user who saved it (tectofs.agent.identity)
     files: dict[str, HeldFile] = field(default_factory=dict)
     nbytes: int = 0
     sealed: bool = False
@@ -118,7 +120,7 @@ class StepStore:
             raise ValueError(f"the shared-memory directory {root!r} is too long a path (a file's path is at most"
                              f" {messages.LOCAL_PATH_BYTES_MAX} bytes)")
         remove_stale(root)
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)  # its files are 0600 too: only this user reads in place
         self.memory_bytes_max = memory_bytes_max
         self.keep_steps = keep_steps
         self.abandon_s = abandon_s
@@ -135,10 +137,10 @@ class StepStore:
             return None
         return held
 
-    def begin(self, step: str, save: str, primary: bool, origin: str | None) -> HeldStep:
-        """The held save ``save`` of ``step``, made if new. A new save replaces an older one of
-        the same step unless that one is sealed and not persisted (AlreadyExists: it is the
-        only copy of a saved step)."""
+    def begin(self, step: str, save: str, primary: bool, origin: str | None, owner: ActAs) -> HeldStep:
+        """The held save ``save`` of ``step``, made if new (for ``owner``). A new save replaces
+        an older one of the same step unless that one is sealed and not persisted (AlreadyExists:
+        it is the only copy of a saved step); whether the caller may is the service's to check."""
         held = self.steps.get(step)
         if held is not None and held.save == save:
             held.touched = self.clock()
@@ -152,7 +154,7 @@ class StepStore:
         digest = hashlib.sha256(step.encode()).hexdigest()[:20]
         directory = os.path.join(self.directory, f"{digest}-{save}")
         os.makedirs(directory, exist_ok=True)
-        held = self.steps[step] = HeldStep(step, save, directory, primary, origin, self.clock())
+        held = self.steps[step] = HeldStep(step, save, directory, primary, origin, self.clock(), owner)
         return held
 
     def room_for(self, nbytes: int) -> bool:

@@ -19,14 +19,18 @@ def cmd_agent(args: argparse.Namespace, serve: Callable[..., None]) -> None:
     from tectofs.agent.service import AgentService
 
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
+    cluster = args.cluster or os.environ.get("TECTOFS_META", "")
+    if not cluster:
+        raise SystemExit("tectofs agent: which cluster's users does it serve? --cluster HOST:PORT (or $TECTOFS_META)")
 
     def start() -> AgentService:
-        return AgentService(args.shm_dir, memory_bytes_max=args.memory_bytes, keep_steps=args.keep_steps, peers=peers,
-                            replicas=args.replicas, wait_s=args.wait, takeover_s=args.takeover)
+        return AgentService(args.shm_dir, cluster=cluster, memory_bytes_max=args.memory_bytes,
+                            keep_steps=args.keep_steps, peers=peers, replicas=args.replicas, wait_s=args.wait,
+                            takeover_s=args.takeover)
 
     def describe(address: str) -> str:
-        return (f"tectofs memory agent on {address} ({args.memory_bytes} bytes, last {args.keep_steps} steps, "
-                f"peers {','.join(peers) or 'none'})")
+        return (f"tectofs memory agent on {address} for cluster {cluster} ({args.memory_bytes} bytes, last"
+                f" {args.keep_steps} steps, peers {','.join(peers) or 'none'})")
 
     serve(start, args, describe)
 
@@ -64,10 +68,14 @@ def add_parser(sub: Any, serve: Callable[..., None]) -> None:
         description="Hold recent checkpoint steps in this host's memory (shared memory, outside the trainers, so a"
         " trainer's crash loses none), replicate each to --peers and persist it to the cluster behind the training."
         " Trainers save with CheckpointWriter(tier='memory') and load with CheckpointReader, finding the agent in"
-        " $TECTOFS_AGENT (this agent first, then its peers). The agent authenticates no one: it listens on"
-        " 127.0.0.1 unless --host says otherwise (use a private network). Runs until SIGINT/SIGTERM.")
+        " $TECTOFS_AGENT (this agent first, then its peers). Callers prove who they are with a ticket of --cluster;"
+        " a step is its saver's alone, and is persisted acting as its saver: the agent's credential"
+        " ($TECTOFS_CREDENTIALS) must be a proxy's (tectofs user add NAME --proxy; root's is). Runs until"
+        " SIGINT/SIGTERM.")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=numbers.PORT, default=0, help="port (default: any free one)")
+    p.add_argument("--cluster", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                   help="the metadata service whose users it serves and where it persists (default $TECTOFS_META)")
     p.add_argument("--peers", default="", metavar="HOST:PORT,...", help="other hosts' agents to replicate steps to")
     p.add_argument("--replicas", type=numbers.count(0, 8), default=None,
                    help="peers that must hold a step before a save counts as saved in memory (default 1 with peers)")

@@ -188,7 +188,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         if args.agent:
             from .agent import start_agent
 
-            agent, agent_address = start_agent(cluster.root, "--memory-bytes", str(args.agent_memory))
+            agent, agent_address = start_agent(cluster.root, "--cluster", cluster.address, "--memory-bytes",
+                                               str(args.agent_memory))
             print(f"checkpoint memory agent: export TECTOFS_AGENT={agent_address}  (CheckpointWriter(tier='memory'))",
                   flush=True)
         if args.mount:

@@ -57,15 +57,17 @@ def checkpoints(uri: str | os.PathLike, *, tiers: bool = False, agent: str | Non
 
 def _tiered(uri: str | os.PathLike, agent_list: list[str]) -> list[CheckpointInfo]:
     """Every checkpoint under ``uri`` in storage or in the agents, with the tiers holding it."""
-    from ..agent.client import agent_client
+    from ..agent.client import lookup_client
 
     held: dict[str, set[str]] = {}
     for candidate in checkpoints(uri):
         held.setdefault(candidate, set()).add("storage")
     prefix = _uri.parse(uri).uri().rstrip("/") + "/"
-    candidates = list(agent_list)
+    client = lookup_client(prefix)
+    candidates = list(agent_list) if client is not None else []
     for position, agent in enumerate(candidates):
-        listing = agent_client().listing(agent, prefix)
+        assert client is not None
+        listing = client.listing(agent, prefix)
         if listing is None:
             continue
         if position == 0:

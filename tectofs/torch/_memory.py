@@ -88,7 +88,7 @@ class _AgentFiles:
 
     def open(self, path: str, mode: str, buffering: int = -1) -> _AgentFile:
         assert mode == "wb"
-        made = _AgentFile(agent_client(), self.agent, self.step, self.save, path.rsplit("/", 1)[-1])
+        made = _AgentFile(agent_client(self.step), self.agent, self.step, self.save, path.rsplit("/", 1)[-1])
         self.made.append(made)
         return made
 
@@ -132,7 +132,7 @@ class MemoryTierWriter(CheckpointWriter):
         self._sent = []
         results = super()._write_all(plan, planner)
         with self._step("verify files in memory agent", data.agent):
-            agent_client().verify(data.agent, self._location().uri(), data.token, self._sent)
+            agent_client(self._location().uri()).verify(data.agent, self._location().uri(), data.token, self._sent)
         return results
 
     def _write_file(self, fs: FileSystem, pending: str, name: str, items: list[WriteItem],
@@ -154,7 +154,7 @@ class MemoryTierWriter(CheckpointWriter):
                 _timing.timed(self._phases, "commit"):
             self._complete_metadata(metadata, results)
             blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
-            client = agent_client()
+            client = agent_client(loc.uri())
             client.put(data.agent, loc.uri(), data.token, METADATA_NAME, 0, [memoryview(blob)])
             names = sorted({info.relative_path for info in metadata.storage_data.values()} | {METADATA_NAME})
             if len(names) > messages.FILES_MAX:

@@ -25,7 +25,7 @@ from typing import Callable
 
 from .. import errors
 from ..agent import messages
-from ..agent.client import agent_client
+from ..agent.client import agent_client, lookup_client
 
 WINDOW_BYTES = 64 * 1024 * 1024  # what the reader takes for a block size: its read windows
 
@@ -116,7 +116,7 @@ class PeerCopy(Source):
     def read_into(self, name: str, offset: int, into: memoryview) -> int:
         n = max(0, min(into.nbytes, self.files[name].size - offset))
         if n:
-            agent_client().read(self.agent, self.step, self.save, name, offset, into[:n])
+            agent_client(self.step).read(self.agent, self.step, self.save, name, offset, into[:n])
         return n
 
 
@@ -152,11 +152,14 @@ def find_copy(step: str, agent_list: list[str], skip: frozenset[str] = frozenset
     """The first sealed copy of ``step`` among ``agent_list`` (the first: this host's, read in
     place; then peers, and the peers this host's agent names), agents in ``skip`` left out;
     None if no agent that answers holds one."""
+    client = lookup_client(step)
+    if client is None:
+        return None
     candidates = list(agent_list)
     for position, agent in enumerate(candidates):
         if agent in skip:
             continue
-        reply = agent_client().locate(agent, step)
+        reply = client.locate(agent, step)
         if reply is None:
             continue
         if position == 0:

@@ -42,6 +42,18 @@ expire and survives renames, further links and unlinks of its inode (inode numbe
 reused), as an open descriptor does on Linux: a later ``chmod`` of a parent does not revoke it.
 Any key of the ring is accepted, so a key rotation keeps open files working until the old key is
 removed.
+
+**Tickets** (as Kerberos service tickets: for servers that hold neither the cluster key nor
+users' secrets, the memory agents). A user's metadata connection asks for a ticket (``ticket``):
+its uid, gid, groups, whether it may act for others, an expiry (``limits.ticket_ttl_s``) and the
+issuing service's address, with the ticket's *secret* ``HMAC(key, "tectofs ticket", ...)`` over
+all of that (:func:`ticket_secret`). The ticket's holder proves that secret in an ordinary hello
+(kind ``ticket``; the secret never crosses the wire). The server checking it asks the issuer for
+the secret of that ticket over a connection of its own, authenticated by a proxy credential
+(``ticket_secret``: only proxies and members may ask), and caches it until the ticket expires; a
+forged ticket (other uid, groups or expiry) has another secret, which its sender cannot prove.
+A ticket is checked at the hello: a connection keeps its identity after the ticket expires (as
+a Kerberos session does), and a new connection needs a fresh ticket.
 """
 
 from __future__ import annotations
@@ -227,6 +239,12 @@ def root_secret(key: bytes) -> bytes:
     return mac(key, "tectofs root credential v1")
 
 
+def ticket_secret(key: bytes, uid: int, gid: int, groups: list[int], proxy: bool, expiry: int) -> bytes:
+    """The secret of the ticket naming this identity until ``expiry`` (module docstring,
+    *Tickets*): only holders of the cluster key ``key`` can compute it."""
+    return mac(key, "tectofs ticket v1", uid, gid, ",".join(map(str, sorted(set(groups)))), int(proxy), expiry)
+
+
 def s3_secret_key(secret: bytes) -> str:
     """The S3 secret access key of the user whose tectofs secret this is (its access key id
     is the user name): ``HMAC-SHA256(secret, "tectofs s3 secret v1")``, hex."""
@@ -346,13 +364,17 @@ class ClientAuth:
     credentials of users added with ``--proxy`` may)."""
 
     def __init__(self, ring: KeyRing | None = None, credential: Credential | None = None,
-                 act_as: tuple[int, int, tuple[int, ...]] | None = None) -> None:
-        if (ring is None) == (credential is None):
-            raise ValueError("ClientAuth takes a key ring or a credential")
-        self.ring, self.credential, self.act_as = ring, credential, act_as
+                 act_as: tuple[int, int, tuple[int, ...]] | None = None,
+                 ticket: tuple[dict[str, Any], bytes] | None = None) -> None:
+        if sum(x is not None for x in (ring, credential, ticket)) != 1:
+            raise ValueError("ClientAuth takes a key ring, a credential or a ticket")
+        self.ring, self.credential, self.act_as, self.ticket = ring, credential, act_as, ticket
 
     def hello(self, nonce: bytes) -> tuple[dict[str, Any], bytes]:
         """The hello's ``auth`` field and the secret the proofs use."""
+        if self.ticket is not None:
+            ticket, secret = self.ticket
+            return {"kind": "ticket", "ticket": ticket, "nonce": nonce}, secret
         if self.ring is not None:
             key_id, secret = self.ring.signing
             return {"kind": "key", "key_id": key_id, "nonce": nonce}, secret
@@ -365,6 +387,8 @@ class ClientAuth:
         return fields, self.credential.secret
 
     def who(self) -> str:
+        if self.ticket is not None:
+            return f"a ticket of uid {self.ticket[0].get('uid')}"
         return "the cluster key" if self.ring is not None else f"the credential of user {self.credential.user}"  # type: ignore[union-attr]
 
 

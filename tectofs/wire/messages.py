@@ -21,6 +21,7 @@ from tectofs import limits
 from tectofs.wire.leases import KEEPALIVE, SESSION_BYTES
 from tectofs.wire.operation import AnyOperation, Operation, ReplyT, RequestT, table  # noqa: F401 (re-exported)
 from tectofs.wire.shared_blocks import REFERENCE_BLOCKS, SHARED_BLOCKS
+from tectofs.wire.tickets import TICKET, TICKET_SECRET, Ticket, TicketReply, TicketRequest, TicketSecretReply  # noqa: F401
 from tectofs.wire.values import (  # noqa: F401 (re-exported)
     Address,
     Allocation,
@@ -77,14 +78,16 @@ class ActAs(Message, frozen=True, kw_only=True):
 
 class HelloAuth(Message, frozen=True, kw_only=True):
     """Who a connection claims to be (``tectofs.wire.auth``): a cluster member proving the key
-    ``key_id``, or ``user`` (root: with the key its secret derives from); ``nonce`` is the
+    ``key_id``, or ``user`` (root: with the key its secret derives from), or the holder of
+    ``ticket`` (to servers outside the cluster's core: memory agents); ``nonce`` is the
     client's challenge to the server."""
 
-    kind: Literal["key", "user"]
+    kind: Literal["key", "user", "ticket"]
     nonce: Nonce
     key_id: KeyId = ""
     user: Annotated[str, msgspec.Meta(max_length=64)] = ""
     act_as: ActAs | None = None
+    ticket: Ticket | None = None
 
 
 class Hello(Message, frozen=True, kw_only=True):
@@ -745,7 +748,7 @@ META_OPERATIONS: Final = table(
     RENAME, LINK, RELEASE, RELEASE_LEASES, GETXATTR, LISTXATTR, SETXATTR, REMOVEXATTR, EXCHANGE, UNLINK,
     UNLINK_MANY, RMDIR, STATFS, LAYOUT, ALLOCATE, STAGE, RENEW, COMMIT, REPORT_BAD_CHUNK, REPAIR_DONE, REPAIR_FAILED,
     INVENTORY_BEGIN, INVENTORY, DRAIN, BLOCK_HEALTH, REGISTER_SERVER, HEARTBEAT, SERVERS, STATS, PING, USER_ADD,
-    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI, REFERENCE_BLOCKS, SHARED_BLOCKS, KEEPALIVE,
+    USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI, TICKET, TICKET_SECRET, REFERENCE_BLOCKS, SHARED_BLOCKS, KEEPALIVE,
 )
 
 CHUNK_OPERATIONS: Final = table(
