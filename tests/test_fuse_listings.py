@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import time
 from typing import Any
 
 import pytest
 
 from tectofs.client.fuse.listings import KnownListings
+from tectofs.errors import NotSupported
 from tests.test_fuse import _REASON
 from tests.test_metrics import scrape
 
@@ -150,6 +152,47 @@ def test_a_listing_brings_every_entrys_attributes(make_cluster: Any, tmp_path: A
         assert calls("getxattr") == before
 
 
+def _requests(log_path: str, opcode: str) -> int:
+    """Requests of ``opcode`` in a mount's libfuse debug log."""
+    with open(log_path, errors="replace") as f:
+        return sum(f"opcode: {opcode} " in line for line in f)
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_ls_l_learns_once_per_mount_that_selinux_labels_are_not_kept(make_cluster: Any, tmp_path: Any) -> None:
+    """``security.selinux`` is not supported (EOPNOTSUPP, to get and to set; not listed), so
+    ``ls -l``, which probes it on every file for the ``.`` after the mode, stops after the
+    first: 60 files listed twice cost at most two GETXATTRs each time (its first label and ACL
+    probes), where each file cost one before. Other ``security.*`` attributes are kept as ever."""
+    from tectofs.client.fuse import start_mount_process
+
+    cluster = make_cluster()
+    cluster.fs.mkdir("/labels")
+    for i in range(60):
+        cluster.fs.write_bytes(f"/labels/f{i}", b"x")
+    mnt, log_path = str(tmp_path / "mnt"), str(tmp_path / "mount.log")
+    with start_mount_process(cluster.address, mnt, log_path=log_path, debug=True):
+        for _ in range(2):
+            listed = subprocess.run(["ls", "-lR", f"{mnt}/labels"], capture_output=True, text=True, timeout=60)
+            assert listed.returncode == 0, listed.stderr
+            assert sum(line.startswith("-rw") for line in listed.stdout.splitlines()) == 60
+        path = f"{mnt}/labels/f0"
+        for call in (lambda: os.getxattr(path, "security.selinux"),
+                     lambda: os.setxattr(path, "security.selinux", b"system_u:object_r:x:s0")):
+            with pytest.raises(OSError) as unsupported:
+                call()
+            assert unsupported.value.errno == errno.EOPNOTSUPP
+        os.setxattr(path, "security.label", b"kept")
+        assert os.getxattr(path, "security.label") == b"kept"
+        assert os.listxattr(path) == ["security.label"]
+    # per ls at most its first label probe and its first ACL probe (each then cached per
+    # device), and this test's own three: before, every file listed cost one
+    assert _requests(log_path, "GETXATTR") <= 2 * 2 + 3
+    with pytest.raises(NotSupported):
+        cluster.fs.setxattr("/labels/f1", "security.selinux", b"x")
+
+
 @pytest.mark.fuse
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 def test_without_xattrs_the_kernel_stops_asking(make_cluster: Any, tmp_path: Any) -> None:
@@ -168,7 +211,7 @@ def test_without_xattrs_the_kernel_stops_asking(make_cluster: Any, tmp_path: Any
         for i in range(40):
             path = f"{mnt}/probed/f{i}"
             with pytest.raises(OSError) as absent:
-                os.getxattr(path, "security.selinux")  # ls -l's probe
+                os.getxattr(path, "security.capability")  # the kernel's probe before a write
             assert absent.value.errno == (errno.ENODATA if xattrs else errno.EOPNOTSUPP)
             if not xattrs:
                 for call in (lambda: os.listxattr(path), lambda: os.setxattr(path, "user.a", b"1"),
@@ -179,19 +222,15 @@ def test_without_xattrs_the_kernel_stops_asking(make_cluster: Any, tmp_path: Any
             with open(path, "ab") as f:
                 f.write(b"y")
 
-    def requests(log_path: str, opcode: str) -> int:
-        with open(log_path, errors="replace") as f:
-            return sum(f"opcode: {opcode} " in line for line in f)
-
     for xattrs in (False, True):
         mnt, log_path = str(tmp_path / f"mnt-{xattrs}"), str(tmp_path / f"mount-{xattrs}.log")
         with start_mount_process(cluster.address, mnt, log_path=log_path, debug=True, xattrs=xattrs):
             probe_and_write(mnt, xattrs)
-        getxattrs = requests(log_path, "GETXATTR")
+        getxattrs = _requests(log_path, "GETXATTR")
         if xattrs:
             assert getxattrs >= 40
         else:
             assert getxattrs <= 1
             for opcode in ("LISTXATTR", "SETXATTR", "REMOVEXATTR"):
-                assert requests(log_path, opcode) <= 1, opcode
+                assert _requests(log_path, opcode) <= 1, opcode
     assert [cluster.fs.read_bytes(f"/probed/f{i}") for i in range(40)] == [b"x" * i + b"yy" for i in range(40)]

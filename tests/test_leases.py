@@ -344,7 +344,7 @@ def test_a_leasing_clients_cache_answers_without_calls_and_sees_every_change_at_
         hits = cache.hits
         for _ in range(3):
             with pytest.raises(NoAttribute):
-                await holder.getxattr(f"{base}/d/plain", "security.selinux")
+                await holder.getxattr(f"{base}/d/plain", "security.capability")
             assert await holder.listxattr(f"{base}/d/plain") == []
         assert cache.hits == hits + 6
         await changer.setxattr(f"{base}/d/plain", "security.label", b"l")

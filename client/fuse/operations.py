@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 import pyfuse3
 
+from tectofs import xattr_names
 from tectofs.client.core import AsyncFileSystem, Stat
 from tectofs.client.fuse.attributes import directory_entry, statvfs
 from tectofs.client.fuse.file_operations import FileOperations
@@ -258,10 +259,12 @@ class TectofsOperations(FileOperations):
     @handler
     async def getxattr(self, inode: int, name: bytes, ctx: Caller) -> bytes:
         self._no_xattrs()
+        text = name.decode("utf-8", "surrogateescape")
+        xattr_names.namespace_of(text)  # a name never kept is "not supported" (ls -l learns it), not absent
         identity = self.identity(ctx)
         if self.has_no_xattrs(inode, identity):
             raise NoAttribute("no such extended attribute")
-        path, text = self.path(inode), name.decode("utf-8", "surrogateescape")
+        path = self.path(inode)
         return bytes(await self.as_caller(identity, lambda fs: fs.getxattr(path, text)))
 
     @handler

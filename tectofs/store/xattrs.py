@@ -29,7 +29,7 @@ from ..errors import (
     NotPermitted,
 )
 from ..wire.values import Attrs
-from ..xattr_names import namespace_of
+from ..xattr_names import NOT_KEPT, namespace_of
 from . import access
 from .access import Caller, R, W
 from .base import StoreParts
@@ -75,7 +75,8 @@ class ExtendedAttributes(StoreParts):
         """The names a caller may see: all but ``trusted.*`` for others than root. Listing needs
         only the lookup (as on Linux)."""
         attrs = self._resolve(parts, caller)
-        names = [row[0] for row in self._all("SELECT name FROM xattrs WHERE ino = ? ORDER BY name", (attrs.ino,))]
+        names = [row[0] for row in self._all("SELECT name FROM xattrs WHERE ino = ? ORDER BY name", (attrs.ino,))
+                 if row[0] not in NOT_KEPT]  # (kept by a release before NOT_KEPT: no longer readable)
         if caller is not None and not caller.is_root:
             names = [n for n in names if not n.startswith("trusted.")]
         return names
