@@ -753,3 +753,11 @@ def test_a_load_that_fails_from_memory_is_read_again_whole_from_the_next_source(
 
     with pytest.raises(errors.NotFound):
         _memory_copy.read_with_failover(broken, None, "s", [], switched.append)
+
+
+def test_a_cluster_is_the_same_whatever_the_order_of_its_group() -> None:
+    from tectofs.agent.identity import same_cluster
+
+    assert same_cluster("10.0.0.1:7420,10.0.0.2:7420", "10.0.0.2:7420,10.0.0.1:7420")
+    assert not same_cluster("10.0.0.1:7420", "10.0.0.1:7421")
+    assert not same_cluster("not an address", "10.0.0.1:7420")

@@ -31,6 +31,7 @@ from tectofs import limits
 from tectofs.errors import AuthenticationFailed, PermissionDenied, TectofsError
 from tectofs.wire import auth
 from tectofs.wire import messages as wire
+from tectofs.wire.transport import parse_group
 
 if TYPE_CHECKING:
     from tectofs.client import FileSystem
@@ -38,6 +39,15 @@ if TYPE_CHECKING:
 _SECRETS_MAX = 10_000  # tickets whose secrets an agent keeps (forgotten all at once past it)
 ANONYMOUS_OPERATIONS = frozenset({"ping"})
 PROXY_OPERATIONS = frozenset({"mem_persisted"})
+
+
+def same_cluster(a: str, b: str) -> bool:
+    """Whether addresses ``a`` and ``b`` name the same metadata service (a failover group's
+    members in any order)."""
+    try:
+        return set(parse_group(a)) == set(parse_group(b))
+    except TectofsError:
+        return False
 
 
 def owner_of(peer: auth.Peer) -> wire.ActAs:
@@ -102,7 +112,7 @@ class TicketChecker:
         if claim.kind != "ticket" or ticket is None:
             raise AuthenticationFailed("a memory agent takes tickets only (a cluster key or credential is for the"
                                        " cluster's own services)")
-        if ticket.issuer != self.cluster:
+        if not same_cluster(ticket.issuer, self.cluster):
             raise AuthenticationFailed(f"a ticket of cluster {ticket.issuer[:80]}: this memory agent serves cluster"
                                        f" {self.cluster} (tectofs agent --cluster)")
         if ticket.expiry < self.clock():

@@ -133,7 +133,7 @@ class AgentService:
 
     def _check_cluster(self, step: str) -> None:
         address = _uri.parse(step).address
-        if address is not None and address != self.cluster:
+        if address is not None and not identity.same_cluster(address, self.cluster):
             raise errors.InvalidArgument(f"{step} is a step of cluster {address}; this memory agent serves cluster"
                                          f" {self.cluster} (tectofs agent --cluster)")
 
