@@ -154,6 +154,7 @@ option_rate_mib_per_s_max = 1024.0 * 1024  # a rate (--scrub-rate, --repair-rate
 capability_ttl_s = 3600.0                 # a layout's or allocation's chunk capabilities are valid this long
 ticket_ttl_s = 3600.0                     # a ticket (an identity for memory agents) is valid this long
 ticket_renew_s = 600.0                    # a client takes a fresh ticket once its own has less than this left
+ticket_expiry_step_s = 600.0              # tickets expire on multiples of this: one identity's are alike meanwhile
 users_max = 100_000                       # users one cluster keeps (tectofs user add)
 acting_views_max = 256                    # local users a multi-user mount keeps a metadata connection for
 user_cache_s = 5.0                        # a metadata service reuses a user's lookup for its hellos this long

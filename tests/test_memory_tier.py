@@ -761,3 +761,49 @@ def test_a_cluster_is_the_same_whatever_the_order_of_its_group() -> None:
     assert same_cluster("10.0.0.1:7420,10.0.0.2:7420", "10.0.0.2:7420,10.0.0.1:7420")
     assert not same_cluster("10.0.0.1:7420", "10.0.0.1:7421")
     assert not same_cluster("not an address", "10.0.0.1:7420")
+
+
+def test_many_hellos_with_one_ticket_ask_the_cluster_once() -> None:
+    """The ranks of one job connect to the coordinator's agent at once: 500 hellos carrying
+    the same ticket cost one question to the cluster; a ticket it refuses fails each hello."""
+    import asyncio
+
+    from tectofs.agent.identity import TicketChecker
+    from tectofs.errors import AuthenticationFailed, PermissionDenied
+
+    asked: list[int] = []
+
+    async def secret_of(ticket: Any) -> bytes:
+        asked.append(ticket.uid)
+        await asyncio.sleep(0.05)
+        if ticket.uid == 666:
+            raise PermissionDenied("forged")
+        return b"s" * 32
+
+    def claim(uid: int) -> Any:
+        ticket = wire.Ticket(uid=uid, gid=uid, expiry=int(time.time()) + 3600, key_id="k", issuer="127.0.0.1:7420")
+        return wire.HelloAuth(kind="ticket", nonce=b"n" * 16, ticket=ticket)
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        checker = TicketChecker("127.0.0.1:7420", secret_of)
+        good = await asyncio.gather(*(checker.resolve(claim(1000)) for _ in range(500)))
+        bad = await asyncio.gather(*(checker.resolve(claim(666)) for _ in range(50)), return_exceptions=True)
+        await checker.resolve(claim(1000))  # kept
+        return good, bad
+
+    good, bad = asyncio.run(main())
+    assert asked == [1000, 666]
+    assert {(secret, peer.uid) for secret, peer in good} == {(b"s" * 32, 1000)}
+    assert all(isinstance(e, AuthenticationFailed) and "did not vouch" in str(e) for e in bad)
+
+
+def test_the_tickets_one_identity_takes_within_a_step_are_one_ticket(cluster: Any) -> None:
+    from tectofs import limits
+
+    tickets = [cluster.fs.run(cluster.fs.aio.metadata.ticket(wire.TicketRequest(issuer=cluster.address)))
+               for _ in range(3)]
+    assert len({t.ticket.expiry for t in tickets}) <= 2  # (a step boundary may fall between them)
+    first = tickets[0].ticket
+    assert first.expiry % limits.ticket_expiry_step_s == 0
+    assert limits.ticket_ttl_s <= first.expiry - time.time() <= limits.ticket_ttl_s + limits.ticket_expiry_step_s + 5
+    assert tickets[0].secret == tickets[1].secret or tickets[1].secret == tickets[2].secret

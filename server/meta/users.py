@@ -6,6 +6,7 @@ tickets memory agents check (``ticket``; ``ticket_secret`` for proxies: ``tectof
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from typing import Callable, Protocol, TypeVar
@@ -92,11 +93,15 @@ class UserOperations:
 
     async def rpc_ticket(self, r: messages.TicketRequest, _: memoryview) -> Reply[messages.TicketReply]:
         """A ticket for the caller's identity (the user its connection acts as), valid for
-        ``limits.ticket_ttl_s``, and its secret (``tectofs.wire.auth``, *Tickets*)."""
+        ``limits.ticket_ttl_s`` and up to ``limits.ticket_expiry_step_s`` more, and its secret
+        (``tectofs.wire.auth``, *Tickets*). Expiries fall on multiples of that step, so the
+        tickets one identity takes within a step are one ticket: thousands of ranks of one job
+        cost an agent one ``ticket_secret`` call, not one each."""
         peer = current_peer.get()
         key_id, key = self.service.keys.signing
         groups = sorted(peer.groups)
-        expiry = auth.capability_expiry(limits.ticket_ttl_s)
+        step = limits.ticket_expiry_step_s
+        expiry = int(math.ceil((time.time() + limits.ticket_ttl_s) / step) * step)
         ticket = messages.Ticket(uid=peer.uid, gid=peer.gid, groups=groups, proxy=peer.proxy, expiry=expiry,
                                  key_id=key_id, issuer=r.issuer)
         return messages.TicketReply(ticket=ticket, secret=auth.ticket_secret(key, peer.uid, peer.gid, groups,

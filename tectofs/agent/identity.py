@@ -106,6 +106,7 @@ class TicketChecker:
                  clock: Callable[[], float] = time.time) -> None:
         self.cluster, self.secret_of, self.clock = cluster, secret_of, clock
         self._secrets: dict[bytes, bytes] = {}  # the ticket, encoded -> its secret
+        self._asking: dict[bytes, asyncio.Future[bytes]] = {}  # tickets whose secret is being asked for
 
     async def resolve(self, claim: wire.HelloAuth) -> tuple[bytes, auth.Peer]:
         ticket = claim.ticket
@@ -120,19 +121,36 @@ class TicketChecker:
         key = msgspec.msgpack.encode(ticket)
         secret = self._secrets.get(key)
         if secret is None:
-            try:
-                secret = await self.secret_of(ticket)
-            except TectofsError as exc:
-                raise AuthenticationFailed(f"cluster {self.cluster} did not vouch for the ticket of uid {ticket.uid}:"
-                                           f" {exc}") from None
-            except OSError as exc:
-                raise AuthenticationFailed(f"could not check a ticket with cluster {self.cluster}: {exc}") from None
-            if len(self._secrets) >= _SECRETS_MAX:
-                self._secrets.clear()
-            self._secrets[key] = secret
+            secret = await self._ask(key, ticket)
         peer = auth.Peer(kind="user", name=f"uid {ticket.uid}", uid=ticket.uid, gid=ticket.gid,
                          groups=frozenset(ticket.groups), proxy=ticket.proxy)
         return secret, peer
+
+
+    async def _ask(self, key: bytes, ticket: wire.Ticket) -> bytes:
+        """The cluster's answer for ``ticket``: asked once however many hellos carry it at once
+        (the ranks of one job connecting together), then kept."""
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.get_running_loop().create_future()
+            try:
+                secret = await self.secret_of(ticket)
+            except TectofsError as exc:
+                asking.set_exception(AuthenticationFailed(
+                    f"cluster {self.cluster} did not vouch for the ticket of uid {ticket.uid}: {exc}"))
+            except OSError as exc:
+                asking.set_exception(AuthenticationFailed(f"could not check a ticket with cluster {self.cluster}: {exc}"))
+            except BaseException:  # this hello was cancelled (the agent stops): so are those waiting with it
+                asking.cancel()
+                raise
+            else:
+                if len(self._secrets) >= _SECRETS_MAX:
+                    self._secrets.clear()
+                self._secrets[key] = secret
+                asking.set_result(secret)
+            finally:
+                del self._asking[key]
+        return await asyncio.shield(asking)
 
 
 def cluster_secret_of(fs: FileSystem) -> Callable[[wire.Ticket], Awaitable[bytes]]:

@@ -45,7 +45,9 @@ removed.
 
 **Tickets** (as Kerberos service tickets: for servers that hold neither the cluster key nor
 users' secrets, the memory agents). A user's metadata connection asks for a ticket (``ticket``):
-its uid, gid, groups, whether it may act for others, an expiry (``limits.ticket_ttl_s``) and the
+its uid, gid, groups, whether it may act for others, an expiry (``limits.ticket_ttl_s`` away,
+rounded up to a multiple of ``limits.ticket_expiry_step_s``: one identity's tickets within a
+step are one ticket) and the
 issuing service's address, with the ticket's *secret* ``HMAC(key, "tectofs ticket", ...)`` over
 all of that (:func:`ticket_secret`). The ticket's holder proves that secret in an ordinary hello
 (kind ``ticket``; the secret never crosses the wire). The server checking it asks the issuer for
