@@ -780,8 +780,10 @@ def test_many_hellos_with_one_ticket_ask_the_cluster_once() -> None:
             raise PermissionDenied("forged")
         return b"s" * 32
 
+    expiry = int(time.time()) + 3600  # one expiry: each claim of a uid is the same ticket
+
     def claim(uid: int) -> Any:
-        ticket = wire.Ticket(uid=uid, gid=uid, expiry=int(time.time()) + 3600, key_id="k", issuer="127.0.0.1:7420")
+        ticket = wire.Ticket(uid=uid, gid=uid, expiry=expiry, key_id="k", issuer="127.0.0.1:7420")
         return wire.HelloAuth(kind="ticket", nonce=b"n" * 16, ticket=ticket)
 
     async def main() -> tuple[list[Any], list[Any]]:
