@@ -191,7 +191,10 @@ def test_hung_server_is_hedged_around_for_reads_and_writes(make_cluster):
         assert c.fs.read_bytes("/hung-new") == fresh
         elapsed = time.monotonic() - started
         stats = c.fs.aio.blocks.stats
-        assert stats["hedged_reads"] + stats["hedged_writes"] >= 1, stats
+        # Around the hung server: a chunk hedged to a spare, or (when the block's hedge deadline
+        # comes first, as on a loaded machine) the block stored degraded without it.
+        went_around = stats["hedged_reads"] + stats["hedged_writes"] + stats["degraded_reads"] + stats["degraded_writes"]
+        assert went_around >= 1, stats
         assert elapsed < 30, f"took {elapsed:.1f}s: waited for timeouts instead of hedging"
     finally:
         victim.send_signal(signal.SIGCONT)
