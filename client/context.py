@@ -11,9 +11,11 @@ client and uid), and the file depends on this module only. ``core -> files -> co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from tectofs.buffers import BufferPool
 from tectofs.metrics import ClientMetrics
+from tectofs.wire.values import LayoutSegment
 
 from .blocks import BlockIO
 from .leases import LeaseEndings
@@ -30,7 +32,10 @@ class FileContext:
     - ``buffers``: block buffers (the process's pool; what the file takes it gives back);
     - ``metrics``: the process's client metrics (bytes written and read, retries);
     - ``lease_endings``: where a closing handle queues its reader lease to be ended,
-      sent as ``acting_uid`` (None: the client's own user)."""
+      sent as ``acting_uid`` (None: the client's own user);
+    - ``park_reader``: where a closing read-only handle may leave its reader lease for the
+      next open instead (``MetadataCache.park_reader(layout, uid, reader, since)``: True if
+      kept; None: a client without a metadata cache)."""
 
     metadata: MetadataClient
     blocks: BlockIO
@@ -38,3 +43,4 @@ class FileContext:
     metrics: ClientMetrics
     lease_endings: LeaseEndings
     acting_uid: int | None = None
+    park_reader: Callable[[LayoutSegment, int | None, int, float], bool] | None = None

@@ -25,7 +25,7 @@ from .files import AsyncFile
 from .lease_session import LeaseSession
 from .leases import LeaseEndings
 from .metadata import MetadataClient
-from .metadata_cache import ABSENT, MISS, MetadataCache, Miss
+from .metadata_cache import ABSENT, MISS, CachedLayout, MetadataCache, Miss
 from .metered import MeteredRpcClient
 
 AnswerT = TypeVar("AnswerT")
@@ -190,7 +190,7 @@ class AsyncFileSystem:
             self.lease_session = (LeaseSession(self.metadata) if clock is None else LeaseSession(
                 self.metadata, clock=clock, session_id=random.randbytes(SESSION_BYTES)))
             self.lease_session.attach(self.rpc)
-            self.metadata_cache = MetadataCache[Stat](make=Stat.from_attrs)
+            self.metadata_cache = MetadataCache[Stat](make=Stat.from_attrs, end_reader=self.lease_endings.end)
             self.lease_session.listeners.append(self._recalled)
             self.metadata.on_change = self._changed
             self.metadata.lease_token = self.lease_session.token
@@ -553,24 +553,29 @@ class AsyncFileSystem:
                 path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease))
             return await self._opened(path, reply, readable, writable, truncate, lease)
         cache = self._cached() if not writable else None
-        if cache is not None:  # a small file read before, under a lease still held: no call
-            cached = cache.layout(path, self.acting_uid)
-            if isinstance(cached, messages.LayoutSegment):
-                handle = AsyncFile(self._file_context(), path, cached, readable, False, False)
-                self.cached_opens.add(handle)
+        loop = asyncio.get_running_loop()
+        if cache is not None:  # read before, under a lease still held: no call
+            cached = cache.take_layout(path, self.acting_uid, loop.time())
+            if isinstance(cached, CachedLayout):
+                handle = AsyncFile(self._file_context(), path, cached.layout, readable, False, False)
+                if cached.reader:  # a larger file: the lease a closed handle parked
+                    handle.hold_read_lease(cached.reader, cached.since)
+                else:  # a small file, its bytes in hand
+                    self.cached_opens.add(handle)
                 return handle
 
         async def layout_call() -> messages.LayoutSegment:
             return await self.metadata.layout(messages.LayoutRequest(
                 path=path, reader=lease, write_only=writable and (write_only or not readable)))
 
+        sent = loop.time()
         if cache is None:
             layout = await layout_call()
         else:
             layout = await self._learning(layout_call, lambda found: cache.learned_layout(path, self.acting_uid, found))
         self.inline_max = layout.inline_max
         handle = AsyncFile(self._file_context(), path, layout, readable, writable, truncate)
-        handle.hold_read_lease(lease)
+        handle.hold_read_lease(lease, sent)
         return handle
 
     async def _opened(self, path: str, reply: messages.CreateReply, readable: bool, writable: bool, truncate: bool,
@@ -591,8 +596,10 @@ class AsyncFileSystem:
 
     def _file_context(self) -> FileContext:
         """What a file this client (or view) opens may use of it (``client/context.py``)."""
+        cache = self._cached()
         return FileContext(metadata=self.metadata, blocks=self.blocks, buffers=self.buffers, metrics=self.metrics,
-                           lease_endings=self.lease_endings, acting_uid=self.acting_uid)
+                           lease_endings=self.lease_endings, acting_uid=self.acting_uid,
+                           park_reader=cache.park_reader if cache is not None else None)
 
     async def block_count(self, path: str) -> int:
         """How many blocks a file stores (holes not counted), reading its layout segment by segment."""

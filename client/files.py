@@ -11,7 +11,6 @@ metadata transaction; ``close`` flushes (close-to-open consistency).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from collections import OrderedDict
@@ -27,10 +26,9 @@ from tectofs.wire import messages
 
 from . import inline, partial_reads
 from .blocks import consume_outcome
+from .handle_leases import HandleLeases
 from .layout import LayoutMap
 from .writes import BlockWrite, BlockWrites, WriteState
-
-log = logging.getLogger("tectofs.client")
 
 if TYPE_CHECKING:
     from .context import FileContext
@@ -52,6 +50,7 @@ class AsyncFile:
         self.path = path
         self.readable = readable
         self.writable = writable
+        self.opened_layout = layout  # what it opened with (a read-only handle parks its lease under it)
         self._set_layout(layout)
         self.replace = truncate  # the next commit replaces every block
         self.size = 0 if truncate else self.attrs.size
@@ -77,9 +76,7 @@ class AsyncFile:
         self._shrunk_to: int | None = None
         self.created = False  # this handle's open created the file (``abort`` removes it again)
         self.directory: Any = None  # a creating open's DirectoryChange (else None)
-        self._lease_task: asyncio.Task[None] | None = None
-        self._writer_lease_s: float | None = None  # set by the first allocation
-        self._reader = 0  # a reader's lease id (0: none)
+        self._leases = HandleLeases(context.metadata, path, self.ino, self.handle, self._writer)
         self._committed = False  # a commit of this handle succeeded
         # what the next commit also sets: (atime, mtime), None each for as a commit sets it; a mode
         self.stamped_times: tuple[float | None, float | None] = (None, None)
@@ -350,7 +347,7 @@ class AsyncFile:
                         raise
                     await asyncio.sleep(limits.heartbeat_interval_s * (attempt + 1))
             self._allocations = list(reply.blocks)
-            self._keep_lease(reply.lease_s)
+            self._leases.keep_writer(reply.lease_s)
             self._allocation_batch = min(self._allocation_batch * 2, 8)
         return self._allocations.pop(0)
 
@@ -359,38 +356,11 @@ class AsyncFile:
             ino=self.ino, handle=self.handle, count=1, exclude=sorted(failed_servers), writer=self._writer))
         return reply.blocks[0]
 
-    def _keep_lease(self, lease_s: float) -> None:
-        """While this handle is open, renew its allocations a few times per lease, so a write
-        of any length commits; a writer that crashed stops renewing and its chunks expire."""
-        renewing_too_seldom = self._writer_lease_s is None or lease_s < self._writer_lease_s
-        self._writer_lease_s = lease_s
-        if renewing_too_seldom and self._lease_task is not None:  # e.g. at the read lease's pace
-            self._lease_task.cancel()
-            self._lease_task = None
-        self._start_leases()
-
-    def hold_read_lease(self, reader: int) -> None:
-        """Keep the reader's lease (taken by ``open``) while this handle is open: the chunks
-        of the version it opened stay, even if the file is unlinked or replaced meanwhile."""
-        self._reader = reader
-        self._start_leases()
-
-    def _start_leases(self) -> None:
-        if self._lease_task is not None and not self._lease_task.done():
-            return
-
-        async def renew() -> None:
-            while not self.closed:
-                periods = [s for s in (self._writer_lease_s, limits.reader_lease_s if self._reader else None) if s]
-                await asyncio.sleep(max(0.05, min(periods) / 4))
-                try:
-                    await self.context.metadata.renew(messages.RenewRequest(
-                        ino=self.ino, handle=self.handle, writer=self._writer if self._writer_lease_s else 0,
-                        reader=self._reader))
-                except TectofsError as exc:  # the next renewal, or the commit, will tell
-                    log.warning("%s: lease renewal failed: %s", self.path, exc)
-
-        self._lease_task = asyncio.get_running_loop().create_task(renew())
+    def hold_read_lease(self, reader: int, since: float | None = None) -> None:
+        """Keep the reader's lease (taken by ``open``, granted or renewed when the event loop's
+        clock read ``since``; None: now) while this handle is open: the chunks of the version
+        it opened stay, even if the file is unlinked or replaced meanwhile."""
+        self._leases.hold_reader(reader, since)
 
     async def _bound_dirty(self) -> None:
         """Random writes may dirty many partial blocks; send the oldest past the limit."""
@@ -570,7 +540,7 @@ class AsyncFile:
         empty, still this file and open in no other handle (closed ones of this client's first)."""
         if self.closed:
             return
-        reader = self._reader
+        reader = self._leases.reader
         self._release()
         if self.created and not self._committed and self.writable:
             try:
@@ -582,11 +552,14 @@ class AsyncFile:
 
     def _release(self) -> None:
         self.closed = True
-        if self._lease_task is not None:
-            self._lease_task.cancel()
-        if self._reader:  # end the lease now (else it lapses): a file unlinked while open goes at once
-            reader, self._reader = self._reader, 0
-            self.context.lease_endings.end(self.ino, reader, self.handle, self.context.acting_uid)
+        reader, since = self._leases.stop()
+        if reader:  # end the lease now (else it lapses): a file unlinked while open goes at once
+            park = self.context.park_reader
+            if park is not None and not self.writable and not self.created and park(
+                    self.opened_layout, self.context.acting_uid, reader, since):
+                pass  # the next open takes it; whatever drops its layout from the cache ends it
+            else:
+                self.context.lease_endings.end(self.ino, reader, self.handle, self.context.acting_uid)
         for entry in self._writes:
             self._forget(self._writes.drop(entry.idx))
         self._drop_cache()

@@ -8,13 +8,21 @@ directories they walked, so what they teach is keyed exactly). A recall drops wh
 the loss of the session drops everything. An answer is kept only if no recall arrived while it
 was on its way (``LeaseSession.still``). Bounded: ``limits.metadata_cache_entries_max`` names
 and as many inodes, least recently used first out.
+
+Layouts read under a lease are kept too: a small file's whole (its bytes inline: an open needs
+no call), and a larger file's whole-file layout with the *reader's lease* of the last handle
+that closed on it (``park_reader``): the next read-only open takes that lease (``take_layout``)
+instead of asking for a new one, while it has half its life left. Whatever drops such a
+layout (a recall, this client's own change, eviction, the session's loss) hands its lease to
+``end_reader``, which ends it at the service: a file unlinked elsewhere is not kept alive.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from typing import Callable, Generic, Literal, Protocol, TypeVar, Union
+from dataclasses import dataclass
+from typing import Callable, Generic, Literal, NamedTuple, Protocol, TypeVar, Union
 
 from tectofs import limits, paths
 from tectofs.wire.leases import Recall
@@ -50,13 +58,39 @@ MISS = Miss()
 AnswerT = TypeVar("AnswerT")
 
 
+class CachedLayout(NamedTuple):
+    """A layout an open may use without a call: a small file's (``reader`` 0: its bytes are
+    inline, no lease needed) or a larger file's with a reader's lease (``reader``) the opener
+    now holds, granted or last renewed when the event loop's clock read ``since``."""
+
+    layout: LayoutSegment
+    reader: int = 0
+    since: float = 0.0
+
+
+@dataclass(slots=True)
+class _KeptLayout:
+    uid: int | None  # who read it (its file handle is theirs)
+    layout: LayoutSegment
+    reader: int = 0  # a parked reader's lease on the file (0: none)
+    since: float = 0.0  # when that lease was granted or last renewed (the event loop's clock)
+
+
+EndReader = Callable[[int, int, bytes, "int | None"], None]  # (ino, reader, file handle, uid it was issued to)
+
+
 class MetadataCache(Generic[StatT]):
     def __init__(self, entries_max: int = limits.metadata_cache_entries_max,
-                 make: "Callable[[Attrs], StatT] | None" = None) -> None:
+                 make: "Callable[[Attrs], StatT] | None" = None, end_reader: "EndReader | None" = None,
+                 reader_lease_s: float = limits.reader_lease_s) -> None:
         """``make``: the cached form of a reply's attributes (for what this client's own
-        changes answered: ``changed_by_self``)."""
+        changes answered: ``changed_by_self``). ``end_reader``: ends a parked reader's lease
+        whose layout is dropped (None: no lease is parked). ``reader_lease_s``: how long the
+        service keeps a reader's lease that is not renewed."""
         self.entries_max = entries_max
         self.make = make
+        self.end_reader = end_reader
+        self.reader_lease_s = reader_lease_s
         # Directories whose every name is here (made by this client, or listed whole, under a
         # lease on their listing): a name not here is absent (CephFS's I_COMPLETE).
         self._complete: set[int] = set()
@@ -70,13 +104,17 @@ class MetadataCache(Generic[StatT]):
         self._xattrs: dict[int, dict[str, bytes | None]] = {}
         self._xattr_names: dict[int, list[str]] = {}
         self._linked: set[int] = set()  # cached inodes with more than one name (not directories)
-        # Layouts of small files stored whole inline, read under a lease on their attributes, with
-        # the uid that read them (a file handle in them is that user's): inode -> (uid, layout).
-        self._layouts: OrderedDict[int, tuple[int | None, LayoutSegment]] = OrderedDict()
+        # Whole-file layouts read under a lease on their attributes, with the uid that read them
+        # (a file handle in them is that user's) and, for a file not inline, the reader's lease
+        # parked by the last handle that closed on it.
+        self._layouts: OrderedDict[int, _KeptLayout] = OrderedDict()
         self._layout_bytes = 0
         self.layout_bytes_max = limits.metadata_cache_data_bytes_max
+        self.chunk_layouts_max = limits.metadata_cache_chunk_layouts_max
+        self._chunk_layouts = 0
         self.hits = 0
         self.misses = 0
+        self.leases_reused = 0  # opens that took a parked reader's lease
 
     # ------------------------------------------------------------------ answers
 
@@ -172,33 +210,80 @@ class MetadataCache(Generic[StatT]):
     def layout(self, path: str, uid: int | None) -> "LayoutSegment | Miss":
         """The whole layout of the small file at ``path`` (its bytes inline), as ``uid`` read it
         under the lease that still holds its attributes, or ``MISS``."""
-        ino = self._resolve(paths.split(path))
-        held = self._layouts.get(ino) if isinstance(ino, int) else None
-        if held is None or held[0] != uid or ino not in self._attrs:
+        kept = self._kept(path, uid)
+        return self._count(kept.layout if kept is not None and _whole_inline(kept.layout) else MISS)
+
+    def take_layout(self, path: str, uid: int | None, now: float) -> "CachedLayout | Miss":
+        """What a read-only open of ``path`` by ``uid`` may use without a call (``now``: the
+        event loop's clock, which ``since`` was read on): a small file's inline layout, or a larger file's layout with its
+        parked reader's lease, taken (the caller holds it now, renews it, and parks or ends it
+        at its close), if it has at least half its life left; else ``MISS``."""
+        kept = self._kept(path, uid)
+        if kept is None:
             return self._count(MISS)
-        self._layouts.move_to_end(held[1].attrs.ino)
-        return self._count(held[1])
+        if _whole_inline(kept.layout):
+            return self._count(CachedLayout(kept.layout))
+        if not kept.reader:
+            return self._count(MISS)
+        reader, since, kept.reader = kept.reader, kept.since, 0
+        if now - since > self.reader_lease_s / 2:  # lapses soon at the service: let it
+            return self._count(MISS)
+        self.leases_reused += 1
+        return self._count(CachedLayout(kept.layout, reader, since))
+
+    def _kept(self, path: str, uid: int | None) -> "_KeptLayout | None":
+        ino = self._resolve(paths.split(path))
+        if not isinstance(ino, int):
+            return None
+        kept = self._layouts.get(ino)
+        if kept is None or kept.uid != uid or ino not in self._attrs:
+            return None
+        self._layouts.move_to_end(ino)
+        return kept
 
     def learned_layout(self, path: str, uid: int | None, layout: LayoutSegment) -> None:
         """``uid`` read ``layout`` of ``path`` (under a lease on its attributes): kept if it is
-        a small file's whole layout, bytes inline, and ``path`` is the inode it names here."""
-        if self.make is not None and _whole_inline(layout) and self._resolve(paths.split(path)) == layout.attrs.ino:
-            self._keep_layout(uid, layout)
+        a whole file's and ``path`` is the inode it names here (a small file's, bytes inline,
+        serves opens at once; a larger file's once a closing handle parks its lease)."""
+        if self.make is not None and _whole(layout) and self._resolve(paths.split(path)) == layout.attrs.ino:
+            if _whole_inline(layout) or self.end_reader is not None:
+                self._keep_layout(uid, layout)
+
+    def park_reader(self, layout: LayoutSegment, uid: int | None, reader: int, since: float) -> bool:
+        """A read-only handle that opened with ``layout`` (as ``uid``) closed holding reader's
+        lease ``reader`` (granted or renewed at ``since``): keep the lease for the next open if
+        ``layout`` is still the one kept (no recall, own change or other open replaced it since)
+        and no lease is parked there. False (also for a small file, whose next open needs no
+        lease): the caller ends its lease."""
+        kept = self._layouts.get(layout.attrs.ino)
+        if kept is None or kept.layout is not layout or kept.uid != uid or kept.reader or _whole_inline(layout):
+            return False
+        kept.reader, kept.since = reader, since
+        return True
 
     def _keep_layout(self, uid: int | None, layout: LayoutSegment) -> None:
         assert self.make is not None
         ino = layout.attrs.ino
         self.attributes(self.make(layout.attrs))
         self._drop_layout(ino)
-        self._layouts[ino] = (uid, layout)
-        self._layout_bytes += _inline_bytes(layout)
-        while self._layout_bytes > self.layout_bytes_max and self._layouts:
+        self._layouts[ino] = _KeptLayout(uid, layout)
+        if _whole_inline(layout):
+            self._layout_bytes += _inline_bytes(layout)
+        else:
+            self._chunk_layouts += 1
+        while (self._layout_bytes > self.layout_bytes_max or self._chunk_layouts > self.chunk_layouts_max) and self._layouts:
             self._drop_layout(next(iter(self._layouts)))
 
     def _drop_layout(self, ino: int) -> None:
-        held = self._layouts.pop(ino, None)
-        if held is not None:
-            self._layout_bytes -= _inline_bytes(held[1])
+        kept = self._layouts.pop(ino, None)
+        if kept is None:
+            return
+        if _whole_inline(kept.layout):
+            self._layout_bytes -= _inline_bytes(kept.layout)
+            return
+        self._chunk_layouts -= 1
+        if kept.reader and self.end_reader is not None:
+            self.end_reader(ino, kept.reader, kept.layout.attrs.handle, kept.uid)
 
     def _has_none(self, ino: int) -> bool:
         """Whether the inode's cached attributes say it has no extended attributes."""
@@ -428,17 +513,22 @@ class MetadataCache(Generic[StatT]):
         self._attrs.clear()
         self._xattrs.clear()
         self._xattr_names.clear()
-        self._layouts.clear()
-        self._layout_bytes = 0
+        for ino in list(self._layouts):
+            self._drop_layout(ino)
 
 
 def _name_of(entry: "tuple[str, object]") -> str:
     return entry[0]
 
 
+def _whole(layout: LayoutSegment) -> bool:
+    """Whether ``layout`` is a whole file's (one segment)."""
+    return not layout.first and layout.end is None
+
+
 def _whole_inline(layout: LayoutSegment) -> bool:
     """Whether ``layout`` is a whole file's, every block's bytes in it (a small file's)."""
-    return not layout.first and layout.end is None and all(block.inline is not None for block in layout.blocks)
+    return _whole(layout) and all(block.inline is not None for block in layout.blocks)
 
 
 def _inline_bytes(layout: LayoutSegment) -> int:

@@ -173,3 +173,4 @@ lease_recall_keys_max = 128               # names, inodes and listings one recal
 lease_remote_changes_kept = 100_000       # peers' recalls remembered for reads that raced them
 metadata_cache_entries_max = 1_000_000     # names (and as many inodes) a leasing client keeps cached
 metadata_cache_data_bytes_max = 64 * MiB  # small files' bytes (inline layouts) a leasing client keeps cached
+metadata_cache_chunk_layouts_max = 4096    # larger files' layouts a leasing client keeps, each with a parked reader's lease

@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -38,6 +39,20 @@ class Clock:
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+@dataclass(frozen=True)
+class St:
+    """What the library cache needs of attributes (tectofs.client.Stat's fields it reads)."""
+
+    ino: int
+    kind: str = "file"
+    nlink: int = 1
+    xattrs: int | None = None
+
+    @classmethod
+    def of(cls, attrs) -> "St":
+        return cls(attrs.ino)
 
 
 def test_a_change_waits_for_the_holders_acknowledgement_and_not_for_its_own_session():
@@ -458,17 +473,8 @@ def test_the_store_counts_an_inodes_extended_attributes_and_counts_them_in_an_ol
 
 
 def test_the_library_cache_keys_what_it_learned_and_forgets_what_changes_could_touch():
-    from dataclasses import dataclass
-
     from tectofs.client.metadata_cache import ABSENT, MISS, MetadataCache
     from tectofs.wire.leases import Entry, Recall
-
-    @dataclass(frozen=True)
-    class St:
-        ino: int
-        kind: str = "file"
-        nlink: int = 1
-        xattrs: int | None = None
 
     cache = MetadataCache[St](entries_max=100)
     cache.learned("/a/b/f", [1, 10, 11], St(20))
@@ -505,6 +511,144 @@ def test_the_library_cache_keys_what_it_learned_and_forgets_what_changes_could_t
     assert cache.xattr("/xu", "security.capability") is MISS and cache.xattr_names("/xu") is MISS
     cache.forget_path("/x0")  # an own setxattr: the count is stale
     assert cache.xattr("/x0", "security.selinux") is MISS
+
+
+def test_a_larger_files_layout_is_kept_with_the_reader_lease_its_last_handle_parked():
+    """``MetadataCache.park_reader`` / ``take_layout``: a layout that is not inline serves an
+    open only with a parked lease, taken by one open at a time while it has half its life left;
+    whatever drops the layout (a recall, an own change, eviction, the session's loss) ends the
+    lease it holds, once."""
+    from tectofs.client.metadata_cache import MISS, CachedLayout, MetadataCache
+    from tectofs.wire import messages
+    from tectofs.wire.leases import Recall
+
+    def layout(ino: int, inline: bool = False) -> messages.LayoutSegment:
+        block = messages.Block(idx=0, block_id=0 if inline else ino, policy="rs(4,2)", length=3, valid=3, chunks=[],
+                               inline=messages.InlineData(data=b"abc", crc=0) if inline else None)
+        attrs = messages.Attrs(ino=ino, kind="file", mode=0o100644, uid=0, gid=0, size=3, atime=0, mtime=0, ctime=0,
+                               nlink=1, policy="rs(4,2)", block_size=1 << 20, parent=1, handle=b"h%d" % ino)
+        return messages.LayoutSegment(attrs=attrs, blocks=[block])
+
+    ended: list[tuple[int, int]] = []
+    cache = MetadataCache[St](entries_max=100, make=St.of, reader_lease_s=60.0,
+                              end_reader=lambda ino, reader, handle, uid: ended.append((ino, reader)))
+    cache.learned("/big", [1], St(20))
+    big = layout(20)
+    cache.learned_layout("/big", None, big)
+    assert cache.take_layout("/big", None, now=0.0) is MISS  # kept, but no lease to open with yet
+    assert cache.park_reader(big, None, reader=7, since=0.0)
+    assert not cache.park_reader(big, None, reader=8, since=0.0)  # one lease parked at a time
+    assert cache.take_layout("/big", 1000, now=1.0) is MISS  # another user's open asks
+    assert cache.take_layout("/big", None, now=1.0) == CachedLayout(big, 7, 0.0)
+    assert cache.take_layout("/big", None, now=1.0) is MISS  # taken: a second open at once asks
+    assert cache.park_reader(big, None, reader=7, since=10.0)
+    assert cache.take_layout("/big", None, now=40.5) is MISS  # less than half its life left: let it lapse
+    assert ended == []
+    # A small file's layout serves opens with no lease, and parks none.
+    cache.learned("/small", [1], St(21))
+    small = layout(21, inline=True)
+    cache.learned_layout("/small", None, small)
+    assert cache.take_layout("/small", None, now=0.0) == CachedLayout(small)
+    assert not cache.park_reader(small, None, reader=9, since=0.0)
+    # A layout that was replaced (a recall and a new open) takes no lease from the old handle.
+    cache.learned_layout("/big", None, big)
+    assert cache.park_reader(big, None, reader=11, since=50.0)
+    newer = layout(20)
+    cache.learned_layout("/big", None, newer)  # replacing it ends what was parked under the old one
+    assert ended == [(20, 11)] and not cache.park_reader(big, None, reader=12, since=50.0)
+    # Every way a layout goes ends its parked lease.
+    assert cache.park_reader(newer, None, reader=13, since=50.0)
+    cache.forget(Recall(id=1, inos=[20]))
+    assert ended[-1] == (20, 13) and cache.take_layout("/big", None, now=50.0) is MISS
+    cache.learned("/big", [1], St(20))
+    cache.learned_layout("/big", None, big)
+    assert cache.park_reader(big, None, reader=14, since=50.0)
+    cache.forget_path("/big")  # an own unlink or rename
+    assert ended[-1] == (20, 14)
+    cache.learned("/big", [1], St(20))
+    cache.learned_layout("/big", None, big)
+    assert cache.park_reader(big, None, reader=15, since=50.0)
+    cache.forget(None)  # the session is lost
+    assert ended[-1] == (20, 15) and len(ended) == 4
+    # Bounded: the oldest layout goes first, its lease ended.
+    cache.chunk_layouts_max = 2
+    for ino in (30, 31, 32):
+        cache.learned(f"/f{ino}", [1], St(ino))
+        kept = layout(ino)
+        cache.learned_layout(f"/f{ino}", None, kept)
+        assert cache.park_reader(kept, None, reader=ino, since=0.0)
+    assert ended[-1] == (30, 30) and cache.take_layout("/f30", None, now=1.0) is MISS
+    assert isinstance(cache.take_layout("/f32", None, now=1.0), CachedLayout)
+
+
+def test_a_larger_file_opened_again_takes_the_lease_its_last_reader_left_and_changes_end_it(leased_cluster):
+    """A file kept in chunks, read again by a leasing client, opens with no call (the reader's
+    lease of the handle that closed last); another client's write is read at the next open; its
+    unlink frees the file at once (the parked lease is ended), while a handle that took such a
+    lease keeps reading the version it opened; this client's own unlink frees it too."""
+    from tectofs.errors import StaleFile
+    from tectofs.wire import messages
+
+    async def scenario():
+        holder, changer, _ = await _holder_and_changer(leased_cluster)
+        base = f"/parked-{os.getpid()}"
+        await changer.mkdir(base)
+        first, second = os.urandom(300_000), os.urandom(200_000)
+        await changer.write_bytes(f"{base}/big", first)
+        calls: list[str] = []
+        layout_call = holder.metadata.layout
+
+        async def counted(request):
+            calls.append(request.path)
+            return await layout_call(request)
+        holder.metadata.layout = counted  # type: ignore[method-assign]
+
+        async def freed(ino: int, handle: bytes) -> bool:
+            await holder.lease_endings.flush()
+            await changer.lease_endings.flush()
+            try:
+                await changer.metadata.getattr(messages.InoRequest(ino=ino, handle=handle))
+            except StaleFile:
+                return True
+            return False
+
+        await holder.stat(f"{base}/big")  # (as the kernel looks a name up before it opens it)
+        assert await holder.read_bytes(f"{base}/big") == first
+        assert len(calls) == 1
+        for _ in range(3):
+            assert await holder.read_bytes(f"{base}/big") == first
+        assert len(calls) == 1  # opened with the parked lease, no call
+
+        await changer.write_bytes(f"{base}/big", second)  # recalls the layout: the parked lease ends
+        await holder.stat(f"{base}/big")
+        assert await holder.read_bytes(f"{base}/big") == second
+        assert len(calls) == 2
+        opened = await holder.open(f"{base}/big", "rb")
+        assert len(calls) == 2  # took the lease parked by the read before
+        await changer.remove(f"{base}/big")
+        assert await opened.read(0, len(second)) == second  # the version it opened, kept by its lease
+        assert not await freed(opened.ino, opened.handle)
+        await opened.close()  # the layout went with the recall: the lease is ended, not parked
+        assert await freed(opened.ino, opened.handle)
+
+        await changer.write_bytes(f"{base}/other", first)
+        ino = (await holder.stat(f"{base}/other")).ino
+        assert await holder.read_bytes(f"{base}/other") == first
+        handle = (await changer.open(f"{base}/other", "rb"))
+        await handle.close()
+        await changer.remove(f"{base}/other")  # another client's unlink: the parked lease is ended
+        assert await freed(ino, handle.handle)
+
+        await changer.write_bytes(f"{base}/mine", first)
+        await holder.stat(f"{base}/mine")
+        assert await holder.read_bytes(f"{base}/mine") == first
+        mine = await changer.open(f"{base}/mine", "rb")
+        await mine.close()
+        await holder.remove(f"{base}/mine")  # its own unlink ends its parked lease as well
+        assert await freed(mine.ino, mine.handle)
+        await holder.close()
+        await changer.close()
+    run(scenario())
 
 
 def test_own_changes_keep_a_cached_listing_in_step_unless_a_recall_crossed_them():

@@ -583,7 +583,8 @@ class Simulation:
         if client is None:
             return {}
         cache = client.metadata_cache
-        return {**client.blocks.stats, "cache_answers": cache.hits if cache is not None else 0}
+        return {**client.blocks.stats, "cache_answers": cache.hits if cache is not None else 0,
+                "reader_leases_reused": cache.leases_reused if cache is not None else 0}
 
 
 def run(seed: int, *, tolerate: bool = True, echo: Callable[[str], None] | None = None) -> Simulation:
