@@ -344,6 +344,12 @@ class AsyncFileSystem:
         reply = await (self.metadata.makedirs(request) if parents else self.metadata.mkdir(request))
         return Stat.from_attrs(reply.attrs)
 
+    async def make_directory(self, path: str, mode: int = 0o755) -> "tuple[Stat, DirectoryChange | None]":
+        """``mkdir(path, mode)`` (the parent must exist, the name must not), with what it did to
+        the parent directory (None: the service did not say)."""
+        reply = await self.metadata.mkdir(messages.MkdirRequest(path=path, mode=mode, uid=os.getuid(), gid=os.getgid()))
+        return Stat.from_attrs(reply.attrs), DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
+
     async def set_policy(
         self, path: str, policy: str | None = None, block_size: int | None = None, write_min: int | None = None
     ) -> Stat:

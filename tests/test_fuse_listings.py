@@ -234,3 +234,38 @@ def test_without_xattrs_the_kernel_stops_asking(make_cluster: Any, tmp_path: Any
             for opcode in ("LISTXATTR", "SETXATTR", "REMOVEXATTR"):
                 assert _requests(log_path, opcode) <= 1, opcode
     assert [cluster.fs.read_bytes(f"/probed/f{i}") for i in range(40)] == [b"x" * i + b"yy" for i in range(40)]
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_a_mkdir_answers_the_kernels_next_question_about_its_parent(make_cluster: Any, tmp_path: Any) -> None:
+    """A mkdir's reply carries its parent's attributes after it (``AttrsReply.directory``, as a
+    create's and an unlink's do), so the kernel's next permission check in the parent (the next
+    mkdir's) asks the metadata service nothing: ``tar -x`` of a tree of directories costs one
+    call per directory, not two. The parent's attributes are right: its link count counts the
+    new subdirectories, and another client's later change there is seen."""
+    from tectofs.client.fuse import start_mount_process
+
+    cluster = make_cluster(metrics=True)
+    mnt = str(tmp_path / "mnt")
+    os.mkdir(mnt)
+
+    def calls(*ops: str) -> float:
+        metrics = scrape(cluster.metrics_urls["meta"])
+        return sum(v for (name, labels), v in metrics.items()
+                   if name == "tectofs_meta_requests_total" and dict(labels).get("op") in ops)
+
+    with start_mount_process(cluster.address, mnt, log_path=str(tmp_path / "mount.log")):
+        os.mkdir(f"{mnt}/tree")
+        os.stat(f"{mnt}/tree")
+        before, made = calls("lookup", "getattr"), calls("mkdir")
+        for i in range(40):
+            os.mkdir(f"{mnt}/tree/d{i}")
+            os.mkdir(f"{mnt}/tree/d{i}/sub")
+        assert calls("mkdir") - made == 80
+        assert calls("lookup", "getattr") - before < 8, calls("lookup", "getattr") - before  # was one per mkdir
+        assert os.stat(f"{mnt}/tree").st_nlink == 42
+        assert sorted(os.listdir(f"{mnt}/tree")) == sorted(f"d{i}" for i in range(40))
+        cluster.fs.mkdir("/tree/theirs")
+        assert os.stat(f"{mnt}/tree").st_nlink == 43
+        assert "theirs" in os.listdir(f"{mnt}/tree")

@@ -165,11 +165,15 @@ class TectofsOperations(FileOperations):
     @handler
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Caller) -> pyfuse3.EntryAttributes:
         text, path = self.child(parent_inode, name)
-        self.listings.forget(parent_inode)
+        identity = self.identity(ctx)
+        started, made = self.fresh.begin_change(), None
         try:
-            st = await self.as_caller(self.identity(ctx), lambda fs: fs.mkdir(path, mode & 0o7777))
+            made = await self.as_caller(identity, lambda fs: fs.make_directory(path, mode & 0o7777))
         finally:
-            self.listings.forget(parent_inode)
+            change = None if made is None else made[1]
+            self.fresh.end_change(started, parent_inode, identity, None if change is None else change.after)
+            self.follow(parent_inode, text, change, present=True)
+        st = made[0]
         self.listings.made(st.ino, st.ctime)  # empty, as of its creation: lookups in it answered here
         self.named(parent_inode, text, st.ino)
         return self.entry(st)

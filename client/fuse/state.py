@@ -134,11 +134,12 @@ class MountState:
         raise refusal
 
 
-# Handlers that change no directory's attributes, or tell FreshAttributes themselves; every
-# other handler moves its epoch and drops the known listings (``mkdir`` keeps track itself).
+# Handlers that change no directory's attributes, or tell FreshAttributes (and the known
+# listings) themselves; every other handler moves its epoch and drops the known listings.
 _LEAVE_DIRECTORIES = frozenset({
     "lookup", "forget", "getattr", "setattr", "read", "write", "flush", "fsync", "release", "readlink", "statfs",
     "getxattr", "listxattr", "access", "open", "opendir", "readdir", "releasedir", "fsyncdir", "create", "unlink",
+    "mkdir",
 })
 
 
@@ -148,11 +149,10 @@ def handler(method: H) -> H:
     change a directory is a change for ``FreshAttributes`` and drops the ``KnownListings``
     when it starts and ends."""
     changes = method.__name__ not in _LEAVE_DIRECTORIES
-    drops_listings = changes and method.__name__ != "mkdir"
 
     @functools.wraps(method)
     async def wrapper(self: MountState, *args: Any) -> Any:
-        if drops_listings:
+        if changes:
             self.listings.forget_all()
         self.cache.begin_request()
         started = self.fresh.begin_change() if changes else 0
@@ -171,7 +171,6 @@ def handler(method: H) -> H:
         finally:
             if changes:
                 self.fresh.end_change(started)
-            if drops_listings:
                 self.listings.forget_all()
 
     return wrapper  # type: ignore[return-value]

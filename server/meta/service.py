@@ -58,7 +58,7 @@ def _granted(walked: list[LeaseKey], reached: int, result: object) -> list[Lease
         result = result[0]
     if isinstance(result, messages.Attrs):
         return [*walked, (ATTRS, result.ino)]
-    if isinstance(result, (messages.CreateReply, messages.LayoutSegment)):
+    if isinstance(result, (messages.CreateReply, messages.LayoutSegment, messages.AttrsReply)):
         return [*walked, (ATTRS, result.attrs.ino)]
     if isinstance(result, messages.ReaddirReply):
         return [*walked, (LISTING, reached), *((ENTRY, reached, e.name) for e in result.entries),
@@ -306,8 +306,8 @@ class MetadataService:
                 reached, store.walked, store.modified = store.reached, None, None
                 if session:
                     granted = _granted(walked, reached, result)
-                    if new_directory and isinstance(result, messages.Attrs):
-                        granted.append((LISTING, result.ino))
+                    if new_directory and isinstance(result, messages.AttrsReply):
+                        granted.append((LISTING, result.attrs.ino))
                     raced.extend(self.leases.grant(session, granted, since))
         return run
 
@@ -431,10 +431,11 @@ class MetadataService:
 
     async def rpc_mkdir(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         parts, caller = paths.split(r.path), self._caller()
-        attrs = await self._call(lambda store: store.mkdir(
-            parts, r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok, caller=caller), messages.Attrs,
+        made = await self._call(lambda store: store.make_directory(
+            parts, r.mode, r.uid, r.gid, r.policy, r.block_size, r.exist_ok, caller=caller), messages.AttrsReply,
             new_directory=not r.exist_ok)
-        return self._attrs_reply(attrs), b""
+        return msgspec.structs.replace(
+            made, attrs=self._attrs(made.attrs), directory=self._attrs(made.directory) if made.directory else None), b""
 
     async def rpc_makedirs(self, r: messages.MkdirRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         parts, caller = paths.split(r.path), self._caller()

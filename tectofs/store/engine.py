@@ -51,7 +51,7 @@ from ..paths import check_name
 from ..policy import DEFAULT_POLICY
 from ..policy import parse as parse_policy
 from ..wire.leases import ENTRY, LeaseKey
-from ..wire.messages import CreateReply, ReaddirReply, StatfsReply, UnlinkReply, XattrEntry
+from ..wire.messages import AttrsReply, CreateReply, ReaddirReply, StatfsReply, UnlinkReply, XattrEntry
 from ..wire.values import Attrs, DirEntry, InlineData, Kind, WrittenBlock
 from . import access
 from .access import Caller, R, W, X
@@ -332,9 +332,19 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         """A new directory's attributes (``mode`` its permission bits; ``policy`` and
         ``block_size`` what files below it get, else inherited). With ``exist_ok``, an existing
         directory's, unless it has another policy or block size than asked (AlreadyExists)."""
+        return self.make_directory(parts, mode, uid, gid, policy, block_size, exist_ok, caller=caller).attrs
+
+    def make_directory(
+        self, parts: list[str], mode: int = 0o755, uid: int = 0, gid: int = 0,
+        policy: str | None = None, block_size: int | None = None, exist_ok: bool = False,
+        *, caller: Caller | None = None,
+    ) -> AttrsReply:
+        """``mkdir``, answered with its parent's attributes after and its ctime before, when it
+        made the directory (``AttrsReply.directory``: the mount answers the kernel's next
+        question about the parent without a call)."""
         if not parts:
             if exist_ok:
-                return self._get(ROOT_INO)
+                return AttrsReply(attrs=self._get(ROOT_INO))
             raise AlreadyExists("/ already exists")
         policy = self._checked_policy(policy)
         if block_size is not None:
@@ -351,10 +361,11 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
                         f"/{'/'.join(parts)} exists with {key} {has}, not {wanted}: change it explicitly"
                         " (tectofs set-policy)"
                     )
-            return attrs
-        return self._insert_inode(
+            return AttrsReply(attrs=attrs)
+        attrs = self._insert_inode(
             parent, parts, "d", statmod.S_IFDIR | (mode & 0o7777), uid, gid, policy, block_size, caller=caller
         )
+        return AttrsReply(attrs=attrs, directory=self._get(parent.ino), directory_ctime_before=parent.ctime)
 
     def create(
         self, parts: list[str], mode: int = 0o644, uid: int = 0, gid: int = 0, exclusive: bool = False,

@@ -133,8 +133,13 @@ class InoRequest(Message, frozen=True, kw_only=True):
 
 
 class AttrsReply(Message, frozen=True, kw_only=True):
+    """``directory``, ``directory_ctime_before`` (a mkdir's): the attributes of the new
+    directory's parent after the call, and its ctime before (as ``CreateReply``)."""
+
     attrs: Attrs
     walk: Annotated[list[Ino], msgspec.Meta(max_length=limits.path_length_max_bytes // 2)] = []  # leased lookups: dirs walked
+    directory: Attrs | None = None
+    directory_ctime_before: Time | None = None
 
 
 class Empty(Message, frozen=True, kw_only=True):
