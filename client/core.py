@@ -478,8 +478,11 @@ class AsyncFileSystem:
         reply = await self.metadata.link(messages.LinkRequest(src=src, dst=dst))
         return Stat.from_attrs(reply.attrs)
 
-    async def rmdir(self, path: str) -> None:
-        await self.metadata.rmdir(messages.PathRequest(path=path))
+    async def rmdir(self, path: str) -> "DirectoryChange | None":
+        """Remove the empty directory ``path``; what it did to its parent (None: the service did
+        not say)."""
+        reply = await self.metadata.rmdir(messages.PathRequest(path=path))
+        return DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
 
     async def rmtree(self, path: str) -> None:
         """Remove directory ``path`` and everything below it, depth first: the files of each

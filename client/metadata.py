@@ -137,7 +137,7 @@ class MetadataClient:
     async def shared_blocks(self, request: shared_blocks.SharedBlocksRequest) -> shared_blocks.SharedBlocksReply:
         return await self.call(messages.SHARED_BLOCKS, request)
 
-    async def rmdir(self, request: messages.PathRequest) -> messages.Empty:
+    async def rmdir(self, request: messages.PathRequest) -> messages.UnlinkReply:
         return await self.call(messages.RMDIR, request)
 
     async def statfs(self, request: messages.Empty = _EMPTY) -> messages.StatfsReply:

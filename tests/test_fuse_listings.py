@@ -238,12 +238,13 @@ def test_without_xattrs_the_kernel_stops_asking(make_cluster: Any, tmp_path: Any
 
 @pytest.mark.fuse
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
-def test_a_mkdir_answers_the_kernels_next_question_about_its_parent(make_cluster: Any, tmp_path: Any) -> None:
-    """A mkdir's reply carries its parent's attributes after it (``AttrsReply.directory``, as a
-    create's and an unlink's do), so the kernel's next permission check in the parent (the next
-    mkdir's) asks the metadata service nothing: ``tar -x`` of a tree of directories costs one
-    call per directory, not two. The parent's attributes are right: its link count counts the
-    new subdirectories, and another client's later change there is seen."""
+def test_a_mkdir_or_rmdir_answers_the_kernels_next_question_about_its_parent(make_cluster: Any, tmp_path: Any) -> None:
+    """A mkdir's and an rmdir's replies carry the parent's attributes after them
+    (``AttrsReply.directory``, ``UnlinkReply.directory``, as a create's and an unlink's do), so
+    the kernel's next permission check in the parent (the next mkdir's or rmdir's) asks the
+    metadata service nothing: ``tar -x`` or ``rm -rf`` of a tree of directories costs one call
+    per directory, not two. The parent's attributes are right: its link count counts the
+    subdirectories, and another client's later change there is seen."""
     from tectofs.client.fuse import start_mount_process
 
     cluster = make_cluster(metrics=True)
@@ -269,3 +270,12 @@ def test_a_mkdir_answers_the_kernels_next_question_about_its_parent(make_cluster
         cluster.fs.mkdir("/tree/theirs")
         assert os.stat(f"{mnt}/tree").st_nlink == 43
         assert "theirs" in os.listdir(f"{mnt}/tree")
+
+        before, removed = calls("lookup", "getattr"), calls("rmdir")
+        for i in range(40):
+            os.rmdir(f"{mnt}/tree/d{i}/sub")
+            os.rmdir(f"{mnt}/tree/d{i}")
+        assert calls("rmdir") - removed == 80
+        assert calls("lookup", "getattr") - before < 8, calls("lookup", "getattr") - before  # was one per rmdir
+        assert os.stat(f"{mnt}/tree").st_nlink == 3
+        assert os.listdir(f"{mnt}/tree") == ["theirs"]

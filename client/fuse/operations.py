@@ -181,7 +181,13 @@ class TectofsOperations(FileOperations):
     @handler
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Caller) -> None:
         text, path = self.child(parent_inode, name)
-        await self.as_caller(self.identity(ctx), lambda fs: fs.rmdir(path))
+        identity = self.identity(ctx)
+        started, change = self.fresh.begin_change(), None
+        try:
+            change = await self.as_caller(identity, lambda fs: fs.rmdir(path))
+        finally:
+            self.fresh.end_change(started, parent_inode, identity, None if change is None else change.after)
+            self.follow(parent_inode, text, change, present=False)
         self.inodes.removed(parent_inode, text)
 
     @handler

@@ -139,7 +139,7 @@ class MountState:
 _LEAVE_DIRECTORIES = frozenset({
     "lookup", "forget", "getattr", "setattr", "read", "write", "flush", "fsync", "release", "readlink", "statfs",
     "getxattr", "listxattr", "access", "open", "opendir", "readdir", "releasedir", "fsyncdir", "create", "unlink",
-    "mkdir",
+    "mkdir", "rmdir",
 })
 
 

@@ -578,10 +578,11 @@ class MetadataService:
         return shared_blocks.SharedBlocksReply(
             blocks=[shared_blocks.SharedBlock(name=i, block_id=b, nbytes=n) for i, b, n in rows], more=more), b""
 
-    async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.Empty]:
+    async def rpc_rmdir(self, r: messages.PathRequest, _: memoryview) -> Reply[messages.UnlinkReply]:
         parts, caller = paths.split(r.path), self._caller()
-        await self._call(lambda store: store.rmdir(parts, caller=caller), type(None))
-        return messages.Empty(), b""
+        removed = await self._call(lambda store: store.rmdir(parts, caller=caller), messages.UnlinkReply)
+        return msgspec.structs.replace(
+            removed, directory=self._attrs(removed.directory) if removed.directory else None), b""
 
     async def rpc_statfs(self, r: messages.Empty, _: memoryview) -> Reply[messages.StatfsReply]:
         return await self._call(lambda store: store.statfs(), messages.StatfsReply), b""

@@ -667,8 +667,9 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
                 removed += 1
         return removed
 
-    def rmdir(self, parts: list[str], *, caller: Caller | None = None) -> None:
-        """Remove an empty directory (DirectoryNotEmpty otherwise; never the root)."""
+    def rmdir(self, parts: list[str], *, caller: Caller | None = None) -> UnlinkReply:
+        """Remove an empty directory (DirectoryNotEmpty otherwise; never the root); answers its
+        parent's attributes after and its ctime before, as ``unlink``."""
         if not parts:
             raise InvalidPath("cannot remove the root directory")
         parent, attrs = self._walk(parts, caller)
@@ -678,6 +679,7 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         self._x("DELETE FROM names WHERE parent = ? AND name = ?", (attrs.parent, parts[-1]))
         self._touch(attrs.parent, self.clock(), nlink_delta=-1)
         self._remove_inode(attrs)
+        return UnlinkReply(directory=self._get(parent.ino), directory_ctime_before=parent.ctime)
 
     def _check_not_into_itself(self, moving: Attrs, new_parent: Attrs, src: list[str]) -> None:
         if moving.kind != "dir":

@@ -716,7 +716,7 @@ REMOVEXATTR: Final = Operation("removexattr", XattrRequest, Empty, idempotent=Fa
 EXCHANGE: Final = Operation("exchange", ExchangeRequest, Empty, idempotent=False)
 UNLINK: Final = Operation("unlink", UnlinkRequest, UnlinkReply, idempotent=False)
 UNLINK_MANY: Final = Operation("unlink_many", UnlinkManyRequest, UnlinkReply, idempotent=False)
-RMDIR: Final = Operation("rmdir", PathRequest, Empty, idempotent=False)
+RMDIR: Final = Operation("rmdir", PathRequest, UnlinkReply, idempotent=False)
 STATFS: Final = Operation("statfs", Empty, StatfsReply, idempotent=True)
 LAYOUT: Final = Operation("layout", LayoutRequest, LayoutSegment, idempotent=True)
 ALLOCATE: Final = Operation("allocate", AllocateRequest, AllocateReply, idempotent=False)
