@@ -29,12 +29,12 @@ import asyncio
 import errno
 import os
 import stat as statmod
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import pyfuse3
 
 from tectofs import xattr_names
-from tectofs.client.core import AsyncFileSystem, Stat
+from tectofs.client.core import AsyncFileSystem, DirectoryChange, Stat
 from tectofs.client.fuse.attributes import directory_entry, statvfs
 from tectofs.client.fuse.file_operations import FileOperations
 from tectofs.client.fuse.inodes import ROOT_INODE
@@ -180,23 +180,21 @@ class TectofsOperations(FileOperations):
 
     @handler
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Caller) -> None:
-        text, path = self.child(parent_inode, name)
-        identity = self.identity(ctx)
-        started, change = self.fresh.begin_change(), None
-        try:
-            change = await self.as_caller(identity, lambda fs: fs.rmdir(path))
-        finally:
-            self.fresh.end_change(started, parent_inode, identity, None if change is None else change.after)
-            self.follow(parent_inode, text, change, present=False)
-        self.inodes.removed(parent_inode, text)
+        await self._remove(parent_inode, name, ctx, lambda fs, path: fs.rmdir(path))
 
     @handler
     async def unlink(self, parent_inode: int, name: bytes, ctx: Caller) -> None:
+        await self._remove(parent_inode, name, ctx, lambda fs, path: fs.remove(path))
+
+    async def _remove(self, parent_inode: int, name: bytes, ctx: Caller,
+                      remove: Callable[[AsyncFileSystem, str], Awaitable[DirectoryChange | None]]) -> None:
+        """An unlink or rmdir of ``name`` in ``parent_inode``: the reply's directory attributes
+        answer the kernel's next question about the parent, and keep its listing current."""
         text, path = self.child(parent_inode, name)
         identity = self.identity(ctx)
         started, change = self.fresh.begin_change(), None
         try:
-            change = await self.as_caller(identity, lambda fs: fs.remove(path))
+            change = await self.as_caller(identity, lambda fs: remove(fs, path))
         finally:
             self.fresh.end_change(started, parent_inode, identity, None if change is None else change.after)
             self.follow(parent_inode, text, change, present=False)
