@@ -339,15 +339,18 @@ class AsyncFileSystem:
         self, path: str, mode: int = 0o755, policy: str | None = None, block_size: int | None = None,
         parents: bool = False, exist_ok: bool = False,
     ) -> Stat:
-        request = messages.MkdirRequest(path=path, mode=mode, policy=policy, block_size=block_size, exist_ok=exist_ok,
-                                        uid=os.getuid(), gid=os.getgid())
-        reply = await (self.metadata.makedirs(request) if parents else self.metadata.mkdir(request))
-        return Stat.from_attrs(reply.attrs)
+        return (await self._mkdir(path, mode, policy, block_size, parents, exist_ok))[0]
 
     async def make_directory(self, path: str, mode: int = 0o755) -> "tuple[Stat, DirectoryChange | None]":
         """``mkdir(path, mode)`` (the parent must exist, the name must not), with what it did to
         the parent directory (None: the service did not say)."""
-        reply = await self.metadata.mkdir(messages.MkdirRequest(path=path, mode=mode, uid=os.getuid(), gid=os.getgid()))
+        return await self._mkdir(path, mode)
+
+    async def _mkdir(self, path: str, mode: int, policy: str | None = None, block_size: int | None = None,
+                     parents: bool = False, exist_ok: bool = False) -> "tuple[Stat, DirectoryChange | None]":
+        request = messages.MkdirRequest(path=path, mode=mode, policy=policy, block_size=block_size, exist_ok=exist_ok,
+                                        uid=os.getuid(), gid=os.getgid())
+        reply = await (self.metadata.makedirs(request) if parents else self.metadata.mkdir(request))
         return Stat.from_attrs(reply.attrs), DirectoryChange.from_reply(reply.directory, reply.directory_ctime_before)
 
     async def set_policy(

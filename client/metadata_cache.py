@@ -215,9 +215,10 @@ class MetadataCache(Generic[StatT]):
 
     def take_layout(self, path: str, uid: int | None, now: float) -> "CachedLayout | Miss":
         """What a read-only open of ``path`` by ``uid`` may use without a call (``now``: the
-        event loop's clock, which ``since`` was read on): a small file's inline layout, or a larger file's layout with its
-        parked reader's lease, taken (the caller holds it now, renews it, and parks or ends it
-        at its close), if it has at least half its life left; else ``MISS``."""
+        event loop's clock, which ``since`` was read on): a small file's inline layout, or a
+        larger file's layout with its parked reader's lease, taken (the caller holds it now,
+        renews it, and parks or ends it at its close), if it has at least half its life left;
+        else ``MISS`` (a lease past that is left to lapse at the service)."""
         kept = self._kept(path, uid)
         if kept is None:
             return self._count(MISS)
