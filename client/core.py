@@ -20,6 +20,7 @@ from tectofs.wire.transport import parse_group
 
 from .blocks import BlockIO
 from .cached_opens import CachedOpens
+from .claims import CLAIMS_ENDING, CreateClaims
 from .context import FileContext
 from .files import AsyncFile
 from .lease_session import LeaseSession
@@ -145,7 +146,7 @@ class AsyncFileSystem:
     Paths are absolute; every call that changes the namespace is one metadata transaction."""
 
     def __init__(self, meta_address: str, credentials: "str | auth.Credential | None" = None, *,
-                 clock: Callable[[], float] | None = None, leases: bool = False) -> None:
+                 clock: Callable[[], float] | None = None, leases: bool = False, async_creates: bool = True) -> None:
         """``meta_address``: ``HOST:PORT``, or a failover group ``HOST:PORT,HOST:PORT,...`` of
         metadata services sharing one store (``tectofs.wire.client.RpcClient``). ``credentials``: a
         credential file or :class:`tectofs.wire.auth.Credential`; by default the one
@@ -157,7 +158,9 @@ class AsyncFileSystem:
         :func:`tectofs.metrics.serve_client_if_asked`). ``clock`` (monotonic seconds; the simulator's
         seam, ``tectofs.testing``): the time that decides when servers found down are tried first again.
         ``leases``: hold metadata leases (``client/lease_session.py``) so that a cache over this
-        client may answer without asking; needs a running event loop, which keeps them alive."""
+        client may answer without asking; needs a running event loop, which keeps them alive.
+        ``async_creates`` (with ``leases``): a burst of creates in one directory claims it and
+        creates there without waiting for the service (``client/claims.py``)."""
         parse_group(meta_address)
         self.meta_address = meta_address
         self.credential = (credentials if isinstance(credentials, auth.Credential)
@@ -185,6 +188,7 @@ class AsyncFileSystem:
         # Views acting for other users answer from the cache too: set by a mount whose kernel
         # checks every caller's permissions itself (default_permissions) before it asks.
         self.views_share_cache = False
+        self.claims: CreateClaims | None = None
         if leases:
             # The simulator's clock seam comes with its seeded source of chance (tectofs.testing).
             self.lease_session = (LeaseSession(self.metadata) if clock is None else LeaseSession(
@@ -194,6 +198,11 @@ class AsyncFileSystem:
             self.lease_session.listeners.append(self._recalled)
             self.metadata.on_change = self._changed
             self.metadata.lease_token = self.lease_session.token
+            if async_creates:
+                self.claims = CreateClaims(self.metadata, uid=os.getuid(), gid=os.getgid())
+                self.claims.on_lost = self._lost_creates
+                self.metadata.flush_before = self.claims.flush_before
+                self.lease_session.listeners.append(self.claims.recalled)
             self.lease_session.start()
 
     async def _recalled(self, recall: "Recall | None") -> None:
@@ -208,9 +217,33 @@ class AsyncFileSystem:
         lease nor other change of this client's came between, what the reply holds under the
         lease granted with it may be kept (``MetadataCache.changed_by_self``)."""
         assert self.lease_session is not None and self.metadata_cache is not None
+        if self.claims is not None and self._claims_follow(operation, request, reply):
+            return
         fresh = began is not None and self.lease_session.still_token(began)
         self.lease_session.note_own_change()
         self.metadata_cache.changed_by_self(operation, request, reply, uid if fresh else False)
+
+    def _claims_follow(self, operation: str, request: messages.Message, reply: messages.Message | None) -> bool:
+        """Keep the claims (``client/claims.py``) in step with this client's own ``operation``;
+        True for the sending of creates, which the cache learned when they were answered."""
+        assert self.claims is not None
+        if operation == "create_many":
+            return True
+        if operation in CLAIMS_ENDING:
+            self.claims.forget_all()  # a claimed directory may have moved, or its permissions changed
+        elif isinstance(path := getattr(request, "path", None), str) and (parts := paths.split(path)):
+            after = getattr(reply, "directory", None)
+            self.claims.directory_changed(paths.join(*parts[:-1]) if len(parts) > 1 else "/",
+                                          after if isinstance(after, messages.Attrs) else None)
+        return False
+
+    def _lost_creates(self, paths_lost: list[str]) -> None:
+        """Creates answered without a call that the service refused: forget them."""
+        if self.metadata_cache is not None:
+            for path in paths_lost:
+                self.metadata_cache.forget_path(path)
+        if self.lease_session is not None:
+            self.lease_session.note_own_change()
 
     def _cached(self) -> "MetadataCache[Stat] | None":
         """The cache this client may answer from now (a view acting for another user has none,
@@ -242,6 +275,7 @@ class AsyncFileSystem:
             if self.lease_session is not None:  # its changes are this client's too
                 view.metadata.on_change = functools.partial(self._changed, uid=uid)
                 view.metadata.lease_token = self.lease_session.token
+                view.metadata.flush_before = self.metadata.flush_before  # in order with this client's creates
             view.acting_uid = uid
             while len(self._views) >= limits.acting_views_max:
                 oldest = self._views.pop(next(iter(self._views)))  # the least recently used
@@ -251,6 +285,8 @@ class AsyncFileSystem:
 
     async def close(self) -> None:
         if self.meta_rpc is self.rpc:
+            if self.claims is not None:
+                await self.claims.close()
             await self.lease_endings.flush()
             if self.lease_session is not None:
                 await self.lease_session.close()
@@ -561,9 +597,15 @@ class AsyncFileSystem:
         readable, writable, create, truncate, exclusive, append = _MODES[normalize_mode(mode)]
         lease = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         if create:
-            reply = await self.metadata.create(messages.CreateRequest(
-                path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(), gid=os.getgid(), reader=lease))
-            return await self._opened(path, reply, readable, writable, truncate, lease)
+            request = messages.CreateRequest(path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(),
+                                             gid=os.getgid(), reader=lease)
+            reply = self._create_without_call(request)
+            if reply is None:
+                reply = await self.metadata.create(request)
+                if self.claims is not None and self.acting_uid is None:
+                    await self.claims.created_by_call(path, reply.created)
+            handle = await self._opened(path, reply, readable, writable, truncate, lease)
+            return handle
         cache = self._cached() if not writable else None
         loop = asyncio.get_running_loop()
         if cache is not None:  # read before, under a lease still held: no call
@@ -589,6 +631,22 @@ class AsyncFileSystem:
         handle = AsyncFile(self._file_context(), path, layout, readable, writable, truncate)
         handle.hold_read_lease(lease, sent)
         return handle
+
+    def _create_without_call(self, request: messages.CreateRequest) -> messages.CreateReply | None:
+        """The answer of a create in a directory this client holds claimed, of a name its
+        cache knows is absent, made with no call (``client/claims.py``); None: make it by a call."""
+        cache = self._cached()
+        if self.claims is None or self.acting_uid is not None or cache is None or cache.lookup(request.path) is not ABSENT:
+            return None
+        assert self.lease_session is not None
+        began = self.lease_session.token()
+        made = self.claims.create(request.path, request.mode, request.reader)
+        if made is None:
+            return None
+        reply = messages.CreateReply(attrs=made.attrs, created=True, directory=made.directory,
+                                     directory_ctime_before=made.directory_ctime_before, inline_max=made.inline_max)
+        self._changed("create", request, reply, began)  # the cache learns it as any own create
+        return reply
 
     async def _opened(self, path: str, reply: messages.CreateReply, readable: bool, writable: bool, truncate: bool,
                       lease: int) -> AsyncFile:

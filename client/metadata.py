@@ -9,17 +9,20 @@ Every method is one line over :meth:`MetadataClient.call`, which takes the retry
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 import msgspec
 
-from tectofs.wire import inline_echo, messages, shared_blocks
+from tectofs.wire import claims, inline_echo, messages, shared_blocks
 from tectofs.wire.client import RpcClient
 from tectofs.wire.leases import KEEPALIVE, KeepaliveReply, KeepaliveRequest
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
 _EMPTY = messages.Empty()
+# The calls that need not wait for this client's unsent creates (``client/claims.py``): they
+# neither read nor change what those creates made (the sending itself among them).
+UNORDERED = frozenset({"keepalive", "create_many", "claim_directory", "ping", "statfs", "whoami"})
 
 
 # The operations that change names, attributes or extended attributes: after each (whatever
@@ -29,12 +32,14 @@ _EMPTY = messages.Empty()
 CHANGING = frozenset({
     "mkdir", "makedirs", "create", "symlink", "mknod", "setattr", "truncate", "set_policy", "rename", "link",
     "setxattr", "removexattr", "exchange", "unlink", "unlink_many", "rmdir", "commit", "reference_blocks",
+    "create_many",
 })
 READING = frozenset({
     "hello", "lookup", "getattr", "readdir", "getxattr", "listxattr", "statfs", "layout", "allocate", "stage", "renew",
     "release", "release_leases", "report_bad_chunk", "repair_done", "repair_failed", "inventory_begin", "inventory",
     "drain", "block_health", "register_server", "heartbeat", "servers", "stats", "ping", "user_add", "user_remove",
     "user_list", "s3_principal", "whoami", "ticket", "ticket_secret", "keepalive", "shared_blocks",
+    "claim_directory",
 })  # what leaves names, attributes and extended attributes as they were
 
 
@@ -50,11 +55,18 @@ class MetadataClient:
         self.on_change: Callable[[str, messages.Message, messages.Message | None, tuple[int, int] | None],
                                  None] | None = None
         self.lease_token: Callable[[], tuple[int, int]] | None = None  # LeaseSession.token (client/lease_session.py)
+        # Sends this client's unsent creates (None: there are none) before every call but the
+        # UNORDERED (``CreateClaims.flush_before``): the service sees this client's changes in order.
+        self.flush_before: Callable[[], Awaitable[None] | None] | None = None
 
     async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT,
                    complete: Callable[[ReplyT], ReplyT] | None = None) -> ReplyT:
         """One call of ``operation``: its reply, or the service's error raised. ``complete``
         makes the reply whole before anything (``on_change`` too) sees it."""
+        if self.flush_before is not None and operation.name not in UNORDERED:
+            unsent = self.flush_before()
+            if unsent is not None:
+                await unsent
         reply: ReplyT | None = None
         began = self.lease_token() if self.lease_token is not None else None
         try:
@@ -220,3 +232,9 @@ class MetadataClient:
 
     async def keepalive(self, request: KeepaliveRequest) -> KeepaliveReply:
         return await self.call(KEEPALIVE, request)
+
+    async def claim_directory(self, request: claims.ClaimRequest) -> claims.ClaimReply:
+        return await self.call(claims.CLAIM_DIRECTORY, request)
+
+    async def create_many(self, request: claims.CreateManyRequest) -> claims.CreateManyReply:
+        return await self.call(claims.CREATE_MANY, request)

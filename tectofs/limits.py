@@ -174,3 +174,11 @@ lease_remote_changes_kept = 100_000       # peers' recalls remembered for reads 
 metadata_cache_entries_max = 1_000_000     # names (and as many inodes) a leasing client keeps cached
 metadata_cache_data_bytes_max = 64 * MiB  # small files' bytes (inline layouts) a leasing client keeps cached
 metadata_cache_chunk_layouts_max = 4096    # larger files' layouts a leasing client keeps, each with a parked reader's lease
+# Asynchronous creates (client/claims.py, server/meta/leases.py): a client that creates a burst of
+# files in one directory claims it exclusively and creates there with no call, in batches.
+claim_after_creates = 3                    # creates in one directory (each one call) before the client claims it
+claim_inodes = 256                         # inode numbers one claim hands the client (a new claim when used)
+claim_backoff_s = 1.0                      # after its claim was recalled, a client creates there by calls this long
+create_batch_max = 256                     # creates one "create_many" call makes (one transaction)
+create_flush_delay_s = 0.05                # an unflushed create reaches the service within this
+claim_retries_max = 64                     # times one call waits for a claim's recall and runs again

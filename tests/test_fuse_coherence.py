@@ -206,3 +206,30 @@ def test_content_rewritten_anywhere_is_read_at_the_next_open_though_pages_are_ke
             os.utime(path, stamp)
         else:
             libraries[1].write_bytes(f"{base}/f", data, mtime=stamp[1])
+
+
+def test_files_created_through_a_mount_without_calls_are_seen_everywhere_at_the_next_call(four_clients: Any) -> None:
+    """A burst of creates claims its directory (``client/claims.py``): the mount answers them
+    without a call each, and every other client's next call sees every file."""
+    cluster, mountpoints, libraries = four_clients
+    base = f"/claimed-{os.getpid()}"
+    os.mkdir(f"{mountpoints[0]}{base}")
+    before = _meta_calls_by_op(cluster.metrics_urls["meta"])
+    for i in range(60):
+        os.close(os.open(f"{mountpoints[0]}{base}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640))
+    after = _meta_calls_by_op(cluster.metrics_urls["meta"])
+    creates = after.get("create", 0.0) - before.get("create", 0.0)
+    assert creates <= 4, (creates, after)  # the first few, then the directory is claimed
+    names = sorted(f"f{i}" for i in range(60))
+    assert sorted(os.listdir(f"{mountpoints[1]}{base}")) == names  # recalls the claim: all were sent
+    assert after.get("claim_directory", 0.0) - before.get("claim_directory", 0.0) == 1
+    views = Views(mountpoints, libraries, base)
+    for name in ("f0", "f59"):
+        seen = views.stat_all(name)
+        assert all(s is not None and s[:2] == (0o640, 0) for s in seen), seen
+        assert len({s[2] for s in seen if s is not None}) == 1, seen  # one inode, for every client
+    libraries[1].rename(f"{base}/f59", f"{base}/renamed")  # another client changes what was just created
+    assert "renamed" in os.listdir(f"{mountpoints[0]}{base}") and "f59" not in os.listdir(f"{mountpoints[0]}{base}")
+    with open(f"{mountpoints[0]}{base}/f1", "wb") as f:  # and the creator writes into its new files
+        f.write(b"hello")
+    assert libraries[0].read_bytes(f"{base}/f1") == b"hello"

@@ -117,6 +117,10 @@ def _plausible(op: str, rng: random.Random, fuzz_dir: str) -> dict[str, Any]:
                                      "pairs": [[rng.randrange(4), rng.randrange(4)] for _ in range(rng.randrange(1, 4))]},
         "shared_blocks": lambda: {"directory": rng.choice([fuzz_dir, "/"]), "names": [rng.choice(["a", "b", "f1"])],
                                   "offset": rng.randrange(3)},
+        "claim_directory": lambda: {"path": rng.choice([fuzz_dir, "/", path()]), "count": rng.choice([1, 256, 0, 10**6])},
+        "create_many": lambda: {"path": rng.choice([fuzz_dir, "/", path()]), "directory": ino(),
+                                "creates": [[rng.choice(["a", "b", "", "x/y"]), ino(), 0o644, 0.0, 0]
+                                            for _ in range(rng.randrange(0, 3))]},
         "keepalive": lambda: {"acked": [rng.randrange(10**6) for _ in range(rng.randrange(3))],
                               "wait_s": rng.choice([0.0, 0.5]), "end": rng.random() < 0.2},
     }

@@ -16,7 +16,7 @@ from tectofs.server.meta.users import USER_ENTRY_BYTES_MAX
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
 from tectofs.store.registry import SERVER_STATS_KEPT
-from tectofs.wire import auth, messages, shared_blocks
+from tectofs.wire import auth, claims, messages, shared_blocks
 from tectofs.wire.leases import Entry, KeepaliveReply, Recall
 
 WIDEST = "rs(32,16)"
@@ -125,6 +125,8 @@ def test_fixed_size_replies_fit() -> None:
                            block_size=limits.block_size_max_bytes, target="t" * limits.symlink_target_max_bytes,
                            parent=2**63 - 1, stored=2**63 - 1)
     _fits(messages.AttrsReply(attrs=attrs, walk=[2**63 - 1] * (limits.path_length_max_bytes // 2)))
+    _fits(claims.ClaimReply(granted=True, directory=attrs, template=attrs, first=2**63 - 1,
+                            handles=[b"h" * 16] * limits.claim_inodes, inline_max=2**63 - 1))
     source = messages.ChunkRef(position=47, server_id=2**63 - 1, address=_long_address(1), length=2**26, crc=2**32 - 1)
     order = messages.RepairOrder(block_id=2**63 - 1, position=47, policy="x" * 32, length=2**26, crc=2**32 - 1,
                                  sources=[source] * limits.policy_width_max)
@@ -143,7 +145,7 @@ def test_fixed_size_replies_fit() -> None:
     _fits(messages.ListxattrReply(names=["user.x"] * (limits.xattr_names_max_bytes // 7)))
     _fits(messages.XattrReply(value=b"v" * limits.xattr_value_max_bytes))
     keys = limits.lease_recall_keys_max
-    recall = Recall(id=2**63 - 1, inos=[2**63 - 1] * keys, listings=[2**63 - 1] * keys,
+    recall = Recall(id=2**63 - 1, inos=[2**63 - 1] * keys, listings=[2**63 - 1] * keys, claims=[2**63 - 1] * keys,
                     entries=[Entry(parent=2**63 - 1, name="n" * limits.name_length_max_bytes)] * keys)
     _fits(KeepaliveReply(lease_s=1e9, renewed=True, restarted=True, recalls=[recall] * limits.lease_recalls_per_reply_max))
     _fits(messages.GetChunkReply(crcs=[0xFFFFFFFF] * (limits.block_size_max_bytes // limits.checksum_piece_bytes),
@@ -157,7 +159,7 @@ def test_every_reply_type_is_covered() -> None:
     covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
                messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply,
                messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply, shared_blocks.SharedBlocksReply,
-               KeepaliveReply}
+               KeepaliveReply, claims.ClaimReply}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
         for operation in table.values():
             has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))

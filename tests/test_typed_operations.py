@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from tectofs.client.metadata import MetadataClient
-from tectofs.wire import messages, shared_blocks
+from tectofs.wire import claims, messages, shared_blocks
 from tectofs.wire.server import Handlers
 
 
@@ -100,6 +100,8 @@ _SAMPLES: dict[type, dict[str, Any]] = {
     messages.UnlinkManyRequest: {"directory": "/a", "names": ["b", "c"]},
     shared_blocks.ReferenceBlocksRequest: {"path": "/a", "source": "/b", "pairs": [[0, 0]]},
     shared_blocks.SharedBlocksRequest: {"directory": "/a", "names": ["b"]},
+    claims.ClaimRequest: {"path": "/a"},
+    claims.CreateManyRequest: {"path": "/a", "directory": 2, "creates": [["b", 3, 0o644, 0.0]]},
     messages.CreateRequest: {"path": "/a"},
     messages.SymlinkRequest: {"path": "/a", "target": "b"},
     messages.MknodRequest: {"path": "/a", "mode": 0o10644},

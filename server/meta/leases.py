@@ -42,7 +42,30 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from tectofs import limits
-from tectofs.wire.leases import KeepaliveReply, LeaseKey, Recall, recall_of
+from tectofs.errors import TectofsError
+from tectofs.wire.leases import ATTRS, CLAIM, ENTRY, LISTING, KeepaliveReply, LeaseKey, Recall, recall_of
+
+
+class ClaimConflict(TectofsError):
+    """An operation read or changed a directory another session holds claimed (its creates
+    there may not have reached the service yet): it is undone, the claim recalled, and it runs
+    again (``MetadataService._call``). Never leaves the service."""
+
+    code = "busy"
+
+    def __init__(self, directory: int) -> None:
+        super().__init__(f"directory {directory} is claimed by another client")
+        self.directory = directory
+
+
+@dataclass
+class _Claim:
+    """A session's exclusive claim on a directory: the inode numbers it was handed there, and
+    the recall under way (done when the holder sent its creates and acknowledged)."""
+
+    session: bytes
+    ranges: list[tuple[int, int]]  # (first, count)
+    recalled: "asyncio.Future[None] | None" = None
 
 
 @dataclass
@@ -80,6 +103,13 @@ class LeaseTable:
         self._horizon = 0  # what changed before this was forgotten
         self.recalls_sent = 0
         self.recalls_expired = 0  # completed because the holder's session ran out, not by its ack
+        # Claims (asynchronous creates): directory -> claim; held names and listings by directory
+        # (what a claim recalls from the others); when each directory's claim was last recalled.
+        self._claims: dict[int, _Claim] = {}
+        self._by_directory: dict[int, set[LeaseKey]] = {}
+        self._claim_recalled_at: dict[int, float] = {}
+        self.claims_granted = 0
+        self.claims_recalled = 0
 
     @property
     def active(self) -> bool:
@@ -117,6 +147,8 @@ class LeaseTable:
                     continue
                 held.holding[key] = None
                 self._holders.setdefault(key, set()).add(session)
+                if key[0] == ENTRY or key[0] == LISTING:
+                    self._by_directory.setdefault(key[1], set()).add(key)
             evicted = []
             while len(held.holding) > self.holding_max:
                 key, _ = held.holding.popitem(last=False)
@@ -236,6 +268,12 @@ class LeaseTable:
             holders.discard(session)
             if not holders:
                 del self._holders[key]
+                if key[0] == ENTRY or key[0] == LISTING:
+                    under = self._by_directory.get(key[1])
+                    if under is not None:
+                        under.discard(key)
+                        if not under:
+                            del self._by_directory[key[1]]
 
     def _expire_overdue(self) -> None:
         with self._lock:
@@ -243,12 +281,90 @@ class LeaseTable:
 
     def _forget(self, session: bytes) -> None:
         held = self._sessions.pop(session)
+        for directory in [d for d, claim in self._claims.items() if claim.session == session]:
+            self._end_claim(directory)
         for key in held.holding:
             self._drop_holder(key, session)
         for done in held.acked.values():
             if not done.done():
                 done.set_result(None)
         self._wake(held)
+
+
+    # ------------------------------------------------------------------ claims (asynchronous creates)
+
+    def claim(self, session: bytes, directory: int, first: int, count: int) -> "list[LeaseKey] | None":
+        """Record (on the store's thread, inside the claiming operation) that ``session`` holds
+        ``directory`` claimed, with inode numbers ``first .. first + count - 1`` to create files
+        there. None: not granted (an unknown session, a claim of another session's or one being
+        recalled, a claim recalled less than ``limits.claim_backoff_s`` ago). Else the keys other
+        sessions hold that the claimant's creates will make stale (the directory's names,
+        listing and attributes): the claiming call recalls them before it answers."""
+        with self._lock:
+            held = self._sessions.get(session)
+            now = self.clock()
+            if held is None or held.expires <= now:
+                return None
+            if now - self._claim_recalled_at.get(directory, -1e18) < limits.claim_backoff_s:
+                return None
+            claim = self._claims.get(directory)
+            if claim is not None and (claim.session != session or claim.recalled is not None):
+                return None
+            if claim is None:
+                claim = self._claims[directory] = _Claim(session=session, ranges=[])
+                self.claims_granted += 1
+            claim.ranges.append((first, count))
+            return [*self._by_directory.get(directory, ()), (ATTRS, directory)]
+
+    def claimed_by_other(self, keys: Iterable[LeaseKey], session: bytes) -> int | None:
+        """The first directory of ``keys`` (a name or listing of it, its attributes) that a live
+        session other than ``session`` holds claimed; None if none (on the store's thread)."""
+        if not self._claims:
+            return None
+        with self._lock:
+            for key in keys:
+                if key[0] == ENTRY or key[0] == LISTING or key[0] == ATTRS:
+                    claim = self._claims.get(key[1])
+                    if claim is not None and claim.session != session:
+                        return key[1]
+        return None
+
+    def claim_covers(self, session: bytes, directory: int, inos: Iterable[int]) -> bool:
+        """Whether ``session`` holds ``directory`` claimed (being recalled counts: its holder is
+        sending what it created) and was handed every one of ``inos`` with that claim."""
+        with self._lock:
+            claim = self._claims.get(directory)
+            if claim is None or claim.session != session:
+                return False
+            return all(any(first <= ino < first + count for first, count in claim.ranges) for ino in inos)
+
+    async def recall_claim(self, directory: int) -> None:
+        """End the claim on ``directory``: its holder sends the creates it made there and
+        acknowledges (or its session runs out), then nobody holds it. Every caller waiting for
+        the same claim waits for the one recall."""
+        with self._lock:
+            claim = self._claims.get(directory)
+            if claim is None:
+                return
+            held = self._sessions.get(claim.session)
+            if held is None:
+                self._end_claim(directory)
+                return
+            if claim.recalled is None:
+                (claim.recalled,) = self._awaited(held, self._queue(held, [(CLAIM, directory)]))
+                self.claims_recalled += 1
+            recalled, expires = claim.recalled, held.expires
+        await self._wait(recalled, expires)
+        with self._lock:
+            if self._claims.get(directory) is claim:
+                self._end_claim(directory)
+
+    def _end_claim(self, directory: int) -> None:
+        """Forget the claim on ``directory`` (called with the lock held)."""
+        del self._claims[directory]
+        self._claim_recalled_at[directory] = self.clock()
+        if len(self._claim_recalled_at) > limits.lease_remote_changes_kept:
+            self._claim_recalled_at.clear()
 
     # ------------------------------------------------------------------ keepalives (event loop)
 

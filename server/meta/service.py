@@ -13,6 +13,7 @@ error whichever client sent it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
@@ -34,7 +35,8 @@ from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
 from .guard import MetaGuard
 from .lease_peers import LeasePeers
-from .leases import LeaseTable
+from .claims import ClaimOperations
+from .leases import ClaimConflict, LeaseTable
 from .users import UserOperations
 
 log = logging.getLogger("tectofs.meta")
@@ -267,15 +269,22 @@ class MetadataService:
         key = call.next_key() if call else None
         if self.peers is None and not self.leases.active and not self.leases.in_grace():
             return await self.runner.call(operation, returns=returns, request_key=key)
-        session, modified, raced = current_peer.get().session, set[LeaseKey](), list[LeaseKey]()
-        since = self.leases.change_seq if self.peers is not None else None
-        ran: list[bool] = []
-        try:
-            result = await self.runner.call(self._leased(operation, session, modified, since, raced, new_directory, ran),
-                                            returns=returns, request_key=key)
-        finally:
-            if raced:  # the answer may predate a peer's change: the client must not keep it
-                await self.leases.recall_raced(session, raced)
+        session = current_peer.get().session
+        for _ in range(limits.claim_retries_max):
+            modified, raced = set[LeaseKey](), list[LeaseKey]()
+            since = self.leases.change_seq if self.peers is not None else None
+            ran: list[bool] = []
+            try:
+                result = await self.runner.call(self._leased(operation, session, modified, since, raced, new_directory,
+                                                             ran), returns=returns, request_key=key)
+                break
+            except ClaimConflict as conflict:  # undone: the claim's holder sends its creates, then again
+                await self.leases.recall_claim(conflict.directory)
+            finally:
+                if raced:  # the answer may predate a peer's change: the client must not keep it
+                    await self.leases.recall_raced(session, raced)
+        else:
+            raise Busy("the directory is claimed by clients in turn; retry shortly")
         if key is not None and not ran:  # answered from the record of an earlier attempt
             await self.leases.settled()
         if modified:
@@ -304,12 +313,24 @@ class MetadataService:
                 return result
             finally:
                 reached, store.walked, store.modified = store.reached, None, None
+                granted = _granted(walked, reached, result)
+                # What it read or changed of a directory another session holds claimed: undone
+                # (raised over its answer or error), to run again once the claim is recalled.
+                claimed = self.leases.claimed_by_other(itertools.chain(granted, modified), session)
+                if claimed is not None:
+                    modified.clear()
+                    raise ClaimConflict(claimed)  # noqa: B012 (replaces the answer on purpose)
                 if session:
-                    granted = _granted(walked, reached, result)
                     if new_directory and isinstance(result, messages.AttrsReply):
                         granted.append((LISTING, result.attrs.ino))
                     raced.extend(self.leases.grant(session, granted, since))
         return run
+
+    @property
+    def grants_claims(self) -> bool:
+        """Whether directories may be claimed here (``claims.py``): not over a store several
+        services share (a claim lives in one service's memory)."""
+        return self.peers is None
 
     def _caller(self) -> Caller | None:
         """The POSIX caller the peer acts as: the store checks permission bits as its uid
@@ -400,6 +421,9 @@ class MetadataService:
         handlers.add(messages.SERVERS, self.rpc_servers)
         handlers.add(messages.STATS, self.rpc_stats)
         handlers.add(messages.PING, self.rpc_ping)
+        claims = ClaimOperations(self)
+        handlers.add(messages.CLAIM_DIRECTORY, claims.rpc_claim_directory)
+        handlers.add(messages.CREATE_MANY, claims.rpc_create_many)
         users = UserOperations(self)
         handlers.add(messages.USER_ADD, users.rpc_user_add)
         handlers.add(messages.USER_REMOVE, users.rpc_user_remove)

@@ -56,6 +56,7 @@ from ..wire.values import Attrs, DirEntry, InlineData, Kind, WrittenBlock
 from . import access
 from .access import Caller, R, W, X
 from .blockmaps import BlockMaps, _p
+from .claims import DirectoryClaims
 from .dialect import Dialect
 from .health import HEALTH_COLUMNS, HEALTH_SCHEMA, BlockHealth
 from .lease_keys import changed_by
@@ -95,7 +96,7 @@ def _as_dir(attrs: Attrs, parts: list[str]) -> Attrs:
     return attrs
 
 
-class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, ExtendedAttributes):
+class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, ExtendedAttributes, DirectoryClaims):
     """All metadata operations over one DB-API connection. Not thread-safe: one thread
     (the runner's) owns it."""
 
@@ -300,10 +301,12 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         self, parent: Attrs, parts: list[str], kind: str, mode: int, uid: int, gid: int,
         policy: str | None = None, block_size: int | None = None, target: str | None = None,
         write_min: int | None = None, caller: Caller | None = None, rdev: int = 0,
+        ino: int | None = None, now: float | None = None,
     ) -> Attrs:
         """A new inode ``parts`` below ``parent``; what is not given is inherited (a new policy
         without its own ``write_min`` gets the policy's default). A caller needs write and
-        search permission on ``parent`` and owns the new inode (``access.new_owner``)."""
+        search permission on ``parent`` and owns the new inode (``access.new_owner``).
+        ``ino``, ``now``: its number (reserved by a claim) and time, else the next and now."""
         name = parts[-1]
         check_name(name)
         if write_min is None:
@@ -312,8 +315,8 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
             raise AlreadyExists(f"{name!r} already exists")
         access.require(parent, caller, W | X, path=_p(parts), on=_p(parts[:-1]))
         mode, uid, gid = access.new_owner(parent, caller, mode, uid, gid)
-        ino = self._next("ino")
-        now = self.clock()
+        ino = self._next("ino") if ino is None else ino
+        now = self.clock() if now is None else now
         row = (ino, kind, mode, uid, gid, len(target.encode()) if target else 0, now, now, now, 2 if kind == "d" else 1,
                policy or parent.policy, block_size or parent.block_size, target, parent.ino, 0, write_min, rdev, 0)
         self._x(f"INSERT INTO inodes ({_ATTR_COLUMNS}) VALUES ({', '.join('?' * len(row))})", row)

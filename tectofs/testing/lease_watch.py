@@ -6,6 +6,13 @@ while they last (``server/meta/leases.py``, ``client/lease_session.py``,
     is that of a version no acknowledged write had replaced before the answer, of a file no
     acknowledged unlink had removed.
 
+It also creates bursts of files in new directories, which it claims and creates in without calls
+(``client/claims.py``), while the other client lists them; the schedule checks
+
+(g) a listing that began after a create returned shows its file, unless the service refused that
+    create when it was sent (``lost``: the creator's session ran out, or the service restarted,
+    before it was sent); and once healed, every create that returned and was not lost is there.
+
 Its host is crashed and partitioned by the network's faults like any other; when the metadata
 service crashes, its leases go with the connection (or run out), and a restarted service holds
 changes back for a lease's time (its grace period).
@@ -37,8 +44,17 @@ class LeaseWatcher:
         credential = auth.Credential.root_from_keys(auth.KeyRing(cluster.key_file))
         self.client: AsyncFileSystem = host_context(WATCH_HOST).run(
             AsyncFileSystem, cluster.meta_address, credential, clock=cluster.clock.monotonic, leases=True)
-        assert self.client.metadata_cache is not None
+        assert self.client.metadata_cache is not None and self.client.claims is not None
         self.cache = self.client.metadata_cache
+        self.created: dict[str, float] = {}  # path -> when its create returned
+        self.lost: set[str] = set()  # creates the service refused when they were sent
+        claims, forget = self.client.claims, self.client.claims.on_lost
+
+        def lost(paths: list[str]) -> None:
+            self.lost.update(paths)
+            if forget is not None:
+                forget(paths)
+        claims.on_lost = lost
 
     @property
     def served(self) -> int:
@@ -55,3 +71,27 @@ class LeaseWatcher:
             return
         if self.cache.hits > hits:
             self.check(name, st.size, started)
+
+    async def create_burst(self, directory: str, count: int) -> None:
+        """Make ``directory`` and ``count`` empty files in it, one after another: the first few
+        by calls, the rest without (the client claims the directory)."""
+        try:
+            await self.cluster.loop.spawn(WATCH_HOST, self.client.mkdir(directory))
+        except (TectofsError, OSError):
+            return
+        for i in range(count):
+            path = f"{directory}/c{i}"
+            try:
+                handle = await self.cluster.loop.spawn(WATCH_HOST, self.client.open(path, "xb"))
+                await self.cluster.loop.spawn(WATCH_HOST, handle.close())
+            except (TectofsError, OSError):
+                continue
+            self.created[path] = self.cluster.clock.now
+
+    async def send_creates(self) -> None:
+        """Send what it created and has not sent (once healed)."""
+        assert self.client.claims is not None
+        try:
+            await self.cluster.loop.spawn(WATCH_HOST, self.client.claims.flush())
+        except (TectofsError, OSError):
+            pass

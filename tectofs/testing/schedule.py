@@ -50,7 +50,8 @@ HEAL_ROUND_S = 3.0
 VIRTUAL_DEADLINE_S = 1500.0
 EVENTS = {"write": 14, "overwrite": 8, "read": 8, "crash_chunk": 10, "restart_chunk": 12, "wipe_chunk": 3,
           "partition": 4, "flip": 8, "delete_chunk_file": 5, "crash_meta": 5, "flaky_disk": 4,
-          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10, "watch": 14, "isolate_watcher": 3}
+          "crash_client": 3, "unlink": 3, "slow_write": 3, "pause": 10, "watch": 14, "isolate_watcher": 3,
+          "burst": 5}
 BUDGETED = {"crash_chunk", "wipe_chunk", "partition", "flip", "delete_chunk_file", "flaky_disk"}
 
 
@@ -160,6 +161,7 @@ class Simulation:
         self.cluster.on_delete = self.check_gc
         self.watcher: LeaseWatcher | None = None  # a second client, holding leases (invariant f)
         self.unlinked_s: dict[str, float] = {}  # name -> when an unlink of it was acknowledged
+        self.listings: list[tuple[str, float, set[str]]] = []  # a burst directory, when listed, what was there
 
     # ------------------------------------------------------------------ plumbing
 
@@ -471,6 +473,11 @@ class Simulation:
                 block_id = self.rng.choice(block_ids)
                 self.damage(chunk, block_id, kind)
                 self.fault(kind, chunk, block_id)
+        elif kind == "burst" and self.watcher is not None:
+            directory = f"/b{self.step}"
+            self.background(self.watcher.create_burst(directory, self.rng.randint(3, 12)))
+            for _ in range(self.rng.randint(1, 4)):  # some while creates are unsent (within 50 ms)
+                self.background(self.list_burst(directory, self.rng.uniform(0.0, self.rng.choice([0.05, 0.5, 3.0]))))
         elif kind == "isolate_watcher" and self.watcher is not None and self.files and cluster.meta is not None:
             await self.isolate_watcher(self.rng.choice(sorted(self.files)))
         elif kind == "crash_meta" and cluster.meta is not None:
@@ -544,6 +551,45 @@ class Simulation:
         self.check_placement()
         for name in sorted(self.files):
             await self.final_read(name)
+        await self.check_bursts()
+
+    async def list_burst(self, directory: str, after_s: float) -> None:
+        """The other client lists a directory the leasing client creates in (invariant g)."""
+        await asyncio.sleep(after_s)
+        client = self.cluster.client
+        if client is None:
+            return
+        started_s = self.cluster.clock.now
+        try:
+            names = await self.cluster.as_client(client.listdir(directory))
+        except (TectofsError, OSError, asyncio.CancelledError):
+            return
+        self.listings.append((directory, started_s, {f"{directory}/{n}" for n in names}))
+        self.stats["burst_listings"] += 1
+
+    async def check_bursts(self) -> None:
+        """(g) Every listing of a burst's directory showed each file whose create returned before
+        it began, unless that create was refused when sent; once healed, every create that
+        returned and was not refused is there."""
+        watcher, client = self.watcher, self.cluster.client
+        if watcher is None or client is None or not watcher.created:
+            return
+        await watcher.send_creates()
+        for directory, started_s, seen in self.listings:
+            for path, created_s in watcher.created.items():
+                if path.startswith(directory + "/") and created_s < started_s and path not in seen \
+                        and path not in watcher.lost:
+                    self.fail(f"(g) a listing of {directory} begun at {started_s:.3f} s missed {path}, created"
+                              f" at {created_s:.3f} s")
+        for directory in sorted({p.rsplit("/", 1)[0] for p in watcher.created}):
+            names = {f"{directory}/{n}" for n in await self.cluster.as_client(client.listdir(directory))}
+            missing = sorted(p for p in watcher.created if p.startswith(directory + "/") and p not in names
+                             and p not in watcher.lost)
+            if missing:
+                self.fail(f"(g) once healed, {directory} lacks created files {missing[:5]}")
+        assert watcher.client.claims is not None
+        self.stats.update({"claims": watcher.client.claims.claims, "creates_without_call": watcher.client.claims.created,
+                           "creates_lost": len(watcher.lost)})
 
     async def final_read(self, name: str) -> None:
         """(a) and (e): once healed, every file reads back as a version no acknowledged write

@@ -23,13 +23,15 @@ class Entry(Message, frozen=True, array_like=True):
 class Recall(Message, frozen=True, kw_only=True):
     """The holder must stop answering from its cache about: the attributes (extended
     attributes, target, inline data) of ``inos``; the names ``entries`` (present or absent);
-    the complete listings of the directories ``listings``; then acknowledge ``id`` in its next
-    keepalive."""
+    the complete listings of the directories ``listings``; send the creates it has not sent yet in
+    the directories ``claims`` and stop creating there without a call (``tectofs.wire.claims``);
+    then acknowledge ``id`` in its next keepalive."""
 
     id: Id
     inos: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_keys_max)] = []
     entries: Annotated[list[Entry], msgspec.Meta(max_length=limits.lease_recall_keys_max)] = []
     listings: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_keys_max)] = []
+    claims: Annotated[list[Ino], msgspec.Meta(max_length=limits.lease_recall_keys_max)] = []
 
 
 class KeepaliveRequest(Message, frozen=True, kw_only=True):
@@ -61,6 +63,7 @@ KEEPALIVE: Final = Operation("keepalive", KeepaliveRequest, KeepaliveReply, idem
 ATTRS = "a"  # ("a", ino): an inode's attributes, extended attributes, symlink target and inline data
 ENTRY = "e"  # ("e", directory ino, name): one name of a directory, present or absent
 LISTING = "l"  # ("l", directory ino): a directory's complete listing
+CLAIM = "x"  # ("x", directory ino): an exclusive claim on a directory (``tectofs.wire.claims``)
 LeaseKey = tuple[Any, ...]
 
 
@@ -68,4 +71,5 @@ def recall_of(recall_id: int, keys: "list[LeaseKey]") -> "Recall":
     """The recall of ``keys``, as the wire carries it."""
     return Recall(id=recall_id, inos=sorted(k[1] for k in keys if k[0] == ATTRS),
                   entries=[Entry(parent=k[1], name=k[2]) for k in keys if k[0] == ENTRY],
-                  listings=sorted(k[1] for k in keys if k[0] == LISTING))
+                  listings=sorted(k[1] for k in keys if k[0] == LISTING),
+                  claims=sorted(k[1] for k in keys if k[0] == CLAIM))

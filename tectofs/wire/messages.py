@@ -20,6 +20,7 @@ import msgspec
 from tectofs import limits
 from tectofs.wire.leases import KEEPALIVE, SESSION_BYTES
 from tectofs.wire.operation import AnyOperation, Operation, ReplyT, RequestT, table  # noqa: F401 (re-exported)
+from tectofs.wire.claims import CLAIM_DIRECTORY, CREATE_MANY
 from tectofs.wire.shared_blocks import REFERENCE_BLOCKS, SHARED_BLOCKS
 from tectofs.wire.tickets import TICKET, TICKET_SECRET, Ticket, TicketReply, TicketRequest, TicketSecretReply  # noqa: F401
 from tectofs.wire.values import (  # noqa: F401 (re-exported)
@@ -754,6 +755,7 @@ META_OPERATIONS: Final = table(
     UNLINK_MANY, RMDIR, STATFS, LAYOUT, ALLOCATE, STAGE, RENEW, COMMIT, REPORT_BAD_CHUNK, REPAIR_DONE, REPAIR_FAILED,
     INVENTORY_BEGIN, INVENTORY, DRAIN, BLOCK_HEALTH, REGISTER_SERVER, HEARTBEAT, SERVERS, STATS, PING, USER_ADD,
     USER_REMOVE, USER_LIST, S3_PRINCIPAL, WHOAMI, TICKET, TICKET_SECRET, REFERENCE_BLOCKS, SHARED_BLOCKS, KEEPALIVE,
+    CLAIM_DIRECTORY, CREATE_MANY,
 )
 
 CHUNK_OPERATIONS: Final = table(

@@ -1,0 +1,243 @@
+"""Asynchronous creates: the client's side (``server/meta/claims.py`` is the service's).
+
+A leasing client that keeps creating files in one directory (``limits.claim_after_creates``
+creates, each a call) *claims* it: the service makes this client's lease session the only one
+that may read or change the directory and hands it inode numbers (``claim_directory``). Then a
+create of a name this client knows is absent costs no call: it takes the next number, answers
+with the attributes the service would have given, and queues the create. The queue is sent as
+one ``create_many`` per directory run:
+
+- before any other metadata call of this client (``MetadataClient.flush_before``), so every
+  call the service sees comes after the creates this client answered before it: an open of the
+  file for writing, a commit, an unlink, a rename, a release of its lease;
+- ``limits.create_flush_delay_s`` after the first create queued;
+- when the service recalls the claim (another client read or changed the directory: its call
+  waits for this flush), and when the client closes.
+
+So every other client sees what a create answered at its next call. What a client promises its
+user is a local file system's: a create is durable once something after it reached the
+service (an ``fsync``, a ``close`` of a written file, any call) or at most
+``create_flush_delay_s`` later; a client that dies before loses the creates it did not send,
+as a crash of the machine loses what an ext4 did not write back. If the service refuses a
+batch (the claim ran out with the session: a client cut off for a whole lease), those creates
+are lost, and said so in the log (``lost``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import msgspec
+
+from tectofs import limits, paths
+from tectofs.errors import TectofsError
+from tectofs.wire import messages
+from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingCreate
+from tectofs.wire.leases import Recall
+
+from .metadata import MetadataClient
+
+log = logging.getLogger("tectofs.client")
+# This client's own calls after which it creates by calls again: a claimed directory may have
+# moved (rename, exchange, rmdir) or its permissions, owner or policy changed.
+CLAIMS_ENDING = frozenset({"rename", "exchange", "rmdir", "setattr", "set_policy", "setxattr", "removexattr"})
+
+
+@dataclass
+class _Claimed:
+    """A directory this client holds claimed: its attributes as its creates left them, the
+    attributes its new files get, and the inode numbers (with their handles) not used yet."""
+
+    path: str
+    directory: messages.Attrs
+    template: messages.Attrs
+    inline_max: int
+    numbers: list[tuple[int, bytes]] = field(default_factory=list)  # (ino, handle), next first
+
+
+@dataclass
+class AsyncCreate:
+    """What a create answered without a call: the new file's attributes and its directory's
+    before (ctime) and after."""
+
+    attrs: messages.Attrs
+    directory: messages.Attrs
+    directory_ctime_before: float
+    inline_max: int
+
+
+class CreateClaims:
+    """One leasing client's claims and its queue of creates not sent yet (see the module)."""
+
+    def __init__(self, metadata: MetadataClient, *, uid: int, gid: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.metadata = metadata
+        self.uid, self.gid = uid, gid
+        self.clock = clock
+        self._claims: dict[str, _Claimed] = {}
+        self._creates_by_call: dict[str, int] = {}  # creates made by calls, by directory (bounded)
+        self._queue: list[tuple[_Claimed, PendingCreate]] = []
+        self._sending = asyncio.Lock()
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # claims of more numbers, under way
+        self.on_lost: Callable[[list[str]], None] | None = None  # told the paths of creates refused
+        self.created = 0  # creates answered without a call
+        self.sent = 0  # of them, made at the service
+        self.lost = 0  # of them, refused by the service
+        self.claims = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ creating
+
+    def create(self, path: str, mode: int, reader: int = 0) -> AsyncCreate | None:
+        """Create file ``path`` (known absent: the caller checked its cache) with no call if its
+        directory is claimed here and numbers are left; None: create it by a call. ``reader``:
+        the creating handle's reader's lease, which the create takes when it is sent (so the
+        file lives while open, even unlinked)."""
+        parts = paths.split(path)
+        if not parts:
+            return None
+        claimed = self._claims.get(paths.join(*parts[:-1]) if len(parts) > 1 else "/")
+        if claimed is None or not claimed.numbers:
+            return None
+        ino, handle = claimed.numbers.pop(0)
+        if len(claimed.numbers) == limits.claim_inodes // 4:  # more numbers before these run out
+            task = asyncio.get_running_loop().create_task(self._claim(claimed.path))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        now = self.clock()
+        before = claimed.directory
+        claimed.directory = msgspec.structs.replace(before, mtime=now, ctime=now)
+        attrs = msgspec.structs.replace(claimed.template, ino=ino, mode=claimed.template.mode & ~0o7777 | mode & 0o7777,
+                                        atime=now, mtime=now, ctime=now, handle=handle)
+        self._queue.append((claimed, PendingCreate(name=parts[-1], ino=ino, mode=mode & 0o7777, time=now, reader=reader)))
+        self.created += 1
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(limits.create_flush_delay_s, self._send_soon)
+        return AsyncCreate(attrs=attrs, directory=claimed.directory, directory_ctime_before=before.ctime,
+                           inline_max=claimed.inline_max)
+
+    async def created_by_call(self, path: str, created: bool) -> None:
+        """A create by a call in ``path``'s directory answered (``created``: it made the file):
+        after a few in one directory, claim it."""
+        if not created:
+            return
+        parts = paths.split(path)
+        directory = paths.join(*parts[:-1]) if len(parts) > 1 else "/"
+        if directory in self._claims:  # its numbers ran out: more
+            await self._claim(directory)
+            return
+        if len(self._creates_by_call) > 4096:
+            self._creates_by_call.clear()
+        count = self._creates_by_call.get(directory, 0) + 1
+        self._creates_by_call[directory] = count
+        if count >= limits.claim_after_creates:
+            del self._creates_by_call[directory]
+            await self._claim(directory)
+
+    async def _claim(self, directory: str) -> None:
+        try:
+            reply = await self.metadata.claim_directory(ClaimRequest(path=directory, uid=self.uid, gid=self.gid))
+        except TectofsError as exc:
+            log.debug("claiming %s failed: %s", directory, exc)
+            return
+        if not reply.granted or reply.directory is None or reply.template is None:
+            return
+        handles = reply.handles or [b""] * limits.claim_inodes
+        numbers = [(reply.first + i, handles[i]) for i in range(len(handles))]
+        claimed = self._claims.get(directory)
+        if claimed is not None and claimed.directory.ino == reply.directory.ino:
+            claimed.numbers.extend(numbers)
+            return
+        self._claims[directory] = _Claimed(path=directory, directory=reply.directory, template=reply.template,
+                                           inline_max=reply.inline_max, numbers=numbers)
+        self.claims += 1
+
+    # ------------------------------------------------------------------ what the client's own calls change
+
+    def directory_changed(self, directory: str, after: messages.Attrs | None) -> None:
+        """This client's call changed claimed ``directory`` (its attributes after, if said)."""
+        claimed = self._claims.get(directory)
+        if claimed is None:
+            return
+        if after is None or after.ino != claimed.directory.ino:
+            self._claims.pop(directory, None)  # not known any more: create by calls there
+        else:
+            claimed.directory = after
+
+    def forget_all(self) -> None:
+        """Stop creating without a call (a rename or a permission change of this client's may
+        have moved or closed a claimed directory); what is queued is still sent."""
+        self._claims.clear()
+
+    # ------------------------------------------------------------------ sending
+
+    def flush_before(self) -> Awaitable[None] | None:
+        """For ``MetadataClient.flush_before``: the sending of what is queued, or None if nothing is."""
+        return self.flush() if self._queue else None
+
+    def _send_soon(self) -> None:
+        self._timer = None
+        if self._queue:
+            task = asyncio.get_running_loop().create_task(self.flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def flush(self) -> None:
+        """Send every create queued so far (in order, one ``create_many`` per run of one
+        directory; creates queued meanwhile wait for the next sending); returns once the service
+        made them or refused them (``lost``, logged)."""
+        target = self.created
+        while self._queue and self.created - len(self._queue) < target:
+            async with self._sending:
+                if not self._queue or self.created - len(self._queue) >= target:
+                    return
+                claimed = self._queue[0][0]
+                run = 0
+                while (run < len(self._queue) and run < limits.create_batch_max
+                       and self._queue[run][0] is claimed):
+                    run += 1
+                batch = [pending for _, pending in self._queue[:run]]
+                del self._queue[:run]
+                if not self._queue and self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                await self._send(claimed, batch)
+
+    async def _send(self, claimed: _Claimed, batch: list[PendingCreate]) -> None:
+        try:
+            await self.metadata.create_many(CreateManyRequest(
+                path=claimed.path, directory=claimed.directory.ino, uid=self.uid, gid=self.gid, creates=batch))
+        except (TectofsError, OSError) as exc:
+            self.lost += len(batch)
+            self._claims.pop(claimed.path, None)
+            names = ", ".join(p.name for p in batch[:5]) + (", ..." if len(batch) > 5 else "")
+            log.error("%d files created in %s were lost: the metadata service refused them (%s): %s",
+                      len(batch), claimed.path, exc, names)
+            if self.on_lost is not None:
+                self.on_lost([paths.join(claimed.path, p.name) for p in batch])
+            return
+        self.sent += len(batch)
+
+    async def recalled(self, recall: Recall | None) -> None:
+        """A lease recall (None: the session was lost): the claims it ends are given back once
+        what was created there is sent."""
+        if recall is not None and not recall.claims:
+            return
+        if recall is None:
+            self._claims.clear()
+        else:
+            for path in [p for p, c in self._claims.items() if c.directory.ino in recall.claims]:
+                del self._claims[path]
+        await self.flush()
+
+    async def close(self) -> None:
+        self._claims.clear()
+        await self.flush()

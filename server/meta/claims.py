@@ -1,0 +1,97 @@
+"""The metadata service's operations of asynchronous creates (``tectofs.wire.claims``): a lease
+session claims a directory, then creates files there with no call and sends them in batches.
+
+While a session holds a directory claimed, nobody else may read or change it: any operation of
+another caller that reads or changes one of its names, its listing or its attributes is undone
+on the store's thread, the claim recalled (its holder sends the creates it made and
+acknowledges, or its session runs out) and the operation run again (``MetadataService._call``;
+``LeaseTable.claimed_by_other``). So what a create answered is seen by every other client's
+next call, as if it had been a call itself. Claims live in the service's memory: several
+services over PostgreSQL grant none (their peers could not see them)."""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, TypeVar
+
+from tectofs import paths
+from tectofs.errors import InvalidArgument, PermissionDenied
+from tectofs.store import SqlStore
+from tectofs.store.access import Caller
+from tectofs.wire import messages
+from tectofs.wire.claims import ClaimReply, ClaimRequest, CreateManyReply, CreateManyRequest
+from tectofs.wire.server import current_peer
+
+from .leases import LeaseTable
+
+ReplyT = TypeVar("ReplyT", bound=messages.Message)
+ResultT = TypeVar("ResultT")
+Reply = tuple[ReplyT, bytes]
+_REFUSED = ClaimReply(granted=False)
+
+
+class Service(Protocol):
+    """What these handlers use of the metadata service (``server/meta/service.py``)."""
+
+    leases: LeaseTable
+
+    @property
+    def grants_claims(self) -> bool: ...
+
+    async def _call(self, operation: Callable[[SqlStore], ResultT], returns: type[ResultT], *,
+                    always_admitted: bool = False, new_directory: bool = False) -> ResultT: ...
+
+    def _caller(self) -> Caller | None: ...
+
+    def _attrs(self, attrs: messages.Attrs) -> messages.Attrs: ...
+
+    def _handle(self, ino: int) -> bytes: ...
+
+
+class ClaimOperations:
+    """``claim_directory`` and ``create_many`` of ``service``."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def rpc_claim_directory(self, r: ClaimRequest, _: memoryview) -> Reply[ClaimReply]:
+        session = current_peer.get().session
+        if not session or not self.service.grants_claims:
+            return _REFUSED, b""
+        parts, caller, leases = paths.split(r.path), self.service._caller(), self.service.leases
+
+        def claim(store: SqlStore) -> ClaimReply:
+            try:
+                directory, template, first = store.claim_directory(parts, r.count, r.uid, r.gid, caller=caller)
+            except InvalidArgument:  # a setgid directory: created by calls
+                return _REFUSED
+            stale = leases.claim(session, directory.ino, first, r.count)
+            if stale is None:
+                return _REFUSED
+            assert store.modified is not None
+            store.modified.update(stale)  # the others' names, listing and attributes of it: recalled first
+            return ClaimReply(granted=True, directory=directory, template=template, first=first,
+                              inline_max=store._inline_max(template))
+
+        reply = await self.service._call(claim, ClaimReply)
+        if not reply.granted:
+            return reply, b""
+        assert reply.directory is not None and reply.template is not None
+        handles = [self.service._handle(reply.first + i) for i in range(r.count)]
+        return ClaimReply(granted=True, directory=self.service._attrs(reply.directory), template=reply.template,
+                          first=reply.first, handles=handles if any(handles) else [],
+                          inline_max=reply.inline_max), b""
+
+    async def rpc_create_many(self, r: CreateManyRequest, _: memoryview) -> Reply[CreateManyReply]:
+        session = current_peer.get().session
+        parts, caller, leases = paths.split(r.path), self.service._caller(), self.service.leases
+
+        def create_many(store: SqlStore) -> messages.Attrs:
+            # Checked here, on the store's thread: the claim cannot end between the check and the creates.
+            if not leases.claim_covers(session, r.directory, (c.ino for c in r.creates)):
+                raise PermissionDenied(
+                    f"{r.path}: this session holds no claim there handing out those inode numbers (it was"
+                    " recalled, or the session ran out): these creates are refused")
+            return store.create_many(parts, r.directory, r.creates, r.uid, r.gid, caller=caller)
+
+        directory = await self.service._call(create_many, messages.Attrs)
+        return CreateManyReply(directory=self.service._attrs(directory)), b""

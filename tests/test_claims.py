@@ -1,0 +1,115 @@
+"""Asynchronous creates (``client/claims.py``, ``server/meta/claims.py``): a client that creates
+a burst of files in one directory claims it and creates there without calls; every other client
+sees each of those files at its next call, and nobody can create under a claim not theirs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat as statmod
+
+import pytest
+
+from tectofs.errors import AlreadyExists, PermissionDenied
+from tectofs.wire import messages
+from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingCreate
+from tests.test_leases import leased_cluster as claims_cluster  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def _leasing(address, count=2):
+    from tectofs.client.core import AsyncFileSystem
+    clients = [AsyncFileSystem(address, leases=True) for _ in range(count)]
+    for _ in range(200):
+        if all(c.lease_session.remaining() for c in clients):
+            return clients
+        await asyncio.sleep(0.02)
+    raise AssertionError("no lease within 4 s")
+
+
+async def _create(fs, path):
+    handle = await fs.open(path, "xb")
+    await handle.close()
+    return handle.ino
+
+
+def test_a_burst_of_creates_costs_no_calls_and_every_other_client_sees_each_file_at_its_next_call(claims_cluster):
+    async def scenario():
+        from tectofs.client.core import AsyncFileSystem
+        creator, reader = await _leasing(claims_cluster)
+        plain = AsyncFileSystem(claims_cluster)  # holds no leases
+        base = f"/burst-{os.getpid()}"
+        await creator.mkdir(base)
+        inos = [await _create(creator, f"{base}/f{i}") for i in range(40)]
+        claims = creator.claims
+        assert claims is not None and claims.claims == 1
+        assert claims.created == 40 - 3  # the first creates are calls; then the directory is claimed
+        assert claims.pending > 0  # not sent yet: the reader's call must wait for them
+        st = await reader.stat(f"{base}/f39")  # recalls the claim: the creator sends, then the stat runs
+        assert (st.ino, st.size, st.kind, st.uid) == (inos[39], 0, "file", os.getuid())
+        assert statmod.S_IMODE(st.mode) == 0o644
+        assert claims.pending == 0 and claims.sent == 37 and claims.lost == 0
+        assert sorted(await plain.listdir(base)) == sorted(f"f{i}" for i in range(40))
+        assert len(set(inos)) == 40
+        with pytest.raises(AlreadyExists):  # the name is taken, for every other client
+            await reader.open(f"{base}/f20", "xb")
+
+        # Another burst: the claim was recalled a moment ago, so these are calls for a while,
+        # and the reader's changes there stay in order with them.
+        more = [await _create(creator, f"{base}/g{i}") for i in range(5)]
+        await reader.rename(f"{base}/g4", f"{base}/moved")
+        assert (await creator.stat(f"{base}/moved")).ino == more[4]
+        await reader.remove(f"{base}/f0")
+        assert "f0" not in await creator.listdir(base)
+
+        # The creator's own calls come after its creates: unlink of a file not sent yet.
+        other = f"{base}/own"
+        await creator.mkdir(other)
+        for i in range(10):
+            await _create(creator, f"{other}/h{i}")
+        assert claims.pending > 0
+        await creator.remove(f"{other}/h9")  # sends the creates first, then unlinks
+        assert sorted(await plain.listdir(other)) == sorted(f"h{i}" for i in range(9))
+        for fs in (creator, reader, plain):
+            await fs.close()
+    run(scenario())
+
+
+def test_nobody_creates_under_a_claim_not_theirs_nor_with_numbers_not_handed_to_them(claims_cluster):
+    async def scenario():
+        from tectofs.client.core import AsyncFileSystem
+        holder, other = await _leasing(claims_cluster)
+        plain = AsyncFileSystem(claims_cluster)
+        base = f"/guarded-{os.getpid()}"
+        await holder.mkdir(base)
+        directory = (await holder.stat(base)).ino
+        claim = await holder.metadata.claim_directory(ClaimRequest(path=base, count=4))
+        assert claim.granted and claim.first > directory
+
+        def batch(ino, name="x"):
+            return CreateManyRequest(path=base, directory=directory,
+                                     creates=[PendingCreate(name=name, ino=ino, mode=0o644, time=1.0)])
+        with pytest.raises(PermissionDenied):  # numbers not handed out with this claim
+            await holder.metadata.create_many(batch(claim.first + 4))
+        with pytest.raises(PermissionDenied):  # another session, the right numbers
+            await other.metadata.create_many(batch(claim.first))
+        with pytest.raises(PermissionDenied):  # no session at all
+            await plain.metadata.create_many(batch(claim.first))
+        await holder.metadata.create_many(batch(claim.first, "made"))
+        assert (await plain.stat(f"{base}/made")).ino == claim.first  # recalled the claim first
+        with pytest.raises(PermissionDenied):  # the claim is over: its numbers with it
+            await holder.metadata.create_many(batch(claim.first + 1, "late"))
+
+        assert not (await plain.metadata.claim_directory(ClaimRequest(path=base))).granted  # no session
+        shared = f"{base}/setgid"
+        await plain.mkdir(shared)
+        await plain.metadata.setattr(messages.SetattrRequest(path=shared, mode=0o2775))
+        assert not (await holder.metadata.claim_directory(ClaimRequest(path=shared))).granted
+        for fs in (holder, other, plain):
+            await fs.close()
+    run(scenario())
