@@ -34,14 +34,16 @@ from typing import Awaitable, Callable
 import msgspec
 
 from tectofs import limits, paths
-from tectofs.errors import TectofsError
-from tectofs.wire import messages
-from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingCreate
+from tectofs.errors import Busy, ConnectionLost, TectofsError, Timeout
+from tectofs.wire import inline_echo, messages
+from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingContent, PendingCreate
 from tectofs.wire.leases import Recall
 
 from .metadata import MetadataClient
 
 log = logging.getLogger("tectofs.client")
+# Errors of a sending the service did not answer: what it carried is sent again, not lost.
+UNANSWERED = (ConnectionLost, Timeout, Busy, asyncio.TimeoutError, ConnectionError)
 # This client's own calls after which it creates by calls again: a claimed directory may have
 # moved (rename, exchange, rmdir) or its permissions, owner or policy changed.
 CLAIMS_ENDING = frozenset({"rename", "exchange", "rmdir", "setattr", "set_policy", "setxattr", "removexattr"})
@@ -84,6 +86,8 @@ class CreateClaims:
         self._sending = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # claims of more numbers, under way
+        self._layouts: dict[int, messages.LayoutSegment] = {}  # sent commits' answers, for their callers
+        self._refused: dict[int, BaseException] = {}  # ... or the service's refusal
         self.on_lost: Callable[[list[str]], None] | None = None  # told the paths of creates refused
         self.created = 0  # creates answered without a call
         self.sent = 0  # of them, made at the service
@@ -160,6 +164,31 @@ class CreateClaims:
                                            inline_max=reply.inline_max, numbers=numbers)
         self.claims += 1
 
+    def absorb_commit(self, request: messages.CommitRequest) -> Awaitable[messages.LayoutSegment] | None:
+        """For ``MetadataClient.absorb_commit``: the first commit of a file created without a
+        call and not sent yet goes with its create (one round trip for a small file written
+        whole); the sending of both, which answers the commit's layout. None: an ordinary commit."""
+        if request.writer is not None or request.holes or len(request.blocks) > 1 or any(
+                block.inline is None for block in request.blocks):
+            return None
+        for i in range(len(self._queue) - 1, -1, -1):
+            claimed, pending = self._queue[i]
+            if pending.ino == request.ino:
+                if pending.content is not None:
+                    return None
+                content = PendingContent(size=request.size, blocks=list(request.blocks), mtime=request.mtime,
+                                         atime=request.atime, mode=request.mode)
+                self._queue[i] = (claimed, msgspec.structs.replace(pending, content=content))
+                return self._committed(request)
+        return None
+
+    async def _committed(self, request: messages.CommitRequest) -> messages.LayoutSegment:
+        await self.flush()  # everything queued so far: this create and its content with it
+        refused = self._refused.pop(request.ino, None)
+        if refused is not None:
+            raise refused
+        return inline_echo.restore(self._layouts.pop(request.ino), request.blocks)
+
     # ------------------------------------------------------------------ what the client's own calls change
 
     def directory_changed(self, directory: str, after: messages.Attrs | None) -> None:
@@ -181,28 +210,37 @@ class CreateClaims:
 
     def flush_before(self) -> Awaitable[None] | None:
         """For ``MetadataClient.flush_before``: the sending of what is queued, or None if nothing is."""
-        return self.flush() if self._queue else None
+        return self.flush() if self._queue or self._sending.locked() else None
 
     def _send_soon(self) -> None:
         self._timer = None
         if self._queue:
-            task = asyncio.get_running_loop().create_task(self.flush())
+            task = asyncio.get_running_loop().create_task(self._send_in_background())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _send_in_background(self) -> None:
+        try:
+            await self.flush()
+        except UNANSWERED:  # kept, and tried again (the next call of the client tries too)
+            if self._timer is None and self._queue:
+                self._timer = asyncio.get_running_loop().call_later(limits.claim_backoff_s, self._send_soon)
 
     async def flush(self) -> None:
         """Send every create queued so far (in order, one ``create_many`` per run of one
         directory; creates queued meanwhile wait for the next sending); returns once the service
-        made them or refused them (``lost``, logged)."""
+        made them or refused them (``lost``, logged), and any sending already under way ended."""
         target = self.created
-        while self._queue and self.created - len(self._queue) < target:
-            async with self._sending:
+        while True:
+            async with self._sending:  # after a sending under way: its creates came first
                 if not self._queue or self.created - len(self._queue) >= target:
                     return
                 claimed = self._queue[0][0]
-                run = 0
-                while (run < len(self._queue) and run < limits.create_batch_max
-                       and self._queue[run][0] is claimed):
+                run, carried = 0, 0
+                while run < len(self._queue) and run < limits.create_batch_max and self._queue[run][0] is claimed:
+                    carried += _content_bytes(self._queue[run][1])
+                    if run and carried > limits.create_batch_bytes_max:
+                        break
                     run += 1
                 batch = [pending for _, pending in self._queue[:run]]
                 del self._queue[:run]
@@ -212,10 +250,19 @@ class CreateClaims:
                 await self._send(claimed, batch)
 
     async def _send(self, claimed: _Claimed, batch: list[PendingCreate]) -> None:
+        """Send ``batch``. Not answered (the service is down or restarting): it goes back to the
+        head of the queue and the error is raised (the call waiting for it fails as it would
+        have: a restarted service takes it back in its grace period). Refused: lost."""
         try:
-            await self.metadata.create_many(CreateManyRequest(
+            reply = await self.metadata.create_many(CreateManyRequest(
                 path=claimed.path, directory=claimed.directory.ino, uid=self.uid, gid=self.gid, creates=batch))
+        except UNANSWERED:
+            self._queue[:0] = [(claimed, pending) for pending in batch]
+            raise
         except (TectofsError, OSError) as exc:
+            for pending in batch:
+                if pending.content is not None:  # its commit fails with the service's answer
+                    self._refused[pending.ino] = exc
             self.lost += len(batch)
             self._claims.pop(claimed.path, None)
             names = ", ".join(p.name for p in batch[:5]) + (", ..." if len(batch) > 5 else "")
@@ -224,6 +271,8 @@ class CreateClaims:
             if self.on_lost is not None:
                 self.on_lost([paths.join(claimed.path, p.name) for p in batch])
             return
+        written = [pending.ino for pending in batch if pending.content is not None]
+        self._layouts.update(zip(written, reply.layouts))
         self.sent += len(batch)
 
     async def recalled(self, recall: Recall | None) -> None:
@@ -236,8 +285,29 @@ class CreateClaims:
         else:
             for path in [p for p, c in self._claims.items() if c.directory.ino in recall.claims]:
                 del self._claims[path]
-        await self.flush()
+        try:
+            await self.flush()
+        except UNANSWERED:  # tried again later: a restarted service takes them back in its grace period
+            if self._timer is None and self._queue:
+                self._timer = asyncio.get_running_loop().call_later(limits.claim_backoff_s, self._send_soon)
 
     async def close(self) -> None:
+        """Send what is queued; what cannot be sent now is lost (said in the log)."""
         self._claims.clear()
-        await self.flush()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        try:
+            await self.flush()
+        except UNANSWERED as exc:
+            log.error("%d files created were lost: the metadata service did not answer at close (%s)",
+                      len(self._queue), exc)
+            self.lost += len(self._queue)
+            self._queue.clear()
+
+
+def _content_bytes(pending: PendingCreate) -> int:
+    """The bytes of file data ``pending`` carries (its first commit's inline block)."""
+    if pending.content is None:
+        return 0
+    return sum(len(block.inline.data) for block in pending.content.blocks if block.inline is not None)

@@ -58,6 +58,9 @@ class MetadataClient:
         # Sends this client's unsent creates (None: there are none) before every call but the
         # UNORDERED (``CreateClaims.flush_before``): the service sees this client's changes in order.
         self.flush_before: Callable[[], Awaitable[None] | None] | None = None
+        # Sends a commit of a file whose create is not sent yet with that create (its answer;
+        # None: an ordinary commit): ``CreateClaims.absorb_commit``.
+        self.absorb_commit: Callable[[messages.CommitRequest], Awaitable[messages.LayoutSegment] | None] | None = None
 
     async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT,
                    complete: Callable[[ReplyT], ReplyT] | None = None) -> ReplyT:
@@ -169,7 +172,18 @@ class MetadataClient:
 
     async def commit(self, request: messages.CommitRequest) -> messages.LayoutSegment:
         """The file's layout after the commit, whole: the service is asked not to echo the
-        inline block the request carries, which is put back here (``tectofs.wire.inline_echo``)."""
+        inline block the request carries, which is put back here (``tectofs.wire.inline_echo``).
+        The first commit of a file created without a call goes with its create (``absorb_commit``)."""
+        absorbed = self.absorb_commit(request) if self.absorb_commit is not None else None
+        if absorbed is not None:
+            began = self.lease_token() if self.lease_token is not None else None
+            layout: messages.LayoutSegment | None = None
+            try:
+                layout = await absorbed
+            finally:
+                if self.on_change is not None:
+                    self.on_change(messages.COMMIT.name, request, layout, began)
+            return layout
         return await self.call(messages.COMMIT, msgspec.structs.replace(request, echo_inline=False),
                                lambda answer: inline_echo.restore(answer, request.blocks))
 

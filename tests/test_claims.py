@@ -113,3 +113,36 @@ def test_nobody_creates_under_a_claim_not_theirs_nor_with_numbers_not_handed_to_
         for fs in (holder, other, plain):
             await fs.close()
     run(scenario())
+
+
+def test_creates_not_sent_when_the_service_was_killed_are_taken_back_by_its_successor(make_cluster, monkeypatch):
+    """The service is SIGKILLed while the creator holds creates it answered and had not sent:
+    the restarted service knows the claim from its store, holds the directory through its grace
+    period, and takes the creator's batch back; another client's listing waits for it."""
+    from tectofs import limits
+    monkeypatch.setattr(limits, "create_flush_delay_s", 30.0)  # nothing is sent before the kill
+    cluster = make_cluster(meta_args=["--lease", "2"])
+
+    async def before_the_kill():
+        (creator,) = await _leasing(cluster.address, 1)
+        await creator.mkdir("/kept")
+        for i in range(10):
+            await _create(creator, f"/kept/f{i}")
+        assert creator.claims is not None and creator.claims.pending == 7
+        return creator
+
+    async def scenario():
+        from tectofs.client.core import AsyncFileSystem
+        creator = await before_the_kill()
+        await asyncio.to_thread(cluster.kill_meta)
+        await asyncio.to_thread(cluster.restart_meta)
+        reader = AsyncFileSystem(cluster.address)
+        started = asyncio.get_running_loop().time()
+        names = await reader.listdir("/kept")  # waits until the creator took its creates back
+        assert sorted(names) == sorted(f"f{i}" for i in range(10)), names
+        assert asyncio.get_running_loop().time() - started < 8  # within the grace period (2 s) and a keepalive
+        await creator.claims.flush()  # (its answer may still be on its way to the creator)
+        assert creator.claims.lost == 0 and creator.claims.sent == 7
+        for fs in (creator, reader):
+            await fs.close()
+    run(scenario())

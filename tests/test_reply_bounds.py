@@ -127,6 +127,11 @@ def test_fixed_size_replies_fit() -> None:
     _fits(messages.AttrsReply(attrs=attrs, walk=[2**63 - 1] * (limits.path_length_max_bytes // 2)))
     _fits(claims.ClaimReply(granted=True, directory=attrs, template=attrs, first=2**63 - 1,
                             handles=[b"h" * 16] * limits.claim_inodes, inline_max=2**63 - 1))
+    # create_many: a new small file's layout per create, its inline bytes left out (inline_echo)
+    inline = messages.Block(idx=0, block_id=0, policy="x" * 32, length=limits.inline_bytes_max,
+                            valid=limits.inline_bytes_max, chunks=[], inline=messages.InlineData(data=b"", crc=2**32 - 1))
+    written = messages.LayoutSegment(attrs=msgspec.structs.replace(attrs, kind="file", target=None), blocks=[inline], inline_max=2**63 - 1, inline_omitted=True)
+    _fits(claims.CreateManyReply(directory=attrs, layouts=[written] * limits.create_batch_max))
     source = messages.ChunkRef(position=47, server_id=2**63 - 1, address=_long_address(1), length=2**26, crc=2**32 - 1)
     order = messages.RepairOrder(block_id=2**63 - 1, position=47, policy="x" * 32, length=2**26, crc=2**32 - 1,
                                  sources=[source] * limits.policy_width_max)
@@ -159,7 +164,7 @@ def test_every_reply_type_is_covered() -> None:
     covered = {messages.ReaddirReply, messages.LayoutSegment, messages.AllocateReply, messages.ServersReply,
                messages.HeartbeatReply, messages.GetChunkReply, messages.AttrsReply, messages.BlockHealthReply,
                messages.UserListReply, messages.WhoamiReply, messages.ListxattrReply, shared_blocks.SharedBlocksReply,
-               KeepaliveReply, claims.ClaimReply}
+               KeepaliveReply, claims.ClaimReply, claims.CreateManyReply}
     for table in (messages.META_OPERATIONS, messages.CHUNK_OPERATIONS):
         for operation in table.values():
             has_list = any("list" in str(field.type) for field in msgspec.structs.fields(operation.reply))

@@ -11,11 +11,13 @@ services over PostgreSQL grant none (their peers could not see them)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Callable, Protocol, TypeVar
 
 from tectofs import paths
 from tectofs.errors import InvalidArgument, PermissionDenied
-from tectofs.store import SqlStore
+from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.access import Caller
 from tectofs.wire import messages
 from tectofs.wire.claims import ClaimReply, ClaimRequest, CreateManyReply, CreateManyRequest
@@ -23,6 +25,7 @@ from tectofs.wire.server import current_peer
 
 from .leases import LeaseTable
 
+log = logging.getLogger("tectofs.meta")
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
 ResultT = TypeVar("ResultT")
 Reply = tuple[ReplyT, bytes]
@@ -33,6 +36,7 @@ class Service(Protocol):
     """What these handlers use of the metadata service (``server/meta/service.py``)."""
 
     leases: LeaseTable
+    runner: StoreRunner
 
     @property
     def grants_claims(self) -> bool: ...
@@ -46,12 +50,44 @@ class Service(Protocol):
 
     def _handle(self, ino: int) -> bytes: ...
 
+    def _segment(self, layout: messages.LayoutSegment) -> messages.LayoutSegment: ...
+
 
 class ClaimOperations:
     """``claim_directory`` and ``create_many`` of ``service``."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        self._forgetting: set[asyncio.Task[None]] = set()
+
+    async def restore(self) -> None:
+        """At start: hold the claims a predecessor over this store granted (the store keeps
+        them) through the grace period, so their holders' unsent creates are taken back before
+        anyone reads or changes those directories (``LeaseTable.restore_claims``); from now
+        on, claims that end are forgotten by the store too."""
+        leases, loop = self.service.leases, asyncio.get_running_loop()
+        ranges = await self.service.runner.call(lambda store: store.claims_recorded())
+        leases.on_claims_ended = lambda firsts: loop.call_soon_threadsafe(self._forget, firsts)
+        if not ranges:
+            return
+        if not leases.in_grace():  # nobody can hold them (no lease was ever granted over the store)
+            self._forget([first for first, _, _, _ in ranges])
+            return
+        leases.restore_claims(ranges)
+        loop.call_later(leases.grace_until - leases.clock(), leases.end_restored)
+        log.info("holding %d claimed directories for their clients' unsent creates until the grace period ends",
+                 len({directory for _, _, directory, _ in ranges}))
+
+    def _forget(self, firsts: list[int]) -> None:
+        task = asyncio.get_running_loop().create_task(self._forget_now(firsts))
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+
+    async def _forget_now(self, firsts: list[int]) -> None:
+        try:
+            await self.service.runner.call(lambda store: store.forget_claims(firsts))
+        except Exception as exc:  # kept: a restarted service holds them through its grace period
+            log.warning("forgetting %d ended claim ranges failed: %s", len(firsts), exc)
 
     async def rpc_claim_directory(self, r: ClaimRequest, _: memoryview) -> Reply[ClaimReply]:
         session = current_peer.get().session
@@ -67,6 +103,7 @@ class ClaimOperations:
             stale = leases.claim(session, directory.ino, first, r.count)
             if stale is None:
                 return _REFUSED
+            store.record_claim(first, r.count, directory.ino, session)
             assert store.modified is not None
             store.modified.update(stale)  # the others' names, listing and attributes of it: recalled first
             return ClaimReply(granted=True, directory=directory, template=template, first=first,
@@ -85,7 +122,7 @@ class ClaimOperations:
         session = current_peer.get().session
         parts, caller, leases = paths.split(r.path), self.service._caller(), self.service.leases
 
-        def create_many(store: SqlStore) -> messages.Attrs:
+        def create_many(store: SqlStore) -> CreateManyReply:
             # Checked here, on the store's thread: the claim cannot end between the check and the creates.
             if not leases.claim_covers(session, r.directory, (c.ino for c in r.creates)):
                 raise PermissionDenied(
@@ -93,5 +130,6 @@ class ClaimOperations:
                     " recalled, or the session ran out): these creates are refused")
             return store.create_many(parts, r.directory, r.creates, r.uid, r.gid, caller=caller)
 
-        directory = await self.service._call(create_many, messages.Attrs)
-        return CreateManyReply(directory=self.service._attrs(directory)), b""
+        made = await self.service._call(create_many, CreateManyReply)
+        return CreateManyReply(directory=self.service._attrs(made.directory),
+                               layouts=[self.service._segment(layout) for layout in made.layouts]), b""

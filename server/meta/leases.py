@@ -58,6 +58,11 @@ class ClaimConflict(TectofsError):
         self.directory = directory
 
 
+def _done(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 @dataclass
 class _Claim:
     """A session's exclusive claim on a directory: the inode numbers it was handed there, and
@@ -66,6 +71,10 @@ class _Claim:
     session: bytes
     ranges: list[tuple[int, int]]  # (first, count)
     recalled: "asyncio.Future[None] | None" = None
+    # Kept by a predecessor (the store's claims table): its holder may send the creates it made
+    # until its session's second keepalive here (its client sends them in between) or the grace
+    # period ends; whoever needs the directory meanwhile waits.
+    restored: bool = False
 
 
 @dataclass
@@ -76,6 +85,7 @@ class _Session:
     recalls: dict[int, Recall] = field(default_factory=dict)  # sent or due, not acknowledged, by id
     due: asyncio.Event | None = None  # set when a recall is queued (wakes the held keepalive)
     acked: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # recall id -> done
+    fresh: bool = True  # no keepalive yet since the one that started it
 
 
 class LeaseTable:
@@ -110,6 +120,9 @@ class LeaseTable:
         self._claim_recalled_at: dict[int, float] = {}
         self.claims_granted = 0
         self.claims_recalled = 0
+        # Told (with the lock held: it must only schedule) the first numbers of the ranges of
+        # claims that ended, which the store then forgets (``SqlStore.forget_claims``).
+        self.on_claims_ended: Callable[[list[int]], None] | None = None
 
     @property
     def active(self) -> bool:
@@ -308,7 +321,7 @@ class LeaseTable:
             if now - self._claim_recalled_at.get(directory, -1e18) < limits.claim_backoff_s:
                 return None
             claim = self._claims.get(directory)
-            if claim is not None and (claim.session != session or claim.recalled is not None):
+            if claim is not None and (claim.session != session or claim.recalled is not None or claim.restored):
                 return None
             if claim is None:
                 claim = self._claims[directory] = _Claim(session=session, ranges=[])
@@ -329,12 +342,29 @@ class LeaseTable:
                         return key[1]
         return None
 
+    def restore_claims(self, ranges: Iterable[tuple[int, int, int, bytes]]) -> None:
+        """The claims a predecessor over this store granted (``(first, count, directory,
+        session)`` rows): held until each holder's second keepalive here or the grace period's
+        end (``end_restored``), so its unsent creates are taken back before anyone reads there."""
+        with self._lock:
+            for first, count, directory, session in ranges:
+                claim = self._claims.setdefault(directory, _Claim(session=session, ranges=[], restored=True))
+                if claim.session == session:
+                    claim.ranges.append((first, count))
+
+    def end_restored(self, session: bytes | None = None) -> None:
+        """End the restored claims of ``session`` (None: every one: the grace period is over)."""
+        with self._lock:
+            for directory in [d for d, claim in self._claims.items()
+                              if claim.restored and (session is None or claim.session == session)]:
+                self._end_claim(directory)
+
     def claim_covers(self, session: bytes, directory: int, inos: Iterable[int]) -> bool:
         """Whether ``session`` holds ``directory`` claimed (being recalled counts: its holder is
         sending what it created) and was handed every one of ``inos`` with that claim."""
         with self._lock:
             claim = self._claims.get(directory)
-            if claim is None or claim.session != session:
+            if claim is None or claim.session != session or (claim.restored and not self.in_grace()):
                 return False
             return all(any(first <= ino < first + count for first, count in claim.ranges) for ino in inos)
 
@@ -347,13 +377,18 @@ class LeaseTable:
             if claim is None:
                 return
             held = self._sessions.get(claim.session)
-            if held is None:
+            if claim.restored:  # its holder sends what it created once it hears of the restart
+                if claim.recalled is None:
+                    claim.recalled = asyncio.get_running_loop().create_future()
+                recalled, expires = claim.recalled, self.grace_until
+            elif held is None:
                 self._end_claim(directory)
                 return
-            if claim.recalled is None:
-                (claim.recalled,) = self._awaited(held, self._queue(held, [(CLAIM, directory)]))
-                self.claims_recalled += 1
-            recalled, expires = claim.recalled, held.expires
+            else:
+                if claim.recalled is None:
+                    (claim.recalled,) = self._awaited(held, self._queue(held, [(CLAIM, directory)]))
+                    self.claims_recalled += 1
+                recalled, expires = claim.recalled, held.expires
         await self._wait(recalled, expires)
         with self._lock:
             if self._claims.get(directory) is claim:
@@ -361,7 +396,11 @@ class LeaseTable:
 
     def _end_claim(self, directory: int) -> None:
         """Forget the claim on ``directory`` (called with the lock held)."""
-        del self._claims[directory]
+        claim = self._claims.pop(directory)
+        if claim.restored and claim.recalled is not None and not claim.recalled.done():
+            claim.recalled.get_loop().call_soon_threadsafe(_done, claim.recalled)
+        if self.on_claims_ended is not None:
+            self.on_claims_ended([first for first, _ in claim.ranges])
         self._claim_recalled_at[directory] = self.clock()
         if len(self._claim_recalled_at) > limits.lease_remote_changes_kept:
             self._claim_recalled_at.clear()
@@ -385,6 +424,10 @@ class LeaseTable:
                 held = self._sessions[session] = _Session(expires=now + self.lease_s, uid=uid)
             elif held.uid != uid:
                 raise PermissionError("that lease session belongs to another user")
+            elif held.fresh:  # its client heard it was new, and sent what it created before
+                held.fresh = False
+                for directory in [d for d, c in self._claims.items() if c.restored and c.session == session]:
+                    self._end_claim(directory)
             for recall_id in acked:
                 held.recalls.pop(recall_id, None)
                 done = held.acked.pop(recall_id, None)

@@ -186,6 +186,7 @@ class MetadataService:
             raise
         address = self.address or bound
         await self._grace_after_restart()
+        await self._claims.restore()
         if dialect_for(self.store_url).name == "postgresql":
             self.peers = LeasePeers(self.store_url, self.leases)
             await self.peers.start()
@@ -421,7 +422,7 @@ class MetadataService:
         handlers.add(messages.SERVERS, self.rpc_servers)
         handlers.add(messages.STATS, self.rpc_stats)
         handlers.add(messages.PING, self.rpc_ping)
-        claims = ClaimOperations(self)
+        claims = self._claims = ClaimOperations(self)
         handlers.add(messages.CLAIM_DIRECTORY, claims.rpc_claim_directory)
         handlers.add(messages.CREATE_MANY, claims.rpc_create_many)
         users = UserOperations(self)

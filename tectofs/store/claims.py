@@ -8,8 +8,9 @@ import stat as statmod
 from typing import TYPE_CHECKING, Iterable
 
 from ..errors import InvalidArgument, StaleFile
-from ..wire.claims import PendingCreate
-from ..wire.values import Attrs
+from ..wire import inline_echo
+from ..wire.claims import CreateManyReply, PendingCreate
+from ..wire.values import Attrs, LayoutSegment, WrittenBlock
 from . import access
 from .access import Caller, W, X
 from .base import StoreParts
@@ -21,6 +22,11 @@ class DirectoryClaims(StoreParts):
         reached: int
 
         def _resolve_dir(self, parts: list[str], caller: Caller | None = None) -> Attrs: ...
+
+        def commit(self, ino: int, size: int, blocks: list[WrittenBlock], replace: bool, mtime: float | None = None,
+                   shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
+                   atime: float | None = None, mode: int | None = None, *,
+                   caller: Caller | None = None) -> LayoutSegment: ...
 
         def _insert_inode(self, parent: Attrs, parts: list[str], kind: str, mode: int, uid: int, gid: int,
                           policy: str | None = None, block_size: int | None = None, target: str | None = None,
@@ -46,19 +52,43 @@ class DirectoryClaims(StoreParts):
                          write_min=directory.write_min, xattrs=0)
         return directory, template, first
 
+    def record_claim(self, first: int, count: int, directory: int, session: bytes) -> None:
+        """Keep, durably, that ``session`` holds ``directory`` claimed with inode numbers
+        ``first .. first + count - 1`` (a restarted service takes its creates back: ``claims_recorded``)."""
+        self._x("INSERT INTO claims (first, count, directory, session) VALUES (?, ?, ?, ?)",
+                (first, count, directory, session))
+
+    def claims_recorded(self) -> list[tuple[int, int, int, bytes]]:
+        """Every claim range kept: (first, count, directory, session)."""
+        return [(int(first), int(count), int(directory), bytes(session))
+                for first, count, directory, session in self._all("SELECT first, count, directory, session FROM claims")]
+
+    def forget_claims(self, firsts: Iterable[int]) -> None:
+        """The claim ranges starting at ``firsts`` ended: forget them."""
+        for first in firsts:
+            self._x("DELETE FROM claims WHERE first = ?", (first,))
+
     def create_many(self, parts: list[str], directory_ino: int, creates: Iterable[PendingCreate], uid: int, gid: int,
-                    *, caller: Caller | None = None) -> Attrs:
-        """Make each of ``creates`` (empty regular files, numbered by the client from its claim's
+                    *, caller: Caller | None = None) -> CreateManyReply:
+        """Make each of ``creates`` (regular files, numbered by the client from its claim's
         reserved numbers, which the service checked) in directory ``parts``, which must still be
-        inode ``directory_ino``, in order; the directory's attributes after. A name that exists
-        fails the whole operation (AlreadyExists), as does a caller without write permission."""
+        inode ``directory_ino``, in order, each with its first commit if it carries one
+        (``commit``'s rules); the directory's attributes after, and those commits' layouts (the
+        inline bytes they carried left out). A name that exists fails the whole operation
+        (AlreadyExists), as does a caller without write permission."""
         directory = self._resolve_dir(parts, caller)
         if directory.ino != directory_ino:
             raise StaleFile(f"{_p(parts)} is no longer directory {directory_ino}")
+        layouts = []
         for create in creates:
             self._insert_inode(directory, [*parts, create.name], "f", statmod.S_IFREG | create.mode, uid, gid,
                                caller=caller, ino=create.ino, now=create.time)
             if create.reader:
                 self.renew(create.ino, reader=create.reader)
+            content = create.content
+            if content is not None:
+                layout = self.commit(create.ino, content.size, list(content.blocks), True, content.mtime,
+                                     atime=content.atime, mode=content.mode, caller=caller)
+                layouts.append(inline_echo.omit(layout, content.blocks))
         self.reached = directory.ino
-        return self._get(directory.ino)
+        return CreateManyReply(directory=self._get(directory.ino), layouts=layouts)

@@ -36,6 +36,10 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS inline_blocks (
         ino BIGINT NOT NULL, idx BIGINT NOT NULL, start BIGINT NOT NULL, length BIGINT NOT NULL,
         valid BIGINT NOT NULL, data BYTEA NOT NULL, crc BIGINT NOT NULL, PRIMARY KEY (ino, idx))""",
+    # Directories lease sessions hold claimed (server/meta/claims.py): a row per range of inode
+    # numbers handed out, so a service that restarts takes back the holder's creates in its grace period.
+    """CREATE TABLE IF NOT EXISTS claims (
+        first BIGINT PRIMARY KEY, count BIGINT NOT NULL, directory BIGINT NOT NULL, session BYTEA NOT NULL)""",
     # Readers' leases: while one is live, the chunks of the file's dropped blocks are kept (an
     # unlinked or replaced file stays readable through the handles that have it open).
     """CREATE TABLE IF NOT EXISTS read_leases (

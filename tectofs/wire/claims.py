@@ -12,7 +12,8 @@ import msgspec
 
 from tectofs import limits
 from tectofs.wire.operation import Operation
-from tectofs.wire.values import Attrs, Handle, Id, Ino, Message, Mode, Name, Owner, Path, Time
+from tectofs.wire.values import (Attrs, Handle, Id, Ino, Int64, LayoutSegment, Message, Mode, Name, Owner, Path, Time,
+                                 WrittenBlock)
 
 class ClaimRequest(Message, frozen=True, kw_only=True):
     """Claim directory ``path`` for the caller's lease session (which needs write and search
@@ -40,16 +41,29 @@ class ClaimReply(Message, frozen=True, kw_only=True):
     inline_max: Id = 0
 
 
+class PendingContent(Message, frozen=True, kw_only=True):
+    """The first commit of a file created without a call, sent with its create (one round trip
+    for a small file written whole): ``CommitRequest``'s size, inline block 0 (a new file has
+    no other block; a larger one allocates chunks, which sends its create first), times and mode."""
+
+    size: Int64
+    blocks: Annotated[list[WrittenBlock], msgspec.Meta(max_length=1)] = []
+    mtime: Time | None = None
+    atime: Time | None = None
+    mode: Mode | None = None
+
+
 class PendingCreate(Message, frozen=True, array_like=True):
     """One file made without a call: ``name`` in the claimed directory, inode ``ino`` (one of the
     claim's), permission bits ``mode``, created at ``time`` (the client's clock), opened by a
-    handle holding the reader's lease ``reader`` (0: none left open)."""
+    handle holding the reader's lease ``reader`` (0: none left open), written with ``content``."""
 
     name: Name
     ino: Ino
     mode: Mode
     time: Time
     reader: Id = 0
+    content: PendingContent | None = None
 
 
 class CreateManyRequest(Message, frozen=True, kw_only=True):
@@ -64,9 +78,12 @@ class CreateManyRequest(Message, frozen=True, kw_only=True):
 
 
 class CreateManyReply(Message, frozen=True, kw_only=True):
-    """``directory``: the directory's attributes after the call."""
+    """``directory``: the directory's attributes after the call; ``layouts``: the layout each
+    create with content has after its commit, in order (the inline bytes left out: the
+    client has them, ``tectofs.wire.inline_echo``)."""
 
     directory: Attrs
+    layouts: Annotated[list[LayoutSegment], msgspec.Meta(max_length=limits.create_batch_max)] = []
 
 
 CLAIM_DIRECTORY: Final = Operation("claim_directory", ClaimRequest, ClaimReply, idempotent=False)
