@@ -78,6 +78,7 @@ class AsyncFile:
         self.directory: Any = None  # a creating open's DirectoryChange (else None)
         self._leases = HandleLeases(context.metadata, path, self.ino, self.handle, self._writer)
         self._committed = False  # a commit of this handle succeeded
+        self._last_commit: messages.LayoutSegment | None = None  # ... and the layout its last one answered
         # what the next commit also sets: (atime, mtime), None each for as a commit sets it; a mode
         self.stamped_times: tuple[float | None, float | None] = (None, None)
         self.stamped_mode: int | None = None
@@ -439,7 +440,7 @@ class AsyncFile:
         self._shrunk_to = None
         self._drop_cache()  # read before this commit: stale
         self._set_layout(layout)  # the commit answers with the new layout
-        self.committed_layout = layout
+        self.committed_layout = self._last_commit = layout
 
     def stamp_times(self, atime: float | None, mtime: float | None) -> None:
         """Have the next commit set these times (None: that time as a commit sets it), in the
@@ -555,8 +556,11 @@ class AsyncFile:
         reader, since = self._leases.stop()
         if reader:  # end the lease now (else it lapses): a file unlinked while open goes at once
             park = self.context.park_reader
-            if park is not None and not self.writable and not self.created and park(
-                    self.opened_layout, self.context.acting_uid, reader, since):
+            # a reader's, under the layout it opened; a writer's, under what its last commit
+            # answered (the cache kept it) if nothing changed since
+            layout = self.opened_layout if not self.writable else self._last_commit if not self._changed else None
+            if park is not None and layout is not None and (self.writable or not self.created) and park(
+                    layout, self.context.acting_uid, reader, since):
                 pass  # the next open takes it; whatever drops its layout from the cache ends it
             else:
                 self.context.lease_endings.end(self.ino, reader, self.handle, self.context.acting_uid)

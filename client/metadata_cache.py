@@ -392,8 +392,9 @@ class MetadataCache(Generic[StatT]):
             attrs = getattr(reply, "attrs", None)
             if fresh_for is not False and attrs is not None and self._names_inode(operation, request, attrs.ino):
                 self._own_attributes(self.make(attrs))  # its new attributes, in its listing entry too
-                if operation == "commit" and isinstance(reply, LayoutSegment) and _whole_inline(reply):
-                    self._keep_layout(fresh_for, reply)
+                if operation == "commit" and isinstance(reply, LayoutSegment) and (
+                        _whole_inline(reply) or (_whole(reply) and self.end_reader is not None)):
+                    self._keep_layout(fresh_for, reply)  # a larger file's: its writer parks its lease with it
                 return
         for path in changed_paths(request):
             self.forget_path(path)

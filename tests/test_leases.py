@@ -646,6 +646,18 @@ def test_a_larger_file_opened_again_takes_the_lease_its_last_reader_left_and_cha
         await mine.close()
         await holder.remove(f"{base}/mine")  # its own unlink ends its parked lease as well
         assert await freed(mine.ino, mine.handle)
+
+        # What this client wrote itself: its writer parks its lease with the layout its commit
+        # answered, so reading it back costs no call; another client's unlink frees it at once.
+        written = await holder.open(f"{base}/written", "wb")
+        await written.write(0, second)
+        await written.close()
+        before = len(calls)
+        for _ in range(2):
+            assert await holder.read_bytes(f"{base}/written") == second
+        assert len(calls) == before
+        await changer.remove(f"{base}/written")
+        assert await freed(written.ino, written.handle)
         await holder.close()
         await changer.close()
     run(scenario())

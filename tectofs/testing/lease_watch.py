@@ -11,7 +11,8 @@ It also creates bursts of files in new directories, which it claims and creates 
 
 (g) a listing that began after a create returned shows its file, unless the service refused that
     create when it was sent (``lost``: the creator's session ran out, or the service restarted,
-    before it was sent); and once healed, every create that returned and was not lost is there.
+    before it was sent); and once healed, every create that returned and was not lost is there,
+    with the content its close returned from.
 
 Its host is crashed and partitioned by the network's faults like any other; when the metadata
 service crashes, its leases go with the connection (or run out), and a restarted service holds
@@ -31,6 +32,12 @@ if TYPE_CHECKING:
     from tectofs.testing.cluster import Cluster
 
 WATCH_HOST = "10.0.9.2"
+
+
+def burst_content(path: str) -> bytes:
+    """What a burst writes into ``path`` (nothing into one in three)."""
+    n = int(path.rsplit("c", 1)[1])
+    return b"" if n % 3 == 0 else bytes([n % 251]) * (n * 311 % 5000 + 1)
 
 
 class LeaseWatcher:
@@ -81,8 +88,11 @@ class LeaseWatcher:
             return
         for i in range(count):
             path = f"{directory}/c{i}"
+            data = burst_content(path)
             try:
                 handle = await self.cluster.loop.spawn(WATCH_HOST, self.client.open(path, "xb"))
+                if data:  # its first commit goes with its create (client/claims.py)
+                    await self.cluster.loop.spawn(WATCH_HOST, handle.write(0, data))
                 await self.cluster.loop.spawn(WATCH_HOST, handle.close())
             except (TectofsError, OSError):
                 continue

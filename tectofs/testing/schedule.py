@@ -41,7 +41,7 @@ from tectofs.client import AsyncFileSystem
 from tectofs.errors import TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.testing.cluster import BLOCK_SIZE, ChunkHost, Cluster, quiet_logs
-from tectofs.testing.lease_watch import WATCH_HOST, LeaseWatcher
+from tectofs.testing.lease_watch import WATCH_HOST, LeaseWatcher, burst_content
 from tectofs.testing.network import NetworkFaults
 
 FAULT_STEPS = (10, 20)
@@ -587,6 +587,10 @@ class Simulation:
                              and p not in watcher.lost)
             if missing:
                 self.fail(f"(g) once healed, {directory} lacks created files {missing[:5]}")
+        for path in sorted(p for p in watcher.created if p not in watcher.lost):
+            data = await self.cluster.as_client(client.read_bytes(path))
+            if data != burst_content(path):
+                self.fail(f"(g) once healed, {path} reads {len(data)} bytes, not the {len(burst_content(path))} written")
         assert watcher.client.claims is not None
         self.stats.update({"claims": watcher.client.claims.claims, "creates_without_call": watcher.client.claims.created,
                            "creates_lost": len(watcher.lost)})
