@@ -82,6 +82,7 @@ class CreateClaims:
         self.clock = clock
         self._claims: dict[str, _Claimed] = {}
         self._creates_by_call: dict[str, int] = {}  # creates made by calls, by directory (bounded)
+        self._made: set[str] = set()  # directories this client made and has not claimed (bounded)
         self._queue: list[tuple[_Claimed, PendingCreate]] = []
         self._sending = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
@@ -127,6 +128,26 @@ class CreateClaims:
             self._timer = asyncio.get_running_loop().call_later(limits.create_flush_delay_s, self._send_soon)
         return AsyncCreate(attrs=attrs, directory=claimed.directory, directory_ctime_before=before.ctime,
                            inline_max=claimed.inline_max)
+
+    def made_directory(self, path: str) -> None:
+        """This client made directory ``path``: its first create there claims it (a new
+        directory is most often filled by whoever made it: untar, ``cp -r``)."""
+        if len(self._made) > 4096:
+            self._made.clear()
+        self._made.add(paths.join(path))
+
+    async def claim_made(self, path: str) -> bool:
+        """Before creating ``path``: claim its directory if this client made it and has not
+        claimed it yet; whether a claim was granted."""
+        parts = paths.split(path)
+        directory = paths.join(*parts[:-1]) if len(parts) > 1 else "/"
+        if directory not in self._made:
+            return False
+        self._made.discard(directory)
+        if directory in self._claims:
+            return False
+        await self._claim(directory)
+        return directory in self._claims
 
     async def created_by_call(self, path: str, created: bool) -> None:
         """A create by a call in ``path``'s directory answered (``created``: it made the file):

@@ -230,9 +230,12 @@ class AsyncFileSystem:
         assert self.claims is not None
         if operation == "create_many":
             return True
+        path = getattr(request, "path", None)
+        if operation == "mkdir" and reply is not None and isinstance(path, str):
+            self.claims.made_directory(path)
         if operation in CLAIMS_ENDING:
             self.claims.forget_all()  # a claimed directory may have moved, or its permissions changed
-        elif isinstance(path := getattr(request, "path", None), str) and (parts := paths.split(path)):
+        elif isinstance(path, str) and (parts := paths.split(path)):
             after = getattr(reply, "directory", None)
             self.claims.directory_changed(paths.join(*parts[:-1]) if len(parts) > 1 else "/",
                                           after if isinstance(after, messages.Attrs) else None)
@@ -601,6 +604,8 @@ class AsyncFileSystem:
             request = messages.CreateRequest(path=path, mode=file_mode, exclusive=exclusive, uid=os.getuid(),
                                              gid=os.getgid(), reader=lease)
             reply = self._create_without_call(request)
+            if reply is None and self.claims is not None and self.acting_uid is None and await self.claims.claim_made(path):
+                reply = self._create_without_call(request)  # in a directory this client just made: claimed first
             if reply is None:
                 reply = await self.metadata.create(request)
                 if self.claims is not None and self.acting_uid is None:
