@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import stat as statmod
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -36,7 +37,7 @@ import msgspec
 from tectofs import limits, paths
 from tectofs.errors import Busy, ConnectionLost, TectofsError, Timeout
 from tectofs.wire import inline_echo, messages
-from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingContent, PendingCreate
+from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingContent, PendingCreate, PendingUnlink
 from tectofs.wire.leases import Recall
 
 from .metadata import MetadataClient
@@ -83,7 +84,8 @@ class CreateClaims:
         self._claims: dict[str, _Claimed] = {}
         self._creates_by_call: dict[str, int] = {}  # creates made by calls, by directory (bounded)
         self._made: set[str] = set()  # directories this client made and has not claimed (bounded)
-        self._queue: list[tuple[_Claimed, PendingCreate]] = []
+        self._queue: list[tuple[_Claimed, PendingCreate | PendingUnlink]] = []
+        self._queued = 0  # creates and unlinks ever queued (what a flush sends up to)
         self._sending = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # claims of more numbers, under way
@@ -91,6 +93,7 @@ class CreateClaims:
         self._refused: dict[int, BaseException] = {}  # ... or the service's refusal
         self.on_lost: Callable[[list[str]], None] | None = None  # told the paths of creates refused
         self.created = 0  # creates answered without a call
+        self.unlinked = 0  # unlinks answered without a call
         self.sent = 0  # of them, made at the service
         self.lost = 0  # of them, refused by the service
         self.claims = 0
@@ -123,6 +126,7 @@ class CreateClaims:
         attrs = msgspec.structs.replace(claimed.template, ino=ino, mode=claimed.template.mode & ~0o7777 | mode & 0o7777,
                                         atime=now, mtime=now, ctime=now, handle=handle)
         self._queue.append((claimed, PendingCreate(name=parts[-1], ino=ino, mode=mode & 0o7777, time=now, reader=reader)))
+        self._queued += 1
         self.created += 1
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(limits.create_flush_delay_s, self._send_soon)
@@ -150,8 +154,8 @@ class CreateClaims:
         return directory in self._claims
 
     async def created_by_call(self, path: str, created: bool) -> None:
-        """A create by a call in ``path``'s directory answered (``created``: it made the file):
-        after a few in one directory, claim it."""
+        """A create (or an unlink) by a call in ``path``'s directory answered (``created``: it
+        made, or removed, the file): after a few in one directory, claim it."""
         if not created:
             return
         parts = paths.split(path)
@@ -185,6 +189,28 @@ class CreateClaims:
                                            inline_max=reply.inline_max, numbers=numbers)
         self.claims += 1
 
+    def unlink(self, path: str, ino: int) -> tuple[messages.Attrs, float] | None:
+        """Unlink ``path``, which names regular file ``ino`` and is its only name (the caller's
+        cache says so), with no call if its directory is claimed here (and not sticky: whether
+        the caller may is the service's to say) and its create was sent already; the directory's
+        attributes after and its ctime before. None: unlink it by a call."""
+        parts = paths.split(path)
+        if not parts:
+            return None
+        claimed = self._claims.get(paths.join(*parts[:-1]) if len(parts) > 1 else "/")
+        if claimed is None or claimed.directory.mode & statmod.S_ISVTX or any(
+                pending.ino == ino for _, pending in self._queue):
+            return None
+        now = self.clock()
+        before = claimed.directory
+        claimed.directory = msgspec.structs.replace(before, mtime=now, ctime=now)
+        self._queue.append((claimed, PendingUnlink(name=parts[-1], ino=ino)))
+        self._queued += 1
+        self.unlinked += 1
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(limits.create_flush_delay_s, self._send_soon)
+        return claimed.directory, before.ctime
+
     def absorb_commit(self, request: messages.CommitRequest) -> Awaitable[messages.LayoutSegment] | None:
         """For ``MetadataClient.absorb_commit``: the first commit of a file created without a
         call and not sent yet goes with its create (one round trip for a small file written
@@ -194,7 +220,7 @@ class CreateClaims:
             return None
         for i in range(len(self._queue) - 1, -1, -1):
             claimed, pending = self._queue[i]
-            if pending.ino == request.ino:
+            if isinstance(pending, PendingCreate) and pending.ino == request.ino:
                 if pending.content is not None:
                     return None
                 content = PendingContent(size=request.size, blocks=list(request.blocks), mtime=request.mtime,
@@ -251,10 +277,10 @@ class CreateClaims:
         """Send every create queued so far (in order, one ``create_many`` per run of one
         directory; creates queued meanwhile wait for the next sending); returns once the service
         made them or refused them (``lost``, logged), and any sending already under way ended."""
-        target = self.created
+        target = self._queued
         while True:
             async with self._sending:  # after a sending under way: its creates came first
-                if not self._queue or self.created - len(self._queue) >= target:
+                if not self._queue or self._queued - len(self._queue) >= target:
                     return
                 claimed = self._queue[0][0]
                 run, carried = 0, 0
@@ -270,29 +296,32 @@ class CreateClaims:
                     self._timer = None
                 await self._send(claimed, batch)
 
-    async def _send(self, claimed: _Claimed, batch: list[PendingCreate]) -> None:
+    async def _send(self, claimed: _Claimed, batch: "list[PendingCreate | PendingUnlink]") -> None:
         """Send ``batch``. Not answered (the service is down or restarting): it goes back to the
         head of the queue and the error is raised (the call waiting for it fails as it would
         have: a restarted service takes it back in its grace period). Refused: lost."""
+        creates = [pending for pending in batch if isinstance(pending, PendingCreate)]
+        unlinks = [pending for pending in batch if isinstance(pending, PendingUnlink)]
         try:
             reply = await self.metadata.create_many(CreateManyRequest(
-                path=claimed.path, directory=claimed.directory.ino, uid=self.uid, gid=self.gid, creates=batch))
+                path=claimed.path, directory=claimed.directory.ino, uid=self.uid, gid=self.gid, creates=creates,
+                unlinks=unlinks))
         except UNANSWERED:
             self._queue[:0] = [(claimed, pending) for pending in batch]
             raise
         except (TectofsError, OSError) as exc:
-            for pending in batch:
+            for pending in creates:
                 if pending.content is not None:  # its commit fails with the service's answer
                     self._refused[pending.ino] = exc
             self.lost += len(batch)
             self._claims.pop(claimed.path, None)
             names = ", ".join(p.name for p in batch[:5]) + (", ..." if len(batch) > 5 else "")
-            log.error("%d files created in %s were lost: the metadata service refused them (%s): %s",
-                      len(batch), claimed.path, exc, names)
+            log.error("%d creates and %d unlinks in %s were lost: the metadata service refused them (%s): %s",
+                      len(creates), len(unlinks), claimed.path, exc, names)
             if self.on_lost is not None:
                 self.on_lost([paths.join(claimed.path, p.name) for p in batch])
             return
-        written = [pending.ino for pending in batch if pending.content is not None]
+        written = [pending.ino for pending in creates if pending.content is not None]
         self._layouts.update(zip(written, reply.layouts))
         self.sent += len(batch)
 
@@ -327,8 +356,8 @@ class CreateClaims:
             self._queue.clear()
 
 
-def _content_bytes(pending: PendingCreate) -> int:
+def _content_bytes(pending: "PendingCreate | PendingUnlink") -> int:
     """The bytes of file data ``pending`` carries (its first commit's inline block)."""
-    if pending.content is None:
+    if isinstance(pending, PendingUnlink) or pending.content is None:
         return 0
     return sum(len(block.inline.data) for block in pending.content.blocks if block.inline is not None)

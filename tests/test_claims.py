@@ -48,12 +48,12 @@ def test_a_burst_of_creates_costs_no_calls_and_every_other_client_sees_each_file
         inos = [await _create(creator, f"{base}/f{i}") for i in range(40)]
         claims = creator.claims
         assert claims is not None and claims.claims == 1
-        assert claims.created == 40 - 3  # the first creates are calls; then the directory is claimed
+        assert claims.created == 40  # a directory it made: claimed at its first create there
         assert claims.pending > 0  # not sent yet: the reader's call must wait for them
         st = await reader.stat(f"{base}/f39")  # recalls the claim: the creator sends, then the stat runs
         assert (st.ino, st.size, st.kind, st.uid) == (inos[39], 0, "file", os.getuid())
         assert statmod.S_IMODE(st.mode) == 0o644
-        assert claims.pending == 0 and claims.sent == 37 and claims.lost == 0
+        assert claims.pending == 0 and claims.sent == 40 and claims.lost == 0
         assert sorted(await plain.listdir(base)) == sorted(f"f{i}" for i in range(40))
         assert len(set(inos)) == 40
         with pytest.raises(AlreadyExists):  # the name is taken, for every other client
@@ -116,7 +116,8 @@ def test_nobody_creates_under_a_claim_not_theirs_nor_with_numbers_not_handed_to_
 
 
 def test_creates_not_sent_when_the_service_was_killed_are_taken_back_by_its_successor(make_cluster, monkeypatch):
-    """The service is SIGKILLed while the creator holds creates it answered and had not sent:
+    """The service is SIGKILLed while the creator holds creates it answered and had not sent
+    (all ten: it made the directory, so claimed it at once):
     the restarted service knows the claim from its store, holds the directory through its grace
     period, and takes the creator's batch back; another client's listing waits for it."""
     from tectofs import limits
@@ -128,7 +129,7 @@ def test_creates_not_sent_when_the_service_was_killed_are_taken_back_by_its_succ
         await creator.mkdir("/kept")
         for i in range(10):
             await _create(creator, f"/kept/f{i}")
-        assert creator.claims is not None and creator.claims.pending == 7
+        assert creator.claims is not None and creator.claims.pending == 10
         return creator
 
     async def scenario():
@@ -142,7 +143,39 @@ def test_creates_not_sent_when_the_service_was_killed_are_taken_back_by_its_succ
         assert sorted(names) == sorted(f"f{i}" for i in range(10)), names
         assert asyncio.get_running_loop().time() - started < 8  # within the grace period (2 s) and a keepalive
         await creator.claims.flush()  # (its answer may still be on its way to the creator)
-        assert creator.claims.lost == 0 and creator.claims.sent == 7
+        assert creator.claims.lost == 0 and creator.claims.sent == 10
         for fs in (creator, reader):
+            await fs.close()
+    run(scenario())
+
+
+def test_an_unlink_without_a_call_is_seen_by_every_other_clients_next_call_by_name_or_by_inode(claims_cluster):
+    """``rm`` of many files in one directory claims it too: the unlinks cost no call, and
+    another client that held the files' names and attributes sees each gone at its next call,
+    whether it asks by name or by inode number (the claim recalled the attributes of the
+    directory's files, and a call on one of them waits for the holder to send its unlinks)."""
+    from tectofs.errors import NotFound, StaleFile
+
+    async def scenario():
+        remover, other = await _leasing(claims_cluster)
+        base = f"/unlinked-{os.getpid()}"
+        await other.mkdir(base)
+        for i in range(30):
+            await other.write_bytes(f"{base}/f{i}", b"z" * i)
+        kept = {i: await other.stat(f"{base}/f{i}") for i in range(30)}  # names and attributes held
+        for i in range(30):
+            await remover.stat(f"{base}/f{i}")  # (as the kernel looks a name up before it unlinks it)
+            await remover.remove(f"{base}/f{i}")
+        claims = remover.claims
+        assert claims is not None and claims.unlinked == 30 - 3 and claims.pending > 0
+        with pytest.raises(StaleFile):  # by inode: waits for the unlinks, then finds the file gone
+            await other.metadata.getattr(messages.InoRequest(ino=kept[29].ino, handle=kept[29].handle))
+        assert claims.pending == 0 and claims.lost == 0
+        for i in (3, 17, 29):
+            with pytest.raises(NotFound):  # by name: its cache let go of them when the directory was claimed
+                await other.stat(f"{base}/f{i}")
+        assert await other.listdir(base) == []
+        await other.rmdir(base)
+        for fs in (remover, other):
             await fs.close()
     run(scenario())

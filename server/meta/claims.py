@@ -100,7 +100,7 @@ class ClaimOperations:
                 directory, template, first = store.claim_directory(parts, r.count, r.uid, r.gid, caller=caller)
             except InvalidArgument:  # a setgid directory: created by calls
                 return _REFUSED
-            stale = leases.claim(session, directory.ino, first, r.count)
+            stale = leases.claim(session, directory.ino, first, r.count, store.children(directory.ino))
             if stale is None:
                 return _REFUSED
             store.record_claim(first, r.count, directory.ino, session)
@@ -128,7 +128,7 @@ class ClaimOperations:
                 raise PermissionDenied(
                     f"{r.path}: this session holds no claim there handing out those inode numbers (it was"
                     " recalled, or the session ran out): these creates are refused")
-            return store.create_many(parts, r.directory, r.creates, r.uid, r.gid, caller=caller)
+            return store.create_many(parts, r.directory, r.creates, r.uid, r.gid, caller=caller, unlinks=r.unlinks)
 
         made = await self.service._call(create_many, CreateManyReply)
         return CreateManyReply(directory=self.service._attrs(made.directory),

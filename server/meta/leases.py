@@ -306,13 +306,15 @@ class LeaseTable:
 
     # ------------------------------------------------------------------ claims (asynchronous creates)
 
-    def claim(self, session: bytes, directory: int, first: int, count: int) -> "list[LeaseKey] | None":
+    def claim(self, session: bytes, directory: int, first: int, count: int,
+              children: Iterable[int] = ()) -> "list[LeaseKey] | None":
         """Record (on the store's thread, inside the claiming operation) that ``session`` holds
         ``directory`` claimed, with inode numbers ``first .. first + count - 1`` to create files
         there. None: not granted (an unknown session, a claim of another session's or one being
         recalled, a claim recalled less than ``limits.claim_backoff_s`` ago). Else the keys other
-        sessions hold that the claimant's creates will make stale (the directory's names,
-        listing and attributes): the claiming call recalls them before it answers."""
+        sessions hold that the claimant's creates and unlinks will make stale (the directory's
+        names, listing and attributes, the attributes of its ``children``): the claiming call
+        recalls them before it answers."""
         with self._lock:
             held = self._sessions.get(session)
             now = self.clock()
@@ -327,11 +329,15 @@ class LeaseTable:
                 claim = self._claims[directory] = _Claim(session=session, ranges=[])
                 self.claims_granted += 1
             claim.ranges.append((first, count))
-            return [*self._by_directory.get(directory, ()), (ATTRS, directory)]
+            held = [(ATTRS, child) for child in children if (ATTRS, child) in self._holders]
+            return [*self._by_directory.get(directory, ()), (ATTRS, directory), *held]
 
-    def claimed_by_other(self, keys: Iterable[LeaseKey], session: bytes) -> int | None:
-        """The first directory of ``keys`` (a name or listing of it, its attributes) that a live
-        session other than ``session`` holds claimed; None if none (on the store's thread)."""
+    def claimed_by_other(self, keys: Iterable[LeaseKey], session: bytes, parents: "dict[int, int] | None" = None,
+                         parent_of: "Callable[[int], int | None] | None" = None) -> int | None:
+        """The first directory that a session other than ``session`` holds claimed among what
+        ``keys`` name: a directory's names, listing or attributes, or the attributes of a file
+        in it (its parent from ``parents``, else ``parent_of``: the claim's holder may have
+        unlinked it); None if none (on the store's thread)."""
         if not self._claims:
             return None
         with self._lock:
@@ -340,6 +346,13 @@ class LeaseTable:
                     claim = self._claims.get(key[1])
                     if claim is not None and claim.session != session:
                         return key[1]
+                    if key[0] == ATTRS and claim is None:
+                        parent = parents.get(key[1]) if parents else None
+                        if parent is None and parent_of is not None:
+                            parent = parent_of(key[1])
+                        claim = self._claims.get(parent) if parent is not None else None
+                        if claim is not None and claim.session != session:
+                            return parent
         return None
 
     def restore_claims(self, ranges: Iterable[tuple[int, int, int, bytes]]) -> None:

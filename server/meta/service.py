@@ -70,6 +70,19 @@ def _granted(walked: list[LeaseKey], reached: int, result: object) -> list[Lease
     return walked
 
 
+def _parents(result: object) -> dict[int, int]:
+    """The directory each inode an answer carries the attributes of was made or renamed into."""
+    if isinstance(result, tuple):  # (attributes, the directories walked): a lookup's
+        result = result[0]
+    if isinstance(result, messages.Attrs):
+        return {result.ino: result.parent}
+    if isinstance(result, (messages.CreateReply, messages.LayoutSegment, messages.AttrsReply)):
+        return {result.attrs.ino: result.attrs.parent}
+    if isinstance(result, messages.ReaddirReply):
+        return {e.attrs.ino: e.attrs.parent for e in result.entries}
+    return {}
+
+
 def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int, uid: int | None = None) -> messages.Capability:
     key, tag = auth.sign_capability(keys, block_id, mode, expiry, uid)
     return messages.Capability(mac=tag, expiry=expiry, key=key, uid=uid)
@@ -317,7 +330,8 @@ class MetadataService:
                 granted = _granted(walked, reached, result)
                 # What it read or changed of a directory another session holds claimed: undone
                 # (raised over its answer or error), to run again once the claim is recalled.
-                claimed = self.leases.claimed_by_other(itertools.chain(granted, modified), session)
+                claimed = self.leases.claimed_by_other(itertools.chain(granted, modified), session,
+                                                       _parents(result), store.parent_of)
                 if claimed is not None:
                     modified.clear()
                     raise ClaimConflict(claimed)  # noqa: B012 (replaces the answer on purpose)

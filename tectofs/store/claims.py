@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from ..errors import InvalidArgument, StaleFile
 from ..wire import inline_echo
-from ..wire.claims import CreateManyReply, PendingCreate
+from ..wire.claims import CreateManyReply, PendingCreate, PendingUnlink
+from ..wire.messages import UnlinkReply
 from ..wire.values import Attrs, LayoutSegment, WrittenBlock
 from . import access
 from .access import Caller, W, X
@@ -22,6 +23,9 @@ class DirectoryClaims(StoreParts):
         reached: int
 
         def _resolve_dir(self, parts: list[str], caller: Caller | None = None) -> Attrs: ...
+
+        def unlink(self, parts: list[str], ino: int = 0, only_if_empty: bool = False, *,
+                   caller: Caller | None = None, reader: int = 0) -> UnlinkReply: ...
 
         def commit(self, ino: int, size: int, blocks: list[WrittenBlock], replace: bool, mtime: float | None = None,
                    shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
@@ -68,17 +72,29 @@ class DirectoryClaims(StoreParts):
         for first in firsts:
             self._x("DELETE FROM claims WHERE first = ?", (first,))
 
+    def parent_of(self, ino: int) -> int | None:
+        """The directory inode ``ino`` was last created or renamed into (None: no such inode)."""
+        row = self._one("SELECT parent FROM inodes WHERE ino = ?", (ino,))
+        return None if row is None else int(row[0])
+
+    def children(self, directory: int) -> list[int]:
+        """The inodes the names in ``directory`` lead to."""
+        return [int(ino) for (ino,) in self._all("SELECT ino FROM names WHERE parent = ?", (directory,))]
+
     def create_many(self, parts: list[str], directory_ino: int, creates: Iterable[PendingCreate], uid: int, gid: int,
-                    *, caller: Caller | None = None) -> CreateManyReply:
+                    *, caller: Caller | None = None, unlinks: Iterable[PendingUnlink] = ()) -> CreateManyReply:
         """Make each of ``creates`` (regular files, numbered by the client from its claim's
         reserved numbers, which the service checked) in directory ``parts``, which must still be
         inode ``directory_ino``, in order, each with its first commit if it carries one
         (``commit``'s rules); the directory's attributes after, and those commits' layouts (the
-        inline bytes they carried left out). A name that exists fails the whole operation
+        inline bytes they carried left out). ``unlinks`` go first (``unlink``'s rules; each name
+        must still lead to its inode). A name that exists fails the whole operation
         (AlreadyExists), as does a caller without write permission."""
         directory = self._resolve_dir(parts, caller)
         if directory.ino != directory_ino:
             raise StaleFile(f"{_p(parts)} is no longer directory {directory_ino}")
+        for unlink in unlinks:
+            self.unlink([*parts, unlink.name], unlink.ino, caller=caller)
         layouts = []
         for create in creates:
             self._insert_inode(directory, [*parts, create.name], "f", statmod.S_IFREG | create.mode, uid, gid,

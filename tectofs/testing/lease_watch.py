@@ -12,7 +12,8 @@ It also creates bursts of files in new directories, which it claims and creates 
 (g) a listing that began after a create returned shows its file, unless the service refused that
     create when it was sent (``lost``: the creator's session ran out, or the service restarted,
     before it was sent); and once healed, every create that returned and was not lost is there,
-    with the content its close returned from.
+    with the content its close returned from. Likewise for the files it then unlinks: a listing
+    begun after an unlink returned does not show the name, unless that unlink was lost.
 
 Its host is crashed and partitioned by the network's faults like any other; when the metadata
 service crashes, its leases go with the connection (or run out), and a restarted service holds
@@ -54,6 +55,8 @@ class LeaseWatcher:
         assert self.client.metadata_cache is not None and self.client.claims is not None
         self.cache = self.client.metadata_cache
         self.created: dict[str, float] = {}  # path -> when its create returned
+        self.removed: dict[str, float] = {}  # path -> when its unlink returned
+        self.removing: dict[str, float] = {}  # path -> when its unlink began (it may have failed)
         self.lost: set[str] = set()  # creates the service refused when they were sent
         claims, forget = self.client.claims, self.client.claims.on_lost
 
@@ -97,6 +100,16 @@ class LeaseWatcher:
             except (TectofsError, OSError):
                 continue
             self.created[path] = self.cluster.clock.now
+        for i in range(1, count, 4):  # some go again: unlinked without calls too
+            path = f"{directory}/c{i}"
+            if path not in self.created:
+                continue
+            self.removing[path] = self.cluster.clock.now
+            try:
+                await self.cluster.loop.spawn(WATCH_HOST, self.client.remove(path))
+            except (TectofsError, OSError):
+                continue
+            self.removed[path] = self.cluster.clock.now
 
     async def send_creates(self) -> None:
         """Send what it created and has not sent (once healed)."""

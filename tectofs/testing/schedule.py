@@ -161,7 +161,7 @@ class Simulation:
         self.cluster.on_delete = self.check_gc
         self.watcher: LeaseWatcher | None = None  # a second client, holding leases (invariant f)
         self.unlinked_s: dict[str, float] = {}  # name -> when an unlink of it was acknowledged
-        self.listings: list[tuple[str, float, set[str]]] = []  # a burst directory, when listed, what was there
+        self.listings: list[tuple[str, float, float, set[str]]] = []  # a burst directory, listed from, to, what was there
 
     # ------------------------------------------------------------------ plumbing
 
@@ -564,7 +564,7 @@ class Simulation:
             names = await self.cluster.as_client(client.listdir(directory))
         except (TectofsError, OSError, asyncio.CancelledError):
             return
-        self.listings.append((directory, started_s, {f"{directory}/{n}" for n in names}))
+        self.listings.append((directory, started_s, self.cluster.clock.now, {f"{directory}/{n}" for n in names}))
         self.stats["burst_listings"] += 1
 
     async def check_bursts(self) -> None:
@@ -575,25 +575,34 @@ class Simulation:
         if watcher is None or client is None or not watcher.created:
             return
         await watcher.send_creates()
-        for directory, started_s, seen in self.listings:
+        for directory, started_s, ended_s, seen in self.listings:
             for path, created_s in watcher.created.items():
-                if path.startswith(directory + "/") and created_s < started_s and path not in seen \
-                        and path not in watcher.lost:
+                removed_s, removing_s = watcher.removed.get(path), watcher.removing.get(path)
+                if not path.startswith(directory + "/") or path in watcher.lost:
+                    continue
+                if created_s < started_s and path not in seen and (removing_s is None or removing_s > ended_s):
                     self.fail(f"(g) a listing of {directory} begun at {started_s:.3f} s missed {path}, created"
                               f" at {created_s:.3f} s")
+                if removed_s is not None and removed_s < started_s and path in seen:
+                    self.fail(f"(g) a listing of {directory} begun at {started_s:.3f} s shows {path}, unlinked"
+                              f" at {removed_s:.3f} s")
         for directory in sorted({p.rsplit("/", 1)[0] for p in watcher.created}):
             names = {f"{directory}/{n}" for n in await self.cluster.as_client(client.listdir(directory))}
             missing = sorted(p for p in watcher.created if p.startswith(directory + "/") and p not in names
-                             and p not in watcher.lost)
+                             and p not in watcher.lost and p not in watcher.removed)
             if missing:
                 self.fail(f"(g) once healed, {directory} lacks created files {missing[:5]}")
-        for path in sorted(p for p in watcher.created if p not in watcher.lost):
+            back = sorted(p for p in watcher.removed if p.startswith(directory + "/") and p in names
+                          and p not in watcher.lost)
+            if back:
+                self.fail(f"(g) once healed, {directory} still has unlinked files {back[:5]}")
+        for path in sorted(p for p in watcher.created if p not in watcher.lost and p not in watcher.removed):
             data = await self.cluster.as_client(client.read_bytes(path))
             if data != burst_content(path):
                 self.fail(f"(g) once healed, {path} reads {len(data)} bytes, not the {len(burst_content(path))} written")
         assert watcher.client.claims is not None
         self.stats.update({"claims": watcher.client.claims.claims, "creates_without_call": watcher.client.claims.created,
-                           "creates_lost": len(watcher.lost)})
+                           "creates_lost": len(watcher.lost), "unlinks_without_call": watcher.client.claims.unlinked})
 
     async def final_read(self, name: str) -> None:
         """(a) and (e): once healed, every file reads back as a version no acknowledged write

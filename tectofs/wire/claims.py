@@ -66,15 +66,26 @@ class PendingCreate(Message, frozen=True, array_like=True):
     content: PendingContent | None = None
 
 
+class PendingUnlink(Message, frozen=True, array_like=True):
+    """One unlink made without a call: ``name`` in the claimed directory, which named inode
+    ``ino`` (a regular file with no other name)."""
+
+    name: Name
+    ino: Ino
+
+
 class CreateManyRequest(Message, frozen=True, kw_only=True):
-    """Make ``creates`` in the claimed directory ``path`` (inode ``directory``), in order, in one
-    transaction: all of them or, the first failure raised, none."""
+    """In the claimed directory ``path`` (inode ``directory``), remove ``unlinks``, then make
+    ``creates``, each in order, in one transaction: all of them or, the first failure raised,
+    none. (A client never sends a create and an unlink of one name in one request: the unlinks
+    going first keeps the order of everything else.)"""
 
     path: Path
     directory: Ino
     uid: Owner = 0  # as ClaimRequest's
     gid: Owner = 0
-    creates: Annotated[list[PendingCreate], msgspec.Meta(min_length=1, max_length=limits.create_batch_max)]
+    creates: Annotated[list[PendingCreate], msgspec.Meta(max_length=limits.create_batch_max)] = []
+    unlinks: Annotated[list[PendingUnlink], msgspec.Meta(max_length=limits.create_batch_max)] = []
 
 
 class CreateManyReply(Message, frozen=True, kw_only=True):
