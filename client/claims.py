@@ -248,10 +248,16 @@ class CreateClaims:
         else:
             claimed.directory = after
 
-    def forget_all(self) -> None:
-        """Stop creating without a call (a rename or a permission change of this client's may
-        have moved or closed a claimed directory); what is queued is still sent."""
-        self._claims.clear()
+    def forget_under(self, changed: list[str]) -> None:
+        """Stop creating without a call in the claimed directories at or below ``changed`` (this
+        client's rename, rmdir or permission change there may have moved or closed them); what
+        is queued is still sent. A path not resolvable here (None-like: ``[]``) forgets them all."""
+        if not changed:
+            self._claims.clear()
+            return
+        roots = [paths.join(path) for path in changed]
+        for claimed in [p for p in self._claims if any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)]:
+            del self._claims[claimed]
 
     # ------------------------------------------------------------------ sending
 

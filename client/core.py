@@ -26,7 +26,7 @@ from .files import AsyncFile
 from .lease_session import LeaseSession
 from .leases import LeaseEndings
 from .metadata import MetadataClient
-from .metadata_cache import ABSENT, MISS, CachedLayout, MetadataCache, Miss
+from .metadata_cache import ABSENT, MISS, CachedLayout, MetadataCache, Miss, changed_paths
 from .metered import MeteredRpcClient
 
 AnswerT = TypeVar("AnswerT")
@@ -233,8 +233,8 @@ class AsyncFileSystem:
         path = getattr(request, "path", None)
         if operation == "mkdir" and reply is not None and isinstance(path, str):
             self.claims.made_directory(path)
-        if operation in CLAIMS_ENDING:
-            self.claims.forget_all()  # a claimed directory may have moved, or its permissions changed
+        if operation in CLAIMS_ENDING:  # a claimed directory may have moved, or its permissions changed
+            self.claims.forget_under([p for p in changed_paths(request)] if not getattr(request, "ino", 0) else [])
         elif isinstance(path, str) and (parts := paths.split(path)):
             after = getattr(reply, "directory", None)
             self.claims.directory_changed(paths.join(*parts[:-1]) if len(parts) > 1 else "/",
