@@ -116,7 +116,7 @@ class CreateClaims:
         if claimed is None or not claimed.numbers:
             return None
         ino, handle = claimed.numbers.pop(0)
-        if len(claimed.numbers) == limits.claim_inodes // 4:  # more numbers before these run out
+        if len(claimed.numbers) == limits.claim_inodes // 2:  # more numbers before these run out
             task = asyncio.get_running_loop().create_task(self._claim(claimed.path))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

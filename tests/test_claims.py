@@ -179,3 +179,27 @@ def test_an_unlink_without_a_call_is_seen_by_every_other_clients_next_call_by_na
         for fs in (remover, other):
             await fs.close()
     run(scenario())
+
+
+def test_a_hundred_thousand_files_created_in_one_directory_under_one_claim(claims_cluster):
+    """The scale a shared directory reaches: 100,000 creates without calls (the claim takes more
+    inode numbers as it goes, without looking at the directory's files again), all seen by
+    another client's listing, none lost."""
+    count = 100_000
+
+    async def scenario():
+        creator, reader = await _leasing(claims_cluster)
+        base = f"/wide-{os.getpid()}"
+        await creator.mkdir(base)
+        for i in range(count):
+            handle = await creator.open(f"{base}/f{i:06d}", "xb")
+            await handle.close()
+        claims = creator.claims
+        assert claims is not None and claims.claims == 1
+        assert claims.created >= count * 0.99  # (a create whose numbers ran out, the next ones not in yet, is a call)
+        names = await reader.listdir(base)
+        assert len(names) == count and names[0] == "f000000" and names[-1] == f"f{count - 1:06d}"
+        assert claims.lost == 0 and claims.sent == claims.created
+        for fs in (creator, reader):
+            await fs.close()
+    asyncio.run(asyncio.wait_for(scenario(), 300))

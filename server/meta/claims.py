@@ -100,7 +100,10 @@ class ClaimOperations:
                 directory, template, first = store.claim_directory(parts, r.count, r.uid, r.gid, caller=caller)
             except InvalidArgument:  # a setgid directory: created by calls
                 return _REFUSED
-            stale = leases.claim(session, directory.ino, first, r.count, store.children(directory.ino))
+            # (the others' holdings of its files' attributes were recalled by the first claim, and
+            # none was granted since: a claim of more numbers does not look at them again)
+            children = () if leases.holds_claim(session, directory.ino) else store.children(directory.ino)
+            stale = leases.claim(session, directory.ino, first, r.count, children)
             if stale is None:
                 return _REFUSED
             store.record_claim(first, r.count, directory.ino, session)

@@ -332,6 +332,12 @@ class LeaseTable:
             held = [(ATTRS, child) for child in children if (ATTRS, child) in self._holders]
             return [*self._by_directory.get(directory, ()), (ATTRS, directory), *held]
 
+    def holds_claim(self, session: bytes, directory: int) -> bool:
+        """Whether ``session`` holds ``directory`` claimed (a claim of more numbers)."""
+        with self._lock:
+            claim = self._claims.get(directory)
+            return claim is not None and claim.session == session
+
     def claimed_by_other(self, keys: Iterable[LeaseKey], session: bytes, parents: "dict[int, int] | None" = None,
                          parent_of: "Callable[[int], int | None] | None" = None) -> int | None:
         """The first directory that a session other than ``session`` holds claimed among what
