@@ -45,11 +45,12 @@ def mount_options(address: str, shared: bool, default_permissions: bool, debug: 
 
 async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
                        on_ready: Callable[[], None] | None, credentials: str | None, multi_user: bool | None,
-                       default_permissions: bool, negative_cache_s: float, leases: bool, xattrs: bool) -> None:
+                       default_permissions: bool, negative_cache_s: float, leases: bool, xattrs: bool,
+                       async_creates: bool = True) -> None:
     loop = asyncio.get_running_loop()
     diagnostics.dump_tasks_on_sigusr1(loop)
     # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
-    fs = AsyncFileSystem(address, credentials, leases=leases)
+    fs = AsyncFileSystem(address, credentials, leases=leases, async_creates=async_creates)
     try:
         who = await fs.metadata.whoami() if fs.credential is not None else None
         if who is None:
@@ -95,18 +96,19 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
            on_ready: Callable[[], None] | None = None, credentials: str | None = None,
            multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0,
-           leases: bool = True, xattrs: bool = True) -> None:
+           leases: bool = True, xattrs: bool = True, async_creates: bool = True) -> None:
     pyfuse3.asyncio.enable()
     if not device_wait.install():
         log.info("pyfuse3's asyncio layer is not the one expected: the FUSE device is registered per request")
     asyncio.run(_serve_async(address, mountpoint, threads, attr_timeout_s, debug, on_ready, credentials, multi_user,
-                             default_permissions, negative_cache_s, leases, xattrs))
+                             default_permissions, negative_cache_s, leases, xattrs, async_creates))
 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
           attr_timeout_s: float = 1.0, debug: bool = False, credentials: str | None = None,
           multi_user: bool | None = None, default_permissions: bool = True,
-          negative_cache_s: float = 0.0, leases: bool = True, xattrs: bool = True) -> str | None:
+          negative_cache_s: float = 0.0, leases: bool = True, xattrs: bool = True,
+          async_creates: bool = True) -> str | None:
     """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
 
     ``credentials``: the credential file (default: ``tectofs.wire.auth.find_credential``).
@@ -125,6 +127,12 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     names (absent ones too) and attributes for as long as they last, and drops them when
     another client's change recalls them, before that change returns (``kernel_cache.py``);
     without, the kernel keeps them ``attr_timeout_s`` and absent names not at all.
+
+    ``async_creates`` (default, with leases; ``--no-async-creates``: off): a burst of creates
+    or unlinks in one directory claims it, and the next ones there are answered without
+    waiting for the metadata service, sent in batches (``client/claims.py``): every other client
+    still sees each at its next call; one is durable once this mount's next call reached the
+    service (a ``close`` of a written file is one) or 50 ms later, as on a local disk.
 
     ``xattrs=False`` (``--no-xattrs``): no extended attributes through this mount; ``getfattr``
     and ``setfattr`` fail with "Operation not supported", and the kernel stops asking for them
@@ -145,7 +153,8 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
         raise SystemExit(f"tectofs mount: {mountpoint} is not a directory")
     serve = functools.partial(_serve, address, mountpoint, threads, attr_timeout_s, debug, credentials=credentials,
                               multi_user=multi_user, default_permissions=default_permissions,
-                              negative_cache_s=negative_cache_s, leases=leases, xattrs=xattrs)
+                              negative_cache_s=negative_cache_s, leases=leases, xattrs=xattrs,
+                              async_creates=async_creates)
     if foreground:
         serve()
         return None

@@ -256,7 +256,8 @@ def cmd_mount(args: argparse.Namespace) -> None:
     log_path = mount(address, args.mountpoint, foreground=not args.daemon, threads=not args.single_thread,
           attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
           multi_user=args.multi_user, default_permissions=args.default_permissions,
-          negative_cache_s=args.negative_entry_cache, leases=args.leases, xattrs=args.xattrs)
+          negative_cache_s=args.negative_entry_cache, leases=args.leases, xattrs=args.xattrs,
+          async_creates=args.async_creates)
     if log_path is not None:
         print(f"tectofs mount: {args.mountpoint} mounted in the background; log: {log_path}", file=sys.stderr)
 
@@ -400,6 +401,11 @@ def add_parsers(sub: Any) -> None:
                    " metadata service for this long after the mount's last change there: creates take one call"
                    " instead of two, but another client's new file there may read as absent that long (default 0:"
                    " off; at most --attr-timeout is sensible)")
+    p.add_argument("--no-async-creates", dest="async_creates", action="store_false",
+                   help="with leases: every create and unlink waits for the metadata service (by default a burst of"
+                   " them in one directory claims it and the next ones are sent in batches: other clients still see"
+                   " each at their next call, and one is durable once this mount's next call, a close of a written"
+                   " file for one, reached the service, or 50 ms later, as on a local disk)")
     p.add_argument("--no-xattrs", dest="xattrs", action="store_false",
                    help="no extended attributes through this mount (getfattr/setfattr: 'Operation not supported'):"
                    " the kernel then stops asking for them, which ls -l does for every file and a write before"
