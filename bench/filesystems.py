@@ -123,6 +123,7 @@ class TectofsVariant:
                         "store, the rest rs(4,2)")
     inline_max: int | None = None  # the metadata service's --inline-max (None: its default)
     tree_policy: str | None = None  # the policy of each tree's directory, set before it is filled (None: /'s)
+    async_creates: bool = True  # the mount's (False: --no-async-creates)
 
     @property
     def system(self) -> str:
@@ -141,6 +142,8 @@ TECTOFS_VARIANTS = {variant.name: variant for variant in (
     TectofsVariant("inline-off-rep3", "--inline-max 0 and the tree's directory set to rep(3) before the untar: "
                    "every file as three replicas on chunk servers, as Tectonic keeps small data",
                    inline_max=0, tree_policy="rep(3)"),
+    TectofsVariant("sync-creates", "the mount's asynchronous creates turned off: every create and unlink a call "
+                   "that waits for the metadata service, as before directories were claimed", async_creates=False),
 )}
 
 
@@ -174,7 +177,8 @@ class Tectofs(FileSystem):
         from tectofs.client.fuse import start_mount_process
 
         self.mount = start_mount_process(self.cluster.address, self.root, timeout_s=start_timeout_s,
-                                         log_path=os.path.join(self.work_dir, "mount.log"), xattrs=self.xattrs)
+                                         log_path=os.path.join(self.work_dir, "mount.log"), xattrs=self.xattrs,
+                                         async_creates=self.variant.async_creates)
 
     def prepare_tree(self, directory: str) -> None:
         """The variant's ``tree_policy`` on ``directory``, through the client library (files
