@@ -244,3 +244,14 @@ def _in_process_unless_slow(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         subprocess.Popen.__init__ = started  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="module")
+def leased_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address of a local cluster whose leases last 2 s (leases, claims: ``test_leases.py``,
+    ``test_claims.py``), one per module."""
+    from tectofs.server.cluster import LocalCluster
+    cluster = LocalCluster(str(tmp_path_factory.mktemp("leases")), meta_args=["--lease", "2"])
+    address = cluster.start()
+    yield address
+    cluster.stop()

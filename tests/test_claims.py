@@ -13,7 +13,6 @@ import pytest
 from tectofs.errors import AlreadyExists, PermissionDenied
 from tectofs.wire import messages
 from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingCreate
-from tests.test_leases import leased_cluster as claims_cluster  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +25,7 @@ async def _leasing(address, count=2):
     from tectofs.client.core import AsyncFileSystem
     clients = [AsyncFileSystem(address, leases=True) for _ in range(count)]
     for _ in range(200):
-        if all(c.lease_session.remaining() for c in clients):
+        if all(c.lease_session is not None and c.lease_session.remaining() for c in clients):
             return clients
         await asyncio.sleep(0.02)
     raise AssertionError("no lease within 4 s")
@@ -38,11 +37,11 @@ async def _create(fs, path):
     return handle.ino
 
 
-def test_a_burst_of_creates_costs_no_calls_and_every_other_client_sees_each_file_at_its_next_call(claims_cluster):
+def test_a_burst_of_creates_costs_no_calls_and_every_other_client_sees_each_file_at_its_next_call(leased_cluster):
     async def scenario():
         from tectofs.client.core import AsyncFileSystem
-        creator, reader = await _leasing(claims_cluster)
-        plain = AsyncFileSystem(claims_cluster)  # holds no leases
+        creator, reader = await _leasing(leased_cluster)
+        plain = AsyncFileSystem(leased_cluster)  # holds no leases
         base = f"/burst-{os.getpid()}"
         await creator.mkdir(base)
         inos = [await _create(creator, f"{base}/f{i}") for i in range(40)]
@@ -80,11 +79,11 @@ def test_a_burst_of_creates_costs_no_calls_and_every_other_client_sees_each_file
     run(scenario())
 
 
-def test_nobody_creates_under_a_claim_not_theirs_nor_with_numbers_not_handed_to_them(claims_cluster):
+def test_nobody_creates_under_a_claim_not_theirs_nor_with_numbers_not_handed_to_them(leased_cluster):
     async def scenario():
         from tectofs.client.core import AsyncFileSystem
-        holder, other = await _leasing(claims_cluster)
-        plain = AsyncFileSystem(claims_cluster)
+        holder, other = await _leasing(leased_cluster)
+        plain = AsyncFileSystem(leased_cluster)
         base = f"/guarded-{os.getpid()}"
         await holder.mkdir(base)
         directory = (await holder.stat(base)).ino
@@ -149,7 +148,7 @@ def test_creates_not_sent_when_the_service_was_killed_are_taken_back_by_its_succ
     run(scenario())
 
 
-def test_an_unlink_without_a_call_is_seen_by_every_other_clients_next_call_by_name_or_by_inode(claims_cluster):
+def test_an_unlink_without_a_call_is_seen_by_every_other_clients_next_call_by_name_or_by_inode(leased_cluster):
     """``rm`` of many files in one directory claims it too: the unlinks cost no call, and
     another client that held the files' names and attributes sees each gone at its next call,
     whether it asks by name or by inode number (the claim recalled the attributes of the
@@ -157,7 +156,7 @@ def test_an_unlink_without_a_call_is_seen_by_every_other_clients_next_call_by_na
     from tectofs.errors import NotFound, StaleFile
 
     async def scenario():
-        remover, other = await _leasing(claims_cluster)
+        remover, other = await _leasing(leased_cluster)
         base = f"/unlinked-{os.getpid()}"
         await other.mkdir(base)
         for i in range(30):
@@ -181,14 +180,14 @@ def test_an_unlink_without_a_call_is_seen_by_every_other_clients_next_call_by_na
     run(scenario())
 
 
-def test_a_hundred_thousand_files_created_in_one_directory_under_one_claim(claims_cluster):
+def test_a_hundred_thousand_files_created_in_one_directory_under_one_claim(leased_cluster):
     """The scale a shared directory reaches: 100,000 creates without calls (the claim takes more
     inode numbers as it goes, without looking at the directory's files again), all seen by
     another client's listing, none lost."""
     count = 100_000
 
     async def scenario():
-        creator, reader = await _leasing(claims_cluster)
+        creator, reader = await _leasing(leased_cluster)
         base = f"/wide-{os.getpid()}"
         await creator.mkdir(base)
         for i in range(count):
@@ -203,3 +202,39 @@ def test_a_hundred_thousand_files_created_in_one_directory_under_one_claim(claim
         for fs in (creator, reader):
             await fs.close()
     asyncio.run(asyncio.wait_for(scenario(), 300))
+
+
+def test_walking_through_a_claimed_directory_recalls_nothing_and_nested_claims_do_not_wait_on_each_other(
+        leased_cluster):
+    """A claim's holder only adds and removes files, so a path walked through a claimed directory
+    to one below does not recall the claim; and holders of claims nested in each other's
+    directories send their creates without waiting for one another (each sending changes only
+    its own directory), while a third client lists all three."""
+    async def scenario():
+        a, c, reader = await _leasing(leased_cluster, 3)
+        base = f"/nested-{os.getpid()}"
+        for path in (base, f"{base}/p", f"{base}/p/d", f"{base}/p/q"):
+            await reader.mkdir(path)
+
+        async def claim(fs, path):
+            reply = await fs.metadata.claim_directory(ClaimRequest(path=path, count=8))
+            assert reply.granted and reply.directory is not None
+            return reply
+
+        def batch(path, reply, name, i):
+            return CreateManyRequest(path=path, directory=reply.directory.ino, creates=[
+                PendingCreate(name=name, ino=reply.first + i, mode=0o644, time=1.0)])
+        outer, inner, middle = await claim(a, base), await claim(a, f"{base}/p/d"), await claim(c, f"{base}/p")
+        await reader.stat(f"{base}/p/q")  # walks through base and base/p (both claimed): recalls neither
+        await a.metadata.create_many(batch(base, outer, "a0", 0))  # a's claim on base still stands
+        await c.metadata.create_many(batch(f"{base}/p", middle, "c0", 0))  # and c's on base/p
+        await asyncio.wait_for(asyncio.gather(  # all at once: no holder's sending waits on another's claim
+            a.metadata.create_many(batch(base, outer, "a1", 1)),
+            a.metadata.create_many(batch(f"{base}/p/d", inner, "d1", 1)),
+            c.metadata.create_many(batch(f"{base}/p", middle, "c1", 1))), 10)
+        listed = await asyncio.wait_for(asyncio.gather(  # each recalls one claim
+            reader.listdir(f"{base}/p/d"), reader.listdir(f"{base}/p"), reader.listdir(base)), 10)
+        assert [sorted(names) for names in listed] == [["d1"], ["c0", "c1", "d", "q"], ["a0", "a1", "p"]]
+        for fs in (a, c, reader):
+            await fs.close()
+    run(scenario())

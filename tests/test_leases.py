@@ -178,13 +178,6 @@ def test_what_statements_change_as_lease_keys():
 # ---------------------------------------------------------------------- end to end
 
 
-@pytest.fixture(scope="module")
-def leased_cluster(tmp_path_factory):
-    from tectofs.server.cluster import LocalCluster
-    cluster = LocalCluster(str(tmp_path_factory.mktemp("leases")), meta_args=["--lease", "2"])
-    address = cluster.start()
-    yield address
-    cluster.stop()
 
 
 

@@ -130,7 +130,8 @@ def test_fixed_size_replies_fit() -> None:
     # create_many: a new small file's layout per create, its inline bytes left out (inline_echo)
     inline = messages.Block(idx=0, block_id=0, policy="x" * 32, length=limits.inline_bytes_max,
                             valid=limits.inline_bytes_max, chunks=[], inline=messages.InlineData(data=b"", crc=2**32 - 1))
-    written = messages.LayoutSegment(attrs=msgspec.structs.replace(attrs, kind="file", target=None), blocks=[inline], inline_max=2**63 - 1, inline_omitted=True)
+    file_attrs = msgspec.structs.replace(attrs, kind="file", target=None)
+    written = messages.LayoutSegment(attrs=file_attrs, blocks=[inline], inline_max=2**63 - 1, inline_omitted=True)
     _fits(claims.CreateManyReply(directory=attrs, layouts=[written] * limits.create_batch_max))
     source = messages.ChunkRef(position=47, server_id=2**63 - 1, address=_long_address(1), length=2**26, crc=2**32 - 1)
     order = messages.RepairOrder(block_id=2**63 - 1, position=47, policy="x" * 32, length=2**26, crc=2**32 - 1,

@@ -67,7 +67,10 @@ class ClaimOperations:
         on, claims that end are forgotten by the store too."""
         leases, loop = self.service.leases, asyncio.get_running_loop()
         ranges = await self.service.runner.call(lambda store: store.claims_recorded())
-        leases.on_claims_ended = lambda firsts: loop.call_soon_threadsafe(self._forget, firsts)
+
+        def ended(firsts: list[int]) -> None:
+            loop.call_soon_threadsafe(self._forget, firsts)
+        leases.on_claims_ended = ended
         if not ranges:
             return
         if not leases.in_grace():  # nobody can hold them (no lease was ever granted over the store)

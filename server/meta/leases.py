@@ -329,8 +329,9 @@ class LeaseTable:
                 claim = self._claims[directory] = _Claim(session=session, ranges=[])
                 self.claims_granted += 1
             claim.ranges.append((first, count))
-            held = [(ATTRS, child) for child in children if (ATTRS, child) in self._holders]
-            return [*self._by_directory.get(directory, ()), (ATTRS, directory), *held]
+            stale: list[LeaseKey] = [*self._by_directory.get(directory, ()), (ATTRS, directory)]
+            stale.extend((ATTRS, child) for child in children if (ATTRS, child) in self._holders)
+            return stale
 
     def holds_claim(self, session: bytes, directory: int) -> bool:
         """Whether ``session`` holds ``directory`` claimed (a claim of more numbers)."""
@@ -342,8 +343,8 @@ class LeaseTable:
                          parent_of: "Callable[[int], int | None] | None" = None) -> int | None:
         """The first directory that a session other than ``session`` holds claimed among what
         ``keys`` name: a directory's names, listing or attributes, or the attributes of a file
-        in it (its parent from ``parents``, else ``parent_of``: the claim's holder may have
-        unlinked it); None if none (on the store's thread)."""
+        in it (its parent from ``parents``, 0 there: not a regular file; else ``parent_of``:
+        the claim's holder may have unlinked it); None if none (on the store's thread)."""
         if not self._claims:
             return None
         with self._lock:

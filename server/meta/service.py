@@ -33,9 +33,9 @@ from tectofs.wire import auth, inline_echo, messages, shared_blocks
 from tectofs.wire.leases import ATTRS, ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
+from .claims import ClaimOperations
 from .guard import MetaGuard
 from .lease_peers import LeasePeers
-from .claims import ClaimOperations
 from .leases import ClaimConflict, LeaseTable
 from .users import UserOperations
 
@@ -71,15 +71,16 @@ def _granted(walked: list[LeaseKey], reached: int, result: object) -> list[Lease
 
 
 def _parents(result: object) -> dict[int, int]:
-    """The directory each inode an answer carries the attributes of was made or renamed into."""
+    """The directory each regular file an answer carries the attributes of was made or renamed
+    into (what a claim there covers: ``LeaseTable.claimed_by_other``); 0 for anything else."""
     if isinstance(result, tuple):  # (attributes, the directories walked): a lookup's
         result = result[0]
-    if isinstance(result, messages.Attrs):
-        return {result.ino: result.parent}
     if isinstance(result, (messages.CreateReply, messages.LayoutSegment, messages.AttrsReply)):
-        return {result.attrs.ino: result.attrs.parent}
+        result = result.attrs
+    if isinstance(result, messages.Attrs):
+        return {result.ino: result.parent if result.kind == "file" else 0}
     if isinstance(result, messages.ReaddirReply):
-        return {e.attrs.ino: e.attrs.parent for e in result.entries}
+        return {e.attrs.ino: e.attrs.parent if e.attrs.kind == "file" else 0 for e in result.entries}
     return {}
 
 
@@ -320,17 +321,20 @@ class MetadataService:
             if ran is not None:
                 ran.append(True)
             walked: list[LeaseKey] = []
-            store.walked, store.modified, store.reached = walked, modified, 0
+            through: set[LeaseKey] = set()
+            store.walked, store.through, store.modified, store.reached = walked, through, modified, 0
             result: ResultT | None = None
             try:
                 result = operation(store)
                 return result
             finally:
-                reached, store.walked, store.modified = store.reached, None, None
+                reached, store.walked, store.through, store.modified = store.reached, None, None, None
                 granted = _granted(walked, reached, result)
                 # What it read or changed of a directory another session holds claimed: undone
-                # (raised over its answer or error), to run again once the claim is recalled.
-                claimed = self.leases.claimed_by_other(itertools.chain(granted, modified), session,
+                # (raised over its answer or error), to run again once the claim is recalled. A
+                # name found to be a directory is not: a claim's holder only adds and removes files.
+                read = [key for key in granted if key not in through] if through else granted
+                claimed = self.leases.claimed_by_other(itertools.chain(read, modified), session,
                                                        _parents(result), store.parent_of)
                 if claimed is not None:
                     modified.clear()

@@ -73,13 +73,15 @@ class DirectoryClaims(StoreParts):
             self._x("DELETE FROM claims WHERE first = ?", (first,))
 
     def parent_of(self, ino: int) -> int | None:
-        """The directory inode ``ino`` was last created or renamed into (None: no such inode)."""
-        row = self._one("SELECT parent FROM inodes WHERE ino = ?", (ino,))
+        """The directory regular file ``ino`` was last created or renamed into (None: no such
+        file, or not a regular file)."""
+        row = self._one("SELECT parent FROM inodes WHERE ino = ? AND kind = 'f'", (ino,))
         return None if row is None else int(row[0])
 
     def children(self, directory: int) -> list[int]:
-        """The inodes the names in ``directory`` lead to."""
-        return [int(ino) for (ino,) in self._all("SELECT ino FROM names WHERE parent = ?", (directory,))]
+        """The regular files the names in ``directory`` lead to (what its claim's holder may unlink)."""
+        return [int(ino) for (ino,) in self._all(
+            "SELECT n.ino FROM names n JOIN inodes i ON i.ino = n.ino WHERE n.parent = ? AND i.kind = 'f'", (directory,))]
 
     def create_many(self, parts: list[str], directory_ino: int, creates: Iterable[PendingCreate], uid: int, gid: int,
                     *, caller: Caller | None = None, unlinks: Iterable[PendingUnlink] = ()) -> CreateManyReply:

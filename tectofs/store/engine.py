@@ -128,6 +128,7 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         # statements invalidated (``modified``, ``lease_keys.changed_by``). Kept only while the
         # service sets them (to empty collections, around one operation); None: not kept.
         self.walked: list[LeaseKey] | None = None
+        self.through: set[LeaseKey] | None = None  # of ``walked``: names found to be directories
         self.reached = 0
         self.modified: set[LeaseKey] | None = None
         parse_policy(default_policy)
@@ -267,6 +268,8 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
                 self.walked.append((ENTRY, attrs.ino, name))
             if child is None:
                 raise NotFound(f"{walked}: no such file or directory")
+            if self.through is not None and child.kind == "dir":
+                self.through.add((ENTRY, attrs.ino, name))
             self.reached = child.ino
             parent, attrs = attrs, child
         return parent, attrs

@@ -12,8 +12,22 @@ import msgspec
 
 from tectofs import limits
 from tectofs.wire.operation import Operation
-from tectofs.wire.values import (Attrs, Handle, Id, Ino, Int64, LayoutSegment, Message, Mode, Name, Owner, Path, Time,
-                                 WrittenBlock)
+from tectofs.wire.values import (
+    Attrs,
+    Handle,
+    Id,
+    Ino,
+    Int64,
+    LayoutSegment,
+    Message,
+    Mode,
+    Name,
+    Owner,
+    Path,
+    Time,
+    WrittenBlock,
+)
+
 
 class ClaimRequest(Message, frozen=True, kw_only=True):
     """Claim directory ``path`` for the caller's lease session (which needs write and search

@@ -18,9 +18,9 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from tectofs import limits
+from tectofs.wire.claims import CLAIM_DIRECTORY, CREATE_MANY
 from tectofs.wire.leases import KEEPALIVE, SESSION_BYTES
 from tectofs.wire.operation import AnyOperation, Operation, ReplyT, RequestT, table  # noqa: F401 (re-exported)
-from tectofs.wire.claims import CLAIM_DIRECTORY, CREATE_MANY
 from tectofs.wire.shared_blocks import REFERENCE_BLOCKS, SHARED_BLOCKS
 from tectofs.wire.tickets import TICKET, TICKET_SECRET, Ticket, TicketReply, TicketRequest, TicketSecretReply  # noqa: F401
 from tectofs.wire.values import (  # noqa: F401 (re-exported)
