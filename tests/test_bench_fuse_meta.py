@@ -66,7 +66,9 @@ def test_metadata_only_run_reports_rates_and_target(tmp_path, capsys):
         row = rows[f"mount multi-thread {op}"]
         assert row["target"] == f">= 1,500: {'met' if row['ops/s (median)'] >= 1500 else 'NOT met'}"
         assert row["vs local"] > 0
-        assert row["store ops/op"] >= 1  # every create and unlink reaches the metadata service
+        # every create and unlink reaches the metadata service: each its own operation, or (in a
+        # directory the mount claimed: client/claims.py) batched, many to one operation
+        assert row["store ops/op"] > 0
     verdict = meta["target"]["by_mode"]["mount multi-thread"]
     assert verdict["met"] == (verdict["creates/s"] >= 1500 and verdict["unlinks/s"] >= 1500)
     key = "mount multi-thread metadata target (1,500 creates/s and 1,500 unlinks/s)"
