@@ -106,6 +106,22 @@ def test_repair_done_moves_the_chunk_and_the_stale_copy_is_collected_when_its_se
     assert _beat(store, [ids[0]])[ids[0]] == [block]
 
 
+def test_a_moved_chunk_recalls_the_layouts_leased_with_its_files_attributes(store, clock):
+    """A client may keep a file's layout under a lease on its attributes (its parked reader's
+    lease): a rebuilt chunk placed on another server changes that layout, so the repair counts
+    as a change of the file's attributes and is recalled (simulator seed 3371: a layout kept
+    across two repairs read the moved positions from their old servers, one collected since)."""
+    from tectofs.wire.leases import ATTRS
+    ids, block = _first_server_out(store, clock)
+    (ino,) = [int(r[0]) for r in store._all("SELECT ino FROM blocks WHERE block_id = ?", (block,))]
+    store.modified = set()
+    try:
+        assert store.repair_done(block, 0, ids[6], 100, 7)
+        assert store.modified == {(ATTRS, ino)}
+    finally:
+        store.modified = None
+
+
 def test_a_rebuilt_chunk_with_the_wrong_crc_is_never_placed(store, clock):
     ids, block = _first_server_out(store, clock)
     assert not store.repair_done(block, 0, ids[6], 100, 8)

@@ -10,6 +10,7 @@ from ..wire.values import ServerInfo
 if TYPE_CHECKING:
     import random
 
+    from ..wire.leases import LeaseKey
     from ..wire.values import Attrs
     from .access import Caller
 
@@ -43,6 +44,7 @@ class StoreParts:
 
     if TYPE_CHECKING:  # for the type checker only: provided by SqlStore and the other mixins
         rng: random.Random
+        modified: set[LeaseKey] | None  # what the running operation changed, as lease keys (engine.py)
 
         def _get(self, ino: int) -> Attrs: ...
 

@@ -27,6 +27,7 @@ from typing import Any, Iterable
 from .. import limits
 from ..errors import InvalidArgument, NotFound
 from ..policy import parse as parse_policy
+from ..wire.leases import ATTRS
 from ..wire.messages import DrainReply, FileHealth, HeartbeatReply, InventoryReply, RepairOrder
 from ..wire.values import ChunkRef, ServerInfo
 from .base import StoreParts
@@ -398,6 +399,9 @@ class BlockHealth(StoreParts):
                 f"UPDATE chunks SET server_id = ?, state = {OK}, since = ?, length = ? WHERE block_id = ? AND position = ?",
                 (server_id, now, length, block_id, position),
             )
+        if self.modified is not None:  # a layout leased with the files' attributes names the old server: recalled
+            self.modified.update((ATTRS, int(ino)) for (ino,) in self._all(
+                "SELECT DISTINCT ino FROM blocks WHERE block_id = ?", (block_id,)))
         return True
 
     def _late_rebuild_fits(self, block_id: int, position: int, server_id: int, crc: int, old: Any) -> bool:

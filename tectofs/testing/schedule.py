@@ -474,8 +474,9 @@ class Simulation:
                 self.damage(chunk, block_id, kind)
                 self.fault(kind, chunk, block_id)
         elif kind == "burst" and self.watcher is not None:
-            directory = f"/b{self.step}"
-            self.background(self.watcher.create_burst(directory, self.rng.randint(3, 12)))
+            directory, count = f"/b{self.step}", self.rng.randint(3, 12)
+            self.trace(f"watcher: burst of {count} creates in {directory}")
+            self.background(self.watcher.create_burst(directory, count))
             for _ in range(self.rng.randint(1, 4)):  # some while creates are unsent (within 50 ms)
                 self.background(self.list_burst(directory, self.rng.uniform(0.0, self.rng.choice([0.05, 0.5, 3.0]))))
         elif kind == "isolate_watcher" and self.watcher is not None and self.files and cluster.meta is not None:
