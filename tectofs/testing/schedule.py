@@ -590,14 +590,14 @@ class Simulation:
         for directory in sorted({p.rsplit("/", 1)[0] for p in watcher.created}):
             names = {f"{directory}/{n}" for n in await self.cluster.as_client(client.listdir(directory))}
             missing = sorted(p for p in watcher.created if p.startswith(directory + "/") and p not in names
-                             and p not in watcher.lost and p not in watcher.removed)
+                             and p not in watcher.lost and p not in watcher.removing)  # (a failed unlink may have landed)
             if missing:
                 self.fail(f"(g) once healed, {directory} lacks created files {missing[:5]}")
             back = sorted(p for p in watcher.removed if p.startswith(directory + "/") and p in names
                           and p not in watcher.lost)
             if back:
                 self.fail(f"(g) once healed, {directory} still has unlinked files {back[:5]}")
-        for path in sorted(p for p in watcher.created if p not in watcher.lost and p not in watcher.removed):
+        for path in sorted(p for p in watcher.created if p not in watcher.lost and p not in watcher.removing):
             data = await self.cluster.as_client(client.read_bytes(path))
             if data != burst_content(path):
                 self.fail(f"(g) once healed, {path} reads {len(data)} bytes, not the {len(burst_content(path))} written")
