@@ -33,6 +33,7 @@ class HandleLeases:
         self.writer_lease_s: float | None = None  # set by the first allocation
         self.reader = 0  # a reader's lease id (0: none)
         self.reader_since = 0.0  # when it was granted or last renewed (the loop's clock, as sent)
+        self._first: asyncio.TimerHandle | None = None  # the first renewal, until it starts the task
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -40,9 +41,8 @@ class HandleLeases:
         """Renew the writer's lease (its allocations: ``lease_s`` long) from now on."""
         renewing_too_seldom = self.writer_lease_s is None or lease_s < self.writer_lease_s
         self.writer_lease_s = lease_s
-        if renewing_too_seldom and self._task is not None:  # e.g. at the read lease's pace
-            self._task.cancel()
-            self._task = None
+        if renewing_too_seldom:  # e.g. at the read lease's pace
+            self._cancel()
         self._start()
 
     def hold_reader(self, reader: int, since: float | None = None) -> None:
@@ -56,20 +56,38 @@ class HandleLeases:
         """Renew nothing more; the reader's lease held (0: none) and when it was last granted
         or renewed, now the caller's to end or park."""
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
+        self._cancel()
         reader, self.reader = self.reader, 0
         return reader, self.reader_since
 
+    def _period(self) -> float | None:
+        """How long between two renewals (None: nothing to renew)."""
+        periods = [s for s in (self.writer_lease_s, limits.reader_lease_s if self.reader else None) if s]
+        return max(0.05, min(periods) / 4) if periods else None
+
     def _start(self) -> None:
-        if self._stopped or (self._task is not None and not self._task.done()):
+        """The first renewal, a period from now: a timer, and the renewing task only when it
+        fires (most handles close long before: an untar opens and closes one per file)."""
+        period = self._period()
+        if period is None or self._stopped or self._first is not None or (self._task is not None and not self._task.done()):
             return
-        self._task = asyncio.get_running_loop().create_task(self._renew())
+        self._first = asyncio.get_running_loop().call_later(period, self._begin)
+
+    def _begin(self) -> None:
+        self._first = None
+        if not self._stopped:
+            self._task = asyncio.get_running_loop().create_task(self._renew())
+
+    def _cancel(self) -> None:
+        if self._first is not None:
+            self._first.cancel()
+            self._first = None
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
 
     async def _renew(self) -> None:
         while not self._stopped:
-            periods = [s for s in (self.writer_lease_s, limits.reader_lease_s if self.reader else None) if s]
-            await asyncio.sleep(max(0.05, min(periods) / 4))
             sent, reader = asyncio.get_running_loop().time(), self.reader
             try:
                 await self.metadata.renew(messages.RenewRequest(
@@ -78,3 +96,7 @@ class HandleLeases:
                     self.reader_since = sent
             except TectofsError as exc:  # the next renewal, or the commit, will tell
                 log.warning("%s: lease renewal failed: %s", self.path, exc)
+            period = self._period()
+            if period is None:
+                return
+            await asyncio.sleep(period)

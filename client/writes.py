@@ -56,6 +56,8 @@ class IllegalTransition(AssertionError):
     """A move asked of a block in a state it cannot start from: the caller's bug."""
 
 
+_STATES = tuple(WriteState)  # (iterating the enum class itself is slow: a handle per open makes this)
+
 _FROM: dict[str, frozenset[WriteState | None]] = {
     # move: the states (None: absent) it may start from
     "buffer": frozenset({None, WriteState.WRITTEN, WriteState.STAGED, WriteState.HOLE, WriteState.HOLE_STAGED}),
@@ -91,7 +93,7 @@ class BlockWrites:
 
     def __init__(self) -> None:
         self._entries: dict[int, BlockWrite] = {}
-        self._by_state: dict[WriteState, dict[int, BlockWrite]] = {state: {} for state in WriteState}
+        self._by_state: dict[WriteState, dict[int, BlockWrite]] = {state: {} for state in _STATES}
         self._staged_at_mds = 0  # entries with ``staged_at_mds``
 
     # ------------------------------------------------------------------ looking

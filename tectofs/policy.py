@@ -7,6 +7,7 @@ chunk servers, and can be read back from any ``needed`` of them.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -51,8 +52,10 @@ class Policy:
         return f"rs({self.data},{self.redundancy})" if self.kind == "rs" else f"rep({self.width})"
 
 
+@functools.lru_cache(maxsize=256)
 def parse(text: str) -> Policy:
-    """Parse ``"rs(k,m)"`` or ``"rep(n)"``; spaces are ignored. Raises InvalidArgument."""
+    """Parse ``"rs(k,m)"`` or ``"rep(n)"``; spaces are ignored. Raises InvalidArgument.
+    Remembered (a ``Policy`` is immutable): every open of a file parses its policy."""
     compact = str(text).replace(" ", "").lower()
     if m := _RS.match(compact):
         k, parity = int(m.group(1)), int(m.group(2))
