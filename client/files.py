@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import msgspec
 
 from tectofs import limits, sparse
-from tectofs.errors import CapabilityExpired, InvalidArgument, NoSpace, StaleFile, TectofsError
+from tectofs.errors import CapabilityExpired, InvalidArgument, StaleFile, TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.regions import Regions
 from tectofs.wire import messages
 
 from . import inline, partial_reads
+from .allocations import Allocations
 from .blocks import consume_outcome
 from .handle_leases import HandleLeases
 from .layout import LayoutMap
@@ -59,8 +60,6 @@ class AsyncFile:
         # zeroed whole (a hole: nothing stored), one state machine per block index.
         self._writes = BlockWrites()
         self._writer = int.from_bytes(os.urandom(8), "big") >> 1  # names what this handle stages
-        self._allocations: list[messages.Allocation] = []
-        self._allocation_batch = 1
         self._changed = truncate  # something to commit even without blocks (e.g. truncation to 0)
         # when this handle last wrote or truncated, since its last commit (the commit's mtime)
         self.modified_at: float | None = time.time() if truncate else None
@@ -77,6 +76,8 @@ class AsyncFile:
         self.created = False  # this handle's open created the file (``abort`` removes it again)
         self.directory: Any = None  # a creating open's DirectoryChange (else None)
         self._leases = HandleLeases(context.metadata, path, self.ino, self.handle, self._writer)
+        self._allocations = Allocations(context.metadata, lambda count: messages.AllocateRequest(
+            ino=self.ino, handle=self.handle, count=count, writer=self._writer), self._leases.keep_writer)
         self._committed = False  # a commit of this handle succeeded
         self._last_commit: messages.LayoutSegment | None = None  # ... and the layout its last one answered
         # what the next commit also sets: (atime, mtime), None each for as a commit sets it; a mode
@@ -166,6 +167,8 @@ class AsyncFile:
             self._touch()
             if valid == self.block_size:
                 await self._send(idx)
+            elif self.size > self.inline_max:  # a partial block that will need chunks: placed ahead
+                self._allocations.ask_ahead()
         await self._bound_dirty()
         return written
 
@@ -261,7 +264,7 @@ class AsyncFile:
         """Wait while too many blocks are in flight; then a placement for the next one."""
         while self._writes.count(WriteState.PUTTING) >= self._inflight_max:
             await self._reap(wait=True)
-        return await self._allocation()
+        return await self._allocations.take()
 
     async def _launch(self, idx: int, write: Any) -> None:
         """Put block ``idx``'s write (a coroutine giving its Block) in flight (it owns the
@@ -282,7 +285,7 @@ class AsyncFile:
         allocation = await self._slot_and_allocation()
         policy = parse_policy(allocation.policy)
         if policy.kind != "rs":
-            self._allocations.insert(0, allocation)  # the buffered path takes it
+            self._allocations.put_back(allocation)  # the buffered path takes it
             return False
         encoded = await self.context.blocks.encode(policy, data)
         await self._launch(idx, self.context.blocks.place_block(idx, len(data), encoded, allocation, self._reallocate))
@@ -333,24 +336,6 @@ class AsyncFile:
         for idx, entry in list(putting.items()):
             if entry.task is not None and entry.task.done():
                 self._collect(idx, entry.task)
-
-    async def _allocation(self) -> messages.Allocation:
-        if not self._allocations:
-            for attempt in range(limits.placement_attempts_max):
-                try:
-                    reply = await self.context.metadata.allocate(messages.AllocateRequest(
-                        ino=self.ino, handle=self.handle, count=self._allocation_batch, writer=self._writer))
-                    break
-                except NoSpace:
-                    # Servers may look dead for a moment (a slow metadata service, a restart):
-                    # a bounded wait before the error reaches the caller.
-                    if attempt + 1 == limits.placement_attempts_max:
-                        raise
-                    await asyncio.sleep(limits.heartbeat_interval_s * (attempt + 1))
-            self._allocations = list(reply.blocks)
-            self._leases.keep_writer(reply.lease_s)
-            self._allocation_batch = min(self._allocation_batch * 2, 8)
-        return self._allocations.pop(0)
 
     async def _reallocate(self, failed_servers: set[int]) -> messages.Allocation:
         reply = await self.context.metadata.allocate(messages.AllocateRequest(
@@ -554,6 +539,7 @@ class AsyncFile:
     def _release(self) -> None:
         self.closed = True
         reader, since = self._leases.stop()
+        self._allocations.forget()
         if reader:  # end the lease now (else it lapses): a file unlinked while open goes at once
             park = self.context.park_reader
             # a reader's, under the layout it opened; a writer's, under what its last commit
