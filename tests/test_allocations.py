@@ -98,7 +98,7 @@ def _allocations(metadata: _Metadata, leases: list[float]) -> Allocations:
 
 def test_an_ask_ahead_that_failed_is_asked_again_by_take_and_batches_double() -> None:
     async def run() -> None:
-        metadata, leases = _Metadata([NoSpace("no servers for a moment")]), []
+        metadata, leases = _Metadata([NoSpace("no servers for a moment")]), list[float]()
         allocations = _allocations(metadata, leases)
         allocations.ask_ahead()
         allocations.ask_ahead()  # one ask on its way is enough
