@@ -282,8 +282,14 @@ class CreateClaims:
     async def flush(self) -> None:
         """Send every create queued so far (in order, one ``create_many`` per run of one
         directory; creates queued meanwhile wait for the next sending); returns once the service
-        made them or refused them (``lost``, logged), and any sending already under way ended."""
-        target = self._queued
+        made them or refused them (``lost``, logged), and any sending already under way ended.
+        The sending is a task of its own: a caller cancelled while it waits leaves it to end,
+        so a batch taken off the queue is always made, put back or reported lost, never dropped."""
+        sending = asyncio.get_running_loop().create_task(self._flush(self._queued))
+        sending.add_done_callback(_retrieve)
+        await asyncio.shield(sending)
+
+    async def _flush(self, target: int) -> None:
         while True:
             async with self._sending:  # after a sending under way: its creates came first
                 if not self._queue or self._queued - len(self._queue) >= target:
@@ -367,3 +373,10 @@ def _content_bytes(pending: "PendingCreate | PendingUnlink") -> int:
     if isinstance(pending, PendingUnlink) or pending.content is None:
         return 0
     return sum(len(block.inline.data) for block in pending.content.blocks if block.inline is not None)
+
+
+def _retrieve(task: "asyncio.Task[None]") -> None:
+    """A sending whose caller was cancelled fails unseen (its batch is back in the queue, or
+    reported lost): no "exception never retrieved" in the log."""
+    if not task.cancelled():
+        task.exception()

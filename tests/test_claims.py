@@ -238,3 +238,37 @@ def test_walking_through_a_claimed_directory_recalls_nothing_and_nested_claims_d
         for fs in (a, c, reader):
             await fs.close()
     run(scenario())
+
+
+def test_a_caller_cancelled_while_its_creates_are_sent_loses_none_of_them(leased_cluster):
+    """The caller waiting for a sending (here the claims' own ``flush``, as any call of the
+    client waits first) is cancelled as the batch leaves the queue: the sending goes on, so
+    every file it answered for exists for everyone, and nothing is counted lost."""
+    async def scenario():
+        from tectofs.client.core import AsyncFileSystem
+        (creator,) = await _leasing(leased_cluster, count=1)
+        plain = AsyncFileSystem(leased_cluster)
+        base = f"/cancelled-{os.getpid()}"
+        await creator.mkdir(base)
+        for i in range(20):
+            await _create(creator, f"{base}/f{i}")
+        claims = creator.claims
+        assert claims is not None and claims.pending == 20
+        waiting = asyncio.get_running_loop().create_task(claims.flush())
+        for _ in range(100):  # until the batch is off the queue, its create_many on its way
+            if not claims.pending:
+                break
+            await asyncio.sleep(0)
+        assert claims.pending == 0 and claims.sent == 0
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        for _ in range(100):  # the sending ends on its own
+            if claims.sent == 20:
+                break
+            await asyncio.sleep(0.05)
+        assert (claims.sent, claims.lost) == (20, 0)
+        assert sorted(await plain.listdir(base)) == sorted(f"f{i}" for i in range(20))
+        for fs in (creator, plain):
+            await fs.close()
+    run(scenario())
