@@ -184,6 +184,20 @@ def test_search_permission_taken_away_holds_at_once(base: str) -> None:
     refused(as_user(NOBODY, "cat", f"{shared}/d/f"), "Permission denied")
 
 
+def test_a_directory_its_owner_may_not_read_is_refused_at_open(base: str) -> None:
+    """``open(dir, O_RDONLY)`` of a mode-0 directory by its (non-root) owner fails with EACCES
+    at the open, as on a local disk, whoever checks permissions. Found by the mount model:
+    with the metadata service as the only checker, the open succeeded and the ``read`` after
+    it gave EISDIR."""
+    _, _, shared = _root_makes(base)
+    ok(as_user(NOBODY, "mkdir", f"{shared}/closed"))
+    ok(as_user(NOBODY, "chmod", "0", f"{shared}/closed"))
+    script = (f"import os\ntry:\n    os.open({shared + '/closed'!r}, os.O_RDONLY)\n    print('opened')\n"
+              "except OSError as e:\n    print(os.strerror(e.errno))\n")
+    assert ok(as_user(NOBODY, sys.executable, "-c", script)).strip() == b"Permission denied"
+    refused(as_user(NOBODY, "ls", f"{shared}/closed"), "Permission denied")
+
+
 def test_sticky_directory(base: str) -> None:
     _, _, shared = _root_makes(base)
     ok(as_user(NOBODY, "sh", "-c", f"echo keep > {shared}/keep"))

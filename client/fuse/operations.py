@@ -134,10 +134,14 @@ class TectofsOperations(FileOperations):
     @handler
     async def opendir(self, inode: int, ctx: Caller) -> int:
         """A handle of its own per open directory, for ``OpenListings`` (its listing is read
-        as the opener: readdir requests carry no caller)."""
+        as the opener: readdir requests carry no caller). Where the kernel checks no
+        permission (``--no-default-permissions``), the open reads the listing, so that a
+        caller who may not read the directory is refused here (EACCES), as by a local disk."""
+        identity = self.identity(ctx)
+        listing = None if self.cache.caches_names else await self._list(inode, identity)
         fh = self.files.new_number()
-        self.open_listings.opened(fh)
-        self._listing_callers[fh] = (inode, self.identity(ctx))
+        self.open_listings.opened(fh, listing)
+        self._listing_callers[fh] = (inode, identity)
         return fh
 
     @handler

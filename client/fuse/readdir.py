@@ -29,11 +29,12 @@ Entry = tuple[str, Stat | int]
 class _Listing:
     """One open directory's listing as fetched, and when (seconds, monotonic)."""
 
-    __slots__ = ("entries", "fetched_at")
+    __slots__ = ("entries", "fetched_at", "unread")
 
-    def __init__(self, entries: list[Entry]) -> None:
+    def __init__(self, entries: list[Entry], unread: bool = False) -> None:
         self.entries = entries
         self.fetched_at = time.monotonic()
+        self.unread = unread  # fetched by the open: its first read from offset 0 pages it
 
 
 class OpenListings:
@@ -45,8 +46,11 @@ class OpenListings:
         self.attributes_fresh_s = attributes_fresh_s
         self._listings: dict[int, _Listing | None] = {}
 
-    def opened(self, fh: int) -> None:
-        self._listings[fh] = None
+    def opened(self, fh: int, listing: list[Entry] | None = None) -> None:
+        """Directory handle ``fh`` was opened; ``listing``: fetched by the open itself (where
+        only the metadata service checks permissions, the open must: a read of the listing
+        as the opener does), paged by the handle's first read from offset 0."""
+        self._listings[fh] = None if listing is None else _Listing(listing, unread=True)
 
     def released(self, fh: int) -> None:
         self._listings.pop(fh, None)
@@ -56,7 +60,9 @@ class OpenListings:
         copied), and whether their attributes are still fresh. ``fetch`` gives the listing
         when there is none to page from; a handle this mount did not open fetches every time."""
         known = self._listings.get(fh)
-        if offset == 0 or known is None:
+        if known is not None and known.unread:
+            known.unread = False
+        elif offset == 0 or known is None:
             known = _Listing(await fetch())
             if fh in self._listings:
                 self._listings[fh] = known
