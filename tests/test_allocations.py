@@ -1,7 +1,9 @@
-"""Placements asked ahead (``client/allocations.py``): a handle that buffers a partial block
-past the inline size asks for its placement in the background, so its close waits for no
-allocation; a small file asks for none; an ask that failed is asked again where the caller
-sees the error; and a placement asked ahead and never used leaves the file as written."""
+"""What an open handle keeps asking the metadata service for. Placements asked ahead
+(``client/allocations.py``): a handle that buffers a partial block past the inline size asks
+for its placement in the background, so its close waits for no allocation; a small file asks
+for none; an ask that failed is asked again where the caller sees the error; a placement asked
+ahead and never used leaves the file as written. Lease renewals (``client/handle_leases.py``):
+one each period while open, none for a handle closed sooner."""
 
 from __future__ import annotations
 
@@ -122,5 +124,47 @@ def test_take_raises_what_the_service_keeps_answering(monkeypatch: pytest.Monkey
         allocations.ask_ahead()
         with pytest.raises(NoSpace):
             await allocations.take()
+
+    asyncio.run(run())
+
+
+class _Renewals:
+    """A metadata client double that records renewals."""
+
+    def __init__(self) -> None:
+        self.renewed: list[messages.RenewRequest] = []
+
+    async def renew(self, request: messages.RenewRequest) -> messages.Empty:
+        self.renewed.append(request)
+        return messages.Empty()
+
+
+def test_a_handle_renews_its_leases_each_period_and_a_short_lived_one_never(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HandleLeases``: the first renewal a period after the grant (a timer until then, no
+    task), then one each period until ``stop``; a handle closed sooner sends none and leaves
+    nothing scheduled; a handle with nothing to renew schedules nothing."""
+    from tectofs.client.handle_leases import HandleLeases
+
+    monkeypatch.setattr(limits, "reader_lease_s", 0.4)  # renewed every 0.1 s
+
+    async def run() -> None:
+        metadata = _Renewals()
+        brief = HandleLeases(metadata, "/brief", 1, b"h", 7)  # type: ignore[arg-type]
+        brief.hold_reader(11)
+        assert brief.stop()[0] == 11
+        idle = HandleLeases(metadata, "/idle", 2, b"h", 7)  # type: ignore[arg-type]
+        idle.hold_reader(0)  # no lease: nothing to renew
+        kept = HandleLeases(metadata, "/kept", 3, b"h", 7)  # type: ignore[arg-type]
+        kept.hold_reader(12)
+        await asyncio.sleep(0.05)
+        assert metadata.renewed == []  # not before its period
+        await asyncio.sleep(0.3)
+        renewals = len(metadata.renewed)
+        assert 2 <= renewals <= 4 and {r.ino for r in metadata.renewed} == {3}
+        assert all(r.reader == 12 and r.writer == 0 for r in metadata.renewed)
+        kept.stop()
+        await asyncio.sleep(0.25)
+        assert len(metadata.renewed) == renewals  # none after stop
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
     asyncio.run(run())
