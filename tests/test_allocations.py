@@ -160,7 +160,7 @@ def test_a_handle_renews_its_leases_each_period_and_a_short_lived_one_never(monk
         assert metadata.renewed == []  # not before its period
         await asyncio.sleep(0.3)
         renewals = len(metadata.renewed)
-        assert 2 <= renewals <= 4 and {r.ino for r in metadata.renewed} == {3}
+        assert 1 <= renewals <= 5 and {r.ino for r in metadata.renewed} == {3}  # about 3 (a loaded machine is late)
         assert all(r.reader == 12 and r.writer == 0 for r in metadata.renewed)
         kept.stop()
         await asyncio.sleep(0.25)
