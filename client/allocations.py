@@ -17,9 +17,10 @@ import asyncio
 from typing import Callable
 
 from tectofs import limits
-from tectofs.errors import NoSpace, TectofsError
+from tectofs.errors import NoSpace
 from tectofs.wire import messages
 
+from .block_reads import consume_outcome
 from .metadata import MetadataClient
 
 
@@ -40,10 +41,7 @@ class Allocations:
         may look dead for a moment: a slow metadata service, a restart) before it is raised."""
         if not self._ready and self._ahead is not None:
             ahead, self._ahead = self._ahead, None
-            try:
-                await ahead
-            except TectofsError:
-                pass  # asked again below, where the caller sees the error
+            await asyncio.wait([ahead])  # its outcome is what it put in _ready: if it failed, asked again below
         if not self._ready:
             for attempt in range(limits.placement_attempts_max):
                 try:
@@ -65,7 +63,7 @@ class Allocations:
         if self._ready or self._ahead is not None:
             return
         self._ahead = asyncio.get_running_loop().create_task(self._ask())
-        self._ahead.add_done_callback(_retrieve)
+        self._ahead.add_done_callback(consume_outcome)
 
     def forget(self) -> None:
         """The handle closed: what was asked ahead lapses. An ask on its way is left to end
@@ -79,10 +77,3 @@ class Allocations:
         self._ready.extend(reply.blocks)
         self.on_lease(reply.lease_s)
         self._batch = min(self._batch * 2, 8)
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    """A failed ask ahead is asked again by ``take`` (which reports it): never an unretrieved
-    task exception in the log."""
-    if not task.cancelled():
-        task.exception()

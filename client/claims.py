@@ -40,6 +40,7 @@ from tectofs.wire import inline_echo, messages
 from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingContent, PendingCreate, PendingUnlink
 from tectofs.wire.leases import Recall
 
+from .block_reads import consume_outcome
 from .metadata import MetadataClient
 
 log = logging.getLogger("tectofs.client")
@@ -286,7 +287,7 @@ class CreateClaims:
         The sending is a task of its own: a caller cancelled while it waits leaves it to end,
         so a batch taken off the queue is always made, put back or reported lost, never dropped."""
         sending = asyncio.get_running_loop().create_task(self._flush(self._queued))
-        sending.add_done_callback(_retrieve)
+        sending.add_done_callback(consume_outcome)
         await asyncio.shield(sending)
 
     async def _flush(self, target: int) -> None:
@@ -373,10 +374,3 @@ def _content_bytes(pending: "PendingCreate | PendingUnlink") -> int:
     if isinstance(pending, PendingUnlink) or pending.content is None:
         return 0
     return sum(len(block.inline.data) for block in pending.content.blocks if block.inline is not None)
-
-
-def _retrieve(task: "asyncio.Task[None]") -> None:
-    """A sending whose caller was cancelled fails unseen (its batch is back in the queue, or
-    reported lost): no "exception never retrieved" in the log."""
-    if not task.cancelled():
-        task.exception()
