@@ -82,6 +82,11 @@ class Views:
                 seen.append(None)
         return seen
 
+    def list_all(self) -> list[list[str]]:
+        """The names in the directory as each client lists it (a mount: through its kernel)."""
+        listed = [sorted(os.listdir(f"{mnt}{self.base}")) for mnt in self.mountpoints]
+        return listed + [sorted(fs.listdir(self.base)) for fs in self.libraries]
+
 
 def test_a_change_through_any_client_is_seen_by_every_other_at_its_next_call(four_clients: Any) -> None:
     cluster, mountpoints, libraries = four_clients
@@ -127,6 +132,7 @@ def test_a_change_through_any_client_is_seen_by_every_other_at_its_next_call(fou
     for step in range(120):
         for name in names:  # every client looks (and caches) before the change
             views.stat_all(name)
+        views.list_all()
         who = rng.randrange(4)
         present = [n for n in names if expected[n] is not None]
         kind = rng.choice(["write", "write", "chmod", "rename", "unlink"] if present else ["write"])
@@ -158,6 +164,8 @@ def test_a_change_through_any_client_is_seen_by_every_other_at_its_next_call(fou
                 if got is not None and want is not None:
                     assert got[:2] == want, (step, kind, who, n, client, got, want)
             checked += 1
+        listed = sorted(n for n in names if expected[n] is not None)
+        assert views.list_all() == [listed] * 4, (step, kind, who)
     assert checked == 120 * len(names)
 
 

@@ -13,6 +13,9 @@ crossed a recall (the session's ``epoch`` moved since the request began:
 timeout stays 0 when the metadata service alone checks permissions (a path walk through a
 cached name asks nobody).
 
+The kernel keeps directory listings too while leases are held (:attr:`KernelCache.listings`,
+``kernel_listings.py``): what drops them is said there.
+
 Without leases (``tectofs mount --no-leases``, or while they are lost): both timeouts are
 ``attr_timeout_s`` (``--attr-timeout``, default 1 s) and absent names are not kept: a name
 created on another mount is visible within that time.
@@ -39,6 +42,8 @@ from typing import Iterable
 
 import pyfuse3
 
+from tectofs.client.fuse import kernel_listings
+from tectofs.client.fuse.kernel_listings import KernelListings
 from tectofs.client.lease_session import LeaseSession
 from tectofs.wire.leases import Recall
 
@@ -68,11 +73,16 @@ class KernelCache:
         self._invalidations = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tectofs-recall")
         self._negative: dict[int, set[str]] = {}  # directory inode -> absent names the kernel keeps
         self._negative_count = 0
+        self.listings = KernelListings(enabled=leases is not None and self.entry_timeout_s > 0)
 
     def begin_request(self) -> None:
         """A request starts: note the lease epoch its replies are judged by."""
         if self.leases is not None:
             _request_epoch.set(self.leases.epoch)
+
+    def request_epoch(self) -> int:
+        """The lease epoch the request being served began at (for :meth:`listing_replied`)."""
+        return _request_epoch.get()
 
     def leased_s(self) -> float:
         """For how long the kernel may keep what the request being served learned: the rest of
@@ -113,6 +123,21 @@ class KernelCache:
         entry.entry_timeout = leased
         return entry
 
+    async def opening_directory(self, inode: int) -> None:
+        """An OPENDIR of ``inode`` is being answered: the kernel keeps the listing it reads through
+        it while a lease is held, else drops any it kept (``kernel_listings.py``)."""
+        evicted = await self.listings.opened(inode, self.leased_s() > 0)
+        if evicted:
+            self._invalidations.submit(kernel_listings.drop, evicted)
+
+    def listing_replied(self, inode: int, epoch: int) -> None:
+        """A page of ``inode``'s listing, fetched by a request begun at lease ``epoch``, is being
+        replied: if no lease covers it now (a recall or a lost lease since, or none then), the
+        kernel drops what it keeps of it, once the reply went out."""
+        if not self.listings.may_hold(inode) or (self.leases is not None and self.leases.still(epoch)):
+            return
+        asyncio.get_running_loop().call_soon(self._invalidations.submit, kernel_listings.drop, [inode])
+
     @property
     def caches_names(self) -> bool:
         """Whether the kernel keeps names at all (else every path walk asks the mount)."""
@@ -121,8 +146,8 @@ class KernelCache:
     async def recalled(self, recall: Recall | None, known: Iterable[tuple[int, str]], inodes: Iterable[int]) -> None:
         """Have the kernel drop what ``recall`` names (None: everything): names, absent names it
         was told to keep, and for a recalled listing every name of that directory it may hold
-        (``known``: the names of inodes it holds, as (parent inode, name)); the attributes of
-        recalled inodes (``inodes``: all of them, for None). Waits until the kernel did, or
+        (``known``: the names of inodes it holds, as (parent inode, name)) and the listing
+        itself if it kept it; the attributes of recalled inodes (``inodes``: all of them, for None). Waits until the kernel did, or
         ``recall_kernel_wait_s``: dropping a name needs its directory's lock, which a request of
         this mount may hold while it waits on another mount's recall (two mounts creating in
         one directory): past the wait, the recall is acknowledged and the kernel drops the name
@@ -143,9 +168,10 @@ class KernelCache:
                 self._negative_count -= len(names)
                 entries += [(directory, n) for n in names]
             inos = [*recall.inos, *recall.listings]
-        if not entries and not inos:
+        directories = self.listings.recalled(recall)
+        if not entries and not inos and not directories:
             return
-        done = asyncio.get_running_loop().run_in_executor(self._invalidations, _invalidate, entries, inos)
+        done = asyncio.get_running_loop().run_in_executor(self._invalidations, _invalidate, entries, inos, directories)
         try:
             await asyncio.wait_for(asyncio.shield(done), recall_kernel_wait_s)
         except asyncio.TimeoutError:
@@ -193,9 +219,9 @@ class KernelCache:
         return reported is not None and reported != (size, mtime)
 
 
-def _invalidate(entries: list[tuple[int, str]], inodes: list[int]) -> None:
-    """On the recall thread: the kernel drops ``entries`` and the attributes of ``inodes``
-    (which it may not hold: ENOENT is fine)."""
+def _invalidate(entries: list[tuple[int, str]], inodes: list[int], directories: list[int]) -> None:
+    """On the recall thread: the kernel drops ``entries``, the attributes of ``inodes`` and
+    the listings of ``directories`` (which it may not hold: ENOENT is fine)."""
     for parent, name in entries:
         try:
             pyfuse3.invalidate_entry(parent, name.encode("utf-8", "surrogateescape"))
@@ -206,3 +232,4 @@ def _invalidate(entries: list[tuple[int, str]], inodes: list[int]) -> None:
             pyfuse3.invalidate_inode(inode, attr_only=True)
         except Exception:
             pass
+    kernel_listings.drop(directories)

@@ -136,20 +136,24 @@ class TectofsOperations(FileOperations):
         """A handle of its own per open directory, for ``OpenListings`` (its listing is read
         as the opener: readdir requests carry no caller). Where the kernel checks no
         permission (``--no-default-permissions``), the open reads the listing, so that a
-        caller who may not read the directory is refused here (EACCES), as by a local disk."""
+        caller who may not read the directory is refused here (EACCES), as by a local disk.
+        With leases, the reply lets the kernel keep the listing (``kernel_listings.py``)."""
         identity = self.identity(ctx)
         listing = None if self.cache.caches_names else await self._list(inode, identity)
         fh = self.files.new_number()
-        self.open_listings.opened(fh, listing)
+        self.open_listings.opened(fh, listing, self.cache.request_epoch())
         self._listing_callers[fh] = (inode, identity)
+        await self.cache.opening_directory(inode)
         return fh
 
     @handler
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         inode, identity = self._listing_callers[fh]
-        entries, fresh = await self.open_listings.page(fh, start_id, lambda: self._list(inode, identity))
+        entries, fresh, epoch = await self.open_listings.page(fh, start_id, lambda: self._list(inode, identity),
+                                                              self.cache.request_epoch())
         fill(token, entries, start_id, self.entry, directory_entry, fresh,
              lambda name, st: self.named(inode, name, st.ino))
+        self.cache.listing_replied(inode, epoch)
 
     async def _list(self, inode: int, identity: Identity | None) -> list[Entry]:
         """"." and ".." (inode numbers), then every entry with its attributes."""

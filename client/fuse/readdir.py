@@ -29,11 +29,12 @@ Entry = tuple[str, Stat | int]
 class _Listing:
     """One open directory's listing as fetched, and when (seconds, monotonic)."""
 
-    __slots__ = ("entries", "fetched_at", "unread")
+    __slots__ = ("entries", "fetched_at", "epoch", "unread")
 
-    def __init__(self, entries: list[Entry], unread: bool = False) -> None:
+    def __init__(self, entries: list[Entry], epoch: int, unread: bool = False) -> None:
         self.entries = entries
         self.fetched_at = time.monotonic()
+        self.epoch = epoch  # the lease epoch the request that fetched it began at
         self.unread = unread  # fetched by the open: its first read from offset 0 pages it
 
 
@@ -46,27 +47,29 @@ class OpenListings:
         self.attributes_fresh_s = attributes_fresh_s
         self._listings: dict[int, _Listing | None] = {}
 
-    def opened(self, fh: int, listing: list[Entry] | None = None) -> None:
+    def opened(self, fh: int, listing: list[Entry] | None = None, epoch: int = -1) -> None:
         """Directory handle ``fh`` was opened; ``listing``: fetched by the open itself (where
         only the metadata service checks permissions, the open must: a read of the listing
-        as the opener does), paged by the handle's first read from offset 0."""
-        self._listings[fh] = None if listing is None else _Listing(listing, unread=True)
+        as the opener does) at lease ``epoch``, paged by the handle's first read from offset 0."""
+        self._listings[fh] = None if listing is None else _Listing(listing, epoch, unread=True)
 
     def released(self, fh: int) -> None:
         self._listings.pop(fh, None)
 
-    async def page(self, fh: int, offset: int, fetch: Callable[[], Awaitable[list[Entry]]]) -> tuple[list[Entry], bool]:
+    async def page(self, fh: int, offset: int, fetch: Callable[[], Awaitable[list[Entry]]],
+                   epoch: int = -1) -> tuple[list[Entry], bool, int]:
         """Handle ``fh``'s entries (from position ``offset`` on: ``entries[offset:]``, not
-        copied), and whether their attributes are still fresh. ``fetch`` gives the listing
-        when there is none to page from; a handle this mount did not open fetches every time."""
+        copied), whether their attributes are still fresh, and the lease epoch they were
+        fetched at. ``fetch`` gives the listing when there is none to page from (this request
+        began at lease ``epoch``); a handle this mount did not open fetches every time."""
         known = self._listings.get(fh)
         if known is not None and known.unread:
             known.unread = False
         elif offset == 0 or known is None:
-            known = _Listing(await fetch())
+            known = _Listing(await fetch(), epoch)
             if fh in self._listings:
                 self._listings[fh] = known
-        return known.entries, time.monotonic() - known.fetched_at < self.attributes_fresh_s
+        return known.entries, time.monotonic() - known.fetched_at < self.attributes_fresh_s, known.epoch
 
 
 def fill(token: pyfuse3.ReaddirToken, entries: list[Entry], offset: int,

@@ -1,0 +1,179 @@
+"""The kernel keeps directory listings while the mount holds leases (``client/fuse/kernel_listings.py``,
+``client/fuse/opendir_reply.py``): a listing read again reaches the mount only to open the
+directory, and a listing changed anywhere is read afresh at the next open, every time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import time
+from typing import Any
+
+import pytest
+
+from tectofs.client import connect
+from tectofs.client.fuse import kernel_listings, opendir_reply
+from tectofs.client.fuse.kernel_cache import KernelCache
+from tectofs.client.fuse.kernel_listings import KernelListings
+from tectofs.wire.leases import Recall
+from tests.test_fuse import _REASON
+
+
+def _requests(log_path: str, opcode: str, nodeid: int) -> int:
+    """How many ``opcode`` requests for ``nodeid`` the mount's ``--debug`` log shows."""
+    with open(log_path, errors="replace") as f:
+        return len(re.findall(rf"opcode: {opcode} \(\d+\), nodeid: {nodeid},", f.read()))
+
+
+@pytest.fixture
+def mount_and_library(make_cluster: Any, tmp_path: Any) -> Any:
+    from tectofs.client.fuse import start_mount_process
+
+    cluster = make_cluster(meta_args=["--lease", "5"])
+    log_path = str(tmp_path / "mount.log")
+    mount = start_mount_process(cluster.address, str(tmp_path / "mnt"), log_path=log_path, debug=True)
+    fs = connect(cluster.address, credentials=cluster.credential_file, leases=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (fs.aio.lease_session and fs.aio.lease_session.remaining()):
+            assert time.monotonic() < deadline, "no lease within 10 s"
+            time.sleep(0.05)
+        yield mount.mountpoint, log_path, fs
+    finally:
+        fs.close()
+        mount.stop()
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_a_listing_read_again_reaches_the_mount_only_to_open(mount_and_library: Any) -> None:
+    mountpoint, log_path, fs = mount_and_library
+    where = f"{mountpoint}/kept"
+    os.mkdir(where)
+    names = {f"file-{i:04d}" for i in range(600)}  # several READDIRPLUS pages
+    for name in names:
+        fs.write_bytes(f"/kept/{name}", b"")
+    nodeid = os.stat(where).st_ino
+    assert set(os.listdir(where)) == names
+    time.sleep(0.2)  # (the log is written by the mount process)
+    first = _requests(log_path, "READDIRPLUS", nodeid)
+    assert first >= 2, first
+    for _ in range(5):
+        assert set(os.listdir(where)) == names
+        assert len(list(os.scandir(where))) == len(names)
+    time.sleep(0.2)
+    assert _requests(log_path, "READDIRPLUS", nodeid) == first  # the kernel answered ten listings
+    assert _requests(log_path, "OPENDIR", nodeid) >= 11
+    with open(f"{where}/new", "wb"):  # this mount's own change: the kernel reads the listing again
+        pass
+    assert set(os.listdir(where)) == names | {"new"}
+    os.rename(f"{where}/new", f"{where}/renamed")
+    assert set(os.listdir(where)) == names | {"renamed"}
+    time.sleep(0.2)
+    assert _requests(log_path, "READDIRPLUS", nodeid) > first
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_a_kept_listing_follows_every_change_elsewhere_even_with_the_mtime_put_back(mount_and_library: Any) -> None:
+    """The kernel would notice a changed mtime by itself; a change whose directory mtime is put
+    back (``tar``, ``rsync -t`` restoring it) it would not: the recall drops the listing."""
+    mountpoint, _, fs = mount_and_library
+    fs.mkdir("/elsewhere")
+    where = f"{mountpoint}/elsewhere"
+    stamp = (1_700_000_000.0, 1_700_000_000.0)
+    fs.utime("/elsewhere", stamp)
+    rng = random.Random(5)
+    expected: set[str] = set()
+    for step in range(60):
+        for _ in range(2):  # listed twice: the second from the kernel's copy
+            assert set(os.listdir(where)) == expected, step
+        present = sorted(expected)
+        kind = rng.choice(["create", "mkdir", "rename", "unlink"] if present else ["create", "mkdir"])
+        name = f"n{step}"
+        if kind == "create":
+            fs.write_bytes(f"/elsewhere/{name}", b"x")
+            expected.add(name)
+        elif kind == "mkdir":
+            fs.mkdir(f"/elsewhere/{name}")
+            expected.add(name)
+        elif kind == "rename":
+            old = rng.choice(present)
+            fs.rename(f"/elsewhere/{old}", f"/elsewhere/{name}")
+            expected = (expected - {old}) | {name}
+        else:
+            old = rng.choice(present)
+            if fs.stat(f"/elsewhere/{old}").is_dir:
+                fs.rmdir(f"/elsewhere/{old}")
+            else:
+                fs.remove(f"/elsewhere/{old}")
+            expected.discard(old)
+        fs.utime("/elsewhere", stamp)  # the directory's mtime as it was
+        assert os.stat(where).st_mtime == stamp[1], step
+        assert set(os.listdir(where)) == expected, (step, kind)
+
+
+def test_which_listings_a_recall_or_a_lost_lease_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    kept: list[int] = []
+
+    async def keep(inode: int) -> bool:
+        kept.append(inode)
+        return True
+
+    monkeypatch.setattr(opendir_reply, "keep_listing", keep)
+    monkeypatch.setattr(opendir_reply, "_usable", True)
+    monkeypatch.setattr(kernel_listings, "kept_listings_max", 3)
+
+    async def scenario() -> None:
+        listings = KernelListings(enabled=True)
+        assert await listings.opened(10, leased=True) == [] and listings.may_hold(10)
+        assert await listings.opened(11, leased=False) == [] and not listings.may_hold(11)  # no lease: not kept
+        assert kept == [10]
+        for inode in (12, 13):
+            assert await listings.opened(inode, leased=True) == []
+        assert await listings.opened(14, leased=True) == [10]  # past the bound: the oldest goes
+        assert listings.recalled(Recall(id=1, listings=[12, 99])) == [12]
+        assert not listings.may_hold(12)
+        assert await listings.opened(13, leased=False) == [] and not listings.may_hold(13)  # an open without: dropped
+        assert sorted(listings.recalled(None)) == [14]
+        assert listings.recalled(None) == []
+        off = KernelListings(enabled=False)
+        assert await off.opened(20, leased=True) == [] and not off.may_hold(20)
+        assert kept == [10, 12, 13, 14]
+
+    asyncio.run(scenario())
+
+
+def test_a_page_no_lease_covers_is_dropped_after_its_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    dropped: list[list[int]] = []
+    monkeypatch.setattr(kernel_listings, "drop", lambda directories: dropped.append(list(directories)))
+    monkeypatch.setattr(opendir_reply, "_usable", True)
+
+    async def keep(inode: int) -> bool:
+        return True
+
+    monkeypatch.setattr(opendir_reply, "keep_listing", keep)
+
+    class Session:
+        epoch = 3
+
+        def remaining(self) -> float:
+            return 10.0
+
+        def still(self, epoch: int) -> bool:
+            return epoch == self.epoch
+
+    async def scenario() -> None:
+        cache = KernelCache(1.0, leases=Session())  # type: ignore[arg-type]
+        cache.begin_request()
+        await cache.opening_directory(7)
+        cache.listing_replied(7, epoch=3)  # fetched at the current epoch: kept
+        cache.listing_replied(8, epoch=2)  # never opened to keep: nothing to drop
+        cache.listing_replied(7, epoch=2)  # a recall came since it was fetched
+        await asyncio.sleep(0.05)
+        cache.close()
+
+    asyncio.run(scenario())
+    assert dropped == [[7]]
