@@ -116,45 +116,25 @@ def test_a_kept_listing_follows_every_change_elsewhere_even_with_the_mtime_put_b
 
 
 def test_which_listings_a_recall_or_a_lost_lease_drops(monkeypatch: pytest.MonkeyPatch) -> None:
-    kept: list[int] = []
-
-    async def keep(inode: int) -> bool:
-        kept.append(inode)
-        return True
-
-    monkeypatch.setattr(opendir_reply, "keep_listing", keep)
-    monkeypatch.setattr(opendir_reply, "_usable", True)
     monkeypatch.setattr(kernel_listings, "kept_listings_max", 3)
-
-    async def scenario() -> None:
-        listings = KernelListings(enabled=True)
-        assert await listings.opened(10, leased=True) == [] and listings.may_hold(10)
-        assert await listings.opened(11, leased=False) == [] and not listings.may_hold(11)  # no lease: not kept
-        assert kept == [10]
-        for inode in (12, 13):
-            assert await listings.opened(inode, leased=True) == []
-        assert await listings.opened(14, leased=True) == [10]  # past the bound: the oldest goes
-        assert listings.recalled(Recall(id=1, listings=[12, 99])) == [12]
-        assert not listings.may_hold(12)
-        assert await listings.opened(13, leased=False) == [] and not listings.may_hold(13)  # an open without: dropped
-        assert sorted(listings.recalled(None)) == [14]
-        assert listings.recalled(None) == []
-        off = KernelListings(enabled=False)
-        assert await off.opened(20, leased=True) == [] and not off.may_hold(20)
-        assert kept == [10, 12, 13, 14]
-
-    asyncio.run(scenario())
+    listings = KernelListings(enabled=True)
+    assert listings.opened(10, leased=True) == (True, []) and listings.may_hold(10)
+    assert listings.opened(11, leased=False) == (False, []) and not listings.may_hold(11)  # no lease: not kept
+    for inode in (12, 13):
+        assert listings.opened(inode, leased=True) == (True, [])
+    assert listings.opened(14, leased=True) == (True, [10])  # past the bound: the oldest goes
+    assert listings.recalled(Recall(id=1, listings=[12, 99])) == [12]
+    assert not listings.may_hold(12)
+    assert listings.opened(13, leased=False) == (False, []) and not listings.may_hold(13)  # an open without: dropped
+    assert listings.recalled(None) == [14]
+    assert listings.recalled(None) == []
+    off = KernelListings(enabled=False)
+    assert off.opened(20, leased=True) == (False, []) and not off.may_hold(20)
 
 
 def test_a_page_no_lease_covers_is_dropped_after_its_reply(monkeypatch: pytest.MonkeyPatch) -> None:
     dropped: list[list[int]] = []
     monkeypatch.setattr(kernel_listings, "drop", lambda directories: dropped.append(list(directories)))
-    monkeypatch.setattr(opendir_reply, "_usable", True)
-
-    async def keep(inode: int) -> bool:
-        return True
-
-    monkeypatch.setattr(opendir_reply, "keep_listing", keep)
 
     class Session:
         epoch = 3
@@ -167,8 +147,7 @@ def test_a_page_no_lease_covers_is_dropped_after_its_reply(monkeypatch: pytest.M
 
     async def scenario() -> None:
         cache = KernelCache(1.0, leases=Session())  # type: ignore[arg-type]
-        cache.begin_request()
-        await cache.opening_directory(7)
+        assert cache.keep_listing(7)
         cache.listing_replied(7, epoch=3)  # fetched at the current epoch: kept
         cache.listing_replied(8, epoch=2)  # never opened to keep: nothing to drop
         cache.listing_replied(7, epoch=2)  # a recall came since it was fetched
@@ -177,3 +156,40 @@ def test_a_page_no_lease_covers_is_dropped_after_its_reply(monkeypatch: pytest.M
 
     asyncio.run(scenario())
     assert dropped == [[7]]
+
+
+class _FakeContainer:
+    """Stands for pyfuse3's _Container in the layout checks (the wrong type and size)."""
+
+
+def test_an_unexpected_pyfuse3_layout_sets_nothing_and_pyfuse3_still_replies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If pyfuse3 changed what it passes, the mount marks nothing (and says so) but every OPENDIR
+    still reaches pyfuse3's own function, which replies."""
+    import pyfuse3
+
+    handed: list[object] = []
+    asked: list[int] = []
+
+    def pyfuse3_own(container: object) -> str:
+        handed.append(container)
+        return "reply"
+
+    def keep(inode: int) -> bool:
+        asked.append(inode)
+        return True
+
+    def dispatch(container: object) -> Any:  # as pyfuse3 does: through its module's globals
+        return pyfuse3.fuse_opendir_async(container)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(pyfuse3, "fuse_opendir_async", pyfuse3_own, raising=False)
+    monkeypatch.setattr(opendir_reply, "_broken", None)
+    assert opendir_reply.install(keep)
+    try:
+        assert not opendir_reply.install(keep)  # once only
+        c = _FakeContainer()
+        assert dispatch(c) == "reply" and handed == [c]
+        assert not opendir_reply.working() and asked == []  # found wrong: never asked, never written
+        assert dispatch(c) == "reply" and handed == [c, c]
+    finally:
+        opendir_reply.uninstall()
+    assert dispatch(c) == "reply" and handed == [c, c, c]

@@ -123,12 +123,14 @@ class KernelCache:
         entry.entry_timeout = leased
         return entry
 
-    async def opening_directory(self, inode: int) -> None:
-        """An OPENDIR of ``inode`` is being answered: the kernel keeps the listing it reads through
-        it while a lease is held, else drops any it kept (``kernel_listings.py``)."""
-        evicted = await self.listings.opened(inode, self.leased_s() > 0)
+    def keep_listing(self, inode: int) -> bool:
+        """An OPENDIR of ``inode`` is being answered: whether the kernel may keep the listing it
+        reads through it (while a lease is held; an open that may not has the kernel drop what
+        it kept: ``kernel_listings.py``). Called before the request's handler, not blocking."""
+        kept, evicted = self.listings.opened(inode, self.leases is not None and self.leases.remaining() > 0)
         if evicted:
             self._invalidations.submit(kernel_listings.drop, evicted)
+        return kept
 
     def listing_replied(self, inode: int, epoch: int) -> None:
         """A page of ``inode``'s listing, fetched by a request begun at lease ``epoch``, is being

@@ -1,7 +1,7 @@
 """Which directory listings the kernel keeps, and when it must drop one.
 
 With metadata leases, the mount lets the kernel keep the listings it reads
-(``opendir_reply.keep_listing``): a second ``ls`` or ``os.scandir`` of a directory then
+(``opendir_reply.install``): a second ``ls`` or ``os.scandir`` of a directory then
 reaches the mount only for OPENDIR (and RELEASEDIR, which nobody waits for). The kernel serves a
 kept listing until one of these drops it, so it never serves one older than a change whose call
 returned:
@@ -30,7 +30,6 @@ from typing import Iterable
 
 import pyfuse3
 
-from tectofs.client.fuse import opendir_reply
 from tectofs.wire.leases import Recall
 
 kept_listings_max = 65_536  # directories whose kept listing is tracked (past it, the oldest is dropped)
@@ -46,21 +45,19 @@ class KernelListings:
         self.enabled = enabled
         self._kept: OrderedDict[int, None] = OrderedDict()
 
-    async def opened(self, inode: int, leased: bool) -> list[int]:
-        """An OPENDIR of ``inode`` is being answered, with a lease held or not (``leased``): its
-        reply asks the kernel to keep the listing if it may. Returns the directories the kernel
+    def opened(self, inode: int, leased: bool) -> tuple[bool, list[int]]:
+        """An OPENDIR of ``inode`` is being answered, with a lease held or not (``leased``):
+        whether its reply asks the kernel to keep the listing, and the directories the kernel
         must now drop (tracked no more: past ``kept_listings_max``)."""
-        if not (self.enabled and leased and opendir_reply.available()):
+        if not (self.enabled and leased):
             self._kept.pop(inode, None)  # the open does not keep: the kernel drops its copy
-            return []
-        if not await opendir_reply.keep_listing(inode):
-            return []
+            return False, []
         self._kept[inode] = None
         self._kept.move_to_end(inode)
         evicted = []
         while len(self._kept) > kept_listings_max:
             evicted.append(self._kept.popitem(last=False)[0])
-        return evicted
+        return True, evicted
 
     def recalled(self, recall: Recall | None) -> list[int]:
         """The directories whose kept listing ``recall`` ends (None: the leases were lost: all)."""

@@ -18,7 +18,7 @@ import pyfuse3.asyncio
 
 from tectofs import diagnostics
 from tectofs.client.core import AsyncFileSystem
-from tectofs.client.fuse import device_wait
+from tectofs.client.fuse import device_wait, opendir_reply
 from tectofs.client.fuse.daemon import daemonize
 from tectofs.client.fuse.operations import TectofsOperations
 from tectofs.client.fuse.process import is_mounted
@@ -69,9 +69,12 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
         operations = TectofsOperations(fs, mountpoint, attr_timeout_s, on_ready, callers,
                                        entry_timeout_s=None if kernel_checks else 0.0,
                                        negative_cache_s=negative_cache_s, xattrs=xattrs)
+        if operations.cache.listings.enabled:
+            opendir_reply.install(operations.keeps_listing)
         try:
             pyfuse3.init(operations, mountpoint, mount_options(address, shared, default_permissions, debug))
         except RuntimeError as exc:  # libfuse logged why (mountpoint busy, no /dev/fuse, bad option, ...)
+            opendir_reply.uninstall()
             raise SystemExit(f"tectofs mount: libfuse could not mount {mountpoint}: {exc}") from None
         stopped_by: list[str] = []
 
@@ -86,6 +89,7 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
         finally:
             await operations.close_all()
             operations.stop_recalls()
+            opendir_reply.uninstall()
             pyfuse3.close(unmount=True)
         if stopped_by:
             log.info("%s unmounted by %s", mountpoint, stopped_by[0])

@@ -2,35 +2,34 @@
 to an OPENDIR, which pyfuse3 (3.3 to 3.5) gives no way to ask for.
 
 The kernel serves ``getdents`` from its own copy of a listing, with no request to the mount, only
-for a directory handle opened with ``FOPEN_CACHE_DIR`` (and keeps that copy across opens only
-with ``FOPEN_KEEP_CACHE``: an open without it drops the copy). libfuse sets both from the
+for a directory handle opened with ``FOPEN_CACHE_DIR``, and keeps that copy across opens only
+with ``FOPEN_KEEP_CACHE`` (an open without it drops the copy). libfuse sets both from the
 ``cache_readdir`` and ``keep_cache`` bits of the ``fuse_file_info`` it replies with. pyfuse3's
-``opendir`` takes only a handle number from Python: its reply copies the ``fuse_file_info``
-libfuse passed in (zeroed) with that number as ``fh``, from a ``_Container`` object that its
-request coroutine holds while it awaits the handler.
+``opendir`` handler returns only a handle number: pyfuse3 replies with a copy of the
+``fuse_file_info`` libfuse passed in (zeroed), that number as its ``fh``.
 
-:func:`keep_listing`, awaited inside an ``opendir`` handler, finds that ``_Container`` (the
-handler's task awaits pyfuse3's ``_session_loop`` coroutine, which awaits the OPENDIR
-coroutine, whose frame holds it; only while they are suspended do they say what they await,
-so it suspends the handler for one turn of the loop and looks from a callback), checks that it
-is the one it expects, field by field, and sets the two bits. The layout checked is
-pyfuse3's ``_Container`` (``handlers.pxi``) on x86-64 Linux with libfuse 3's ``fuse_file_info``,
-whose bit positions libfuse keeps for its ABI. If anything differs (another pyfuse3, another
-platform) it sets nothing, says so once in the log, and every later call returns False at once:
-the mount then lists every directory through itself, as without this module.
+That copy lives in the ``_Container`` pyfuse3 hands to its module-level coroutine function
+``fuse_opendir_async(c)``, which it looks up in its module's globals at every OPENDIR.
+:func:`install` puts a function of ours in its place: it reads the directory's inode from ``c``,
+asks ``keep(inode)``, sets the two bits if so, and hands ``c`` on to pyfuse3's own function
+(which calls the mount's ``opendir`` handler and replies). It reads and writes ``c`` through the
+layout below: pyfuse3's ``_Container`` (``handlers.pxi``) on 64-bit Linux, with libfuse 3's
+``fuse_file_info`` (whose bit positions libfuse keeps for its ABI). It checks that layout on
+every call (the object's size, and an ``fh`` still 0 and a request pointer set where they must
+be); if anything differs (another pyfuse3, another platform) it sets nothing from then on and
+says so once in the log: the mount then lists every directory through itself, as without it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
-import gc
 import logging
 import sys
+from typing import Any, Callable
+
+import pyfuse3
 
 log = logging.getLogger("tectofs.fuse")
-
-_SEARCH_DEPTH = 8  # task -> coroutine wrapper -> _session_loop -> its frame -> OPENDIR coroutine -> its frame -> _Container
 
 
 class _FuseFileInfo(ctypes.Structure):
@@ -74,75 +73,61 @@ class _Container(ctypes.Structure):
     ]
 
 
-_usable = sys.platform == "linux" and ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(_FuseFileInfo) == 40
+_platform_ok = sys.platform == "linux" and ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(_FuseFileInfo) == 40
+_original: Callable[[Any], Any] | None = None  # pyfuse3's own fuse_opendir_async, while ours is installed
+_broken: str | None = None  # why the layout was found not to hold (then nothing is set)
 
 
-def _is_container(obj: object) -> bool:
-    kind = type(obj)
-    return kind.__name__ == "_Container" and kind.__module__.startswith("pyfuse3")
-
-
-def _awaited_container(task: "asyncio.Task[object]") -> object | None:
-    """The ``_Container`` that ``task``'s suspended chain of coroutines holds (None: none found)."""
-    level: list[object] = [task.get_coro()]
-    seen: set[int] = set()
-    for _ in range(_SEARCH_DEPTH):
-        following: list[object] = []
-        for obj in level:
-            if id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            if _is_container(obj):
-                return obj
-            name = type(obj).__name__
-            if name in ("coroutine", "coroutine_wrapper") or name.startswith("__pyx_scope_struct"):
-                following.extend(gc.get_referents(obj))
-        level = following
-    return None
-
-
-def _set_bits(task: "asyncio.Task[object]", inode: int) -> bool:
-    """Set ``keep_cache`` and ``cache_readdir`` in the reply of ``task``'s OPENDIR of ``inode``."""
-    global _usable
-    found = _awaited_container(task)
-    reason = None
-    if found is None:
-        reason = "no pyfuse3 _Container found in the handler's coroutines"
-    elif type(found).__basicsize__ != ctypes.sizeof(_Container):
-        reason = f"pyfuse3's _Container is {type(found).__basicsize__} bytes, not {ctypes.sizeof(_Container)}"
+def _mark(container: object, keep: Callable[[int], bool]) -> None:
+    """Set the two bits in ``container``'s reply if ``keep`` says so for its inode."""
+    global _broken
+    kind = type(container)
+    if kind.__name__ != "_Container" or kind.__basicsize__ != ctypes.sizeof(_Container):
+        _broken = f"pyfuse3 passed a {kind.__name__} of {kind.__basicsize__} bytes, not a _Container of {ctypes.sizeof(_Container)}"
     else:
-        container = _Container.from_address(id(found))
-        if container.ino != inode or container.fi.fh != 0 or not container.req or container.ob_type != id(type(found)):
-            reason = "pyfuse3's _Container does not hold this OPENDIR where expected"
-        else:
-            container.fi.keep_cache = 1
-            container.fi.cache_readdir = 1
-            return True
-    _usable = False
-    log.info("the kernel will not keep directory listings (%s): every listing goes through the mount", reason)
-    return False
+        c = _Container.from_address(id(container))
+        if c.ob_type != id(kind) or c.fi.fh != 0 or not c.req:
+            _broken = "pyfuse3's _Container does not hold an OPENDIR where expected"
+        elif keep(c.ino):
+            c.fi.keep_cache = 1
+            c.fi.cache_readdir = 1
+    if _broken is not None:
+        log.info("the kernel will not keep directory listings (%s): every listing goes through the mount", _broken)
 
 
-async def keep_listing(inode: int) -> bool:
-    """From inside an ``opendir`` handler of ``inode``: have its reply tell the kernel to keep
-    the listing it reads through the handle, and to keep the one it has (see the module
-    docstring). Returns whether it could; suspends the handler for one turn of the loop."""
-    if not _usable:
+def install(keep: Callable[[int], bool]) -> bool:
+    """From now on, each OPENDIR's reply asks the kernel to keep the listing (and the copy it
+    has) if ``keep(inode)`` returns True; ``keep`` runs on the event loop, before the mount's
+    ``opendir`` handler, and must not block. Returns whether it could be installed (False:
+    another platform, or a pyfuse3 without ``fuse_opendir_async``). :func:`uninstall` undoes it."""
+    global _original
+    original = getattr(pyfuse3, "fuse_opendir_async", None)
+    if not _platform_ok or original is None or _original is not None:
+        log.info("the kernel will not keep directory listings: pyfuse3 %s on %s offers no way in",
+                 getattr(pyfuse3, "__version__", "?"), sys.platform)
         return False
-    task = asyncio.current_task()
-    if task is None:
-        return False
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[bool] = loop.create_future()
 
-    def look() -> None:
-        if not done.done():  # (the request may have been interrupted meanwhile)
-            done.set_result(_set_bits(task, inode))
+    def fuse_opendir_async(container: Any) -> Any:
+        if _broken is None:
+            try:
+                _mark(container, keep)
+            except Exception:  # pyfuse3 would not reply at all if this raised
+                log.exception("could not mark an OPENDIR reply to keep its listing")
+        return original(container)
 
-    loop.call_soon(look)
-    return await done
+    _original = original
+    pyfuse3.fuse_opendir_async = fuse_opendir_async  # type: ignore[attr-defined]
+    return True
 
 
-def available() -> bool:
-    """Whether :func:`keep_listing` may still work here (False once it found it could not)."""
-    return _usable
+def uninstall() -> None:
+    """Put pyfuse3's own ``fuse_opendir_async`` back (nothing if :func:`install` did not run)."""
+    global _original
+    if _original is not None:
+        pyfuse3.fuse_opendir_async = _original  # type: ignore[attr-defined]
+        _original = None
+
+
+def working() -> bool:
+    """Whether OPENDIR replies can be marked (installed, and the layout held so far)."""
+    return _original is not None and _broken is None

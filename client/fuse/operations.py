@@ -137,14 +137,18 @@ class TectofsOperations(FileOperations):
         as the opener: readdir requests carry no caller). Where the kernel checks no
         permission (``--no-default-permissions``), the open reads the listing, so that a
         caller who may not read the directory is refused here (EACCES), as by a local disk.
-        With leases, the reply lets the kernel keep the listing (``kernel_listings.py``)."""
+        With leases, the reply lets the kernel keep the listing (:meth:`keeps_listing`)."""
         identity = self.identity(ctx)
         listing = None if self.cache.caches_names else await self._list(inode, identity)
         fh = self.files.new_number()
         self.open_listings.opened(fh, listing, self.cache.request_epoch())
         self._listing_callers[fh] = (inode, identity)
-        await self.cache.opening_directory(inode)
         return fh
+
+    def keeps_listing(self, inode: int) -> bool:
+        """Whether the reply to an OPENDIR of ``inode`` lets the kernel keep its listing
+        (``opendir_reply.install``: called before :meth:`opendir`, on the event loop)."""
+        return inode in self.inodes and self.cache.keep_listing(inode)
 
     @handler
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
