@@ -142,6 +142,8 @@ TECTOFS_VARIANTS = {variant.name: variant for variant in (
     TectofsVariant("inline-off-rep3", "--inline-max 0 and the tree's directory set to rep(3) before the untar: "
                    "every file as three replicas on chunk servers, as Tectonic keeps small data",
                    inline_max=0, tree_policy="rep(3)"),
+    TectofsVariant("inline-256k", f"--inline-max 256K: files up to {limits.inline_bytes_max // limits.KiB}K inline "
+                   "(the most a frame allows), the rest rs(4,2)", inline_max=limits.inline_bytes_max),
     TectofsVariant("sync-creates", "the mount's asynchronous creates turned off: every create and unlink a call "
                    "that waits for the metadata service, as before directories were claimed", async_creates=False),
 )}

@@ -185,3 +185,14 @@ def test_inodes_keep_their_paths_through_renames_and_links(cluster: Any, tmp_pat
         assert cluster.fs.stat("/inodes/x").mode & 0o7777 == 0o600 and os.stat(f"{mnt}/inodes/x").st_nlink == 1
         with open(f"{mnt}/inodes/x", "rb") as f:
             assert f.read() == b"linked"
+
+
+def test_a_write_only_descriptor_bypasses_the_page_cache_and_others_do_not() -> None:
+    from tectofs.client.fuse.file_operations import open_reply
+
+    written = open_reply(5, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, keep_cache=True)
+    assert (written.fh, written.direct_io, written.keep_cache) == (5, True, False)
+    for flags in (os.O_RDONLY, os.O_RDWR, os.O_RDWR | os.O_APPEND):
+        reply = open_reply(6, flags, keep_cache=True)
+        assert (reply.direct_io, reply.keep_cache) == (False, True), flags
+    assert open_reply(7, os.O_RDONLY).keep_cache is False
