@@ -21,6 +21,7 @@ from .errors import AttributeNameTooLong, NotSupported
 
 NAMESPACES = ("user.", "trusted.", "security.")
 NOT_KEPT = frozenset({"security.selinux"})
+CAPABILITY = "security.capability"  # file capabilities: a write by an unprivileged process drops them
 
 
 def namespace_of(name: str) -> str:

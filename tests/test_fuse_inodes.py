@@ -187,12 +187,19 @@ def test_inodes_keep_their_paths_through_renames_and_links(cluster: Any, tmp_pat
             assert f.read() == b"linked"
 
 
-def test_a_write_only_descriptor_bypasses_the_page_cache_and_others_do_not() -> None:
-    from tectofs.client.fuse.file_operations import open_reply
+def test_a_write_only_descriptor_of_a_file_without_privileges_bypasses_the_page_cache() -> None:
+    from tectofs.client.fuse.file_operations import killed_by_write, open_reply, writes_direct
 
-    written = open_reply(5, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, keep_cache=True)
+    write_only = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    assert writes_direct(write_only, 0o100644, 0)
+    assert writes_direct(write_only, 0o102644, 0)  # set-group-ID without group execute: mandatory locking, kept
+    for flags, mode, xattrs in ((os.O_RDONLY, 0o644, 0), (os.O_RDWR, 0o644, 0), (write_only, 0o104755, 0),
+                                (write_only, 0o102755, 0), (write_only, 0o644, 1),
+                                (write_only, 0o644, None)):
+        assert not writes_direct(flags, mode, xattrs), (flags, oct(mode), xattrs)
+    assert killed_by_write(0o106755) == 0o6000 and killed_by_write(0o102755) == 0o2000
+    assert killed_by_write(0o102745) == 0 and killed_by_write(0o100755) == 0
+    written = open_reply(5, True, keep_cache=True)
     assert (written.fh, written.direct_io, written.keep_cache) == (5, True, False)
-    for flags in (os.O_RDONLY, os.O_RDWR, os.O_RDWR | os.O_APPEND):
-        reply = open_reply(6, flags, keep_cache=True)
-        assert (reply.direct_io, reply.keep_cache) == (False, True), flags
-    assert open_reply(7, os.O_RDONLY).keep_cache is False
+    read = open_reply(6, False, keep_cache=True)
+    assert (read.direct_io, read.keep_cache) == (False, True)

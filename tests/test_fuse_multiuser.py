@@ -354,3 +354,44 @@ def test_mount_behaves_like_a_local_directory_for_an_ordinary_user(base: str) ->
         assert result.returncode == 0, result.stderr.decode(errors="replace")[-6000:]
     finally:
         shutil.rmtree(local, ignore_errors=True)
+
+
+_WRITE_AFTER_A_LINE = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+print("open", flush=True)
+sys.stdin.readline()
+os.write(fd, b"another user's bytes")
+print(oct(os.fstat(fd).st_mode & 0o7777), flush=True)
+os.close(fd)
+"""
+
+
+def test_privileges_granted_while_another_user_writes_are_dropped_by_the_next_write(base: str) -> None:
+    """A write-only descriptor bypasses the page cache, where the kernel drops set-id bits and
+    capabilities at each write by an unprivileged process; the mount does it for such a
+    descriptor instead, for privileges given after it was opened (a file that has them when
+    opened goes through the page cache: pjdfstest's chmod/12.t)."""
+    path = os.path.join(base, "granted")
+    with open(path, "wb") as f:
+        f.write(b"root's program")
+    os.chmod(path, 0o777)
+    writer = subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c",
+         _WRITE_AFTER_A_LINE, path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+    try:
+        assert writer.stdout is not None and writer.stdin is not None
+        assert writer.stdout.readline() == b"open\n"
+        os.chmod(path, 0o6777)  # root makes it set-user-ID and set-group-ID while nobody has it open
+        writer.stdin.write(b"go\n")
+        writer.stdin.flush()
+        out, err = writer.communicate(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert writer.returncode == 0, err.decode(errors="replace")
+    assert out.strip() == b"0o777"  # as a local disk shows it to the writer
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o777
+    with open(path, "rb") as f:
+        assert f.read() == b"another user's bytes"

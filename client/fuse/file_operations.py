@@ -17,25 +17,46 @@ since the kernel last saw its attributes invalidates them
 from __future__ import annotations
 
 import os
+import stat as statmod
 
 import pyfuse3
 
+from tectofs import xattr_names
 from tectofs.client.core import DirectoryChange, Stat
+from tectofs.client.fuse.handles import OpenFile
 from tectofs.client.fuse.state import MountState, handler, log
 from tectofs.client.fuse.users import Caller, Identity
-from tectofs.errors import StaleFile
+from tectofs.errors import NoAttribute, NotSupported, StaleFile
 
 _ACCESS_MODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 
 
-def open_reply(fh: int, flags: int, keep_cache: bool = False) -> pyfuse3.FileInfo:
-    """The reply to an open (or create) with ``flags`` of handle ``fh``; ``keep_cache``: the
-    kernel may keep the pages it has of the file (``page_cache.py``). A write-only
-    descriptor's writes bypass the kernel's page cache (``direct_io``): each goes to the mount
-    as written, with no page-cache pages to allocate and fill on the way (on this VM 92 us
-    against 43 us per 10 KiB write through a bare pyfuse3 file system); it can neither read
-    nor be mapped, so it loses nothing by it."""
-    direct = flags & _ACCESS_MODE == os.O_WRONLY
+def killed_by_write(mode: int) -> int:
+    """The set-id bits of ``mode`` a write by a process without ``CAP_FSETID`` clears (Linux's
+    ``should_remove_suid``: set-user-ID, and set-group-ID when group-executable)."""
+    kill = mode & statmod.S_ISUID
+    if mode & (statmod.S_ISGID | statmod.S_IXGRP) == statmod.S_ISGID | statmod.S_IXGRP:
+        kill |= statmod.S_ISGID
+    return kill
+
+
+def writes_direct(flags: int, mode: int, xattrs: int | None) -> bool:
+    """Whether an open with ``flags`` of a file with ``mode`` and ``xattrs`` extended attributes
+    (None: not known) has its writes bypass the kernel's page cache (``direct_io``): a
+    write-only descriptor of a file with nothing a write must take away. Each write then goes to the mount as written, with
+    no page-cache pages to allocate and fill on the way (on this VM 92 us against 43 us per
+    10 KiB write through a bare pyfuse3 file system); such a descriptor can neither read nor be
+    mapped, so it loses nothing by it. The kernel leaves the clearing of set-id bits and of
+    ``security.capability`` at a write through such a descriptor to the file system (libfuse 3.14
+    does not pass its flag on), so a file with either is opened through the page cache, and
+    privileges granted through this mount while such a descriptor is open are dropped by the
+    mount at its next write (:meth:`FileOperations.write`)."""
+    return flags & _ACCESS_MODE == os.O_WRONLY and not killed_by_write(mode) and xattrs == 0  # (None is not 0)
+
+
+def open_reply(fh: int, direct: bool, keep_cache: bool = False) -> pyfuse3.FileInfo:
+    """The reply to an open (or create) of handle ``fh``; ``direct``: :func:`writes_direct`;
+    ``keep_cache``: the kernel may keep the pages it has of the file (``page_cache.py``)."""
     return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache and not direct,  # (pyfuse3's default keeps it)
                             direct_io=direct)
 
@@ -62,10 +83,11 @@ class FileOperations(MountState, pyfuse3.Operations):
             self.fresh.end_change(started, parent_inode, identity, None if change is None else change.after)
             self.follow(parent_inode, text, change, present=True)
         file.readable = True  # the kernel enforces the access mode of each descriptor
-        fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=True)
+        direct = writes_direct(flags, file.attrs.mode, file.attrs.xattrs)
+        fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=True, direct=direct)
         self.page_cache.opened(file, [])  # a writer: the record goes
         self.named(parent_inode, text, file.ino)
-        return open_reply(fh, flags), self.entry(Stat.from_attrs(file.attrs))
+        return open_reply(fh, direct), self.entry(Stat.from_attrs(file.attrs))
 
     def follow(self, parent_inode: int, name: str, change: DirectoryChange | None, present: bool) -> None:
         """A create (``present``) or unlink of ``name`` through this mount ended; ``change``
@@ -93,10 +115,11 @@ class FileOperations(MountState, pyfuse3.Operations):
         file.readable = True
         if self.cache.changed_since_reported(inode, file.attrs.size, file.attrs.mtime):
             self.cache.invalidate_inode(inode)  # committed elsewhere since the kernel last saw it
-        fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=client_mode == "w+b")
+        direct = writes_direct(flags, file.attrs.mode, file.attrs.xattrs)
+        fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=client_mode == "w+b", direct=direct)
         await self.files.commit_peers(self.files.get(fh))
         others = [h.file for h in self.files.of(inode) if h.file is not file]
-        return open_reply(fh, flags, keep_cache=self.page_cache.opened(file, others))
+        return open_reply(fh, direct, keep_cache=self.page_cache.opened(file, others))
 
     @handler
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -107,6 +130,9 @@ class FileOperations(MountState, pyfuse3.Operations):
     @handler
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self.files.get(fh)
+        if handle.kill_on_write:
+            handle.kill_on_write = False
+            await self._kill_privileges(handle)
         async with handle.lock:
             if handle.append:
                 off = handle.file.size
@@ -156,6 +182,35 @@ class FileOperations(MountState, pyfuse3.Operations):
         for ``security.capability`` at every write) cost no call."""
         writer = self.creating_writer(inode, identity)
         return writer is not None and not writer.xattrs_set
+
+    def privileges_granted(self, inode: int) -> None:
+        """Set-id bits or ``security.capability`` were just given to ``inode`` through this
+        mount: the next write through each of its page-cache-bypassing descriptors drops them,
+        as the kernel does at a write through the page cache (:func:`writes_direct`)."""
+        for handle in self.files.of(inode):
+            if handle.direct:
+                handle.kill_on_write = True
+
+    async def _kill_privileges(self, handle: OpenFile) -> None:
+        """What the kernel's ``file_remove_privs`` does before a write by a process without
+        ``CAP_FSETID`` (here: a descriptor not opened by root), with the mount's own authority
+        as the kernel has its own: the set-id bits a write clears, then ``security.capability``."""
+        file = handle.file
+        if file.context.acting_uid == 0 or (file.context.acting_uid is None and os.geteuid() == 0):
+            return
+        try:
+            path = self.path(file.ino)
+        except StaleFile:  # unlinked while open: nothing can run it by name any more
+            return
+        st = await self.fs.stat(path)
+        kill = killed_by_write(st.mode)
+        if kill:
+            await self.fs.setattr(path, mode=st.mode & 0o7777 & ~kill)
+        try:
+            await self.fs.removexattr(path, xattr_names.CAPABILITY)
+        except (NoAttribute, NotSupported):
+            pass
+        self.cache.invalidate_inode(file.ino)
 
     def xattrs_set(self, inode: int) -> None:
         for handle in self.files.of(inode):

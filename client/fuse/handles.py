@@ -47,15 +47,17 @@ class Uncommitted:
 class OpenFile:
     """One kernel file handle: the client handle, its lock, and what the kernel asked for."""
 
-    __slots__ = ("file", "lock", "append", "dirty", "just_created", "xattrs_set")
+    __slots__ = ("file", "lock", "append", "dirty", "just_created", "xattrs_set", "direct", "kill_on_write")
 
-    def __init__(self, file: AsyncFile, append: bool, dirty: bool) -> None:
+    def __init__(self, file: AsyncFile, append: bool, dirty: bool, direct: bool = False) -> None:
         self.file = file
         self.lock = asyncio.Lock()
         self.append = append
         self.dirty = dirty  # written or truncated since the last commit
         self.just_created = False  # by ``create``, whose reply carried the attributes
         self.xattrs_set = False  # an extended attribute of its file was set or removed through this mount
+        self.direct = direct  # its writes bypass the kernel's page cache (and so its privilege checks)
+        self.kill_on_write = False  # set-id bits or capabilities were granted since: its next write drops them
 
 
 class OpenFiles:
@@ -70,9 +72,10 @@ class OpenFiles:
         """A file handle number no open file or directory has."""
         return next(self._next_fh)
 
-    def register(self, file: AsyncFile, append: bool, dirty: bool) -> int:
-        """Keep ``file`` open under a new kernel file handle number (returned)."""
-        handle = OpenFile(file, append=append, dirty=dirty)
+    def register(self, file: AsyncFile, append: bool, dirty: bool, direct: bool = False) -> int:
+        """Keep ``file`` open under a new kernel file handle number (returned); ``direct``: the
+        kernel was told its writes bypass the page cache."""
+        handle = OpenFile(file, append=append, dirty=dirty, direct=direct)
         fh = self.new_number()
         self._handles[fh] = handle
         self._by_ino.setdefault(file.ino, set()).add(handle)

@@ -36,7 +36,7 @@ import pyfuse3
 from tectofs import xattr_names
 from tectofs.client.core import AsyncFileSystem, DirectoryChange, Stat
 from tectofs.client.fuse.attributes import directory_entry, statvfs
-from tectofs.client.fuse.file_operations import FileOperations
+from tectofs.client.fuse.file_operations import FileOperations, killed_by_write
 from tectofs.client.fuse.inodes import ROOT_INODE
 from tectofs.client.fuse.kernel_cache import KernelCache
 from tectofs.client.fuse.process import raise_read_ahead
@@ -123,7 +123,10 @@ class TectofsOperations(FileOperations):
     @handler
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: int | None,
                       ctx: Caller) -> pyfuse3.EntryAttributes:
-        return self.entry(await set_attributes(self, inode, attr, fields, fh, self.identity(ctx)))
+        st = await set_attributes(self, inode, attr, fields, fh, self.identity(ctx))
+        if fields.update_mode and killed_by_write(attr.st_mode):
+            self.privileges_granted(inode)
+        return self.entry(st)
 
     @handler
     async def statfs(self, ctx: Caller) -> pyfuse3.StatvfsData:
@@ -304,6 +307,8 @@ class TectofsOperations(FileOperations):
         self.xattrs_set(inode)
         path, text = self.path(inode), name.decode("utf-8", "surrogateescape")
         await self.as_caller(self.identity(ctx), lambda fs: fs.setxattr(path, text, value))
+        if text == xattr_names.CAPABILITY:
+            self.privileges_granted(inode)
 
     @handler
     async def removexattr(self, inode: int, name: bytes, ctx: Caller) -> None:
