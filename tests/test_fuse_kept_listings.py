@@ -132,30 +132,69 @@ def test_which_listings_a_recall_or_a_lost_lease_drops(monkeypatch: pytest.Monke
     assert off.opened(20, leased=True) == (False, []) and not off.may_hold(20)
 
 
-def test_a_page_no_lease_covers_is_dropped_after_its_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+class _Session:
+    """A lease session as the kernel cache sees it: its epoch, and whether a lease is held."""
+
+    def __init__(self) -> None:
+        self.epoch, self.held = 3, True
+
+    def remaining(self) -> float:
+        return 10.0 if self.held else 0.0
+
+    def still(self, epoch: int) -> bool:
+        return epoch == self.epoch and self.held
+
+
+def _dropped_in(monkeypatch: pytest.MonkeyPatch, scenario: Any) -> list[list[int]]:
+    """The directory listings the kernel was told to drop while ``scenario(cache, session)`` ran."""
     dropped: list[list[int]] = []
     monkeypatch.setattr(kernel_listings, "drop", lambda directories: dropped.append(list(directories)))
+    session = _Session()
 
-    class Session:
-        epoch = 3
+    async def run() -> None:
+        cache = KernelCache(1.0, leases=session)  # type: ignore[arg-type]
+        try:
+            await scenario(cache, session)
+            await asyncio.sleep(0.05)  # (drops run on the notification thread)
+        finally:
+            cache.close()
 
-        def remaining(self) -> float:
-            return 10.0
+    asyncio.run(run())
+    return dropped
 
-        def still(self, epoch: int) -> bool:
-            return epoch == self.epoch
 
-    async def scenario() -> None:
-        cache = KernelCache(1.0, leases=Session())  # type: ignore[arg-type]
+def test_a_page_no_lease_covers_is_dropped_after_its_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario(cache: KernelCache, session: _Session) -> None:
         assert cache.keep_listing(7)
         cache.listing_replied(7, epoch=3)  # fetched at the current epoch: kept
-        cache.listing_replied(8, epoch=2)  # never opened to keep: nothing to drop
         cache.listing_replied(7, epoch=2)  # a recall came since it was fetched
-        await asyncio.sleep(0.05)
-        cache.close()
 
-    asyncio.run(scenario())
-    assert dropped == [[7]]
+    assert _dropped_in(monkeypatch, scenario) == [[7]]
+
+
+def test_a_listing_read_after_a_recall_that_came_before_it_is_tracked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recall between an OPENDIR that asked to keep and its first page untracks the directory;
+    the page, read after the recall under the lease, is kept by the kernel all the same: the
+    next recall must drop it."""
+    async def scenario(cache: KernelCache, session: _Session) -> None:
+        assert cache.keep_listing(7)
+        session.epoch = 4
+        await cache.recalled(Recall(id=1, listings=[7]), [], [])
+        cache.listing_replied(7, epoch=4)
+        session.epoch = 5
+        await cache.recalled(Recall(id=2, listings=[7]), [], [])
+
+    assert _dropped_in(monkeypatch, scenario)[-1] == [7]
+
+
+def test_a_page_read_after_the_leases_were_lost_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario(cache: KernelCache, session: _Session) -> None:
+        assert cache.keep_listing(7)
+        session.epoch, session.held = 4, False
+        await cache.recalled(None, [], [])  # the leases were lost: every kept listing goes
+        cache.listing_replied(7, epoch=4)  # read with no lease, through the handle opened to keep
+
+    assert _dropped_in(monkeypatch, scenario) == [[7], [7]]
 
 
 class _FakeContainer:

@@ -12,10 +12,12 @@ caller.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -367,11 +369,16 @@ os.close(fd)
 """
 
 
-def test_privileges_granted_while_another_user_writes_are_dropped_by_the_next_write(base: str) -> None:
+@pytest.mark.parametrize("granted_by", ["this-mount", "another-client"])
+def test_privileges_granted_while_another_user_writes_are_dropped_by_the_next_write(
+        base: str, cluster: Any, mountpoint: str, granted_by: str) -> None:
     """A write-only descriptor bypasses the page cache, where the kernel drops set-id bits and
     capabilities at each write by an unprivileged process; the mount does it for such a
-    descriptor instead, for privileges given after it was opened (a file that has them when
-    opened goes through the page cache: pjdfstest's chmod/12.t)."""
+    descriptor instead, for privileges given after it was opened, through this mount or through
+    another client (the recall says so). A file that has them when opened goes through the page
+    cache (pjdfstest's chmod/12.t)."""
+    from tectofs.client import connect
+
     path = os.path.join(base, "granted")
     with open(path, "wb") as f:
         f.write(b"root's program")
@@ -383,7 +390,11 @@ def test_privileges_granted_while_another_user_writes_are_dropped_by_the_next_wr
     try:
         assert writer.stdout is not None and writer.stdin is not None
         assert writer.stdout.readline() == b"open\n"
-        os.chmod(path, 0o6777)  # root makes it set-user-ID and set-group-ID while nobody has it open
+        if granted_by == "this-mount":  # root makes it set-user-ID and set-group-ID while nobody has it open
+            os.chmod(path, 0o6777)
+        else:
+            with connect(cluster.address, credentials=cluster.credential_file) as fs:
+                fs.chmod(path[len(mountpoint):], 0o6777)
         writer.stdin.write(b"go\n")
         writer.stdin.flush()
         out, err = writer.communicate(timeout=COMMAND_TIMEOUT_S)
@@ -395,3 +406,24 @@ def test_privileges_granted_while_another_user_writes_are_dropped_by_the_next_wr
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o777
     with open(path, "rb") as f:
         assert f.read() == b"another user's bytes"
+
+
+def test_a_capability_set_while_root_writes_is_dropped_by_roots_next_write(base: str) -> None:
+    """Linux removes ``security.capability`` at any write, even by root (set-id bits it keeps for
+    root): root's own write-only descriptor, which bypasses the page cache, loses it too."""
+    path = os.path.join(base, "capable")
+    with open(path, "wb") as f:
+        f.write(b"a program")
+    capability = struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)  # VFS_CAP_REVISION_2: cap_net_bind_service
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.chmod(path, 0o4755)
+        os.setxattr(path, "security.capability", capability)
+        assert os.getxattr(path, "security.capability") == capability
+        os.write(fd, b"new code")
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as no_attribute:
+        os.getxattr(path, "security.capability")
+    assert no_attribute.value.errno == errno.ENODATA
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o4755  # root writes: set-id bits stay, as on a local disk

@@ -23,10 +23,12 @@ import pyfuse3
 
 from tectofs import xattr_names
 from tectofs.client.core import DirectoryChange, Stat
+from tectofs.client.files import AsyncFile
 from tectofs.client.fuse.handles import OpenFile
 from tectofs.client.fuse.state import MountState, handler, log
 from tectofs.client.fuse.users import Caller, Identity
-from tectofs.errors import NoAttribute, NotSupported, StaleFile
+from tectofs.errors import NoAttribute, NotFound, NotSupported, StaleFile
+from tectofs.wire import messages
 
 _ACCESS_MODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 
@@ -43,14 +45,15 @@ def killed_by_write(mode: int) -> int:
 def writes_direct(flags: int, mode: int, xattrs: int | None) -> bool:
     """Whether an open with ``flags`` of a file with ``mode`` and ``xattrs`` extended attributes
     (None: not known) has its writes bypass the kernel's page cache (``direct_io``): a
-    write-only descriptor of a file with nothing a write must take away. Each write then goes to the mount as written, with
-    no page-cache pages to allocate and fill on the way (on this VM 92 us against 43 us per
-    10 KiB write through a bare pyfuse3 file system); such a descriptor can neither read nor be
-    mapped, so it loses nothing by it. The kernel leaves the clearing of set-id bits and of
-    ``security.capability`` at a write through such a descriptor to the file system (libfuse 3.14
-    does not pass its flag on), so a file with either is opened through the page cache, and
-    privileges granted through this mount while such a descriptor is open are dropped by the
-    mount at its next write (:meth:`FileOperations.write`)."""
+    write-only descriptor of a file with nothing a write must take away. Each write then goes
+    to the mount as written, with no page-cache pages to allocate and fill on the way (on this
+    VM 92 us against 43 us per 10 KiB write through a bare pyfuse3 file system); such a
+    descriptor can neither read nor be mapped, so it loses nothing by it. The kernel leaves the
+    clearing of set-id bits and of ``security.capability`` at a write through such a descriptor
+    to the file system (libfuse 3.14 does not pass its flag on), so a file with either is opened
+    through the page cache, and privileges that may have been given since (through this mount,
+    or recalled: another client's change) are checked for at the descriptor's next write
+    (``OpenFiles.privileges_granted``, :meth:`FileOperations.write`)."""
     return flags & _ACCESS_MODE == os.O_WRONLY and not killed_by_write(mode) and xattrs == 0  # (None is not 0)
 
 
@@ -75,7 +78,7 @@ class FileOperations(MountState, pyfuse3.Operations):
             client_mode = "w+b"
         else:
             client_mode = "a+b"  # create if missing, keep content if another client just made it
-        started, file = self.fresh.begin_change(), None
+        started, file, grants = self.fresh.begin_change(), None, self.files.grants
         try:
             file = await self.as_caller(identity, lambda fs: fs.open(path, client_mode, file_mode=mode & 0o7777))
         finally:
@@ -83,8 +86,9 @@ class FileOperations(MountState, pyfuse3.Operations):
             self.fresh.end_change(started, parent_inode, identity, None if change is None else change.after)
             self.follow(parent_inode, text, change, present=True)
         file.readable = True  # the kernel enforces the access mode of each descriptor
-        direct = writes_direct(flags, file.attrs.mode, file.attrs.xattrs)
+        direct = self._writes_direct(flags, file)
         fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=True, direct=direct)
+        self._granted_meanwhile(fh, grants)
         self.page_cache.opened(file, [])  # a writer: the record goes
         self.named(parent_inode, text, file.ino)
         return open_reply(fh, direct), self.entry(Stat.from_attrs(file.attrs))
@@ -106,7 +110,7 @@ class FileOperations(MountState, pyfuse3.Operations):
             client_mode = "w+b"  # new content replaces the old at the first commit
         else:
             client_mode = "r+b"
-        path = self.path(inode)
+        path, grants = self.path(inode), self.files.grants
         file = await self.as_caller(self.identity(ctx), lambda fs: fs.open(path, client_mode,
                                                                           write_only=access == os.O_WRONLY))
         if file.ino != inode:  # another client put another file there: the kernel walks the path again
@@ -115,8 +119,9 @@ class FileOperations(MountState, pyfuse3.Operations):
         file.readable = True
         if self.cache.changed_since_reported(inode, file.attrs.size, file.attrs.mtime):
             self.cache.invalidate_inode(inode)  # committed elsewhere since the kernel last saw it
-        direct = writes_direct(flags, file.attrs.mode, file.attrs.xattrs)
+        direct = self._writes_direct(flags, file)
         fh = self.files.register(file, append=bool(flags & os.O_APPEND), dirty=client_mode == "w+b", direct=direct)
+        self._granted_meanwhile(fh, grants)
         await self.files.commit_peers(self.files.get(fh))
         others = [h.file for h in self.files.of(inode) if h.file is not file]
         return open_reply(fh, direct, keep_cache=self.page_cache.opened(file, others))
@@ -131,8 +136,8 @@ class FileOperations(MountState, pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self.files.get(fh)
         if handle.kill_on_write:
-            handle.kill_on_write = False
             await self._kill_privileges(handle)
+            handle.kill_on_write = False  # (only once done: a failed check is tried again at the next write)
         async with handle.lock:
             if handle.append:
                 off = handle.file.size
@@ -183,33 +188,39 @@ class FileOperations(MountState, pyfuse3.Operations):
         writer = self.creating_writer(inode, identity)
         return writer is not None and not writer.xattrs_set
 
-    def privileges_granted(self, inode: int) -> None:
-        """Set-id bits or ``security.capability`` were just given to ``inode`` through this
-        mount: the next write through each of its page-cache-bypassing descriptors drops them,
-        as the kernel does at a write through the page cache (:func:`writes_direct`)."""
-        for handle in self.files.of(inode):
-            if handle.direct:
-                handle.kill_on_write = True
+    def _writes_direct(self, flags: int, file: AsyncFile) -> bool:
+        """:func:`writes_direct` for ``file`` opened with ``flags``, where the mount learns of
+        privileges given elsewhere: with leases (their recalls say which files changed)."""
+        return self.cache.leases is not None and writes_direct(flags, file.attrs.mode, file.attrs.xattrs)
+
+    def _granted_meanwhile(self, fh: int, grants: int) -> None:
+        """Privileges may have been given while handle ``fh`` was being opened (the count of
+        grants moved since it was ``grants``): its first write checks."""
+        handle = self.files.get(fh)
+        if handle.direct and self.files.grants != grants:
+            handle.kill_on_write = True
 
     async def _kill_privileges(self, handle: OpenFile) -> None:
-        """What the kernel's ``file_remove_privs`` does before a write by a process without
-        ``CAP_FSETID`` (here: a descriptor not opened by root), with the mount's own authority
-        as the kernel has its own: the set-id bits a write clears, then ``security.capability``."""
+        """What the kernel's ``file_remove_privs`` does before a write through the page cache:
+        clear the set-id bits a write clears, unless the descriptor was opened by root (standing
+        for ``CAP_FSETID``), through the descriptor as its opener (who may: it writes the file);
+        and remove ``security.capability`` whoever writes, with the mount's own authority as the
+        kernel uses its own (by path, once the path was checked to still name the file)."""
         file = handle.file
-        if file.context.acting_uid == 0 or (file.context.acting_uid is None and os.geteuid() == 0):
-            return
-        try:
-            path = self.path(file.ino)
-        except StaleFile:  # unlinked while open: nothing can run it by name any more
-            return
-        st = await self.fs.stat(path)
-        kill = killed_by_write(st.mode)
+        ino_handle = messages.InoRequest(ino=file.ino, handle=file.handle)
+        attrs = (await file.context.metadata.getattr(ino_handle)).attrs
+        root = file.context.acting_uid == 0 or (file.context.acting_uid is None and os.geteuid() == 0)
+        kill = 0 if root else killed_by_write(attrs.mode)
         if kill:
-            await self.fs.setattr(path, mode=st.mode & 0o7777 & ~kill)
-        try:
-            await self.fs.removexattr(path, xattr_names.CAPABILITY)
-        except (NoAttribute, NotSupported):
-            pass
+            await file.context.metadata.setattr(messages.SetattrRequest(
+                ino=file.ino, handle=file.handle, mode=attrs.mode & 0o7777 & ~kill))
+        if attrs.xattrs != 0:  # (None: not known)
+            try:
+                path = self.path(file.ino)
+                if (await self.fs.stat(path)).ino == file.ino:
+                    await self.fs.removexattr(path, xattr_names.CAPABILITY)
+            except (StaleFile, NotFound, NoAttribute, NotSupported):
+                pass  # unlinked or renamed away meanwhile (nothing runs it by that name), or none there
         self.cache.invalidate_inode(file.ino)
 
     def xattrs_set(self, inode: int) -> None:

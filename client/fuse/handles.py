@@ -67,6 +67,7 @@ class OpenFiles:
         self._handles: dict[int, OpenFile] = {}
         self._by_ino: dict[int, set[OpenFile]] = {}
         self._next_fh = itertools.count(1)
+        self.grants = 0  # privileges that may have been given to some file, so far (privileges_granted)
 
     def new_number(self) -> int:
         """A file handle number no open file or directory has."""
@@ -80,6 +81,15 @@ class OpenFiles:
         self._handles[fh] = handle
         self._by_ino.setdefault(file.ino, set()).add(handle)
         return fh
+
+    def privileges_granted(self, ino: int | None) -> None:
+        """Set-id bits or capabilities may have been given to inode ``ino`` (None: to any file):
+        each of its open descriptors that bypass the page cache checks at its next write
+        (``FileOperations.write``), as the kernel does at every write through the page cache."""
+        self.grants += 1
+        for handle in (self._handles.values() if ino is None else self._by_ino.get(ino, ())):
+            if handle.direct:
+                handle.kill_on_write = True
 
     def unregister(self, fh: int) -> OpenFile | None:
         handle = self._handles.pop(fh, None)

@@ -134,9 +134,16 @@ class KernelCache:
 
     def listing_replied(self, inode: int, epoch: int) -> None:
         """A page of ``inode``'s listing, fetched by a request begun at lease ``epoch``, is being
-        replied: if no lease covers it now (a recall or a lost lease since, or none then), the
-        kernel drops what it keeps of it, once the reply went out."""
-        if not self.listings.may_hold(inode) or (self.leases is not None and self.leases.still(epoch)):
+        replied, and the kernel may keep it (its handle may have been opened to keep). If a lease
+        still covers it, the directory is tracked as kept (again: a recall or a lost lease since
+        its OPENDIR may have untracked it), so the next recall of it drops it; if not, the kernel
+        drops what it keeps of it once the reply went out."""
+        if not self.listings.enabled:
+            return
+        if self.leases is not None and self.leases.still(epoch):
+            evicted = self.listings.kept(inode)
+            if evicted:
+                self._invalidations.submit(kernel_listings.drop, evicted)
             return
         asyncio.get_running_loop().call_soon(self._invalidations.submit, kernel_listings.drop, [inode])
 

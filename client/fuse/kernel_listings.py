@@ -15,7 +15,8 @@ returned:
   them before it acknowledges the recall (``KernelCache.recalled``);
 - *a reply that no lease covers* (the listing was fetched before a recall or a lost lease that
   came since, or with no lease): the mount drops what it added, right after the reply
-  (``KernelCache.listing_replied``).
+  (``KernelCache.listing_replied``); a reply a lease covers tracks its directory as kept (again,
+  if a recall came between its OPENDIR and it).
 
 To drop a directory's listing (:func:`drop`), the mount first invalidates a name no directory
 can hold there, which waits for the directory's lock: a ``getdents`` adds a reply's entries to
@@ -52,12 +53,18 @@ class KernelListings:
         if not (self.enabled and leased):
             self._kept.pop(inode, None)  # the open does not keep: the kernel drops its copy
             return False, []
+        return True, self.kept(inode)
+
+    def kept(self, inode: int) -> list[int]:
+        """The kernel may keep ``inode``'s listing (an open asked to, or a page of it leased went
+        to the kernel): a recall of it drops it. Returns the directories the kernel must now
+        drop (tracked no more: past ``kept_listings_max``)."""
         self._kept[inode] = None
         self._kept.move_to_end(inode)
         evicted = []
         while len(self._kept) > kept_listings_max:
             evicted.append(self._kept.popitem(last=False)[0])
-        return True, evicted
+        return evicted
 
     def recalled(self, recall: Recall | None) -> list[int]:
         """The directories whose kept listing ``recall`` ends (None: the leases were lost: all)."""
@@ -71,7 +78,7 @@ class KernelListings:
         return gone
 
     def may_hold(self, inode: int) -> bool:
-        """Whether the kernel may keep ``inode``'s listing (an open of it asked to)."""
+        """Whether ``inode``'s listing is tracked as one the kernel may keep."""
         return inode in self._kept
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 from typing import Any, Callable
 
@@ -73,7 +74,7 @@ class _Container(ctypes.Structure):
     ]
 
 
-_platform_ok = sys.platform == "linux" and ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(_FuseFileInfo) == 40
+_platform_ok = sys.platform == "linux" and sys.maxsize > 2**32 and os.uname().machine == "x86_64"  # (the layout below)
 _original: Callable[[Any], Any] | None = None  # pyfuse3's own fuse_opendir_async, while ours is installed
 _broken: str | None = None  # why the layout was found not to hold (then nothing is set)
 
@@ -82,8 +83,9 @@ def _mark(container: object, keep: Callable[[int], bool]) -> None:
     """Set the two bits in ``container``'s reply if ``keep`` says so for its inode."""
     global _broken
     kind = type(container)
-    if kind.__name__ != "_Container" or kind.__basicsize__ != ctypes.sizeof(_Container):
-        _broken = f"pyfuse3 passed a {kind.__name__} of {kind.__basicsize__} bytes, not a _Container of {ctypes.sizeof(_Container)}"
+    if kind is not getattr(pyfuse3, "_Container", None) or kind.__basicsize__ != ctypes.sizeof(_Container):
+        _broken = (f"pyfuse3 passed a {kind.__name__} of {kind.__basicsize__} bytes, not its _Container of "
+                   f"{ctypes.sizeof(_Container)}")
     else:
         c = _Container.from_address(id(container))
         if c.ob_type != id(kind) or c.fi.fh != 0 or not c.req:
@@ -102,7 +104,9 @@ def install(keep: Callable[[int], bool]) -> bool:
     another platform, or a pyfuse3 without ``fuse_opendir_async``). :func:`uninstall` undoes it."""
     global _original
     original = getattr(pyfuse3, "fuse_opendir_async", None)
-    if not _platform_ok or original is None or _original is not None:
+    if _original is not None:
+        return False  # installed already
+    if not _platform_ok or original is None:
         log.info("the kernel will not keep directory listings: pyfuse3 %s on %s offers no way in",
                  getattr(pyfuse3, "__version__", "?"), sys.platform)
         return False

@@ -125,7 +125,7 @@ class TectofsOperations(FileOperations):
                       ctx: Caller) -> pyfuse3.EntryAttributes:
         st = await set_attributes(self, inode, attr, fields, fh, self.identity(ctx))
         if fields.update_mode and killed_by_write(attr.st_mode):
-            self.privileges_granted(inode)
+            self.files.privileges_granted(inode)
         return self.entry(st)
 
     @handler
@@ -308,7 +308,7 @@ class TectofsOperations(FileOperations):
         path, text = self.path(inode), name.decode("utf-8", "surrogateescape")
         await self.as_caller(self.identity(ctx), lambda fs: fs.setxattr(path, text, value))
         if text == xattr_names.CAPABILITY:
-            self.privileges_granted(inode)
+            self.files.privileges_granted(inode)
 
     @handler
     async def removexattr(self, inode: int, name: bytes, ctx: Caller) -> None:

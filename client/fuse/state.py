@@ -68,6 +68,8 @@ class MountState:
         the mount's own memories go, then the kernel's (``KernelCache.recalled``); the recall is
         acknowledged once this returns."""
         self.fresh.forget_all()
+        for ino in [None] if recall is None else recall.inos:  # (a chmod elsewhere may have given set-id bits)
+            self.files.privileges_granted(ino)
         if recall is None or recall.entries or recall.listings:
             self.listings.forget_all()
         await self.cache.recalled(recall, self.inodes.known_names(), self.inodes.known_inodes())
