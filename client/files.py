@@ -165,8 +165,8 @@ class AsyncFile:
             self.size = max(self.size, position + n)
             self._changed = True
             self._touch()
-            if valid == self.block_size:
-                await self._send(idx)
+            if within + n == self.block_size:  # this write ended the block: send it (a rewrite inside a
+                await self._send(idx)          # block already full waits for its end or the commit)
             elif self.size > self.inline_max:  # a partial block that will need chunks: placed ahead
                 self._allocations.ask_ahead()
         await self._bound_dirty()

@@ -334,3 +334,22 @@ def test_the_grafana_dashboard_uses_only_metrics_that_exist(metrics_cluster):
     roles = {name.split("_")[1] for name in used}
     assert roles == {"meta", "chunk", "client", "checkpoint", "s3"}, roles
     assert not used - exported, f"the dashboard uses metrics no role exports: {sorted(used - exported)}"
+
+
+def test_small_rewrites_inside_a_full_block_put_it_once(metrics_cluster):
+    """Rewriting part of a block that is already full (a header updated in place, ``dd
+    conv=notrunc``) sends the block once, at its end or at the commit, not once per write."""
+    fs = metrics_cluster.fs
+    data = bytearray(os.urandom(3 * MiB))  # 3 full blocks of 1 MiB, rs(4,2)
+    fs.write_bytes("/rewritten", bytes(data))
+    before = local()
+    with fs.open("/rewritten", "r+b") as f:
+        for i in range(50):  # 500 KiB of block 0, in 10 KiB writes
+            f.seek(i * 10240)
+            f.write(b"r" * 10240)
+    after = local()
+    data[:50 * 10240] = b"r" * (50 * 10240)
+    assert fs.read_bytes("/rewritten") == bytes(data)
+    puts = moved(before, after, "tectofs_client_chunk_requests_total", op="put_chunk", outcome="ok")
+    assert 5 <= puts <= 6, puts  # one block: write_min (5) to 6 of its chunks
+    assert moved(before, after, "tectofs_client_chunk_bytes_total", op="put_chunk") <= 1.5 * MiB + 4096
