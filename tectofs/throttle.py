@@ -9,15 +9,23 @@ means unlimited. One bucket per process; coroutines share it in arrival order.
 from __future__ import annotations
 
 import asyncio
-import time
+from typing import Callable
+
+
+def _loop_time() -> float:
+    """The running event loop's clock (``time.monotonic`` for asyncio's own loops; the
+    simulator's virtual time under its loop, so a seed replays exactly)."""
+    return asyncio.get_running_loop().time()
 
 
 class RateLimiter:
-    def __init__(self, rate_bytes_per_s: float, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, rate_bytes_per_s: float, clock: Callable[[], float] = _loop_time) -> None:
+        """``clock``: seconds, read at each take (default: the running event loop's, so only
+        ever called on it)."""
         self.rate = float(rate_bytes_per_s)
         self._clock = clock
         self._tokens = self.rate
-        self._last = clock()
+        self._last: float | None = None  # the bucket starts full at its first take
         self._lock = asyncio.Lock()
 
     def delay_for(self, n: int) -> float:
@@ -25,7 +33,8 @@ class RateLimiter:
         if self.rate <= 0:
             return 0.0
         now = self._clock()
-        self._tokens = min(self.rate, self._tokens + (now - self._last) * self.rate)
+        last = now if self._last is None else self._last
+        self._tokens = min(self.rate, self._tokens + (now - last) * self.rate)
         self._last = now
         self._tokens -= n
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate

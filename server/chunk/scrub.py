@@ -52,8 +52,9 @@ class Scrubber:
     async def run(self) -> None:
         """Scrub forever; one pass is every chunk on disk when it starts, and passes start at
         most every ``pass_interval_s`` (a pass over a large disk at the rate takes longer)."""
+        loop = asyncio.get_running_loop()  # its clock: virtual under the simulator, so a seed replays exactly
         while True:
-            started = time.monotonic()
+            started = loop.time()
             block_ids = await self.in_thread(self.store.block_ids)
             self.stats.update(scrub_pass_chunks=len(block_ids), scrub_pass_checked=0,
                               scrub_pass_started=int(time.time()))
@@ -62,7 +63,7 @@ class Scrubber:
                 self.stats["scrub_pass_checked"] += 1
             if block_ids:
                 self.stats["scrub_passes"] += 1
-            await asyncio.sleep(max(1.0, self.pass_interval_s - (time.monotonic() - started)))
+            await asyncio.sleep(max(1.0, self.pass_interval_s - (loop.time() - started)))
 
     async def check(self, block_id: int) -> bool:
         """Verify one chunk; report it if it is damaged. Returns whether it was sound."""
