@@ -188,7 +188,8 @@ def test_inodes_keep_their_paths_through_renames_and_links(cluster: Any, tmp_pat
 
 
 def test_a_write_only_descriptor_of_a_file_without_privileges_bypasses_the_page_cache() -> None:
-    from tectofs.client.fuse.file_operations import killed_by_write, open_reply, writes_direct
+    from tectofs.client.fuse.file_operations import open_reply, writes_direct
+    from tectofs.modes import killed_by_write
 
     write_only = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     assert writes_direct(write_only, 0o100644, 0)

@@ -17,7 +17,6 @@ since the kernel last saw its attributes invalidates them
 from __future__ import annotations
 
 import os
-import stat as statmod
 
 import pyfuse3
 
@@ -28,18 +27,10 @@ from tectofs.client.fuse.handles import OpenFile
 from tectofs.client.fuse.state import MountState, handler, log
 from tectofs.client.fuse.users import Caller, Identity
 from tectofs.errors import NoAttribute, NotFound, NotSupported, StaleFile
+from tectofs.modes import killed_by_write
 from tectofs.wire import messages
 
 _ACCESS_MODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
-
-
-def killed_by_write(mode: int) -> int:
-    """The set-id bits of ``mode`` a write by a process without ``CAP_FSETID`` clears (Linux's
-    ``should_remove_suid``: set-user-ID, and set-group-ID when group-executable)."""
-    kill = mode & statmod.S_ISUID
-    if mode & (statmod.S_ISGID | statmod.S_IXGRP) == statmod.S_ISGID | statmod.S_IXGRP:
-        kill |= statmod.S_ISGID
-    return kill
 
 
 def writes_direct(flags: int, mode: int, xattrs: int | None) -> bool:

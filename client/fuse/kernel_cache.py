@@ -128,8 +128,7 @@ class KernelCache:
         reads through it (while a lease is held; an open that may not has the kernel drop what
         it kept: ``kernel_listings.py``). Called before the request's handler, not blocking."""
         kept, evicted = self.listings.opened(inode, self.leases is not None and self.leases.remaining() > 0)
-        if evicted:
-            self._invalidations.submit(kernel_listings.drop, evicted)
+        self._drop_listings(evicted)
         return kept
 
     def listing_replied(self, inode: int, epoch: int) -> None:
@@ -141,11 +140,14 @@ class KernelCache:
         if not self.listings.enabled:
             return
         if self.leases is not None and self.leases.still(epoch):
-            evicted = self.listings.kept(inode)
-            if evicted:
-                self._invalidations.submit(kernel_listings.drop, evicted)
-            return
-        asyncio.get_running_loop().call_soon(self._invalidations.submit, kernel_listings.drop, [inode])
+            self._drop_listings(self.listings.kept(inode))
+        else:
+            asyncio.get_running_loop().call_soon(self._drop_listings, [inode])
+
+    def _drop_listings(self, directories: list[int]) -> None:
+        """Have the kernel drop its listings of ``directories``, on the notification thread."""
+        if directories:
+            self._invalidations.submit(kernel_listings.drop, directories)
 
     @property
     def caches_names(self) -> bool:

@@ -36,7 +36,7 @@ import pyfuse3
 from tectofs import xattr_names
 from tectofs.client.core import AsyncFileSystem, DirectoryChange, Stat
 from tectofs.client.fuse.attributes import directory_entry, statvfs
-from tectofs.client.fuse.file_operations import FileOperations, killed_by_write
+from tectofs.client.fuse.file_operations import FileOperations
 from tectofs.client.fuse.inodes import ROOT_INODE
 from tectofs.client.fuse.kernel_cache import KernelCache
 from tectofs.client.fuse.process import raise_read_ahead
@@ -45,6 +45,7 @@ from tectofs.client.fuse.setattrs import set_attributes
 from tectofs.client.fuse.state import handler
 from tectofs.client.fuse.users import Caller, Callers, Identity
 from tectofs.errors import InvalidArgument, NoAttribute, NotFound
+from tectofs.modes import killed_by_write
 
 max_readahead_bytes = 8 * 1024 * 1024  # the kernel caps it at the device's read-ahead setting
 

@@ -17,6 +17,7 @@ import stat as statmod
 from dataclasses import dataclass
 
 from ..errors import NotPermitted, PermissionDenied
+from ..modes import killed_by_write
 from ..wire.values import Attrs
 
 R, W, X = 4, 2, 1  # the permission bits of one class (owner, group, other)
@@ -113,7 +114,7 @@ def require_linkable(attrs: Attrs, caller: Caller | None, path: str) -> None:
         return
     assert caller is not None
     mode = attrs.mode
-    set_id = mode & statmod.S_ISUID or mode & (statmod.S_ISGID | statmod.S_IXGRP) == statmod.S_ISGID | statmod.S_IXGRP
+    set_id = killed_by_write(mode)
     if attrs.kind == "file" and not set_id and may(attrs, caller, R | W):
         return
     raise NotPermitted(
