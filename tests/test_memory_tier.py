@@ -38,6 +38,7 @@ from tectofs.cli.agent import start_agent  # noqa: E402
 from tectofs.wire import auth  # noqa: E402
 from tectofs.wire import messages as wire  # noqa: E402
 from tectofs.wire.client import RpcClient  # noqa: E402
+from tests.rendezvous import leave, rendezvous  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -599,14 +600,14 @@ def test_an_agent_whose_credential_may_not_act_for_others_does_not_start(
         assert "may not act for other users" in f.read()
 
 
-def _rank(rank: int, port: int, run: str, agents_of: list[str]) -> None:
+def _rank(rank: int, rendezvous: str, run: str, agents_of: list[str]) -> None:
     """One of two gloo ranks, each with its own shard, each on its own "node" (agent list)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2,
                             timeout=timedelta(seconds=30))
     try:
         shard = {f"rank{rank}.w": torch.full((64, 64), float(rank + 1)), "shared": torch.arange(8.0)}
@@ -621,22 +622,18 @@ def _rank(rank: int, port: int, run: str, agents_of: list[str]) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave()
 
 
-def test_two_ranks_on_two_nodes_save_one_step_to_the_coordinators_agent(cluster: Any, nodes: Any) -> None:
+def test_two_ranks_on_two_nodes_save_one_step_to_the_coordinators_agent(cluster: Any, nodes: Any, tmp_path: Any) -> None:
     """Each rank sends its files to the coordinator's agent (the plan names it), which seals
     the step once every rank's files are there and checked, with its replica on the other
     node: each rank then loads the step from its own node's memory."""
-    import socket
-
     import torch.multiprocessing as mp
 
     agents, proc1, local, proc2, peer = nodes
     run = f"tectofs://{cluster.address}/memtier/ranks"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, run, [f"{local},{peer}", f"{peer},{local}"]), nprocs=2, join=True)
+    mp.spawn(_rank, args=(rendezvous(tmp_path), run, [f"{local},{peer}", f"{peer},{local}"]), nprocs=2, join=True)
     located = agent_client(run).locate(local, f"{run}/step_1")
     assert located is not None and located.found
     assert sorted(f.name for f in located.files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]

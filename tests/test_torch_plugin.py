@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import tectofs.torch as tt  # noqa: E402
 from tectofs.errors import ChecksumMismatch, InvalidArgument, InvalidPath  # noqa: E402
-from tests.rendezvous import rendezvous  # noqa: E402
+from tests.rendezvous import leave, rendezvous  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -382,6 +382,7 @@ def _save_worker(rank: int, world: int, rendezvous: str, run: str) -> None:
         writer.close()
     finally:
         dist.destroy_process_group()
+    leave()
 
 
 def _load_worker(rank: int, world: int, rendezvous: str, run: str) -> None:
@@ -397,6 +398,7 @@ def _load_worker(rank: int, world: int, rendezvous: str, run: str) -> None:
             assert state["meta"]["world"] == 4
     finally:
         dist.destroy_process_group()
+    leave()
 
 
 def test_four_ranks_save_two_ranks_load(cluster: Any, tmp_path: Any) -> None:

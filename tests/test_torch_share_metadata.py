@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 
 import tectofs.torch as tt  # noqa: E402
 from tectofs import errors  # noqa: E402
-from tests.rendezvous import rendezvous  # noqa: E402
+from tests.rendezvous import leave, rendezvous  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -91,6 +91,7 @@ def _worker(rank: int, rendezvous: str, uri: str, missing: str) -> None:
         dist.barrier()  # every rank got here: nobody was left in a broadcast
     finally:
         dist.destroy_process_group()
+    leave()
 
 
 def test_metadata_is_read_once_and_broadcast_to_every_rank(cluster: Any, tmp_path: Any) -> None:

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex  # noqa: E402
 import tectofs.torch as tt  # noqa: E402
 from tectofs import metrics  # noqa: E402
 from tectofs.torch import _share  # noqa: E402
-from tests.rendezvous import rendezvous  # noqa: E402
+from tests.rendezvous import leave, rendezvous  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -75,6 +75,7 @@ def _worker(rank: int, replicas: int, shards: int, rendezvous: str, run: str, ou
                 json.dump(results, f)
     finally:
         dist.destroy_process_group()
+    leave()
 
 
 def _failing_worker(rank: int, replicas: int, shards: int, rendezvous: str, run: str, out: str) -> None:
@@ -101,6 +102,7 @@ def _failing_worker(rank: int, replicas: int, shards: int, rendezvous: str, run:
             f.write(outcome)
     finally:
         dist.destroy_process_group()
+    leave()
 
 
 @pytest.mark.slow
