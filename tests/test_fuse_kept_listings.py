@@ -1,6 +1,8 @@
-"""The kernel keeps directory listings while the mount holds leases (``client/fuse/kernel_listings.py``,
-``client/fuse/opendir_reply.py``): a listing read again reaches the mount only to open the
-directory, and a listing changed anywhere is read afresh at the next open, every time."""
+"""The kernel keeps directory listings while the mount holds leases (``client/fuse/kernel_listings.py``):
+where it opens directories by itself (``client/fuse/kernel_opendir.py``, the default) a listing
+read again does not reach the mount at all, where the mount opens them
+(``--mount-opens-directories``, ``client/fuse/opendir_reply.py``) only to open the directory;
+either way a listing changed anywhere is read afresh at the next open, every time."""
 
 from __future__ import annotations
 
@@ -27,20 +29,21 @@ def _requests(log_path: str, opcode: str, nodeid: int) -> int:
         return len(re.findall(rf"opcode: {opcode} \(\d+\), nodeid: {nodeid},", f.read()))
 
 
-@pytest.fixture
-def mount_and_library(make_cluster: Any, tmp_path: Any) -> Any:
+@pytest.fixture(params=["kernel-opens", "mount-opens"])
+def mount_and_library(make_cluster: Any, tmp_path: Any, request: Any) -> Any:
     from tectofs.client.fuse import start_mount_process
 
     cluster = make_cluster(meta_args=["--lease", "5"])
     log_path = str(tmp_path / "mount.log")
-    mount = start_mount_process(cluster.address, str(tmp_path / "mnt"), log_path=log_path, debug=True)
+    mount = start_mount_process(cluster.address, str(tmp_path / "mnt"), log_path=log_path, debug=True,
+                                kernel_opens_directories=request.param == "kernel-opens")
     fs = connect(cluster.address, credentials=cluster.credential_file, leases=True)
     try:
         deadline = time.monotonic() + 10
         while not (fs.aio.lease_session and fs.aio.lease_session.remaining()):
             assert time.monotonic() < deadline, "no lease within 10 s"
             time.sleep(0.05)
-        yield mount.mountpoint, log_path, fs
+        yield mount.mountpoint, log_path, fs, request.param == "kernel-opens"
     finally:
         fs.close()
         mount.stop()
@@ -48,8 +51,8 @@ def mount_and_library(make_cluster: Any, tmp_path: Any) -> Any:
 
 @pytest.mark.fuse
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
-def test_a_listing_read_again_reaches_the_mount_only_to_open(mount_and_library: Any) -> None:
-    mountpoint, log_path, fs = mount_and_library
+def test_a_listing_read_again_reaches_the_mount_at_most_to_open(mount_and_library: Any) -> None:
+    mountpoint, log_path, fs, kernel_opens = mount_and_library
     where = f"{mountpoint}/kept"
     os.mkdir(where)
     names = {f"file-{i:04d}" for i in range(600)}  # several READDIRPLUS pages
@@ -65,7 +68,11 @@ def test_a_listing_read_again_reaches_the_mount_only_to_open(mount_and_library: 
         assert len(list(os.scandir(where))) == len(names)
     time.sleep(0.2)
     assert _requests(log_path, "READDIRPLUS", nodeid) == first  # the kernel answered ten listings
-    assert _requests(log_path, "OPENDIR", nodeid) >= 11
+    opens = _requests(log_path, "OPENDIR", nodeid)
+    if kernel_opens:  # the mount's first OPENDIR, answered ENOSYS, may have been this directory's
+        assert opens <= 1 and _requests(log_path, "RELEASEDIR", nodeid) == 0, opens
+    else:
+        assert opens >= 11, opens
     with open(f"{where}/new", "wb"):  # this mount's own change: the kernel reads the listing again
         pass
     assert set(os.listdir(where)) == names | {"new"}
@@ -80,7 +87,7 @@ def test_a_listing_read_again_reaches_the_mount_only_to_open(mount_and_library: 
 def test_a_kept_listing_follows_every_change_elsewhere_even_with_the_mtime_put_back(mount_and_library: Any) -> None:
     """The kernel would notice a changed mtime by itself; a change whose directory mtime is put
     back (``tar``, ``rsync -t`` restoring it) it would not: the recall drops the listing."""
-    mountpoint, _, fs = mount_and_library
+    mountpoint, _, fs, _ = mount_and_library
     fs.mkdir("/elsewhere")
     where = f"{mountpoint}/elsewhere"
     stamp = (1_700_000_000.0, 1_700_000_000.0)
@@ -136,10 +143,10 @@ class _Session:
     """A lease session as the kernel cache sees it: its epoch, and whether a lease is held."""
 
     def __init__(self) -> None:
-        self.epoch, self.held = 3, True
+        self.epoch, self.held, self.left = 3, True, 10.0
 
     def remaining(self) -> float:
-        return 10.0 if self.held else 0.0
+        return self.left if self.held else 0.0
 
     def still(self, epoch: int) -> bool:
         return epoch == self.epoch and self.held
@@ -195,6 +202,53 @@ def test_a_page_read_after_the_leases_were_lost_is_dropped(monkeypatch: pytest.M
         cache.listing_replied(7, epoch=4)  # read with no lease, through the handle opened to keep
 
     assert _dropped_in(monkeypatch, scenario) == [[7], [7]]
+
+
+def test_kept_listings_are_dropped_when_the_lease_runs_out_unrenewed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung metadata service sends no recall and fails no keepalive for a while: where the
+    kernel opens directories by itself, only the end of the lease drops what it keeps."""
+    async def scenario(cache: KernelCache, session: _Session) -> None:
+        session.left = 0.1
+        cache.listing_replied(7, epoch=3)
+        cache.listing_replied(8, epoch=3)
+        await asyncio.sleep(0.05)
+        session.left = 0.1  # renewed: nothing goes at the first end
+        await asyncio.sleep(0.1)
+        session.held = False  # then it runs out
+        await asyncio.sleep(0.15)
+
+    assert _dropped_in(monkeypatch, scenario) == [[7, 8]]
+
+
+def test_a_kernel_opened_directory_is_paged_from_one_listing_until_its_end() -> None:
+    from tectofs.client.fuse.readdir import OpenListings
+
+    fetched: list[int] = []
+
+    async def run() -> None:
+        listings = OpenListings(attributes_fresh_s=10.0, kernel_opened_max=2)
+
+        async def fetch() -> list[Any]:
+            fetched.append(1)
+            return [(".", 1), ("..", 1), ("a", 5), ("b", 6)]
+
+        for fh in (101, 102):
+            listings.kernel_opened(fh)
+            entries, fresh, _ = await listings.page(fh, 0, fetch)
+            assert [name for name, _ in entries] == [".", "..", "a", "b"] and fresh
+        listings.kernel_opened(101)
+        await listings.page(101, 2, fetch)  # the next page of the same listing: not fetched again
+        assert len(fetched) == 2
+        listings.kernel_opened(103)  # a third: the one read least recently (102) goes
+        listings.kernel_opened(102)
+        await listings.page(102, 2, fetch)
+        assert len(fetched) == 3
+        listings.released(101)  # read to its end
+        listings.kernel_opened(101)
+        await listings.page(101, 2, fetch)
+        assert len(fetched) == 4
+
+    asyncio.run(run())
 
 
 class _FakeContainer:

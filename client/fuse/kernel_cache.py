@@ -74,6 +74,7 @@ class KernelCache:
         self._negative: dict[int, set[str]] = {}  # directory inode -> absent names the kernel keeps
         self._negative_count = 0
         self.listings = KernelListings(enabled=leases is not None and self.entry_timeout_s > 0)
+        self._lease_end_watch: asyncio.TimerHandle | None = None
 
     def begin_request(self) -> None:
         """A request starts: note the lease epoch its replies are judged by."""
@@ -141,8 +142,30 @@ class KernelCache:
             return
         if self.leases is not None and self.leases.still(epoch):
             self._drop_listings(self.listings.kept(inode))
+            self._watch_lease_end()
         else:
             asyncio.get_running_loop().call_soon(self._drop_listings, [inode])
+
+    def _watch_lease_end(self) -> None:
+        """Drop every kept listing when the lease runs out unrenewed (a hung or cut-off metadata
+        service sends no recall, and the loss of the leases is noticed only when a keepalive
+        fails): no other request would drop them where the kernel opens directories by itself."""
+        leases = self.leases
+        if self._lease_end_watch is not None or leases is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def check() -> None:
+            self._lease_end_watch = None
+            if not self.listings.tracking():
+                return
+            left = leases.remaining()
+            if left > 0:
+                self._lease_end_watch = loop.call_later(left, check)
+            else:
+                self._drop_listings(self.listings.recalled(None))
+
+        self._lease_end_watch = loop.call_later(leases.remaining(), check)
 
     def _drop_listings(self, directories: list[int]) -> None:
         """Have the kernel drop its listings of ``directories``, on the notification thread."""
@@ -200,6 +223,8 @@ class KernelCache:
         self._forget_negative(parent, name)
 
     def close(self) -> None:
+        if self._lease_end_watch is not None:
+            self._lease_end_watch.cancel()
         self._invalidations.shutdown(wait=False, cancel_futures=True)
 
     def invalidate_entry(self, parent_inode: int, name: str) -> None:

@@ -1,18 +1,22 @@
 """Which directory listings the kernel keeps, and when it must drop one.
 
-With metadata leases, the mount lets the kernel keep the listings it reads
-(``opendir_reply.install``): a second ``ls`` or ``os.scandir`` of a directory then
-reaches the mount only for OPENDIR (and RELEASEDIR, which nobody waits for). The kernel serves a
-kept listing until one of these drops it, so it never serves one older than a change whose call
-returned:
+With metadata leases, the kernel keeps the listings it reads: where it opens directories by
+itself (``kernel_opendir.py``, the default), every one; else those whose OPENDIR's reply asks it
+to (``opendir_reply.install``). A second ``ls`` or ``os.scandir`` of a directory then reaches the
+mount not at all (or only for OPENDIR, and RELEASEDIR, which nobody waits for). The kernel serves
+a kept listing until one of these drops it, so it never serves one older than a change whose
+call returned:
 
 - *this mount's own change* in the directory: the kernel counts them (its ``i_version``) and
   reads the listing again after one;
-- *an open made without a lease held*: its reply does not ask to keep, and an open that does not
-  has the kernel drop its copy (``fuse_dir_open``);
+- *an OPENDIR answered without a lease held* (where the mount opens directories): its reply
+  does not ask to keep, and an open that does not has the kernel drop its copy
+  (``fuse_dir_open``);
 - *a recall of the listing* by another client's change (or the loss of the leases: every
   listing): :meth:`KernelListings.recalled` says which directories go, and the mount drops
   them before it acknowledges the recall (``KernelCache.recalled``);
+- *the end of the lease* with no renewal (a hung or cut-off metadata service, which sends no
+  recall): every listing (``KernelCache._watch_lease_end``);
 - *a reply that no lease covers* (the listing was fetched before a recall or a lost lease that
   came since, or with no lease): the mount drops what it added, right after the reply
   (``KernelCache.listing_replied``); a reply a lease covers tracks its directory as kept (again,
@@ -76,6 +80,10 @@ class KernelListings:
         for directory in gone:
             del self._kept[directory]
         return gone
+
+    def tracking(self) -> bool:
+        """Whether any directory is tracked as one whose listing the kernel may keep."""
+        return bool(self._kept)
 
     def may_hold(self, inode: int) -> bool:
         """Whether ``inode``'s listing is tracked as one the kernel may keep."""

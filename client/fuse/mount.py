@@ -18,7 +18,7 @@ import pyfuse3.asyncio
 
 from tectofs import diagnostics
 from tectofs.client.core import AsyncFileSystem
-from tectofs.client.fuse import device_wait, opendir_reply
+from tectofs.client.fuse import device_wait, kernel_opendir, opendir_reply
 from tectofs.client.fuse.daemon import daemonize
 from tectofs.client.fuse.operations import TectofsOperations
 from tectofs.client.fuse.process import is_mounted
@@ -46,7 +46,7 @@ def mount_options(address: str, shared: bool, default_permissions: bool, debug: 
 async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
                        on_ready: Callable[[], None] | None, credentials: str | None, multi_user: bool | None,
                        default_permissions: bool, negative_cache_s: float, leases: bool, xattrs: bool,
-                       async_creates: bool = True) -> None:
+                       async_creates: bool = True, kernel_opens_directories: bool = True) -> None:
     loop = asyncio.get_running_loop()
     diagnostics.dump_tasks_on_sigusr1(loop)
     # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
@@ -70,7 +70,11 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
                                        entry_timeout_s=None if kernel_checks else 0.0,
                                        negative_cache_s=negative_cache_s, xattrs=xattrs)
         if operations.cache.listings.enabled:
-            opendir_reply.install(operations.keeps_listing)
+            # The kernel opens directories itself where the mount's own user may read every
+            # listing the kernel lets a caller read: a single-user mount, or root's.
+            handover = kernel_opens_directories and (not shared or (who is not None and who.uid == 0))
+            opendir_reply.install(operations.keeps_listing,
+                                  (lambda request: kernel_opendir.install(request, mountpoint)) if handover else None)
         try:
             pyfuse3.init(operations, mountpoint, mount_options(address, shared, default_permissions, debug))
         except RuntimeError as exc:  # libfuse logged why (mountpoint busy, no /dev/fuse, bad option, ...)
@@ -100,19 +104,21 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,
            on_ready: Callable[[], None] | None = None, credentials: str | None = None,
            multi_user: bool | None = None, default_permissions: bool = True, negative_cache_s: float = 0.0,
-           leases: bool = True, xattrs: bool = True, async_creates: bool = True) -> None:
+           leases: bool = True, xattrs: bool = True, async_creates: bool = True,
+           kernel_opens_directories: bool = True) -> None:
     pyfuse3.asyncio.enable()
     if not device_wait.install():
         log.info("pyfuse3's asyncio layer is not the one expected: the FUSE device is registered per request")
     asyncio.run(_serve_async(address, mountpoint, threads, attr_timeout_s, debug, on_ready, credentials, multi_user,
-                             default_permissions, negative_cache_s, leases, xattrs, async_creates))
+                             default_permissions, negative_cache_s, leases, xattrs, async_creates,
+                             kernel_opens_directories))
 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,
           attr_timeout_s: float = 1.0, debug: bool = False, credentials: str | None = None,
           multi_user: bool | None = None, default_permissions: bool = True,
           negative_cache_s: float = 0.0, leases: bool = True, xattrs: bool = True,
-          async_creates: bool = True) -> str | None:
+          async_creates: bool = True, kernel_opens_directories: bool = True) -> str | None:
     """Mount the cluster whose metadata service is at ``address`` on ``mountpoint``.
 
     ``credentials``: the credential file (default: ``tectofs.wire.auth.find_credential``).
@@ -138,6 +144,13 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     still sees each at its next call; one is durable once this mount's next call reached the
     service (a ``close`` of a written file is one) or 50 ms later, as on a local disk.
 
+    ``kernel_opens_directories`` (default, with leases, in a single-user mount or one run with
+    root's credential; ``--mount-opens-directories``: off): the kernel opens directories by
+    itself, with no request to the mount, and keeps every listing it reads until a change or a
+    recall drops it (``kernel_opendir.py``, ``kernel_listings.py``); off, each ``opendir(3)``
+    reaches the mount (OPENDIR, then RELEASEDIR), whose reply still lets the kernel keep the
+    listing while a lease is held.
+
     ``xattrs=False`` (``--no-xattrs``): no extended attributes through this mount; ``getfattr``
     and ``setfattr`` fail with "Operation not supported", and the kernel stops asking for them
     (``ls -l`` probes each file, the kernel checks ``security.capability`` before every write):
@@ -158,7 +171,7 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     serve = functools.partial(_serve, address, mountpoint, threads, attr_timeout_s, debug, credentials=credentials,
                               multi_user=multi_user, default_permissions=default_permissions,
                               negative_cache_s=negative_cache_s, leases=leases, xattrs=xattrs,
-                              async_creates=async_creates)
+                              async_creates=async_creates, kernel_opens_directories=kernel_opens_directories)
     if foreground:
         serve()
         return None

@@ -79,8 +79,9 @@ _original: Callable[[Any], Any] | None = None  # pyfuse3's own fuse_opendir_asyn
 _broken: str | None = None  # why the layout was found not to hold (then nothing is set)
 
 
-def _mark(container: object, keep: Callable[[int], bool]) -> None:
-    """Set the two bits in ``container``'s reply if ``keep`` says so for its inode."""
+def _mark(container: object, keep: Callable[[int], bool], handover: Callable[[int], bool] | None) -> None:
+    """Set the two bits in ``container``'s reply if ``keep`` says so for its inode (unless
+    ``handover``, given the request's address, says the kernel is to open directories itself)."""
     global _broken
     kind = type(container)
     if kind is not getattr(pyfuse3, "_Container", None) or kind.__basicsize__ != ctypes.sizeof(_Container):
@@ -90,6 +91,8 @@ def _mark(container: object, keep: Callable[[int], bool]) -> None:
         c = _Container.from_address(id(container))
         if c.ob_type != id(kind) or c.fi.fh != 0 or not c.req:
             _broken = "pyfuse3's _Container does not hold an OPENDIR where expected"
+        elif handover is not None and handover(c.req):
+            pass  # answered ENOSYS: the kernel opens directories from now on, and keeps their listings
         elif keep(c.ino):
             c.fi.keep_cache = 1
             c.fi.cache_readdir = 1
@@ -97,10 +100,12 @@ def _mark(container: object, keep: Callable[[int], bool]) -> None:
         log.info("the kernel will not keep directory listings (%s): every listing goes through the mount", _broken)
 
 
-def install(keep: Callable[[int], bool]) -> bool:
+def install(keep: Callable[[int], bool], handover: Callable[[int], bool] | None = None) -> bool:
     """From now on, each OPENDIR's reply asks the kernel to keep the listing (and the copy it
     has) if ``keep(inode)`` returns True; ``keep`` runs on the event loop, before the mount's
-    ``opendir`` handler, and must not block. Returns whether it could be installed (False:
+    ``opendir`` handler, and must not block. ``handover`` (``kernel_opendir.install``) is asked
+    first, with the request's address: True means the handler answers ENOSYS (the kernel opens
+    directories from then on), and nothing is marked. Returns whether it could be installed (False:
     another platform, or a pyfuse3 without ``fuse_opendir_async``). :func:`uninstall` undoes it."""
     global _original
     original = getattr(pyfuse3, "fuse_opendir_async", None)
@@ -114,7 +119,7 @@ def install(keep: Callable[[int], bool]) -> bool:
     def fuse_opendir_async(container: Any) -> Any:
         if _broken is None:
             try:
-                _mark(container, keep)
+                _mark(container, keep, handover)
             except Exception:  # pyfuse3 would not reply at all if this raised
                 log.exception("could not mark an OPENDIR reply to keep its listing")
         return original(container)

@@ -35,6 +35,7 @@ import pyfuse3
 
 from tectofs import xattr_names
 from tectofs.client.core import AsyncFileSystem, DirectoryChange, Stat
+from tectofs.client.fuse import kernel_opendir
 from tectofs.client.fuse.attributes import directory_entry, statvfs
 from tectofs.client.fuse.file_operations import FileOperations
 from tectofs.client.fuse.inodes import ROOT_INODE
@@ -141,7 +142,10 @@ class TectofsOperations(FileOperations):
         as the opener: readdir requests carry no caller). Where the kernel checks no
         permission (``--no-default-permissions``), the open reads the listing, so that a
         caller who may not read the directory is refused here (EACCES), as by a local disk.
-        With leases, the reply lets the kernel keep the listing (:meth:`keeps_listing`)."""
+        With leases, the reply lets the kernel keep the listing (:meth:`keeps_listing`), or is
+        ENOSYS, and the kernel opens directories by itself from then on (``kernel_opendir.py``)."""
+        if kernel_opendir.active():
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         identity = self.identity(ctx)
         listing = None if self.cache.caches_names else await self._list(inode, identity)
         fh = self.files.new_number()
@@ -156,12 +160,21 @@ class TectofsOperations(FileOperations):
 
     @handler
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        inode, identity = self._listing_callers[fh]
+        """A page of a listing, read as the directory's opener; a directory the kernel opened
+        by itself is read as the mount's own user (the kernel checked the opener's permission)."""
+        kernel_opened = kernel_opendir.inode_of(fh)
+        if kernel_opened is not None:
+            inode, identity = kernel_opened, None
+            self.open_listings.kernel_opened(fh)
+        else:
+            inode, identity = self._listing_callers[fh]
         entries, fresh, epoch = await self.open_listings.page(fh, start_id, lambda: self._list(inode, identity),
                                                               self.cache.request_epoch())
-        fill(token, entries, start_id, self.entry, directory_entry, fresh,
-             lambda name, st: self.named(inode, name, st.ino))
+        ended = fill(token, entries, start_id, self.entry, directory_entry, fresh,
+                     lambda name, st: self.named(inode, name, st.ino))
         self.cache.listing_replied(inode, epoch)
+        if ended and kernel_opened is not None:
+            self.open_listings.released(fh)
 
     async def _list(self, inode: int, identity: Identity | None) -> list[Entry]:
         """"." and ".." (inode numbers), then every entry with its attributes."""

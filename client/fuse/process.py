@@ -102,7 +102,8 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
                         log_path: str | None = None, debug: bool = False, credentials: str | None = None,
                         multi_user: bool | None = None, default_permissions: bool = True,
                         negative_cache_s: float | None = None, leases: bool = True,
-                        xattrs: bool = True, async_creates: bool = True) -> MountProcess:
+                        xattrs: bool = True, async_creates: bool = True,
+                        kernel_opens_directories: bool = True) -> MountProcess:
     """Run ``python -m tectofs.cli mount --meta ADDRESS MOUNTPOINT`` as a child process and
     return once the kernel lists the mount; raises :class:`Timeout` (with the daemon's log)
     if it does not appear within ``timeout_s``. Call ``.stop()`` to unmount. The other
@@ -123,6 +124,8 @@ def start_mount_process(address: str, mountpoint: str, *, single_thread: bool = 
         command.append("--no-xattrs")
     if not async_creates:
         command.append("--no-async-creates")
+    if not kernel_opens_directories:
+        command.append("--mount-opens-directories")
     if attr_timeout_s is not None:
         command += ["--attr-timeout", str(attr_timeout_s)]
     if debug:

@@ -2,7 +2,8 @@
 
 The kernel reads a directory in requests of a few KiB, each from an offset: the position of
 the last entry it received. ``OpenListings`` fetches the listing once per open directory
-(and again at offset 0: rewinddir) and pages it from there; :func:`fill` hands one request's
+(and again at offset 0: rewinddir) and pages it from there (a directory the kernel opened by
+itself, with no handle of the mount's: from a read at offset 0 to its last entry); :func:`fill` hands one request's
 entries to ``pyfuse3.readdir_reply``. pyfuse3 answers every listing request as READDIRPLUS:
 every entry but "." and ".." carries its attributes, which the kernel keeps as a lookup's
 (``ls -l``, ``du`` or ``find -size`` ask the metadata service nothing per file while they are
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from typing import Awaitable, Callable
 
 import pyfuse3
@@ -43,9 +45,13 @@ class OpenListings:
     request of a handle that was never read from offset 0 (a seek before reading), and paged
     from there until the handle is released."""
 
-    def __init__(self, attributes_fresh_s: float) -> None:
+    def __init__(self, attributes_fresh_s: float, kernel_opened_max: int = 64) -> None:
+        """``kernel_opened_max``: listings of kernel-opened directories kept at once (past it,
+        the one read least recently goes: a reader that stopped halfway never says so)."""
         self.attributes_fresh_s = attributes_fresh_s
+        self.kernel_opened_max = kernel_opened_max
         self._listings: dict[int, _Listing | None] = {}
+        self._kernel_opened: OrderedDict[int, None] = OrderedDict()
 
     def opened(self, fh: int, listing: list[Entry] | None = None, epoch: int = -1) -> None:
         """Directory handle ``fh`` was opened; ``listing``: fetched by the open itself (where
@@ -54,7 +60,19 @@ class OpenListings:
         self._listings[fh] = None if listing is None else _Listing(listing, epoch, unread=True)
 
     def released(self, fh: int) -> None:
+        """Handle ``fh`` was released, or a kernel-opened directory's listing was read to its end."""
         self._listings.pop(fh, None)
+        self._kernel_opened.pop(fh, None)
+
+    def kernel_opened(self, fh: int) -> None:
+        """``fh`` stands for a directory the kernel opened by itself (no OPENDIR nor RELEASEDIR):
+        its listing is kept from its first read on, as a handle's, until :meth:`released`."""
+        if fh not in self._listings:
+            self._listings[fh] = None
+        self._kernel_opened[fh] = None
+        self._kernel_opened.move_to_end(fh)
+        while len(self._kernel_opened) > self.kernel_opened_max:
+            self.released(next(iter(self._kernel_opened)))
 
     async def page(self, fh: int, offset: int, fetch: Callable[[], Awaitable[list[Entry]]],
                    epoch: int = -1) -> tuple[list[Entry], bool, int]:
@@ -74,18 +92,20 @@ class OpenListings:
 
 def fill(token: pyfuse3.ReaddirToken, entries: list[Entry], offset: int,
          attributes_of: Callable[[Stat, bool], pyfuse3.EntryAttributes], directory_of: Callable[[int], pyfuse3.EntryAttributes],
-         fresh: bool, delivered: Callable[[str, Stat], None]) -> None:
+         fresh: bool, delivered: Callable[[str, Stat], None]) -> bool:
     """Hand ``entries[offset:]`` to the kernel until its buffer is full, each with its
     position (index + 1) as the offset the kernel resumes from and its attributes
     (``attributes_of(stat, fresh)``; "." and ".." ``directory_of(ino)``); ``delivered`` is
-    told of every entry the kernel took (one lookup each, "." and ".." none)."""
+    told of every entry the kernel took (one lookup each, "." and ".." none). Returns whether
+    the last entry went (the kernel's next read of the directory finds its end)."""
     for index in range(offset, len(entries)):
         name, entry = entries[index]
         raw = os.fsencode(name)
         if isinstance(entry, int):
             if not pyfuse3.readdir_reply(token, raw, directory_of(entry), index + 1):
-                return
+                return False
             continue
         if not pyfuse3.readdir_reply(token, raw, attributes_of(entry, fresh), index + 1):
-            return  # the buffer is full: the kernel asks again from the last position it got
+            return False  # the buffer is full: the kernel asks again from the last position it got
         delivered(name, entry)
+    return True

@@ -257,7 +257,7 @@ def cmd_mount(args: argparse.Namespace) -> None:
           attr_timeout_s=args.attr_timeout, debug=args.debug, credentials=args.credentials,
           multi_user=args.multi_user, default_permissions=args.default_permissions,
           negative_cache_s=args.negative_entry_cache, leases=args.leases, xattrs=args.xattrs,
-          async_creates=args.async_creates)
+          async_creates=args.async_creates, kernel_opens_directories=args.kernel_opens_directories)
     if log_path is not None:
         print(f"tectofs mount: {args.mountpoint} mounted in the background; log: {log_path}", file=sys.stderr)
 
@@ -406,6 +406,10 @@ def add_parsers(sub: Any) -> None:
                    " them in one directory claims it and the next ones are sent in batches: other clients still see"
                    " each at their next call, and one is durable once this mount's next call, a close of a written"
                    " file for one, reached the service, or 50 ms later, as on a local disk)")
+    p.add_argument("--mount-opens-directories", dest="kernel_opens_directories", action="store_false",
+                   help="every opendir(3) asks the mount (OPENDIR, then RELEASEDIR); by default, with leases, the"
+                   " kernel opens directories by itself and keeps each listing it read until a change or a recall"
+                   " drops it (not in a multi-user mount run with another credential than root's)")
     p.add_argument("--no-xattrs", dest="xattrs", action="store_false",
                    help="no extended attributes through this mount (getfattr/setfattr: 'Operation not supported'):"
                    " the kernel then stops asking for them, which ls -l does for every file and a write before"
