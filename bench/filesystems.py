@@ -124,6 +124,7 @@ class TectofsVariant:
     inline_max: int | None = None  # the metadata service's --inline-max (None: its default)
     tree_policy: str | None = None  # the policy of each tree's directory, set before it is filled (None: /'s)
     async_creates: bool = True  # the mount's (False: --no-async-creates)
+    kernel_opens_directories: bool = True  # the mount's (False: --mount-opens-directories)
 
     @property
     def system(self) -> str:
@@ -146,6 +147,8 @@ TECTOFS_VARIANTS = {variant.name: variant for variant in (
                    "(the most a frame allows), the rest rs(4,2)", inline_max=limits.inline_bytes_max),
     TectofsVariant("sync-creates", "the mount's asynchronous creates turned off: every create and unlink a call "
                    "that waits for the metadata service, as before directories were claimed", async_creates=False),
+    TectofsVariant("mount-opendir", "--mount-opens-directories: every opendir(3) an OPENDIR and a RELEASEDIR to the "
+                   "mount, as before the kernel opened directories by itself", kernel_opens_directories=False),
 )}
 
 
@@ -180,7 +183,8 @@ class Tectofs(FileSystem):
 
         self.mount = start_mount_process(self.cluster.address, self.root, timeout_s=start_timeout_s,
                                          log_path=os.path.join(self.work_dir, "mount.log"), xattrs=self.xattrs,
-                                         async_creates=self.variant.async_creates)
+                                         async_creates=self.variant.async_creates,
+                                         kernel_opens_directories=self.variant.kernel_opens_directories)
 
     def prepare_tree(self, directory: str) -> None:
         """The variant's ``tree_policy`` on ``directory``, through the client library (files
