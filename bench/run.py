@@ -275,7 +275,7 @@ def build_parser(prog: str = "tectofs bench") -> argparse.ArgumentParser:
     from tectofs.cli import numbers
     from tectofs.cli.options import Parser  # usage errors as one line, exit status 2, like every tectofs command
 
-    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog=prog, description=__doc__)
     parser.add_argument("benchmark", choices=[*BENCHMARKS, "all"], help="which benchmark to run")
     parser.add_argument("--out", default="bench-results", help="directory for JSON results and PNG charts")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few minutes")

@@ -702,8 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     from tectofs.benchmarks.common import work_dir
     from tectofs.cli.options import Parser
 
-    parser = Parser(prog="python3 -m tectofs.benchmarks.tree", description=__doc__,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python3 -m tectofs.benchmarks.tree", description=__doc__)
     add_options(parser, standalone=True)
     args = parser.parse_args(argv)
     args.work_dir = work_dir(args.work_dir)

@@ -312,3 +312,15 @@ def test_every_numeric_option_refuses_bad_numbers_in_one_line():
                     wrong.append(f"tectofs {' '.join(argv)}: exit {code}, stderr {err.getvalue()!r}")
     assert wrong == [], "\n".join(wrong)
     assert checked > 200  # the walk found the options (about 35 of them, 9 values each)
+
+
+def test_help_never_splits_a_flag_at_its_hyphens() -> None:
+    """A flag named in an option's help stays whole whatever the width (textwrap would break
+    ``--mount-opens-directories`` after ``--mount-opens-`` at the end of a line)."""
+    from tectofs.cli.options import Parser
+
+    for pad in range(0, 60, 3):
+        parser = Parser(prog="t")
+        parser.add_argument("--x", help="y" * pad + " then --mount-opens-directories and --no-async-creates, words")
+        printed = parser.format_help()
+        assert "--mount-opens-directories" in printed and "--no-async-creates" in printed, (pad, printed)

@@ -29,7 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
         "  export TECTOFS_META=127.0.0.1:7420  # in another; then put, get, ls, cp ...\n\n"
         "configuration:\n  $TECTOFS_CONFIG, default ~/.config/tectofs/config.toml (TOML): meta, credentials, tls_ca;\n"
         "  a flag beats the environment, which beats the file.\n\n" + exits.EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_top_level(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
