@@ -243,10 +243,21 @@ def test_a_kernel_opened_directory_is_paged_from_one_listing_until_its_end() -> 
         listings.kernel_opened(102)
         await listings.page(102, 2, fetch)
         assert len(fetched) == 3
-        listings.released(101)  # read to its end
-        listings.kernel_opened(101)
-        await listings.page(101, 2, fetch)
+        listings.kernel_opened(102)
+        entries, _, _ = await listings.page(102, 4, fetch)  # the kernel's read past the last entry
+        assert entries[4:] == [] and len(fetched) == 3  # answered from the listing, not fetched again
+        listings.kernel_opened(102)
+        await listings.page(102, 2, fetch)  # that read let the listing go
         assert len(fetched) == 4
+
+        bounded = OpenListings(attributes_fresh_s=10.0, kernel_opened_entries_max=6)  # 4 entries each
+        for fh in (201, 202):
+            bounded.kernel_opened(fh)
+            await bounded.page(fh, 0, fetch)  # the second's 4 entries put the first's out (8 > 6)
+        for fh, fetches in ((202, 6), (201, 7)):
+            bounded.kernel_opened(fh)
+            await bounded.page(fh, 2, fetch)
+            assert len(fetched) == fetches, fh  # 202 was kept, 201 was not
 
     asyncio.run(run())
 

@@ -170,11 +170,9 @@ class TectofsOperations(FileOperations):
             inode, identity = self._listing_callers[fh]
         entries, fresh, epoch = await self.open_listings.page(fh, start_id, lambda: self._list(inode, identity),
                                                               self.cache.request_epoch())
-        ended = fill(token, entries, start_id, self.entry, directory_entry, fresh,
-                     lambda name, st: self.named(inode, name, st.ino))
+        fill(token, entries, start_id, self.entry, directory_entry, fresh,
+             lambda name, st: self.named(inode, name, st.ino))
         self.cache.listing_replied(inode, epoch)
-        if ended and kernel_opened is not None:
-            self.open_listings.released(fh)
 
     async def _list(self, inode: int, identity: Identity | None) -> list[Entry]:
         """"." and ".." (inode numbers), then every entry with its attributes."""

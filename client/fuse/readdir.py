@@ -3,7 +3,8 @@
 The kernel reads a directory in requests of a few KiB, each from an offset: the position of
 the last entry it received. ``OpenListings`` fetches the listing once per open directory
 (and again at offset 0: rewinddir) and pages it from there (a directory the kernel opened by
-itself, with no handle of the mount's: from a read at offset 0 to its last entry); :func:`fill` hands one request's
+itself, with no handle of the mount's: from a read at offset 0 to the read past its last
+entry); :func:`fill` hands one request's
 entries to ``pyfuse3.readdir_reply``. pyfuse3 answers every listing request as READDIRPLUS:
 every entry but "." and ".." carries its attributes, which the kernel keeps as a lookup's
 (``ls -l``, ``du`` or ``find -size`` ask the metadata service nothing per file while they are
@@ -45,11 +46,14 @@ class OpenListings:
     request of a handle that was never read from offset 0 (a seek before reading), and paged
     from there until the handle is released."""
 
-    def __init__(self, attributes_fresh_s: float, kernel_opened_max: int = 64) -> None:
-        """``kernel_opened_max``: listings of kernel-opened directories kept at once (past it,
-        the one read least recently goes: a reader that stopped halfway never says so)."""
+    def __init__(self, attributes_fresh_s: float, kernel_opened_max: int = 64,
+                 kernel_opened_entries_max: int = 200_000) -> None:
+        """``kernel_opened_max``, ``kernel_opened_entries_max``: listings of kernel-opened
+        directories kept at once, and their entries in all (past either, the listings read least
+        recently go, never the one being read: a reader that stopped halfway never says so)."""
         self.attributes_fresh_s = attributes_fresh_s
         self.kernel_opened_max = kernel_opened_max
+        self.kernel_opened_entries_max = kernel_opened_entries_max
         self._listings: dict[int, _Listing | None] = {}
         self._kernel_opened: OrderedDict[int, None] = OrderedDict()
 
@@ -66,7 +70,8 @@ class OpenListings:
 
     def kernel_opened(self, fh: int) -> None:
         """``fh`` stands for a directory the kernel opened by itself (no OPENDIR nor RELEASEDIR):
-        its listing is kept from its first read on, as a handle's, until :meth:`released`."""
+        its listing is kept from its first read on, as a handle's, until a read past its end
+        (:meth:`page`)."""
         if fh not in self._listings:
             self._listings[fh] = None
         self._kernel_opened[fh] = None
@@ -74,12 +79,26 @@ class OpenListings:
         while len(self._kernel_opened) > self.kernel_opened_max:
             self.released(next(iter(self._kernel_opened)))
 
+    def _bound_kernel_opened(self, reading: int) -> None:
+        """Let the listings of kernel-opened directories read least recently go, other than
+        ``reading``'s, while those kept hold more than ``kernel_opened_entries_max`` entries."""
+        kept = [(fh, self._listings.get(fh)) for fh in self._kernel_opened]
+        total = sum(len(listing.entries) for _, listing in kept if listing is not None)
+        for fh, listing in kept:
+            if total <= self.kernel_opened_entries_max:
+                return
+            if fh != reading and listing is not None:
+                total -= len(listing.entries)
+                self.released(fh)
+
     async def page(self, fh: int, offset: int, fetch: Callable[[], Awaitable[list[Entry]]],
                    epoch: int = -1) -> tuple[list[Entry], bool, int]:
         """Handle ``fh``'s entries (from position ``offset`` on: ``entries[offset:]``, not
         copied), whether their attributes are still fresh, and the lease epoch they were
         fetched at. ``fetch`` gives the listing when there is none to page from (this request
-        began at lease ``epoch``); a handle this mount did not open fetches every time."""
+        began at lease ``epoch``); a handle this mount did not open fetches every time. A
+        kernel-opened directory's read past its last entry (the kernel's look for the end) is
+        answered from its listing, which then goes."""
         known = self._listings.get(fh)
         if known is not None and known.unread:
             known.unread = False
@@ -87,25 +106,26 @@ class OpenListings:
             known = _Listing(await fetch(), epoch)
             if fh in self._listings:
                 self._listings[fh] = known
+                self._bound_kernel_opened(fh)
+        if offset >= len(known.entries) and fh in self._kernel_opened:
+            self.released(fh)
         return known.entries, time.monotonic() - known.fetched_at < self.attributes_fresh_s, known.epoch
 
 
 def fill(token: pyfuse3.ReaddirToken, entries: list[Entry], offset: int,
          attributes_of: Callable[[Stat, bool], pyfuse3.EntryAttributes], directory_of: Callable[[int], pyfuse3.EntryAttributes],
-         fresh: bool, delivered: Callable[[str, Stat], None]) -> bool:
+         fresh: bool, delivered: Callable[[str, Stat], None]) -> None:
     """Hand ``entries[offset:]`` to the kernel until its buffer is full, each with its
     position (index + 1) as the offset the kernel resumes from and its attributes
     (``attributes_of(stat, fresh)``; "." and ".." ``directory_of(ino)``); ``delivered`` is
-    told of every entry the kernel took (one lookup each, "." and ".." none). Returns whether
-    the last entry went (the kernel's next read of the directory finds its end)."""
+    told of every entry the kernel took (one lookup each, "." and ".." none)."""
     for index in range(offset, len(entries)):
         name, entry = entries[index]
         raw = os.fsencode(name)
         if isinstance(entry, int):
             if not pyfuse3.readdir_reply(token, raw, directory_of(entry), index + 1):
-                return False
+                return
             continue
         if not pyfuse3.readdir_reply(token, raw, attributes_of(entry, fresh), index + 1):
-            return False  # the buffer is full: the kernel asks again from the last position it got
+            return  # the buffer is full: the kernel asks again from the last position it got
         delivered(name, entry)
-    return True
