@@ -9,6 +9,7 @@ from typing import Any
 
 from tectofs.client.fuse import kernel_opendir
 from tectofs.client.fuse.kernel_opendir import _OPS, _SET_BY_PYFUSE3, HANDLELESS, find_table
+from tectofs.client.fuse.opendir_reply import FuseFileInfo
 
 MODULE = (0x7000_0000, 0x7001_0000)  # where "pyfuse3's module" lies in these fake sessions
 TABLE_AT = 40  # as in libfuse 3.14 (3.10 to 3.13: 32)
@@ -59,7 +60,7 @@ def test_our_readdirplus_names_the_inode_of_a_handleless_request_and_calls_pyfus
     assert slot.value == ctypes.cast(ours, ctypes.c_void_p).value
     assert slot.value is not None
     call = kernel_opendir._CALLING_PYFUSE3(slot.value)
-    info = kernel_opendir._FileInfo()
+    info = FuseFileInfo()
     call(1, 42, 4096, 0, ctypes.pointer(info))  # a kernel-opened directory: handle 0
     info.fh = 7
     call(1, 43, 4096, 5, ctypes.pointer(info))  # opened through the mount: its handle stays

@@ -32,6 +32,8 @@ from typing import Any
 
 import pyfuse3
 
+from tectofs.client.fuse.opendir_reply import LAYOUTS_HOLD, FuseFileInfo
+
 log = logging.getLogger("tectofs.fuse")
 
 HANDLELESS = 1 << 62  # a READDIRPLUS handle with this bit is ``HANDLELESS | inode`` of a kernel-opened directory
@@ -52,14 +54,7 @@ _FD_OFFSET = 12  # struct fuse_session: char *mountpoint; volatile int exited; i
 KERNEL_MIN = (5, 10)
 
 
-class _FileInfo(ctypes.Structure):
-    """The start of libfuse 3's ``struct fuse_file_info``, up to ``fh``."""
-
-    _fields_ = [("flags", ctypes.c_int), ("bits", ctypes.c_uint32), ("padding2", ctypes.c_uint32),
-                ("fh", ctypes.c_uint64)]
-
-
-_ARGS = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, ctypes.POINTER(_FileInfo))
+_ARGS = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, ctypes.POINTER(FuseFileInfo))
 _CALLED_FROM_C = ctypes.CFUNCTYPE(None, *_ARGS)
 _CALLING_PYFUSE3 = ctypes.PYFUNCTYPE(None, *_ARGS)  # keeps the GIL held: pyfuse3's handler runs Python
 
@@ -117,7 +112,7 @@ def find_table(session: int, mountpoint: str, module: tuple[int, int] | None,
 
 def _unsupported() -> str | None:
     """Why this process cannot have the kernel open directories, or None."""
-    if not (sys.platform == "linux" and sys.maxsize > 2**32 and os.uname().machine == "x86_64"):
+    if not LAYOUTS_HOLD:
         return f"not x86_64 Linux ({sys.platform} {os.uname().machine})"
     release = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2] if part.isdigit())
     if release < KERNEL_MIN:

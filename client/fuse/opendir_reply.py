@@ -33,7 +33,7 @@ import pyfuse3
 log = logging.getLogger("tectofs.fuse")
 
 
-class _FuseFileInfo(ctypes.Structure):
+class FuseFileInfo(ctypes.Structure):
     """libfuse 3's ``struct fuse_file_info`` (``fuse_common.h``)."""
 
     _fields_ = [
@@ -61,7 +61,7 @@ class _Container(ctypes.Structure):
         ("ob_refcnt", ctypes.c_ssize_t),
         ("ob_type", ctypes.c_void_p),
         ("rdev", ctypes.c_uint64),
-        ("fi", _FuseFileInfo),
+        ("fi", FuseFileInfo),
         ("ino", ctypes.c_uint64),
         ("parent", ctypes.c_uint64),
         ("req", ctypes.c_void_p),
@@ -74,7 +74,7 @@ class _Container(ctypes.Structure):
     ]
 
 
-_platform_ok = sys.platform == "linux" and sys.maxsize > 2**32 and os.uname().machine == "x86_64"  # (the layout below)
+LAYOUTS_HOLD = sys.platform == "linux" and sys.maxsize > 2**32 and os.uname().machine == "x86_64"  # (the layouts here)
 _original: Callable[[Any], Any] | None = None  # pyfuse3's own fuse_opendir_async, while ours is installed
 _broken: str | None = None  # why the layout was found not to hold (then nothing is set)
 
@@ -111,7 +111,7 @@ def install(keep: Callable[[int], bool], handover: Callable[[int], bool] | None 
     original = getattr(pyfuse3, "fuse_opendir_async", None)
     if _original is not None:
         return False  # installed already
-    if not _platform_ok or original is None:
+    if not LAYOUTS_HOLD or original is None:
         log.info("the kernel will not keep directory listings: pyfuse3 %s on %s offers no way in",
                  getattr(pyfuse3, "__version__", "?"), sys.platform)
         return False
