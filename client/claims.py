@@ -21,6 +21,16 @@ service (an ``fsync``, a ``close`` of a written file, any call) or at most
 as a crash of the machine loses what an ext4 did not write back. If the service refuses a
 batch (the claim ran out with the session: a client cut off for a whole lease), those creates
 are lost, and said so in the log (``lost``).
+
+The first commit of a small file created so (written whole, inline) goes with its create.
+By default its caller waits for that sending (a library's ``close`` is durable when it
+returns). With ``commits_in_background`` (the mount's), it does not: the commit is answered
+at once with the layout the service will store (the same bytes, times and size: the service
+takes the client's time as the commit's, as it does for the create), and is durable as the
+creates are: at this client's next call (``fsync`` is one: ``sync``), or
+``create_flush_delay_s`` later. CephFS's buffered creates and Lustre's write-back behave so;
+a ``close`` on a local disk does too. A commit the service could refuse for another reason
+than a lost claim (a mode change, a file past the inline size) is never answered so.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from tectofs.errors import Busy, ConnectionLost, TectofsError, Timeout
 from tectofs.wire import inline_echo, messages
 from tectofs.wire.claims import ClaimRequest, CreateManyRequest, PendingContent, PendingCreate, PendingUnlink
 from tectofs.wire.leases import Recall
+from tectofs.wire.values import Block
 
 from .block_reads import consume_outcome
 from .metadata import MetadataClient
@@ -92,11 +103,17 @@ class CreateClaims:
         self._tasks: set[asyncio.Task[None]] = set()  # claims of more numbers, under way
         self._layouts: dict[int, messages.LayoutSegment] = {}  # sent commits' answers, for their callers
         self._refused: dict[int, BaseException] = {}  # ... or the service's refusal
+        self._awaited: set[int] = set()  # files whose first commit's caller waits for its sending
+        self._created: dict[int, tuple[messages.Attrs, int]] = {}  # queued creates' attributes, inline_max
+        self._content_queued = 0  # bytes of file data the queue carries
+        # The mount's: a small file's first commit does not wait for its sending (see the module).
+        self.commits_in_background = False
         self.on_lost: Callable[[list[str]], None] | None = None  # told the paths of creates refused
         self.created = 0  # creates answered without a call
         self.unlinked = 0  # unlinks answered without a call
         self.sent = 0  # of them, made at the service
         self.lost = 0  # of them, refused by the service
+        self.background_commits = 0  # first commits answered before their sending
         self.claims = 0
 
     @property
@@ -127,6 +144,8 @@ class CreateClaims:
         attrs = msgspec.structs.replace(claimed.template, ino=ino, mode=claimed.template.mode & ~0o7777 | mode & 0o7777,
                                         atime=now, mtime=now, ctime=now, handle=handle)
         self._queue.append((claimed, PendingCreate(name=parts[-1], ino=ino, mode=mode & 0o7777, time=now, reader=reader)))
+        if self.commits_in_background:
+            self._created[ino] = (attrs, claimed.inline_max)
         self._queued += 1
         self.created += 1
         if self._timer is None:
@@ -224,14 +243,30 @@ class CreateClaims:
             if isinstance(pending, PendingCreate) and pending.ino == request.ino:
                 if pending.content is not None:
                     return None
+                created = self._created.pop(request.ino, None)
+                now = self.clock()
+                layout = None if created is None else _layout_after(created[0], created[1], request, now)
+                if layout is not None and self._content_queued + request.size > limits.background_commit_bytes_max:
+                    layout = None  # the service is behind: this caller waits for the queue to drain
                 content = PendingContent(size=request.size, blocks=list(request.blocks), mtime=request.mtime,
-                                         atime=request.atime, mode=request.mode)
+                                         atime=request.atime, mode=request.mode,
+                                         ctime=now if layout is not None else None)
                 self._queue[i] = (claimed, msgspec.structs.replace(pending, content=content))
-                return self._committed(request)
+                self._content_queued += _content_bytes(self._queue[i][1])
+                if layout is None:
+                    self._awaited.add(request.ino)
+                    return self._committed(request)
+                done: asyncio.Future[messages.LayoutSegment] = asyncio.get_running_loop().create_future()
+                done.set_result(layout)
+                self.background_commits += 1
+                return done
         return None
 
     async def _committed(self, request: messages.CommitRequest) -> messages.LayoutSegment:
-        await self.flush()  # everything queued so far: this create and its content with it
+        try:
+            await self.flush()  # everything queued so far: this create and its content with it
+        finally:
+            self._awaited.discard(request.ino)
         refused = self._refused.pop(request.ino, None)
         if refused is not None:
             raise refused
@@ -304,6 +339,10 @@ class CreateClaims:
                     run += 1
                 batch = [pending for _, pending in self._queue[:run]]
                 del self._queue[:run]
+                self._content_queued -= sum(map(_content_bytes, batch))
+                for pending in batch:
+                    if isinstance(pending, PendingCreate):
+                        self._created.pop(pending.ino, None)
                 if not self._queue and self._timer is not None:
                     self._timer.cancel()
                     self._timer = None
@@ -321,10 +360,11 @@ class CreateClaims:
                 unlinks=unlinks))
         except UNANSWERED:
             self._queue[:0] = [(claimed, pending) for pending in batch]
+            self._content_queued += sum(map(_content_bytes, batch))
             raise
         except (TectofsError, OSError) as exc:
             for pending in creates:
-                if pending.content is not None:  # its commit fails with the service's answer
+                if pending.content is not None and pending.ino in self._awaited:  # its commit fails with the answer
                     self._refused[pending.ino] = exc
             self.lost += len(batch)
             self._claims.pop(claimed.path, None)
@@ -335,7 +375,7 @@ class CreateClaims:
                 self.on_lost([paths.join(claimed.path, p.name) for p in batch])
             return
         written = [pending.ino for pending in creates if pending.content is not None]
-        self._layouts.update(zip(written, reply.layouts))
+        self._layouts.update((ino, layout) for ino, layout in zip(written, reply.layouts) if ino in self._awaited)
         self.sent += len(batch)
 
     async def recalled(self, recall: Recall | None) -> None:
@@ -367,6 +407,30 @@ class CreateClaims:
                       len(self._queue), exc)
             self.lost += len(self._queue)
             self._queue.clear()
+            self._content_queued = 0
+
+
+def _layout_after(attrs: messages.Attrs, inline_max: int, request: messages.CommitRequest,
+                  now: float) -> messages.LayoutSegment | None:
+    """The layout the service stores for the first commit ``request`` of a file created without
+    a call with ``attrs`` (``inline_max``: its claim's), at ``now`` (the commit's ctime, which
+    the service takes from the client); None where the service could answer otherwise than
+    with this layout or a refusal of the whole batch (a mode change, checked against the
+    caller; anything but one inline block 0 from the file's start, within the inline size)."""
+    if request.mode is not None or request.holes or request.shrunk_to is not None or len(request.blocks) != 1:
+        return None
+    block = request.blocks[0]
+    if (block.inline is None or block.idx != 0 or block.start != 0 or request.size > inline_max
+            or request.size > attrs.block_size):
+        return None
+    valid = min(block.length, request.size)
+    if valid <= 0:
+        return None
+    after = msgspec.structs.replace(attrs, size=request.size, mtime=request.mtime or now, ctime=now,
+                                    atime=attrs.atime if request.atime is None else request.atime, stored=valid)
+    return messages.LayoutSegment(attrs=after, inline_max=inline_max, blocks=[Block(
+        idx=0, block_id=0, policy=attrs.policy, start=0, length=block.length, valid=valid, chunks=[],
+        inline=block.inline)])
 
 
 def _content_bytes(pending: "PendingCreate | PendingUnlink") -> int:

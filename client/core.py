@@ -297,6 +297,13 @@ class AsyncFileSystem:
         self._views[key] = view  # most recently used last
         return view
 
+    async def sync(self) -> None:
+        """Return once the metadata service stored every create, unlink and small file's first
+        commit this client answered without a call (``client/claims.py``): what ``fsync``
+        promises. Raises what their sending raised (the service unreachable: they stay queued)."""
+        if self.claims is not None:
+            await self.claims.flush()
+
     async def close(self) -> None:
         if self.meta_rpc is self.rpc:
             if self.claims is not None:

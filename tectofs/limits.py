@@ -181,5 +181,6 @@ claim_inodes = 256                         # inode numbers one claim hands the c
 claim_backoff_s = 1.0                      # after its claim was recalled, a client creates there by calls this long
 create_batch_max = 256                     # creates one "create_many" call makes (one transaction)
 create_batch_bytes_max = 512 * KiB         # small files' bytes one "create_many" call carries (their first commits)
+background_commit_bytes_max = 8 * MiB     # small files' bytes a mount holds unsent before a close waits for them
 create_flush_delay_s = 0.05                # an unflushed create reaches the service within this
 claim_retries_max = 64                     # times one call waits for a claim's recall and runs again

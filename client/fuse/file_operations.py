@@ -143,7 +143,10 @@ class FileOperations(MountState, pyfuse3.Operations):
 
     @handler
     async def fsync(self, fh: int, datasync: bool) -> None:
+        """Commit, and wait until the metadata service stored it and every create before it
+        (a small new file's commit at ``close`` may still be on its way: ``client/claims.py``)."""
         await self.files.commit(self.files.get(fh))
+        await self.fs.sync()
 
     @handler
     async def release(self, fh: int) -> None:

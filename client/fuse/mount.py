@@ -51,6 +51,8 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
     diagnostics.dump_tasks_on_sigusr1(loop)
     # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
     fs = AsyncFileSystem(address, credentials, leases=leases, async_creates=async_creates)
+    if fs.claims is not None:  # a close of a small new file does not wait for its sending (a local disk's close)
+        fs.claims.commits_in_background = True
     try:
         who = await fs.metadata.whoami() if fs.credential is not None else None
         if who is None:
@@ -140,9 +142,10 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
 
     ``async_creates`` (default, with leases; ``--no-async-creates``: off): a burst of creates
     or unlinks in one directory claims it, and the next ones there are answered without
-    waiting for the metadata service, sent in batches (``client/claims.py``): every other client
-    still sees each at its next call; one is durable once this mount's next call reached the
-    service (a ``close`` of a written file is one) or 50 ms later, as on a local disk.
+    waiting for the metadata service, sent in batches (``client/claims.py``), and so is the
+    ``close`` of a small file written whole there (its bytes go with its create): every other
+    client still sees each at its next call; one is durable once this mount's next call reached
+    the service (an ``fsync`` is one) or 50 ms later, as on a local disk.
 
     ``kernel_opens_directories`` (default, with leases, in a single-user mount or one run with
     root's credential; ``--mount-opens-directories``: off): the kernel opens directories by

@@ -72,8 +72,9 @@ class _Claim:
     ranges: list[tuple[int, int]]  # (first, count)
     recalled: "asyncio.Future[None] | None" = None
     # Kept by a predecessor (the store's claims table): its holder may send the creates it made
-    # until its session's second keepalive here (its client sends them in between) or the grace
-    # period ends; whoever needs the directory meanwhile waits.
+    # until its session's second keepalive here (its client sends them all in between, however
+    # long that takes) or, if it did not come back, the grace period ends; whoever needs the
+    # directory meanwhile waits.
     restored: bool = False
 
 
@@ -373,10 +374,12 @@ class LeaseTable:
                     claim.ranges.append((first, count))
 
     def end_restored(self, session: bytes | None = None) -> None:
-        """End the restored claims of ``session`` (None: every one: the grace period is over)."""
+        """End the restored claims of ``session`` (None: the grace period is over: those of
+        every holder that did not come back; one that did is still sending, each batch after
+        the last: its second keepalive, or its session running out, ends them)."""
         with self._lock:
-            for directory in [d for d, claim in self._claims.items()
-                              if claim.restored and (session is None or claim.session == session)]:
+            for directory in [d for d, claim in self._claims.items() if claim.restored and (
+                    claim.session == session if session is not None else claim.session not in self._sessions)]:
                 self._end_claim(directory)
 
     def claim_covers(self, session: bytes, directory: int, inos: Iterable[int]) -> bool:
@@ -384,8 +387,12 @@ class LeaseTable:
         sending what it created) and was handed every one of ``inos`` with that claim."""
         with self._lock:
             claim = self._claims.get(directory)
-            if claim is None or claim.session != session or (claim.restored and not self.in_grace()):
+            if claim is None or claim.session != session:
                 return False
+            if claim.restored and not self.in_grace():  # only a holder that came back is still sending
+                held = self._sessions.get(session)
+                if held is None or held.expires <= self.clock():
+                    return False
             return all(any(first <= ino < first + count for first, count in claim.ranges) for ino in inos)
 
     async def recall_claim(self, directory: int) -> None:
@@ -400,7 +407,7 @@ class LeaseTable:
             if claim.restored:  # its holder sends what it created once it hears of the restart
                 if claim.recalled is None:
                     claim.recalled = asyncio.get_running_loop().create_future()
-                recalled, expires = claim.recalled, self.grace_until
+                recalled, expires = claim.recalled, max(self.grace_until, held.expires if held else 0.0)
             elif held is None:
                 self._end_claim(directory)
                 return

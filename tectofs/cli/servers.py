@@ -402,10 +402,11 @@ def add_parsers(sub: Any) -> None:
                    " instead of two, but another client's new file there may read as absent that long (default 0:"
                    " off; at most --attr-timeout is sensible)")
     p.add_argument("--no-async-creates", dest="async_creates", action="store_false",
-                   help="with leases: every create and unlink waits for the metadata service (by default a burst of"
-                   " them in one directory claims it and the next ones are sent in batches: other clients still see"
-                   " each at their next call, and one is durable once this mount's next call, a close of a written"
-                   " file for one, reached the service, or 50 ms later, as on a local disk)")
+                   help="with leases: every create, unlink and close of a written file waits for the metadata service"
+                   " (by default a burst of creates in one directory claims it, and the next ones there, with the"
+                   " bytes of small files written whole, are sent in batches: other clients still see each at their"
+                   " next call, and one is durable once this mount's next call, an fsync for one, reached the"
+                   " service, or 50 ms later, as on a local disk)")
     p.add_argument("--mount-opens-directories", dest="kernel_opens_directories", action="store_false",
                    help="every opendir(3) asks the mount (OPENDIR, then RELEASEDIR); by default, with leases, the"
                    " kernel opens directories by itself and keeps each listing it read until a change or a recall"

@@ -254,10 +254,12 @@ class BlockMaps(StoreParts):
         self, ino: int, size: int, blocks: list[WrittenBlock], replace: bool, mtime: float | None = None,
         shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
         atime: float | None = None, mode: int | None = None, *, caller: Caller | None = None,
+        now: float | None = None,
     ) -> LayoutSegment:
         """Publish written blocks and the new size (and ``mtime``, and ``atime`` if given: a
         writer may set its file's times, as ``setattr`` lets it; and ``mode``'s permission
-        bits, under ``setattr``'s rules for a chmod) in one step.
+        bits, under ``setattr``'s rules for a chmod) in one step, at ``now`` (the ctime, and the
+        mtime if none is given; None: the store's clock).
 
         ``blocks``: each allocated to this file and not committed before;
         with ``writer``, what that writer staged (``stage``) comes first, and ``blocks`` and
@@ -298,7 +300,8 @@ class BlockMaps(StoreParts):
             for idx in hole_set | set(new):
                 self._drop_blocks(ino, only_idx=idx)
             self._shrink(ino, size, block_size)
-        now = self.clock()
+        if now is None:
+            now = self.clock()
         for block in new.values():
             start = block.start
             valid = min(start + block.length, size - block.idx * block_size)

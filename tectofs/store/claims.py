@@ -30,7 +30,7 @@ class DirectoryClaims(StoreParts):
         def commit(self, ino: int, size: int, blocks: list[WrittenBlock], replace: bool, mtime: float | None = None,
                    shrunk_to: int | None = None, holes: Iterable[int] = (), writer: int | None = None,
                    atime: float | None = None, mode: int | None = None, *,
-                   caller: Caller | None = None) -> LayoutSegment: ...
+                   caller: Caller | None = None, now: float | None = None) -> LayoutSegment: ...
 
         def _insert_inode(self, parent: Attrs, parts: list[str], kind: str, mode: int, uid: int, gid: int,
                           policy: str | None = None, block_size: int | None = None, target: str | None = None,
@@ -106,7 +106,7 @@ class DirectoryClaims(StoreParts):
             content = create.content
             if content is not None:
                 layout = self.commit(create.ino, content.size, list(content.blocks), True, content.mtime,
-                                     atime=content.atime, mode=content.mode, caller=caller)
+                                     atime=content.atime, mode=content.mode, caller=caller, now=content.ctime)
                 layouts.append(inline_echo.omit(layout, content.blocks))
         self.reached = directory.ino
         return CreateManyReply(directory=self._get(directory.ino), layouts=layouts)

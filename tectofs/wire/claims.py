@@ -65,6 +65,10 @@ class PendingContent(Message, frozen=True, kw_only=True):
     mtime: Time | None = None
     atime: Time | None = None
     mode: Mode | None = None
+    # The commit's time (its ctime, and its mtime if none is given), the client's clock, as the
+    # create's: a client that answered the commit before sending it told its user this time.
+    # None: the service's clock when it makes the file.
+    ctime: Time | None = None
 
 
 class PendingCreate(Message, frozen=True, array_like=True):
