@@ -145,8 +145,9 @@ TECTOFS_VARIANTS = {variant.name: variant for variant in (
                    inline_max=0, tree_policy="rep(3)"),
     TectofsVariant("inline-256k", f"--inline-max 256K: files up to {limits.inline_bytes_max // limits.KiB}K inline "
                    "(the most a frame allows), the rest rs(4,2)", inline_max=limits.inline_bytes_max),
-    TectofsVariant("sync-creates", "the mount's asynchronous creates turned off: every create and unlink a call "
-                   "that waits for the metadata service, as before directories were claimed", async_creates=False),
+    TectofsVariant("sync-creates", "the mount's asynchronous creates turned off: every create, unlink and close "
+                   "of a written file a call that waits for the metadata service, as before directories were claimed",
+                   async_creates=False),
     TectofsVariant("mount-opendir", "--mount-opens-directories: every opendir(3) an OPENDIR and a RELEASEDIR to the "
                    "mount, as before the kernel opened directories by itself", kernel_opens_directories=False),
 )}

@@ -36,6 +36,7 @@ than a lost claim (a mode change, a file past the inline size) is never answered
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import stat as statmod
 import time
@@ -72,6 +73,7 @@ class _Claimed:
     template: messages.Attrs
     inline_max: int
     numbers: list[tuple[int, bytes]] = field(default_factory=list)  # (ino, handle), next first
+    granted: int = 0  # how many numbers its last claim handed out (the next asks twice as many)
 
 
 @dataclass
@@ -134,7 +136,7 @@ class CreateClaims:
         if claimed is None or not claimed.numbers:
             return None
         ino, handle = claimed.numbers.pop(0)
-        if len(claimed.numbers) == limits.claim_inodes // 2:  # more numbers before these run out
+        if len(claimed.numbers) == claimed.granted * 3 // 4:  # more numbers long before these run out
             task = asyncio.get_running_loop().create_task(self._claim(claimed.path))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -192,21 +194,28 @@ class CreateClaims:
             await self._claim(directory)
 
     async def _claim(self, directory: str) -> None:
+        """Claim ``directory``, or more numbers there: ``limits.claim_inodes_first`` at first
+        (most directories of a tree hold a few files: each number the service hands out costs it
+        a file handle and the reply its bytes), then each time twice the last, up to
+        ``limits.claim_inodes``."""
+        held = self._claims.get(directory)
+        count = limits.claim_inodes_first if held is None else min(limits.claim_inodes, 2 * held.granted)
         try:
-            reply = await self.metadata.claim_directory(ClaimRequest(path=directory, uid=self.uid, gid=self.gid))
+            reply = await self.metadata.claim_directory(ClaimRequest(path=directory, count=count, uid=self.uid,
+                                                                     gid=self.gid))
         except TectofsError as exc:
             log.debug("claiming %s failed: %s", directory, exc)
             return
         if not reply.granted or reply.directory is None or reply.template is None:
             return
-        handles = reply.handles or [b""] * limits.claim_inodes
-        numbers = [(reply.first + i, handles[i]) for i in range(len(handles))]
+        numbers = list(zip(range(reply.first, reply.first + count), reply.handles or itertools.repeat(b"")))
         claimed = self._claims.get(directory)
         if claimed is not None and claimed.directory.ino == reply.directory.ino:
             claimed.numbers.extend(numbers)
+            claimed.granted = count
             return
         self._claims[directory] = _Claimed(path=directory, directory=reply.directory, template=reply.template,
-                                           inline_max=reply.inline_max, numbers=numbers)
+                                           inline_max=reply.inline_max, numbers=numbers, granted=count)
         self.claims += 1
 
     def unlink(self, path: str, ino: int) -> tuple[messages.Attrs, float] | None:
@@ -416,21 +425,22 @@ def _layout_after(attrs: messages.Attrs, inline_max: int, request: messages.Comm
     a call with ``attrs`` (``inline_max``: its claim's), at ``now`` (the commit's ctime, which
     the service takes from the client); None where the service could answer otherwise than
     with this layout or a refusal of the whole batch (a mode change, checked against the
-    caller; anything but one inline block 0 from the file's start, within the inline size)."""
-    if request.mode is not None or request.holes or request.shrunk_to is not None or len(request.blocks) != 1:
+    caller; anything but no block or one inline block 0 from the file's start, within the
+    inline size)."""
+    if (request.mode is not None or request.holes or request.shrunk_to is not None or len(request.blocks) > 1
+            or request.size > inline_max or request.size > attrs.block_size):
         return None
-    block = request.blocks[0]
-    if (block.inline is None or block.idx != 0 or block.start != 0 or request.size > inline_max
-            or request.size > attrs.block_size):
-        return None
-    valid = min(block.length, request.size)
-    if valid <= 0:
-        return None
+    blocks, stored = [], 0
+    if request.blocks:  # (none: an empty file, or one grown by truncate alone: a hole)
+        block = request.blocks[0]
+        stored = min(block.length, request.size)
+        if block.inline is None or block.idx != 0 or block.start != 0 or stored <= 0:
+            return None
+        blocks.append(Block(idx=0, block_id=0, policy=attrs.policy, start=0, length=block.length, valid=stored,
+                            chunks=[], inline=block.inline))
     after = msgspec.structs.replace(attrs, size=request.size, mtime=request.mtime or now, ctime=now,
-                                    atime=attrs.atime if request.atime is None else request.atime, stored=valid)
-    return messages.LayoutSegment(attrs=after, inline_max=inline_max, blocks=[Block(
-        idx=0, block_id=0, policy=attrs.policy, start=0, length=block.length, valid=valid, chunks=[],
-        inline=block.inline)])
+                                    atime=attrs.atime if request.atime is None else request.atime, stored=stored)
+    return messages.LayoutSegment(attrs=after, inline_max=inline_max, blocks=blocks)
 
 
 def _content_bytes(pending: "PendingCreate | PendingUnlink") -> int:

@@ -177,7 +177,8 @@ metadata_cache_chunk_layouts_max = 4096    # larger files' layouts a leasing cli
 # Asynchronous creates (client/claims.py, server/meta/leases.py): a client that creates a burst of
 # files in one directory claims it exclusively and creates there with no call, in batches.
 claim_after_creates = 3                    # creates in one directory (each one call) before the client claims it
-claim_inodes = 256                         # inode numbers one claim hands the client (a new claim when used)
+claim_inodes = 256                         # inode numbers one claim hands the client at most (a new claim when used)
+claim_inodes_first = 32                    # ... the first claim of a directory (each next one twice the last)
 claim_backoff_s = 1.0                      # after its claim was recalled, a client creates there by calls this long
 create_batch_max = 256                     # creates one "create_many" call makes (one transaction)
 create_batch_bytes_max = 512 * KiB         # small files' bytes one "create_many" call carries (their first commits)

@@ -66,7 +66,7 @@ def test_a_small_files_close_sends_nothing_and_the_service_stores_what_it_answer
         creator, reader = await _leasing(leased_cluster)
         base = f"/background-{os.getpid()}"
         await creator.mkdir(base)
-        sizes = [1, 100, 4096, 20_000, 65_536]
+        sizes = [0, 1, 100, 4096, 20_000, 65_536]
         contents = {f"f{size}": os.urandom(size) for size in sizes}
         await _write(creator, f"{base}/first", b"claims the directory")
         sent = _count_calls(creator)
@@ -115,8 +115,8 @@ def test_a_commit_the_service_could_answer_otherwise_waits_for_it(leased_cluster
         assert claims.background_commits == 1 and claims.pending == 1
         await _write(creator, f"{base}/chmod", b"b" * 10, mode=0o600)
         assert claims.background_commits == 1 and claims.pending == 0  # waited: everything before it went too
-        await _write(creator, f"{base}/empty", b"")  # a create, no commit
-        assert claims.pending == 1
+        await _write(creator, f"{base}/empty", b"", mode=0o640)  # a create; its commit carries the mode
+        assert claims.pending == 0
         await _write(creator, f"{base}/large", os.urandom(200_000))  # chunks: allocated by a call
         assert claims.background_commits == 1 and claims.pending == 0
         bounded = f"{base}/bounded"
