@@ -65,10 +65,10 @@ class _Worker:
                 super().__init__(rpc, address)
                 self.op_seconds: dict[str, float] = {}
 
-            async def call(self, operation: Any, request: Any, complete: Any = None) -> Any:
+            async def call(self, operation: Any, request: Any, complete: Any = None, *, ordered: bool = True) -> Any:
                 started = time.perf_counter()
                 try:
-                    return await super().call(operation, request, complete)
+                    return await super().call(operation, request, complete, ordered=ordered)
                 finally:
                     seconds = time.perf_counter() - started
                     self.op_seconds[operation.name] = self.op_seconds.get(operation.name, 0.0) + seconds

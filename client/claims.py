@@ -74,6 +74,7 @@ class _Claimed:
     inline_max: int
     numbers: list[tuple[int, bytes]] = field(default_factory=list)  # (ino, handle), next first
     granted: int = 0  # how many numbers its last claim handed out (the next asks twice as many)
+    asking: bool = False  # a claim of more numbers is under way
 
 
 @dataclass
@@ -136,7 +137,7 @@ class CreateClaims:
         if claimed is None or not claimed.numbers:
             return None
         ino, handle = claimed.numbers.pop(0)
-        if len(claimed.numbers) == claimed.granted * 3 // 4:  # more numbers long before these run out
+        if len(claimed.numbers) == claimed.granted // 2 and not claimed.asking:  # more before these run out
             task = asyncio.get_running_loop().create_task(self._claim(claimed.path))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -182,8 +183,9 @@ class CreateClaims:
             return
         parts = paths.split(path)
         directory = paths.join(*parts[:-1]) if len(parts) > 1 else "/"
-        if directory in self._claims:  # its numbers ran out: more
-            await self._claim(directory)
+        if directory in self._claims:  # its numbers ran out: more (unless asked for already)
+            if not self._claims[directory].asking:
+                await self._claim(directory)
             return
         if len(self._creates_by_call) > 4096:
             self._creates_by_call.clear()
@@ -200,12 +202,17 @@ class CreateClaims:
         ``limits.claim_inodes``."""
         held = self._claims.get(directory)
         count = limits.claim_inodes_first if held is None else min(limits.claim_inodes, 2 * held.granted)
+        if held is not None:
+            held.asking = True
         try:
             reply = await self.metadata.claim_directory(ClaimRequest(path=directory, count=count, uid=self.uid,
                                                                      gid=self.gid))
         except TectofsError as exc:
             log.debug("claiming %s failed: %s", directory, exc)
             return
+        finally:
+            if held is not None:
+                held.asking = False
         if not reply.granted or reply.directory is None or reply.template is None:
             return
         numbers = list(zip(range(reply.first, reply.first + count), reply.handles or itertools.repeat(b"")))
@@ -309,6 +316,19 @@ class CreateClaims:
     def flush_before(self) -> Awaitable[None] | None:
         """For ``MetadataClient.flush_before``: the sending of what is queued, or None if nothing is."""
         return self.flush() if self._queue or self._sending.locked() else None
+
+    def allocating(self, ino: int) -> int | None:
+        """For ``MetadataClient.allocate``: the claimed directory (its inode) whose queued create
+        makes file ``ino``, whose allocation then need not wait for the sending; None if its
+        create is not queued. The sending starts right after the allocation went out (the
+        service serves them in that order): it goes on while the file's blocks are put."""
+        for claimed, pending in reversed(self._queue):
+            if isinstance(pending, PendingCreate) and pending.ino == ino:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = asyncio.get_running_loop().call_later(0, self._send_soon)
+                return claimed.directory.ino
+        return None
 
     def _send_soon(self) -> None:
         self._timer = None

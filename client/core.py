@@ -213,6 +213,7 @@ class AsyncFileSystem:
                 self.claims.on_lost = self._lost_creates
                 self.metadata.flush_before = self.claims.flush_before
                 self.metadata.absorb_commit = self.claims.absorb_commit
+                self.metadata.allocating = self.claims.allocating
                 self.lease_session.listeners.append(self.claims.recalled)
             self.lease_session.start()
 

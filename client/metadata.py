@@ -58,15 +58,19 @@ class MetadataClient:
         # Sends this client's unsent creates (None: there are none) before every call but the
         # UNORDERED (``CreateClaims.flush_before``): the service sees this client's changes in order.
         self.flush_before: Callable[[], Awaitable[None] | None] | None = None
+        # The claimed directory whose unsent create makes this file (None: none), its sending
+        # started (``CreateClaims.allocating``): an allocation for the file goes without waiting.
+        self.allocating: Callable[[int], int | None] | None = None
         # Sends a commit of a file whose create is not sent yet with that create (its answer;
         # None: an ordinary commit): ``CreateClaims.absorb_commit``.
         self.absorb_commit: Callable[[messages.CommitRequest], Awaitable[messages.LayoutSegment] | None] | None = None
 
     async def call(self, operation: messages.Operation[RequestT, ReplyT], request: RequestT,
-                   complete: Callable[[ReplyT], ReplyT] | None = None) -> ReplyT:
+                   complete: Callable[[ReplyT], ReplyT] | None = None, *, ordered: bool = True) -> ReplyT:
         """One call of ``operation``: its reply, or the service's error raised. ``complete``
-        makes the reply whole before anything (``on_change`` too) sees it."""
-        if self.flush_before is not None and operation.name not in UNORDERED:
+        makes the reply whole before anything (``on_change`` too) sees it. ``ordered=False``: it
+        need not wait for this client's unsent creates (as UNORDERED operations)."""
+        if self.flush_before is not None and ordered and operation.name not in UNORDERED:
             unsent = self.flush_before()
             if unsent is not None:
                 await unsent
@@ -162,7 +166,14 @@ class MetadataClient:
         return await self.call(messages.LAYOUT, request)
 
     async def allocate(self, request: messages.AllocateRequest) -> messages.AllocateReply:
-        return await self.call(messages.ALLOCATE, request)
+        """Blocks for a file; one whose create this client has not sent yet is allocated for
+        under its directory's claim (``claimed_in``) while the creates go, not after them (its
+        commit, a call, waits for them)."""
+        directory = self.allocating(request.ino) if self.allocating is not None else None
+        if directory is None:
+            return await self.call(messages.ALLOCATE, request)
+        return await self.call(messages.ALLOCATE, msgspec.structs.replace(request, claimed_in=directory),
+                               ordered=False)
 
     async def stage(self, request: messages.StageRequest) -> messages.Empty:
         return await self.call(messages.STAGE, request)

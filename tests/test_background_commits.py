@@ -162,3 +162,39 @@ def test_small_files_closed_before_the_service_was_killed_are_taken_back_by_its_
         for fs in (creator, reader):
             await fs.close()
     run(scenario())
+
+
+def test_a_new_large_file_is_allocated_for_under_its_claim_before_its_create_is_sent(leased_cluster, monkeypatch):
+    """A file past the inline size, created without a call: its allocation goes before the
+    creates (``claimed_in``), which are sent while its blocks are put, and its commit after
+    them; it reads back whole everywhere. Nobody else allocates for a number of that claim,
+    nor for one not handed out."""
+    from tectofs import limits
+    from tectofs.errors import StaleFile
+    monkeypatch.setattr(limits, "create_flush_delay_s", 30.0)
+
+    async def scenario():
+        creator, reader = await _leasing(leased_cluster)
+        base = f"/ahead-{os.getpid()}"
+        await creator.mkdir(base)
+        await _write(creator, f"{base}/small", b"s" * 100)  # claims the directory
+        sent = _count_calls(creator)
+        data = os.urandom(300_000)
+        layout = await _write(creator, f"{base}/large", data)
+        assert sent[0] == "allocate" and "create_many" in sent and sent.index("create_many") < sent.index("commit")
+        assert layout is not None and layout.attrs.size == len(data)
+        assert await reader.read_bytes(f"{base}/large") == data
+        assert (await reader.stat(f"{base}/small")).size == 100
+
+        other = f"{base}/other"
+        await creator.mkdir(other)
+        await _write(creator, f"{other}/a", b"a")
+        claimed = creator.claims._claims[other]
+        directory, (unused, handle) = claimed.directory.ino, claimed.numbers[0]
+        for fs, ino in ((reader, unused), (creator, unused + 10_000)):
+            with pytest.raises(StaleFile):  # another session's claim; a number never handed out: no such file
+                await fs.metadata.call(messages.ALLOCATE, messages.AllocateRequest(
+                    ino=ino, handle=handle, claimed_in=directory), ordered=False)
+        for fs in (creator, reader):
+            await fs.close()
+    run(scenario())

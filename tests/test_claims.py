@@ -48,7 +48,7 @@ def test_a_burst_of_creates_costs_no_calls_and_every_other_client_sees_each_file
         claims = creator.claims
         assert claims is not None and claims.claims == 1
         # A directory it made: claimed at its first create there. The first claim hands out 32
-        # numbers, and more are asked for after 8 creates; this burst never yields to the event
+        # numbers, and more are asked for after 16 creates; this burst never yields to the event
         # loop, so the 33rd create finds that claim still on its way and is made by a call.
         assert claims.created == 39
         assert claims.pending > 0  # not sent yet: the reader's call must wait for them

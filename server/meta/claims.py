@@ -124,6 +124,19 @@ class ClaimOperations:
                           first=reply.first, handles=handles if any(handles) else [],
                           inline_max=reply.inline_max), b""
 
+    def unsent_file(self, directory: int, ino: int) -> Callable[[SqlStore], messages.Attrs | None]:
+        """For ``allocate`` (``AllocateRequest.claimed_in``), on the store's thread: what file
+        ``ino`` will be, if it does not exist yet and the calling session holds the claim on
+        ``directory`` that handed out its number (its create is on its way: checked there, so
+        the claim cannot end meanwhile); None: allocate as for any file."""
+        session, leases = current_peer.get().session, self.service.leases
+
+        def unsent(store: SqlStore) -> messages.Attrs | None:
+            if directory and leases.claim_covers(session, directory, (ino,)):
+                return store.claimed_file(directory, ino)
+            return None
+        return unsent
+
     async def rpc_create_many(self, r: CreateManyRequest, _: memoryview) -> Reply[CreateManyReply]:
         session = current_peer.get().session
         parts, caller, leases = paths.split(r.path), self.service._caller(), self.service.leases

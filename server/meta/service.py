@@ -646,9 +646,10 @@ class MetadataService:
 
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply[messages.AllocateReply]:
         self._check_handle(r.ino, r.handle)
-        caller = self._caller()
-        blocks = await self._call(lambda store: store.allocate(
-            r.ino, r.count, r.spares, r.exclude, r.writer, caller=caller), list[messages.Allocation])
+        caller, unsent = self._caller(), self._claims.unsent_file(r.claimed_in, r.ino)
+        blocks = await self._call(lambda store: store.allocate(r.ino, r.count, r.spares, r.exclude, r.writer,
+                                                               caller=caller, absent_as=unsent(store)),
+                                  list[messages.Allocation])
         expiry = auth.capability_expiry(self.capability_ttl_s)
         return messages.AllocateReply(blocks=[
             msgspec.structs.replace(b, cap=self._write_capability(b.block_id, expiry)) for b in blocks

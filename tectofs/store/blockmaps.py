@@ -110,7 +110,7 @@ class BlockMaps(StoreParts):
 
     def allocate(
         self, ino: int, count: int, spares: int = limits.spare_servers_per_block, exclude: Iterable[int] = (),
-        writer: int = 0, *, caller: Caller | None = None,
+        writer: int = 0, *, caller: Caller | None = None, absent_as: Attrs | None = None,
     ) -> list[Allocation]:
         """Reserve ``count`` block ids (fewer if their reply would outgrow its budget: the
         caller asks again) for file ``ino`` and choose, per block, ``width`` distinct
@@ -118,10 +118,15 @@ class BlockMaps(StoreParts):
         ``exclude`` (servers the client just failed to reach). With fewer live servers than
         ``width`` but at least the policy's ``write_min``, the blocks get every live server
         (a degraded write: positions past the list are not stored); below that, NoSpace.
-        A caller writes under ``access.require_writer``."""
+        A caller writes under ``access.require_writer``. ``absent_as``: the attributes to
+        allocate by if no inode ``ino`` exists yet (a claimed directory's new file whose create
+        is on its way: ``claimed_file``; the caller checked the claim)."""
         if not 1 <= count <= limits.allocate_blocks_max:
             raise InvalidArgument(f"allocate count {count} outside [1, {limits.allocate_blocks_max}]")
-        attrs = self._file(ino, caller)
+        if absent_as is not None and self._one("SELECT 1 FROM inodes WHERE ino = ?", (ino,)) is None:
+            attrs = absent_as
+        else:
+            attrs = self._file(ino, caller)
         policy = parse_policy(attrs.policy)
         # Fewer blocks than asked when the reply would outgrow its budget (wide policies).
         count = min(count, max(1, limits.reply_header_budget_bytes

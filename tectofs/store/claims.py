@@ -7,7 +7,7 @@ from __future__ import annotations
 import stat as statmod
 from typing import TYPE_CHECKING, Iterable
 
-from ..errors import InvalidArgument, StaleFile
+from ..errors import InvalidArgument, NotADirectory, StaleFile
 from ..wire import inline_echo
 from ..wire.claims import CreateManyReply, PendingCreate, PendingUnlink
 from ..wire.messages import UnlinkReply
@@ -55,6 +55,17 @@ class DirectoryClaims(StoreParts):
                          nlink=1, policy=directory.policy, block_size=directory.block_size, parent=directory.ino,
                          write_min=directory.write_min, xattrs=0)
         return directory, template, first
+
+    def claimed_file(self, directory_ino: int, ino: int) -> Attrs:
+        """What is known of file ``ino`` that a claim's holder will create in directory
+        ``directory_ino`` before its create arrives: a regular file with the directory's
+        policy, block size and write minimum (``allocate``'s ``absent_as``)."""
+        directory = self._get(directory_ino)
+        if directory.kind != "dir":
+            raise NotADirectory(f"inode {directory_ino} is not a directory")
+        return Attrs(ino=ino, kind="file", mode=statmod.S_IFREG | 0o600, uid=0, gid=0, size=0, atime=0.0, mtime=0.0,
+                     ctime=0.0, nlink=0, policy=directory.policy, block_size=directory.block_size,
+                     parent=directory.ino, write_min=directory.write_min, xattrs=0)
 
     def record_claim(self, first: int, count: int, directory: int, session: bytes) -> None:
         """Keep, durably, that ``session`` holds ``directory`` claimed with inode numbers

@@ -362,7 +362,11 @@ class LayoutRequest(Message, frozen=True, kw_only=True):
 
 
 class AllocateRequest(Message, frozen=True, kw_only=True):
-    """``writer``: the handle's id; its lease (``renew``) keeps these allocations alive."""
+    """``writer``: the handle's id; its lease (``renew``) keeps these allocations alive.
+    ``claimed_in``: the directory the caller's session holds claimed, with ``ino`` one of the
+    numbers that claim handed it and its create possibly not sent yet (``tectofs.wire.claims``):
+    a file not made yet is allocated for as that directory's new files are (its policy), so the
+    writer need not send its creates first."""
 
     ino: Ino
     handle: Handle = b""
@@ -370,6 +374,7 @@ class AllocateRequest(Message, frozen=True, kw_only=True):
     count: Annotated[int, msgspec.Meta(ge=1, le=limits.allocate_blocks_max)] = 1
     spares: Annotated[int, msgspec.Meta(ge=0, le=limits.policy_width_max)] = limits.spare_servers_per_block
     exclude: Annotated[list[Id], msgspec.Meta(max_length=limits.servers_max)] = []
+    claimed_in: Annotated[int, msgspec.Meta(ge=0, le=limits.int64_max)] = 0
 
 
 class AllocateReply(Message, frozen=True, kw_only=True):
