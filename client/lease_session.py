@@ -54,6 +54,8 @@ class LeaseSession:
         self.epoch = 0
         self.own_changes = 0  # changes this client made (``note_own_change``)
         self.listeners: list[RecallListener] = []
+        # Whether this client holds creates it has not sent (``KeepaliveRequest.unsent``).
+        self.unsent: Callable[[], bool] | None = None
         self.recalls_done = 0
         self._valid_until = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -110,7 +112,8 @@ class LeaseSession:
         while True:
             sent = self.clock()
             try:
-                reply = await self.metadata.keepalive(KeepaliveRequest(acked=acked, wait_s=wait_s))
+                reply = await self.metadata.keepalive(KeepaliveRequest(
+                    acked=acked, wait_s=wait_s, unsent=self.unsent is not None and self.unsent()))
             except asyncio.CancelledError:
                 raise
             except (TectofsError, OSError) as exc:

@@ -76,6 +76,33 @@ def test_a_change_waits_for_the_holders_acknowledgement_and_not_for_its_own_sess
     run(scenario())
 
 
+def test_a_restored_claim_lasts_while_its_returning_holder_still_has_creates_to_send():
+    """A restarted service holds the claims its predecessor granted: past the grace period for
+    a holder that came back in it, until that holder's second keepalive, or a later one if it
+    says it still holds unsent creates (its sending failed and is tried again); a holder that
+    did not come back loses them when the grace period ends."""
+    async def scenario():
+        clock = Clock()
+        table = LeaseTable(lease_s=10.0, clock=clock)
+        table.grace_until = clock.now + 5.0
+        table.restore_claims([(100, 32, 7, A), (200, 32, 8, B)])
+        await table.keepalive(A, 0, [], 0)  # A comes back (told the service restarted); B does not
+        clock.now += 6.0  # past the grace period, within A's lease
+        table.end_restored()  # (what the grace period's end runs)
+        assert table.claim_covers(A, 7, [100, 131]) and not table.claim_covers(A, 7, [132])
+        assert not table.claim_covers(B, 8, [200])
+        await table.keepalive(A, 0, [], 0, unsent=True)  # its first sending failed
+        assert table.claim_covers(A, 7, [105])
+        await table.keepalive(A, 0, [], 0, unsent=True)
+        assert table.claim_covers(A, 7, [105])
+        await table.keepalive(A, 0, [], 0)  # all sent
+        assert not table.claim_covers(A, 7, [105])
+        table.restore_claims([(300, 32, 9, A)])
+        clock.now += 11.0  # A's session ran out: its claims with it
+        assert not table.claim_covers(A, 9, [300])
+    run(scenario())
+
+
 def test_a_silent_holder_costs_a_change_at_most_its_lease_and_is_then_forgotten():
     async def scenario():
         table = LeaseTable(lease_s=0.3)

@@ -434,10 +434,13 @@ class LeaseTable:
 
     # ------------------------------------------------------------------ keepalives (event loop)
 
-    async def keepalive(self, session: bytes, uid: int, acked: Iterable[int], wait_s: float) -> KeepaliveReply:
+    async def keepalive(self, session: bytes, uid: int, acked: Iterable[int], wait_s: float,
+                        unsent: bool = False) -> KeepaliveReply:
         """One keepalive of ``session`` (for caller ``uid``): acknowledge ``acked``, renew the
         session unless a recall to it is outstanding, then answer the due recalls, waiting up to
-        ``wait_s`` for one. A session id in use by another uid is refused (PermissionError)."""
+        ``wait_s`` for one. A session id in use by another uid is refused (PermissionError).
+        The session's second keepalive here ends the claims restored for it, unless its client
+        says it still holds ``unsent`` creates (then a later one without does)."""
         self.loop = asyncio.get_running_loop()
         now = self.clock()
         with self._lock:
@@ -451,7 +454,7 @@ class LeaseTable:
                 held = self._sessions[session] = _Session(expires=now + self.lease_s, uid=uid)
             elif held.uid != uid:
                 raise PermissionError("that lease session belongs to another user")
-            elif held.fresh:  # its client heard it was new, and sent what it created before
+            elif held.fresh and not unsent:  # its client heard it was new, and sent what it created before
                 held.fresh = False
                 for directory in [d for d, c in self._claims.items() if c.restored and c.session == session]:
                     self._end_claim(directory)

@@ -788,7 +788,7 @@ class MetadataService:
             self.leases.end(peer.session, peer.uid)
             return KeepaliveReply(lease_s=0.0, renewed=False, restarted=False), b""
         try:
-            return await self.leases.keepalive(peer.session, peer.uid, r.acked, r.wait_s), b""
+            return await self.leases.keepalive(peer.session, peer.uid, r.acked, r.wait_s, r.unsent), b""
         except PermissionError as exc:
             raise PermissionDenied(str(exc)) from None
 

@@ -37,11 +37,15 @@ class Recall(Message, frozen=True, kw_only=True):
 class KeepaliveRequest(Message, frozen=True, kw_only=True):
     """Keep the session of this connection's hello alive; ``acked``: the recalls done since the
     last keepalive; ``wait_s``: how long the service may hold the call for a recall; ``end``:
-    the client is going, its leases with it (answered at once)."""
+    the client is going, its leases with it (answered at once); ``unsent``: the client still
+    holds creates it has not sent (``tectofs.wire.claims``): the claims a restarted service
+    restored for it stay until a keepalive without (its sending may have failed, to be tried
+    again)."""
 
     acked: Annotated[list[Id], msgspec.Meta(max_length=limits.lease_recalls_per_reply_max * 4)] = []
     wait_s: Annotated[float, msgspec.Meta(ge=0, le=limits.lease_keepalive_wait_s)] = 0.0
     end: bool = False
+    unsent: bool = False
 
 
 class KeepaliveReply(Message, frozen=True, kw_only=True):
