@@ -436,6 +436,7 @@ class CreateClaims:
                       len(self._queue), exc)
             self.lost += len(self._queue)
             self._queue.clear()
+            self._created.clear()
             self._content_queued = 0
 
 

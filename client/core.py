@@ -214,7 +214,8 @@ class AsyncFileSystem:
                 self.metadata.flush_before = self.claims.flush_before
                 self.metadata.absorb_commit = self.claims.absorb_commit
                 self.metadata.allocating = self.claims.allocating
-                self.lease_session.unsent = lambda: self.claims is not None and self.claims.pending > 0
+                claims = self.claims
+                self.lease_session.unsent = lambda: claims.pending > 0
                 self.lease_session.listeners.append(self.claims.recalled)
             self.lease_session.start()
 

@@ -13,25 +13,19 @@ import stat as statmod
 import pytest
 
 from tectofs.wire import messages
+from tests.test_claims import _leasing as _leasing_clients
+from tests.test_claims import run
 
 pytestmark = pytest.mark.slow
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
-
-
 async def _leasing(address, count=2):
-    from tectofs.client.core import AsyncFileSystem
-    clients = [AsyncFileSystem(address, leases=True) for _ in range(count)]
-    for _ in range(200):
-        if all(c.lease_session is not None and c.lease_session.remaining() for c in clients):
-            for client in clients:
-                assert client.claims is not None
-                client.claims.commits_in_background = True
-            return clients
-        await asyncio.sleep(0.02)
-    raise AssertionError("no lease within 4 s")
+    """``count`` leasing clients whose mount-style small-file commits go in the background."""
+    clients = await _leasing_clients(address, count)
+    for client in clients:
+        assert client.claims is not None
+        client.claims.commits_in_background = True
+    return clients
 
 
 async def _write(fs, path, data, atime_mtime=None, mode=None):

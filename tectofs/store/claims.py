@@ -51,10 +51,7 @@ class DirectoryClaims(StoreParts):
         mode, uid, gid = access.new_owner(directory, caller, statmod.S_IFREG | 0o644, uid, gid)
         first = self._next("ino", count)
         now = self.clock()
-        template = Attrs(ino=first, kind="file", mode=mode, uid=uid, gid=gid, size=0, atime=now, mtime=now, ctime=now,
-                         nlink=1, policy=directory.policy, block_size=directory.block_size, parent=directory.ino,
-                         write_min=directory.write_min, xattrs=0)
-        return directory, template, first
+        return directory, _new_file(directory, first, mode, uid, gid, now), first
 
     def claimed_file(self, directory_ino: int, ino: int) -> Attrs:
         """What is known of file ``ino`` that a claim's holder will create in directory
@@ -63,9 +60,7 @@ class DirectoryClaims(StoreParts):
         directory = self._get(directory_ino)
         if directory.kind != "dir":
             raise NotADirectory(f"inode {directory_ino} is not a directory")
-        return Attrs(ino=ino, kind="file", mode=statmod.S_IFREG | 0o600, uid=0, gid=0, size=0, atime=0.0, mtime=0.0,
-                     ctime=0.0, nlink=0, policy=directory.policy, block_size=directory.block_size,
-                     parent=directory.ino, write_min=directory.write_min, xattrs=0)
+        return _new_file(directory, ino, statmod.S_IFREG | 0o600, 0, 0, 0.0)  # (what allocate reads: the rest unknown)
 
     def record_claim(self, first: int, count: int, directory: int, session: bytes) -> None:
         """Keep, durably, that ``session`` holds ``directory`` claimed with inode numbers
@@ -121,3 +116,11 @@ class DirectoryClaims(StoreParts):
                 layouts.append(inline_echo.omit(layout, content.blocks))
         self.reached = directory.ino
         return CreateManyReply(directory=self._get(directory.ino), layouts=layouts)
+
+
+def _new_file(directory: Attrs, ino: int, mode: int, uid: int, gid: int, now: float) -> Attrs:
+    """The attributes of a new, empty regular file ``ino`` in ``directory``, which gives it its
+    policy, block size and write minimum."""
+    return Attrs(ino=ino, kind="file", mode=mode, uid=uid, gid=gid, size=0, atime=now, mtime=now, ctime=now, nlink=1,
+                 policy=directory.policy, block_size=directory.block_size, parent=directory.ino,
+                 write_min=directory.write_min, xattrs=0)
