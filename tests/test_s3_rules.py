@@ -112,7 +112,7 @@ def test_a_complete_of_ten_thousand_parts_is_checked_in_linear_time() -> None:
 def test_a_list_parts_page_reads_the_records_of_its_parts_only() -> None:
     """Each page of a ListParts of 10,000 parts reads the ETags of the parts it shows, not of
     every part stored (paging through them all read 100,000 records before)."""
-    count, upload = 10_000, "0" * 32
+    count, upload = 10_000, "0" * 32 + "-0"
     read: list[str] = []
 
     class Parts:

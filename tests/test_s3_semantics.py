@@ -85,11 +85,11 @@ def test_complete_sent_again_answers_the_same_success(gateway: ClusterWithClient
     # a crash after the object was published and before the upload was removed: the upload
     # directory is still there; a retry answers success and removes it
     upload, listed = _upload(s3, "again", "crash", [b"only part"])
-    kept = f"/again/.tectofs-multipart/{upload}"
-    gateway.fs.mkdir(f"/again/.tectofs-multipart/saved-{upload}")
-    gateway.fs.link(f"{kept}/part-00001", f"/again/.tectofs-multipart/saved-{upload}/part-00001")
+    kept = f"/.tectofs-multipart/again/0/{upload}"  # root's uploads in the staging area
+    gateway.fs.mkdir(f"/.tectofs-multipart/again/0/saved-{upload}")
+    gateway.fs.link(f"{kept}/part-00001", f"/.tectofs-multipart/again/0/saved-{upload}/part-00001")
     done = s3.complete_multipart_upload(Bucket="again", Key="crash", UploadId=upload, MultipartUpload={"Parts": listed})
-    gateway.fs.rename(f"/again/.tectofs-multipart/saved-{upload}", kept)  # as if the removal never ran
+    gateway.fs.rename(f"/.tectofs-multipart/again/0/saved-{upload}", kept)  # as if the removal never ran
     gateway.fs.setxattr(kept, "user.s3.upload", b'{"key": "crash", "content_type": "x/y", "metadata": {}}')
     retried = s3.complete_multipart_upload(Bucket="again", Key="crash", UploadId=upload, MultipartUpload={"Parts": listed})
     assert retried["ETag"] == done["ETag"]

@@ -22,7 +22,7 @@ from aiohttp import web
 from tectofs import errors
 from tectofs.client import AsyncFileSystem
 
-from . import body, listing, multipart, objects, sigv4
+from . import body, listing, multipart, objects, sigv4, staging
 from . import headers as s3headers
 from . import xml as s3xml
 from .objects import Record
@@ -37,6 +37,7 @@ BUCKET_NAME = re.compile(r"(?=.{3,63}$)[a-z0-9][a-z0-9.-]*[a-z0-9]")
 LIST_KEYS_MAX = 1000
 SMALL_BODY_MAX = s3xml.BODY_MAX_BYTES
 KEEPALIVE_S = 10.0  # a long Complete or Copy sends a space this often
+LEGACY_UPLOADS_DIR = objects.INTERNAL_PREFIX + "multipart"  # in a bucket, made by gateways before the staging area
 
 
 @dataclass
@@ -62,6 +63,13 @@ class Call:
 
     def body(self, md5: Any = None) -> Any:
         return body.pieces(self.request, self.signed, self.signing_key, md5)
+
+    async def upload_fs(self, owner_may: bool = False) -> AsyncFileSystem:
+        """The view that acts on the request's upload: the caller's if they started it; with
+        ``owner_may`` (list its parts, abort it) the initiator's when the caller owns the
+        bucket or is root (:func:`~tectofs.s3.staging.view_for`)."""
+        return await staging.view_for(self.fs, self.gateway_fs, self.principal, self.bucket, self.query["uploadId"],
+                                      owner_may)
 
     async def small_body(self) -> bytes:
         return await body.read_all(self.request, self.signed, self.signing_key, SMALL_BODY_MAX)
@@ -163,25 +171,30 @@ async def create_bucket(call: Call) -> web.Response:
         return web.Response(headers={"Location": f"/{call.bucket}"})
     if call.principal.uid != 0:
         await call.gateway_fs.setattr(path, uid=call.principal.uid, gid=call.principal.gid)
+    await staging.remove_bucket_area(call.gateway_fs, call.bucket)  # uploads a crash left under the name
     return web.Response(headers={"Location": f"/{call.bucket}"})
 
 
 async def delete_bucket(call: Call) -> web.Response:
-    """Remove an empty bucket (its empty uploads directory goes with it): its owner (or root)
-    may, whoever owns the directory above it."""
+    """Remove a bucket with no objects: its owner (or root) may, whoever owns the directory
+    above it. Uploads still pending in it do not keep it (as S3): they are removed with it."""
     st = await objects.require_bucket(call.fs, call.bucket)
     if call.principal.uid not in (0, st.uid):
         raise S3Error("AccessDenied", "Access Denied", call.resource)
-    try:
-        await call.gateway_fs.rmdir(multipart.uploads_path(call.bucket))
-    except errors.NotFound:
-        pass
-    except errors.DirectoryNotEmpty:
-        raise S3Error("BucketNotEmpty", "The bucket has multipart uploads in progress", call.resource) from None
-    try:
-        await call.gateway_fs.rmdir(objects.bucket_path(call.bucket))
-    except errors.TectofsError as exc:
-        raise from_tectofs(exc, call.resource, missing="NoSuchBucket") from None
+    for attempt in range(2):
+        try:
+            await call.gateway_fs.rmdir(objects.bucket_path(call.bucket))
+            break
+        except errors.DirectoryNotEmpty:
+            if attempt:
+                raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty", call.resource) from None
+            try:  # the empty uploads directory that gateways before the staging area made in each bucket
+                await call.gateway_fs.rmdir(objects.bucket_path(call.bucket) + "/" + LEGACY_UPLOADS_DIR)
+            except errors.TectofsError:
+                raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty", call.resource) from None
+        except errors.TectofsError as exc:
+            raise from_tectofs(exc, call.resource, missing="NoSuchBucket") from None
+    await staging.remove_bucket_area(call.gateway_fs, call.bucket)
     return web.Response(status=204)
 
 
@@ -296,7 +309,8 @@ async def list_uploads(call: Call) -> web.Response:
     prefix = call.query.get("prefix", "")
     root = s3xml.document("ListMultipartUploadsResult", [("Bucket", call.bucket), ("Prefix", prefix),
                                                          ("IsTruncated", False)])
-    for key, upload_id, started in await multipart.uploads(call.fs, call.bucket, prefix):
+    for key, upload_id, started in await multipart.uploads(call.fs, call.gateway_fs, call.principal, call.bucket,
+                                                           prefix):
         s3xml.child(root, "Upload", [("Key", key), ("UploadId", upload_id), ("Initiated", s3xml.timestamp(started)),
                                      ("StorageClass", "STANDARD")])
     return xml_response(root)
@@ -446,7 +460,7 @@ async def delete_object(call: Call) -> web.Response:
 
 
 async def create_upload(call: Call) -> web.Response:
-    upload_id = await multipart.create(call.fs, call.gateway_fs, call.bucket, call.key,
+    upload_id = await multipart.create(call.fs, call.gateway_fs, call.principal, call.bucket, call.key,
                                        call.request.headers.get("Content-Type") or Record.content_type,
                                        _user_metadata(call.request), s3headers.stored(call.request.headers))
     root = s3xml.document("InitiateMultipartUploadResult", [("Bucket", call.bucket), ("Key", call.key),
@@ -459,7 +473,7 @@ async def upload_part(call: Call) -> web.StreamResponse:
     if "x-amz-copy-source" in call.request.headers:
         return await upload_part_copy(call, number)
     md5 = hashlib.md5()
-    record = await multipart.upload_part(call.fs, call.bucket, call.key, call.query["uploadId"], number,
+    record = await multipart.upload_part(await call.upload_fs(), call.bucket, call.key, call.query["uploadId"], number,
                                          call.body(md5), md5)
     return web.Response(headers={"ETag": quoted(record.etag)})
 
@@ -470,11 +484,12 @@ async def upload_part_copy(call: Call, number: int) -> web.StreamResponse:
     src_path, st, src_record = await objects.stat_object(call.fs, src_bucket, src_key)
     start, end = s3headers.copy_range(call.request.headers.get("x-amz-copy-source-range"), st.size)
     s3headers.check_copy_source(call.request.headers, src_record.etag, st.mtime)
-    await multipart.info(call.fs, call.bucket, call.key, call.query["uploadId"])
+    uploader = await call.upload_fs()
+    await multipart.info(uploader, call.bucket, call.key, call.query["uploadId"])
 
     async def copy() -> Any:
         md5 = hashlib.md5()
-        record = await multipart.upload_part(call.fs, call.bucket, call.key, call.query["uploadId"], number,
+        record = await multipart.upload_part(uploader, call.bucket, call.key, call.query["uploadId"], number,
                                              objects.stream_file(call.fs, src_path, start, end, md5), md5)
         return s3xml.document("CopyPartResult", [("LastModified", s3xml.timestamp(record.mtime)),
                                                  ("ETag", quoted(record.etag))])
@@ -484,7 +499,7 @@ async def upload_part_copy(call: Call, number: int) -> web.StreamResponse:
 
 async def complete_upload(call: Call) -> web.StreamResponse:
     wanted = s3xml.parse_complete(await call.small_body())
-    assemble = await multipart.prepare_complete(call.fs, call.bucket, call.key, call.query["uploadId"], wanted,
+    assemble = await multipart.prepare_complete(await call.upload_fs(), call.bucket, call.key, call.query["uploadId"], wanted,
                                                 call.part_bytes_min)
 
     async def complete() -> Any:
@@ -497,17 +512,19 @@ async def complete_upload(call: Call) -> web.StreamResponse:
 
 
 async def abort_upload(call: Call) -> web.Response:
-    await multipart.info(call.fs, call.bucket, call.key, call.query["uploadId"])
-    await multipart.abort(call.fs, call.bucket, call.query["uploadId"])
+    uploader = await call.upload_fs(owner_may=True)
+    await multipart.info(uploader, call.bucket, call.key, call.query["uploadId"])
+    await multipart.abort(uploader, call.bucket, call.query["uploadId"])
     return web.Response(status=204)
 
 
 async def list_parts(call: Call) -> web.Response:
     upload_id = call.query["uploadId"]
-    await multipart.info(call.fs, call.bucket, call.key, upload_id)
+    uploader = await call.upload_fs(owner_may=True)
+    await multipart.info(uploader, call.bucket, call.key, upload_id)
     marker = call.int_query("part-number-marker", 0, high=multipart.PART_NUMBER_MAX)
     max_parts = call.int_query("max-parts", LIST_KEYS_MAX)
-    found = await multipart.parts(call.fs, call.bucket, upload_id, after=marker, limit=max_parts + 1)
+    found = await multipart.parts(uploader, call.bucket, upload_id, after=marker, limit=max_parts + 1)
     shown, truncated = found[:max_parts], len(found) > max_parts
     root = s3xml.document("ListPartsResult", [
         ("Bucket", call.bucket), ("Key", call.key), ("UploadId", upload_id), ("PartNumberMarker", marker),

@@ -1,12 +1,12 @@
-"""Multipart uploads: parts staged as files of a hidden directory, assembled into the
-object by streaming them, in order, into one atomically published file.
+"""Multipart uploads: parts staged as files outside the bucket, assembled into the object
+by streaming them, in order, into one atomically published file.
 
-Layout: ``/<bucket>/.tectofs-multipart/`` (made by the gateway, mode 1777 like ``/tmp``:
-anyone may start an upload there, only its owner may touch it) holds one directory per upload
-(``<upload id>``, mode 0700, made as the uploading user; the extended attribute
-``user.s3.upload`` holds the key, content type and metadata), and in it ``part-NNNNN`` per
-part, each published like an object (staged, recorded with its MD5, renamed), so a part
-upload that fails leaves the previous part of that number, or none.
+Layout and who may act on an upload: :mod:`.staging` (``/.tectofs-multipart/<bucket>/<uid>/
+<upload id>``, the initiator's own directory; the extended attribute ``user.s3.upload`` holds
+the key, content type, metadata and the bucket's inode number, so an upload outlives no
+bucket). Each part is ``part-NNNNN``, published like an object (staged, recorded with its MD5,
+renamed), so a part upload that fails leaves the previous part of that number, or none.
+Create checks that the caller may publish the key before anything is made.
 
 Complete checks the part list (:func:`chosen_parts`: numbers not decreasing, ETags matching,
 every part but the last at least 5 MiB, as S3 requires), streams the parts into the object (two
@@ -15,6 +15,9 @@ reads in memory at a time, whatever the object's size), publishes it with the mu
 its record, then removes the upload; the list is checked before the (long) assembly starts, so
 a wrong list is an ordinary error answer. A Complete sent again answers from the object's
 record (:func:`completed`). Abort removes the upload directory.
+
+Every function taking ``fs`` acts through it on the upload: the caller's view, or the
+initiator's (:func:`~tectofs.s3.staging.view_for`) when the bucket's owner lists or aborts it.
 """
 
 from __future__ import annotations
@@ -22,16 +25,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import secrets
 from typing import AsyncIterator, Awaitable, Callable
 
 from tectofs import errors, paths
 from tectofs.client import AsyncFileSystem, Stat
 
-from .objects import INTERNAL_PREFIX, Record, locate, object_path, record_of, require_bucket, stream_file, write_file
+from . import staging
+from .objects import Record, locate, object_path, record_of, require_bucket, stream_file, write_file
+from .principals import Principal
+from .staging import no_such_upload, upload_path
 from .xml import S3Error, from_tectofs
 
-UPLOADS_DIR = INTERNAL_PREFIX + "multipart"
 UPLOAD_XATTR = "user.s3.upload"
 PART_NUMBER_MAX = 10_000
 PART_BYTES_MIN = 5 << 20
@@ -40,34 +44,24 @@ SMALL_PART_BYTES = 1 << 20  # parts up to this are read whole, several at once, 
 SMALL_PARTS_AHEAD = 16  # ... this many ahead (at most 16 MiB in memory)
 
 
-def uploads_path(bucket: str) -> str:
-    return paths.join("/" + bucket, UPLOADS_DIR)
-
-
-def upload_path(bucket: str, upload_id: str) -> str:
-    if not upload_id or not all(c in "0123456789abcdef" for c in upload_id) or len(upload_id) != 32:
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id)
-    return paths.join(uploads_path(bucket), upload_id)
-
-
 def part_path(bucket: str, upload_id: str, number: int) -> str:
     if not 1 <= number <= PART_NUMBER_MAX:
         raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and {PART_NUMBER_MAX}, inclusive")
     return paths.join(upload_path(bucket, upload_id), f"part-{number:05d}")
 
 
-async def create(fs: AsyncFileSystem, gateway_fs: AsyncFileSystem, bucket: str, key: str, content_type: str,
-                 metadata: dict[str, str], headers: dict[str, str] | None = None) -> str:
-    """Start an upload of ``key``; returns its id. ``gateway_fs`` (root) makes the shared
-    uploads directory of the bucket if it is not there yet."""
+async def create(fs: AsyncFileSystem, gateway_fs: AsyncFileSystem, principal: Principal, bucket: str, key: str,
+                 content_type: str, metadata: dict[str, str], headers: dict[str, str] | None = None) -> str:
+    """Start an upload of ``key``; returns its id. The caller must be able to publish the key
+    (:func:`~tectofs.s3.staging.check_may_put`) before anything is made; ``gateway_fs`` (root)
+    makes the caller's staging directory on their first upload into the bucket."""
     object_path(bucket, key)  # refuse keys that cannot be stored now, not at the end
-    await require_bucket(fs, bucket)
-    await gateway_fs.mkdir(uploads_path(bucket), mode=0o1777, exist_ok=True)
-    upload_id = secrets.token_hex(16)
-    directory = paths.join(uploads_path(bucket), upload_id)
+    bucket_st = await staging.check_may_put(fs, principal, bucket, key)
+    upload_id = staging.new_upload_id(principal.uid)
     try:
-        await fs.mkdir(directory, mode=0o700)
-        info = {"key": key, "content_type": content_type, "metadata": metadata, "headers": headers or {}}
+        directory = await staging.make_upload(fs, gateway_fs, principal, bucket, upload_id, bucket_st)
+        info = {"key": key, "content_type": content_type, "metadata": metadata, "headers": headers or {},
+                "bucket": bucket_st.ino}
         await fs.setxattr(directory, UPLOAD_XATTR, json.dumps(info).encode())
     except errors.TectofsError as exc:
         raise from_tectofs(exc, f"/{bucket}/{key}") from None
@@ -83,10 +77,17 @@ async def info(fs: AsyncFileSystem, bucket: str, key: str | None, upload_id: str
         if isinstance(exc, errors.PermissionDenied):
             raise S3Error("AccessDenied", "Access Denied", upload_id) from None
         await require_bucket(fs, bucket)
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id) from None
-    if key is not None and found.get("key") != key:
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id)
-    return dict(found)
+        raise no_such_upload(upload_id) from None
+    if not isinstance(found, dict) or key is not None and found.get("key") != key:
+        raise no_such_upload(upload_id)
+    return found
+
+
+async def require_current(fs: AsyncFileSystem, bucket: str, upload: dict[str, object], upload_id: str) -> None:
+    """NoSuchUpload unless the upload was started in the bucket now at ``bucket`` (not in one
+    of that name deleted since)."""
+    if upload.get("bucket") != (await require_bucket(fs, bucket)).ino:
+        raise no_such_upload(upload_id)
 
 
 async def upload_part(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str, number: int,
@@ -97,7 +98,7 @@ async def upload_part(fs: AsyncFileSystem, bucket: str, key: str, upload_id: str
     try:
         return await write_file(fs, path, body, lambda: Record(etag=md5.hexdigest()), make_parents=False)
     except errors.NotFound:
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id) from None
+        raise no_such_upload(upload_id) from None
 
 
 async def parts(fs: AsyncFileSystem, bucket: str, upload_id: str, after: int = 0,
@@ -180,6 +181,7 @@ async def prepare_complete(fs: AsyncFileSystem, bucket: str, key: str, upload_id
 
         return answer_again
     upload = await info(fs, bucket, key, upload_id)
+    await require_current(fs, bucket, upload, upload_id)
     have = {n: (st, record) for n, st, record in await parts(fs, bucket, upload_id)}
     chosen = chosen_parts(wanted, have, part_bytes_min)
 
@@ -227,25 +229,36 @@ async def abort(fs: AsyncFileSystem, bucket: str, upload_id: str) -> None:
         await fs.rmtree(upload_path(bucket, upload_id))
     except errors.NotFound:
         await require_bucket(fs, bucket)
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.", upload_id) from None
+        raise no_such_upload(upload_id) from None
     except errors.TectofsError as exc:
         raise from_tectofs(exc, upload_id, missing="NoSuchUpload") from None
 
 
-async def uploads(fs: AsyncFileSystem, bucket: str, prefix: str) -> list[tuple[str, str, float]]:
-    """Uploads in progress whose key starts with ``prefix``: ``(key, upload id, started)``,
-    sorted by key (those the caller may not read are left out)."""
-    try:
-        entries = await fs.scandir(uploads_path(bucket))
-    except errors.NotFound:
-        await require_bucket(fs, bucket)
-        return []
+async def uploads(fs: AsyncFileSystem, gateway_fs: AsyncFileSystem, principal: Principal, bucket: str,
+                  prefix: str) -> list[tuple[str, str, float]]:
+    """Uploads in progress in ``bucket`` whose key starts with ``prefix``: ``(key, upload id,
+    started)``, sorted by key. The bucket's owner (and root) see everyone's (each user's read
+    as that user); anyone else their own."""
+    bucket_st = await require_bucket(fs, bucket)
+    if principal.uid in (0, bucket_st.uid):
+        views = [(uid, gateway_fs if uid == principal.uid == 0 else fs if uid == principal.uid
+                  else gateway_fs.acting_as(uid, st.gid)) for uid, st in await staging.user_areas(gateway_fs, bucket)]
+    else:
+        views = [(principal.uid, fs)]
     found = []
-    for upload_id, st in entries:
+    for uid, view in views:
+        directory = staging.user_area(bucket, uid)
         try:
-            key = str(json.loads(await fs.getxattr(paths.join(uploads_path(bucket), upload_id), UPLOAD_XATTR))["key"])
-        except (errors.TectofsError, ValueError, KeyError):
-            continue
-        if key.startswith(prefix):
-            found.append((key, upload_id, st.ctime))
+            entries = await view.scandir(directory)
+        except errors.TectofsError:
+            continue  # none here (or not theirs to read)
+        for upload_id, st in entries:
+            try:
+                staging.initiator_of(upload_id)
+                upload = json.loads(await view.getxattr(paths.join(directory, upload_id), UPLOAD_XATTR))
+                key = str(upload["key"])
+            except (S3Error, errors.TectofsError, ValueError, KeyError, TypeError):
+                continue
+            if key.startswith(prefix) and upload.get("bucket") == bucket_st.ino:
+                found.append((key, upload_id, st.ctime))
     return sorted(found)
