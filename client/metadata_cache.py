@@ -136,6 +136,8 @@ class MetadataCache(Generic[StatT]):
         directory = self._resolve(paths.split(path))
         if not isinstance(directory, int) or len(entries) > self.entries_max // 2:
             return
+        if any(not stat.nlink for _, stat in entries):  # names only (read, not search, permission): no lookups
+            return
         self._drop_listing(directory)
         self._listings[directory] = sorted(entries, key=_name_of)  # (Python's order: see _relist)
         for name, stat in entries:

@@ -60,6 +60,7 @@ connection_idle_timeout_s = 600.0         # ... and one with no frame and no req
 connections_max = 65536                   # connections one server process keeps (24k ranks, 2 connections each, fit)
 connections_per_peer_max = 2048           # ... from one peer IP address (a node of many ranks, a gateway)
 anonymous_connections_max = 1024          # unauthenticated connections a metadata service keeps (oldest evicted)
+connections_reserved = 1024               # ... places of a metadata service users never take: root's and its servers'
 eviction_scan_max = 256                   # connections looked at for the longest idle one, when one must go
 connection_refused_linger_s = 1.0         # a connection over a cap waits this long (at most) to be told why
 connections_refused_lingering_max = 1024  # ... at most this many at once (beyond: closed at once)

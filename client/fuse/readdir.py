@@ -12,11 +12,21 @@ fresh), and counts one lookup of it (``InodeTable.looked_up``). Pages of a listi
 ``attr_timeout_s`` go with timeouts of 0: the kernel would date them from its request, not
 from the fetch. An open directory keeps its listing (names and attributes, about 0.5 KB per
 entry) until it is closed.
+
+A directory its reader may read but not search (``r--`` for them) lists names only: the
+metadata service tells each entry's inode number and type and nothing else, and no handle
+(``tectofs.store.access.names_only``). Those entries go to the kernel as plain directory
+entries (:func:`names_only_entry`: node id 0, which the kernel takes as "no attributes for
+this one"), so it makes no dentry of them: ``ls`` shows the names, and a ``stat`` or ``open``
+of one is a lookup, which the service refuses (EACCES), as on a local disk.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import stat as statmod
 import time
 from collections import OrderedDict
 from typing import Awaitable, Callable
@@ -25,8 +35,53 @@ import pyfuse3
 
 from tectofs.client.core import Stat
 
+log = logging.getLogger("tectofs.fuse")
+
 # An entry: its name and either its Stat or, for "." and "..", its inode number.
 Entry = tuple[str, Stat | int]
+
+# Where pyfuse3's EntryAttributes keeps the node id its READDIRPLUS entry gives the kernel:
+# ``fuse_entry_param.ino``, the first field after the object's header. Its ``st_ino`` setter
+# writes it and the entry's ``d_ino`` alike; a names-only entry needs the inode number as
+# ``d_ino`` (glibc before 2.37 skips entries whose ``d_ino`` is 0) and 0 as the node id.
+_NODE_ID_OFFSET = object.__basicsize__
+
+
+def _node_id_field(attributes: pyfuse3.EntryAttributes) -> ctypes.c_uint64:
+    return ctypes.c_uint64.from_address(id(attributes) + _NODE_ID_OFFSET)
+
+
+def _node_id_found() -> bool:
+    """Whether ``_NODE_ID_OFFSET`` holds the node id in this pyfuse3 (checked once, through its
+    getter: the node id is what ``st_ino`` reads back)."""
+    probe = pyfuse3.EntryAttributes()
+    probe.st_ino = 0x5EA2C4ED00D
+    if _node_id_field(probe).value != 0x5EA2C4ED00D:
+        return False
+    _node_id_field(probe).value = 0
+    return probe.st_ino == 0
+
+
+_NODE_ID_WRITABLE = _node_id_found()
+if not _NODE_ID_WRITABLE:
+    log.warning("pyfuse3's entry layout is not the one expected: names-only listings go with inode number 0")
+
+
+def is_names_only(stat: Stat) -> bool:
+    """``stat`` is a names-only entry (``tectofs.store.access.is_names_only``: no link count)."""
+    return stat.nlink == 0
+
+
+def names_only_entry(stat: Stat) -> pyfuse3.EntryAttributes:
+    """A plain directory entry for the kernel: ``d_ino`` and ``d_type`` of ``stat``, node id 0
+    (no dentry, no lookup counted: a later ``stat`` asks the mount, which asks the service)."""
+    attributes = pyfuse3.EntryAttributes()
+    attributes.st_mode = statmod.S_IFMT(stat.mode)
+    attributes.entry_timeout = attributes.attr_timeout = 0
+    if _NODE_ID_WRITABLE:
+        attributes.st_ino = stat.ino
+        _node_id_field(attributes).value = 0
+    return attributes
 
 
 class _Listing:
@@ -117,13 +172,18 @@ def fill(token: pyfuse3.ReaddirToken, entries: list[Entry], offset: int,
          fresh: bool, delivered: Callable[[str, Stat], None]) -> None:
     """Hand ``entries[offset:]`` to the kernel until its buffer is full, each with its
     position (index + 1) as the offset the kernel resumes from and its attributes
-    (``attributes_of(stat, fresh)``; "." and ".." ``directory_of(ino)``); ``delivered`` is
-    told of every entry the kernel took (one lookup each, "." and ".." none)."""
+    (``attributes_of(stat, fresh)``; "." and ".." ``directory_of(ino)``; a names-only entry
+    :func:`names_only_entry`); ``delivered`` is told of every entry the kernel took with its
+    attributes (one lookup each; "." and "..", names-only entries none)."""
     for index in range(offset, len(entries)):
         name, entry = entries[index]
         raw = os.fsencode(name)
         if isinstance(entry, int):
             if not pyfuse3.readdir_reply(token, raw, directory_of(entry), index + 1):
+                return
+            continue
+        if not entry.nlink:  # names only (is_names_only)
+            if not pyfuse3.readdir_reply(token, raw, names_only_entry(entry), index + 1):
                 return
             continue
         if not pyfuse3.readdir_reply(token, raw, attributes_of(entry, fresh), index + 1):

@@ -30,7 +30,7 @@ from tectofs.store import SqlStore, StoreRunner
 from tectofs.store.access import Caller
 from tectofs.store.dialect import dialect_for
 from tectofs.wire import auth, inline_echo, messages, shared_blocks
-from tectofs.wire.leases import ATTRS, ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
+from tectofs.wire.leases import ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
 from .claims import ClaimOperations
@@ -38,6 +38,8 @@ from .guard import MetaGuard
 from .lease_peers import LeasePeers
 from .leases import ClaimConflict, LeaseTable
 from .users import UserOperations
+from .told import granted as granted_keys
+from .told import parents, with_handles
 
 log = logging.getLogger("tectofs.meta")
 
@@ -50,38 +52,6 @@ LEASES_GRANTED = "lease_sessions"  # the store's counter of services that grante
 def _walked_directories(store: SqlStore) -> list[int]:
     """The directories the operation's path walks went through, / first (while leases are kept)."""
     return [key[1] for key in store.walked or () if key[0] == ENTRY]
-
-
-def _granted(walked: list[LeaseKey], reached: int, result: object) -> list[LeaseKey]:
-    """What an operation's answer told its caller, as lease keys: the names its paths walked
-    (present or absent), and what the answer holds: attributes, a listing and its entries, the
-    extended attributes of the inode reached."""
-    if isinstance(result, tuple):  # (attributes, the directories walked): a lookup's
-        result = result[0]
-    if isinstance(result, messages.Attrs):
-        return [*walked, (ATTRS, result.ino)]
-    if isinstance(result, (messages.CreateReply, messages.LayoutSegment, messages.AttrsReply)):
-        return [*walked, (ATTRS, result.attrs.ino)]
-    if isinstance(result, messages.ReaddirReply):
-        return [*walked, (LISTING, reached), *((ENTRY, reached, e.name) for e in result.entries),
-                *((ATTRS, e.attrs.ino) for e in result.entries)]
-    if isinstance(result, (bytes, list)) and reached:  # extended attributes (a value, the names)
-        return [*walked, (ATTRS, reached)]
-    return walked
-
-
-def _parents(result: object) -> dict[int, int]:
-    """The directory each regular file an answer carries the attributes of was made or renamed
-    into (what a claim there covers: ``LeaseTable.claimed_by_other``); 0 for anything else."""
-    if isinstance(result, tuple):  # (attributes, the directories walked): a lookup's
-        result = result[0]
-    if isinstance(result, (messages.CreateReply, messages.LayoutSegment, messages.AttrsReply)):
-        result = result.attrs
-    if isinstance(result, messages.Attrs):
-        return {result.ino: result.parent if result.kind == "file" else 0}
-    if isinstance(result, messages.ReaddirReply):
-        return {e.attrs.ino: e.attrs.parent if e.attrs.kind == "file" else 0 for e in result.entries}
-    return {}
 
 
 def capability(keys: auth.KeyRing, block_id: int, mode: str, expiry: int, uid: int | None = None) -> messages.Capability:
@@ -329,13 +299,13 @@ class MetadataService:
                 return result
             finally:
                 reached, store.walked, store.through, store.modified = store.reached, None, None, None
-                granted = _granted(walked, reached, result)
+                granted = granted_keys(walked, reached, result)
                 # What it read or changed of a directory another session holds claimed: undone
                 # (raised over its answer or error), to run again once the claim is recalled. A
                 # name found to be a directory is not: a claim's holder only adds and removes files.
                 read = [key for key in granted if key not in through] if through else granted
                 claimed = self.leases.claimed_by_other(itertools.chain(read, modified), session,
-                                                       _parents(result), store.parent_of)
+                                                       parents(result), store.parent_of)
                 if claimed is not None:
                     modified.clear()
                     raise ClaimConflict(claimed)  # noqa: B012 (replaces the answer on purpose)
@@ -514,12 +484,7 @@ class MetadataService:
         parts, caller = paths.split(r.path), self._caller()
         page = await self._call(lambda store: store.readdir(parts, r.after, r.limit, caller=caller),
                                 messages.ReaddirReply)
-        if current_peer.get().is_member:
-            return page, b""
-        handle = self._handles()
-        return msgspec.structs.replace(page, entries=[
-            msgspec.structs.replace(e, attrs=msgspec.structs.replace(e.attrs, handle=handle(e.attrs.ino)))
-            for e in page.entries]), b""
+        return (page if current_peer.get().is_member else with_handles(page, self._handles())), b""
 
     async def rpc_setattr(self, r: messages.SetattrRequest, _: memoryview) -> Reply[messages.AttrsReply]:
         if r.path is None:

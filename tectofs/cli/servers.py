@@ -55,15 +55,36 @@ def cmd_meta(args: argparse.Namespace) -> None:
     from tectofs.server.meta import MetadataService
 
     def start() -> MetadataService:
-        return MetadataService(
+        service = MetadataService(
             args.store, args.policy, args.block_size, server_dead_after_s=args.dead_after, gc_delay_s=args.gc_delay,
             allocation_grace_s=args.allocation_grace, repair_after_s=args.repair_after,
             repair_interval_s=args.repair_interval, orphan_grace_s=args.orphan_grace, key_file=args.key_file,
             capability_ttl_s=args.capability_ttl, advertise=args.advertise, inline_max=args.inline_max,
             lease_s=args.lease,
         )
+        service.rpc.policy = _connection_policy(args)
+        return service
 
     _serve_bound(start, args, lambda a: f"tectofs metadata service on {a} (store {_without_password(args.store)})")
+
+
+def _connection_policy(args: argparse.Namespace) -> Any:
+    """The server's ``ConnectionPolicy`` with ``--connections-max``, or None (the environment's)."""
+    if args.connections_max is None:
+        return None
+    import dataclasses
+
+    from tectofs.wire.connlimits import ConnectionPolicy
+
+    return dataclasses.replace(ConnectionPolicy.from_env(), connections_max=args.connections_max)
+
+
+def _add_connections_max(p: argparse.ArgumentParser, users_share: bool) -> None:
+    shared = (f"; users share them by principal, {limits.connections_reserved:,} (at most a quarter) kept for root and"
+              " the cluster's servers" if users_share else "; peer addresses share them")
+    p.add_argument("--connections-max", type=numbers.count(1), metavar="N",
+                   help=f"connections served at once (default {limits.connections_max}, or $TECTOFS_CONNECTIONS_MAX;"
+                   f" lowered to what the open files limit leaves){shared}")
 
 
 def _without_password(store: str) -> str:
@@ -80,13 +101,15 @@ def cmd_chunk(args: argparse.Namespace) -> None:
     from tectofs.server.chunk import ChunkServer
 
     def start() -> ChunkServer:
-        return ChunkServer(
+        server = ChunkServer(
             args.data, args.meta, args.inflight_max, args.heartbeat, sync="none" if args.no_sync else args.sync,
             scrub_rate_bytes_per_s=args.scrub_rate * limits.MiB, repair_concurrency=args.repair_concurrency,
             repair_rate_bytes_per_s=args.repair_rate * limits.MiB, inventory_interval_s=args.inventory_interval,
             scrub_interval_s=args.scrub_interval, key_file=args.key_file, advertise=args.advertise,
             pack_max_bytes=args.pack_max,
         )
+        server.rpc.policy = _connection_policy(args)
+        return server
 
     _serve_bound(start, args, lambda a: f"tectofs chunk server on {a} (data {args.data}, metadata {args.meta})")
 
@@ -336,6 +359,7 @@ def add_parsers(sub: Any) -> None:
     add_tls_flags(p, serves=True)
     p.add_argument("--capability-ttl", type=_POSITIVE_SECONDS, default=limits.capability_ttl_s, metavar="SECONDS",
                    help="how long the chunk capabilities in layouts and allocations are valid (default %(default)s)")
+    _add_connections_max(p, users_share=True)
     add_metrics_flags(p)
     p.set_defaults(fn=cmd_meta)
 
@@ -382,6 +406,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--ready-file", help="write the listening address here once serving")
     p.add_argument("--key-file", help=KEY_HELP)
     add_tls_flags(p, serves=True)
+    _add_connections_max(p, users_share=False)
     add_metrics_flags(p)
     p.set_defaults(fn=cmd_chunk)
 

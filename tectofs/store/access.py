@@ -16,6 +16,7 @@ from __future__ import annotations
 import stat as statmod
 from dataclasses import dataclass
 
+from .. import limits
 from ..errors import NotPermitted, PermissionDenied
 from ..modes import killed_by_write
 from ..wire.values import Attrs
@@ -80,6 +81,24 @@ def require(attrs: Attrs, caller: Caller | None, *wants: int, path: str, on: str
     needs = " or ".join(_words(want, attrs) for want in wants)
     where = "" if on is None or on == path else f" on {on}"
     raise PermissionDenied(f"{path}: permission denied (uid {caller.uid} needs {needs} permission{where})")
+
+
+def names_only(attrs: Attrs) -> Attrs:
+    """What a listing tells a caller who may read the directory but not search it (``r--``
+    for them) of one entry: what ``getdents(2)`` gives, its inode number and type, and
+    nothing a lookup would have had to allow: no permission bits, owner, size, times, link
+    count or symlink target, and no file handle (the service issues none: it would let the
+    caller name the inode by number and read it). Linux's ``ls -l`` of such a directory shows
+    the names with ``?`` for the rest. ``nlink`` 0 marks it (:func:`is_names_only`): an
+    inode that a directory names has a link."""
+    return Attrs(ino=attrs.ino, kind=attrs.kind, mode=statmod.S_IFMT(attrs.mode), uid=0, gid=0, size=0, atime=0.0,
+                 mtime=0.0, ctime=0.0, nlink=0, policy="", block_size=limits.block_size_min_bytes,
+                 parent=attrs.parent)
+
+
+def is_names_only(attrs: Attrs) -> bool:
+    """``attrs`` is a listing's entry of a directory its caller may not search (:func:`names_only`)."""
+    return attrs.nlink == 0
 
 
 def owns(attrs: Attrs, caller: Caller | None) -> bool:

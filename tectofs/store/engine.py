@@ -467,10 +467,13 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
     ) -> ReaddirReply:
         """One page of a directory: up to ``limit`` entries whose names sort after ``after``,
         fewer if their names and symlink targets would outgrow ``limits.reply_header_budget_bytes``;
-        and the cursor for the next page (None after the last). A caller needs read permission."""
+        and the cursor for the next page (None after the last). A caller needs read permission;
+        without search permission too, it gets each entry's name, inode number and type only
+        (``access.names_only``), as ``getdents(2)`` gives: what else a lookup there would refuse."""
         directory = self._resolve_dir(parts, caller)
         access.require(directory, caller, R, path=_p(parts))
         if not after:
+        searchable = access.may(directory, caller, X)
             self._accessed(directory)
         rows = self._all(
             f"SELECT n.name, {_JOINED_ATTR_COLUMNS}"
@@ -480,7 +483,7 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         entries: list[DirEntry] = []
         budget = limits.reply_header_budget_bytes
         for row in rows[:limit]:
-            attrs = _attrs(row[1:])
+            attrs = _attrs(row[1:]) if searchable else access.names_only(_attrs(row[1:]))
             budget -= _ENTRY_BYTES_MAX + len(row[0].encode()) + len((attrs.target or "").encode())
             if budget < 0:
                 break

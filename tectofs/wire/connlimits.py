@@ -15,6 +15,18 @@ how long one may stall mid-frame or sit idle (``RpcServer`` in ``tectofs.wire.se
   ``connections_max - anonymous_connections_max`` places, and a new client's connection is
   evicted only after a thousand newer ones. The handshake itself is bounded:
   ``hello_wait_s`` (10 s) after connecting, hello and authentication must be done.
+- **Authenticated connections are shared by principal** (issue 51, part 4), on the same
+  servers, as a chunk server's admission shares its budget: a connection counts against its
+  *principal* once its hello proved who it is (:func:`principal`: a user's uid; root and cluster
+  members, who hold the cluster key, are one reserved class). Users together hold at most
+  ``connections_max - connections_reserved`` (``connections_reserved``: 1,024, at most a
+  quarter of the cap), so root and the cluster's own servers always find places. At that limit
+  a user's new connection evicts the longest idle connection (as below) of the user holding
+  the most, if the newcomer holds less than its fair share (users' places / users holding
+  any); a user at its share is refused (``Busy``) instead. One user may still use every place
+  nobody else wants (a 24k-rank job), but never keeps one from another user or from root. A
+  new connection that finds the server itself full (root and members over their reserve) with
+  no anonymous one to evict evicts for itself as if it were a new user.
 - **Per-peer fairness where everyone is anonymous** (chunk servers: clients carry
   capabilities, not credentials). A new connection that finds the server full, from a peer
   address holding fewer than its fair share (``connections_max`` / peers), evicts the longest
@@ -52,6 +64,7 @@ from typing import Mapping, Protocol
 from tectofs import limits
 from tectofs.diagnostics import RateLimitedLog
 from tectofs.errors import Busy, Timeout
+from tectofs.wire import auth
 from tectofs.wire.framing import FrameDecoder, encode_error
 
 log = logging.getLogger(__name__)
@@ -68,6 +81,7 @@ class ConnectionPolicy:
     frame_progress_window_s: float = limits.frame_progress_window_s
     frame_progress_min_bytes_per_s: float = limits.frame_progress_min_bytes_per_s
     anonymous_connections_max: int = limits.anonymous_connections_max  # where the server pools them
+    connections_reserved: int = limits.connections_reserved  # ... and users' connections are shared by principal
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ConnectionPolicy":
@@ -133,6 +147,19 @@ class ProgressWindow:
         return now - started_s >= window_s and received_bytes - started_bytes < window_s * rate_min_bytes_per_s
 
 
+RESERVED = ""
+"""The principal of root's and cluster members' connections: they hold the cluster key, take the
+reserved places, and are never evicted for another principal's connection."""
+
+
+def principal(peer: auth.Peer) -> str:
+    """Whose share of a server's connections an authenticated ``peer``'s draw on: its uid (a
+    proxy acting for a user is that user), or :data:`RESERVED` for root and cluster members."""
+    if peer.is_member or (peer.kind == "user" and peer.name == "root"):
+        return RESERVED
+    return f"uid {peer.uid}"
+
+
 def _peer_ip(transport: asyncio.BaseTransport) -> str:
     peer = transport.get_extra_info("peername")
     ip = str(peer[0]) if isinstance(peer, tuple) and peer else "local"  # a Unix socket (tectofs.wire.local_sockets)
@@ -188,6 +215,11 @@ class ConnectionGuard:
         # The server's unauthenticated connections, oldest first (servers that pool them only).
         self.pool_anonymous = bool(getattr(server, "pool_anonymous", False))
         self.anonymous: dict[GuardedConnection, None] = {}
+        # Users' authenticated connections, by principal, each in connection order (pooling servers only).
+        self.reserved = min(policy.connections_reserved, self.connections_max // 4)
+        self.users_max = self.connections_max - self.reserved  # places users may hold together
+        self.by_principal: dict[str, dict[GuardedConnection, None]] = {}
+        self.principal_of: dict[GuardedConnection, str] = {}
         self.stats = {"refused": 0, "stalled": 0, "idle_closed": 0, "evicted": 0}
         self.lingering = 0
         self._last_sweep_s = 0.0
@@ -217,6 +249,8 @@ class ConnectionGuard:
                 if self.anonymous:
                     self.evict(next(iter(self.anonymous)), f"{len(self.anonymous)} unauthenticated connections,"
                                f" its limit for them (oldest closed first; authenticate in the hello)")
+                elif (victim := self._share_victim(None, 0)) is not None:
+                    self.evict(victim, self._share_why())
                 else:
                     reason = self._full(name)
         elif self.admitted >= self.connections_max:
@@ -253,9 +287,66 @@ class ConnectionGuard:
         busiest = max(self.per_peer, key=lambda peer: len(self.per_peer[peer]))
         return longest_idle(self.per_peer[busiest], limits.eviction_scan_max)
 
-    def authenticated(self, conn: GuardedConnection) -> None:
-        """``conn``'s hello proved who it is: it leaves the anonymous pool."""
+    def _share_victim(self, newcomer: str | None, holds: int) -> GuardedConnection | None:
+        """The connection to close for a connection of ``newcomer`` (None: not known yet, counted
+        as a new user) that holds ``holds``, at the users' limit: the longest idle one of the user
+        holding the most, if ``newcomer`` holds less than its fair share of users' places."""
+        if not self.by_principal:
+            return None
+        users = len(self.by_principal) + (newcomer not in self.by_principal)
+        if holds >= self.users_max / users:
+            return None  # it has its share already
+        busiest = max(self.by_principal, key=lambda user: len(self.by_principal[user]))
+        if busiest == newcomer:
+            return None
+        return longest_idle(self.by_principal[busiest], limits.eviction_scan_max)
+
+    def _share_why(self) -> str:
+        busiest = max((len(held) for held in self.by_principal.values()), default=0)
+        return (f"{self.users} connections of users (and {self.admitted - self.users} others), its limit: the longest"
+                f" idle of the user holding the most ({busiest}) is closed for another's")
+
+    @property
+    def users(self) -> int:
+        """Users' authenticated connections (pooling servers)."""
+        return len(self.principal_of)
+
+    def authenticated(self, conn: GuardedConnection, principal: str = RESERVED) -> bool:
+        """``conn``'s hello proved who it is (``principal``, :func:`principal`): it leaves the
+        anonymous pool and, on a server that pools those, counts against its principal's share,
+        evicting another user's where the policy says so. False: refused, uncounted and handed
+        a ``Busy`` ERROR frame (its protocol replaced: it reads nothing more)."""
         self.anonymous.pop(conn, None)
+        if principal == RESERVED or not self.pool_anonymous or conn.peer_ip is None:
+            return True
+        held = self.by_principal.get(principal, {})
+        if self.users >= self.users_max:
+            victim = self._share_victim(principal, len(held))
+            if victim is None:
+                self._refuse_user(conn, principal, len(held))
+                return False
+            self.evict(victim, self._share_why())
+        elif self.admitted >= self.connections_max and len(held) >= self.users_max / (len(self.by_principal) + (not held)):
+            # The server is full, and this connection's place was made when it was accepted
+            # (for a newcomer, not for a user over its share).
+            self._refuse_user(conn, principal, len(held))
+            return False
+        self.by_principal.setdefault(principal, {})[conn] = None
+        self.principal_of[conn] = principal
+        return True
+
+    def _refuse_user(self, conn: GuardedConnection, principal: str, holds: int) -> None:
+        name = self.server.name
+        users = len(self.by_principal) + (principal not in self.by_principal)
+        reason = (f"the {name} has {self.users} connections of users, their limit, and {principal} holds {holds}, at"
+                  f" least its share ({self.users_max} / {users} users); close idle ones or retry later (or raise"
+                  f" TECTOFS_CONNECTIONS_MAX and the open files limit)")
+        self.release(conn)
+        self.stats["refused"] += 1
+        self._log.warning("%s: refused a connection from %s: %s", name, conn.peer, reason)
+        assert conn.transport is not None
+        refusal = _Refusal(self, conn.transport, encode_error(0, Busy(reason)), spoke=True)  # type: ignore[arg-type]
+        conn.transport.set_protocol(refusal)
 
     def evict(self, conn: GuardedConnection, why: str) -> None:
         """Close ``conn`` to make room (uncounted at once), telling it why."""
@@ -281,6 +372,12 @@ class ConnectionGuard:
         conn.peer_ip = None
         self.admitted -= 1
         self.anonymous.pop(conn, None)
+        user = self.principal_of.pop(conn, None)
+        if user is not None:
+            held = self.by_principal[user]
+            del held[conn]
+            if not held:
+                del self.by_principal[user]
         from_peer = self.per_peer[ip]
         del from_peer[conn]
         if not from_peer:
@@ -373,9 +470,10 @@ class _Refusal(asyncio.Protocol):
     """What a connection over a cap is handed to: it gets its ERROR frame once it spoke (a
     client's hello: the error is then the hello's answer, not a race with it), or after
     ``limits.connection_refused_linger_s`` of silence, and is closed once the peer closed or
-    that time is up. What it sends is dropped unread."""
+    that time is up. What it sends is dropped unread. ``spoke``: the peer spoke already (a
+    hello's auth frame): answered at once."""
 
-    def __init__(self, guard: ConnectionGuard, transport: asyncio.Transport, error: bytes) -> None:
+    def __init__(self, guard: ConnectionGuard, transport: asyncio.Transport, error: bytes, spoke: bool = False) -> None:
         self.guard = guard
         self.transport = transport
         self.error = error
@@ -386,6 +484,8 @@ class _Refusal(asyncio.Protocol):
             return
         guard.lingering += 1
         self.timer = asyncio.get_running_loop().call_later(limits.connection_refused_linger_s, self._end)
+        if spoke:
+            self._answer()
 
     def _answer(self) -> None:
         if self.error:

@@ -54,7 +54,7 @@ from tectofs.errors import (
     to_wire,
 )
 from tectofs.wire import auth, local_sockets, messages, tls
-from tectofs.wire.connlimits import ConnectionGuard, ConnectionPolicy, ProgressWindow
+from tectofs.wire.connlimits import ConnectionGuard, ConnectionPolicy, ProgressWindow, principal
 from tectofs.wire.framing import PROTOCOL_VERSION, Frame, FrameKind, PayloadAllocator, encode_frame
 from tectofs.wire.sendfile import FileRegion
 from tectofs.wire.transport import SOFTWARE, FramedProtocol, Payload, ReplyPayload
@@ -141,6 +141,7 @@ class Authenticator(Protocol):
 class _ServerConnection(FramedProtocol):
     def __init__(self, server: "RpcServer") -> None:
         self.greeted = False
+        self.refused = False  # over its principal's share of connections: told so, reads nothing more
         self.server = server
         super().__init__(self._admit_payload)
         self.inflight = 0
@@ -200,6 +201,8 @@ class _ServerConnection(FramedProtocol):
             self.transport.close()
 
     def frame_received(self, frame: Frame) -> None:
+        if self.refused:
+            return  # a frame that came with the refused auth frame
         if frame.kind != FrameKind.REQUEST:
             self.protocol_failed(ProtocolError(f"server received a {frame.kind.name} frame"))
             return
@@ -260,12 +263,14 @@ class _ServerConnection(FramedProtocol):
         return name
 
     def _welcome(self, identity: auth.Peer) -> None:
-        self.identity = dataclasses.replace(identity, session=self._session) if self._session else identity
-        self.greeted = True
-        if identity.kind != "anonymous":
-            self.server.guard.authenticated(self)
         if self._hello_deadline is not None:
             self._hello_deadline.cancel()
+        if identity.kind != "anonymous" and not self.server.guard.authenticated(self, principal(identity)):
+            self.refused = True  # over its principal's share (tectofs.wire.connlimits): the guard answered
+            self.server.connections.discard(self)
+            return
+        self.identity = dataclasses.replace(identity, session=self._session) if self._session else identity
+        self.greeted = True
 
     async def _challenge_peer(self, request_id: int, claim: messages.HelloAuth) -> None:
         """Find the secret the claimed identity shares with us; answer with our proof of it
@@ -368,7 +373,9 @@ class RpcServer:
     ``auth`` claim (or raises AuthenticationFailed); each request is then dispatched with that
     identity in :data:`current_peer`, after ``handler.authorize(identity, operation_name)`` (if
     the handler has one) let it through. ``pool_anonymous``: unauthenticated connections share a
-    pool of ``anonymous_connections_max`` places, oldest evicted first (``tectofs.wire.connlimits``).
+    pool of ``anonymous_connections_max`` places, oldest evicted first, and users' authenticated
+    ones are shared by principal, root's and members' keeping reserved places
+    (``tectofs.wire.connlimits``).
     """
 
     requests_per_connection_max = 64
@@ -411,6 +418,8 @@ class RpcServer:
         self.allocate_payload = allocate_payload
         self.connections: set[_ServerConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
+        # What bounds the connections when start() is given no policy (None: the limits, overridden by the environment).
+        self.policy: ConnectionPolicy | None = None
         self._server: asyncio.base_events.Server | None = None
         self._local_server: asyncio.base_events.Server | None = None
         self.address = ""
@@ -443,11 +452,11 @@ class RpcServer:
 
     async def start(self, host: str, port: int, policy: ConnectionPolicy | None = None) -> str:
         """Listen on ``host:port`` (port 0 picks a free one); returns ``"HOST:PORT"``. The
-        connections are bounded by ``policy`` (default: the limits, overridden by the
-        environment; ``tectofs.wire.connlimits``), and use TLS when a certificate is configured
+        connections are bounded by ``policy`` (default: :attr:`policy` if set, else the limits,
+        overridden by the environment; ``tectofs.wire.connlimits``), and use TLS when a certificate is configured
         (``tectofs.wire.tls``)."""
         loop = asyncio.get_running_loop()
-        self.guard = ConnectionGuard(self, policy or ConnectionPolicy.from_env())
+        self.guard = ConnectionGuard(self, policy or self.policy or ConnectionPolicy.from_env())
         context = tls.server_context()
         self.tls = context is not None
         self._server = await loop.create_server(
