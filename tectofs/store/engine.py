@@ -472,8 +472,8 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         (``access.names_only``), as ``getdents(2)`` gives: what else a lookup there would refuse."""
         directory = self._resolve_dir(parts, caller)
         access.require(directory, caller, R, path=_p(parts))
-        if not after:
         searchable = access.may(directory, caller, X)
+        if not after:
             self._accessed(directory)
         rows = self._all(
             f"SELECT n.name, {_JOINED_ATTR_COLUMNS}"
