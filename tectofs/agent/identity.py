@@ -8,8 +8,9 @@ asked by the agent over the agent's own proxy credential, tells it the ticket's 
 
 What the identity then allows (``may_use``, ``AgentService.authorize``):
 
-* a step belongs to the user who began its save (its *owner*: uid, gid, groups); only the owner
-  writes, verifies, seals, locates, reads or lists it, or starts a new save of it;
+* a step belongs to the user who began its save (its *owner*: uid, gid, groups), which the
+  cluster let write the step's directory (``tectofs.agent.rules``); only the owner writes,
+  verifies, seals, locates, reads or lists it, or starts a new save of it;
 * proxies (other agents, whose credentials are made with ``--proxy``, and root) may do all of
   that for any step, send replicas naming their owner, and say a step is persisted;
 * an unauthenticated connection may only ping.

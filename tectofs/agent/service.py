@@ -8,8 +8,9 @@ Operations (``tectofs.agent.messages``):
   the writer recorded, marks it sealed, and — if it is the primary (sealed by a trainer) — copies
   it to ``replicas`` peers (``--peers``; each seals its copy, naming this agent its primary).
   It answers once ``replicas`` peers hold it: the save then counts as saved in memory. If fewer
-  peers can take it, it persists the step before answering instead (a save never counts as saved
-  with a single copy in memory).
+  peers can take it, or no peer does (an agent without peers), it persists the step before
+  answering instead (a save never counts as saved with a single copy in memory, unless the
+  writer asked for one: ``replicas=0``, or ``--replicas 0``).
 * Persistence runs behind, one step at a time, oldest first (``tectofs.agent.persist``): the
   primary persists at once; a replica takes over once ``takeover_s`` passed without the primary
   telling it (``mem_persisted``) that the step is persisted. A failed attempt is retried after
@@ -17,10 +18,12 @@ Operations (``tectofs.agent.messages``):
 * ``mem_locate`` / ``mem_get`` / ``mem_list``: readers find a sealed step and read it (in place
   through shared memory on this host, or over the wire).
 
-Security (``tectofs.agent.identity``): every caller proves an identity with a ticket of the
-agent's cluster (``cluster``); a step is its saver's alone (others neither read, list nor
-overwrite it), other agents (proxies) replicate, and the agent persists each step acting as its
-owner. Bad requests are answered with an error naming the field, and the agent keeps serving
+Security (``tectofs.agent.identity``, ``tectofs.agent.rules``): every caller proves an identity
+with a ticket of the agent's cluster (``cluster``); a save begins only if the cluster lets its
+saver write the step's directory and holds no checkpoint there yet; a step is its saver's alone
+(others neither read, list nor overwrite it), other agents (proxies) replicate, the agent
+persists each step acting as its owner, and steps not yet persisted hold at most their owner's
+share of the memory. Bad requests are answered with an error naming the field, and the agent keeps serving
 (``tectofs.wire.server``).
 """
 
@@ -44,7 +47,7 @@ from tectofs.wire.client import RpcClient
 from tectofs.wire.sendfile import FileRegion
 from tectofs.wire.server import Handlers, RpcServer, current_peer
 
-from . import identity, messages, persist
+from . import identity, messages, persist, rules
 from .forward import Forwarding
 from .store import HeldStep, StepStore
 
@@ -65,10 +68,12 @@ class AgentService:
                  peers: list[str] | None = None, replicas: int | None = None, wait_s: float = 60.0,
                  takeover_s: float = 30.0, persist_retry_s: float = 5.0, abandon_s: float = 600.0) -> None:
         self.store = StepStore(root, memory_bytes_max, keep_steps, abandon_s)
+        self.shares = rules.Shares(memory_bytes_max)
         self.cluster = cluster
         self._tickets: identity.TicketSource | None = None  # this agent's own, for its calls to peers
         self.peers = list(peers or [])
         self.replicas = min(len(self.peers), 1 if replicas is None else replicas)
+        self._one_copy_is_enough = replicas == 0  # --replicas 0: saved with no peer's copy, not persisted first
         self.wait_s = wait_s
         self.takeover_s = takeover_s
         self.persist_retry_s = persist_retry_s
@@ -85,6 +90,7 @@ class AgentService:
         self._retry_at: dict[str, float] = {}  # step -> when its persistence may be tried again
         self._persist_locks: dict[str, asyncio.Lock] = {}  # step -> held while persisting it
         self._forwards: dict[str, Forwarding] = {}  # step -> its save being forwarded to peers as it arrives
+        self._checks: dict[tuple[str, str, int], asyncio.Future[None]] = {}  # (step, save, uid) being checked
         self._sweeper: asyncio.Task[None] | None = None
         self.persisted_steps = 0
 
@@ -184,11 +190,16 @@ class AgentService:
             existing = self.store.steps.get(r.step)
             if existing is not None and not identity.may_use(peer, existing.owner):
                 raise errors.PermissionDenied(f"{r.step} is being saved or held by another user")
+            if not r.replica and (existing is None or existing.save != r.save):
+                await self._may_begin(r.step, r.save, owner)
+                existing = self.store.steps.get(r.step)  # (the check awaited: another save may have begun)
+                if existing is not None and not identity.may_use(peer, existing.owner):
+                    raise errors.PermissionDenied(f"{r.step} is being saved or held by another user")
             try:
                 held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None, owner=owner)
                 growth = self.store.growth(held, r.file, r.offset, payload.nbytes)
                 if growth:
-                    await self._room(growth, r.step)
+                    await self._room(growth, r.step, owner.uid)
                 held = self.store.begin(r.step, r.save, primary=not r.replica, origin=None,
                                         owner=owner)  # (a wait may have dropped it)
                 self.store.write(held, r.file, r.offset, payload)
@@ -209,6 +220,26 @@ class AgentService:
                 self.buffers.put(payload)
         return wire.Empty(), b""
 
+    async def _may_begin(self, step: str, save: str, owner: wire.ActAs) -> None:
+        """Raise unless ``owner`` may begin save ``save`` of ``step`` (``rules.may_save``,
+        asked of the cluster once for all the puts of the save that arrive together)."""
+        loc = rules.canonical(step)
+        key = (step, save, owner.uid)
+        check = self._checks.get(key)
+        if check is None:
+            check = self._checks[key] = asyncio.get_running_loop().create_future()
+            try:
+                fs = await asyncio.to_thread(self._cluster_fs)
+                await rules.may_save(fs, loc, owner)
+            except BaseException as exc:
+                check.set_exception(exc)
+                check.exception()  # retrieved: the waiters, if any, raise it too
+            else:
+                check.set_result(None)
+            finally:
+                del self._checks[key]
+        await asyncio.shield(check)
+
     def _forwarding(self, step: str, save: str) -> Forwarding:
         """The forwarding of save ``save`` of ``step`` to this agent's first ``replicas`` peers."""
         forwarding = self._forwards.get(step)
@@ -223,14 +254,24 @@ class AgentService:
         """An invalid put's payload: its buffer serves the next one."""
         self.buffers.put(payload)
 
-    async def _room(self, nbytes: int, step: str) -> None:
-        """Wait until ``nbytes`` more fit (persistence frees memory), at most ``wait_s``;
+    async def _room(self, nbytes: int, step: str, uid: int) -> None:
+        """Wait until ``nbytes`` more fit, in the agent and in the share of ``uid`` (the
+        step's owner: ``rules.Shares``), as persistence frees memory, at most ``wait_s``;
         NoSpace at once if no other step is there to be persisted."""
         deadline = time.monotonic() + self.wait_s
-        while not self.store.room_for(nbytes):
+        while True:
+            fits = self.store.room_for(nbytes)
+            over_share = self.shares.refusal(uid, nbytes, self.store.steps.values())
+            if fits and not over_share:
+                return
             left = deadline - time.monotonic()
             # Only another save's step, once persisted, can free memory: with none, waiting is in vain.
             if left <= 0 or all(s.persisted or s.step == step for s in self.store.steps.values()):
+                if fits:
+                    raise errors.NoSpace(
+                        f"memory agent {self.address}: {nbytes} more bytes of {step} exceed its saver's share of the"
+                        f" agent's memory: {over_share}; waited {self.wait_s:g} s for persistence. Steps not yet"
+                        " persisted count against their saver: let them persist, or save less at once")
                 unpersisted = [s for s in self.store.steps.values() if not s.persisted]
                 free = self.store.free_bytes()
                 where = (f"; its shared-memory directory {self.store.directory} has only {free} bytes free (--shm-dir:"
@@ -283,9 +324,12 @@ class AgentService:
             return messages.SealReply(copies=1, persisted=held.persisted), b""
         wanted = self.replicas if r.replicas is None else r.replicas
         holders, failures = await self._replicate(held, wanted)
+        # One copy in memory is a save only if asked for (replicas=0, --replicas 0); else a save
+        # no peer holds is persisted before it returns, with peers configured or not.
+        one_copy_is_enough = r.replicas == 0 or (r.replicas is None and self._one_copy_is_enough)
         note = ""
-        if len(holders) < wanted and not held.persisted:
-            note = (f"{len(holders)} of {wanted} peers took a copy ({'; '.join(failures) or 'no peers'}):"
+        if (len(holders) < wanted or not (holders or one_copy_is_enough)) and not held.persisted:
+            note = (f"{len(holders)} of {max(wanted, 1)} peers took a copy ({'; '.join(failures) or 'no peers'}):"
                     " persisted before answering")
             await self._persist(held)
             if not held.persisted:
