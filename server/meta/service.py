@@ -37,9 +37,9 @@ from .claims import ClaimOperations
 from .guard import MetaGuard
 from .lease_peers import LeasePeers
 from .leases import ClaimConflict, LeaseTable
-from .users import UserOperations
 from .told import granted as granted_keys
 from .told import parents, with_handles
+from .users import UserOperations
 
 log = logging.getLogger("tectofs.meta")
 
