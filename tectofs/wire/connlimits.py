@@ -220,6 +220,10 @@ class ConnectionGuard:
         self.users_max = self.connections_max - self.reserved  # places users may hold together
         self.by_principal: dict[str, dict[GuardedConnection, None]] = {}
         self.principal_of: dict[GuardedConnection, str] = {}
+        # Users by how many connections each holds, and the most any holds: the busiest user is
+        # found in O(1) (counts move by one, so the most moves by at most one).
+        self._holding: dict[int, dict[str, None]] = {}
+        self._most = 0
         self.stats = {"refused": 0, "stalled": 0, "idle_closed": 0, "evicted": 0}
         self.lingering = 0
         self._last_sweep_s = 0.0
@@ -296,15 +300,14 @@ class ConnectionGuard:
         users = len(self.by_principal) + (newcomer not in self.by_principal)
         if holds >= self.users_max / users:
             return None  # it has its share already
-        busiest = max(self.by_principal, key=lambda user: len(self.by_principal[user]))
+        busiest = next(iter(self._holding[self._most]))
         if busiest == newcomer:
             return None
         return longest_idle(self.by_principal[busiest], limits.eviction_scan_max)
 
     def _share_why(self) -> str:
-        busiest = max((len(held) for held in self.by_principal.values()), default=0)
         return (f"{self.users} connections of users (and {self.admitted - self.users} others), its limit: the longest"
-                f" idle of the user holding the most ({busiest}) is closed for another's")
+                f" idle of the user holding the most ({self._most}) is closed for another's")
 
     @property
     def users(self) -> int:
@@ -331,9 +334,25 @@ class ConnectionGuard:
             # (for a newcomer, not for a user over its share).
             self._refuse_user(conn, principal, len(held))
             return False
+        self._count(principal, len(held), +1)
         self.by_principal.setdefault(principal, {})[conn] = None
         self.principal_of[conn] = principal
         return True
+
+    def _count(self, user: str, holds: int, change: int) -> None:
+        """``user``, holding ``holds`` connections, gets ``change`` (+1 or -1) more."""
+        holding = self._holding
+        if holds:
+            bucket = holding[holds]
+            del bucket[user]
+            if not bucket:
+                del holding[holds]
+        if holds + change:
+            holding.setdefault(holds + change, {})[user] = None
+        self._most = max(self._most, holds + change)
+        if self._most not in holding:
+            self._most = max(0, self._most - 1)
+        assert self._most == 0 or self._most in holding
 
     def _refuse_user(self, conn: GuardedConnection, principal: str, holds: int) -> None:
         name = self.server.name
@@ -375,6 +394,7 @@ class ConnectionGuard:
         user = self.principal_of.pop(conn, None)
         if user is not None:
             held = self.by_principal[user]
+            self._count(user, len(held), -1)
             del held[conn]
             if not held:
                 del self.by_principal[user]
