@@ -262,6 +262,7 @@ print(json.dumps({"file": module.__file__, "outside": outside}))
 def import_from(tree_dir: str, module: str) -> None:
     """Import ``module`` in a child ``python3 -I -S`` with only ``tree_dir`` added to its path;
     fails unless the module, and everything it loaded from any site-packages, came from the tree."""
+    tree_dir = os.path.abspath(tree_dir)  # the child reports absolute file names
     out = _run([sys.executable, "-I", "-S", "-c", _IMPORT_CHILD, tree_dir, module])
     report = json.loads(out.strip().splitlines()[-1])
     if not str(report["file"]).startswith(tree_dir + os.sep):
@@ -396,6 +397,7 @@ def run(out_dir: str, tree: Tree, systems: list[str] | tuple[str, ...] = tuple(S
     ``xattrs``: every mount with extended attributes (else every mount without: JuiceFS's
     default, tectofs's ``--no-xattrs``, SeaweedFS's ``-disableXAttr``)."""
     assert rounds >= 1 and files >= 1
+    work_dir = os.path.abspath(work_dir) if work_dir else None  # --work-dir ./x: mounts and imports need it absolute
     assert systems and all(name in SYSTEMS or name in VARIANT_SYSTEMS for name in systems), systems
     times: dict[str, dict[str, list[float]]] = {name: {} for name in systems}
     rates: dict[str, dict[str, list[float]]] = {name: {} for name in systems}

@@ -82,6 +82,21 @@ class DeviceWait:
         if watch is not None:
             watch.close()
 
+    def close(self) -> None:
+        """pyfuse3's main loop returned: every device watched is about to close (an unmount
+        ended the loop without ``notify_closing``): stop watching them."""
+        for fd in list(self._watches):
+            self.notify_closing(fd)
+
+
+_waiting: DeviceWait | None = None  # the one installed
+
+
+def closing() -> None:
+    """pyfuse3's main loop returned (see :meth:`DeviceWait.close`); nothing if not installed."""
+    if _waiting is not None:
+        _waiting.close()
+
 
 def install() -> bool:
     """Make ``pyfuse3.asyncio`` (enabled) wait through a ``DeviceWait``; False, changing
@@ -89,10 +104,11 @@ def install() -> bool:
     ``notify_closing`` and ``ClosedResourceError`` in ``pyfuse3.asyncio``)."""
     import pyfuse3.asyncio as layer
 
+    global _waiting
     needed = ("wait_readable", "notify_closing", "ClosedResourceError")
     if not all(hasattr(layer, name) for name in needed):
         return False
-    waiting = DeviceWait(layer.ClosedResourceError)
+    waiting = _waiting = DeviceWait(layer.ClosedResourceError)
     layer.wait_readable = waiting.wait_readable  # type: ignore[assignment]
     layer.notify_closing = waiting.notify_closing  # type: ignore[assignment]
     return True

@@ -59,6 +59,7 @@ _CALLED_FROM_C = ctypes.CFUNCTYPE(None, *_ARGS)
 _CALLING_PYFUSE3 = ctypes.PYFUNCTYPE(None, *_ARGS)  # keeps the GIL held: pyfuse3's handler runs Python
 
 _installed: tuple[Any, Any] | None = None  # (our function as libfuse calls it, pyfuse3's), kept alive
+_slot: ctypes.c_void_p | None = None  # the table's readdirplus entry, which holds ours
 _refused: str | None = None  # why not (then nothing was written)
 
 
@@ -126,7 +127,7 @@ def install(request: int, mountpoint: str) -> bool:
     (then it writes nothing, from now on). Returns whether it is in place (now or before): the
     OPENDIR being served may then be answered ENOSYS. Call it on the thread that serves
     requests (the table is read there)."""
-    global _installed, _refused
+    global _installed, _refused, _slot
     if _installed is not None:
         return True
     if _refused is not None:
@@ -139,8 +140,8 @@ def install(request: int, mountpoint: str) -> bool:
         if table is None:
             _refused = why
         else:
-            slot = ctypes.c_void_p.from_address(table + 8 * _READDIRPLUS)
-            _installed = replace(slot)
+            _slot = ctypes.c_void_p.from_address(table + 8 * _READDIRPLUS)
+            _installed = replace(_slot)
             log.info("directories are opened by the kernel, which keeps their listings")
             return True
     log.info("directories are opened through the mount (%s)", _refused)
@@ -163,6 +164,16 @@ def replace(slot: ctypes.c_void_p) -> tuple[Any, Any]:
     ours = _CALLED_FROM_C(readdirplus)
     slot.value = ctypes.cast(ours, ctypes.c_void_p).value
     return ours, pyfuse3_readdirplus
+
+
+def uninstall() -> None:
+    """Put pyfuse3's READDIRPLUS back in the session's table and forget the session (a later
+    mount in this process looks again). Call it once pyfuse3's main loop returned (no request is
+    served any more) and before ``pyfuse3.close`` destroys the session (the table is in it)."""
+    global _installed, _refused, _slot
+    if _installed is not None and _slot is not None:
+        _slot.value = ctypes.cast(_installed[1], ctypes.c_void_p).value
+    _installed = _slot = _refused = None
 
 
 def active() -> bool:

@@ -10,7 +10,6 @@ import asyncio
 import functools
 import logging
 import os
-import signal
 from typing import Callable
 
 import pyfuse3
@@ -18,10 +17,11 @@ import pyfuse3.asyncio
 
 from tectofs import diagnostics
 from tectofs.client.core import AsyncFileSystem
-from tectofs.client.fuse import device_wait, kernel_opendir, opendir_reply
+from tectofs.client.fuse import device_wait, kernel_opendir, opendir_reply, shutdown
 from tectofs.client.fuse.daemon import daemonize
 from tectofs.client.fuse.operations import TectofsOperations
 from tectofs.client.fuse.process import is_mounted
+from tectofs.client.fuse.shutdown import Stopper
 from tectofs.client.fuse.users import Callers, choose_sharing
 
 log = logging.getLogger("tectofs.fuse")
@@ -49,6 +49,7 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
                        async_creates: bool = True, kernel_opens_directories: bool = True) -> None:
     loop = asyncio.get_running_loop()
     diagnostics.dump_tasks_on_sigusr1(loop)
+    stopper = Stopper(loop)  # from here on, SIGINT and SIGTERM stop the mount (shutdown.py)
     # fails here, before anything is mounted, if the cluster is unreachable or refuses the credential
     fs = AsyncFileSystem(address, credentials, leases=leases, async_creates=async_creates)
     if fs.claims is not None:  # a close of a small new file does not wait for its sending (a local disk's close)
@@ -77,28 +78,32 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
             handover = kernel_opens_directories and (not shared or (who is not None and who.uid == 0))
             opendir_reply.install(operations.keeps_listing,
                                   (lambda request: kernel_opendir.install(request, mountpoint)) if handover else None)
+        if stopper.stopping:
+            operations.stop_recalls()
+            opendir_reply.uninstall()
+            log.info("%s not mounted: %s came first", mountpoint, stopper.by[0])
+            return
         try:
             pyfuse3.init(operations, mountpoint, mount_options(address, shared, default_permissions, debug))
         except RuntimeError as exc:  # libfuse logged why (mountpoint busy, no /dev/fuse, bad option, ...)
             opendir_reply.uninstall()
             raise SystemExit(f"tectofs mount: libfuse could not mount {mountpoint}: {exc}") from None
-        stopped_by: list[str] = []
-
-        def stop(name: str) -> None:
-            stopped_by.append(name)
-            pyfuse3.terminate()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop, sig.name)
+        stopper.serving()
         try:
             await pyfuse3.main(min_tasks=1, max_tasks=requests_in_flight_max if threads else 1)
         finally:
-            await operations.close_all()
-            operations.stop_recalls()
-            opendir_reply.uninstall()
-            pyfuse3.close(unmount=True)
-        if stopped_by:
-            log.info("%s unmounted by %s", mountpoint, stopped_by[0])
+            # In this order (shutdown.py): nothing may use libfuse's session once it is closed.
+            stopper.served()
+            try:
+                operations.stop_recalls()
+                await operations.close_all()
+            finally:
+                opendir_reply.uninstall()
+                kernel_opendir.uninstall()
+                device_wait.closing()
+                await asyncio.to_thread(shutdown.wait_notifications)
+                pyfuse3.close(unmount=True)
+        log.info("%s unmounted by %s", mountpoint, stopper.by[0] if stopper.stopping else "an unmount (fusermount3 -u)")
     finally:
         await fs.close()
 
@@ -111,9 +116,12 @@ def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, 
     pyfuse3.asyncio.enable()
     if not device_wait.install():
         log.info("pyfuse3's asyncio layer is not the one expected: the FUSE device is registered per request")
-    asyncio.run(_serve_async(address, mountpoint, threads, attr_timeout_s, debug, on_ready, credentials, multi_user,
-                             default_permissions, negative_cache_s, leases, xattrs, async_creates,
-                             kernel_opens_directories))
+    try:
+        asyncio.run(_serve_async(address, mountpoint, threads, attr_timeout_s, debug, on_ready, credentials,
+                                 multi_user, default_permissions, negative_cache_s, leases, xattrs, async_creates,
+                                 kernel_opens_directories))
+    finally:  # the process exits next: a late SIGINT or SIGTERM must not kill it (shutdown.py)
+        shutdown.ignore_stop_signals()
 
 
 def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool = True,

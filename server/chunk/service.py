@@ -36,6 +36,7 @@ import msgspec
 
 from tectofs import limits, private_files
 from tectofs.buffers import BufferPool
+from tectofs.capacity import DISK_ID, filesystem_id
 from tectofs.client.metadata import MetadataClient
 from tectofs.errors import (
     AuthenticationFailed,
@@ -412,7 +413,7 @@ class ChunkServer:
 
     def progress(self) -> dict[str, int]:
         return {**self.scrubber.stats, **self.repairer.stats, **self.inventory.stats,
-                "pack_dead_bytes": self.store.pack_dead_bytes}
+                "pack_dead_bytes": self.store.pack_dead_bytes, DISK_ID: filesystem_id(self.store.root)}
 
     async def _heartbeat(self) -> None:
         try:

@@ -33,6 +33,7 @@ from tectofs.wire import auth, inline_echo, messages, shared_blocks
 from tectofs.wire.leases import ENTRY, LISTING, KeepaliveReply, KeepaliveRequest, LeaseKey
 from tectofs.wire.server import Handlers, RpcServer, current_call, current_peer
 
+from . import drain_check
 from .claims import ClaimOperations
 from .guard import MetaGuard
 from .lease_peers import LeasePeers
@@ -693,7 +694,7 @@ class MetadataService:
         return found, b""
 
     async def rpc_drain(self, r: messages.DrainRequest, _: memoryview) -> Reply[messages.DrainReply]:
-        return await self._call(lambda store: store.drain(r.server, r.cancel), messages.DrainReply), b""
+        return await self._call(lambda store: drain_check.drain(store, r.server, r.cancel), messages.DrainReply), b""
 
     async def rpc_block_health(self, r: messages.BlockHealthRequest, _: memoryview) -> Reply[messages.BlockHealthReply]:
         for file in r.files:

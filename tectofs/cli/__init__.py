@@ -54,6 +54,12 @@ def _command_name(args: argparse.Namespace) -> str:
     return " ".join(words)
 
 
+def _command_word(parser: argparse.ArgumentParser, argv: list[str]) -> str:
+    """The command ``argv`` names (its first word that is one), for a command line that did not parse."""
+    commands = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return next((word for word in argv if word in commands), "")
+
+
 def _fail(name: str, message: str, status: int) -> None:
     """``tectofs NAME: message`` on stderr, as one line (escaped on a terminal), and exit ``status``."""
     print(f"tectofs {name}: {exits.one_line(output.shown(message, sys.stderr))}", file=sys.stderr)
@@ -75,7 +81,11 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(bench_main(argv[1:]))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (2), or --help / --version (0)
+        raise SystemExit(exits.for_command(_command_word(parser, argv), exc.code) if isinstance(exc.code, int)
+                         else exc.code) from None
     name = _command_name(args)
     for flag, env in (("tls_cert", "TECTOFS_TLS_CERT"), ("tls_key", "TECTOFS_TLS_KEY")):
         if getattr(args, flag, None):
@@ -93,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         known = exits.describe(exc)
         if known is not None:
             logging.getLogger("tectofs.cli").debug("%s failed", name, exc_info=True)
-            _fail(name, *known)
+            _fail(name, known[0], exits.for_command(args.command, known[1]))
         if logging.getLogger().isEnabledFor(logging.INFO):
             logging.getLogger("tectofs.cli").exception("%s: internal error", name)
         _fail(name, f"internal error (a bug, please report it): {type(exc).__name__}: {exc}"

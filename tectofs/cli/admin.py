@@ -79,16 +79,32 @@ def cmd_drain(args: argparse.Namespace) -> None:
             return
         print(f"draining chunk server {reply.server_id}: {reply.chunks} chunks to move"
               + ("" if args.wait else "; 'tectofs status' shows progress, or use --wait"), flush=True)
-        deadline = time.monotonic() + args.timeout
-        while args.wait and reply.chunks:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"tectofs admin drain: {reply.chunks} chunks still on server {reply.server_id}"
-                                 f" after {args.timeout:.0f}s")
-            time.sleep(1.0)
-            reply = fs.run(fs.aio.metadata.drain(messages.DrainRequest(server=str(reply.server_id))))
-            print(f"  {reply.chunks} chunks left", file=sys.stderr, flush=True)
         if args.wait:
-            print(f"chunk server {reply.server_id} holds no chunk the cluster needs: it can be stopped")
+            _wait_drained(fs, reply, args.timeout)
+
+
+def _wait_drained(fs: Any, reply: Any, timeout: float) -> None:
+    """Until the server holds no chunk; SystemExit (status 1) once no chunk moved for ``timeout`` s."""
+    from tectofs.wire import messages
+
+    moved = shown = time.monotonic()
+    least = printed = reply.chunks
+    while reply.chunks:
+        if time.monotonic() - moved > timeout:
+            raise SystemExit(
+                f"tectofs admin drain: no chunk moved off chunk server {reply.server_id} in {timeout:.0f}s"
+                f" ({reply.chunks} chunks still on it; --timeout sets how long to wait): 'tectofs status' shows whether"
+                f" servers are missing. It is still draining; 'tectofs admin drain {reply.server_id} --cancel' takes it"
+                " back")
+        time.sleep(1.0)
+        reply = fs.run(fs.aio.metadata.drain(messages.DrainRequest(server=str(reply.server_id))))
+        now = time.monotonic()
+        if reply.chunks < least:
+            least, moved = reply.chunks, now
+        if reply.chunks != printed or now - shown >= 10:  # a line per change, else one every 10 s
+            print(f"  {reply.chunks} chunks left", file=sys.stderr, flush=True)
+            shown, printed = now, reply.chunks
+    print(f"chunk server {reply.server_id} holds no chunk the cluster needs: it can be stopped")
 
 
 def cmd_gc(args: argparse.Namespace) -> None:
@@ -193,7 +209,9 @@ def add_parsers(sub: Any) -> None:
     add_client_flags(p)
     p.add_argument("--cancel", action="store_true", help="stop draining: the server takes new chunks again")
     p.add_argument("--wait", action="store_true", help="wait until the server holds no chunk, showing progress")
-    p.add_argument("--timeout", type=numbers.seconds(), default=24 * 3600.0, help="with --wait, give up after this many seconds")
+    p.add_argument("--timeout", type=numbers.seconds(), default=600.0,
+                   help="with --wait, give up once no chunk has moved off the server for this many seconds"
+                   " (default 600; the server goes on draining)")
     p.set_defaults(fn=cmd_drain)
     p = sub.add_parser("init", help="make a cluster key and root's credential for a multi-host cluster",
                        description="Make the cluster key (ROOT/cluster.key, mode 0600: copy it to every metadata"

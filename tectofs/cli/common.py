@@ -73,14 +73,40 @@ def _meta_address(args: argparse.Namespace) -> str:
     if not address:
         raise UsageError("no metadata service given: use --meta HOST:PORT[,HOST:PORT...], set TECTOFS_META, or put"
                          " meta = \"HOST:PORT\" in the config file")
-    return str(address)
+    return checked_address(str(address))
+
+
+def checked_address(address: str) -> str:
+    """``address`` if it is ``HOST:PORT[,HOST:PORT...]``; else a usage error (exit status 2)."""
+    from tectofs.errors import InvalidArgument
+    from tectofs.wire.transport import parse_group
+
+    try:
+        parse_group(address)
+    except InvalidArgument as exc:
+        raise UsageError(str(exc)) from None
+    return address
+
+
+def check_credentials(path: str) -> None:
+    """A usage error (exit status 2) unless ``path`` can be read as a credential file."""
+    from tectofs.errors import InvalidArgument
+    from tectofs.wire.auth import Credential
+
+    try:
+        Credential.load(path)
+    except InvalidArgument as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:  # unreadable: permissions, a directory ...
+        raise UsageError(f"credential file {path}: {exc.strerror or exc}") from None
 
 
 def _client(args: argparse.Namespace, address: str | None = None) -> Any:
     """A connected ``tectofs.client.FileSystem`` (use it in ``with``): to ``address``, else the command's cluster."""
     from tectofs.client import connect
 
-    return connect(address or _meta_address(args), getattr(args, "credentials", None))
+    address = checked_address(address) if address else _meta_address(args)
+    return connect(address, getattr(args, "credentials", None))  # checked by options.apply
 
 
 class UsageError(Exception):

@@ -24,7 +24,20 @@ EPILOG = """exit status:
   70   internal error (a bug: -v shows the traceback)
   130  interrupted by Ctrl-C (nothing half-written is published)
   141  stdout closed early (e.g. '| head'), like coreutils
-  'tectofs fsck' also exits 1 (under-redundant blocks) and 2 (unreadable blocks)."""
+  'tectofs fsck' exits 1 for under-redundant blocks and 2 for unreadable ones; where
+  another command exits 1 or 2 it exits 8 (the check failed, e.g. no such path) or 16
+  (usage or configuration error), as e2fsck does."""
+
+FSCK_FAILED = 8  # 'tectofs fsck' could not check (its 1 means under-redundant blocks)
+FSCK_USAGE = 16  # 'tectofs fsck' was given bad options or configuration (its 2 means unreadable blocks)
+
+
+def for_command(command: str, status: int) -> int:
+    """``status`` as ``command`` exits with it: fsck's 1 and 2 are its findings, so its own
+    failures move to 8 and 16 (e2fsck's operational and usage errors)."""
+    if command == "fsck":
+        return {FAILED: FSCK_FAILED, USAGE: FSCK_USAGE}.get(status, status)
+    return status
 
 # optional modules -> the extra that installs them
 EXTRAS = {"pyfuse3": "fuse", "torch": "torch", "numpy": "torch", "aiohttp": "s3", "psycopg": "postgresql",
@@ -46,11 +59,12 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
     (``output.shown``) and then makes it :func:`one_line`, so that on a terminal such a
     newline shows as ``?`` instead of splitting the name."""
     from tectofs.errors import ConnectionLost, TectofsError, Timeout
+    from tectofs.wire.transport import WrongPeer
 
     from .common import UsageError
     from .config import ConfigError
 
-    if isinstance(exc, (UsageError, ConfigError)):
+    if isinstance(exc, (UsageError, ConfigError, WrongPeer)):  # WrongPeer: the address names another program
         return str(exc), USAGE
     if isinstance(exc, (ConnectionLost, Timeout, ConnectionRefusedError)):
         return str(exc), UNREACHABLE

@@ -125,7 +125,8 @@ def add_parsers(sub: Any) -> None:
     p = client_command(sub, "get", cmd_get, "copy files (-r: directories) out of tectofs")
     p.description = f"Copy files out of tectofs: into DST if it is a local directory, else as DST. {copying}"
     p.add_argument("src", nargs="+", metavar="SRC", help="tectofs path (/path, tectofs:/path or tectofs://HOST:PORT/path)")
-    p.add_argument("dst", metavar="DST", help="local file or directory")
+    p.add_argument("dst", metavar="DST", help="local file or directory; '-': standard output. An existing FIFO or"
+                   " device is written into (as cp does), never replaced")
     p.add_argument("-r", "--recursive", action="store_true", help="copy directories and everything below them")
     p = client_command(sub, "cp", cmd_cp, "copy local -> tectofs, tectofs -> local or within tectofs ('tectofs:' paths)")
     p.description = f"Copy files (-r: directories). {transfer.CP_HELP} {copying}"

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 from tectofs import logs
 
 from . import config
-from .common import UsageError
+from .common import UsageError, check_credentials, checked_address
 from .output import shown
 
 # dest -> default when no position gave it
@@ -160,7 +160,11 @@ def apply(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         settings = config.load()
         if hasattr(args, "meta"):
             args.meta = config.resolve("meta", args.meta, settings)
+            if args.meta:  # a configuration error (2) now, not a failed connection later
+                checked_address(args.meta)
         args.credentials = config.resolve("credentials", args.credentials, settings)
+        if args.credentials:
+            check_credentials(args.credentials)
         tls_ca = config.resolve("tls_ca", None, settings)
         if tls_ca:
             os.environ["TECTOFS_TLS_CA"] = tls_ca

@@ -30,10 +30,23 @@ from .progress import Progress
 PREFIX = "tectofs:"
 CP_HELP = ("A path starting with 'tectofs:' is in tectofs: 'tectofs:/ckpt/a.bin' on the cluster of --meta /"
            " $TECTOFS_META / the config file, or 'tectofs://HOST:PORT/ckpt/a.bin' on that cluster. Any other path"
-           " is local (write './tectofs:x' for a local file named so); a source '-' is standard input.")
+           " is local (write './tectofs:x' for a local file named so); a source '-' is standard input, a"
+           " destination '-' standard output; an existing local FIFO or device is written into, never replaced.")
 
 
-STDIN = "-"
+STDIN = STDOUT = "-"
+
+
+def _regular_or_absent(path: str) -> bool:
+    """Nothing at ``path`` (a dangling symlink included), a regular file or a directory: what
+    a file may be renamed over. False for a FIFO, a device or a socket (symlinks followed)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
 
 
 class Local:
@@ -78,7 +91,22 @@ class Local:
 
     @contextlib.contextmanager
     def writer(self, path: str) -> Iterator[Any]:
-        """A file that appears at ``path`` only once complete (written under a temporary name)."""
+        """A file that appears at ``path`` only once complete (written under a temporary name).
+        ``-`` is standard output, and an existing FIFO, device or socket is written into, as
+        ``cp`` does: renaming a file over it would destroy it (``/dev/null`` as root)."""
+        if path == STDOUT:
+            yield sys.stdout.buffer
+            sys.stdout.buffer.flush()
+            return
+        if not _regular_or_absent(path):
+            with _named_errors(path):
+                f = open(path, "wb")  # a FIFO waits for its reader; a device ignores the truncation
+            try:
+                yield _Named(f, path)
+            finally:
+                with _named_errors(path):
+                    f.close()
+            return
         directory, name = os.path.split(os.path.abspath(path))
         temporary = os.path.join(directory, f".{name}.tectofs-{os.getpid()}.part")
         try:
@@ -99,6 +127,28 @@ class Local:
 
     def canonical(self, path: str) -> str:
         return os.path.realpath(path)
+
+
+@contextlib.contextmanager
+def _named_errors(path: str) -> Iterator[None]:
+    """An ``OSError`` in the block names ``path`` (``/dev/full: No space left on device``)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, path) from None
+
+
+class _Named:
+    """A file whose write errors name ``path``."""
+
+    def __init__(self, f: Any, path: str) -> None:
+        self.f, self.path = f, path
+
+    def write(self, data: Any) -> int:
+        with _named_errors(self.path):
+            return int(self.f.write(data))
 
 
 class Remote:
@@ -164,6 +214,9 @@ def plan(src: Endpoint, sources: list[str], dst: Endpoint, target: str, recursiv
     """Like ``cp [-r] SOURCES... TARGET``: into TARGET if it is a directory (it must be, for
     several sources or a trailing ``/``), else as TARGET. Raises ``FileNotFoundError``,
     ``IsADirectoryError`` (a directory without ``recursive``) or :class:`UsageError`."""
+    to_stdout = isinstance(dst, Local) and target == STDOUT
+    if to_stdout and len(sources) > 1:
+        raise UsageError("standard output ('-') takes one file ('tectofs cat' writes several)")
     target_kind = dst.kind(target)
     into = target_kind == "dir"
     if not into and (len(sources) > 1 or target.endswith("/")):
@@ -174,6 +227,8 @@ def plan(src: Endpoint, sources: list[str], dst: Endpoint, target: str, recursiv
         kind = src.kind(source)
         if kind is None:
             raise FileNotFoundError(f"{src.show(source)}: no such file or directory")
+        if to_stdout and kind == "dir":
+            raise UsageError(f"standard output ('-') takes a file, not the directory {src.show(source)}")
         if into and source == STDIN and isinstance(src, Local):
             raise UsageError(f"standard input ('-') has no name: give a file name, not the directory {dst.show(target)}")
         destination = dst.join(target, _basename(source)) if into else target
@@ -224,7 +279,8 @@ def copy(src: Endpoint, sources: list[str], dst: Endpoint, target: str, recursiv
     if not quiet:
         what = (f"{src.show(todo.files[0][0])} -> {dst.show(todo.files[0][1])}" if len(todo.files) == 1 and not todo.dirs
                 else f"{len(todo.files)} files, {len(todo.dirs)} directories -> {dst.show(target)}")
-        print(f"{shown(what)}: {human(bar.done)} in {elapsed:.2f}s ({human(bar.done / elapsed)}/s)")
+        out = sys.stderr if isinstance(dst, Local) and target == STDOUT else sys.stdout  # stdout has the data
+        print(f"{shown(what, out)}: {human(bar.done)} in {elapsed:.2f}s ({human(bar.done / elapsed)}/s)", file=out)
     return todo
 
 

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable
 import msgspec
 
 from .. import limits
+from ..capacity import raw_capacity
 from ..errors import (
     AlreadyExists,
     DirectoryNotEmpty,
@@ -777,7 +778,7 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         them under the root directory's policy (see ``messages.StatfsReply``)."""
         files, = self._one("SELECT COUNT(*) FROM inodes")
         live = self.live_servers()
-        capacity, used = sum(s.capacity for s in live), sum(s.used for s in live)
+        capacity, used = raw_capacity(live)  # each file system's free space once
         policy = parse_policy(self._get(ROOT_INO).policy)
         return StatfsReply(files=files, capacity=capacity, used=used, name_max=limits.name_length_max_bytes,
                            usable=capacity * policy.needed // policy.width,

@@ -141,7 +141,8 @@ class ServersAndLeases(StoreParts):
 # What ``servers`` shows of a server's progress: a fixed, short set, so the reply listing
 # ``limits.servers_max`` servers stays within its budget whatever a server sends.
 SERVER_STATS_KEPT = ("scrub_passes", "scrub_pass_chunks", "scrub_pass_checked", "scrub_corrupt", "repairs_done",
-                     "repairs_running", "repair_bytes", "inventory_missing", "pack_dead_bytes")
+                     "repairs_running", "repair_bytes", "inventory_missing", "pack_dead_bytes",
+                     "disk_id")  # tectofs.capacity: which file system the server is on
 
 
 _STATS_DECODER = msgspec.json.Decoder(dict[str, int])

@@ -31,7 +31,16 @@ from tectofs.wire.framing import (
     default_allocator,
     encode_frame,
 )
-from tectofs.wire.transport import SOFTWARE, FramedProtocol, HelloTimeout, Payload, Reply, parse_address, parse_group
+from tectofs.wire.transport import (
+    SOFTWARE,
+    FramedProtocol,
+    HelloTimeout,
+    Payload,
+    Reply,
+    WrongPeer,
+    parse_address,
+    parse_group,
+)
 
 RequestT = TypeVar("RequestT", bound=messages.Message)
 ReplyT = TypeVar("ReplyT", bound=messages.Message)
@@ -147,9 +156,9 @@ class _ClientConnection(FramedProtocol):
             try:
                 reply = messages.convert(frame.header, messages.HelloReply)
             except msgspec.ValidationError as exc:
-                raise ProtocolError(f"{self.address} answered the hello with something else: {exc}") from None
+                raise WrongPeer(f"{self.address} answered the hello with something else: {exc}") from None
             if expect_role is not None and reply.role != expect_role:
-                raise ProtocolError(f"{self.address} is a tectofs {reply.role} server, not a {expect_role} server")
+                raise WrongPeer(f"{self.address} is a tectofs {reply.role} server, not a {expect_role} server")
             client_auth, secret, nonce = proving
             if client_auth is not None:
                 auth.check_server_proof(secret, nonce, reply.nonce, reply.role, reply.proof, self.address, client_auth.who())
@@ -191,7 +200,7 @@ class _ClientConnection(FramedProtocol):
             failure = ProtocolError(f"{self.address} sent an invalid frame: {exc}")
         else:
             answered = self.decoder.fixed_bytes[:8]  # what the peer sent where our magic belongs
-            failure = ProtocolError(
+            failure = WrongPeer(
                 f"{self.address} is not a tectofs server: it answered the hello with {answered!r}..."
                 f" ({exc}); check the address and port"
             )

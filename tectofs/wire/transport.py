@@ -37,6 +37,11 @@ class HelloTimeout(Timeout):
     """A peer accepted the connection but did not answer the hello in time."""
 
 
+class WrongPeer(ProtocolError):
+    """The peer answered the hello as no tectofs server of the expected role does: the address
+    names another program, or another role (a configuration error; ``tectofs`` exits 2)."""
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """``"HOST:PORT"`` -> ``(host, port)``; raises InvalidArgument with the bad text."""
     host, sep, port = address.rpartition(":")
@@ -172,6 +177,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
             threads = sendfile_pool() if isinstance(payload, FileRegion) else buffer_pool()
             sending = asyncio.get_running_loop().run_in_executor(
                 threads, send_region, os.dup(sock.fileno()), head, payload, transport.is_closing)
+            # A cancelled send raises CancelledError, not the thread's failure: retrieved here, so
+            # an interrupted put does not end with "Future exception was never retrieved".
+            sending.add_done_callback(lambda done: done.cancelled() or done.exception())
             try:
                 await asyncio.shield(sending)
             except asyncio.CancelledError:
