@@ -63,19 +63,27 @@ async def _may_save(fs: Any, loc: _uri.Location, owner: ActAs) -> None:
     """``may_save`` on the client's own loop (``fs`` is its ``AsyncFileSystem``)."""
     caller = Caller(owner.uid, owner.gid, frozenset(owner.groups))
     view = fs.acting_as(owner.uid, owner.gid, owner.groups)
+    # The usual case in one round trip: the parent exists, the checkpoint does not.
+    answers: list[Any] = [*await asyncio.gather(view.stat(loc.parent), view.exists(f"{loc.path}/{METADATA_NAME}"),
+                                                  return_exceptions=True)]
+    parent, committed = answers
     directory = loc.parent
-    while True:
+    while isinstance(parent, errors.NotFound):
+        directory = _uri.Location(None, directory).parent
         try:
-            st = await view.stat(directory)  # the service checks search permission on the way
-            break
-        except errors.NotFound:
-            directory = _uri.Location(None, directory).parent
+            parent = await view.stat(directory)  # the service checks search permission on the way
+        except errors.NotFound as exc:
+            parent = exc
+    for answer in (parent, committed):
+        if isinstance(answer, BaseException) and not isinstance(answer, errors.NotFound):
+            raise answer
+    st = cast(Any, parent)
     if st.kind != "dir":
         raise errors.NotADirectory(f"{loc.uri()} cannot be saved: {directory} is not a directory")
-    if not may(cast(Any, st), caller, W | X):
+    if not may(st, caller, W | X):
         raise errors.PermissionDenied(f"{loc.uri()} cannot be saved by uid {owner.uid}: it may not write {directory}"
                                       " (a memory agent takes only saves their saver could persist)")
-    if directory == loc.parent and await view.exists(f"{loc.path}/{METADATA_NAME}"):
+    if committed is True:
         raise errors.AlreadyExists(f"checkpoint {loc.uri()} is committed already: a step is saved once (use"
                                    " another name)")
 

@@ -91,6 +91,7 @@ class AgentService:
         self._persist_locks: dict[str, asyncio.Lock] = {}  # step -> held while persisting it
         self._forwards: dict[str, Forwarding] = {}  # step -> its save being forwarded to peers as it arrives
         self._checks: dict[tuple[str, str, int], asyncio.Future[None]] = {}  # (step, save, uid) being checked
+        self._fs: Any = None  # the agent's client of its cluster, once made
         self._sweeper: asyncio.Task[None] | None = None
         self.persisted_steps = 0
 
@@ -229,11 +230,15 @@ class AgentService:
         if check is None:
             check = self._checks[key] = asyncio.get_running_loop().create_future()
             try:
-                fs = await asyncio.to_thread(self._cluster_fs)
-                await rules.may_save(fs, loc, owner)
-            except BaseException as exc:
+                if self._fs is None:
+                    self._fs = await asyncio.to_thread(self._cluster_fs)
+                await rules.may_save(self._fs, loc, owner)
+            except Exception as exc:
                 check.set_exception(exc)
                 check.exception()  # retrieved: the waiters, if any, raise it too
+            except BaseException:  # this put was cancelled (the agent stops): so are those waiting with it
+                check.cancel()
+                raise
             else:
                 check.set_result(None)
             finally:
