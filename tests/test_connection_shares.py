@@ -95,6 +95,26 @@ def test_users_share_their_places_and_root_keeps_its_reserve() -> None:
     asyncio.run(main())
 
 
+def test_chunk_servers_share_by_peer_address_so_one_user_from_many_cannot_lock_others_out() -> None:
+    """Chunk servers do not learn a connection's principal (clients are anonymous there: each
+    put carries a capability, and admission shares the in-flight budget by its uid), so their
+    connections are shared by peer address: bob filling a server from ten addresses still
+    leaves a newcomer from an eleventh its place, at the cost of his longest idle connection."""
+
+    async def main() -> None:
+        guard: Any = ConnectionGuard(cast(RpcServer, _Server(False)), ConnectionPolicy(connections_max=100))
+        bob = [_Conn(f"10.0.0.{n % 10}") for n in range(100)]
+        for n, conn in enumerate(bob):
+            assert guard.admit(conn)
+            conn.received_s = conn.quiet_since_s = 100.0 + n
+        for root_or_alice in (_Conn("10.0.1.1"), _Conn("10.0.1.2")):
+            assert guard.admit(root_or_alice)
+        assert [n for n, conn in enumerate(bob) if conn.transport.closing] == [0, 1]
+        assert guard.admitted == 100
+
+    asyncio.run(main())
+
+
 def test_principals() -> None:
     assert principal(auth.MEMBER) == RESERVED
     assert principal(auth.Peer(kind="user", name="root", uid=0, gid=0, admin=True, proxy=True)) == RESERVED
