@@ -211,3 +211,24 @@ def test_nobody_abuses_anothers_staged_upload(gateway: Cluster, users: dict[str,
     alice.abort_multipart_upload(Bucket="open-mp", Key="k", UploadId=upload)
     carol.abort_multipart_upload(Bucket="open-mp", Key="c", UploadId=mine)
     alice.delete_bucket(Bucket="open-mp")
+
+
+def test_uploads_an_older_gateway_left_in_a_bucket(gateway: Cluster, users: dict[str, Any]) -> None:
+    """Older gateways staged in ``/<bucket>/.tectofs-multipart`` (mode 1777): a bucket left
+    with only that is deleted (each upload removed as its owner); one with objects is not."""
+    bob = users["bob"]
+    bob.create_bucket(Bucket="legacy")
+    gateway.fs.chmod("/legacy", 0o777)
+    gateway.fs.mkdir("/legacy/.tectofs-multipart", mode=0o1777)
+    gateway.fs.chmod("/legacy/.tectofs-multipart", 0o1777)
+    as_alice = gateway.fs.acting_as(3001, 3001)
+    as_alice.mkdir(f"/legacy/.tectofs-multipart/{'a' * 32}", mode=0o700)
+    as_alice.write_bytes(f"/legacy/.tectofs-multipart/{'a' * 32}/part-00001", b"old part")
+    bob.put_object(Bucket="legacy", Key="obj", Body=b"x")
+    with pytest.raises(ClientError) as err:
+        bob.delete_bucket(Bucket="legacy")
+    assert _code(err) == "BucketNotEmpty"
+    assert gateway.fs.listdir(f"/legacy/.tectofs-multipart/{'a' * 32}") == ["part-00001"]  # kept while refused
+    bob.delete_object(Bucket="legacy", Key="obj")
+    bob.delete_bucket(Bucket="legacy")
+    assert not gateway.fs.exists("/legacy")

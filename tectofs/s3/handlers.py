@@ -37,7 +37,6 @@ BUCKET_NAME = re.compile(r"(?=.{3,63}$)[a-z0-9][a-z0-9.-]*[a-z0-9]")
 LIST_KEYS_MAX = 1000
 SMALL_BODY_MAX = s3xml.BODY_MAX_BYTES
 KEEPALIVE_S = 10.0  # a long Complete or Copy sends a space this often
-LEGACY_UPLOADS_DIR = objects.INTERNAL_PREFIX + "multipart"  # in a bucket, made by gateways before the staging area
 
 
 @dataclass
@@ -186,11 +185,7 @@ async def delete_bucket(call: Call) -> web.Response:
             await call.gateway_fs.rmdir(objects.bucket_path(call.bucket))
             break
         except errors.DirectoryNotEmpty:
-            if attempt:
-                raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty", call.resource) from None
-            try:  # the empty uploads directory that gateways before the staging area made in each bucket
-                await call.gateway_fs.rmdir(objects.bucket_path(call.bucket) + "/" + LEGACY_UPLOADS_DIR)
-            except errors.TectofsError:
+            if attempt or not await staging.remove_legacy_uploads(call.gateway_fs, call.bucket):
                 raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty", call.resource) from None
         except errors.TectofsError as exc:
             raise from_tectofs(exc, call.resource, missing="NoSuchBucket") from None

@@ -45,6 +45,7 @@ log = logging.getLogger("tectofs.s3")
 STAGING_DIR = "/" + INTERNAL_PREFIX + "multipart"
 AREA_MODE = 0o711  # the area and each bucket's part of it: searchable, not listable
 USER_MODE = 0o700
+LEGACY_DIR = INTERNAL_PREFIX + "multipart"  # in each bucket, mode 1777: where gateways before this area staged
 UPLOAD_ID = re.compile(r"[0-9a-f]{32}-(0|[1-9][0-9]{0,9})")
 
 
@@ -204,3 +205,22 @@ async def remove_bucket_area(gateway_fs: AsyncFileSystem, bucket: str) -> None:
         pass
     except errors.TectofsError as exc:
         log.warning("pending uploads of bucket %s not all removed: %s", bucket, exc)
+
+
+async def remove_legacy_uploads(gateway_fs: AsyncFileSystem, bucket: str) -> bool:
+    """When a bucket holds nothing but the uploads directory older gateways made in it
+    (``/<bucket>/.tectofs-multipart``, mode 1777), remove it: each upload as its owner, then
+    the directory. Returns whether it did (the bucket may then be empty)."""
+    top = paths.join("/" + bucket, LEGACY_DIR)
+    try:
+        if [name for name, _ in await gateway_fs.scandir("/" + bucket)] != [LEGACY_DIR]:
+            return False
+        for name, st in await gateway_fs.scandir(top):
+            view = gateway_fs if st.uid == 0 else gateway_fs.acting_as(st.uid, st.gid)
+            target = paths.join(top, name)
+            await (view.rmtree(target) if st.is_dir else view.remove(target))
+        await gateway_fs.rmdir(top)
+    except errors.TectofsError as exc:
+        log.warning("uploads directory of bucket %s from an older gateway not removed: %s", bucket, exc)
+        return False
+    return True
