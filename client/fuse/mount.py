@@ -2,7 +2,8 @@
 connects, chooses single- or multi-user sharing, and runs pyfuse3 (libfuse 3's low-level
 API) over :class:`~tectofs.client.fuse.operations.TectofsOperations` on one asyncio event
 loop, in the foreground or as a daemon. SIGINT and SIGTERM unmount and stop it; files still
-open are committed first."""
+open are committed first. Any mix of them and ``fusermount3 -u``, in any order, ends with exit
+code 0 (``shutdown.py`` says what may touch libfuse's session while it stops)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
                 device_wait.closing()
                 await asyncio.to_thread(shutdown.wait_notifications)
                 pyfuse3.close(unmount=True)
-        log.info("%s unmounted by %s", mountpoint, stopper.by[0] if stopper.stopping else "an unmount (fusermount3 -u)")
+        log.info("%s unmounted; stopped by %s", mountpoint, stopper.ended_by())
     finally:
         await fs.close()
 
@@ -170,7 +171,9 @@ def mount(address: str, mountpoint: str, foreground: bool = True, threads: bool 
     ``threads=False`` (``--single-thread``): one kernel request at a time (else up to
     ``requests_in_flight_max`` coroutines on the one event loop).
 
-    Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM).
+    Foreground: blocks until unmounted (``fusermount3 -u MOUNTPOINT``, SIGINT or SIGTERM); from
+    its return on, this process ignores SIGINT and SIGTERM (it is to exit: a late one must not
+    kill it).
     Background (``foreground=False``): returns once the mount is serving, leaving a detached
     daemon behind, and returns the file it logs to (``daemon.log_path``: ``--log-file``, else
     one per mount point); raises ``SystemExit`` with the daemon's reason if it could not mount."""

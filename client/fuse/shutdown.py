@@ -82,6 +82,10 @@ class Stopper:
         """``pyfuse3.main`` returned: no call into the session from a signal any more."""
         self._serving = False
 
+    def ended_by(self) -> str:
+        """What ended pyfuse3's main loop: the first stop signal, or else an unmount."""
+        return self.by[0] if self._terminated else "an unmount (fusermount3 -u)"
+
     def _stop(self) -> None:
         if self._serving and not self._terminated:
             self._terminated = True
