@@ -36,8 +36,13 @@ def _machine() -> str:
 
 def filesystem_id(path: str) -> int:
     """A positive 63-bit number naming the file system that holds ``path`` on this host (equal
-    for every directory on that file system, bind mounts included)."""
-    digest = hashlib.blake2b(f"{_machine()}:{os.stat(path).st_dev}".encode(), digest_size=8).digest()
+    for every directory on that file system, bind mounts included); 0 if ``path`` cannot be
+    examined (the server then counts as on a file system of its own)."""
+    try:
+        device = os.stat(path).st_dev
+    except OSError:
+        return 0
+    digest = hashlib.blake2b(f"{_machine()}:{device}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & (2**63 - 1) or 1
 
 
@@ -51,7 +56,7 @@ def raw_capacity(servers: Iterable[Any]) -> tuple[int, int]:
         used += s.used
         disk = s.stats.get(DISK_ID) if s.stats else None
         free = max(0, s.capacity - s.used)
-        if disk is None:
+        if not disk:
             capacity += s.capacity
         else:
             capacity += s.used

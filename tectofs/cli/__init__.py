@@ -66,6 +66,18 @@ def _fail(name: str, message: str, status: int) -> None:
     raise SystemExit(status)
 
 
+def _quiet_after_interrupt() -> None:
+    """Ctrl-C ends the command with one line. What it cut off is otherwise reported again as
+    the interpreter exits: a client call's coroutine the interrupt caught before the client's
+    event loop started it ("coroutine ... was never awaited", tectofs.client.sync) and any
+    failure of an aborted send or read nobody waits for any more (asyncio's "Future exception
+    was never retrieved"; the known one is retrieved in tectofs.wire.transport)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+
+
 def _stdout_closed() -> None:
     """The reader of stdout went away: exit like coreutils under SIGPIPE, silently. Later
     writes (and the interpreter's final flush) go to /dev/null instead of raising again."""
@@ -96,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except KeyboardInterrupt:
         # What was being written was aborted on the way out (nothing half-written is published).
+        _quiet_after_interrupt()
         _fail(name, "interrupted; nothing it was writing was published", exits.INTERRUPTED)
     except BrokenPipeError:
         _stdout_closed()
