@@ -78,7 +78,8 @@ def add_parser(sub: Any, serve: Callable[..., None]) -> None:
                    help="the metadata service whose users it serves and where it persists (default $TECTOFS_META)")
     p.add_argument("--peers", default="", metavar="HOST:PORT,...", help="other hosts' agents to replicate steps to")
     p.add_argument("--replicas", type=numbers.count(0, 8), default=None,
-                   help="peers that must hold a step before a save counts as saved in memory (default 1 with peers)")
+                   help="peers that must hold a step before a save counts as saved in memory (default 1 with peers;"
+                        " with fewer, the save is persisted first; 0: one copy in memory suffices)")
     p.add_argument("--memory-bytes", type=numbers.size(limits.MiB), default=8 * limits.GiB, metavar="SIZE",
                    help="host memory for held steps (default 8G); a save that needs more waits for persistence")
     p.add_argument("--keep-steps", type=numbers.count(1, 1 << 20), default=2, metavar="K",

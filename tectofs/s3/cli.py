@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any, Callable
 
 ENV_FILE_NAME = "s3.env"
@@ -49,8 +50,9 @@ def cmd_serve(args: argparse.Namespace, serve: Callable[..., None]) -> None:
     meta = args.meta or os.environ.get("TECTOFS_META")
     key_file = auth.key_file_from(args.key_file)
     if not meta or not key_file:
-        raise SystemExit("tectofs s3: needs --meta HOST:PORT (or $TECTOFS_META) and --key-file (or $TECTOFS_KEY_FILE):"
-                         " the gateway acts as each S3 user, which only a cluster key holder may")
+        sys.stderr.write("tectofs s3: needs --meta HOST:PORT (or $TECTOFS_META) and --key-file (or $TECTOFS_KEY_FILE):"
+                         " the gateway acts as each S3 user, which only a cluster key holder may" + "\n")
+        raise SystemExit(2)  # a configuration error (README's exit table: tectofs.cli.exits.USAGE)
     args.host, args.port = args.listen
     serve(lambda: S3Gateway(meta, key_file), args,
           lambda address: f"tectofs S3 gateway on http://{address} (metadata {meta})")
@@ -68,8 +70,9 @@ def cmd_keys(args: argparse.Namespace) -> None:
         meta = getattr(args, "meta", None) or os.environ.get("TECTOFS_META") or ""
         found = auth.find_credential(meta, args.credentials) if (meta or args.credentials) else None
         if found is None:
-            raise SystemExit("tectofs s3 keys: no credential: pass --credentials FILE or --meta HOST:PORT (or --key-file"
-                             " for root's keys)")
+            sys.stderr.write("tectofs s3 keys: no credential: pass --credentials FILE or --meta HOST:PORT (or --key-file"
+                             " for root's keys)" + "\n")
+            raise SystemExit(2)  # a configuration error (README's exit table: tectofs.cli.exits.USAGE)
         credential = found
     print(env_lines(*keys_of(credential)), end="")
 
