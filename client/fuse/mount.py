@@ -106,7 +106,10 @@ async def _serve_async(address: str, mountpoint: str, threads: bool, attr_timeou
                 pyfuse3.close(unmount=True)
         log.info("%s unmounted; stopped by %s", mountpoint, stopper.ended_by())
     finally:
-        await fs.close()
+        try:
+            await fs.close()
+        finally:  # before the loop closes its wakeup pipe, which the stop signals' handler writes to
+            shutdown.ignore_stop_signals()
 
 
 def _serve(address: str, mountpoint: str, threads: bool, attr_timeout_s: float, debug: bool,

@@ -19,8 +19,9 @@ So, in :func:`tectofs.client.fuse.mount._serve_async`:
   pyfuse3 and libfuse (``opendir_reply``, ``kernel_opendir``) are taken out, and
   :func:`wait_notifications` lets both notification threads finish what they were sending,
   all before ``pyfuse3.close`` unmounts and destroys the session.
-- Once the event loop is gone, :func:`ignore_stop_signals` sets SIGINT and SIGTERM to
-  "ignore" for the rest of the process (which exits next): a late signal (``fusermount3 -u``
+- Once the client is closed, before the event loop closes (and with it the pipe a signal
+  wakes it through), :func:`ignore_stop_signals` sets SIGINT and SIGTERM to "ignore" for the
+  rest of the process (which exits next): a late signal (``fusermount3 -u``
   and SIGTERM at once) cannot kill a mount that stopped cleanly. Until then the handler only
   records; the switch from it to "ignore" is one ``sigaction``, so no signal finds the default
   action in between (as one would after ``loop.remove_signal_handler``, or while Python
