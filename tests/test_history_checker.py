@@ -306,6 +306,14 @@ def rename_replaces_atomically(bad: bool) -> History:  # the target never goes m
     return h
 
 
+def new_name_shows_empty(bad: bool) -> History:  # a new name exists, empty, from the open on; a PUT shows nothing
+    h = _history(a={"kind": "s3" if bad else "library"}, b={})
+    h.add("a", "write", 1.0, 2.0, path="/d/n", data=b"v1")
+    h.add("b", "stat", 1.2, 1.3, {"kind": "file", "mode": 0o644, "uid": 0, "gid": 0, "nlink": 1, "size": 0}, path="/d/n")
+    h.add("b", "read", 2.5, 2.6, b"v1", path="/d/n")
+    return h
+
+
 def rmdir_nonempty(bad: bool) -> History:
     h = _history(a={}, b={})
     h.add("a", "mkdir", 1.0, 1.1, path="/d/n")
@@ -319,7 +327,7 @@ RULES: dict[str, Callable[[bool], History]] = {f.__name__: f for f in (
     one_of_two_mkdirs, future_read, clock_error, acknowledged_write_lost, mount_loses_its_window,
     fsync_makes_durable, unknown_outcome, cached_stat, leased_stat, own_changes_seen, s3_sees_less,
     appends_both_land, link_survives_unlink, xattr_seen, truncate_seen, chown_seen, exclusive_create,
-    rename_replaces_atomically, rmdir_nonempty)}
+    rename_replaces_atomically, new_name_shows_empty, rmdir_nonempty)}
 
 
 @pytest.mark.parametrize("rule", RULES)

@@ -42,7 +42,9 @@ Client kinds (:data:`PROFILES`) make the same calls in terms of the same tree, w
 interface allows: S3 makes only ``write`` (PUT), ``read`` (GET), ``stat`` (HEAD: kind and
 size), ``list`` (a missing prefix lists empty), ``unlink`` (DELETE: a missing key is fine) and
 ``mkdir`` (a bucket or folder: existing is fine); its PUTs make parent directories, and every
-error it can show is ``ENOENT`` (NoSuchKey). fsspec writes make parent directories
+error it can show is ``ENOENT`` (NoSuchKey), and a PUT shows nothing until it is complete
+(it is written under a hidden name and renamed into place). Through the other kinds a
+``write``/``append`` to a new name shows it, empty, from its open on. fsspec writes make parent directories
 (``auto_mkdir``) and its ``info`` has no ``nlink``. A client kind's answers are compared after
 :func:`observe` keeps only what that kind can see.
 """
@@ -56,6 +58,10 @@ from typing import NamedTuple
 from tectofs.testing.history import KINDS, Arg, StatValue, Value
 
 Outcome = tuple[Value, "str | None"]  # (value, errno name or None)
+#: Not a call anyone makes: the first step of a ``write`` or ``append`` (its ``open``), after
+#: which a new name exists, empty, until the close publishes the bytes (README: "a new name
+#: exists, empty, from the open on"). Makes an empty file if the name is missing, else nothing.
+OPEN_CREATE = "open-create"
 
 
 class Inode(NamedTuple):
@@ -75,6 +81,7 @@ class Profile:
     makes_parents: bool = False  # writes make missing parent directories
     missing_is_fine: bool = False  # deleting a missing name, listing a missing prefix, an existing mkdir: success
     errors_seen_as: str | None = None  # every error shows as this one
+    empty_while_writing: bool = True  # a new name shows, empty, from a write's open to its close
 
 
 PROFILES: dict[str, Profile] = {
@@ -83,7 +90,7 @@ PROFILES: dict[str, Profile] = {
     "fsspec": Profile(frozenset({"create", "write", "append", "read", "stat", "list", "rename", "unlink", "mkdir",
                                  "rmdir", "fsync"}), ("kind", "mode", "uid", "gid", "size"), makes_parents=True),
     "s3": Profile(frozenset({"write", "read", "stat", "list", "unlink", "mkdir"}), ("kind", "size"),
-                  makes_parents=True, missing_is_fine=True, errors_seen_as="ENOENT"),
+                  makes_parents=True, missing_is_fine=True, errors_seen_as="ENOENT", empty_while_writing=False),
 }
 
 
@@ -284,6 +291,12 @@ def apply(tree: Tree, kind: str, args: Mapping[str, Arg], profile: Profile = PRO
             return tree, (None, None if profile.missing_is_fine and inode.kind == "dir" else "EEXIST")
         changed = tree.copy()
         changed._add(path, Inode("dir", _int(args, "mode", 0o755)))
+        return changed, (None, None)
+    if kind == OPEN_CREATE:
+        if inode is not None:
+            return tree, (None, None)
+        changed = tree.copy()
+        changed._add(path, Inode("file", 0o644))
         return changed, (None, None)
     if kind in ("write", "append"):
         data = _bytes(args, "data")
