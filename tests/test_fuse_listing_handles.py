@@ -15,6 +15,7 @@ import errno
 import os
 import subprocess
 import sys
+import tempfile
 from typing import Any, Iterator
 
 import pytest
@@ -107,3 +108,48 @@ def test_ls_shows_the_names_and_stat_and_open_are_refused(cluster: Any, tree: di
         assert f.read() == b"anyone may read this"
     for name, data in tree.items():
         assert cluster.fs.read_bytes(f"/rx/{name}") == data
+
+
+@pytest.fixture
+def shared_mountpoint(cluster: Any, tree: dict[str, bytes]) -> Iterator[str]:
+    """A multi-user mount (root's credential, ``allow_other``), each request run as its caller,
+    where only the metadata service checks permissions (``--no-default-permissions``)."""
+    from tectofs.client.fuse import start_mount_process
+
+    where = tempfile.mkdtemp(prefix="tectofs-listing-")
+    os.chmod(where, 0o755)  # (reachable by uid 1000)
+    mount = start_mount_process(cluster.address, where, credentials=cluster.credential_file, multi_user=True,
+                                default_permissions=False, log_path=f"{where}.log")
+    try:
+        yield mount.mountpoint
+    finally:
+        mount.stop()
+        os.rmdir(where)
+        os.unlink(f"{where}.log")
+
+
+def _as_alice(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", *command],
+                          capture_output=True, text=True, errors="replace", timeout=COMMAND_TIMEOUT_S,
+                          cwd="/")
+
+
+def test_a_multi_user_mount_lists_names_to_a_user_who_may_not_search(tree: dict[str, bytes],
+                                                                     shared_mountpoint: str) -> None:
+    """uid 1000, a real process on a mount that runs its requests as it: the same as above,
+    with the names-only entries of a listing read as that user (``acting_as``). (This mount
+    keeps no dentry, its entry timeout being 0: f3fad0d passed this one too.)"""
+    rx = f"{shared_mountpoint}/rx"
+    for _ in range(2):
+        listed = _as_alice("ls", rx)
+        assert listed.returncode == 0 and listed.stdout.split() == ["in.bin", "small.bin"], listed
+        for name in tree:
+            for command in (["stat", f"{rx}/{name}"], ["cat", f"{rx}/{name}"]):
+                result = _as_alice(*command)
+                assert result.returncode != 0 and "Permission denied" in result.stderr, result
+                assert result.stdout == "", f"{command}: {result.stdout[:200]!r}"
+    # root, on the same mount, sees everything
+    assert sorted(os.listdir(rx)) == ["in.bin", "small.bin"]
+    for name, data in tree.items():
+        with open(f"{rx}/{name}", "rb") as f:
+            assert f.read() == data
