@@ -294,11 +294,19 @@ def _search(ops: Sequence[_Op], initial: Tree, budget: int) -> _Search:
             steps_cache[memo] = found
         return found
 
+    # A write's open (OPEN_CREATE) goes before the write: placing the write places its open
+    # with it (just before: no effect), if the open was not placed already.
+    main_of_id = {item.op.id: index for index, item in enumerate(ops) if item.op.kind != OPEN_CREATE}
+    opening = [-1] * len(ops)
+    for index, item in enumerate(ops):
+        if item.op.kind == OPEN_CREATE and item.op.id in main_of_id:
+            opening[main_of_id[item.op.id]] = index
+
     result = _Search(ok=None)
     state = initial
     done = 0
     visited: set[tuple[int, StateKey]] = set()
-    stack: list[tuple[int, Tree, bool]] = []
+    stack: list[tuple[int, Tree, bool, int]] = []  # (placed or dropped, state before, no alternative, its open)
     required_left = sum(1 for item in ops if item.required)
     passive = [item.op.kind in _PASSIVE_KINDS or (item.checked and item.expected[1] is not None) for item in ops]
     best_depth = -1
@@ -318,13 +326,20 @@ def _search(ops: Sequence[_Op], initial: Tree, budget: int) -> _Search:
             # is never better placed later than now (no other answer changes; every call it must
             # follow is already placed): take it, and never try the others in its stead.
             unchanged = passive[index]
-            key = (done | (1 << index), after.key())
+            opened = opening[index]
+            if opened >= 0 and done >> opened & 1:
+                opened = -1
+            placed = done | (1 << index) | (1 << opened if opened >= 0 else 0)
+            key = (placed, after.key())
             if key not in visited:
                 visited.add(key)
-                stack.append((index, state, unchanged))
-                state, done = after, done | (1 << index)
+                stack.append((index, state, unchanged, opened))
+                state, done = after, placed
                 lift(index)
                 required_left -= ops[index].required
+                if opened >= 0:
+                    lift(opened)
+                    required_left -= ops[opened].required
                 node = nxt[head]
                 continue
             if not unchanged:
@@ -336,7 +351,7 @@ def _search(ops: Sequence[_Op], initial: Tree, budget: int) -> _Search:
                 key = (done | (1 << index), state.key())
                 if key not in visited:
                     visited.add(key)
-                    stack.append((index, state, True))
+                    stack.append((index, state, True, -1))
                     done |= 1 << index
                     lift(index)
                     node = nxt[head]
@@ -348,7 +363,11 @@ def _search(ops: Sequence[_Op], initial: Tree, budget: int) -> _Search:
             if not stack:
                 result.ok = False
                 return result
-            undone, state, final = stack.pop()
+            undone, state, final, opened = stack.pop()
+            if opened >= 0:
+                done &= ~(1 << opened)
+                unlift(opened)
+                required_left += ops[opened].required
             done &= ~(1 << undone)
             unlift(undone)
             required_left += ops[undone].required
