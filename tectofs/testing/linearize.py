@@ -172,10 +172,13 @@ def _prepare(history: History) -> list[_Op]:
 
 def _seen_opens(ops: list[_Op], opens: list[_Op]) -> list[_Op]:
     """The writes' opens some other call could see: one on a related path overlapping the
-    write in time. (Any other is placed right before its write in some order: no call can
-    tell it apart from the write.)"""
+    write in time, other than a write or append (which ends the same whether the open made the
+    name empty before it or not). Any other open is placed right before its write in some
+    order: no call can tell it apart from the write."""
     by_top: dict[str, list[_Op]] = {}
     for item in ops:
+        if item.op.kind in ("write", "append"):
+            continue
         for top in {path.strip("/").split("/", 1)[0] for path in _touches(item)}:
             by_top.setdefault(top, []).append(item)
     seen = []
