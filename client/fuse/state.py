@@ -111,19 +111,15 @@ class MountState:
         path, doubtful = self.inodes.path_doubtful(ino)
         if not doubtful:
             return path
-        refused: PermissionDenied | None = None
         for candidate in self.inodes.paths(ino):
             try:
                 found = await self.as_caller(identity, lambda fs: fs.stat(candidate[1]))
-            except PermissionDenied as exc:  # (the caller may not walk it: said so if no other name serves)
-                refused = refused or exc
-                continue
             except TectofsError:
                 continue
             if found.ino == ino:
                 self.inodes.confirmed(ino, candidate)
                 return candidate[1]
-        raise refused or StaleFile(f"inode {ino}: no name this mount knows leads to it any more")
+        raise StaleFile(f"inode {ino}: no name this mount knows leads to it any more")
 
     async def checked_child(self, parent: int, name: bytes, identity: Identity | None) -> tuple[str, str]:
         """``child``, the directory's path checked as by :meth:`checked_path`."""
