@@ -72,8 +72,6 @@ class MountState:
             self.files.privileges_granted(ino)
         if recall is None or recall.entries or recall.listings:
             self.listings.forget_all()
-        # Names changed elsewhere may lead elsewhere now: checked before a request acts by them.
-        self.inodes.doubt(None if recall is None else [(e.parent, e.name) for e in recall.entries])
         await self.cache.recalled(recall, self.inodes.known_names(), self.inodes.known_inodes())
 
     def identity(self, ctx: Caller) -> Identity | None:
@@ -103,30 +101,6 @@ class MountState:
         text = name.decode("utf-8", "surrogateescape")
         return text, self.inodes.child_path(parent, text)
 
-    async def checked_path(self, ino: int, identity: Identity | None) -> str:
-        """``ino``'s path, checked to lead to it when another client changed a name on it since
-        the kernel got it (``InodeTable.doubt``), else the first of its other names that does;
-        StaleFile (ESTALE: the kernel walks the path again) if none does. A path with no doubted
-        name is answered as it is: the service recalls a name before it changes."""
-        path, doubtful = self.inodes.path_doubtful(ino)
-        if not doubtful:
-            return path
-        for candidate in self.inodes.paths(ino):
-            try:
-                found = await self.as_caller(identity, lambda fs: fs.stat(candidate[1]))
-            except TectofsError:
-                continue
-            if found.ino == ino:
-                self.inodes.confirmed(ino, candidate)
-                return candidate[1]
-        raise StaleFile(f"inode {ino}: no name this mount knows leads to it any more")
-
-    async def checked_child(self, parent: int, name: bytes, identity: Identity | None) -> tuple[str, str]:
-        """``child``, the directory's path checked as by :meth:`checked_path`."""
-        text = name.decode("utf-8", "surrogateescape")
-        base = await self.checked_path(parent, identity)
-        return text, base + text if base == "/" else base + "/" + text
-
     def entry(self, st: Stat, fresh: bool = True) -> pyfuse3.EntryAttributes:
         """The kernel's view of ``st`` with this mount's uncommitted changes and the cache
         policy's timeouts; remembered for close-to-open (``KernelCache.reported``)."""
@@ -145,7 +119,7 @@ class MountState:
         unlinked open file), by inode number through a descriptor open on it (as fstat does
         on Linux; the service takes a handle only from the uid it was issued to)."""
         try:
-            path = await self.checked_path(ino, identity)
+            path = self.path(ino)
             st = await self.as_caller(identity, lambda fs: fs.stat(path))
             if st.ino == ino:
                 return st

@@ -295,10 +295,8 @@ class MetadataService:
             through: set[LeaseKey] = set()
             store.walked, store.through, store.modified, store.reached = walked, through, modified, 0
             result: ResultT | None = None
-            done = False
             try:
                 result = operation(store)
-                done = True
                 return result
             finally:
                 reached, store.walked, store.through, store.modified = store.reached, None, None, None
@@ -315,8 +313,6 @@ class MetadataService:
                 if session:
                     if new_directory and isinstance(result, messages.AttrsReply):
                         granted.append((LISTING, result.attrs.ino))
-                    if done:  # its client keeps what its own change made: recalled when another changes it
-                        granted.extend(key for key in modified if key[0] != LISTING)
                     raced.extend(self.leases.grant(session, granted, since))
         return run
 

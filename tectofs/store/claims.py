@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Iterable
 from ..errors import InvalidArgument, NotADirectory, StaleFile
 from ..wire import inline_echo
 from ..wire.claims import CreateManyReply, PendingCreate, PendingUnlink
-from ..wire.leases import ATTRS
 from ..wire.messages import UnlinkReply
 from ..wire.values import Attrs, LayoutSegment, WrittenBlock
 from . import access
@@ -108,8 +107,6 @@ class DirectoryClaims(StoreParts):
         for create in creates:
             self._insert_inode(directory, [*parts, create.name], "f", statmod.S_IFREG | create.mode, uid, gid,
                                caller=caller, ino=create.ino, now=create.time)
-            if self.modified is not None:  # new: nobody else holds it; its creator, who knows it, is granted it
-                self.modified.add((ATTRS, create.ino))
             if create.reader:
                 self.renew(create.ino, reader=create.reader)
             content = create.content
