@@ -27,6 +27,7 @@ from tectofs.wire.connlimits import RESERVED, ConnectionGuard, ConnectionPolicy,
 from tectofs.wire.framing import PROTOCOL_VERSION, Frame, FrameDecoder, FrameKind, encode_frame
 from tectofs.wire.server import RpcServer
 from tests.test_connection_pools import _Conn, _Server, _within
+from tests.test_exhaustion import _sockets
 
 MiB = 1 << 20
 CONNECTIONS_MAX = 64
@@ -184,12 +185,8 @@ def _said(sock: socket.socket) -> str | None:
 
 @pytest.fixture
 def sockets() -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    try:
+    with _sockets() as opened:
         yield opened
-    finally:
-        for sock in opened:
-            sock.close()
 
 
 def _add_user(cluster: Any, name: str, uid: int, tmp_path: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.test_fuse import _REASON
+from tests.test_listing_handles import make_tree
 
 MiB = 1 << 20
 COMMAND_TIMEOUT_S = 60
@@ -40,17 +41,7 @@ def alice_credentials(cluster: Any, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="module")
 def tree(cluster: Any) -> dict[str, bytes]:
     """Root's /rx (0744) with in.bin (chunks) and small.bin (inline), 0644; /pub (0755) with open.bin."""
-    fs = cluster.fs
-    victims = {"in.bin": os.urandom(MiB + 4321), "small.bin": os.urandom(3000)}
-    fs.mkdir("/rx", mode=0o744)
-    fs.chmod("/rx", 0o744)
-    for name, data in victims.items():
-        fs.write_bytes(f"/rx/{name}", data)
-        fs.chmod(f"/rx/{name}", 0o644)
-    fs.mkdir("/pub", mode=0o755)
-    fs.write_bytes("/pub/open.bin", b"anyone may read this")
-    fs.chmod("/pub/open.bin", 0o644)
-    return victims
+    return make_tree(cluster.fs)
 
 
 @pytest.fixture(params=["kernel-opens", "mount-opens", "no-leases"])

@@ -46,7 +46,11 @@ def alice_credentials(cluster: Any, tmp_path_factory: pytest.TempPathFactory) ->
 def tree(cluster: Any) -> dict[str, bytes]:
     """Root's /rx (0744: alice reads it, may not search it) with in.bin (chunks) and
     small.bin (inline), both 0644; and /pub (0755) with open.bin, which alice may reach."""
-    fs = cluster.fs
+    return make_tree(cluster.fs)
+
+
+def make_tree(fs: Any) -> dict[str, bytes]:
+    """Make the tree of :func:`tree` through ``fs`` (root's); return the victims' bytes by name."""
     victims = {"in.bin": os.urandom(MiB + 4321), "small.bin": os.urandom(3000)}
     fs.mkdir("/rx", mode=0o744)
     fs.chmod("/rx", 0o744)
