@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from tectofs import limits
+from tectofs.shares import fair_share
 
 MEMBER = "member"
 WITHOUT_UID = "anonymous-capability"
@@ -64,7 +65,7 @@ class Admission:
     def share_bytes(self, principal: str) -> float:
         """The most ``principal`` may hold, given who else holds some now."""
         others = len(self.held) - (principal in self.held)
-        return self.budget_bytes * self.alone_fraction if not others else self.budget_bytes / (others + 1)
+        return fair_share(self.budget_bytes, self.alone_fraction, others)
 
     def admit(self, principal: str, length: int) -> bool:
         """Reserve ``length`` bytes for ``principal``; False: refused (nothing reserved)."""

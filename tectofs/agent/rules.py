@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterable, cast
 from tectofs import errors
 from tectofs import uri as _uri
 from tectofs.checkpoint_gc import METADATA_NAME
+from tectofs.shares import fair_share
 from tectofs.store.access import Caller, W, X, may
 from tectofs.wire.messages import ActAs
 
@@ -116,7 +117,7 @@ class Shares:
     def share_bytes(self, uid: int, held: dict[int, int]) -> float:
         """The most ``uid`` may hold unpersisted, given who else holds some (``held``)."""
         others = len(held) - (uid in held)
-        return self.memory_bytes_max * self.alone_fraction if not others else self.memory_bytes_max / (others + 1)
+        return fair_share(self.memory_bytes_max, self.alone_fraction, others)
 
     def refusal(self, uid: int, nbytes: int, steps: Iterable[HeldStep]) -> str:
         """Why ``nbytes`` more for ``uid`` exceed its share ("" if they do not)."""
