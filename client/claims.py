@@ -104,6 +104,10 @@ class CreateClaims:
         self._sending = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # claims of more numbers, under way
+        # One per claim call under way: the directories whose claims were recalled meanwhile
+        # (None in it: the session was lost). Its answer may come after the recall of what it
+        # granted (the service recalls the others' leases before it answers): not to be used.
+        self._claiming: list[set[int | None]] = []
         self._layouts: dict[int, messages.LayoutSegment] = {}  # sent commits' answers, for their callers
         self._refused: dict[int, BaseException] = {}  # ... or the service's refusal
         self._awaited: set[int] = set()  # files whose first commit's caller waits for its sending
@@ -204,6 +208,8 @@ class CreateClaims:
         count = limits.claim_inodes_first if held is None else min(limits.claim_inodes, 2 * held.granted)
         if held is not None:
             held.asking = True
+        recalled: set[int | None] = set()
+        self._claiming.append(recalled)
         try:
             reply = await self.metadata.claim_directory(ClaimRequest(path=directory, count=count, uid=self.uid,
                                                                      gid=self.gid))
@@ -211,9 +217,13 @@ class CreateClaims:
             log.debug("claiming %s failed: %s", directory, exc)
             return
         finally:
+            self._claiming.remove(recalled)
             if held is not None:
                 held.asking = False
         if not reply.granted or reply.directory is None or reply.template is None:
+            return
+        if None in recalled or reply.directory.ino in recalled:  # granted, then taken back before its answer
+            log.debug("the claim of %s was recalled before its answer arrived: creating there by calls", directory)
             return
         numbers = list(zip(range(reply.first, reply.first + count), reply.handles or itertools.repeat(b"")))
         claimed = self._claims.get(directory)
@@ -412,6 +422,8 @@ class CreateClaims:
         what was created there is sent."""
         if recall is not None and not recall.claims:
             return
+        for recalled in self._claiming:
+            recalled.update([None] if recall is None else recall.claims)
         if recall is None:
             self._claims.clear()
         else:

@@ -379,6 +379,26 @@ class MetadataCache(Generic[StatT]):
         self._complete.difference_update(recall.listings)
         for directory in recall.listings:
             self._drop_listing(directory)
+        for directory in recall.claims:
+            self._claim_ended(directory)
+
+    def _claim_ended(self, directory: int) -> None:
+        """This client's claim on ``directory`` ended: what it learned there while it held it
+        (the names it created and unlinked without a call, their files' attributes, the
+        directory's) no lease covers (the service grants nothing for a claim's creates), so the
+        names there go, with the attributes of what they named (but directories' names: a
+        claim's holder only adds and removes files), and the directory's attributes and listing."""
+        for key in [key for key in self._names if key[0] == directory]:
+            ino = self._names[key]
+            stat = self._attrs.get(ino) if ino is not None else None
+            if stat is not None and stat.kind == "dir":
+                continue
+            del self._names[key]
+            if ino is not None:
+                self.forget_inode(ino)
+        self._complete.discard(directory)
+        self._drop_listing(directory)
+        self.forget_inode(directory)
 
     def changed_by_self(self, operation: str, request: Message, reply: "Message | None",
                         fresh_for: "int | None | Literal[False]" = False) -> None:

@@ -61,8 +61,8 @@ class FileOperations(MountState, pyfuse3.Operations):
     @handler
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Caller) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        text, path = self.child(parent_inode, name)
         identity = self.identity(ctx)
+        text, path = await self.checked_child(parent_inode, name, identity)
         if flags & os.O_EXCL:
             client_mode = "xb"
         elif flags & os.O_TRUNC:
@@ -101,9 +101,9 @@ class FileOperations(MountState, pyfuse3.Operations):
             client_mode = "w+b"  # new content replaces the old at the first commit
         else:
             client_mode = "r+b"
-        path, grants = self.path(inode), self.files.grants
-        file = await self.as_caller(self.identity(ctx), lambda fs: fs.open(path, client_mode,
-                                                                          write_only=access == os.O_WRONLY))
+        identity = self.identity(ctx)
+        path, grants = await self.checked_path(inode, identity), self.files.grants
+        file = await self.as_caller(identity, lambda fs: fs.open(path, client_mode, write_only=access == os.O_WRONLY))
         if file.ino != inode:  # another client put another file there: the kernel walks the path again
             await file.close()
             raise StaleFile(f"{path} is no longer inode {inode}")

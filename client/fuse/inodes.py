@@ -19,6 +19,12 @@ Contract:
   left (unlinked, or forgotten): callers that have the file open answer from its handle.
 - ``removed``, ``moved`` and ``exchanged`` follow this mount's own unlink, rmdir and rename;
   another client's changes are learned at the kernel's next lookup of the name.
+- ``doubt(names)``: another client changed these names (a lease recall named them, or the
+  leases were lost): each goes last among its inode's names, and a path through a doubted name
+  is *doubtful* (``path_doubtful``) until a lookup confirms it again: the mount checks such a
+  path leads to the inode before it acts on it (``MountState.checked_path``), trying the
+  inode's other names (``paths``), so a request never acts on another client's file by a name
+  that no longer leads to the kernel's inode.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class InodeTable:
     def __init__(self) -> None:
         self._nodes: dict[int, _Node] = {ROOT_INODE: _Node(lookups=1)}
         self._by_name: dict[Name, int] = {}
+        self._doubted: set[Name] = set()  # names another client changed since the kernel got them
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -62,6 +69,10 @@ class InodeTable:
     def known_names(self) -> list[Name]:
         """Every (parent inode, name) the kernel may hold."""
         return list(self._by_name)
+
+    def named_in(self, directories: set[int]) -> list[tuple[Name, int]]:
+        """Every name the kernel may hold in ``directories``, with its inode."""
+        return [(key, ino) for key, ino in self._by_name.items() if key[0] in directories]
 
     def known_inodes(self) -> list[int]:
         """Every inode the kernel may hold."""
@@ -82,6 +93,64 @@ class InodeTable:
             current = parent
         raise StaleFile(f"inode {ino}: its parents do not lead to the root")
 
+    def path_doubtful(self, ino: int) -> tuple[str, bool]:
+        """``path(ino)``, and whether a name on it is doubted (it may lead elsewhere now)."""
+        if not self._doubted:
+            return self.path(ino), False
+        doubtful = False
+        current = ino
+        for _ in range(depth_max):
+            if current == ROOT_INODE:
+                break
+            node = self._nodes.get(current)
+            if node is None or not node.names:
+                break  # (path says why)
+            doubtful = doubtful or node.names[0] in self._doubted
+            current = node.names[0][0]
+        return self.path(ino), doubtful
+
+    def paths(self, ino: int) -> list[tuple[Name, str]]:
+        """Each name of ``ino`` this mount knows, most trusted first, with the path through it."""
+        node = self._nodes.get(ino)
+        found = []
+        for name in [] if node is None else list(node.names):
+            try:
+                found.append((name, self.child_path(name[0], name[1])))
+            except StaleFile:
+                continue
+        return found
+
+    def doubt(self, names: "list[Name] | None") -> None:
+        """Another client changed ``names`` (None: every name may have changed): see the module."""
+        if names is None:
+            self._doubted.update(self._by_name)
+            return
+        for key in names:
+            ino = self._by_name.get(key)
+            if ino is None:
+                continue
+            self._doubted.add(key)
+            node = self._nodes[ino]
+            node.names.remove(key)
+            node.names.append(key)
+
+    def confirmed(self, ino: int, path: tuple[Name, str]) -> None:
+        """``path`` (one of :meth:`paths`) was found to lead to ``ino``: it and the names above it
+        are trusted again, and it is ``ino``'s path."""
+        key = path[0]
+        node = self._nodes.get(ino)
+        if node is None or key not in node.names:
+            return
+        node.names.remove(key)
+        node.names.insert(0, key)
+        current = ino
+        for _ in range(depth_max):
+            node = self._nodes.get(current)
+            if current == ROOT_INODE or node is None or not node.names:
+                return
+            self._doubted.discard(node.names[0])
+            current = node.names[0][0]
+
     def child_path(self, parent: int, name: str) -> str:
         """The tectofs path of ``name`` in directory ``parent``."""
         base = self.path(parent)
@@ -98,6 +167,7 @@ class InodeTable:
         if ino == ROOT_INODE:
             return
         key = (parent, name)
+        self._doubted.discard(key)
         previous = self._by_name.get(key)
         if previous is not None and previous != ino:
             self._unname(previous, key)
@@ -144,6 +214,7 @@ class InodeTable:
         index = node.names.index((old_parent, old_name))
         node.names[index] = (new_parent, new_name)
         del self._by_name[(old_parent, old_name)]
+        self._doubted.discard((old_parent, old_name))
         self._by_name[(new_parent, new_name)] = ino
         self._release_parent(old_parent)
 
@@ -173,6 +244,7 @@ class InodeTable:
             node.names.remove(key)
         if self._by_name.get(key) == ino:
             del self._by_name[key]
+            self._doubted.discard(key)
             self._release_parent(key[0])
         self._drop_if_unused(ino)
 
@@ -190,4 +262,5 @@ class InodeTable:
         for key in node.names:
             if self._by_name.get(key) == ino:
                 del self._by_name[key]
+                self._doubted.discard(key)
                 self._release_parent(key[0])

@@ -94,11 +94,12 @@ class TectofsOperations(FileOperations):
 
     @handler
     async def lookup(self, parent_inode: int, name: bytes, ctx: Caller) -> pyfuse3.EntryAttributes:
-        text, path = self.child(parent_inode, name)
+        identity = self.identity(ctx)
+        text, path = await self.checked_child(parent_inode, name, identity)
         try:
             if self.listings.absent(parent_inode, text):
                 raise NotFound(f"{path}: no such file")  # the lookup before a create, mostly
-            st = await self.as_caller(self.identity(ctx), lambda fs: fs.stat(path))
+            st = await self.as_caller(identity, lambda fs: fs.stat(path))
         except NotFound:
             negative = self.cache.absent(parent_inode, text)
             if negative is None:
@@ -176,8 +177,7 @@ class TectofsOperations(FileOperations):
 
     async def _list(self, inode: int, identity: Identity | None) -> list[Entry]:
         """"." and ".." (inode numbers), then every entry with its attributes."""
-        path = self.path(inode)
-
+        path = await self.checked_path(inode, identity)
         entries = await self.as_caller(identity, lambda fs: fs.scandir(path))
         dots: list[Entry] = [(".", inode), ("..", self.inodes.parent_of(inode))]
         return dots + list(entries)
@@ -191,8 +191,8 @@ class TectofsOperations(FileOperations):
 
     @handler
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Caller) -> pyfuse3.EntryAttributes:
-        text, path = self.child(parent_inode, name)
         identity = self.identity(ctx)
+        text, path = await self.checked_child(parent_inode, name, identity)
         started, made = self.fresh.begin_change(), None
         try:
             made = await self.as_caller(identity, lambda fs: fs.make_directory(path, mode & 0o7777))
@@ -217,8 +217,8 @@ class TectofsOperations(FileOperations):
                       remove: Callable[[AsyncFileSystem, str], Awaitable[DirectoryChange | None]]) -> None:
         """An unlink or rmdir of ``name`` in ``parent_inode``: the reply's directory attributes
         answer the kernel's next question about the parent, and keep its listing current."""
-        text, path = self.child(parent_inode, name)
         identity = self.identity(ctx)
+        text, path = await self.checked_child(parent_inode, name, identity)
         started, change = self.fresh.begin_change(), None
         try:
             change = await self.as_caller(identity, lambda fs: remove(fs, path))
@@ -230,9 +230,9 @@ class TectofsOperations(FileOperations):
     @handler
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int,
                      ctx: Caller) -> None:
-        old_text, old = self.child(parent_inode_old, name_old)
-        new_text, new = self.child(parent_inode_new, name_new)
         identity = self.identity(ctx)
+        old_text, old = await self.checked_child(parent_inode_old, name_old, identity)
+        new_text, new = await self.checked_child(parent_inode_new, name_new, identity)
         if flags == pyfuse3.RENAME_EXCHANGE:  # atomic swap, e.g. a new checkpoint directory for the old one
             await self.as_caller(identity, lambda fs: fs.exchange(old, new))
             self.inodes.exchanged(parent_inode_old, old_text, parent_inode_new, new_text)
@@ -247,30 +247,33 @@ class TectofsOperations(FileOperations):
     @handler
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Caller) -> pyfuse3.EntryAttributes:
         """``ln SOURCE TARGET``: ``new_name`` becomes another name of the file ``inode``."""
-        source = self.path(inode)
-        text, target = self.child(new_parent_inode, new_name)
-        st = await self.as_caller(self.identity(ctx), lambda fs: fs.link(source, target))
+        identity = self.identity(ctx)
+        source = await self.checked_path(inode, identity)
+        text, target = await self.checked_child(new_parent_inode, new_name, identity)
+        st = await self.as_caller(identity, lambda fs: fs.link(source, target))
         self.named(new_parent_inode, text, st.ino)
         return self.entry(st)
 
     @handler
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Caller) -> pyfuse3.EntryAttributes:
-        text, path = self.child(parent_inode, name)
+        identity = self.identity(ctx)
+        text, path = await self.checked_child(parent_inode, name, identity)
         destination = target.decode("utf-8", "surrogateescape")
-        st = await self.as_caller(self.identity(ctx), lambda fs: fs.symlink(destination, path))
+        st = await self.as_caller(identity, lambda fs: fs.symlink(destination, path))
         self.named(parent_inode, text, st.ino)
         return self.entry(st)
 
     @handler
     async def readlink(self, inode: int, ctx: Caller) -> bytes:
-        path = self.path(inode)
-        target = await self.as_caller(self.identity(ctx), lambda fs: fs.readlink(path))
+        identity = self.identity(ctx)
+        path = await self.checked_path(inode, identity)
+        target = await self.as_caller(identity, lambda fs: fs.readlink(path))
         return target.encode("utf-8", "surrogateescape")
 
     @handler
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Caller) -> pyfuse3.EntryAttributes:
-        text, path = self.child(parent_inode, name)
         identity = self.identity(ctx)
+        text, path = await self.checked_child(parent_inode, name, identity)
         if statmod.S_ISREG(mode):
             file = await self.as_caller(identity, lambda fs: fs.open(path, "xb", file_mode=mode & 0o7777))
             await file.close()
@@ -299,7 +302,7 @@ class TectofsOperations(FileOperations):
         identity = self.identity(ctx)
         if self.has_no_xattrs(inode, identity):
             raise NoAttribute("no such extended attribute")
-        path = self.path(inode)
+        path = await self.checked_path(inode, identity)
         return bytes(await self.as_caller(identity, lambda fs: fs.getxattr(path, text)))
 
     @handler
@@ -308,7 +311,7 @@ class TectofsOperations(FileOperations):
         identity = self.identity(ctx)
         if self.has_no_xattrs(inode, identity):
             return []
-        path = self.path(inode)
+        path = await self.checked_path(inode, identity)
         names = await self.as_caller(identity, lambda fs: fs.listxattr(path))
         return [n.encode("utf-8", "surrogateescape") for n in names]
 
@@ -317,8 +320,9 @@ class TectofsOperations(FileOperations):
         """(pyfuse3 checks ``XATTR_CREATE`` and ``XATTR_REPLACE`` with a ``getxattr`` first.)"""
         self._no_xattrs()
         self.xattrs_set(inode)
-        path, text = self.path(inode), name.decode("utf-8", "surrogateescape")
-        await self.as_caller(self.identity(ctx), lambda fs: fs.setxattr(path, text, value))
+        identity = self.identity(ctx)
+        path, text = await self.checked_path(inode, identity), name.decode("utf-8", "surrogateescape")
+        await self.as_caller(identity, lambda fs: fs.setxattr(path, text, value))
         if text == xattr_names.CAPABILITY:
             self.files.privileges_granted(inode)
 
@@ -326,6 +330,7 @@ class TectofsOperations(FileOperations):
     async def removexattr(self, inode: int, name: bytes, ctx: Caller) -> None:
         self._no_xattrs()
         self.xattrs_set(inode)
-        path, text = self.path(inode), name.decode("utf-8", "surrogateescape")
-        await self.as_caller(self.identity(ctx), lambda fs: fs.removexattr(path, text))
+        identity = self.identity(ctx)
+        path, text = await self.checked_path(inode, identity), name.decode("utf-8", "surrogateescape")
+        await self.as_caller(identity, lambda fs: fs.removexattr(path, text))
 

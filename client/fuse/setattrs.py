@@ -58,7 +58,7 @@ async def set_attributes(state: MountState, inode: int, attr: pyfuse3.EntryAttri
             return Stat.from_attrs(writer.file.attrs)
     await state.files.commit_writers(inode)
     try:
-        path: str | None = state.path(inode)
+        path: str | None = await state.checked_path(inode, identity)
     except StaleFile:  # unlinked while open
         path = None
     started = state.fresh.begin_change()
@@ -113,7 +113,7 @@ async def _set_size(state: MountState, inode: int, size: int, fh: int | None, id
             return Stat.from_attrs(handle.file.attrs)
     writers = state.files.writers(inode)
     if not writers:
-        path = state.path(inode)
+        path = await state.checked_path(inode, identity)
         await state.as_caller(identity, lambda fs: fs.truncate(path, size))
         return None
     for handle in writers:  # so that their next commits keep the new size

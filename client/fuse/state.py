@@ -14,6 +14,7 @@ import functools
 import logging
 from typing import Any, Awaitable, Callable, TypeVar
 
+import msgspec
 import pyfuse3
 
 from tectofs.client.core import AsyncFileSystem, Stat
@@ -28,7 +29,7 @@ from tectofs.client.fuse.readdir import OpenListings
 from tectofs.client.fuse.users import Caller, Callers, Identity, on_view
 from tectofs.errors import NotFound, PermissionDenied, StaleFile, TectofsError
 from tectofs.wire import messages
-from tectofs.wire.leases import Recall
+from tectofs.wire.leases import Entry, Recall
 
 log = logging.getLogger("tectofs.fuse")
 
@@ -68,11 +69,27 @@ class MountState:
         the mount's own memories go, then the kernel's (``KernelCache.recalled``); the recall is
         acknowledged once this returns."""
         self.fresh.forget_all()
+        if recall is not None and recall.claims:
+            recall = self._claim_ended(recall)
         for ino in [None] if recall is None else recall.inos:  # (a chmod elsewhere may have given set-id bits)
             self.files.privileges_granted(ino)
         if recall is None or recall.entries or recall.listings:
             self.listings.forget_all()
+        # Names changed elsewhere may lead elsewhere now: checked before a request acts by them.
+        self.inodes.doubt(None if recall is None else [(e.parent, e.name) for e in recall.entries])
         await self.cache.recalled(recall, self.inodes.known_names(), self.inodes.known_inodes())
+
+    def _claim_ended(self, recall: Recall) -> Recall:
+        """``recall`` of this mount's claims, widened to what the kernel holds of the claimed
+        directories only by those claims (no lease: the service grants nothing for a claim's
+        creates and unlinks): every name there the kernel may hold, present or absent, is
+        recalled (and doubted), with its inode's attributes, the directory's attributes and
+        the listing the kernel may keep of it, as if another client had changed them all."""
+        named = self.inodes.named_in(set(recall.claims))
+        return msgspec.structs.replace(
+            recall, entries=[*recall.entries, *(Entry(parent=key[0], name=key[1]) for key, _ in named)],
+            listings=[*recall.listings, *recall.claims],
+            inos=[*recall.inos, *recall.claims, *{ino for _, ino in named}])
 
     def identity(self, ctx: Caller) -> Identity | None:
         return self.callers.identity(ctx)
@@ -101,6 +118,34 @@ class MountState:
         text = name.decode("utf-8", "surrogateescape")
         return text, self.inodes.child_path(parent, text)
 
+    async def checked_path(self, ino: int, identity: Identity | None) -> str:
+        """``ino``'s path, checked to lead to it when another client changed a name on it since
+        the kernel got it (``InodeTable.doubt``), else the first of its other names that does;
+        StaleFile (ESTALE: the kernel walks the path again) if none does. A path with no doubted
+        name is answered as it is: the service recalls a name before it changes."""
+        path, doubtful = self.inodes.path_doubtful(ino)
+        if not doubtful:
+            return path
+        refused: PermissionDenied | None = None
+        for candidate in self.inodes.paths(ino):
+            try:
+                found = await self.as_caller(identity, lambda fs: fs.stat(candidate[1]))
+            except PermissionDenied as exc:  # (the caller may not walk it: said so if no other name serves)
+                refused = refused or exc
+                continue
+            except TectofsError:
+                continue
+            if found.ino == ino:
+                self.inodes.confirmed(ino, candidate)
+                return candidate[1]
+        raise refused or StaleFile(f"inode {ino}: no name this mount knows leads to it any more")
+
+    async def checked_child(self, parent: int, name: bytes, identity: Identity | None) -> tuple[str, str]:
+        """``child``, the directory's path checked as by :meth:`checked_path`."""
+        text = name.decode("utf-8", "surrogateescape")
+        base = await self.checked_path(parent, identity)
+        return text, base + text if base == "/" else base + "/" + text
+
     def entry(self, st: Stat, fresh: bool = True) -> pyfuse3.EntryAttributes:
         """The kernel's view of ``st`` with this mount's uncommitted changes and the cache
         policy's timeouts; remembered for close-to-open (``KernelCache.reported``)."""
@@ -119,7 +164,7 @@ class MountState:
         unlinked open file), by inode number through a descriptor open on it (as fstat does
         on Linux; the service takes a handle only from the uid it was issued to)."""
         try:
-            path = self.path(ino)
+            path = await self.checked_path(ino, identity)
             st = await self.as_caller(identity, lambda fs: fs.stat(path))
             if st.ino == ino:
                 return st

@@ -42,7 +42,7 @@ class Service(Protocol):
     def grants_claims(self) -> bool: ...
 
     async def _call(self, operation: Callable[[SqlStore], ResultT], returns: type[ResultT], *,
-                    always_admitted: bool = False, new_directory: bool = False) -> ResultT: ...
+                    always_admitted: bool = False, new_directory: bool = False, own_kept: bool = True) -> ResultT: ...
 
     def _caller(self) -> Caller | None: ...
 
@@ -115,7 +115,7 @@ class ClaimOperations:
             return ClaimReply(granted=True, directory=directory, template=template, first=first,
                               inline_max=store._inline_max(template))
 
-        reply = await self.service._call(claim, ClaimReply)
+        reply = await self.service._call(claim, ClaimReply, own_kept=False)  # (what it recalls is the others')
         if not reply.granted:
             return reply, b""
         assert reply.directory is not None and reply.template is not None
@@ -149,6 +149,8 @@ class ClaimOperations:
                     " recalled, or the session ran out): these creates are refused")
             return store.create_many(parts, r.directory, r.creates, r.uid, r.gid, caller=caller, unlinks=r.unlinks)
 
-        made = await self.service._call(create_many, CreateManyReply)
+        # Not granted to its sender: while the claim holds, nobody else reads or changes the
+        # directory; when it ends, the client drops what it learned under it (client/claims.py).
+        made = await self.service._call(create_many, CreateManyReply, own_kept=False)
         return CreateManyReply(directory=self.service._attrs(made.directory),
                                layouts=[self.service._segment(layout) for layout in made.layouts]), b""

@@ -233,7 +233,7 @@ class MetadataService:
                 log.exception("repair scheduling failed")
 
     async def _call(self, operation: Callable[[SqlStore], ResultT], returns: type[ResultT], *,
-                    always_admitted: bool = False, new_directory: bool = False) -> ResultT:
+                    always_admitted: bool = False, new_directory: bool = False, own_kept: bool = True) -> ResultT:
         """``operation(store)`` through the runner, for the request being served; it answers
         ``returns``. A request with a call id (``tectofs.wire.server.current_call``) has each
         store operation it runs keyed by its call id and step, so the operation happens at
@@ -243,7 +243,9 @@ class MetadataService:
         ``operation`` runs on the store's thread: what it needs of the request (paths split,
         the caller) is computed before, here, where the request's context is.
         ``new_directory``: the operation makes the directory it answers (its caller is granted
-        its listing, which it knows: empty)."""
+        its listing, which it knows: empty). ``own_kept``: the caller is granted what it changed
+        (its client keeps it); not for a claim's calls (``claims.py``: the client drops, when the
+        claim ends, what it learned under it)."""
         # Admission control: past this queue length, new work is refused (the client backs
         # off and retries) instead of growing the queue and everyone's latency without bound.
         # Heartbeats are always admitted: refusing them would declare live servers dead.
@@ -262,7 +264,7 @@ class MetadataService:
             ran: list[bool] = []
             try:
                 result = await self.runner.call(self._leased(operation, session, modified, since, raced, new_directory,
-                                                             ran), returns=returns, request_key=key)
+                                                             ran, own_kept), returns=returns, request_key=key)
                 break
             except ClaimConflict as conflict:  # undone: the claim's holder sends its creates, then again
                 await self.leases.recall_claim(conflict.directory)
@@ -283,7 +285,7 @@ class MetadataService:
 
     def _leased(self, operation: Callable[[SqlStore], ResultT], session: bytes, modified: set[LeaseKey],
                 since: int | None, raced: list[LeaseKey], new_directory: bool = False,
-                ran: list[bool] | None = None) -> Callable[[SqlStore], ResultT]:
+                ran: list[bool] | None = None, own_kept: bool = True) -> Callable[[SqlStore], ResultT]:
         """``operation`` that, on the store's thread, grants ``session`` a lease on what it read
         (before any later operation can change it: ``server/meta/leases.py``; into ``raced``,
         what a peer's recall since ``since`` named) and collects into ``modified`` what it
@@ -295,8 +297,10 @@ class MetadataService:
             through: set[LeaseKey] = set()
             store.walked, store.through, store.modified, store.reached = walked, through, modified, 0
             result: ResultT | None = None
+            done = False
             try:
                 result = operation(store)
+                done = True
                 return result
             finally:
                 reached, store.walked, store.through, store.modified = store.reached, None, None, None
@@ -313,6 +317,8 @@ class MetadataService:
                 if session:
                     if new_directory and isinstance(result, messages.AttrsReply):
                         granted.append((LISTING, result.attrs.ino))
+                    if done and own_kept:  # its client keeps what its own change made: recalled when another changes it
+                        granted.extend(key for key in modified if key[0] != LISTING)
                     raced.extend(self.leases.grant(session, granted, since))
         return run
 
