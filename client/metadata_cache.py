@@ -404,8 +404,10 @@ class MetadataCache(Generic[StatT]):
                         fresh_for: "int | None | Literal[False]" = False) -> None:
         """This client's own ``operation`` with ``request`` answered ``reply`` (None: it failed,
         or may have succeeded unseen). The service recalls nothing from the client that made a
-        change: the cache learns the new names from the reply (so a directory it made stays
-        complete through its creates), or forgets what the request named. ``fresh_for``: the
+        change, and grants its session the names and attributes the call changed (a claim's
+        creates and unlinks, made without a call, are covered by the claim instead, and go
+        when it ends: ``_claim_ended``): the cache learns the new names from the reply (so a
+        directory it made stays complete through its creates), or forgets what the request named. ``fresh_for``: the
         uid the call was made as (None: the client's own) when no recall crossed it (False: one
         may have): a commit's answer, the file's new layout, leased to it, is then kept."""
         if reply is not None and self.make is not None:

@@ -345,3 +345,35 @@ def test_a_claim_ending_drops_the_claimed_directory_names_the_mount_holds() -> N
     assert sorted((e.parent, e.name) for e in widened.entries) == [(2, "sub"), (2, "x"), (9, "n")]
     assert widened.listings == [2] and widened.claims == [2]
     assert sorted(widened.inos) == [2, 5, 6]
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_an_o_creat_open_of_a_name_unlinked_elsewhere_creates_it_instead_of_failing(
+        cluster: Any, mounts: list[str], tmp_path: Any) -> None:
+    """The kernel may still hold a name another client just unlinked (here a mount without
+    leases, which keeps names ``--attr-timeout``; with leases, while the unlink's recall is on
+    its way): ``open(O_CREAT)`` then opens that inode, not creates. Its open must answer ESTALE
+    (the kernel walks the path again, finds nothing and creates), never ENOENT: issue 52's
+    checker saw ``open(O_WRONLY|O_CREAT|O_APPEND)`` fail so while an S3 client deleted the file."""
+    from tectofs.client.fuse import start_mount_process
+
+    plain = start_mount_process(cluster.address, str(tmp_path / "plain"), leases=False, attr_timeout_s=30.0,
+                                log_path=str(tmp_path / "plain.log"))
+    try:
+        d = f"/recreated-{os.getpid()}"
+        os.mkdir(f"{mounts[0]}{d}")
+        for round_, flags in enumerate([os.O_APPEND, os.O_APPEND, 0, os.O_TRUNC]):
+            with open(f"{plain.mountpoint}{d}/g", "wb") as f:
+                f.write(b"old")
+            os.stat(f"{plain.mountpoint}{d}/g")  # (the kernel keeps the name: no lease recalls it)
+            os.unlink(f"{mounts[1]}{d}/g")
+            fd = os.open(f"{plain.mountpoint}{d}/g", os.O_WRONLY | os.O_CREAT | flags, 0o644)
+            try:
+                os.write(fd, b"new %d" % round_)
+            finally:
+                os.close(fd)
+            with open(f"{mounts[1]}{d}/g", "rb") as f:
+                assert f.read() == b"new %d" % round_, round_
+    finally:
+        plain.stop()

@@ -103,7 +103,11 @@ class FileOperations(MountState, pyfuse3.Operations):
             client_mode = "r+b"
         identity = self.identity(ctx)
         path, grants = await self.checked_path(inode, identity), self.files.grants
-        file = await self.as_caller(identity, lambda fs: fs.open(path, client_mode, write_only=access == os.O_WRONLY))
+        try:
+            file = await self.as_caller(identity, lambda fs: fs.open(path, client_mode,
+                                                                     write_only=access == os.O_WRONLY))
+        except NotFound as exc:  # unlinked elsewhere since the kernel got the name: it walks the path
+            raise StaleFile(f"{path} is no longer inode {inode}") from exc  # again (O_CREAT: and creates)
         if file.ino != inode:  # another client put another file there: the kernel walks the path again
             await file.close()
             raise StaleFile(f"{path} is no longer inode {inode}")

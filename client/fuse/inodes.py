@@ -20,11 +20,12 @@ Contract:
 - ``removed``, ``moved`` and ``exchanged`` follow this mount's own unlink, rmdir and rename;
   another client's changes are learned at the kernel's next lookup of the name.
 - ``doubt(names)``: another client changed these names (a lease recall named them, or the
-  leases were lost): each goes last among its inode's names, and a path through a doubted name
-  is *doubtful* (``path_doubtful``) until a lookup confirms it again: the mount checks such a
-  path leads to the inode before it acts on it (``MountState.checked_path``), trying the
-  inode's other names (``paths``), so a request never acts on another client's file by a name
-  that no longer leads to the kernel's inode.
+  leases were lost, or this mount's claim on their directory ended: ``named_in``): each goes
+  last among its inode's names, and a path through a doubted name is *doubtful*
+  (``path_doubtful``) until a lookup confirms it again: the mount checks such a path leads to
+  the inode before it acts on it (``MountState.checked_path``), trying the inode's other names
+  (``paths``), so a request never acts on another client's file by a name that no longer leads
+  to the kernel's inode.
 """
 
 from __future__ import annotations

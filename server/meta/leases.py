@@ -9,7 +9,9 @@ data of each inode an answer carried (``("a", ino)``); each directory it listed
 asking. A change (``SqlStore.modified``, ``tectofs/store/lease_keys.py``: the names a statement
 added, removed or repointed, and with them their directory's listing; the inodes whose rows it
 updated) *recalls* what it invalidated from every other session holding it, and the changing
-call returns only once each holder acknowledged or its session ran out. A recall ends the
+call returns only once each holder acknowledged or its session ran out; the changing session,
+whose client keeps what its change taught it, is granted the names and attributes it changed
+(not for a claim's calls: ``MetadataService._call``'s ``own_kept``). A recall ends the
 holding: the holder is recalled again only after it read the thing again, so a client that
 keeps creating in a directory another client once listed pays one recall, not one per create.
 Names are leased one by one, so walking through a directory is not disturbed by creates of
