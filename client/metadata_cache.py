@@ -455,6 +455,12 @@ class MetadataCache(Generic[StatT]):
             source_parent = self._resolve(source[:-1]) if source else None
             if not isinstance(source_parent, int) or attrs is None:
                 return False
+            if source != parts:  # onto another name of the same file: nothing happened (POSIX)
+                held = self._names.get((parent, parts[-1]), MISS)
+                if held == attrs.ino:
+                    return True
+                if isinstance(held, Miss) and attrs.nlink > 1:  # (maybe so: both names are forgotten)
+                    return False
             self._own_name(source_parent, source[-1], ABSENT)
         directory = getattr(reply, "directory", None)
         after = self.make(directory) if fresh and directory is not None else None

@@ -377,3 +377,25 @@ def test_an_o_creat_open_of_a_name_unlinked_elsewhere_creates_it_instead_of_fail
                 assert f.read() == b"new %d" % round_, round_
     finally:
         plain.stop()
+
+
+def test_a_rename_onto_another_name_of_the_same_file_leaves_both_names(cluster: Any) -> None:
+    """POSIX: renaming a name onto another name of the same file does nothing. The client's
+    own cache took the source for gone (its stat answered NotFound, with no lease to recall it:
+    the service changed nothing), whether or not it knew the target's name."""
+    async def scenario() -> None:
+        (a,) = await _leasing(cluster.address, 1)
+        d = f"/links-{os.getpid()}"
+        await a.mkdir(d)
+        await a.write_bytes(f"{d}/a", b"x")
+        await a.link(f"{d}/a", f"{d}/b")
+        await a.stat(f"{d}/b")  # (the target's name known)
+        await a.rename(f"{d}/a", f"{d}/b")
+        assert await a.exists(f"{d}/a") and await a.exists(f"{d}/b")
+        a.metadata_cache.forget(None)  # (the target's name not known)
+        await a.stat(f"{d}/a")
+        await a.rename(f"{d}/a", f"{d}/b")
+        assert await a.exists(f"{d}/a") and await a.exists(f"{d}/b")
+        assert sorted(await a.listdir(d)) == ["a", "b"]
+        await a.close()
+    asyncio.run(asyncio.wait_for(scenario(), 60))
