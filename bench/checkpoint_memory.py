@@ -44,7 +44,7 @@ class _Agents:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str) -> str:
-        from tectofs.cli.agent import start_agent
+        from tectofs.agent.process import start_agent
 
         proc, address = start_agent(self.root, "--cluster", self.cluster, *args, name=f"agent-{len(self.procs)}")
         self.procs.append(proc)

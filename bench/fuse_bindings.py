@@ -574,7 +574,7 @@ def print_summary(result: Result) -> None:
 def add_options(parser: argparse.ArgumentParser, standalone: bool) -> None:
     """The options of ``tectofs bench fuse-bindings`` (``standalone``: also those ``tectofs bench``
     shares: --files, --size, --rounds, --quick, --out, --work-dir)."""
-    from tectofs.cli import numbers
+    from tectofs.arguments import numbers
 
     parser.add_argument("--bindings", nargs="+", choices=list(BINDINGS), default=None,
                         help="fuse-bindings: which to measure (default: all; those not installed are reported so)")
@@ -615,9 +615,9 @@ def steps(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tectofs.arguments.parser import Parser
     from tectofs.benchmarks.charts import draw_chart
     from tectofs.benchmarks.common import work_dir
-    from tectofs.cli.options import Parser
 
     parser = Parser(prog="python3 -m tectofs.benchmarks.fuse_bindings", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)

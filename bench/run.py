@@ -272,8 +272,8 @@ def run_one(name: str, args: argparse.Namespace) -> SummaryEntry:
 
 def build_parser(prog: str = "tectofs bench") -> argparse.ArgumentParser:
     from tectofs import limits
-    from tectofs.cli import numbers
-    from tectofs.cli.options import Parser  # usage errors as one line, exit status 2, like every tectofs command
+    from tectofs.arguments import numbers
+    from tectofs.arguments.parser import Parser  # usage errors as one line, exit status 2, like every tectofs command
 
     parser = Parser(prog=prog, description=__doc__)
     parser.add_argument("benchmark", choices=[*BENCHMARKS, "all"], help="which benchmark to run")

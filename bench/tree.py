@@ -635,7 +635,7 @@ def print_summary(result: Result) -> None:
 
 def add_options(parser: argparse.ArgumentParser, standalone: bool) -> None:
     """The options of ``tectofs bench tree`` (``standalone``: also those ``tectofs bench`` shares)."""
-    from tectofs.cli import numbers
+    from tectofs.arguments import numbers
 
     parser.add_argument("--tree", default=None, metavar="DIR",
                         help="tree: untar every file under DIR instead of installed packages")
@@ -700,9 +700,9 @@ def steps(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tectofs.arguments.parser import Parser
     from tectofs.benchmarks.charts import draw_chart
     from tectofs.benchmarks.common import work_dir
-    from tectofs.cli.options import Parser
 
     parser = Parser(prog="python3 -m tectofs.benchmarks.tree", description=__doc__)
     add_options(parser, standalone=True)

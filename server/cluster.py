@@ -201,7 +201,7 @@ class LocalCluster:
 
     def _start_s3(self, port: int, timeout_s: float) -> None:
         """Start the S3 gateway (serving every user) and write root's S3 keys to ``s3_env_file``."""
-        from tectofs.s3.cli import write_env_file
+        from tectofs.s3_env import write_env_file
 
         ready = os.path.join(self.root, "s3.address")
         if os.path.exists(ready):

@@ -16,41 +16,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import sys
-import textwrap
-from typing import Any, NoReturn
+from typing import Any
 
 from tectofs import logs
+from tectofs.arguments.parser import HelpFormatter as HelpFormatter
+from tectofs.arguments.parser import Parser as Parser
 
 from . import config
 from .common import UsageError, check_credentials, checked_address
-from .output import shown
 
 # dest -> default when no position gave it
 _LOGGING_DEFAULTS: dict[str, Any] = {"verbose": False, "quiet": False, "log_level": None, "log_format": None,
                                      "log_file": None}
 _TOP_CLIENT = ("meta", "credentials", "tls_ca", "json")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and epilogs as written; every option's help wrapped at spaces only, so a flag
-    it names (``--mount-opens-directories``) is never split at a hyphen across two lines."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(re.sub(r"\s+", " ", text).strip(), width, break_on_hyphens=False)
-
-
-class Parser(argparse.ArgumentParser):
-    """Usage errors as one line, ``tectofs CMD: message``, exit status 2 (subcommands inherit the
-    class); help in :class:`HelpFormatter` unless another is given."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {shown(message, sys.stderr)} ('{self.prog} --help' lists the options)\n")
 
 
 class _Version(argparse.Action):

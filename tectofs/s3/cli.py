@@ -10,27 +10,12 @@ import os
 import sys
 from typing import Any, Callable
 
-ENV_FILE_NAME = "s3.env"
-
-
-def env_lines(access_key: str, secret_key: str) -> str:
-    """The lines of an ``s3.env`` file (``source``-able, and what ``--env-file`` options read)."""
-    return f"AWS_ACCESS_KEY_ID={access_key}\nAWS_SECRET_ACCESS_KEY={secret_key}\n"
-
-
-def write_env_file(path: str, credential: Any) -> str:
-    """Write the credential's S3 keys to ``path`` (mode 0600, atomically) as :func:`env_lines`."""
-    from tectofs.wire import auth
-
-    from .principals import keys_of
-
-    auth._write_private(path, env_lines(*keys_of(credential)))  # the key file's writer: 0600, never half-written
-    return path
+from tectofs.s3_env import env_lines
 
 
 def _listen(text: str) -> tuple[str, int]:
     """``--listen HOST:PORT`` (``:PORT``: 127.0.0.1), the port checked as every tectofs port option's."""
-    from tectofs.cli.numbers import PORT
+    from tectofs.arguments.numbers import PORT
 
     host, _, port = text.rpartition(":")
     try:
