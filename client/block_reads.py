@@ -5,10 +5,11 @@
     LAUNCH --(needed chunks in flight: data first, chunks on servers known down last)--> WAIT
     WAIT   --a chunk arrived, fewer than needed-------------------------------------> LAUNCH
            --a chunk failed (missing, corrupt, unreachable): a stand-in from parity-> LAUNCH
-           --one chunk much slower than its siblings---------------------------------> HEDGE
+           --a chunk late against its server's deadline, or its server set aside---> HEDGE
            --as many chunks as the policy needs-----------------------------------> GATHERED
-    HEDGE  --one more chunk in flight, the slow one still awaited--------------------> WAIT
-    GATHERED --stragglers cancelled and diverted; anything failed or skipped?--> REPORT_BAD | DECODE
+    HEDGE  --one more chunk in flight (budget allowing), the late one still awaited---> WAIT
+    GATHERED --late stragglers' servers set aside; stragglers cancelled and diverted;
+               anything failed or skipped?----------------------------------------> REPORT_BAD | DECODE
     REPORT_BAD --the metadata service told (it rebuilds corrupt and missing chunks)--> DECODE
     DECODE --decoded into the target (a copy when every data chunk came)------------> DONE
 
@@ -24,11 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import statistics
-import time
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
-from tectofs import erasure, limits
+from tectofs import erasure
 from tectofs.buffers import BufferPool
 from tectofs.errors import (
     CapabilityRefused,
@@ -46,6 +45,13 @@ from tectofs.regions import Regions
 from tectofs.wire import messages
 from tectofs.wire.client import ReplySink
 
+from .server_health import DownServers
+
+__all__ = ["BlockRead", "ChunkSource", "DownServers", "ReadState", "consume_outcome"]
+
+
+CHECK_INTERVAL_S = 0.05  # a read waiting on a get that may be hedged looks again at least this often
+
 
 class ReadState(enum.Enum):
     LAUNCH = "launch"          # put chunk gets in flight until the policy's needed count is
@@ -55,33 +61,6 @@ class ReadState(enum.Enum):
     REPORT_BAD = "report_bad"  # tell the metadata service of the chunks that failed
     DECODE = "decode"          # rebuild the block into its target
     DONE = "done"
-
-
-class DownServers:
-    """Chunk servers this client recently failed to reach (connection refused, lost or timed
-    out), so that reads try other chunks first for ``limits.server_down_memo_s``. Advice only:
-    a server marked down is still asked when no other chunk is left, and a chunk it serves
-    clears the mark."""
-
-    def __init__(self, memo_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.memo_s = limits.server_down_memo_s if memo_s is None else memo_s
-        self.clock = clock
-        self._until: dict[str, float] = {}
-
-    def mark(self, address: str | None) -> None:
-        if address:
-            self._until[address] = self.clock() + self.memo_s
-
-    def answered(self, address: str) -> None:
-        self._until.pop(address, None)
-
-    def is_down(self, address: str | None) -> bool:
-        if not address or address not in self._until:
-            return False
-        if self.clock() >= self._until[address]:
-            del self._until[address]
-            return False
-        return True
 
 
 class ChunkSource(Protocol):
@@ -128,6 +107,10 @@ class BlockRead:
         self.failed: dict[int, str] = {}
         self.kinds: dict[int, messages.BadChunkKind] = {}
         self.running: dict[asyncio.Task[Any], int] = {}
+        self.started: dict[asyncio.Task[Any], float] = {}  # loop time each get went out
+        self.hedged: set[asyncio.Task[Any]] = set()  # gets a hedge went out for
+        self.refused: set[asyncio.Task[Any]] = set()  # late gets the hedge budget refused a hedge
+        self.flagged: set[asyncio.Task[Any]] = set()  # gets whose server was set aside while they ran
         self.finished_s: list[float] = []
         self.loop: asyncio.AbstractEventLoop | None = None  # the running loop, once running
         self.state = ReadState.LAUNCH
@@ -187,7 +170,7 @@ class BlockRead:
         return ReadState.WAIT
 
     async def _wait(self) -> ReadState:
-        done, _ = await asyncio.wait(list(self.running), timeout=self._hedge_delay(),
+        done, _ = await asyncio.wait(list(self.running), timeout=self._next_check(),
                                      return_when=asyncio.FIRST_COMPLETED)
         if not done:
             return ReadState.HEDGE
@@ -196,13 +179,44 @@ class BlockRead:
         return ReadState.GATHERED if len(self.got) >= self.policy.needed else ReadState.LAUNCH
 
     async def _hedge(self) -> ReadState:
-        """Hedged read: a chunk much slower than its siblings (a hung server) gets a stand-in
-        from the remaining chunks instead of waiting for the RPC timeout."""
-        self.source.note("hedged_reads")
-        self._fetch_next()
+        """Hedged reads: a get late against its server's deadline (``server_health``) gets a
+        stand-in from the remaining chunks, if the hedge budget allows; a get to a server set
+        aside (just now, for going unanswered too long, or by another read) gets one always.
+        The late get is still awaited: the first ``needed`` to arrive are used."""
+        assert self.loop is not None
+        now = self.loop.time()
+        down = self.source.down
+        for task, position in list(self.running.items()):
+            address = self.by_position[position].address
+            deadline = self._deadline(address)
+            age = now - self.started[task]
+            if task not in self.flagged and age >= down.latencies.set_aside_after(deadline):
+                self.flagged.add(task)
+                down.late(address)
+                self.source.note("servers_set_aside")
+            if task in self.hedged or not self.candidates:
+                continue
+            if down.is_down(address):
+                pass  # presumed gone: this hedge replaces the get, it adds no load
+            elif age < deadline or task in self.refused:
+                continue
+            elif not down.budget.take():
+                self.refused.add(task)
+                self.source.note("hedges_refused")
+                continue
+            self.hedged.add(task)
+            self.source.note("hedged_reads")
+            self._fetch_next()
         return ReadState.WAIT
 
     async def _gathered(self) -> ReadState:
+        assert self.loop is not None
+        now = self.loop.time()
+        for task, position in self.running.items():  # late past its deadline and not needed: set aside
+            address = self.by_position[position].address
+            if task not in self.flagged and now - self.started[task] >= self._deadline(address):
+                self.source.down.late(address)
+                self.source.note("servers_set_aside")
         self._stop_fetches()
         for position in list(self.got)[self.policy.needed :]:  # a hedge and its original both arrived
             self.source.release_payload(self.got.pop(position))
@@ -224,25 +238,54 @@ class BlockRead:
     # ------------------------------------------------------------------ helpers
 
     def _fetch_next(self) -> None:
-        position = self.candidates.pop(0)
+        # The first candidate not on a server set aside (one may have been set aside since the
+        # read began), else the first.
+        down = self.source.down
+        at = next((i for i, p in enumerate(self.candidates) if not down.is_down(self.by_position[p].address)), 0)
+        position = self.candidates.pop(at)
         self.launched.add(position)
+        down.budget.requested()
         assert self.loop is not None
-        self.running[self.loop.create_task(self._fetch(position))] = position
+        task = self.loop.create_task(self._fetch(position))
+        self.running[task] = position
+        self.started[task] = self.loop.time()
 
     async def _fetch(self, position: int) -> Any:
         assert self.loop is not None
         started = self.loop.time()
-        payload = await self.source.get_chunk(
-            self.block, self.by_position[position], self.placed.get(position), self.sinks.get(position))
-        self.finished_s.append(self.loop.time() - started)
+        chunk = self.by_position[position]
+        payload = await self.source.get_chunk(self.block, chunk, self.placed.get(position), self.sinks.get(position))
+        took = self.loop.time() - started
+        self.finished_s.append(took)
+        self.source.down.latencies.record(chunk.address, took)
         return payload
 
-    def _hedge_delay(self) -> float | None:
-        """How long to wait for the chunks in flight before hedging (None: no hedge, nothing
-        left to hedge with or too few siblings timed yet)."""
-        if len(self.finished_s) < max(1, self.policy.needed // 2) or not self.candidates:
-            return None
-        return max(limits.hedge_after_min_s, limits.hedge_slowdown_factor * statistics.median(self.finished_s))
+    def _deadline(self, address: str | None) -> float:
+        """How long a get to ``address`` may run before it is late (``ServerLatencies.deadline``;
+        the gets of this block that arrived count once half the needed ones did)."""
+        siblings = self.finished_s if len(self.finished_s) >= max(1, self.policy.needed // 2) else None
+        return self.source.down.latencies.deadline(address, siblings)
+
+    def _next_check(self) -> float | None:
+        """How long to wait for the gets in flight before ``_hedge`` looks at them again: until
+        the next one is late or unanswered long enough to set its server aside, at most
+        ``CHECK_INTERVAL_S`` (another read may set a server aside meanwhile); None: never."""
+        assert self.loop is not None
+        now = self.loop.time()
+        down = self.source.down
+        moments = []
+        for task, position in self.running.items():
+            address = self.by_position[position].address
+            deadline = self._deadline(address)
+            if task not in self.hedged and self.candidates:
+                if down.is_down(address):
+                    return 0.0
+                moments.append(now + CHECK_INTERVAL_S)
+                if task not in self.refused:
+                    moments.append(self.started[task] + deadline)
+            if task not in self.flagged:
+                moments.append(self.started[task] + down.latencies.set_aside_after(deadline))
+        return max(0.0, min(moments) - now) if moments else None
 
     def _settle(self, position: int, task: asyncio.Task[Any]) -> None:
         """Record a finished get: the chunk, or why it failed (and what to report)."""

@@ -27,7 +27,8 @@ from tectofs.wire import messages
 from tectofs.wire.client import ReplySink, RpcClient
 
 from .block_puts import BlockPlacement
-from .block_reads import BlockRead, DownServers, consume_outcome
+from .block_reads import BlockRead, consume_outcome
+from .server_health import DownServers
 
 log = logging.getLogger("tectofs.client")
 
@@ -56,7 +57,8 @@ class BlockIO:
         self.executor = executor
         self.metrics = metrics
         self.stats = {"degraded_reads": 0, "degraded_writes": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
-                      "bad_chunks": 0, "checksum_failures": 0, "skipped_down_servers": 0}
+                      "bad_chunks": 0, "checksum_failures": 0, "skipped_down_servers": 0, "chunk_gets": 0,
+                      "hedges_refused": 0, "servers_set_aside": 0}
         self.down = DownServers()
         # Policies encoded before: the first encode of an rs policy in a process checks ISA-L
         # against pyeclib (~50 ms here), on a codec thread whatever the block's size.
@@ -180,6 +182,7 @@ class BlockIO:
         if not chunk.address:
             raise ConnectionLost(f"chunk server {chunk.server_id} is not registered")
         request = messages.GetChunkRequest(block_id=block.block_id, cap=block.cap)
+        self.stats["chunk_gets"] += 1  # (the process's metrics count gets by outcome: chunk_done)
         try:
             _, payload = await self.rpc.call(chunk.address, messages.GET_CHUNK, request, retries_max=1, receive_into=sink)
         finally:

@@ -215,6 +215,10 @@ class ClientMetrics:
         self._events = {
             "hedged_writes": hedged.labels("put_chunk"),
             "hedged_reads": hedged.labels("get_chunk"),
+            "hedges_refused": counter("tectofs_client_hedges_refused", "late chunk gets not hedged: the hedge budget"
+                                      " (a share of gets) was spent"),
+            "servers_set_aside": counter("tectofs_client_servers_set_aside", "chunk servers a client set aside for"
+                                         " leaving a get unanswered past its deadline"),
             "spare_writes": counter("tectofs_client_spare_writes", "chunks sent to a spare after a server failed"),
             "degraded_writes": counter("tectofs_client_degraded_writes",
                                        "blocks accepted with fewer chunks than the policy's width"),
