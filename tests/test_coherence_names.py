@@ -339,12 +339,14 @@ def test_a_claim_ending_drops_the_claimed_directory_names_the_mount_holds() -> N
     table.looked_up(2, "x", 5)
     table.looked_up(2, "sub", 6)
     table.looked_up(6, "deeper", 7)
+    table.looked_up(2, "y", 5)  # (x's other name, confirmed last)
     state = MountState.__new__(MountState)
     state.inodes = table
     widened = state._claim_ended(Recall(id=1, claims=[2], entries=[Entry(parent=9, name="n")]))
-    assert sorted((e.parent, e.name) for e in widened.entries) == [(2, "sub"), (2, "x"), (9, "n")]
-    assert widened.listings == [2] and widened.claims == [2]
+    assert [(e.parent, e.name) for e in widened.entries] == [(9, "n")]
+    assert widened.listings == [2] and widened.claims == [2]  # (every name the kernel holds there goes)
     assert sorted(widened.inos) == [2, 5, 6]
+    assert table.path_doubtful(5)[1] and table.path_doubtful(7) == ("/d/sub/deeper", True)
 
 
 @pytest.mark.fuse

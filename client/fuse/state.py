@@ -29,7 +29,7 @@ from tectofs.client.fuse.readdir import OpenListings
 from tectofs.client.fuse.users import Caller, Callers, Identity, on_view
 from tectofs.errors import NotFound, PermissionDenied, StaleFile, TectofsError
 from tectofs.wire import messages
-from tectofs.wire.leases import Entry, Recall
+from tectofs.wire.leases import Recall
 
 log = logging.getLogger("tectofs.fuse")
 
@@ -82,14 +82,14 @@ class MountState:
     def _claim_ended(self, recall: Recall) -> Recall:
         """``recall`` of this mount's claims, widened to what the kernel holds of the claimed
         directories only by those claims (no lease: the service grants nothing for a claim's
-        creates and unlinks): every name there the kernel may hold, present or absent, is
-        recalled (and doubted), with its inode's attributes, the directory's attributes and
-        the listing the kernel may keep of it, as if another client had changed them all."""
+        creates and unlinks), as if another client had changed it all: the directory's listing
+        (``KernelCache.recalled`` then drops every name there the kernel may hold, present or
+        absent, and the listing it may keep), its attributes and those of the inodes named
+        there. Those names are doubted (``InodeTable.doubt``)."""
         named = self.inodes.named_in(set(recall.claims))
-        return msgspec.structs.replace(
-            recall, entries=[*recall.entries, *(Entry(parent=key[0], name=key[1]) for key, _ in named)],
-            listings=[*recall.listings, *recall.claims],
-            inos=[*recall.inos, *recall.claims, *{ino for _, ino in named}])
+        self.inodes.doubt([key for key, _ in named])
+        return msgspec.structs.replace(recall, listings=[*recall.listings, *recall.claims],
+                                       inos=[*recall.inos, *recall.claims, *{ino for _, ino in named}])
 
     def identity(self, ctx: Caller) -> Identity | None:
         return self.callers.identity(ctx)
