@@ -107,7 +107,9 @@ class FileOperations(MountState, pyfuse3.Operations):
             file = await self.as_caller(identity, lambda fs: fs.open(path, client_mode,
                                                                      write_only=access == os.O_WRONLY))
         except NotFound as exc:  # unlinked elsewhere since the kernel got the name: it walks the path
-            raise StaleFile(f"{path} is no longer inode {inode}") from exc  # again (O_CREAT: and creates)
+            if self.fs.metadata_cache is not None:  # again (O_CREAT: and creates), asking the service: the
+                self.fs.metadata_cache.forget_path(path)  # cache may still hold it (its recall on its way)
+            raise StaleFile(f"{path} is no longer inode {inode}") from exc
         if file.ino != inode:  # another client put another file there: the kernel walks the path again
             await file.close()
             raise StaleFile(f"{path} is no longer inode {inode}")
