@@ -137,7 +137,8 @@ def test_every_command_exits_as_the_table_says_on_usage_and_configuration_errors
         if words != ["s3", "keys"]:  # it shows the credential's S3 keys without asking the cluster
             cases.append(([*words, *args, "--meta", address, "--credentials", credential], usage, "not a tectofs server"))
     cases.append((["bench", "--no-such-option"], USAGE, "bench"))
-    assert {"ls", "put", "get", "fsck", "admin drain", "user add", "mount", "gc", "s3 keys", "up", "completion"} <= set(walked)
+    assert {"ls", "put", "get", "fsck", "admin drain", "user add", "mount", "gc", "s3 keys", "up", "completion",
+            "check"} <= set(walked)
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([argv for argv, _, _ in cases])], capture_output=True,
                               text=True, timeout=150, env={**os.environ, "TECTOFS_CONFIG": str(tmp_path / "config.toml"),

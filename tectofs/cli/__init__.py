@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tectofs.s3 import cli as s3_cli
 
     s3_cli.add_parser(sub, _serve_bound)
+    from . import check  # tectofs check (tectofs/check): records and checks histories of many clients
+
+    check.add_parser(sub)
     completion.add_parser(sub, parser)
     options.spread(parser)
     return parser
