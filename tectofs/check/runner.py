@@ -91,6 +91,7 @@ class Result:
     faults: Counter[str] = field(default_factory=Counter)
     calls: Counter[tuple[str, str]] = field(default_factory=Counter)  # (client kind, operation kind) -> completed
     joins: int = 0
+    unknown: int = 0  # calls with no answer (timed out, cut off, their mount killed): fate unknown
     notes: list[str] = field(default_factory=list)  # what was left out, and why
     work: str = ""
 
@@ -290,6 +291,8 @@ class _Session:
         for op in history.operations:
             if op.complete is not None:
                 self.result.calls[(history.clients[op.client].kind, op.kind)] += 1
+            else:
+                self.result.unknown += 1
 
     def _fault(self, index: int, fault: str, start: float) -> Callable[[], None] | None:
         """Start ``fault`` at ``start + FAULT_AT_S`` on a thread; returns what undoes it after the history."""

@@ -121,7 +121,8 @@ def cmd_check(args: argparse.Namespace) -> None:
     for violation in result.violations:
         print(f"\nhistory {violation.index} (seed {violation.seed}), saved as {violation.saved}:")
         print(violation.report)
-    print(f"\n{result.histories} histories, {result.operations} operations, {len(result.violations)} violations,"
+    print(f"\n{result.histories} histories, {result.operations} operations ({result.unknown} with no answer),"
+          f" {len(result.violations)} violations,"
           f" {len(result.undecided)} undecided; faults: "
           f"{', '.join(f'{k} {v}' for k, v in sorted(result.faults.items())) or 'none'}; joins: {result.joins};"
           f" work directory: {result.work}")
