@@ -259,21 +259,25 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         parent = attrs = self._get(ROOT_INO)
         self.reached = ROOT_INO
         walked = ""
-        for name in parts:
+        for depth, name in enumerate(parts, 1):
             if attrs.kind != "dir":
                 raise NotADirectory(f"{walked or '/'} is not a directory")
             access.require(attrs, caller, X, path=_p(parts), on=walked or "/")
             walked += "/" + name
-            child = self._child_attrs(attrs.ino, name)
-            if self.walked is not None:
-                self.walked.append((ENTRY, attrs.ino, name))
-            if child is None:
-                raise NotFound(f"{walked}: no such file or directory")
-            if self.through is not None and child.kind == "dir":
-                self.through.add((ENTRY, attrs.ino, name))
-            self.reached = child.ino
-            parent, attrs = attrs, child
+            parent, attrs = attrs, self._entry(attrs, parts[:depth])
         return parent, attrs
+
+    def _entry(self, parent: Attrs, parts: list[str]) -> Attrs:
+        """``_walk``'s last step: the last name of ``parts`` in ``parent`` (``_parent_dir``'s)."""
+        child = self._child_attrs(parent.ino, parts[-1])
+        if self.walked is not None:
+            self.walked.append((ENTRY, parent.ino, parts[-1]))
+        if child is None:
+            raise NotFound(f"{_p(parts)}: no such file or directory")
+        if self.through is not None and child.kind == "dir":
+            self.through.add((ENTRY, parent.ino, parts[-1]))
+        self.reached = child.ino
+        return child
 
     def _resolve(self, parts: list[str], caller: Caller | None = None) -> Attrs:
         return self._walk(parts, caller)[1]
@@ -619,17 +623,18 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         """A second name ``dst`` for the file ``src`` (``link(2)``): any kind but a directory.
         A caller needs write and search permission on ``dst``'s directory, and the file must be
         one it may link (``access.require_linkable``: Linux's ``protected_hardlinks``)."""
-        if not src or not dst:
-            raise NotPermitted("the root directory cannot be linked to or replaced")
         attrs = self._resolve(src, caller)
-        if attrs.kind == "dir":
-            raise NotPermitted(f"{_p(src)} is a directory: directories have no hard links")
-        access.require_linkable(attrs, caller, _p(src))
+        # Linux's order: ENOENT, ENOTDIR, EEXIST of both paths before EPERM, EACCES (issue 52).
+        if not dst:
+            raise AlreadyExists("/ already exists")
         parent = self._parent_dir(dst, caller)
         check_name(dst[-1])
         if self._child(parent.ino, dst[-1]) is not None:
             raise AlreadyExists(f"{_p(dst)} already exists")
+        access.require_linkable(attrs, caller, _p(src))
         access.require(parent, caller, W | X, path=_p(dst), on=_p(dst[:-1]))
+        if attrs.kind == "dir":
+            raise NotPermitted(f"{_p(src)} is a directory: directories have no hard links")
         if attrs.nlink >= limits.link_count_max:
             raise TooManyLinks(f"{_p(src)} has {attrs.nlink} names already (at most {limits.link_count_max})")
         now = self.clock()
@@ -733,15 +738,19 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         replace in ``dst``'s directory."""
         if not src or not dst:
             raise InvalidPath("cannot rename the root directory")
-        src_parent, moving = self._walk(src, caller)
+        # Linux's order: both directories before ``src``'s name; ``dst`` holding ``src``: ENOTEMPTY.
+        src_parent = self._parent_dir(src, caller)
         dst_parent = self._parent_dir(dst, caller)
         check_name(dst[-1])
+        moving = self._entry(src_parent, src)
         if src == dst:
             return moving
-        self._check_not_into_itself(moving, dst_parent, src)
         replaced_ino = self._child(dst_parent.ino, dst[-1])
         if replaced_ino is not None and noreplace:
             raise AlreadyExists(f"/{'/'.join(dst)} already exists")
+        self._check_not_into_itself(moving, dst_parent, src)
+        if src[:len(dst)] == dst:
+            raise DirectoryNotEmpty(f"{_p(dst)} is not empty: it holds {_p(src)}")
         replaced = None if replaced_ino is None else self._get(replaced_ino)
         if replaced is not None and replaced.ino == moving.ino:
             return moving

@@ -1,0 +1,118 @@
+"""Which errno a namespace call answers when several apply (issue 52): the metadata service
+resolves paths and checks in Linux's order, so every client (library, mount, fsspec, S3) agrees
+with the kernel. Each case runs on a directory of this machine (the kernel's answer) and on the
+metadata store, with the same tree; and a few through a library client of a cluster."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tectofs.errors import TectofsError
+from tectofs.store import SqlStore
+from tectofs.store.dialect import SqliteDialect
+from tests.conftest import TestCluster as ClusterWithClient
+
+DIRS = ["d", "d/s", "e"]
+FILES = ["d/file", "d/s/f"]
+# (call, source, destination): each answers an error both on Linux and on tectofs
+CASES = [
+    ("link", "d/s", "nope/x"),  # a directory into a missing directory: ENOENT before EPERM
+    ("link", "d/s", "d/file"),  # a directory onto an existing name: EEXIST before EPERM
+    ("link", "d/s", "d/file/x"),  # a directory under a file: ENOTDIR before EPERM
+    ("link", "d/s", "d/new"),  # EPERM: directories have no hard links
+    ("link", "d/missing", "nope/x"),
+    ("link", "d/file", "e"),
+    ("rename", "d/missing", "d/file/x"),  # the destination's directory is a file: ENOTDIR before ENOENT
+    ("rename", "d/missing", "nope/x"),
+    ("rename", "nope/missing", "d/file/x"),  # the source's directory first
+    ("rename", "d/s/missing", "d/s"),  # a missing file onto its own directory: ENOENT
+    ("rename", "d/s/f", "d/s"),  # a file onto a directory that holds it: ENOTEMPTY, not EISDIR
+    ("rename", "d/s/f", "d"),
+    ("rename", "d/s", "d"),
+    ("rename", "d", "d/s/x"),  # into itself: EINVAL
+    ("rename", "d/file", "e"),  # a file onto an empty directory: EISDIR
+    ("rename", "e", "d/file"),  # a directory onto a file: ENOTDIR
+]
+
+
+def _linux(root: Path, call: str, src: str, dst: str) -> int:
+    try:
+        getattr(os, call)(root / src, root / dst)
+    except OSError as exc:
+        return int(exc.errno or 0)
+    return 0
+
+
+def _tectofs(run: Callable[[str, str, str], Any], call: str, src: str, dst: str) -> int:
+    try:
+        run(call, src, dst)
+    except TectofsError as exc:
+        return exc.errno
+    return 0
+
+
+def _name(code: int) -> str:
+    return errno.errorcode.get(code, "ok")
+
+
+@pytest.fixture
+def linux_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "linux"
+    for d in DIRS:
+        (root / d).mkdir(parents=True)
+    for f in FILES:
+        (root / f).write_bytes(b"")
+    return root
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqlStore]:
+    s = SqlStore(SqliteDialect(str(tmp_path / "meta.db")), "rep(1)", 1 << 20)
+    for d in DIRS:
+        s.mkdir(d.split("/"))
+    for f in FILES:
+        s.create(f.split("/"))
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("call,src,dst", CASES)
+def test_the_store_answers_as_linux(linux_tree: Path, store: SqlStore, call: str, src: str, dst: str) -> None:
+    expected = _linux(linux_tree, call, src, dst)
+    assert expected != 0  # every case fails on Linux: the tree is unchanged for the next
+
+    def run(call: str, src: str, dst: str) -> Any:
+        return getattr(store, call)(src.split("/"), dst.split("/"))
+
+    assert _name(_tectofs(run, call, src, dst)) == _name(expected)
+
+
+@pytest.fixture(scope="module")
+def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterWithClient]:
+    cluster = ClusterWithClient(str(tmp_path_factory.mktemp("errno")), servers=1, policy="rep(1)")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_library_client_answers_as_linux(small_cluster: ClusterWithClient, linux_tree: Path) -> None:
+    fs = small_cluster.fs
+    for d in DIRS:
+        fs.mkdir("/" + d)
+    for f in FILES:
+        fs.write_bytes("/" + f, b"")
+
+    def run(call: str, src: str, dst: str) -> Any:
+        return getattr(fs, call)("/" + src, "/" + dst)
+
+    answers = {(call, src, dst): (_name(_tectofs(run, call, src, dst)), _name(_linux(linux_tree, call, src, dst)))
+               for call, src, dst in CASES}
+    assert {case: got for case, (got, _) in answers.items()} == {case: want for case, (_, want) in answers.items()}
