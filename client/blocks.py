@@ -63,6 +63,8 @@ class BlockIO:
         # Policies encoded before: the first encode of an rs policy in a process checks ISA-L
         # against pyeclib (~50 ms here), on a codec thread whatever the block's size.
         self._encoded: set[Policy] = set()
+        # rs policies whose decode check (erasure.check_direct_decode) a parity get started
+        self._decode_checks: dict[Policy, asyncio.Future[None]] = {}
 
     def note(self, event: str) -> None:
         self.stats[event] += 1
@@ -161,6 +163,9 @@ class BlockIO:
 
     async def decode_into(self, policy: Policy, got: dict[int, Any], out: "memoryview | Regions") -> None:
         """Decode the chunks ``got`` (by position) into ``out`` on a codec thread."""
+        check = self._decode_checks.get(policy)
+        if check is not None and not check.done():
+            await asyncio.shield(check)  # (else the decode would run the same check again, at once)
         decoding = asyncio.get_running_loop().run_in_executor(self.executor, erasure.decode_into, policy, got, out)
         try:
             await asyncio.shield(decoding)
@@ -181,6 +186,10 @@ class BlockIO:
         or ``placed`` when ``sink`` received it there."""
         if not chunk.address:
             raise ConnectionLost(f"chunk server {chunk.server_id} is not registered")
+        policy = parse_policy(block.policy)
+        if chunk.position >= policy.data and policy.kind == "rs" and policy not in self._decode_checks:
+            self._decode_checks[policy] = asyncio.get_running_loop().run_in_executor(
+                self.executor, erasure.check_direct_decode, policy)
         request = messages.GetChunkRequest(block_id=block.block_id, cap=block.cap)
         self.stats["chunk_gets"] += 1  # (the process's metrics count gets by outcome: chunk_done)
         try:

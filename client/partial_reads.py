@@ -7,7 +7,9 @@ out to whole 64 KiB checksum pieces (a piece's crc covers all of it), and checks
 it receives against the crcs written with the chunk. Nothing is decoded.
 
 This is the fast path only: a chunk on a server known to be down, unregistered, failing,
-slow past its deadline or damaged makes :func:`read_part` answer None, and the caller reads
+slow past its deadline or damaged makes :func:`read_part` answer None (a get still unanswered
+at the deadline a whole-chunk get to its server would have, ``client/server_health.py``, also
+sets that server aside: the whole-block read then reads parity instead), and the caller reads
 the whole block instead, which reads around missing chunks, hedges slow ones, reports bad
 ones and renews an expired capability (``client/block_reads.py``).
 """
@@ -21,6 +23,8 @@ from tectofs import checksum, erasure, limits
 from tectofs.errors import TectofsError
 from tectofs.policy import parse as parse_policy
 from tectofs.wire import messages
+
+from .block_reads import consume_outcome
 
 if TYPE_CHECKING:
     from .blocks import BlockIO
@@ -69,13 +73,30 @@ async def read_part(blocks: "BlockIO", block: messages.Block, start: int, length
         if chunk is None or not chunk.address or blocks.down.is_down(chunk.address):
             return None
         chunks[position] = chunk
+    # The deadline of a whole-chunk get to the slowest of these servers (``server_health``):
+    # a range is no larger, so a get still unanswered then is late, and its server set aside.
+    deadline = min(limits.partial_read_timeout_s, max(blocks.down.latencies.deadline(c.address) for c in chunks.values()))
+    gets = {asyncio.ensure_future(_get_range(blocks, block, chunks[position], first, end)): position
+            for position, (first, end) in wanted.items()}
     try:
-        async with asyncio.timeout(limits.partial_read_timeout_s):
-            fetched = await asyncio.gather(*(
-                _get_range(blocks, block, chunks[position], first, end) for position, (first, end) in wanted.items()))
-    except (TectofsError, TimeoutError):
+        done, late = await asyncio.wait(gets, timeout=deadline, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in gets:
+            if not task.done():
+                task.cancel()
+            task.add_done_callback(consume_outcome)
+    errors = [error for task in done if (error := task.exception()) is not None]
+    for error in errors:
+        if not isinstance(error, TectofsError):
+            raise error
+    if errors:
         return None
-    ranges = {position: got for position, got in zip(wanted, fetched)}
+    for task in late:  # (no get failed: these ran past the deadline)
+        blocks.down.late(chunks[gets[task]].address)
+        blocks.note("servers_set_aside")
+    if late:
+        return None
+    ranges = {position: task.result() for task, position in gets.items()}
     out = bytearray(sum(n for *_, n in runs))
     at = 0
     for position, chunk_offset, _, n in runs:

@@ -17,15 +17,19 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tectofs.client import server_health
+from tectofs import checksum, erasure, limits
+from tectofs.buffers import BufferPool
+from tectofs.client import partial_reads, server_health
 from tectofs.client.block_reads import BlockRead
 from tectofs.client.server_health import DownServers, HedgeBudget, ServerLatencies
 from tectofs.server.cluster import wait_for_file
-from tectofs.wire import auth
+from tectofs.wire import auth, messages
 from tests.test_block_machines import DATA, HANG, POLICY, _block, _Chunks, _read
 from tests.test_multihost_netns import REPO, STEP_TIMEOUT_S, Network, Processes, _ip, _why_not
 
@@ -138,6 +142,71 @@ def test_a_get_to_a_server_set_aside_by_another_read_is_hedged_at_once():
         return data
 
     assert asyncio.run(go()) == DATA and source.events["hedged_reads"] == 1
+
+
+def test_two_vanished_servers_of_an_rs_4_2_block_are_each_hedged_with_parity():
+    block, chunks = _block(POLICY, DATA)
+    source = _Chunks(chunks, faults={0: HANG, 3: HANG}, delays={p: 0.01 for p in range(6)})
+    source.down.clock = lambda: 0.0  # (a loaded machine: the set-aside must not run out in this test)
+    started = time.monotonic()
+    data, _ = _read(source, block)
+    assert data == DATA and time.monotonic() - started < 5  # (not the RPC timeout)
+    assert source.events["hedged_reads"] == 2 and source.events["servers_set_aside"] == 2
+    source.asked.clear()
+    assert _read(source, block)[0] == DATA  # the next block: both parity chunks at once, no hedge
+    assert sorted(source.asked) == [1, 2, 4, 5] and source.events["hedged_reads"] == 2
+
+
+class _RangeServers:
+    """What ``partial_reads.read_part`` needs of a ``BlockIO``: range gets answered from
+    ``chunks``, or never by the servers in ``hung``."""
+
+    def __init__(self, chunks: list[bytes], hung: set[str]) -> None:
+        self.chunks = {f"127.0.0.1:{1000 + p}": c for p, c in enumerate(chunks)}
+        self.hung = hung
+        self.down = DownServers()
+        self.buffers = BufferPool(1 << 24)
+        self.events: Counter[str] = Counter()
+        self.rpc, self.metrics = self, self
+
+    async def call(self, address: str, op: Any, request: Any, retries_max: int = 0) -> Any:
+        if address in self.hung:
+            await asyncio.Event().wait()
+        data = self.chunks[address]
+        pieces = data[request.offset : request.offset - -request.length // checksum.PIECE * checksum.PIECE]  # whole ones
+        return (messages.GetChunkReply(crcs=checksum.piece_crcs(pieces), chunk_length=len(data), position=0, crc=0),
+                bytearray(pieces))
+
+    def event(self, name: str) -> None:
+        self.events[name] += 1
+
+    note = event
+
+
+def test_a_partial_read_from_a_vanished_server_gives_up_at_its_deadline_and_sets_it_aside():
+    data = os.urandom(8 << 20)
+    block, chunks = _block(POLICY, data)
+    servers = _RangeServers(chunks, hung={block.chunks[0].address or ""})
+    for address in servers.chunks:
+        for _ in range(3):
+            servers.down.latencies.record(address, 0.01)  # a warm client: deadlines of 20 ms
+    blocks: Any = servers
+
+    async def part(start: int) -> tuple[bytes | None, float]:
+        began = time.monotonic()
+        got = await partial_reads.read_part(blocks, block, start, 100)
+        return got, time.monotonic() - began
+
+    def on(position: int) -> int:  # an offset in the block whose 100 bytes are all in data chunk `position`
+        start = next(at for at in range(0, len(data), 4096)
+                     if [e[0] for e in erasure.data_extents(POLICY, len(data), at, 100)] == [position])
+        return start
+
+    assert asyncio.run(part(on(1)))[0] == data[on(1) : on(1) + 100]  # chunk 1: read in part
+    got, took = asyncio.run(part(on(0)))  # chunk 0: its server never answers
+    assert got is None and took < 0.5 < limits.partial_read_timeout_s  # the whole block is read instead
+    assert servers.down.is_down(block.chunks[0].address) and servers.events["servers_set_aside"] == 1
+    assert servers.events["partial_reads"] == 1
 
 
 # ---------------------------------------------------------------------- across hosts
