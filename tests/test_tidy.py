@@ -37,21 +37,58 @@ def test_no_top_level_client_or_server_imports():
                 assert name.split(".")[0] not in ("client", "server"), f"{path}: import {name} (use tectofs.{name})"
 
 
+def prints(source: str) -> list[int]:
+    """Lines that call the builtin ``print`` (not a method of that name)."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print")
+
+
+def may_print(path: pathlib.Path) -> bool:
+    """The command line (``tectofs/cli/``, a ``cli.py`` beside a service, ``__main__.py``) writes
+    to the terminal; every other library module logs."""
+    return path.name in ("cli.py", "__main__.py") or path.parent.name == "cli"
+
+
 def test_no_print_in_library_code():
-    allowed = {"cli.py", "__main__.py"}  # and the command modules under tectofs/cli/; __main__: commands
-    for path in _library_files():
-        if path.name in allowed or path.parent.name == "cli":
-            continue
-        tree = ast.parse(path.read_text(), str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
-                raise AssertionError(f"{path}:{node.lineno}: print() in library code (use logging)")
+    found = {str(p.relative_to(ROOT)): lines for p in _library_files() if not may_print(p) and (lines := prints(p.read_text()))}
+    assert found == {}, f"print() in library code (use logging): {found}"
+
+
+def test_the_print_check_fires() -> None:
+    source = '''
+import logging, sys
+log = logging.getLogger("tectofs")
+def serve():
+    log.info("serving")
+    print("stray")
+class Report:
+    def show(self, out):
+        print("to stderr", file=sys.stderr)
+        out.print("a method of that name is fine")
+'''
+    assert prints(source) == [6, 9]
+    assert not may_print(ROOT / "client" / "core.py") and not may_print(ROOT / "server" / "chunk" / "service.py")
+    assert may_print(ROOT / "tectofs" / "cli" / "files.py") and may_print(ROOT / "tectofs" / "s3" / "cli.py")
+
+
+MODULE_LINES_MAX = 800
+
+
+def too_long(source: str) -> int | None:
+    """A module's line count when it is over ``MODULE_LINES_MAX`` (split it), else None."""
+    lines = len(source.splitlines())
+    return lines if lines > MODULE_LINES_MAX else None
 
 
 def test_modules_stay_small():
-    for path in _library_files():
-        lines = len(path.read_text().splitlines())
-        assert lines <= 800, f"{path} has {lines} lines: split it"
+    found = {str(p.relative_to(ROOT)): lines for p in _library_files() if (lines := too_long(p.read_text()))}
+    assert found == {}, f"modules over {MODULE_LINES_MAX} lines (split them): {found}"
+
+
+def test_the_size_check_fires() -> None:
+    assert too_long("x = 1\n" * (MODULE_LINES_MAX + 1)) == MODULE_LINES_MAX + 1
+    assert too_long("x = 1\n" * MODULE_LINES_MAX) is None
+    assert too_long('"""A docstring\n' + "line\n" * MODULE_LINES_MAX + '"""\n') == MODULE_LINES_MAX + 2  # lines, not statements
 
 
 def test_symlinks_are_in_place():
@@ -83,9 +120,18 @@ def test_benchmarks_import_each_other_as_a_package():
 # ---------------------------------------------------------------------- the wire between client and service
 
 
+def _bench_files() -> list[pathlib.Path]:
+    """bench/: the benchmarks, ``tectofs.benchmarks`` (not library code: they may print, and
+    their results are JSON)."""
+    return sorted((ROOT / "bench").rglob("*.py"))
+
+
 def _module_name(path: pathlib.Path) -> str:
-    """``client/core.py`` -> ``tectofs.client.core`` (client/ and server/ are tectofs's subpackages)."""
+    """``client/core.py`` -> ``tectofs.client.core`` (client/ and server/ are tectofs's
+    subpackages; bench/ is ``tectofs.benchmarks``)."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] == "bench":
+        parts[0] = "benchmarks"
     if parts[0] != "tectofs":
         parts.insert(0, "tectofs")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -158,13 +204,95 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _project_sources() -> dict[str, tuple[str, bool]]:
+    """Every project module, the library's and the benchmarks', by import name."""
+    return {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in _library_files() + _bench_files()}
+
+
 def test_no_import_cycle_among_the_project_modules() -> None:
     """Counting every import, also those inside functions and under ``if TYPE_CHECKING:``: a
     module depends on a narrow protocol of what it uses (an open file on its ``FileContext``,
-    the connection guard on ``GuardedConnection``), never on the module that uses it."""
-    sources = {_module_name(p): (p.read_text(), p.name == "__init__.py") for p in _library_files()}
+    the connection guard on ``GuardedConnection``), never on the module that uses it. bench/
+    included."""
+    sources = _project_sources()
+    assert "tectofs.benchmarks.run" in sources and "tectofs.cli" in sources
     cycle = import_cycle(import_graph(sources, everywhere=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def folder_graph(graph: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
+    """The import graph with folders as nodes: a module stands for its package (a package's
+    ``__init__`` for itself). A module directly in ``tectofs/`` stands for itself: that folder
+    holds both the bottom of the house (``limits``, ``errors``) and entry points above the
+    client (``fsck``, ``uri``, the fsspec filesystem), so as one node it would join them all."""
+
+    def folder(module: str) -> str:
+        if module in packages:
+            return module
+        parent = module.rpartition(".")[0]
+        return module if parent == "tectofs" else parent
+
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folders.setdefault(folder(module), set()).update(folder(t) for t in targets)
+    for name, targets in folders.items():
+        targets.discard(name)
+        for target in targets:
+            folders.setdefault(target, set())
+    return folders
+
+
+def folder_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of nodes that reach each other (strongly connected, two or more), each sorted."""
+    reach = {node: reached(graph, node) for node in graph}
+    groups = {frozenset({node} | {other for other in reach[node] if node in reach[other]}) for node in graph}
+    return sorted(sorted(group) for group in groups if len(group) > 1)
+
+
+# Folders that still import each other (issue 54), and why; a cycle among others fails the test.
+FOLDER_CYCLES_LEFT = [
+    # tectofs/s3/cli.py, the `tectofs s3` command, lives beside the gateway and takes the CLI's
+    # option helpers (cli.common.add_metrics_flags); the CLI registers it. To go: the command
+    # moves to tectofs/cli/ (or its helpers below both).
+    ["tectofs.cli", "tectofs.s3"],
+]
+
+
+def test_no_import_cycle_among_the_folders() -> None:
+    """bench/ may import the command line's shared parsers only from below both
+    (``tectofs.arguments``); the local cluster (a server role) never reaches the S3 command
+    line; every folder depends downward."""
+    sources = _project_sources()
+    packages = {name for name, (_, is_package) in sources.items() if is_package}
+    folders = folder_graph(import_graph(sources, everywhere=True), packages)
+    assert {"tectofs.benchmarks", "tectofs.cli", "tectofs.server", "tectofs.arguments"} <= folders.keys()
+    new = [cycle for cycle in folder_cycles(folders) if not any(set(cycle) <= set(left) for left in FOLDER_CYCLES_LEFT)]
+    assert new == [], f"folders that import each other: {new}"
+
+
+def test_the_folder_cycle_check_fires() -> None:
+    sources = {
+        "tectofs": ("", True),
+        "tectofs.limits": ("", False),
+        "tectofs.fsck": ("from tectofs.client import core\n", False),
+        "tectofs.client": ("", True),
+        "tectofs.client.core": ("from tectofs import limits\n", False),
+        "tectofs.cli": ("def bench():\n    from tectofs.benchmarks.run import main\n", True),
+        "tectofs.cli.numbers": ("from tectofs import limits\n", False),
+        "tectofs.benchmarks": ("", True),
+        "tectofs.benchmarks.run": ("def parser():\n    from tectofs.cli import numbers\n", False),
+        "tectofs.arguments": ("", True),
+        "tectofs.arguments.numbers": ("from tectofs import limits\n", False),
+    }
+    packages = {name for name, (_, is_package) in sources.items() if is_package}
+
+    def cycles() -> list[list[str]]:
+        return folder_cycles(folder_graph(import_graph(sources, everywhere=True), packages))
+
+    assert import_cycle(import_graph(sources, everywhere=True)) is None  # no cycle among the files
+    assert cycles() == [["tectofs.benchmarks", "tectofs.cli"]]
+    sources["tectofs.benchmarks.run"] = ("def parser():\n    from tectofs.arguments import numbers\n", False)
+    assert cycles() == []  # and fsck -> client -> limits is no cycle: tectofs/'s modules are nodes of their own
 
 
 def test_the_cycle_check_fires() -> None:
@@ -412,6 +540,73 @@ def loose_signatures(source: str) -> list[str]:
                 if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     check(member, f"{node.name}.")
     return found
+
+
+LOOSE_DICT_REASON = "# loose dict:"
+
+
+def loose_dicts(source: str) -> list[int]:
+    """Lines holding ``dict[str, Any]`` (``Dict``, ``Mapping``, ``typing.Dict``...) anywhere: an
+    annotation (a quoted one too, a private function's, a variable's), a type alias, a cast. A
+    line that says why with a ``# loose dict: ...`` comment (a JSON document, argparse's
+    keywords, a peer's map before its Struct checks it) is the documented exception."""
+    found: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and _is_loose_mapping(node):
+            found.add(node.lineno)
+        annotations = [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) and node.annotation else []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            annotations.append(node.returns)
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation).endswith("TypeAlias") and node.value:
+            annotations.append(node.value)  # X: TypeAlias = "dict[str, Any]"
+        for annotation in annotations:
+            found.update(sub.lineno for sub in ast.walk(annotation)
+                         if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and _is_loose_mapping(sub))
+    lines = source.splitlines()
+    return sorted(n for n in found if LOOSE_DICT_REASON not in lines[n - 1])
+
+
+# Folders whose loose dicts are still to go (issue 54), and how many each has at most; every
+# other folder of the library has none. A new one: declare a Struct, a dataclass or a
+# TypedDict, or say on its line why it stays loose (LOOSE_DICT_REASON).
+LOOSE_DICTS_LEFT = {
+    "client": 1,  # client/metered.py: the exchange hook's frame header (tectofs.wire.framing.FrameHeader)
+    "server/meta": 7,  # lease_peers.py: the notices between metadata peers
+    "tectofs": 13,  # fsck, fsspec_fs, fsspec_file, lightning, logs: JSON and fsspec's info dicts, mostly
+    "tectofs/agent": 2,  # service.py: a payload hook's frame header, the status JSON
+    "tectofs/check": 17,
+    "tectofs/cli": 4,  # listing, output: what --json renders
+    "tectofs/torch": 13,  # the DCP plugin: torch's own dict-typed interfaces, mostly
+}
+
+
+def _folder(path: pathlib.Path) -> str:
+    return str(path.parent.relative_to(ROOT))
+
+
+def test_no_loose_dicts_in_library_code() -> None:
+    counts: dict[str, int] = {}
+    for path in _library_files():
+        if lines := loose_dicts(path.read_text()):
+            counts[_folder(path)] = counts.get(_folder(path), 0) + len(lines)
+    over = {folder: n for folder, n in counts.items() if n > LOOSE_DICTS_LEFT.get(folder, 0)}
+    assert over == {}, f"dict[str, Any] (declare a type, or say why with {LOOSE_DICT_REASON!r}): {over}"
+    assert {"server/chunk", "tectofs/wire", "tectofs/store", "bench"} & LOOSE_DICTS_LEFT.keys() == set()
+
+
+def test_the_every_loose_dict_check_fires() -> None:
+    source = '''
+from typing import Any, Callable, Dict, TypeAlias
+Hook = Callable[[dict[str, Any], int], None]
+Header: TypeAlias = "dict[str, Any]"
+Reasoned: TypeAlias = "dict[str, Any]"  # loose dict: the peer's map, before its Struct checks it
+class _Private:
+    def _row(self, row: "Dict[str, Any]") -> None:
+        fields: dict[str, Any] = {}
+        typed: dict[str, int] = {}
+'''
+    assert loose_dicts(source) == [3, 4, 7, 8]
+    assert loose_dicts("def f() -> 'list[dict[str, Any]]': ...\n") == [1]
 
 
 def _typed_boundary_files() -> list[pathlib.Path]:

@@ -52,6 +52,7 @@ from tectofs.metrics import ChunkMetrics
 from tectofs.server import addresses
 from tectofs.wire import auth, messages
 from tectofs.wire.client import RpcClient
+from tectofs.wire.framing import FrameHeader
 from tectofs.wire.sendfile import FileRegion
 from tectofs.wire.server import Handlers, RpcServer, current_peer
 from tectofs.wire.transport import ReplyPayload
@@ -207,7 +208,7 @@ class ChunkServer:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit(self, header: dict[str, Any], length: int) -> Callable[[], memoryview] | None:
+    def _admit(self, header: FrameHeader, length: int) -> Callable[[], memoryview] | None:
         """Reserve memory for an incoming put's payload from its principal's share of the
         budget (``admission.py``), or refuse it (drained, answered BUSY). The buffer itself is
         taken from the pool only once the payload's first bytes arrived (``tectofs.wire.framing``):
@@ -229,12 +230,12 @@ class ChunkServer:
         """A reply payload went out: its buffer can serve the next request."""
         self.buffers.put(payload)
 
-    def payload_unused(self, payload: memoryview, header: dict[str, Any]) -> None:
+    def payload_unused(self, payload: memoryview, header: FrameHeader) -> None:
         """An admitted put turned out invalid: give its reservation and buffer back."""
         self.admission.release(admission.principal_of(header.get("cap")), len(payload))
         self.buffers.put(payload)
 
-    def payload_abandoned(self, length: int, header: dict[str, Any]) -> None:
+    def payload_abandoned(self, length: int, header: FrameHeader) -> None:
         """A connection died mid-payload: give its reservation back."""
         self.admission.release(admission.principal_of(header.get("cap")), length)
 
@@ -254,7 +255,7 @@ class ChunkServer:
         if operation == "delete_chunks" and not peer.is_member:
             raise PermissionDenied("delete_chunks: chunks are deleted only on the metadata service's orders")
 
-    def payload_refusal(self, peer: auth.Peer, header: dict[str, Any]) -> TectofsError | None:
+    def payload_refusal(self, peer: auth.Peer, header: FrameHeader) -> TectofsError | None:
         """Checked before a put's payload is admitted: without a valid write capability an
         anonymous peer cannot reserve the in-flight budget (the bytes are drained)."""
         if peer.is_member:

@@ -26,8 +26,8 @@ from . import config
 from .common import UsageError, check_credentials, checked_address
 
 # dest -> default when no position gave it
-_LOGGING_DEFAULTS: dict[str, Any] = {"verbose": False, "quiet": False, "log_level": None, "log_format": None,
-                                     "log_file": None}
+_LOGGING_DEFAULTS: dict[str, bool | None] = {"verbose": False, "quiet": False, "log_level": None,
+                                             "log_format": None, "log_file": None}
 _TOP_CLIENT = ("meta", "credentials", "tls_ca", "json")
 
 
@@ -53,7 +53,7 @@ class _Version(argparse.Action):
 def add_logging_options(p: argparse.ArgumentParser) -> None:
     """The logging options, with suppressed defaults, skipping any option string ``p`` already has."""
     group = p.add_argument_group("global options (before or after the command)")
-    specs: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    specs: list[tuple[tuple[str, ...], dict[str, Any]]] = [  # loose dict: add_argument's keyword arguments
         (("-v", "--verbose"), dict(action="store_true", help="log at INFO level (same as --log-level info)")),
         (("-q", "--quiet"), dict(action="store_true",
                                  help="print only errors and what was asked for: no progress, no summaries, "

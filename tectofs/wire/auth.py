@@ -68,7 +68,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, Literal, NotRequired, TypedDict
 
 from tectofs import limits
 from tectofs.errors import AuthenticationFailed, CapabilityExpired, CapabilityRefused, InvalidArgument
@@ -253,6 +253,18 @@ def s3_secret_key(secret: bytes) -> str:
     return hmac.new(secret, b"tectofs s3 secret v1", hashlib.sha256).hexdigest()
 
 
+class CredentialFile(TypedDict):
+    """A credential file's JSON (:meth:`Credential.save`): ``secret`` in hex; ``key_id`` for
+    root's only, the S3 keys only when ``tectofs user add`` stored a pair."""
+
+    user: str
+    secret: str
+    cluster: str
+    key_id: NotRequired[str]
+    s3_access_key: NotRequired[str]
+    s3_secret_key: NotRequired[str]
+
+
 @dataclass
 class Credential:
     """A user's credential for one cluster (``cluster``: its metadata address or group)."""
@@ -265,11 +277,11 @@ class Credential:
     s3_secret_key: str = ""
 
     def save(self, path: str) -> str:
-        body: dict[str, Any] = {"user": self.user, "secret": self.secret.hex(), "cluster": self.cluster}
+        body: CredentialFile = {"user": self.user, "secret": self.secret.hex(), "cluster": self.cluster}
         if self.key_id:
             body["key_id"] = self.key_id
         if self.s3_access_key:
-            body.update(s3_access_key=self.s3_access_key, s3_secret_key=self.s3_secret_key)
+            body["s3_access_key"], body["s3_secret_key"] = self.s3_access_key, self.s3_secret_key
         _write_private(path, json.dumps(body, indent=1) + "\n")
         return path
 
@@ -360,6 +372,41 @@ def client_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes) -> byt
     return mac(secret, "tectofs hello client", server_nonce, client_nonce)
 
 
+class TicketFields(TypedDict):
+    """A ticket (``tectofs.wire.tickets.Ticket``) as its holder passes it on in a hello: the
+    fields the metadata service vouched for, as msgpack carries them. The holder reads none of
+    them but ``uid`` (to name it); the server it is shown to checks them all."""
+
+    uid: int
+    gid: int
+    groups: list[int]
+    proxy: bool
+    expiry: int
+    key_id: str
+    issuer: str
+
+
+class ActAsFields(TypedDict):
+    """The local user a proxy credential acts for (``messages.ActAs``)."""
+
+    uid: int
+    gid: int
+    groups: list[int]
+
+
+class HelloFields(TypedDict):
+    """The hello's ``auth`` field as a client sends it; the server reads it as
+    ``messages.HelloAuth``: the cluster key's ``key_id``, a user (with the key its secret derives
+    from, and whom it acts for), or a ticket; ``nonce`` is the client's challenge."""
+
+    kind: Literal["key", "user", "ticket"]
+    nonce: bytes
+    key_id: NotRequired[str]
+    user: NotRequired[str]
+    act_as: NotRequired[ActAsFields]
+    ticket: NotRequired[TicketFields]
+
+
 class ClientAuth:
     """What a client side of a connection proves itself with: the cluster key (``ring``) or a
     user credential, optionally acting for another uid (``act_as``: uid, gid, groups; only
@@ -367,12 +414,12 @@ class ClientAuth:
 
     def __init__(self, ring: KeyRing | None = None, credential: Credential | None = None,
                  act_as: tuple[int, int, tuple[int, ...]] | None = None,
-                 ticket: tuple[dict[str, Any], bytes] | None = None) -> None:
+                 ticket: tuple[TicketFields, bytes] | None = None) -> None:
         if sum(x is not None for x in (ring, credential, ticket)) != 1:
             raise ValueError("ClientAuth takes a key ring, a credential or a ticket")
         self.ring, self.credential, self.act_as, self.ticket = ring, credential, act_as, ticket
 
-    def hello(self, nonce: bytes) -> tuple[dict[str, Any], bytes]:
+    def hello(self, nonce: bytes) -> tuple[HelloFields, bytes]:
         """The hello's ``auth`` field and the secret the proofs use."""
         if self.ticket is not None:
             ticket, secret = self.ticket
@@ -381,7 +428,7 @@ class ClientAuth:
             key_id, secret = self.ring.signing
             return {"kind": "key", "key_id": key_id, "nonce": nonce}, secret
         assert self.credential is not None
-        fields: dict[str, Any] = {"kind": "user", "user": self.credential.user, "key_id": self.credential.key_id,
+        fields: HelloFields = {"kind": "user", "user": self.credential.user, "key_id": self.credential.key_id,
                                   "nonce": nonce}
         if self.act_as is not None:
             uid, gid, groups = self.act_as

@@ -14,7 +14,7 @@ import itertools
 import os
 import random
 import uuid
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import msgspec
 
@@ -25,6 +25,7 @@ from tectofs.wire.framing import (
     PROTOCOL_VERSION,
     Buffer,
     Frame,
+    FrameHeader,
     FrameKind,
     PayloadAllocator,
     Scatter,
@@ -121,7 +122,7 @@ class _ClientConnection(FramedProtocol):
         request_id = next(self._ids)
         answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.pending[request_id] = answer
-        header: dict[str, Any] = {"op": "hello", "role": role, "version": PROTOCOL_VERSION, "software": SOFTWARE}
+        header: FrameHeader = {"op": "hello", "role": role, "version": PROTOCOL_VERSION, "software": SOFTWARE}
         if session:
             header["session"] = session
         secret = nonce = b""
@@ -174,7 +175,7 @@ class _ClientConnection(FramedProtocol):
         self.server_pid = reply.pid
         self.greeted = True
 
-    def _allocate_reply(self, header: dict[str, Any], length: int) -> "Buffer | Scatter | Callable[[], Buffer] | None":
+    def _allocate_reply(self, header: FrameHeader, length: int) -> "Buffer | Scatter | Callable[[], Buffer] | None":
         sink = self.sinks.pop(self.decoder.request_id, None)
         waiting = self.pending.get(self.decoder.request_id)
         scatter = sink.scatter(length) if sink is not None and waiting is not None and not waiting.done() else None
@@ -222,7 +223,7 @@ class _ClientConnection(FramedProtocol):
         return self.failure is None and self.transport is not None and not self.transport.is_closing()
 
     async def call(
-        self, header: dict[str, Any], payload: Payload, timeout_s: float, receive_into: ReplySink | None = None,
+        self, header: FrameHeader, payload: Payload, timeout_s: float, receive_into: ReplySink | None = None,
     ) -> Reply:
         request_id = next(self._ids)
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
@@ -502,7 +503,7 @@ class RpcClient:
         self,
         address: str,
         op: str,
-        header: dict[str, Any] | None = None,
+        header: FrameHeader | None = None,
         payload: Payload = b"",
         *,
         idempotent: bool = False,
@@ -523,7 +524,7 @@ class RpcClient:
         self,
         address: str,
         op: str,
-        header: dict[str, Any],
+        header: FrameHeader,
         payload: Payload,
         *,
         idempotent: bool,

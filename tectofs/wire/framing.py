@@ -55,11 +55,19 @@ class FrameKind(enum.IntEnum):
     ERROR = 3
 
 
+FrameHeader: TypeAlias = "dict[str, Any]"  # loose dict: the peer's map, unchecked until a Struct converts it
+"""A frame's header as msgpack decoded it (or as this side built it to send): the peer's own
+map, not yet checked. What acts on a request converts it to its operation's declared Struct
+(``messages.convert``); the few fields read before that (``op``, and a put's ``cap`` and
+``block_id`` when its payload is admitted) are checked where they are read. The wire's one
+untyped map, named here so that each place holding one says so."""
+
+
 @dataclass
 class Frame:
     kind: FrameKind
     request_id: int
-    header: dict[str, Any]
+    header: FrameHeader
     payload: memoryview = field(default_factory=lambda: memoryview(b""))
     discarded: bool = False  # the payload allocator refused the payload: it was drained, not kept
 
@@ -87,7 +95,7 @@ def encode_error(request_id: int, exc: BaseException) -> bytes:
     return encode_frame(FrameKind.ERROR, request_id, {"code": code, "message": message})
 
 
-PayloadAllocator = Callable[[dict[str, Any], int], "Buffer | Scatter | Callable[[], Buffer] | None"]
+PayloadAllocator = Callable[[FrameHeader, int], "Buffer | Scatter | Callable[[], Buffer] | None"]
 """Given a frame's header and payload length, return the buffer to receive it into; or a
 ``Scatter`` of the caller's buffers (the frame is then delivered with an empty ``payload``:
 the bytes are where the scatter put them); or a function that makes that buffer, called once
@@ -96,7 +104,7 @@ arrive; the bytes before are copied in once); or None to receive and discard it 
 then delivered with an empty ``payload`` and ``discarded`` set)."""
 
 
-def default_allocator(header: dict[str, Any], length: int) -> Callable[[], bytearray]:
+def default_allocator(header: FrameHeader, length: int) -> Callable[[], bytearray]:
     """A new bytearray, made once a bounded part of the payload arrived (``staged_bytes``)."""
     return lambda: bytearray(length)
 
@@ -229,7 +237,7 @@ class FrameDecoder:
         self._request_id = 0
         self._header_length = 0
         self._payload_length = 0
-        self._header: dict[str, Any] = {}
+        self._header: FrameHeader = {}
         self._expected_crc = 0
         self._fixed_crc = 0
         self._discard_left = 0
@@ -247,7 +255,7 @@ class FrameDecoder:
         return self._payload_length if self._state in ("stage", "payload", "scatter") else 0
 
     @property
-    def header(self) -> dict[str, Any]:
+    def header(self) -> FrameHeader:
         """The msgpack header of the frame whose payload is being received ({} before it arrived)."""
         return self._header
 

@@ -55,7 +55,7 @@ from tectofs.errors import (
 )
 from tectofs.wire import auth, local_sockets, messages, tls
 from tectofs.wire.connlimits import ConnectionGuard, ConnectionPolicy, ProgressWindow, principal
-from tectofs.wire.framing import PROTOCOL_VERSION, Frame, FrameKind, PayloadAllocator, encode_frame
+from tectofs.wire.framing import PROTOCOL_VERSION, Frame, FrameHeader, FrameKind, PayloadAllocator, encode_frame
 from tectofs.wire.sendfile import FileRegion
 from tectofs.wire.transport import SOFTWARE, FramedProtocol, Payload, ReplyPayload
 
@@ -166,7 +166,7 @@ class _ServerConnection(FramedProtocol):
         self.server.connections.add(self)
         self._hello_deadline = asyncio.get_running_loop().call_later(self.server.guard.policy.hello_wait_s, self._no_hello)
 
-    def _admit_payload(self, header: dict[str, Any], length: int) -> "bytearray | memoryview | None":
+    def _admit_payload(self, header: FrameHeader, length: int) -> "bytearray | memoryview | None":
         """Nothing is admitted before the hello (a payload reserved then would never be
         released: the connection is closed at the first frame that is not a hello)."""
         return self.server.admit_payload(header, length, self.identity) if self.greeted else None
@@ -409,9 +409,9 @@ class RpcServer:
         self.payload_sent: Callable[[Payload], None] | None = getattr(handler, "payload_sent", None)
         # Called with an admitted request payload that no handler will take (an invalid request),
         # and its frame's header.
-        self.payload_unused: Callable[[memoryview, dict[str, Any]], None] | None = getattr(handler, "payload_unused", None)
+        self.payload_unused: Callable[[memoryview, FrameHeader], None] | None = getattr(handler, "payload_unused", None)
         # Why a peer may not send this payload at all (an error), or None.
-        self.payload_refusal: Callable[[auth.Peer, dict[str, Any]], TectofsError | None] | None = getattr(
+        self.payload_refusal: Callable[[auth.Peer, FrameHeader], TectofsError | None] | None = getattr(
             handler, "payload_refusal", None)
         # Raises PermissionDenied for an operation the peer may not call at all.
         self.authorize: Callable[[auth.Peer, str], None] | None = getattr(handler, "authorize", None)
@@ -428,12 +428,12 @@ class RpcServer:
         self.invalid_requests = 0
         self._invalid_log = RateLimitedLog(log, limits.peer_log_lines_per_s, f"invalid requests to the {name}")
 
-    def _operation(self, header: dict[str, Any]) -> messages.AnyOperation | None:
+    def _operation(self, header: FrameHeader) -> messages.AnyOperation | None:
         name = header.get("op")
         operation = self.operations.get(name) if isinstance(name, str) else None
         return None if operation is None or operation.name == "hello" else operation
 
-    def admit_payload(self, header: dict[str, Any], length: int, identity: auth.Peer = auth.MEMBER) -> Any:
+    def admit_payload(self, header: FrameHeader, length: int, identity: auth.Peer = auth.MEMBER) -> Any:
         """Where a request's payload goes, or None to drain it. A handler's
         ``payload_refusal(peer, header)`` (an error, or None) refuses payloads the peer may not
         send (a put without its capability) before any memory is reserved for them."""
