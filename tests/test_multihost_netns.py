@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tectofs.server.cluster import wait_for_file
+from tectofs.testing import netns
 from tectofs.wire import auth
 
 pytestmark = pytest.mark.slow  # starts processes (the fast lane is in-process: tests/conftest.py)
@@ -36,109 +34,27 @@ SUBNET = "10.77.0"
 META = f"{SUBNET}.1"
 CHUNKS = [f"{SUBNET}.11", f"{SUBNET}.12", f"{SUBNET}.13"]
 CLIENT = f"{SUBNET}.100"
-STEP_TIMEOUT_S = 30  # every wait below: a process start, a command, a client script
+STEP_TIMEOUT_S = netns.STEP_TIMEOUT_S  # every wait below: a process start, a command, a client script
 
 
-def _ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+# The layout's helper (tectofs.testing.netns); these names stay importable from here
+# (tests/test_hedged_reads.py imports them).
+_ip = netns.ip
+_why_not = netns.why_not
 
 
-def _why_not() -> str | None:
-    """Why namespaces cannot be made here (None: they can)."""
-    if os.geteuid() != 0:
-        return "network namespaces need root (ip netns add)"
-    if shutil.which("ip") is None:
-        return "no 'ip' command (iproute2 is not installed)"
-    probe = f"tfsprobe{os.getpid()}"
-    made = _ip("netns", "add", probe)
-    if made.returncode != 0:
-        return f"'ip netns add' is not permitted here: {made.stderr.strip()}"
-    try:
-        bridge = _ip("-n", probe, "link", "add", "br0", "type", "bridge")
-        if bridge.returncode != 0:
-            return f"no bridge in a network namespace: {bridge.stderr.strip()}"
-        veth = _ip("-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "a1")
-        if veth.returncode != 0:
-            return f"no veth pairs: {veth.stderr.strip()}"
-    finally:
-        _ip("netns", "del", probe)
-    return None
-
-
-class Network:
-    """Namespaces ``PREFIX-sw`` (the bridge) and one per node, each node with ``eth0`` on the bridge."""
+class Network(netns.Network):
+    """Namespaces ``tfsPID-sw`` (the bridge) and one per node, each node with ``eth0`` on the bridge."""
 
     def __init__(self) -> None:
-        self.prefix = f"tfs{os.getpid()}"
-        self.namespaces: list[str] = []
-
-    def ns(self, node: str) -> str:
-        return f"{self.prefix}-{node}"
-
-    def _run(self, *args: str) -> None:
-        done = _ip(*args)
-        if done.returncode != 0:
-            raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
-
-    def add_namespace(self, node: str) -> str:
-        name = self.ns(node)
-        self._run("netns", "add", name)
-        self.namespaces.append(name)
-        self._run("-n", name, "link", "set", "lo", "up")
-        return name
-
-    def build(self, nodes: dict[str, str]) -> None:
-        switch = self.add_namespace("sw")
-        self._run("-n", switch, "link", "add", "br0", "type", "bridge")
-        self._run("-n", switch, "link", "set", "br0", "up")
-        for i, (node, address) in enumerate(nodes.items()):
-            name = self.add_namespace(node)
-            port = f"p{i}"
-            self._run("link", "add", "eth0", "netns", name, "type", "veth", "peer", "name", port, "netns", switch)
-            self._run("-n", switch, "link", "set", port, "master", "br0")
-            self._run("-n", switch, "link", "set", port, "up")
-            self._run("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
-            self._run("-n", name, "link", "set", "eth0", "up")
-
-    def delete(self) -> None:
-        for name in reversed(self.namespaces):
-            _ip("netns", "del", name)  # its interfaces go with it
-        self.namespaces.clear()
+        super().__init__("tfs")
 
 
-class Processes:
-    """Processes started in namespaces; all stopped (SIGTERM, then SIGKILL) at the end."""
+class Processes(netns.Processes):
+    """Processes started in namespaces (``tectofs`` of this tree); all stopped by ``stop``."""
 
     def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def start(self, namespace: str, name: str, *args: str) -> subprocess.Popen[bytes]:
-        with open(self.logs / f"{name}.log", "ab") as log:
-            process = subprocess.Popen(
-                ["ip", "netns", "exec", namespace, sys.executable, "-m", "tectofs.cli", *args],
-                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-        self.started.append(process)
-        return process
-
-    def stop(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)  # ip netns exec exec()s: this is the tectofs process
-        deadline = time.monotonic() + 10
-        for process in self.started:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                process.wait(timeout=5)
-
-    def log(self, name: str) -> str:
-        path = self.logs / f"{name}.log"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+        super().__init__(logs, cwd=REPO)
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,12 @@
 own when namespaces can be made (root, ``ip``, veth and bridges allowed), so no two hosts
 share a Unix socket, a connection or a mount's caches.
 
-Layout (as ``tests/test_multihost_netns.py``, with the bridge in the starting namespace so
-that the cluster's servers, started there, bind the bridge's address): a bridge
-``tfcPID`` with ``10.NN.0.1/24`` and, per host ``hK``, a namespace ``tfcPID-hK`` whose
-``eth0`` (``10.NN.0.(10+K)``) is a veth pair's end on the bridge. :meth:`Network.cut` takes a
-host's link down (its calls wait or fail) and :meth:`Network.restore` brings it back.
-Without namespaces every host is a plain process on 127.0.0.1 (:func:`why_no_namespaces`
-says why).
+Layout (:mod:`tectofs.testing.netns`): a namespace per host ``hK`` (``tfcPID-hK``, ``eth0`` =
+``10.NN.0.(10+K)``) and the bridge's namespace ``tfcPID-sw``; the starting namespace is on the
+bridge too (``10.NN.0.1``), so that the cluster's servers, started there, bind that address.
+:meth:`Network.cut` takes a host's port on the bridge down (its calls wait or fail: no RST, no
+FIN) and :meth:`Network.restore` brings it back. Without namespaces every host is a plain
+process on 127.0.0.1 (:func:`why_no_namespaces` says why).
 """
 
 from __future__ import annotations
@@ -16,90 +15,42 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import subprocess
 import sys
 import threading
 from typing import Any
 
-STEP_TIMEOUT_S = 30.0
+from tectofs.testing import netns
 
-
-def _ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
-
-
-def why_no_namespaces() -> str | None:
-    """Why network namespaces cannot be made here (None: they can)."""
-    if os.geteuid() != 0:
-        return "network namespaces need root (ip netns add)"
-    if shutil.which("ip") is None:
-        return "no 'ip' command (iproute2 is not installed)"
-    probe = f"tfcprobe{os.getpid()}"
-    made = _ip("netns", "add", probe)
-    if made.returncode != 0:
-        return f"'ip netns add' is not permitted here: {made.stderr.strip()}"
-    try:
-        veth = _ip("-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "a1")
-        if veth.returncode != 0:
-            return f"no veth pairs: {veth.stderr.strip()}"
-        bridge = _ip("-n", probe, "link", "add", "br0", "type", "bridge")
-        if bridge.returncode != 0:
-            return f"no bridges: {bridge.stderr.strip()}"
-    finally:
-        _ip("netns", "del", probe)
-    return None
+STEP_TIMEOUT_S = netns.STEP_TIMEOUT_S
+why_no_namespaces = netns.why_not
 
 
 class Network:
-    """The bridge and one namespace per host; :meth:`delete` removes them all."""
+    """The client hosts' namespaces on one bridge, with the starting namespace on it as
+    :attr:`server_address`; :meth:`delete` removes them all."""
 
     def __init__(self, hosts: int) -> None:
-        self.prefix = f"tfc{os.getpid()}"
+        self.net = netns.Network("tfc")
         self.subnet = f"10.{180 + os.getpid() % 60}.0"
         self.server_address = f"{self.subnet}.1"
         self.hosts = [f"h{k}" for k in range(hosts)]
-        self.namespaces: list[str] = []
-        self.bridge = ""
 
     def namespace(self, host: str) -> str:
-        return f"{self.prefix}-{host}"
-
-    def _run(self, *args: str) -> None:
-        done = _ip(*args)
-        if done.returncode != 0:
-            raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+        return self.net.ns(host)
 
     def build(self) -> None:
-        self.bridge = self.prefix
-        self._run("link", "add", self.bridge, "type", "bridge")
-        self._run("addr", "add", f"{self.server_address}/24", "dev", self.bridge)
-        self._run("link", "set", self.bridge, "up")
-        for k, host in enumerate(self.hosts):
-            name = self.namespace(host)
-            self._run("netns", "add", name)
-            self.namespaces.append(name)
-            self._run("-n", name, "link", "set", "lo", "up")
-            port = f"{self.prefix}p{k}"
-            self._run("link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name)
-            self._run("link", "set", port, "master", self.bridge)
-            self._run("link", "set", port, "up")
-            self._run("-n", name, "addr", "add", f"{self.subnet}.{10 + k}/24", "dev", "eth0")
-            self._run("-n", name, "link", "set", "eth0", "up")
+        self.net.build({host: f"{self.subnet}.{10 + k}" for k, host in enumerate(self.hosts)})
+        self.net.attach_here(self.server_address)
 
     def cut(self, host: str) -> None:
-        self._run("-n", self.namespace(host), "link", "set", "eth0", "down")
+        self.net.link(host, up=False)
 
     def restore(self, host: str) -> None:
-        self._run("-n", self.namespace(host), "link", "set", "eth0", "up")
+        self.net.link(host, up=True)
 
     def delete(self) -> None:
-        for name in reversed(self.namespaces):
-            _ip("netns", "del", name)  # its veth end, and so the pair, go with it
-        self.namespaces.clear()
-        if self.bridge:
-            _ip("link", "del", self.bridge)
-            self.bridge = ""
+        self.net.delete()
 
 
 class Host:
