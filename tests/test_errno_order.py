@@ -5,6 +5,7 @@ metadata store, with the same tree; and a few through a library client of a clus
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 from pathlib import Path
@@ -37,12 +38,31 @@ CASES = [
     ("rename", "d", "d/s/x"),  # into itself: EINVAL
     ("rename", "d/file", "e"),  # a file onto an empty directory: EISDIR
     ("rename", "e", "d/file"),  # a directory onto a file: ENOTDIR
+    ("rename_noreplace", "d/file", "d/file"),  # onto itself: EEXIST, as onto any existing name
+    ("rename_noreplace", "d", "d/s"),  # EEXIST before EINVAL
+    ("rename_noreplace", "d/missing", "d/file"),  # ENOENT before EEXIST
 ]
+RENAME_NOREPLACE = 1  # renameat2's flag (linux/fs.h)
+
+
+def _call(target: Any, call: str, src: Any, dst: Any) -> Any:
+    if call == "rename_noreplace":
+        return target.rename(src, dst, noreplace=True)
+    return getattr(target, call)(src, dst)
+
+
+def _renameat2_noreplace(src: Path, dst: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, bytes(src), -100, bytes(dst), RENAME_NOREPLACE) != 0:  # -100: AT_FDCWD
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
 def _linux(root: Path, call: str, src: str, dst: str) -> int:
     try:
-        getattr(os, call)(root / src, root / dst)
+        if call == "rename_noreplace":
+            _renameat2_noreplace(root / src, root / dst)
+        else:
+            getattr(os, call)(root / src, root / dst)
     except OSError as exc:
         return int(exc.errno or 0)
     return 0
@@ -87,7 +107,7 @@ def test_the_store_answers_as_linux(linux_tree: Path, store: SqlStore, call: str
     assert expected != 0  # every case fails on Linux: the tree is unchanged for the next
 
     def run(call: str, src: str, dst: str) -> Any:
-        return getattr(store, call)(src.split("/"), dst.split("/"))
+        return _call(store, call, src.split("/"), dst.split("/"))
 
     assert _name(_tectofs(run, call, src, dst)) == _name(expected)
 
@@ -111,7 +131,7 @@ def test_a_library_client_answers_as_linux(small_cluster: ClusterWithClient, lin
         fs.write_bytes("/" + f, b"")
 
     def run(call: str, src: str, dst: str) -> Any:
-        return getattr(fs, call)("/" + src, "/" + dst)
+        return _call(fs, call, "/" + src, "/" + dst)
 
     answers = {(call, src, dst): (_name(_tectofs(run, call, src, dst)), _name(_linux(linux_tree, call, src, dst)))
                for call, src, dst in CASES}

@@ -743,11 +743,11 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         dst_parent = self._parent_dir(dst, caller)
         check_name(dst[-1])
         moving = self._entry(src_parent, src)
-        if src == dst:
-            return moving
         replaced_ino = self._child(dst_parent.ino, dst[-1])
         if replaced_ino is not None and noreplace:
             raise AlreadyExists(f"/{'/'.join(dst)} already exists")
+        if src == dst:
+            return moving
         self._check_not_into_itself(moving, dst_parent, src)
         if src[:len(dst)] == dst:
             raise DirectoryNotEmpty(f"{_p(dst)} is not empty: it holds {_p(src)}")
