@@ -136,3 +136,31 @@ def test_a_library_client_answers_as_linux(small_cluster: ClusterWithClient, lin
     answers = {(call, src, dst): (_name(_tectofs(run, call, src, dst)), _name(_linux(linux_tree, call, src, dst)))
                for call, src, dst in CASES}
     assert {case: got for case, (got, _) in answers.items()} == {case: want for case, (_, want) in answers.items()}
+
+
+@pytest.mark.slow
+def test_a_mount_answers_as_linux(small_cluster: ClusterWithClient, linux_tree: Path,
+                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Through FUSE the kernel walks the paths and asks the mount for each name: the same order."""
+    from tests.test_fuse import _fuse_unavailable
+
+    reason = _fuse_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    from tectofs.client.fuse import is_mounted, start_mount_process
+
+    small_cluster.fs.mkdir("/m")
+    for d in DIRS:
+        small_cluster.fs.mkdir("/m/" + d)
+    for f in FILES:
+        small_cluster.fs.write_bytes("/m/" + f, b"")
+    mountpoint = str(tmp_path_factory.mktemp("errno-mnt"))
+    process = start_mount_process(small_cluster.address, mountpoint,
+                                  log_path=str(tmp_path_factory.mktemp("errno-mount-log") / "mount.log"))
+    try:
+        root = Path(mountpoint) / "m"
+        got = {case: _name(_linux(root, *case)) for case in CASES}
+        assert got == {case: _name(_linux(linux_tree, *case)) for case in CASES}
+    finally:
+        process.stop()
+        assert not is_mounted(mountpoint)
