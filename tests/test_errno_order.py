@@ -41,8 +41,10 @@ CASES = [
     ("rename_noreplace", "d/file", "d/file"),  # onto itself: EEXIST, as onto any existing name
     ("rename_noreplace", "d", "d/s"),  # EEXIST before EINVAL
     ("rename_noreplace", "d/missing", "d/file"),  # ENOENT before EEXIST
+    ("exchange", "d/missing", "d/file/x"),  # as rename: both directories first, ENOTDIR
+    ("exchange", "d/s", "d"),  # EINVAL either way round
 ]
-RENAME_NOREPLACE = 1  # renameat2's flag (linux/fs.h)
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2's flags (linux/fs.h)
 
 
 def _call(target: Any, call: str, src: Any, dst: Any) -> Any:
@@ -51,16 +53,16 @@ def _call(target: Any, call: str, src: Any, dst: Any) -> Any:
     return getattr(target, call)(src, dst)
 
 
-def _renameat2_noreplace(src: Path, dst: Path) -> None:
+def _renameat2(src: Path, dst: Path, flags: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(-100, bytes(src), -100, bytes(dst), RENAME_NOREPLACE) != 0:  # -100: AT_FDCWD
+    if libc.renameat2(-100, bytes(src), -100, bytes(dst), flags) != 0:  # -100: AT_FDCWD
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
 def _linux(root: Path, call: str, src: str, dst: str) -> int:
     try:
-        if call == "rename_noreplace":
-            _renameat2_noreplace(root / src, root / dst)
+        if call in ("rename_noreplace", "exchange"):
+            _renameat2(root / src, root / dst, RENAME_NOREPLACE if call == "rename_noreplace" else RENAME_EXCHANGE)
         else:
             getattr(os, call)(root / src, root / dst)
     except OSError as exc:

@@ -713,7 +713,8 @@ class SqlStore(BlockMaps, SharedBlocks, ServersAndLeases, BlockHealth, Users, Ex
         A caller may move each entry out of its directory into the other's (``access.require_move``)."""
         if not a or not b:
             raise InvalidPath("cannot exchange the root directory")
-        (first_dir, first), (second_dir, second) = self._walk(a, caller), self._walk(b, caller)
+        first_dir, second_dir = self._parent_dir(a, caller), self._parent_dir(b, caller)  # as rename: Linux's order
+        first, second = self._entry(first_dir, a), self._entry(second_dir, b)
         if first.ino == second.ino:
             return
         access.require_move(first_dir, first, second_dir, caller, _p(a), _p(a[:-1]))
