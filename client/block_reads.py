@@ -95,7 +95,8 @@ class BlockRead:
         # Data chunks first (with all of them, decoding is a copy), but chunks on servers this
         # client just found down last: parity from live servers stands in at once, without a
         # failed connection and its retry per block. They are still tried if nothing else is left.
-        self.known_down = {p for p, c in self.by_position.items() if source.down.is_down(c.address)}
+        # (Chunks the metadata service flags: another client set their server aside lately.)
+        self.known_down = {p for p, c in self.by_position.items() if c.set_aside or source.down.is_down(c.address)}
         self.candidates = sorted(self.by_position, key=lambda p: (p in self.known_down, p))
         self.into = into
         self.out: memoryview | Regions | None = None

@@ -59,7 +59,9 @@ class BlockIO:
         self.stats = {"degraded_reads": 0, "degraded_writes": 0, "spare_writes": 0, "hedged_writes": 0, "hedged_reads": 0,
                       "bad_chunks": 0, "checksum_failures": 0, "skipped_down_servers": 0, "chunk_gets": 0,
                       "hedges_refused": 0, "servers_set_aside": 0}
-        self.down = DownServers()
+        self.down = DownServers(on_set_aside=self._tell_set_aside)
+        self._last_get: dict[str, tuple[messages.Block, messages.ChunkRef]] = {}  # address -> a chunk asked of it
+        self._telling: set[asyncio.Task[None]] = set()
         # Policies encoded before: the first encode of an rs policy in a process checks ISA-L
         # against pyeclib (~50 ms here), on a codec thread whatever the block's size.
         self._encoded: set[Policy] = set()
@@ -186,6 +188,7 @@ class BlockIO:
         or ``placed`` when ``sink`` received it there."""
         if not chunk.address:
             raise ConnectionLost(f"chunk server {chunk.server_id} is not registered")
+        self._last_get[chunk.address] = (block, chunk)
         policy = parse_policy(block.policy)
         if chunk.position >= policy.data and policy.kind == "rs" and policy not in self._decode_checks:
             self._decode_checks[policy] = asyncio.get_running_loop().run_in_executor(
@@ -224,6 +227,26 @@ class BlockIO:
                                                server_id=chunk.server_id, reason=reason[:500], kind=kind),
                 retries_max=0, timeout_s=5,
             )
+        except TectofsError:
+            pass
+
+    def _tell_set_aside(self, address: str) -> None:
+        """Tell the metadata service, in the background, of a server this client set aside (an
+        "unreachable" report: ``server/meta/set_aside.py``)."""
+        asked = self._last_get.get(address)
+        if asked is None:
+            return
+        block, chunk = asked
+        request = messages.ReportBadChunkRequest(block_id=block.block_id, position=chunk.position,
+                                                 server_id=chunk.server_id, kind="unreachable",
+                                                 reason="no answer within its deadline: set aside")
+        task = asyncio.get_running_loop().create_task(self._tell(request))
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    async def _tell(self, request: messages.ReportBadChunkRequest) -> None:
+        try:
+            await self.rpc.call(self.meta_address, messages.REPORT_BAD_CHUNK, request, retries_max=0, timeout_s=5)
         except TectofsError:
             pass
 

@@ -67,10 +67,11 @@ async def read_part(blocks: "BlockIO", block: messages.Block, start: int, length
     chunks: dict[int, messages.ChunkRef] = {}
     for position in wanted:
         if sources is not None:  # rep: any live replica
-            chunk = next((c for c in sources if c.address and not blocks.down.is_down(c.address)), None)
+            chunk = next((c for c in sources if c.address and not c.set_aside and not blocks.down.is_down(c.address)),
+                         None)
         else:
             chunk = by_position.get(position)
-        if chunk is None or not chunk.address or blocks.down.is_down(chunk.address):
+        if chunk is None or not chunk.address or chunk.set_aside or blocks.down.is_down(chunk.address):
             return None
         chunks[position] = chunk
     # The deadline of a whole-chunk get to the slowest of these servers (``server_health``):

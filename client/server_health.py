@@ -98,12 +98,16 @@ class DownServers:
     timed out: for ``limits.server_down_memo_s``), or they were late past their hedge deadline
     (``late``: ``LATE_SET_ASIDE_S``, doubled each time in a row, at most the memo). Reads ask
     other chunks first meanwhile. Advice only: a server set aside is still asked when no other
-    chunk is left, and a chunk it serves clears the mark. Also holds this client's
+    chunk is left, and a chunk it serves clears the mark. A server ``late`` sets aside is also
+told to ``on_set_aside`` (``BlockIO`` tells the metadata service, whose layouts then flag it
+for every new client: ``server/meta/set_aside.py``). Also holds this client's
     :class:`ServerLatencies` and :class:`HedgeBudget`."""
 
-    def __init__(self, memo_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, memo_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 on_set_aside: Callable[[str], None] | None = None) -> None:
         self.memo_s = limits.server_down_memo_s if memo_s is None else memo_s
         self.clock = clock
+        self.on_set_aside = on_set_aside  # told of each server ``late`` sets aside (BlockIO: the metadata service)
         self._until: dict[str, float] = {}
         self._strikes: dict[str, int] = {}
         self.latencies = ServerLatencies()
@@ -117,6 +121,8 @@ class DownServers:
         """``address`` left a get unanswered past its deadline (and the read went on without it)."""
         if not address:
             return
+        if self.on_set_aside is not None and not self.is_down(address):
+            self.on_set_aside(address)
         strikes = self._strikes[address] = self._strikes.get(address, 0) + 1
         until = self.clock() + min(self.memo_s, LATE_SET_ASIDE_S * 2 ** min(strikes - 1, 16))
         self._until[address] = max(self._until.get(address, 0.0), until)

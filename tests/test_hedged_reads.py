@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from tectofs import checksum, erasure, limits
@@ -28,7 +29,9 @@ from tectofs.buffers import BufferPool
 from tectofs.client import partial_reads, server_health
 from tectofs.client.block_reads import BlockRead
 from tectofs.client.server_health import DownServers, HedgeBudget, ServerLatencies
+from tectofs.errors import NoSpace
 from tectofs.server.cluster import wait_for_file
+from tectofs.server.meta.set_aside import SetAside
 from tectofs.wire import auth, messages
 from tests.test_block_machines import DATA, HANG, POLICY, _block, _Chunks, _read
 from tests.test_multihost_netns import REPO, STEP_TIMEOUT_S, Network, Processes, _ip, _why_not
@@ -209,6 +212,55 @@ def test_a_partial_read_from_a_vanished_server_gives_up_at_its_deadline_and_sets
     assert servers.events["partial_reads"] == 1
 
 
+def test_chunks_the_metadata_service_flags_are_read_last():
+    block, chunks = _block(POLICY, DATA)
+    flagged = msgspec.structs.replace(block, chunks=[msgspec.structs.replace(c, set_aside=c.position == 1)
+                                                     for c in block.chunks])
+    source = _Chunks(chunks, faults={1: HANG})
+    data, _ = _read(source, flagged)
+    assert data == DATA and sorted(source.asked) == [0, 2, 3, 4] and source.events["hedged_reads"] == 0
+
+
+def test_a_server_set_aside_is_told_once_until_it_answers():
+    told: list[str] = []
+    down = DownServers(on_set_aside=told.append)
+    down.late("a")
+    down.late("a")  # already set aside: not told again
+    down.answered("a")
+    down.late("a")
+    assert told == ["a", "a"]
+
+
+def test_the_metadata_service_flags_a_reported_server_until_its_next_heartbeat():
+    now = [100.0]
+    heard: dict[int, float] = {2: 99.5}
+    aside = SetAside(heard, clock=lambda: now[0], hold_s=20.0)
+    block, _ = _block(POLICY, DATA)
+    layout = messages.LayoutSegment(attrs=messages.Attrs(ino=5, kind="file", mode=0o644, uid=0, gid=0, size=len(DATA), atime=0, mtime=0,
+                                                       ctime=0, nlink=1, policy=str(POLICY), block_size=1 << 20, parent=1), blocks=[block])
+    assert aside.flag(layout) is layout  # nothing reported: as the store made it
+    aside.report(2)
+    flags = [c.set_aside for c in aside.flag(layout).blocks[0].chunks]
+    assert flags == [c.server_id == 2 for c in block.chunks] and sum(flags) == 1
+
+    async def allocate(exclude: list[int]) -> list[int]:
+        if len(exclude) > 1:
+            raise NoSpace("too few left")
+        return exclude
+
+    assert asyncio.run(aside.allocate(allocate, [])) == [2]  # new writes leave it out ...
+    assert asyncio.run(aside.allocate(allocate, [4])) == [4]  # ... unless too few are left then
+    now[0] += 1
+    heard[2] = now[0]  # its heartbeat: it answers again
+    assert aside.current() == set() and aside.flag(layout) is layout
+    aside.report(2)
+    aside.heard_from(2)  # restarted: registered again
+    assert aside.current() == set()
+    aside.report(2)
+    now[0] += 20
+    assert aside.current() == set()  # a report holds hold_s at most
+
+
 # ---------------------------------------------------------------------- across hosts
 
 SUBNET = "10.78.0"
@@ -303,8 +355,14 @@ def test_a_chunk_hosts_link_cut_costs_a_new_client_little(tmp_path: Path) -> Non
         assert _ip("-n", net.ns("sw"), "link", "set", cut_port, "down").returncode == 0
         try:
             cut = read()
+            # The metadata service heard of c1 from the first client: a new one reads parity for
+            # c1's chunks from its first block, no hedge, no deadline waited out.
+            told = read()
         finally:
             assert _ip("-n", net.ns("sw"), "link", "set", cut_port, "up").returncode == 0
+        told_stats = told["stats"]
+        assert isinstance(told_stats, dict)
+        assert told_stats["hedged_reads"] == 0 and told_stats["skipped_down_servers"] >= 1, told_stats
         cut_s = float(str(cut["seconds"]))
         stats = cut["stats"]
         assert isinstance(stats, dict)

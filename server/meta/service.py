@@ -38,6 +38,7 @@ from .claims import ClaimOperations
 from .guard import MetaGuard
 from .lease_peers import LeasePeers
 from .leases import ClaimConflict, LeaseTable
+from .set_aside import SetAside
 from .told import granted as granted_keys
 from .told import parents, with_handles
 from .users import UserOperations
@@ -154,6 +155,7 @@ class MetadataService:
         self.peers: LeasePeers | None = None  # the other services over a PostgreSQL store (lease_peers.py)
         self.started = clock()
         self.bad_chunk_reports = 0
+        self.set_aside = SetAside(self.heartbeats_seen, clock)  # servers clients set aside (set_aside.py)
         self._bad_chunk_log = RateLimitedLog(log, limits.peer_log_lines_per_s, "bad-chunk reports")
         self.busy_answers = 0
         self._gc_task: asyncio.Task[None] | None = None
@@ -334,7 +336,7 @@ class MetadataService:
         return self.guard.caller(current_peer.get())
 
     def _segment(self, layout: messages.LayoutSegment) -> messages.LayoutSegment:
-        return layout_segment(layout, self.keys, self.capability_ttl_s, self._handle(layout.attrs.ino))
+        return layout_segment(self.set_aside.flag(layout), self.keys, self.capability_ttl_s, self._handle(layout.attrs.ino))
 
     # File handles (tectofs.wire.auth): every inode's attributes a user gets come from a call that
     # checked it may reach that inode, and carry the handle it must show to name the inode by
@@ -619,9 +621,9 @@ class MetadataService:
     async def rpc_allocate(self, r: messages.AllocateRequest, _: memoryview) -> Reply[messages.AllocateReply]:
         self._check_handle(r.ino, r.handle)
         caller, unsent = self._caller(), self._claims.unsent_file(r.claimed_in, r.ino)
-        blocks = await self._call(lambda store: store.allocate(r.ino, r.count, r.spares, r.exclude, r.writer,
-                                                               caller=caller, absent_as=unsent(store)),
-                                  list[messages.Allocation])
+        blocks = await self.set_aside.allocate(lambda exclude: self._call(lambda store: store.allocate(
+            r.ino, r.count, r.spares, exclude, r.writer, caller=caller, absent_as=unsent(store)),
+            list[messages.Allocation]), r.exclude)
         expiry = auth.capability_expiry(self.capability_ttl_s)
         return messages.AllocateReply(blocks=[
             msgspec.structs.replace(b, cap=self._write_capability(b.block_id, expiry)) for b in blocks
@@ -658,6 +660,8 @@ class MetadataService:
 
     async def rpc_report_bad_chunk(self, r: messages.ReportBadChunkRequest, _: memoryview) -> Reply[messages.Empty]:
         self.bad_chunk_reports += 1
+        if r.kind == "unreachable":
+            self.set_aside.report(r.server_id)
         marked = r.kind in ("corrupt", "missing") and await self._call(
             lambda store: store.mark_bad(r.block_id, r.server_id), bool)
         self._bad_chunk_log.warning(
@@ -714,6 +718,7 @@ class MetadataService:
     async def rpc_register_server(self, r: messages.RegisterServerRequest, _: memoryview) -> Reply[messages.RegisterServerReply]:
         server_id = await self._call(
             lambda store: store.register_server(r.uuid, r.address, r.capacity, r.used, r.metrics_url), int)
+        self.set_aside.heard_from(server_id)  # (a restarted server: it answers again)
         return messages.RegisterServerReply(server_id=server_id), b""
 
     async def rpc_heartbeat(self, r: messages.HeartbeatRequest, _: memoryview) -> Reply[messages.HeartbeatReply]:

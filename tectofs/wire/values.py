@@ -101,6 +101,9 @@ class ChunkRef(Message, frozen=True, kw_only=True):
     address: Address | None = None  # None: the server is not registered any more
     length: ChunkLength
     crc: Crc
+    # Layouts only: a client set this server aside lately and the metadata service has not heard
+    # from it since (server/meta/set_aside.py): read other chunks first. (Older peers: ignored.)
+    set_aside: bool = False
 
 
 class InlineData(Message, frozen=True, kw_only=True):
