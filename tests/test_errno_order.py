@@ -16,6 +16,7 @@ import pytest
 from tectofs.errors import TectofsError
 from tectofs.store import SqlStore
 from tectofs.store.dialect import SqliteDialect
+from tectofs.wire.values import WrittenBlock, WrittenChunk
 from tests.conftest import TestCluster as ClusterWithClient
 
 DIRS = ["d", "d/s", "e"]
@@ -166,3 +167,23 @@ def test_a_mount_answers_as_linux(small_cluster: ClusterWithClient, linux_tree: 
     finally:
         process.stop()
         assert not is_mounted(mountpoint)
+
+
+def test_a_commit_after_its_allocation_expired_says_so(tmp_path: Path) -> None:
+    """A writer that renewed nothing for the allocation grace (stalled, paused, cut off: seed 37
+    of the simulated histories) is refused with EINVAL; the message names the expiry."""
+    now = [1000.0]
+    s = SqlStore(SqliteDialect(str(tmp_path / "meta.db")), "rep(1)", 1 << 20, clock=lambda: now[0])
+    try:
+        s.register_server("uuid-0", "127.0.0.1:1000", 1 << 40, 0)
+        ino = s.create(["f"]).ino
+        (block,) = s.allocate(ino, 1, writer=5)
+        now[0] += 30
+        assert s.expire_allocations(older_than_s=20) == 1
+        written = WrittenBlock(idx=0, block_id=block.block_id, length=10,
+                               chunks=[WrittenChunk(position=0, server_id=block.servers[0].server_id, length=10, crc=1)])
+        with pytest.raises(TectofsError, match="allocation expired") as err:
+            s.commit(ino, 10, [written], replace=False, writer=5)
+        assert err.value.errno == errno.EINVAL
+    finally:
+        s.close()

@@ -177,7 +177,8 @@ class BlockMaps(StoreParts):
             return
         row = self._one("SELECT ino FROM allocations WHERE block_id = ?", (block.block_id,))
         if row is None or row[0] != ino:
-            raise InvalidArgument(f"block {block.block_id} was not allocated to inode {ino} or is committed")
+            raise InvalidArgument(f"block {block.block_id} was not allocated to inode {ino}, is committed, or its allocation"
+                                  " expired (its writer renewed nothing for the allocation grace): nothing was published")
         start = block.start
         if not (0 <= start and 0 < block.length and start + block.length <= attrs.block_size):
             raise InvalidArgument(f"block {block.block_id}: {block.length} bytes at {start} do not fit a block")
