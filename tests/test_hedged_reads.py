@@ -32,9 +32,9 @@ from tectofs.client.server_health import DownServers, HedgeBudget, ServerLatenci
 from tectofs.errors import NoSpace
 from tectofs.server.cluster import wait_for_file
 from tectofs.server.meta.set_aside import SetAside
+from tectofs.testing import netns
 from tectofs.wire import auth, messages
 from tests.test_block_machines import DATA, HANG, POLICY, _block, _Chunks, _read
-from tests.test_multihost_netns import REPO, STEP_TIMEOUT_S, Network, Processes, _ip, _why_not
 
 # ---------------------------------------------------------------------- the deadline
 
@@ -263,6 +263,7 @@ def test_the_metadata_service_flags_a_reported_server_until_its_next_heartbeat()
 
 # ---------------------------------------------------------------------- across hosts
 
+REPO = Path(__file__).resolve().parent.parent
 SUBNET = "10.78.0"
 META = f"{SUBNET}.1"
 CHUNK_HOSTS = [f"{SUBNET}.{11 + i}" for i in range(6)]
@@ -308,7 +309,7 @@ WRITE_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_chunk_hosts_link_cut_costs_a_new_client_little(tmp_path: Path) -> None:
-    reason = _why_not()
+    reason = netns.why_not()
     if reason is not None:
         pytest.skip(f"the cross-host test needs network namespaces: {reason}")
     key_file = str(tmp_path / "cluster.key")
@@ -318,15 +319,13 @@ def test_a_chunk_hosts_link_cut_costs_a_new_client_little(tmp_path: Path) -> Non
     auth.Credential.root_from_keys(auth.KeyRing(key_file), meta_address).save(credentials)
     data = os.urandom(FILE_BYTES)
     (tmp_path / "source.bin").write_bytes(data)
-    net = Network()
-    net.prefix = f"tfh{os.getpid()}"  # (not test_multihost_netns's namespaces)
-    processes = Processes(tmp_path)
+    net = netns.Network("tfh")
+    processes = netns.Processes(tmp_path, cwd=REPO)
     nodes = {"meta": META, **{f"c{i}": a for i, a in enumerate(CHUNK_HOSTS)}, "client": CLIENT}
-    cut_port = f"p{list(nodes).index('c1')}"  # c1's port on the bridge
 
     def in_client(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", net.ns("client"), sys.executable, *args], capture_output=True,
-                              text=True, cwd=REPO, timeout=STEP_TIMEOUT_S)
+                              text=True, cwd=REPO, timeout=netns.STEP_TIMEOUT_S)
 
     def read() -> dict[str, object]:
         done = in_client("-c", READ_SCRIPT, meta_address, credentials, "/f.bin", str(BLOCK))
@@ -341,25 +340,25 @@ def test_a_chunk_hosts_link_cut_costs_a_new_client_little(tmp_path: Path) -> Non
             net.ns("meta"), "meta", "meta", "--store", str(tmp_path / "meta.db"), "--host", META, "--port", "7420",
             "--policy", "rs(4,2)", "--block-size", "1M", "--key-file", key_file,
             "--ready-file", str(tmp_path / "meta.address"))
-        assert wait_for_file(str(tmp_path / "meta.address"), STEP_TIMEOUT_S, meta) == meta_address
+        assert wait_for_file(str(tmp_path / "meta.address"), netns.STEP_TIMEOUT_S, meta) == meta_address
         chunks = [processes.start(
             net.ns(f"c{i}"), f"chunk-{i}", "chunk", "--data", str(tmp_path / f"chunk-{i}"), "--meta", meta_address,
             "--key-file", key_file, "--host", host, "--port", "7421",
             "--ready-file", str(tmp_path / f"chunk-{i}.address")) for i, host in enumerate(CHUNK_HOSTS)]
         for i, process in enumerate(chunks):
-            wait_for_file(str(tmp_path / f"chunk-{i}.address"), STEP_TIMEOUT_S, process)
+            wait_for_file(str(tmp_path / f"chunk-{i}.address"), netns.STEP_TIMEOUT_S, process)
         done = in_client("-c", WRITE_SCRIPT, meta_address, credentials, "/f.bin", str(tmp_path / "source.bin"))
         assert done.returncode == 0, done.stderr[-3000:]
 
         whole = min(float(str(read()["seconds"])) for _ in range(2))  # (the first warms the page cache)
-        assert _ip("-n", net.ns("sw"), "link", "set", cut_port, "down").returncode == 0
+        net.link("c1", up=False)
         try:
             cut = read()
             # The metadata service heard of c1 from the first client: a new one reads parity for
             # c1's chunks from its first block, no hedge, no deadline waited out.
             told = read()
         finally:
-            assert _ip("-n", net.ns("sw"), "link", "set", cut_port, "up").returncode == 0
+            net.link("c1", up=True)
         told_stats = told["stats"]
         assert isinstance(told_stats, dict)
         assert told_stats["hedged_reads"] == 0 and told_stats["skipped_down_servers"] >= 1, told_stats
