@@ -58,11 +58,14 @@ def test_real_histories_under_faults_are_linearizable(tmp_path) -> None:
     one history of 16 (metadata restart, a host's network cut, a chunk server killed). Left out
     until their findings are fixed (/work/notes/check-findings.md): mounts (finding 1:
     open(O_CREAT) answers ENOENT in a directory that exists), S3 clients (findings 3 and 4: a GET
-    returns a file's old bytes after a PUT... a stale or torn read), and appends (finding 5: an
-    append's handle may see an empty file and publish its data over the file's bytes)."""
+    returns a file's old bytes after a PUT, or its old size with the new bytes), and appends
+    (finding 5: an append's handle may see an empty file and publish its data over the file's
+    bytes). Renames too: a write's handle follows its file across a rename made while it is
+    open (as POSIX says), which the checker's model (a write takes effect at one instant, by
+    path) cannot express yet: about 1 history in 300 with renames is reported for it."""
     options = runner.Options(hosts=3, clients=4, calls=2, histories=HISTORIES, seed=52, quiet=15,
                              faults=("meta-restart", "net-cut", "chunk-kill"), kinds=("library", "fsspec"),
-                             leave_out=("append",), work=str(tmp_path))
+                             leave_out=("append", "rename"), work=str(tmp_path))
     lines: list[str] = []
     result = runner.run(options, lines.append)
     assert result.histories == HISTORIES

@@ -23,6 +23,7 @@ from typing import Any
 from tectofs.testing.history import Arg, StatValue, Value, stat_summary
 
 XATTR_ERRNOS = {"ENODATA": errno.ENODATA}
+NOT_FOUND = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})  # S3 error codes that mean ENOENT
 
 
 def errno_of(exc: BaseException) -> int | None:
@@ -333,8 +334,13 @@ class S3Driver(Driver):
 
         try:
             return super().call(kind, args)
-        except ClientError as exc:  # every error S3 shows is NoSuchKey to the model (PROFILES["s3"])
-            raise FileNotFoundError(errno.ENOENT, str(exc.response.get("Error", {}).get("Code"))) from exc
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code"))
+            if code in NOT_FOUND:  # every error S3 shows is NoSuchKey to the model (PROFILES["s3"])
+                raise FileNotFoundError(errno.ENOENT, code) from exc
+            # A 5xx (the metadata service restarting, a chunk server gone) or any other answer:
+            # the call may or may not have taken effect (an exception with no errno: unknown).
+            raise RuntimeError(f"S3 {kind}: {code}") from exc
 
     def do_write(self, args: dict[str, Arg]) -> Value:
         bucket, key = self._key(args["path"])
@@ -353,7 +359,9 @@ class S3Driver(Driver):
         try:
             head = self.s3.head_object(Bucket=bucket, Key=key)
             return {"kind": "file", "size": int(head["ContentLength"])}
-        except ClientError:
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) not in NOT_FOUND:
+                raise
             head = self.s3.head_object(Bucket=bucket, Key=key + "/")
             return {"kind": "dir"}
 
