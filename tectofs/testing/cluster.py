@@ -93,11 +93,11 @@ class Cluster:
     """The roles of one simulation and the means to crash and restart them."""
 
     def __init__(self, seed: int, rng: random.Random, faults: NetworkFaults, servers: int,
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None, network_type: type[Network] = Network) -> None:
         self.seed = seed
         self.rng = rng
         self.clock = VirtualClock()
-        self.network = Network(random.Random(rng.getrandbits(64)), faults)
+        self.network = network_type(random.Random(rng.getrandbits(64)), faults)  # a subclass: sim_histories' pauses
         self.loop = SimLoop(self.clock, self.network)
         self.trace = Trace(self.clock, echo=echo)
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
