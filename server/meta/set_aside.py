@@ -42,7 +42,8 @@ class SetAside:
         self._reported: dict[int, float] = {}  # server id -> when a client last reported it
 
     def report(self, server_id: int) -> None:
-        self._reported[server_id] = self.clock()
+        if server_id in self.heard:  # (a server this service knows: reports cannot grow this without bound)
+            self._reported[server_id] = self.clock()
 
     def heard_from(self, server_id: int) -> None:
         """The server registered (a restart): it answers again, before its next heartbeat."""
