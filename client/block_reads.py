@@ -51,6 +51,7 @@ __all__ = ["BlockRead", "ChunkSource", "DownServers", "ReadState", "consume_outc
 
 
 CHECK_INTERVAL_S = 0.05  # a read waiting on a get that may be hedged looks again at least this often
+LATE_TOLERANCE_S = 1e-6  # a get this close to its deadline counts as late (see BlockRead._late)
 
 
 class ReadState(enum.Enum):
@@ -190,8 +191,7 @@ class BlockRead:
         for task, position in list(self.running.items()):
             address = self.by_position[position].address
             deadline = self._deadline(address)
-            age = now - self.started[task]
-            if task not in self.flagged and age >= down.latencies.set_aside_after(deadline):
+            if task not in self.flagged and self._late(task, down.latencies.set_aside_after(deadline), now):
                 self.flagged.add(task)
                 down.late(address)
                 self.source.note("servers_set_aside")
@@ -199,7 +199,7 @@ class BlockRead:
                 continue
             if down.is_down(address):
                 pass  # presumed gone: this hedge replaces the get, it adds no load
-            elif age < deadline or task in self.refused:
+            elif not self._late(task, deadline, now) or task in self.refused:
                 continue
             elif not down.budget.take():
                 self.refused.add(task)
@@ -215,7 +215,7 @@ class BlockRead:
         now = self.loop.time()
         for task, position in self.running.items():  # late past its deadline and not needed: set aside
             address = self.by_position[position].address
-            if task not in self.flagged and now - self.started[task] >= self._deadline(address):
+            if task not in self.flagged and self._late(task, self._deadline(address), now):
                 self.source.down.late(address)
                 self.source.note("servers_set_aside")
         self._stop_fetches()
@@ -266,6 +266,14 @@ class BlockRead:
         the gets of this block that arrived count once half the needed ones did)."""
         siblings = self.finished_s if len(self.finished_s) >= max(1, self.policy.needed // 2) else None
         return self.source.down.latencies.deadline(address, siblings)
+
+    def _late(self, task: asyncio.Task[Any], after_s: float, now: float) -> bool:
+        """Has ``task`` run ``after_s`` or longer? Compared as ``_next_check`` computes its wake-up
+        moment (``started + after_s``), so a wait that ends at that moment finds the get late: with
+        ``now - started < after_s`` instead, rounding can leave it "not yet late" by 1e-16 s and the
+        read waits again for no time at all, forever under a virtual clock. ``LATE_TOLERANCE_S``
+        absorbs the rounding of the wait's own timer (``loop.time() + timeout``)."""
+        return now + LATE_TOLERANCE_S >= self.started[task] + after_s
 
     def _next_check(self) -> float | None:
         """How long to wait for the gets in flight before ``_hedge`` looks at them again: until

@@ -217,7 +217,9 @@ class CreateClaims:
             log.debug("claiming %s failed: %s", directory, exc)
             return
         finally:
-            self._claiming.remove(recalled)
+            # By identity: list.remove compares sets by value, and would take another call's
+            # equal set (both empty, say) out instead, so recalls would stop reaching that call.
+            self._claiming = [other for other in self._claiming if other is not recalled]
             if held is not None:
                 held.asking = False
         if not reply.granted or reply.directory is None or reply.template is None:
