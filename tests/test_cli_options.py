@@ -270,8 +270,11 @@ def _bad_values(action: argparse.Action) -> list[str] | None:
         return list(_BAD_NUMBERS)
     if action.type is not None and "PORT" in str(action.metavar):
         return [f"127.0.0.1:{bad}" for bad in _BAD_NUMBERS]
+    from tectofs.cli.check import NameList
     from tectofs.cli.servers import _advertise_host
 
+    if isinstance(action.type, NameList):  # names from a fixed list (tectofs check --faults, --kinds)
+        return None
     assert action.type in (None, str.lower, _advertise_host), (
         f"{action.option_strings}: type {action.type!r} is neither a tectofs.cli.numbers kind nor known to take no"
         " number: use a numbers kind, or list it here")

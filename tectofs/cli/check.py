@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from tectofs.arguments import numbers
 from tectofs.check import runner
 from tectofs.testing.history import CLIENT_KINDS, KINDS
 
@@ -43,57 +44,50 @@ examples:
   tectofs check --kinds library,fsspec --faults none --hosts 1"""
 
 
-def _list(choices: tuple[str, ...], none_ok: bool) -> Any:
-    def parse(text: str) -> tuple[str, ...]:
-        if none_ok and text == "none":
+class NameList:
+    """An option's type: comma-separated names, each one of ``choices`` (``none`` for none,
+    where ``none_ok``); takes no number."""
+
+    def __init__(self, choices: tuple[str, ...], none_ok: bool) -> None:
+        self.choices, self.none_ok = choices, none_ok
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        if self.none_ok and text == "none":
             return ()
         chosen = tuple(part.strip() for part in text.split(",") if part.strip())
-        wrong = [part for part in chosen if part not in choices]
+        wrong = [part for part in chosen if part not in self.choices]
         if wrong or not chosen:
-            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)}" +
-                                             (" or none" if none_ok else ""))
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(self.choices)}" +
+                                             (" or none" if self.none_ok else ""))
         return chosen
-    return parse
-
-
-def _count(low: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
-        return value
-    return parse
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="run many clients on several hosts under faults and check every history"
                        " for one order that explains it", description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hosts", type=_count(1), default=3, help="client hosts (default 3)")
-    p.add_argument("--clients", type=_count(1), default=4, help="clients on each host (default 4)")
-    p.add_argument("--calls", type=_count(1), default=4, help="calls each client makes in each history (default 4)")
-    p.add_argument("--histories", type=_count(0), default=10, help="histories to run (default 10)")
-    p.add_argument("--start", type=_count(0), default=0, help="index of the first history (replays: --start N"
+    p.add_argument("--hosts", type=numbers.count(1), default=3, help="client hosts (default 3)")
+    p.add_argument("--clients", type=numbers.count(1), default=4, help="clients on each host (default 4)")
+    p.add_argument("--calls", type=numbers.count(1), default=4, help="calls each client makes in each history (default 4)")
+    p.add_argument("--histories", type=numbers.count(0), default=10, help="histories to run (default 10)")
+    p.add_argument("--start", type=numbers.count(0), default=0, help="index of the first history (replays: --start N"
                    " --histories 1)")
-    p.add_argument("--faults", type=_list(runner.FAULT_KINDS, True), default=runner.FAULT_KINDS,
+    p.add_argument("--faults", type=NameList(runner.FAULT_KINDS, True), default=runner.FAULT_KINDS,
                    help=f"faults to inject, in turn (default all: {','.join(runner.FAULT_KINDS)}; none: none)")
-    p.add_argument("--kinds", type=_list(CLIENT_KINDS, False), default=CLIENT_KINDS,
+    p.add_argument("--kinds", type=NameList(CLIENT_KINDS, False), default=CLIENT_KINDS,
                    help=f"client kinds, taken in turn on each host (default {','.join(CLIENT_KINDS)})")
-    p.add_argument("--quiet-histories", dest="quiet_histories", type=_count(0), default=1,
+    p.add_argument("--quiet-histories", dest="quiet_histories", type=numbers.count(0), default=1,
                    help="fault-free histories between two with a fault (default 1)")
-    p.add_argument("--leave-out", type=_list(KINDS, True), default=(),
+    p.add_argument("--leave-out", type=NameList(KINDS, True), default=(),
                    help="call kinds no client makes (comma-separated; default none)")
-    p.add_argument("--seed", type=_count(0), default=0, help="seed of every random choice (default 0)")
+    p.add_argument("--seed", type=numbers.count(0), default=0, help="seed of every random choice (default 0)")
     p.add_argument("--metadata", choices=("sqlite",), default="sqlite",
                    help="the metadata store (sqlite; postgresql failover is not in this command yet)")
     p.add_argument("--namespaces", dest="namespaces", action="store_true", default=None,
                    help="require network namespaces (default: use them when they can be made)")
     p.add_argument("--no-namespaces", dest="namespaces", action="store_false",
                    help="hosts are plain processes on 127.0.0.1")
-    p.add_argument("--step-budget", type=_count(1000), default=runner.STEP_BUDGET,
+    p.add_argument("--step-budget", type=numbers.count(1000), default=runner.STEP_BUDGET,
                    help=f"the checker's search steps per history before it is undecided (default {runner.STEP_BUDGET})")
     p.add_argument("--work", help="directory for the cluster, the hosts' logs and violating histories"
                    " (default: a new one under $TMPDIR)")

@@ -9,8 +9,23 @@
 - ``schedule``: seeded fault schedules and the invariants they are checked against.
 
 Replay a seed: ``python3 -m tectofs.testing --seed N``; many: ``--seeds A..B``.
+
+The package itself imports nothing: its modules are imported when named (the history checker's
+modules, used by ``tectofs check``, must not pull the simulator and the whole cluster into the
+command line's ``--help``).
 """
 
-from tectofs.testing.schedule import SimulationFailed, replay_command, run
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["SimulationFailed", "replay_command", "run"]
+
+
+def __getattr__(name: str) -> Any:
+    """``tectofs.testing.run`` and the others of ``__all__``, imported from ``schedule`` on first use."""
+    if name in __all__:
+        from tectofs.testing import schedule
+
+        return getattr(schedule, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
