@@ -84,6 +84,13 @@ def test_get_writes_into_devices_and_fifos_and_dash_is_stdout(cluster, tmp_path)
     assert two.returncode == 2 and "standard output" in one_line(two, "get")
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT as at a terminal. A suite started in the background by a shell
+    inherits it ignored, and so would the put (Python installs its Ctrl-C handler only over the
+    default): it would then ignore the test's SIGINT and finish when its input closes."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupted_put_prints_one_line(cluster, tmp_path):
     """Ctrl-C during a put: exit 130 and one line; no "Future exception was never retrieved"
     tracebacks of the sends it cut off (seen in 3 of 7 runs). Interrupted at several points
@@ -92,7 +99,7 @@ def test_interrupted_put_prints_one_line(cluster, tmp_path):
     for i, delay in enumerate((0.0, 0.4)):
         put = subprocess.Popen([sys.executable, "-m", "tectofs.cli", "put", "-", f"/interrupted-{i}"],
                                env={**os.environ, "TECTOFS_META": cluster.address}, stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
         fed = [0]
 
         def feed(put: subprocess.Popen = put, fed: list[int] = fed) -> None:
